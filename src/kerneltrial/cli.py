@@ -1,0 +1,30 @@
+"""The `kerneltrial` command line: parses arguments, calls the library, prints.
+
+Command groups live next to the code they drive: analysis commands in
+`analysis/cli.py`, serving commands in `serving/cli.py`, kernel commands in
+`trial/cli.py`. This module only mounts them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kerneltrial.analysis import cli as analysis_cli
+from kerneltrial.serving import cli as serving_cli
+from kerneltrial.trial import cli as trial_cli
+
+app = typer.Typer(
+    help=(
+        "Controlled trials for GPU kernels and LLM serving: correctness before timing, "
+        "interleaved rounds, raw data kept, every figure rebuilt on a CPU by `verify`."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+trial_cli.mount(app)
+analysis_cli.mount(app)
+app.add_typer(serving_cli.app, name="serve", help="Serving trials: launch vLLM, benchmark, A/B, MATH-500 accuracy.")
+
+if __name__ == "__main__":
+    app()
