@@ -1,0 +1,312 @@
+"""Build summary.json of a kernel run directory: every figure the report shows.
+
+Reads plan.json, protocol.toml, correctness.jsonl, timings.csv and ceilings.csv (the
+contract in docs/DESIGN.md, "Run directory: exact format") and computes the figures with
+`analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
+
+summary.json (schema `kerneltrial.summary/1`):
+  protocol_sha256, backend, is_gpu, l2, label, control, tie_band, bootstrap, arms (plan copy),
+  ceilings: {copy_gbps, copy_samples, read_gbps, read_samples},
+  cases: [{case, shape, layout, dtype, bytes, calls, units_planned,
+           arms: {name: {kind, status, median_ns_per_call, n_samples, ci_units, speedup,
+                         ci_low, ci_high, verdict, gbps, pct_of_copy_ceiling, messages, reason}}}],
+  aggregates: {arm: {n_cases, geomean, geomean_ci_low, geomean_ci_high, mean, worst,
+                     worst_case, wins, ties, losses, failed_correctness}},
+  gate: {rule, arms: {arm: {passed, reasons}}, passed_arms},
+  warnings: [str]
+`status` is `timed`, `failed correctness`, `unavailable` or `not timed` (no correctness check
+or no timing rows: an incomplete run). `ci_units` is the number of (seed, round) units shared
+with the control and used by the CI. Figures that do not apply (the control's own speedup,
+an untimed arm) are null. Medians are ns per call; GB/s is bytes per ns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kerneltrial.analysis import stats
+from kerneltrial.analysis.errors import RunDirError
+
+SCHEMA = "kerneltrial.summary/1"
+MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
+
+TIMED = "timed"
+FAILED = "failed correctness"
+UNAVAILABLE = "unavailable"
+NOT_TIMED = "not timed"
+
+TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
+CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The raw files of a kernel run directory, parsed."""
+
+    plan: dict[str, Any]
+    protocol_sha256: str
+    correctness: list[dict[str, Any]]
+    timings: pd.DataFrame
+    ceilings: pd.DataFrame
+
+
+def timing_label(backend: str, is_gpu: bool) -> str:
+    """What the timings measure, in words; CPU runs say plainly they are not GPU performance."""
+    if not is_gpu:
+        if backend == "host-clock":
+            return "host clock, Triton interpreter: NOT GPU performance"
+        return f"{backend} without a GPU: NOT GPU performance"
+    if backend == "cuda-graph":
+        return "CUDA events on GPU, replayed as CUDA graphs (launch overhead amortised)"
+    return "CUDA events on GPU"
+
+
+def _require(run_dir: Path, name: str) -> Path:
+    path = run_dir / name
+    if not path.is_file():
+        raise RunDirError(f"{run_dir}: missing {name}; not a complete kernel run directory")
+    return path
+
+
+def _read_csv(path: Path, columns: list[str], dtypes: dict[str, type]) -> pd.DataFrame:
+    frame = pd.read_csv(path, dtype=dtypes)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise RunDirError(f"{path}: missing column(s) {missing}; expected header {','.join(columns)}")
+    return frame
+
+
+def load_run(run_dir: Path) -> RunFiles:
+    """Parse the raw files of a kernel run directory; RunDirError names anything missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory")
+    protocol_bytes = _require(run_dir, "protocol.toml").read_bytes()
+    plan = json.loads(_require(run_dir, "plan.json").read_text())
+    correctness_path = _require(run_dir, "correctness.jsonl")
+    correctness = [json.loads(line) for line in correctness_path.read_text().splitlines() if line.strip()]
+    timings = _read_csv(
+        _require(run_dir, "timings.csv"), TIMING_COLUMNS, {"case": str, "arm": str}
+    )
+    ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
+    return RunFiles(plan, hashlib.sha256(protocol_bytes).hexdigest(), correctness, timings, ceilings)
+
+
+def planned_units(plan: dict[str, Any]) -> int:
+    """Number of (seed, round) units the plan asks for; `seeds`/`rounds` may be a list or a count."""
+    seeds, rounds = plan["seeds"], plan["rounds"]
+    n_seeds = len(seeds) if isinstance(seeds, list) else int(seeds)
+    n_rounds = len(rounds) if isinstance(rounds, list) else int(rounds)
+    return n_seeds * n_rounds
+
+
+def control_arm(plan: dict[str, Any]) -> str:
+    """Name of the single available control arm; RunDirError otherwise."""
+    controls = [arm for arm in plan["arms"] if arm["kind"] == "control"]
+    if len(controls) != 1 or not controls[0]["available"]:
+        names = [arm["name"] for arm in controls]
+        raise RunDirError(f"plan.json: need exactly one available arm of kind 'control', found {names}")
+    return controls[0]["name"]
+
+
+def correctness_by_case_arm(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((str(row["case"]), row["arm"]), []).append(row)
+    return grouped
+
+
+def unit_series(timings: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
+    """Per-call ns of every (case, arm), indexed by (seed, round) and sorted; duplicates are an error."""
+    per_call = timings.assign(per_call=timings["ns"] / timings["calls"])
+    result: dict[tuple[str, str], pd.Series] = {}
+    for (case, arm), rows in per_call.groupby(["case", "arm"], sort=False):
+        series = rows.set_index(["seed", "round"])["per_call"].astype(float).sort_index()
+        if series.index.has_duplicates:
+            duplicated = sorted(set(series.index[series.index.duplicated()]))
+            raise RunDirError(
+                f"timings.csv: case {case!r} arm {arm!r} has duplicate (seed, round) rows {duplicated}"
+            )
+        result[(case, arm)] = series
+    return result
+
+
+def _empty_entry(kind: str, status: str) -> dict[str, Any]:
+    return {
+        "kind": kind, "status": status, "median_ns_per_call": None, "n_samples": 0, "ci_units": None,
+        "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "gbps": None,
+        "pct_of_copy_ceiling": None, "messages": [], "reason": None,
+    }
+
+
+def _arm_entry(
+    arm: dict[str, Any], checks: list[dict[str, Any]], times: pd.Series | None,
+    case: dict[str, Any], copy_ceiling: float | None,
+) -> dict[str, Any]:
+    """Status and per-arm figures of one (case, arm), speedup excluded."""
+    if not arm["available"]:
+        return _empty_entry(arm["kind"], UNAVAILABLE) | {"reason": arm.get("reason")}
+    if not checks:
+        return _empty_entry(arm["kind"], NOT_TIMED) | {"reason": "no correctness check recorded"}
+    if not all(row["passed"] for row in checks):
+        messages = [row.get("message") or "failed" for row in checks if not row["passed"]]
+        return _empty_entry(arm["kind"], FAILED) | {"messages": messages}
+    if times is None:
+        return _empty_entry(arm["kind"], NOT_TIMED) | {"reason": "passed correctness but has no timing rows"}
+    median = stats.median(times.to_numpy())
+    achieved = stats.gbps(case["bytes"], median)
+    return _empty_entry(arm["kind"], TIMED) | {
+        "median_ns_per_call": median,
+        "n_samples": int(times.size),
+        "gbps": achieved,
+        "pct_of_copy_ceiling": None if copy_ceiling is None else stats.pct_of_ceiling(achieved, copy_ceiling),
+    }
+
+
+def _case_summary(
+    run: RunFiles, series: dict[tuple[str, str], pd.Series], case: dict[str, Any], control: str,
+    copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
+) -> dict[str, Any]:
+    case_id = str(case["case"])
+    checks = correctness_by_case_arm(run.correctness)
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in run.plan["arms"]:
+        name = arm["name"]
+        times = series.get((case_id, name))
+        entry = _arm_entry(arm, checks.get((case_id, name), []), times, case, copy_ceiling)
+        if entry["status"] == NOT_TIMED:
+            warnings.append(f"case {case_id}: arm {name} not timed: {entry['reason']}")
+        if entry["status"] != TIMED and times is not None:
+            warnings.append(f"case {case_id}: arm {name} is {entry['status']} but has timing rows; ignored")
+        arms[name] = entry
+
+    timed = {name: series[(case_id, name)] for name, e in arms.items() if e["status"] == TIMED}
+    if control not in timed:
+        warnings.append(f"case {case_id}: control {control} was not timed; no speedups for this case")
+    else:
+        for name, times in timed.items():
+            if name != control:
+                _add_speedup(arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule, warnings)
+
+    units = planned_units(run.plan)
+    short = [name for name, times in timed.items() if times.size < units]
+    if short:
+        warnings.append(f"case {case_id}: arm(s) {short} have fewer than the {units} planned (seed, round) units")
+    return {
+        "case": case_id, "shape": case.get("shape"), "layout": case.get("layout"), "dtype": case.get("dtype"),
+        "bytes": case["bytes"], "calls": case["calls"], "units_planned": units, "arms": arms,
+    }
+
+
+def _add_speedup(
+    entry: dict[str, Any], control: pd.Series, arm: pd.Series, case_id: str, name: str,
+    tie_band: float, rule: stats.BootstrapRule, warnings: list[str],
+) -> None:
+    paired = control.index.intersection(arm.index).sort_values()
+    entry["ci_units"] = len(paired)
+    if len(paired) == 0:
+        warnings.append(f"case {case_id}: arm {name} shares no (seed, round) unit with the control; no CI")
+        return
+    if len(paired) < MIN_UNITS:
+        warnings.append(f"case {case_id}: arm {name} has only {len(paired)} units (< {MIN_UNITS}); CI is rough")
+    entry["speedup"] = stats.speedup(stats.median(control.to_numpy()), entry["median_ns_per_call"])
+    ci = stats.bootstrap_speedup_ci(control.loc[paired].to_numpy(), arm.loc[paired].to_numpy(), rule)
+    entry["ci_low"], entry["ci_high"] = ci.low, ci.high
+    entry["verdict"] = stats.verdict(ci, tie_band)
+
+
+def _aggregates_and_gate(
+    cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    gate = stats.parse_gate(plan["gate"])
+    aggregates: dict[str, Any] = {}
+    verdicts: dict[str, Any] = {}
+    for arm in plan["arms"]:
+        name = arm["name"]
+        if name == control or not arm["available"]:
+            continue
+        timed = [c for c in cases if c["arms"][name]["speedup"] is not None]
+        failed = sum(c["arms"][name]["status"] == FAILED for c in cases)
+        agg = stats.aggregate_arm(
+            [c["case"] for c in timed],
+            [c["arms"][name]["speedup"] for c in timed],
+            [c["arms"][name]["verdict"] for c in timed],
+            rule,
+        )
+        aggregates[name] = {
+            "n_cases": agg.n_cases, "geomean": agg.geomean,
+            "geomean_ci_low": agg.geomean_ci.low if agg.geomean_ci else None,
+            "geomean_ci_high": agg.geomean_ci.high if agg.geomean_ci else None,
+            "mean": agg.mean, "worst": agg.worst, "worst_case": agg.worst_case,
+            "wins": agg.wins, "ties": agg.ties, "losses": agg.losses, "failed_correctness": failed,
+        }
+        result = stats.gate_verdict(gate, agg, failed)
+        verdicts[name] = {"passed": result.passed, "reasons": result.reasons}
+    passed = [name for name, v in verdicts.items() if v["passed"]]
+    return aggregates, {"rule": gate.rule, "arms": verdicts, "passed_arms": passed}
+
+
+def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
+    rows = frame[frame["kind"] == kind]
+    return stats.ceiling_gbps(rows["bytes"].to_numpy(), rows["ns"].to_numpy()), len(rows)
+
+
+def build_summary(run_dir: Path) -> dict[str, Any]:
+    """Compute every figure of a kernel run directory (does not write anything)."""
+    run = load_run(Path(run_dir))
+    plan = run.plan
+    if plan.get("protocol_sha256") != run.protocol_sha256:
+        raise RunDirError(
+            f"{run_dir}: plan.json protocol_sha256 {plan.get('protocol_sha256')!r} does not match "
+            f"protocol.toml ({run.protocol_sha256}); the protocol was changed after the run started"
+        )
+    control = control_arm(plan)
+    bootstrap = plan["bootstrap"]
+    rule = stats.BootstrapRule(int(bootstrap["resamples"]), int(bootstrap["seed"]), float(bootstrap["confidence"]))
+    warnings: list[str] = []
+    if not plan["is_gpu"]:
+        warnings.append(f"{timing_label(plan['backend'], False)}; do not quote these figures as GPU timings")
+    copy_gbps, copy_n = _ceiling(run.ceilings, "copy")
+    read_gbps, read_n = _ceiling(run.ceilings, "read")
+    if copy_gbps is None:
+        warnings.append("ceilings.csv has no copy samples; % of copy ceiling is not available")
+    series = unit_series(run.timings)
+    cases = [_case_summary(run, series, case, control, copy_gbps, rule, warnings) for case in plan["cases"]]
+    aggregates, gate = _aggregates_and_gate(cases, plan, control, rule)
+    return {
+        "schema": SCHEMA,
+        "protocol_sha256": run.protocol_sha256,
+        "backend": plan["backend"],
+        "is_gpu": bool(plan["is_gpu"]),
+        "l2": plan.get("l2"),
+        "label": timing_label(plan["backend"], bool(plan["is_gpu"])),
+        "control": control,
+        "tie_band": plan["tie_band"],
+        "bootstrap": {"resamples": rule.resamples, "seed": rule.seed, "confidence": rule.confidence},
+        "arms": plan["arms"],
+        "ceilings": {"copy_gbps": copy_gbps, "copy_samples": copy_n, "read_gbps": read_gbps, "read_samples": read_n},
+        "cases": cases,
+        "aggregates": aggregates,
+        "gate": gate,
+        "warnings": warnings,
+    }
+
+
+def write_summary(run_dir: Path, overwrite: bool = False) -> Path:
+    """Write `run_dir/summary.json` and return its path. Refuses to replace one unless `overwrite`."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    if path.exists() and not overwrite:
+        raise RunDirError(f"{path} already exists; a finished run directory is not overwritten (pass overwrite=True)")
+    summary = build_summary(run_dir)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(path)
+    return path
