@@ -1,102 +1,18 @@
-"""Synthetic kernel run directories written to the contract in docs/DESIGN.md.
-
-The default run: cases c1, c2; arms `ctrl` (control), `fast` (candidate, ~20% faster),
-`slow` (candidate, ~10% slower in c1; fails correctness in c2), `peer` (unavailable);
-2 seeds x 5 rounds; 10 calls per sample; host clock (not a GPU).
-"""
+"""Fixtures for the analysis tests; the run-directory writer lives in rundir_factory.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
+from rundir_factory import write_run_dir
 
-PROTOCOL = b'op = "rmsnorm"\nseeds = [0, 1]\nrounds = 5\ntie_band = 0.02\ngate = "no_loss and geomean>=1.02"\n'
-
-BASE_NS = {"ctrl": 1000.0, "fast": 800.0, "slow": 1100.0}
-
-
-def default_per_call(case: str, arm: str, seed: int, rnd: int) -> float:
-    """Per-call ns: the arm's base time plus a deterministic wobble of a few percent."""
-    wobble = ((seed * 7 + rnd * 3 + len(arm)) % 5 - 2) * 10.0
-    return BASE_NS.get(arm, 1000.0) * (2.0 if case == "c2" else 1.0) + wobble
-
-
-@dataclass
-class RunSpec:
-    cases: list[str] = field(default_factory=lambda: ["c1", "c2"])
-    arms: list[dict] = field(
-        default_factory=lambda: [
-            {"name": "ctrl", "kind": "control", "available": True, "reason": None},
-            {"name": "fast", "kind": "candidate", "available": True, "reason": None},
-            {"name": "slow", "kind": "candidate", "available": True, "reason": None},
-            {"name": "peer", "kind": "peer", "available": False, "reason": "liger_kernel not installed"},
-        ]
-    )
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    rounds: int = 5
-    calls: int = 10
-    bytes_per_call: int = 4_000_000
-    failures: set[tuple[str, str]] = field(default_factory=lambda: {("c2", "slow")})
-    per_call: Callable[[str, str, int, int], float] = default_per_call
-    tie_band: float = 0.02
-    gate: str = "no_loss and geomean>=1.02"
-    resamples: int = 2000
-
-
-def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
-    """Write protocol.toml, provenance.json, plan.json, correctness.jsonl, timings.csv, ceilings.csv."""
-    spec = spec or RunSpec()
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "protocol.toml").write_bytes(PROTOCOL)
-    sha = hashlib.sha256(PROTOCOL).hexdigest()
-    provenance = {"kind": "kernel", "protocol_sha256": sha, "device": "cpu", "versions": {"python": "3.11"},
-                  "git": {"commit": "abc123", "dirty": False}, "argv": ["kerneltrial", "run"],
-                  "started_at": "2025-01-01T00:00:00Z", "finished_at": "2025-01-01T00:01:00Z"}
-    (path / "provenance.json").write_text(json.dumps(provenance))
-    plan = {
-        "protocol_sha256": sha, "backend": "host-clock", "is_gpu": False, "l2": "cold", "arms": spec.arms,
-        "cases": [{"case": c, "shape": [64, 4096], "layout": "contiguous", "dtype": "bfloat16",
-                   "bytes": spec.bytes_per_call, "calls": spec.calls} for c in spec.cases],
-        "seeds": spec.seeds, "rounds": spec.rounds, "tie_band": spec.tie_band, "gate": spec.gate,
-        "bootstrap": {"resamples": spec.resamples, "seed": 7, "confidence": 0.95},
-    }
-    (path / "plan.json").write_text(json.dumps(plan))
-    available = [a["name"] for a in spec.arms if a["available"]]
-    correctness, timings = [], ["case,seed,round,position,arm,calls,ns"]
-    order_rng = np.random.default_rng(0)
-    for case in spec.cases:
-        for seed in spec.seeds:
-            for arm in available:
-                ok = (case, arm) not in spec.failures
-                correctness.append({"case": case, "seed": seed, "arm": arm, "passed": ok, "max_abs": 0.0 if ok else 0.5,
-                                    "max_rel": 0.0 if ok else 0.25, "ulp": 0 if ok else 900,
-                                    "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}"})
-        timed = [a for a in available if (case, a) not in spec.failures]
-        for seed in spec.seeds:
-            for rnd in range(spec.rounds):
-                for position, arm in enumerate(order_rng.permutation(timed)):
-                    ns = spec.per_call(case, str(arm), seed, rnd) * spec.calls
-                    timings.append(f"{case},{seed},{rnd},{position},{arm},{spec.calls},{ns!r}")
-    (path / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in correctness))
-    (path / "timings.csv").write_text("\n".join(timings) + "\n")
-    ceilings = ["kind,sample,bytes,ns"]
-    ceilings += [f"copy,{i},8000000,{4000 + 100 * i}" for i in range(5)]  # 2000, 1951.2, 1904.8, ... GB/s
-    ceilings += [f"read,{i},4000000,{1000 + 50 * i}" for i in range(4)]
-    (path / "ceilings.csv").write_text("\n".join(ceilings) + "\n")
-    return path
+from kerneltrial.analysis.summary import write_summary
 
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    """A default synthetic run directory with summary.json written."""
-    from kerneltrial.analysis.summary import write_summary
-
+    """A default synthetic run directory (see rundir_factory.py) with summary.json written."""
     path = write_run_dir(tmp_path / "run")
     write_summary(path)
     return path

@@ -1,0 +1,94 @@
+"""analysis.summary on synthetic run directories (see conftest.py for the known timings)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from rundir_factory import RunSpec, write_run_dir
+
+from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.analysis.summary import build_summary, write_summary
+
+COPY_CEILING = 8e6 / 4200  # median of the copy rates 8e6/4000 ... 8e6/4400
+
+
+def test_per_case_figures(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    c1 = summary["cases"][0]["arms"]
+    assert c1["ctrl"]["median_ns_per_call"] == 1000.0
+    assert c1["ctrl"]["speedup"] is None  # the control is not compared with itself
+    assert c1["fast"]["median_ns_per_call"] == 800.0
+    assert c1["fast"]["n_samples"] == 10 and c1["fast"]["ci_units"] == 10
+    assert c1["fast"]["speedup"] == 1.25
+    assert c1["fast"]["ci_low"] <= 1.25 <= c1["fast"]["ci_high"]
+    assert c1["fast"]["verdict"] == "win"
+    assert c1["fast"]["gbps"] == 5000.0
+    assert math.isclose(c1["fast"]["pct_of_copy_ceiling"], 100 * 5000 / COPY_CEILING, rel_tol=1e-12)
+    assert math.isclose(c1["slow"]["speedup"], 1000 / 1100, rel_tol=1e-12)
+    assert c1["slow"]["verdict"] == "loss"  # regressions are kept
+    assert summary["ceilings"]["copy_gbps"] == COPY_CEILING
+    assert summary["ceilings"]["copy_samples"] == 5 and summary["ceilings"]["read_samples"] == 4
+
+
+def test_failed_and_unavailable_arms(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    c2 = summary["cases"][1]["arms"]
+    assert c2["slow"]["status"] == "failed correctness"
+    assert c2["slow"]["speedup"] is None
+    assert c2["slow"]["messages"] == [f"max_rel 0.25 > rtol 0.016 at seed {s}" for s in (0, 1)]
+    assert c2["peer"]["status"] == "unavailable"
+    assert c2["peer"]["reason"] == "liger_kernel not installed"
+    assert "peer" not in summary["aggregates"]
+
+
+def test_aggregates_and_gate(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    fast, slow = summary["aggregates"]["fast"], summary["aggregates"]["slow"]
+    assert math.isclose(fast["geomean"], 1.25, rel_tol=1e-12)
+    assert (fast["wins"], fast["ties"], fast["losses"], fast["n_cases"]) == (2, 0, 0, 2)
+    assert (slow["losses"], slow["failed_correctness"], slow["worst_case"]) == (1, 1, "c1")
+    assert summary["gate"]["passed_arms"] == ["fast"]
+    assert summary["gate"]["arms"]["slow"]["passed"] is False
+    assert any("failed correctness" in r for r in summary["gate"]["arms"]["slow"]["reasons"])
+
+
+def test_header_labels_cpu_runs(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["is_gpu"] is False and summary["backend"] == "host-clock"
+    assert "NOT GPU performance" in summary["label"]
+    assert any("NOT GPU" in w for w in summary["warnings"])
+    assert len(summary["protocol_sha256"]) == 64
+
+
+def test_too_few_units_and_incomplete_run_warn(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path / "run", RunSpec(rounds=2))
+    lines = (path / "timings.csv").read_text().splitlines()
+    (path / "timings.csv").write_text("\n".join(lines[:-1]) + "\n")  # a run killed before its last row
+    warnings = build_summary(path)["warnings"]
+    assert any("only" in w and "units" in w for w in warnings)
+    assert any("fewer than the 4 planned" in w for w in warnings)
+
+
+def test_write_summary_refuses_to_overwrite(run_dir: Path) -> None:
+    with pytest.raises(RunDirError, match="already exists"):
+        write_summary(run_dir)
+    assert write_summary(run_dir, overwrite=True) == run_dir / "summary.json"
+
+
+def test_missing_file_and_bad_gate(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path / "run", RunSpec(gate="geomean>1.02"))
+    with pytest.raises(ValueError, match="'geomean>1.02'"):
+        build_summary(path)
+    (path / "timings.csv").unlink()
+    with pytest.raises(RunDirError, match="missing timings.csv"):
+        build_summary(path)
+
+
+def test_changed_protocol_is_refused(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path / "run")
+    (path / "protocol.toml").write_text("edited after the run started\n")
+    with pytest.raises(RunDirError, match="protocol_sha256"):
+        build_summary(path)
