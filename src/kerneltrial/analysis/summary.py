@@ -13,7 +13,8 @@ summary.json (schema `kerneltrial.summary/1`):
   aggregates: {arm: {n_cases, geomean, geomean_ci_low, geomean_ci_high, mean, worst,
                      worst_case, wins, ties, losses, failed_correctness}},
   gate: {rule, arms: {arm: {passed, reasons}}, passed_arms},
-  warnings: [str]
+  warnings: [str],
+  inputs_sha256: {file: sha256} of plan.json, correctness.jsonl, timings.csv, ceilings.csv
 `status` is `timed`, `failed correctness`, `unavailable` or `not timed` (no correctness check
 or no timing rows: an incomplete run). `ci_units` is the number of (seed, round) units shared
 with the control and used by the CI. Figures that do not apply (the control's own speedup,
@@ -44,6 +45,7 @@ NOT_TIMED = "not timed"
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
+INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class RunFiles:
     correctness: list[dict[str, Any]]
     timings: pd.DataFrame
     ceilings: pd.DataFrame
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def timing_label(backend: str, is_gpu: bool) -> str:
@@ -260,7 +266,8 @@ def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
 
 def build_summary(run_dir: Path) -> dict[str, Any]:
     """Compute every figure of a kernel run directory (does not write anything)."""
-    run = load_run(Path(run_dir))
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
     plan = run.plan
     if plan.get("protocol_sha256") != run.protocol_sha256:
         raise RunDirError(
@@ -296,6 +303,7 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "aggregates": aggregates,
         "gate": gate,
         "warnings": warnings,
+        "inputs_sha256": {name: _sha256(run_dir / name) for name in INPUT_FILES},
     }
 
 

@@ -14,6 +14,7 @@ figure in summary.json (floats to a relative 1e-9).
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -29,6 +30,7 @@ from kerneltrial.analysis.errors import RunDirError
 REL_TOL = 1e-9
 FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", "ci_low", "ci_high",
                  "verdict", "gbps", "pct_of_copy_ceiling")
+INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 AGGREGATE_FIELDS = ("n_cases", "geomean", "geomean_ci_low", "geomean_ci_high", "mean", "worst",
                     "worst_case", "wins", "ties", "losses", "failed_correctness")
 
@@ -72,8 +74,6 @@ def _read_json(run_dir: Path, name: str) -> Any:
 
 def _read_csv_rows(run_dir: Path, name: str, header: list[str]) -> list[dict[str, str]]:
     path = run_dir / name
-    if not path.is_file():
-        raise RunDirError(f"{run_dir}: missing {name}; not a complete run directory")
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         if reader.fieldnames is None or not set(header) <= set(reader.fieldnames):
@@ -115,12 +115,11 @@ def _median(values: list[float]) -> float:
 
 
 def _row_medians(matrix: np.ndarray) -> np.ndarray:
-    n = matrix.shape[1]
+    """Median of each row: sort the rows, take the middle (mean of the two middles when even)."""
+    ordered = np.sort(matrix, axis=1)
+    n = ordered.shape[1]
     mid = n // 2
-    if n % 2:
-        return np.partition(matrix, mid, axis=1)[:, mid]
-    part = np.partition(matrix, [mid - 1, mid], axis=1)
-    return (part[:, mid - 1] + part[:, mid]) / 2
+    return ordered[:, mid] if n % 2 else (ordered[:, mid - 1] + ordered[:, mid]) / 2
 
 
 def _quantile(sorted_values: np.ndarray, q: float) -> float:
@@ -136,9 +135,13 @@ def _percentile_ci(statistics: np.ndarray, confidence: float) -> tuple[float, fl
     return _quantile(ordered, (1 - confidence) / 2), _quantile(ordered, (1 + confidence) / 2)
 
 
-def _resample_indices(bootstrap: dict[str, Any], n: int) -> np.ndarray:
-    rng = np.random.default_rng(int(bootstrap["seed"]))
-    return rng.integers(0, n, size=(int(bootstrap["resamples"]), n))
+@functools.lru_cache(maxsize=4)
+def _resample_indices(seed: int, resamples: int, n: int) -> np.ndarray:
+    """The contract's draw. A fresh generator per (case, arm) makes every draw of size n
+    identical, so one cached, read-only copy serves them all."""
+    indices = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    indices.flags.writeable = False
+    return indices
 
 
 def _verdict(low: float, high: float, band: float) -> str:
@@ -198,30 +201,38 @@ def _verify_serving(run_dir: Path) -> VerifyResult:
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
+    missing = [name for name in ("protocol.toml", "summary.json", *INPUT_FILES) if not (run_dir / name).is_file()]
+    if missing:
+        raise RunDirError(f"{run_dir}: missing {', '.join(missing)}; not a complete kernel run directory")
     result = VerifyResult(run_dir)
     plan = _read_json(run_dir, "plan.json")
     summary = _read_json(run_dir, "summary.json")
-    protocol = run_dir / "protocol.toml"
-    if not protocol.is_file():
-        raise RunDirError(f"{run_dir}: missing protocol.toml; not a complete run directory")
-    digest = hashlib.sha256(protocol.read_bytes()).hexdigest()
+    digest = hashlib.sha256((run_dir / "protocol.toml").read_bytes()).hexdigest()
     for name, document in (("provenance.json", provenance), ("plan.json", plan), ("summary.json", summary)):
         recorded = document.get("protocol_sha256")
         result.add(f"protocol hash in {name}",
                    [] if recorded == digest else [f"{name} says {recorded}, protocol.toml hashes to {digest}"],
                    f"sha256 {digest[:12]}... matches protocol.toml")
+    result.add("raw files unchanged since summary", _changed_inputs(run_dir, summary.get("inputs_sha256", {})),
+               f"{', '.join(INPUT_FILES)} hash as recorded in summary.json")
 
     samples = _samples(run_dir)
     correctness = [json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines()
-                   if line.strip()] if (run_dir / "correctness.jsonl").is_file() else None
-    if correctness is None:
-        raise RunDirError(f"{run_dir}: missing correctness.jsonl; not a complete run directory")
+                   if line.strip()]
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
-
     outcome = _correctness_outcome(plan, correctness, result)
     _check_rows(plan, samples, outcome, result)
     _check_figures(plan, summary, samples, outcome, ceiling_rows, result)
     return result
+
+
+def _changed_inputs(run_dir: Path, recorded: dict[str, str]) -> list[str]:
+    problems = []
+    for name in INPUT_FILES:
+        digest = hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+        if digest != recorded.get(name):
+            problems.append(f"{name} hashes to {digest[:12]}..., summary recorded {str(recorded.get(name))[:12]}...")
+    return problems
 
 
 def _correctness_outcome(plan: dict[str, Any], rows: list[dict[str, Any]], result: VerifyResult) -> dict[tuple[str, str], str]:
@@ -368,7 +379,7 @@ def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | Non
             figures["speedup"] = _median(list(control_times.values())) / med
             c = np.array([control_times[u] for u in units])
             a = np.array([times[u] for u in units])
-            idx = _resample_indices(bootstrap, len(units))
+            idx = _resample_indices(int(bootstrap["seed"]), int(bootstrap["resamples"]), len(units))
             low, high = _percentile_ci(_row_medians(c[idx]) / _row_medians(a[idx]), float(bootstrap["confidence"]))
             figures.update(ci_low=low, ci_high=high, verdict=_verdict(low, high, band))
     return figures
@@ -412,7 +423,7 @@ def _aggregate(rows: list[tuple[str, float, str]], failed: int, bootstrap: dict[
         return figures
     values = [s for _, s, _ in rows]
     logs = np.log(np.array(values))
-    idx = _resample_indices(bootstrap, len(values))
+    idx = _resample_indices(int(bootstrap["seed"]), int(bootstrap["resamples"]), len(values))
     low, high = _percentile_ci(np.exp(logs[idx].sum(axis=1) / len(values)), float(bootstrap["confidence"]))
     worst_case, worst, _ = min(rows, key=lambda row: row[1])
     figures.update(geomean=math.exp(math.fsum(math.log(v) for v in values) / len(values)),

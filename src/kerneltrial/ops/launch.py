@@ -1,0 +1,53 @@
+"""Launch geometry shared by every kernel: block sizes, warps, and a bounded grid.
+
+No kernel launches a grid dimension above `MAX_GRID` (65535, the smallest limit among
+the chips our users run on). Kernels that may need more programs loop: program `pid`
+handles work items pid, pid + num_programs, ... (a grid-stride loop).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+MAX_GRID = 65535
+
+
+def interpreted() -> bool:
+    """True when Triton kernels run through the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device() -> torch.device:
+    """Where inputs live: the GPU when there is one, else the CPU (interpreter)."""
+    return torch.device("cuda") if torch.cuda.is_available() and not interpreted() else torch.device("cpu")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, n))
+
+
+def bounded_grid(n_items: int, cap: int = MAX_GRID) -> tuple[int]:
+    """A 1-D grid of at most `cap` programs for `n_items` grid-stride work items."""
+    return (max(1, min(n_items, cap)),)
+
+
+def row_warps(block: int) -> int:
+    """Warps for a kernel that keeps one row block of `block` elements in registers."""
+    if block >= 32768:
+        return 32
+    if block >= 8192:
+        return 16
+    if block >= 2048:
+        return 8
+    return 4
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """View `x` [..., N] as [rows, N] without a copy when its layout allows (unit stride in N)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return rows

@@ -1,0 +1,85 @@
+"""Adapters for the peers users already run: torch eager, torch.compile, Liger-Kernel, FlagGems.
+
+A peer that is not installed, or cannot run on this machine, raises `Unavailable` from its
+loader: `kerneltrial ops` shows the one-line reason and trials skip it; it is never an error.
+Operator modules call `register_peers` with the pieces that exist for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kerneltrial.ops.registry import Impl, Unavailable, add_impl
+
+Loader = Callable[[], Callable[..., Any]]
+
+
+def import_attr(module: str, attr: str, package: str) -> Any:
+    """`module.attr`, or Unavailable naming the package to install."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise Unavailable(f"{package} is not installed ({exc.name or module})") from exc
+    except AttributeError as exc:
+        raise Unavailable(f"{package} has no {module}.{attr} in this version") from exc
+
+
+def require_cuda(package: str) -> None:
+    if not torch.cuda.is_available():
+        raise Unavailable(f"{package} needs a CUDA device; none is visible")
+
+
+def compiled(fn: Callable[..., Any]) -> Loader:
+    """torch.compile of the eager formula (static shapes: one graph per shape, as users deploy)."""
+
+    def load() -> Callable[..., Any]:
+        if not hasattr(torch, "compile"):
+            raise Unavailable("this torch has no torch.compile")
+        return torch.compile(fn, dynamic=False)
+
+    return load
+
+
+def register_peers(
+    op: str,
+    eager: Callable[..., Any],
+    liger: Loader | None = None,
+    flaggems: Loader | None = None,
+    compile_eager: bool = True,
+) -> None:
+    """Register the peers of `op`: eager torch code, its torch.compile, and the libraries' kernels."""
+    add_impl(Impl(op=op, name="torch_eager", kind="peer", loader=lambda: eager, doc="torch eager formula"))
+    if compile_eager:
+        add_impl(Impl(op=op, name="torch_compile", kind="peer", loader=compiled(eager), doc="torch.compile of the eager formula"))
+    if liger is not None:
+        add_impl(Impl(op=op, name="liger", kind="peer", loader=liger, doc="Liger-Kernel"))
+    if flaggems is not None:
+        add_impl(Impl(op=op, name="flaggems", kind="peer", loader=flaggems, doc="FlagGems"))
+
+
+def liger_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]]) -> Loader:
+    """Loader for a Liger-Kernel function; `adapt` wraps it into the operator's signature."""
+
+    def load() -> Callable[..., Any]:
+        require_cuda("Liger-Kernel")
+        return adapt(import_attr(module, attr, "liger-kernel"))
+
+    return load
+
+
+def flaggems_loader(attr: str, adapt: Callable[[Any], Callable[..., Any]]) -> Loader:
+    """Loader for a FlagGems function (looked up in flag_gems.ops, then flag_gems)."""
+
+    def load() -> Callable[..., Any]:
+        require_cuda("FlagGems")
+        try:
+            fn = import_attr("flag_gems.ops", attr, "flag_gems")
+        except Unavailable:
+            fn = import_attr("flag_gems", attr, "flag_gems")
+        return adapt(fn)
+
+    return load

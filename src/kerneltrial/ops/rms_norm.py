@@ -1,0 +1,193 @@
+"""RMSNorm: `rmsnorm` (bf16 rounding before the weight) and `rmsnorm_fp32` (fp32 to the store).
+
+    rmsnorm:       y = (x.f32 * rsqrt(mean(x.f32^2) + eps)).to(dtype) * w
+    rmsnorm_fp32:  y = (x.f32 * rsqrt(mean(x.f32^2) + eps) * w.f32).to(dtype)
+
+Kernels (one family, shared with fused_add_rms_norm.py through `apply_weight`):
+- `_rms_norm_rows`: BLOCK_ROWS rows per step, each row in one BLOCK_N block held in
+  registers. BLOCK_ROWS=1 is the control (one row per program, next-power-of-two block,
+  the common reference geometry); BLOCK_ROWS>1 packs narrow rows so a program moves
+  enough bytes per step.
+- `_rms_norm_wide`: one row per step in BLOCK_N chunks, two passes over the row
+  (sum of squares, then normalise), for rows too wide to hold in registers.
+Both walk their work with a grid-stride loop over a bounded grid (launch.MAX_GRID).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltrial.ops import inputs as inp
+from kerneltrial.ops import launch
+from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
+from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+
+LAYOUTS = ("contiguous", "row_strided")
+PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
+WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
+WIDE_THRESHOLD = 16384
+
+
+@triton.jit
+def apply_weight(normed, w, out_dtype: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr):
+    """`normed` (fp32) times weight `w` (fp32), rounded the way the operator specifies."""
+    if ROUND_BEFORE_WEIGHT:
+        return (normed.to(out_dtype).to(tl.float32) * w).to(out_dtype)
+    return (normed * w).to(out_dtype)
+
+
+@triton.jit
+def _rms_norm_rows(
+    X, W, Y, n_rows, x_stride, y_stride, N, eps,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    n_steps = tl.cdiv(n_rows, BLOCK_ROWS)
+    for step in range(tl.program_id(0), n_steps, tl.num_programs(0)):
+        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = apply_weight(x * rstd[:, None], w, Y.dtype.element_ty, ROUND_BEFORE_WEIGHT)
+        tl.store(Y + rows[:, None] * y_stride + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _rms_norm_wide(
+    X, W, Y, n_rows, x_stride, y_stride, N, eps,
+    BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * x_stride
+        y_row = Y + tl.cast(row, tl.int64) * y_stride
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            x = tl.load(x_row + start + cols, mask=start + cols < N, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        for start in range(0, N, BLOCK_N):
+            mask = start + cols < N
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + start + cols, apply_weight(x * rstd, w, Y.dtype.element_ty, ROUND_BEFORE_WEIGHT), mask=mask)
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
+    """Launch `_rms_norm_rows`: `block_rows` rows per step (1 = the control geometry)."""
+    rows = launch.as_rows(x)
+    n_rows, n = rows.shape
+    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
+    block_n = launch.next_pow2(n)
+    grid = launch.bounded_grid(triton.cdiv(n_rows, block_rows))
+    _rms_norm_rows[grid](
+        rows, weight, y, n_rows, rows.stride(0), y.stride(0), n, eps,
+        BLOCK_ROWS=block_rows, BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight,
+        num_warps=num_warps or launch.row_warps(block_n * block_rows),
+    )
+    return y.view(x.shape)
+
+
+def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
+    """Launch `_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
+    rows = launch.as_rows(x)
+    n_rows, n = rows.shape
+    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
+    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
+    _rms_norm_wide[launch.bounded_grid(n_rows)](
+        rows, weight, y, n_rows, rows.stride(0), y.stride(0), n, eps,
+        BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=launch.row_warps(block_n),
+    )
+    return y.view(x.shape)
+
+
+def choose_rows_per_step(n: int) -> int:
+    """Rows per step for the dispatcher: pack narrow rows up to ~4096 elements per step."""
+    return max(1, min(16, 4096 // launch.next_pow2(n)))
+
+
+def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
+    """The exported entry point: picks the kernel by row width."""
+    n = x.shape[-1]
+    if n > WIDE_THRESHOLD:
+        return rms_norm_wide(x, weight, eps, round_before_weight)
+    return rms_norm_rows(x, weight, eps, round_before_weight, block_rows=choose_rows_per_step(n))
+
+
+# ---- semantics --------------------------------------------------------------------------
+
+def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+    gen = inp.generator(seed, device)
+    x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
+    return {"x": x, "weight": weight, "eps": 1e-6}
+
+
+def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor]:
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed * weight,)
+
+
+def reference_rmsnorm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor]:
+    xf = x.float()
+    return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype),)
+
+
+def oracle(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor]:
+    xd = x.double()
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double(),)
+
+
+def bytes_moved(case: Case) -> int:
+    """Read x and weight once, write y once."""
+    size = torch.empty((), dtype=case.torch_dtype).element_size()
+    return (2 * inp.numel(case.shape) + case.shape[-1]) * size
+
+
+SMALL = (
+    Case((1, 64)), Case((7, 5120)), Case((33, 1536)), Case((2, 3, 200)), Case((4, 20000)),
+)
+GPU = (
+    Case((1, 2048)), Case((64, 2048)), Case((4096, 2048)), Case((16384, 2048)),
+    Case((4096, 4096)), Case((4096, 5120)), Case((4096, 8192)), Case((2048, 14336)),
+    Case((65536, 2048)), Case((1000, 3000)),
+)
+
+
+def _register(name: str, signature: str, doc: str, reference, round_before_weight: bool, dtypes: tuple[str, ...]) -> None:
+    extra_small = tuple(Case(c.shape, "float32") for c in SMALL[:3]) if "float32" in dtypes else ()
+    extra_gpu = tuple(Case(c.shape, "float32") for c in GPU[2:5]) if "float32" in dtypes else ()
+    register_op(Operator(
+        name=name, signature=signature, doc=doc, layouts=LAYOUTS, make_inputs=make_inputs,
+        reference=reference, oracle=oracle, bytes_moved=bytes_moved, dtypes=dtypes,
+        small_cases=SMALL + extra_small, gpu_cases=GPU + extra_gpu,
+    ))
+    rbw = round_before_weight
+    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(partial(rms_norm_rows, round_before_weight=rbw))
+    for rows, warps in PACKINGS:
+        register_impl(name, f"packed_r{rows}_w{warps}", doc=f"{rows} rows per step, {warps} warps")(
+            partial(rms_norm_rows, round_before_weight=rbw, block_rows=rows, num_warps=warps))
+    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(partial(rms_norm_wide, round_before_weight=rbw))
+    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(partial(rms_norm_auto, round_before_weight=rbw))
+
+    def eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return reference(x, weight, eps)[0]
+
+    casting = "llama" if rbw else "gemma"
+    register_peers(
+        name, eager,
+        liger=liger_loader("liger_kernel.ops.rms_norm", "LigerRMSNormFunction",
+                           lambda f: lambda x, w, eps=1e-6: f.apply(x, w, eps, 0.0, casting, False)),
+        flaggems=flaggems_loader("rms_norm", lambda f: lambda x, w, eps=1e-6: f(x, [x.shape[-1]], w, eps)) if rbw else None,
+    )
+
+
+_register("rmsnorm", "rmsnorm(x, weight, eps=1e-6) -> Tensor", __doc__.split("\n")[2].strip(), reference_rmsnorm, True, ("bfloat16",))
+_register("rmsnorm_fp32", "rmsnorm_fp32(x, weight, eps=1e-6) -> Tensor", __doc__.split("\n")[3].strip(), reference_rmsnorm_fp32, False, ("bfloat16", "float32"))

@@ -1,0 +1,33 @@
+"""Every operator x implementation x layout passes the correctness gate on its small cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltrial.ops.registry import Case, all_ops
+from kerneltrial.trial.gate import check
+
+SKIP_PEERS = {"torch_compile"}  # compiled on first use per shape: covered once in test_peers.py
+
+
+def _params():
+    for op in all_ops():
+        for impl in op.impls.values():
+            if impl.name in SKIP_PEERS:
+                continue
+            for layout in op.layouts:
+                yield pytest.param(op.name, impl.name, layout, id=f"{op.name}-{impl.name}-{layout}")
+
+
+@pytest.mark.parametrize("op_name,impl_name,layout", list(_params()))
+def test_gate_passes(op_name, impl_name, layout, device):
+    op = next(o for o in all_ops() if o.name == op_name)
+    impl = op.impl(impl_name)
+    if not impl.available:
+        pytest.skip(impl.reason)
+    cases = [Case(c.shape, c.dtype, layout) for c in op.small_cases]
+    cases = [c for c in cases if impl.supports(c)]
+    assert cases, f"{op_name}/{impl_name} supports none of the small cases in layout {layout}"
+    for case in cases:
+        result = check(op, impl, case, seed=len(case.id), device=device)
+        assert result.passed, f"{case.id}: {result.message}"
