@@ -1,0 +1,71 @@
+"""Compare two kernel runs side by side: the same (case, arm) medians in A and in B.
+
+Reads only the two summary.json files. Ratio is median(B) / median(A): above 1 means
+B took longer. Cases or arms present in only one run are listed, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.analysis.report import load_summary
+
+
+@dataclass(frozen=True)
+class ComparedRow:
+    case: str
+    arm: str
+    median_a_ns: float | None
+    median_b_ns: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.median_a_ns is None or self.median_b_ns is None:
+            return None
+        return self.median_b_ns / self.median_a_ns
+
+
+def _medians(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    return {c["case"]: {arm: e["median_ns_per_call"] for arm, e in c["arms"].items()} for c in summary["cases"]}
+
+
+def compared_rows(a: dict[str, Any], b: dict[str, Any]) -> list[ComparedRow]:
+    """Rows for every (case, arm) present in both runs, in A's order."""
+    medians_a, medians_b = _medians(a), _medians(b)
+    return [
+        ComparedRow(case, arm, median, medians_b[case][arm])
+        for case, arms in medians_a.items() if case in medians_b
+        for arm, median in arms.items() if arm in medians_b[case]
+    ]
+
+
+def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    medians_first, medians_second = _medians(first), _medians(second)
+    notes = [f"case `{case}`" for case in medians_first if case not in medians_second]
+    notes += [f"arm `{arm}` in case `{case}`" for case, arms in medians_first.items() if case in medians_second
+              for arm in arms if arm not in medians_second[case]]
+    return notes
+
+
+def _us(ns: float | None) -> str:
+    return "–" if ns is None else f"{ns / 1000:,.3f}"
+
+
+def compare_runs(a: Path, b: Path) -> str:
+    """A markdown comparison of run directories `a` and `b` (both need summary.json)."""
+    summary_a, summary_b = load_summary(Path(a)), load_summary(Path(b))
+    lines = [f"A: `{a}` ({summary_a['label']})", f"B: `{b}` ({summary_b['label']})", ""]
+    if summary_a["is_gpu"] != summary_b["is_gpu"] or summary_a["backend"] != summary_b["backend"]:
+        lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
+    if summary_a["protocol_sha256"] != summary_b["protocol_sha256"]:
+        lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
+    lines += ["| case | arm | median A µs | median B µs | B/A |", "|---|---|---|---|---|"]
+    for row in compared_rows(summary_a, summary_b):
+        ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
+        lines.append(f"| `{row.case}` | `{row.arm}` | {_us(row.median_a_ns)} | {_us(row.median_b_ns)} | {ratio} |")
+    for label, notes in (("Only in A", _only_in(summary_a, summary_b)), ("Only in B", _only_in(summary_b, summary_a))):
+        if notes:
+            lines += ["", f"{label}: " + ", ".join(notes)]
+    return "\n".join(lines) + "\n"

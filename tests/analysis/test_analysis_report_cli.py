@@ -1,0 +1,111 @@
+"""report.md + figures, PERFORMANCE.md, compare, and the analysis CLI commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from rundir_factory import RunSpec, write_run_dir
+from typer.testing import CliRunner
+
+from kerneltrial.analysis.cli import mount
+from kerneltrial.analysis.compare import compare_runs
+from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
+from kerneltrial.analysis.summary import write_summary
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def cli() -> tuple[CliRunner, typer.Typer]:
+    app = typer.Typer(pretty_exceptions_enable=False)
+    mount(app)
+    return CliRunner(), app
+
+
+def test_report_renders_figures_and_every_case_and_arm(run_dir: Path) -> None:
+    report = write_report(run_dir).read_text()
+    for name in (SPEEDUP_PNG, VERDICTS_PNG, CEILING_PNG):
+        data = (run_dir / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+        assert f"]({name})" in report
+    for case in ("c1", "c2"):
+        assert f"`{case}`" in report
+    for arm in ("ctrl", "fast", "slow", "peer"):
+        assert f"`{arm}`" in report
+    assert "**host clock, Triton interpreter: NOT GPU performance**" in report
+    assert "| `c1` | `slow` | 1.10 | 0.909 [0.908, 0.910] | loss |" in report  # the regression is shown
+    assert "**failed correctness**: max_rel 0.25 > rtol 0.016 at seed 0" in report
+    assert "unavailable: liger_kernel not installed" in report
+    assert "passed by `fast`" in report
+
+
+def test_performance_md_covers_each_run(tmp_path: Path) -> None:
+    first = write_run_dir(tmp_path / "run_a")
+    second = write_run_dir(tmp_path / "run_b", RunSpec(gate="no_loss"))
+    for path in (first, second):
+        write_summary(path)
+    out = write_performance_md([first, second], tmp_path / "PERFORMANCE.md")
+    text = out.read_text()
+    assert "## rmsnorm: `run_a`" in text and "## rmsnorm: `run_b`" in text
+    assert "gate `no_loss`: passed by `fast`" in text
+    assert "device: cpu" in text and "versions: python 3.11" in text
+    assert text.count("| `c2` | `fast` | 1.60 | 1.250 [") == 2
+
+
+def test_compare_shows_both_runs(tmp_path: Path) -> None:
+    a = write_run_dir(tmp_path / "a")
+    b = write_run_dir(tmp_path / "b", RunSpec(cases=["c1", "c3"],
+                                              per_call=lambda case, arm, seed, rnd: 2000.0 if arm == "ctrl" else 500.0))
+    for path in (a, b):
+        write_summary(path)
+    text = compare_runs(a, b)
+    assert "| `c1` | `ctrl` | 1.000 | 2.000 | 2.000 |" in text
+    assert "| `c1` | `fast` | 0.800 | 0.500 | 0.625 |" in text
+    assert "Only in A: case `c2`" in text and "Only in B: case `c3`" in text
+
+
+def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    ok = runner.invoke(app, ["verify", str(run_dir)])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.splitlines()[-1].startswith("verified: all")
+    assert "ok   timing rows:" in ok.output
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["ceilings"]["copy_gbps"] *= 1.01
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    bad = runner.invoke(app, ["verify", str(run_dir)])
+    assert bad.exit_code == 1
+    assert "FAIL ceilings: ceilings copy_gbps" in bad.output
+    assert bad.output.splitlines()[-1].startswith("VERIFY FAILED: 1 of")
+
+
+@pytest.mark.parametrize("command", [["verify"], ["report"], ["compare", "."], ["performance"]])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, cli: tuple[CliRunner, typer.Typer], command: list[str]) -> None:
+    runner, app = cli
+    missing = str(tmp_path / "missing")
+    args = [command[0], missing, *command[1:]] if command[0] != "compare" else ["compare", missing, str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "error:" in result.output and "missing" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_not_a_run_dir(tmp_path: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    result = runner.invoke(app, ["verify", str(tmp_path)])
+    assert result.exit_code == 2 and "missing provenance.json" in result.output
+
+
+def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    assert runner.invoke(app, ["report", str(run_dir)]).exit_code == 0
+    assert (run_dir / "report.md").is_file()
+    compared = runner.invoke(app, ["compare", str(run_dir), str(run_dir)])
+    assert compared.exit_code == 0 and "| `c1` | `fast` | 0.800 | 0.800 | 1.000 |" in compared.output
+    out = tmp_path / "PERFORMANCE.md"
+    assert runner.invoke(app, ["performance", str(run_dir), "--out", str(out)]).exit_code == 0
+    assert "# Performance" in out.read_text()
