@@ -105,6 +105,7 @@ def test_aggregate_without_cases() -> None:
         ("geomean>=1.02", False, 1.02),
         ("no_loss and geomean>=1.02", True, 1.02),
         ("geomean>=1 and no_loss", True, 1.0),
+        ("no_loss and  geomean>=1.05 ", True, 1.05),  # the protocol schema strips terms too
     ],
 )
 def test_parse_gate(rule: str, no_loss: bool, floor: float | None) -> None:

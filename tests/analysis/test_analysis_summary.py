@@ -92,3 +92,11 @@ def test_changed_protocol_is_refused(tmp_path: Path) -> None:
     (path / "protocol.toml").write_text("edited after the run started\n")
     with pytest.raises(RunDirError, match="protocol_sha256"):
         build_summary(path)
+
+
+def test_duplicate_timing_rows_are_refused(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path / "run")
+    lines = (path / "timings.csv").read_text().splitlines()
+    (path / "timings.csv").write_text("\n".join(lines + [lines[1]]) + "\n")
+    with pytest.raises(RunDirError, match="duplicate"):
+        build_summary(path)

@@ -143,3 +143,14 @@ def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - start
     assert result.ok, result.failures
     assert elapsed < 0.5, f"verify of 2,000 rows took {elapsed:.2f} s"
+
+
+def test_flipped_gate_verdict_fails(run_dir: Path) -> None:
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["gate"]["arms"]["slow"]["passed"] = True
+    summary["gate"]["passed_arms"] = ["fast", "slow"]
+    path.write_text(json.dumps(summary))
+    failed = _failed(run_dir)
+    assert "arm slow gate: summary True != recomputed False" in failed["aggregates arm=slow"]
+    assert "gate" in failed

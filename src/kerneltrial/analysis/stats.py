@@ -180,7 +180,7 @@ def parse_gate(rule: str) -> Gate:
     fix = "use 'no_loss', 'geomean>=X' (e.g. 'geomean>=1.02'), or both joined by ' and '"
     no_loss = False
     min_geomean: float | None = None
-    terms = rule.split(" and ")
+    terms = [term.strip() for term in rule.split(" and ")]
     if len(terms) != len(set(terms)):
         raise ValueError(f"gate {rule!r} repeats a term; {fix}")
     for term in terms:

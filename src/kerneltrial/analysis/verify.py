@@ -151,7 +151,7 @@ def _verdict(low: float, high: float, band: float) -> str:
 def _gate_terms(rule: str) -> tuple[bool, float | None]:
     """(no_loss, minimum geomean) of a gate rule; RunDirError on anything else."""
     no_loss, floor = False, None
-    for term in rule.split(" and "):
+    for term in (t.strip() for t in rule.split(" and ")):
         found = re.fullmatch(r"geomean>=(\d+(?:\.\d+)?)", term)
         if term == "no_loss" and not no_loss:
             no_loss = True
