@@ -395,23 +395,25 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
     extra = sorted(set(recorded) - set(compared)) + sorted(set(recorded_gate) - set(compared))
     result.add("aggregate arms", [f"summary has aggregates/gate for arms not compared: {extra}"] if extra else [],
                f"compared arms {compared}")
+    recomputed_passed: list[str] = []
     for name in compared:
         rows = speedups.get(name, [])
         figures = _aggregate(rows, failures.get(name, 0), bootstrap)
         problems = _diff(f"arm {name}", recorded.get(name, {}), figures, AGGREGATE_FIELDS)
         passed = (not failures.get(name, 0) and not (no_loss and figures["losses"])
                   and not (floor is not None and (figures["geomean"] is None or figures["geomean"] < floor)))
+        if passed:
+            recomputed_passed.append(name)
         if recorded_gate.get(name, {}).get("passed") is not passed:
             problems.append(f"arm {name} gate: summary {recorded_gate.get(name, {}).get('passed')!r} != recomputed {passed}")
         shown = f"geomean {figures['geomean']:.4f}" if figures["geomean"] is not None else "no speedups"
         result.add(f"aggregates arm={name}", problems,
                    f"{shown}, {figures['wins']}W/{figures['ties']}T/{figures['losses']}L, gate {'pass' if passed else 'fail'}")
     gate = summary.get("gate", {})
-    passed_arms = [n for n in compared if recorded_gate.get(n, {}).get("passed") is True]
-    result.add("gate", [] if gate.get("passed_arms") == passed_arms and gate.get("rule") == plan["gate"] else
-               [f"summary gate rule {gate.get('rule')!r} / passed_arms {gate.get('passed_arms')} disagree with "
-                f"plan rule {plan['gate']!r} / per-arm verdicts {passed_arms}"],
-               f"rule {plan['gate']!r}: passed {passed_arms}")
+    result.add("gate", [] if gate.get("passed_arms") == recomputed_passed and gate.get("rule") == plan["gate"] else
+               [f"summary gate rule {gate.get('rule')!r}, passed_arms {gate.get('passed_arms')} != "
+                f"recomputed rule {plan['gate']!r}, passed_arms {recomputed_passed}"],
+               f"rule {plan['gate']!r}: passed {recomputed_passed}")
 
 
 def _aggregate(rows: list[tuple[str, float, str]], failed: int, bootstrap: dict[str, Any]) -> dict[str, Any]:
