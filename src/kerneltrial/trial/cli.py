@@ -1,0 +1,264 @@
+"""Kernel commands: `ops`, `check`, `protocol new|freeze`, `run`, `demo`."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line_errors(fn: F) -> F:
+    """Turn the library's expected errors into one line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kerneltrial.ops.registry import RegistryError
+        from kerneltrial.trial.protocol import ProtocolError
+        from kerneltrial.trial.runner import RunError
+
+        try:
+            return fn(*args, **kwargs)
+        except (RegistryError, ProtocolError, RunError, ValueError, FileNotFoundError) as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"malformed shape {text!r}; write dimensions joined by 'x', e.g. 4096x2048") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise ValueError(f"malformed shape {text!r}; every dimension must be a positive integer")
+    return shape
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False)
+
+
+@one_line_errors
+def ops() -> None:
+    """List the operators, their implementations, and which peers are available here."""
+    from kerneltrial.ops.launch import interpreted
+    from kerneltrial.ops.registry import all_ops
+
+    table = Table(title="operators" + (" (Triton interpreter: no GPU visible)" if interpreted() else ""))
+    for column in ("operator", "signature", "layouts", "implementations", "unavailable here"):
+        table.add_column(column)
+    for op in all_ops():
+        available = [f"{i.name}" + ("" if i.kind in ("control", "candidate") else f" ({i.kind})") for i in op.impls.values() if i.available]
+        missing = [f"{i.name}: {i.reason}" for i in op.impls.values() if not i.available]
+        table.add_row(op.name, op.signature, ", ".join(op.layouts), "\n".join(available), "\n".join(missing) or "-")
+    console.print(table)
+
+
+@one_line_errors
+def check(
+    op: Annotated[str | None, typer.Argument(help="Operator name (see `kerneltrial ops`).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Check every operator.")] = False,
+    impl: Annotated[list[str] | None, typer.Option(help="Implementation(s) to check; default: all available.")] = None,
+    shape: Annotated[list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the operator's panel.")] = None,
+    layout: Annotated[list[str] | None, typer.Option(help="Layout(s); default: every layout of the operator.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Fresh random inputs per check: seeds 0..N-1.")] = 2,
+    panel: Annotated[str, typer.Option(help="Default cases: 'small' (CPU-sized) or 'gpu' (realistic); default small without a GPU, gpu with one.")] = "auto",
+    impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms.")] = None,
+    peers: Annotated[bool, typer.Option(help="Include peers (torch eager, torch.compile, Liger, FlagGems).")] = True,
+    jsonl: Annotated[Path | None, typer.Option(help="Also write every check as a JSON line here.")] = None,
+) -> None:
+    """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
+    compared with the official formula and a float64 oracle. Exit 1 on any failure."""
+    from kerneltrial.ops import launch
+    from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
+    from kerneltrial.trial.gate import check as run_check
+
+    for spec in impl_module or []:
+        load_user_module(spec)
+    if all_ == (op is not None):
+        raise ValueError("name one operator or pass --all (see `kerneltrial ops`)")
+    operators = all_ops() if all_ else [get_op(op)]
+    device = launch.device()
+    use_gpu_panel = panel == "gpu" or (panel == "auto" and device.type == "cuda")
+    if panel not in ("auto", "small", "gpu"):
+        raise ValueError(f"unknown panel {panel!r}; use small, gpu or auto")
+    table = Table(title=f"correctness on {device.type}" + (" (Triton interpreter)" if launch.interpreted() else ""))
+    for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp"):
+        table.add_column(column)
+    failures = 0
+    rows: list[dict[str, Any]] = []
+    with progress_bar() as bar:
+        for operator in operators:
+            if shape:
+                cases = [Case(parse_shape(s), dtype or operator.dtypes[0], lay) for s in shape for lay in (layout or operator.layouts)]
+            else:
+                base = operator.gpu_cases if use_gpu_panel else operator.small_cases
+                cases = [Case(c.shape, c.dtype, lay) for c in base for lay in (layout or operator.layouts)]
+            impls = [operator.impl(n) for n in impl] if impl else [i for i in operator.impls.values() if peers or i.kind != "peer"]
+            task = bar.add_task(operator.name, total=len(cases) * len(impls))
+            for case in cases:
+                if case.layout not in operator.layouts:
+                    raise ValueError(f"{operator.name} has no layout {case.layout!r}; use one of {', '.join(operator.layouts)}")
+                for i in impls:
+                    bar.advance(task)
+                    if not i.available or not i.supports(case):
+                        continue
+                    results = [run_check(operator, i, case, s, device) for s in range(seeds)]
+                    rows += [r.row() | {"op": operator.name} for r in results]
+                    bad = [r for r in results if not r.passed]
+                    failures += len(bad)
+                    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
+                    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {bad[0].message}"
+                    table.add_row(operator.name, case.id, i.name, str(seeds), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}", f"{worst.ulp:.3g}")
+    console.print(table)
+    if jsonl:
+        jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    skipped = sorted({f"{o.name}/{i.name}: {i.reason}" for o in operators for i in o.impls.values() if not i.available})
+    for line in skipped:
+        console.print(f"skipped {line}", highlight=False)
+    console.print(f"{len(rows) - failures} passed, {failures} failed")
+    if failures:
+        raise typer.Exit(1)
+
+
+protocol_app = typer.Typer(help="Write and freeze preregistered protocols.", no_args_is_help=True)
+
+
+@protocol_app.command("new")
+@one_line_errors
+def protocol_new(
+    op: Annotated[str, typer.Argument(help="Operator name.")],
+    out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
+    candidate: Annotated[list[str], typer.Option(help="Candidate arm(s) (implementations or peers).")],
+    name: Annotated[str | None, typer.Option(help="Protocol name (default: OP-trial).")] = None,
+    shape: Annotated[list[str] | None, typer.Option(help="Case shape(s); default: the operator's GPU panel.")] = None,
+    layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
+    rounds: Annotated[int, typer.Option(min=2)] = 7,
+    gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
+) -> None:
+    """Write a protocol for OP with the operator's panel (or --shape cases); edit, then freeze it."""
+    from kerneltrial.ops.registry import Case, get_op
+    from kerneltrial.trial import protocol as proto
+
+    operator = get_op(op)
+    for c in candidate:
+        operator.impl(c)
+    layouts = layout or ["contiguous"]
+    cases = [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts] if shape else [
+        Case(c.shape, c.dtype, lay) for c in operator.gpu_cases for lay in layouts]
+    try:
+        seed_list = [int(s) for s in seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 0,1,2") from None
+    if out.exists():
+        raise ValueError(f"{out} exists; protocols are never overwritten: choose another --out")
+    out.write_text(proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate))
+    console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}")
+
+
+@protocol_app.command("freeze")
+@one_line_errors
+def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
+    """Record the protocol's sha256 and the time; `run` refuses it once changed."""
+    from kerneltrial.trial import protocol as proto
+
+    if not file.is_file():
+        raise ValueError(f"protocol file {file} does not exist")
+    record = proto.freeze(file)
+    console.print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}")
+
+
+@one_line_errors
+def run(
+    protocol: Annotated[Path, typer.Argument(help="Protocol TOML file.")],
+    out: Annotated[Path, typer.Option(help="Run directory to create (or to continue with --resume).")],
+    resume: Annotated[bool, typer.Option(help="Continue a killed run in --out without losing or repeating rows.")] = False,
+) -> None:
+    """Run a trial: correctness gate, ceilings, interleaved timing rounds, summary.json."""
+    from kerneltrial.trial.runner import run_trial
+
+    with progress_bar() as bar:
+        root = run_trial(protocol, out, resume=resume, progress=bar)
+    summary = json.loads((root / "summary.json").read_text())
+    console.print(f"run directory: {root}")
+    console.print(f"timing: {summary.get('label', '')}")
+    console.print(f"gate: {summary.get('gate', {})}")
+    console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}")
+
+
+DEMO_PROTOCOL = """\
+name = "demo-rmsnorm"
+op = "rmsnorm"
+phase = "exploratory"
+control = "control"
+candidates = ["packed_r4_w4", "kerneltrial", "torch_eager"]
+seeds = [0, 1]
+rounds = 5
+warmup = 1
+calls_per_sample = {calls}
+l2 = "{l2}"
+tie_band = 0.02
+gate = "no_loss"
+
+[[cases]]
+shape = {shape_a}
+
+[[cases]]
+shape = {shape_b}
+"""
+
+
+@one_line_errors
+def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo")) -> None:
+    """The built-in default: check rmsnorm, run a small trial, verify it, write its report.
+
+    With a GPU it times real kernels (CUDA events); without one it runs the same pipeline
+    through the Triton interpreter on the CPU and says so: those times are not GPU performance."""
+    from kerneltrial.analysis.report import write_report
+    from kerneltrial.analysis.verify import verify_run_dir
+    from kerneltrial.ops import launch
+    from kerneltrial.trial.runner import run_trial
+
+    gpu = launch.device().type == "cuda"
+    if not gpu:
+        console.print("[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
+                      "Times below describe the interpreter, NOT GPU performance.[/yellow]")
+    out.mkdir(parents=True, exist_ok=True)
+    protocol_file = out / "demo-protocol.toml"
+    run_dir = out / "run"
+    if run_dir.exists():
+        raise ValueError(f"{run_dir} exists; a run directory is never overwritten: pass another --out")
+    protocol_file.write_text(DEMO_PROTOCOL.format(
+        calls="\"auto\"" if gpu else 1, l2="cold" if gpu else "hot",
+        shape_a=[4096, 4096] if gpu else [64, 1536], shape_b=[65536, 2048] if gpu else [8, 5120]))
+    with progress_bar() as bar:
+        root = run_trial(protocol_file, run_dir, progress=bar)
+    result = verify_run_dir(root)
+    report = write_report(root)
+    summary = json.loads((root / "summary.json").read_text())
+    console.print(f"timing: {summary.get('label', '')}")
+    console.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def mount(app: typer.Typer) -> None:
+    app.command("ops")(ops)
+    app.command("check")(check)
+    app.add_typer(protocol_app, name="protocol")
+    app.command("run")(run)
+    app.command("demo")(demo)

@@ -1,0 +1,187 @@
+"""Preregistered trial protocols: a TOML file, validated, frozen by its sha256 before it runs.
+
+A protocol fixes everything that could be tuned after seeing the data: arms, cases, seeds,
+rounds, calls per sample, L2 mode, tie band and the decision gate. `freeze` writes
+`<file>.freeze.json` next to it (sha256 and time); `run` refuses a protocol whose bytes no
+longer match its freeze record. A confirmation protocol must be frozen, name exactly one
+candidate chosen beforehand, and use seeds disjoint from the exploratory phase's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kerneltrial.ops.registry import DTYPES, Case
+
+GATE_TERM = re.compile(r"^(no_loss|geomean>=\d+(\.\d+)?)$")
+
+
+class ProtocolError(ValueError):
+    """A protocol that cannot run; the message names the field and the fix."""
+
+
+class CaseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[int] = Field(min_length=1)
+    layout: str = "contiguous"
+    dtype: str = "bfloat16"
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, shape: list[int]) -> list[int]:
+        if any(s <= 0 for s in shape):
+            raise ValueError(f"every dimension must be positive, got {shape}")
+        return shape
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, dtype: str) -> str:
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        return dtype
+
+    def case(self) -> Case:
+        return Case(tuple(self.shape), self.dtype, self.layout)
+
+
+class Protocol(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    op: str
+    phase: Literal["exploratory", "confirmation"] = "exploratory"
+    control: str = "control"
+    candidates: list[str] = Field(min_length=1)
+    impl_modules: list[str] = []
+    cases: list[CaseSpec] = Field(min_length=1)
+    seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
+    exploratory_seeds: list[int] = []
+    rounds: int = Field(default=7, ge=2)
+    warmup: int = Field(default=3, ge=1)
+    calls_per_sample: int | Literal["auto"] = "auto"
+    target_sample_us: float = Field(default=200.0, gt=0)
+    l2: Literal["cold", "hot"] = "cold"
+    backend: Literal["auto", "cuda-events", "cuda-graph", "host-clock"] = "auto"
+    tie_band: float = Field(default=0.02, ge=0, lt=1)
+    gate: str = "no_loss"
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+    bootstrap_seed: int = 20261129
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    order_seed: int = 0
+
+    @field_validator("gate")
+    @classmethod
+    def _gate(cls, gate: str) -> str:
+        terms = [t.strip() for t in gate.split(" and ")]
+        bad = [t for t in terms if not GATE_TERM.match(t)]
+        if bad:
+            raise ValueError(f"unknown gate term {bad[0]!r}; write 'no_loss', 'geomean>=1.02' or both joined by ' and '")
+        return gate
+
+    @field_validator("calls_per_sample")
+    @classmethod
+    def _calls(cls, calls: int | str) -> int | str:
+        if isinstance(calls, int) and calls < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return calls
+
+    @model_validator(mode="after")
+    def _phase_rules(self) -> Protocol:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: repeated seed in {self.seeds}")
+        arms = [self.control, *self.candidates]
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"candidates: an arm is named twice in {arms}")
+        if self.phase == "confirmation":
+            if len(self.candidates) != 1:
+                raise ValueError(f"candidates: a confirmation names exactly one candidate selected beforehand, got {self.candidates}")
+            if not self.exploratory_seeds:
+                raise ValueError("exploratory_seeds: a confirmation lists the seeds its exploratory phase used")
+            reused = sorted(set(self.seeds) & set(self.exploratory_seeds))
+            if reused:
+                raise ValueError(f"seeds: a confirmation must use fresh seeds; {reused} were used in the exploratory phase")
+        return self
+
+    def arms(self) -> list[str]:
+        return [self.control, *self.candidates]
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def freeze_path(path: Path) -> Path:
+    return path.with_name(path.name + ".freeze.json")
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "protocol"
+    return f"{field}: {first['msg']}"
+
+
+def parse(text: str, source: str = "protocol") -> Protocol:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProtocolError(f"{source}: not valid TOML: {exc}") from exc
+    try:
+        return Protocol.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError(f"{source}: {_describe(exc)}") from exc
+
+
+def load(path: Path) -> Protocol:
+    """Read and validate a protocol file; refuse one changed since it was frozen."""
+    if not path.is_file():
+        raise ProtocolError(f"protocol file {path} does not exist")
+    protocol = parse(path.read_text(), str(path))
+    record = freeze_path(path)
+    if record.exists():
+        frozen = json.loads(record.read_text())
+        if frozen["sha256"] != sha256_of(path):
+            raise ProtocolError(
+                f"{path} changed after it was frozen at {frozen['frozen_at']} "
+                f"(sha256 {frozen['sha256'][:12]}...); restore it or write a new protocol"
+            )
+    elif protocol.phase == "confirmation":
+        raise ProtocolError(f"{path}: a confirmation protocol must be frozen first: kerneltrial protocol freeze {path}")
+    return protocol
+
+
+def is_frozen(path: Path) -> bool:
+    return freeze_path(path).exists()
+
+
+def freeze(path: Path) -> dict[str, str]:
+    """Validate `path` and record its sha256 and the time; refuse to re-freeze a changed file."""
+    parse(path.read_text(), str(path))
+    record = freeze_path(path)
+    digest = sha256_of(path)
+    if record.exists():
+        frozen = json.loads(record.read_text())
+        if frozen["sha256"] != digest:
+            raise ProtocolError(f"{path} was frozen with another content at {frozen['frozen_at']}; a frozen protocol is never re-frozen")
+        return frozen
+    frozen = {"sha256": digest, "frozen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record.write_text(json.dumps(frozen, indent=2) + "\n")
+    return frozen
+
+
+def new(op: str, name: str, candidates: list[str], cases: list[Case], **fields: object) -> str:
+    """TOML text of a new protocol (validated before it is returned)."""
+    data: dict[str, object] = {"name": name, "op": op, "candidates": candidates, **fields}
+    data["cases"] = [{"shape": list(c.shape), "layout": c.layout, "dtype": c.dtype} for c in cases]
+    text = tomli_w.dumps(data)
+    parse(text, "new protocol")
+    return text

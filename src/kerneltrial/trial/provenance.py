@@ -1,0 +1,95 @@
+"""Provenance: what ran, where, with which versions, started and finished when."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGES = ("torch", "triton", "numpy", "kerneltrial", "liger-kernel", "flag-gems", "vllm")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_state(repo: Path) -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def nvidia_smi(*fields: str) -> dict[str, str] | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    return dict(zip(fields, (v.strip() for v in done.stdout.splitlines()[0].split(",")), strict=False))
+
+
+def clocks() -> dict[str, str] | None:
+    """Clocks as nvidia-smi sees them now (SM and memory, current and default)."""
+    return nvidia_smi("clocks.sm", "clocks.mem", "clocks.default_applications.graphics", "clocks.max.sm", "temperature.gpu", "power.draw")
+
+
+def device_info() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"gpu": None, "cpu": platform.processor() or platform.machine()}
+    props = torch.cuda.get_device_properties(0)
+    smi = nvidia_smi("driver_version", "name")
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0)),
+        "memory_bytes": props.total_memory,
+        "capability": f"{props.major}.{props.minor}",
+        "cuda": torch.version.cuda,
+        "driver": smi.get("driver_version") if smi else None,
+    }
+
+
+def collect(repo: Path, protocol_sha256: str, kind: str = "kernel") -> dict[str, Any]:
+    from kerneltrial.ops.launch import interpreted
+
+    return {
+        "kind": kind,
+        "protocol_sha256": protocol_sha256,
+        "versions": versions(),
+        "device": device_info(),
+        "triton_interpreter": interpreted(),
+        "clocks_at_start": clocks(),
+        "hostname": socket.gethostname(),
+        "git": git_state(repo),
+        "argv": sys.argv,
+        "started_at": now(),
+        "finished_at": None,
+    }

@@ -1,0 +1,127 @@
+"""Timing backends: how one sample (`calls` calls of one arm) becomes a number of nanoseconds.
+
+- `cuda-events`: CUDA events on the current stream. Hot L2: one event pair around `calls`
+  back-to-back calls. Cold L2: before every call a buffer twice the L2 size is written
+  (evicting the inputs), and only the call itself is inside its event pair; the sample is
+  the sum over the calls.
+- `cuda-graph`: the `calls` calls captured once into a CUDA graph, its replay timed with
+  events: launch overhead removed, hot L2. Reported as such.
+- `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
+  CPU. Its figures describe the interpreter, never GPU performance.
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+Call = Callable[[], object]
+
+
+@dataclass
+class Timer:
+    """A backend: `sample(call, calls)` returns the nanoseconds `calls` calls took."""
+
+    name: str
+    is_gpu: bool
+    cold: bool
+    _flush: torch.Tensor | None = field(default=None, repr=False)
+    _graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict, repr=False)
+
+    def flush(self) -> None:
+        if self._flush is not None:
+            self._flush.add_(1)
+
+    def sample(self, call: Call, calls: int, key: int = 0) -> int:
+        if self.name == "host-clock":
+            return self._host(call, calls)
+        if self.name == "cuda-graph":
+            return self._graph(call, calls, key)
+        return self._events_cold(call, calls) if self.cold else self._events_hot(call, calls)
+
+    def _host(self, call: Call, calls: int) -> int:
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            call()
+        return time.perf_counter_ns() - start
+
+    def _events_hot(self, call: Call, calls: int) -> int:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        end.synchronize()
+        return round(start.elapsed_time(end) * 1e6)
+
+    def _events_cold(self, call: Call, calls: int) -> int:
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+        for start, end in pairs:
+            self.flush()
+            start.record()
+            call()
+            end.record()
+        pairs[-1][1].synchronize()
+        return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6)
+
+    def _graph(self, call: Call, calls: int, key: int) -> int:
+        graph = self._graphs.get(key)
+        if graph is None:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                call()  # warm the allocator on the capture stream
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    call()
+            self._graphs[key] = graph
+        return self._events_hot(graph.replay, 1)
+
+    def release(self) -> None:
+        """Drop captured graphs (they pin their inputs) before the next case."""
+        self._graphs.clear()
+
+
+def l2_bytes() -> int:
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20))
+
+
+def make_timer(backend: str, l2: str) -> Timer:
+    """The backend a protocol asks for; `auto` picks CUDA events on a GPU, else the host clock."""
+    gpu = torch.cuda.is_available() and not _interpreted()
+    if backend == "auto":
+        backend = "cuda-events" if gpu else "host-clock"
+    if backend != "host-clock" and not gpu:
+        raise ValueError(f"backend {backend!r} needs a CUDA GPU; none is visible here (use backend = 'auto' or 'host-clock')")
+    if backend == "cuda-graph" and l2 == "cold":
+        raise ValueError("backend 'cuda-graph' times replays on a hot L2; set l2 = 'hot' in the protocol")
+    timer = Timer(name=backend, is_gpu=gpu, cold=(l2 == "cold"))
+    if gpu and timer.cold:
+        timer._flush = torch.empty(2 * l2_bytes() // 4, dtype=torch.float32, device="cuda")
+    return timer
+
+
+def _interpreted() -> bool:
+    from kerneltrial.ops.launch import interpreted
+
+    return interpreted()
+
+
+def label(timer: Timer) -> str:
+    if not timer.is_gpu:
+        return "host clock, Triton interpreter on a CPU: NOT GPU performance"
+    if timer.name == "cuda-graph":
+        return "CUDA graph replay, hot L2 (launch overhead removed)"
+    return f"CUDA events, {'cold' if timer.cold else 'hot'} L2"
+
+
+def calls_for(timer: Timer, call: Call, target_ns: float, limit: int = 1000) -> int:
+    """Calls per sample so a sample lasts about `target_ns` (at least one call)."""
+    single = median([timer.sample(call, 1) for _ in range(3)])
+    return max(1, min(limit, round(target_ns / max(single, 1.0))))
