@@ -29,7 +29,9 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
     if not Path(run_dir).is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     if not path.is_file():
-        raise RunDirError(f"{run_dir}: no summary.json; write it first (the runner does, or analysis.summary.write_summary)")
+        raise RunDirError(
+            f"{run_dir}: no summary.json; write it first (the runner does, or analysis.summary.write_summary)"
+        )
     return json.loads(path.read_text())
 
 
@@ -86,7 +88,8 @@ def case_table(summary: dict[str, Any]) -> list[str]:
                 _num(entry["gbps"], ",.1f"), _num(entry["pct_of_copy_ceiling"], ".1f"),
             ])
     confidence = int(round(100 * summary["bootstrap"]["confidence"]))
-    return _table(["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"], rows)
+    header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
+    return _table(header, rows)
 
 
 def aggregate_table(summary: dict[str, Any]) -> list[str]:
@@ -94,7 +97,8 @@ def aggregate_table(summary: dict[str, Any]) -> list[str]:
     for name in compared_arms(summary):
         agg = summary["aggregates"][name]
         gate = summary["gate"]["arms"][name]
-        ci = "–" if agg["geomean"] is None else f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
+        ci = "–" if agg["geomean"] is None else \
+            f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
         worst = "–" if agg["worst"] is None else f"{agg['worst']:.3f} (`{agg['worst_case']}`)"
         verdict = "pass" if gate["passed"] else "FAIL: " + "; ".join(gate["reasons"])
         rows.append([f"`{name}`", ci, _num(agg["mean"], ".3f"), worst,
@@ -121,6 +125,10 @@ def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
     if provenance.get("git"):
         lines.append(f"- git: {_compact(provenance['git'])}")
     return lines
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
 
 
 def _compact(value: Any) -> str:
@@ -225,7 +233,7 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         f"- ceilings: copy {_num(ceilings['copy_gbps'], ',.1f')} GB/s, read {_num(ceilings['read_gbps'], ',.1f')} GB/s "
         f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)",
         *_provenance_lines(_provenance(run_dir)),
-        f"- gate `{summary['gate']['rule']}`: passed by {', '.join(f'`{a}`' for a in summary['gate']['passed_arms']) or 'no arm'}",
+        f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",
         "", f"{h}# Per arm", "", *aggregate_table(summary),
         "", f"{h}# Per case (every case and arm; regressions included)", "", *case_table(summary),
     ]

@@ -30,6 +30,8 @@ from kerneltrial.analysis.errors import RunDirError
 REL_TOL = 1e-9
 FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", "ci_low", "ci_high",
                  "verdict", "gbps", "pct_of_copy_ceiling")
+# correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
+STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 AGGREGATE_FIELDS = ("n_cases", "geomean", "geomean_ci_low", "geomean_ci_high", "mean", "worst",
                     "worst_case", "wins", "ties", "losses", "failed_correctness")
@@ -231,11 +233,13 @@ def _changed_inputs(run_dir: Path, recorded: dict[str, str]) -> list[str]:
     for name in INPUT_FILES:
         digest = hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
         if digest != recorded.get(name):
-            problems.append(f"{name} hashes to {digest[:12]}..., summary recorded {str(recorded.get(name))[:12]}...")
+            problems.append(f"{name} hashes to {digest[:12]}..., summary.json recorded {recorded.get(name)}")
     return problems
 
 
-def _correctness_outcome(plan: dict[str, Any], rows: list[dict[str, Any]], result: VerifyResult) -> dict[tuple[str, str], str]:
+def _correctness_outcome(
+    plan: dict[str, Any], rows: list[dict[str, Any]], result: VerifyResult
+) -> dict[tuple[str, str], str]:
     """Per (case, available arm): 'passed', 'failed' or 'unchecked'; records the coverage check."""
     by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -255,7 +259,7 @@ def _correctness_outcome(plan: dict[str, Any], rows: list[dict[str, Any]], resul
                 outcome[(case, arm)] = "passed"
                 missing = seeds - {int(c["seed"]) for c in checks}
                 if missing:
-                    problems.append(f"case {case} arm {arm}: timed without a correctness check for seed(s) {sorted(missing)}")
+                    problems.append(f"case {case} arm {arm}: no correctness check for seed(s) {sorted(missing)}")
             else:
                 outcome[(case, arm)] = "failed"
     stray = sorted(set(by_key) - set(outcome))
@@ -336,15 +340,19 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
             figures = _arm_figures(case, times, control_times if name != control else None, copy, bootstrap, band)
             if figures["speedup"] is not None:
                 speedups.setdefault(name, []).append((case_id, figures["speedup"], figures["verdict"]))
-            entry = recorded.get(name, {})
-            problems = _diff(f"case {case_id} arm {name}", entry, figures, FIGURE_FIELDS)
-            status = {"passed": "timed" if times else "not timed", "failed": "failed correctness",
-                      "unchecked": "not timed", "unavailable": "unavailable"}[state]
-            if entry.get("status") != status:
-                problems.append(f"case {case_id} arm {name} status: summary {entry.get('status')!r} != {status!r}")
-            result.add(f"figures case={case_id} arm={name}", problems, _describe(figures, status))
+            status = STATUS_OF[state] if times or state != "passed" else "not timed"
+            result.add(f"figures case={case_id} arm={name}",
+                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, status),
+                       _describe(figures, status))
 
     _check_aggregates(plan, summary, control, speedups, failures, bootstrap, result)
+
+
+def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], status: str) -> list[str]:
+    problems = _diff(where, entry, figures, FIGURE_FIELDS)
+    if entry.get("status") != status:
+        problems.append(f"{where} status: summary {entry.get('status')!r} != {status!r}")
+    return problems
 
 
 def _describe(figures: dict[str, Any], status: str) -> str:
@@ -404,11 +412,12 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
                   and not (floor is not None and (figures["geomean"] is None or figures["geomean"] < floor)))
         if passed:
             recomputed_passed.append(name)
-        if recorded_gate.get(name, {}).get("passed") is not passed:
-            problems.append(f"arm {name} gate: summary {recorded_gate.get(name, {}).get('passed')!r} != recomputed {passed}")
+        recorded_passed = recorded_gate.get(name, {}).get("passed")
+        if recorded_passed is not passed:
+            problems.append(f"arm {name} gate: summary {recorded_passed!r} != recomputed {passed}")
         shown = f"geomean {figures['geomean']:.4f}" if figures["geomean"] is not None else "no speedups"
-        result.add(f"aggregates arm={name}", problems,
-                   f"{shown}, {figures['wins']}W/{figures['ties']}T/{figures['losses']}L, gate {'pass' if passed else 'fail'}")
+        counts = f"{figures['wins']}W/{figures['ties']}T/{figures['losses']}L"
+        result.add(f"aggregates arm={name}", problems, f"{shown}, {counts}, gate {'pass' if passed else 'fail'}")
     gate = summary.get("gate", {})
     result.add("gate", [] if gate.get("passed_arms") == recomputed_passed and gate.get("rule") == plan["gate"] else
                [f"summary gate rule {gate.get('rule')!r}, passed_arms {gate.get('passed_arms')} != "
