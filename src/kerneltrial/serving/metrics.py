@@ -1,0 +1,147 @@
+"""Metric math for one `vllm bench serve --save-detailed` result, and the warm-up rule.
+
+Pure functions on plain data, matching vllm/benchmarks/serve.py (vLLM 0.32,
+`calculate_metrics` and `process_one_metric`) formula for formula:
+
+- a request succeeded when its `errors` entry is empty and its latency is > 0;
+- completed = number of successful requests; failed = the rest;
+- total_input_tokens = sum of `input_lens` over successful requests;
+- total_output_tokens = sum of `output_lens` (failed requests count 0);
+- request_throughput = completed / duration; output_throughput = total_output / duration;
+  total_token_throughput = (total_input + total_output) / duration;
+- TTFT = `ttfts[i]`, E2E = `latencies[i]` over successful requests;
+- TPOT_i = (latency_i - ttft_i) / (output_len_i - 1), only for successful requests with
+  output_len_i > 1;
+- ITL = all entries of `itls[i]` of successful requests, pooled;
+- for each: mean (numpy.mean), median, std (population, numpy.std), percentiles with
+  numpy.percentile (linear), all x 1000 (ms); an empty list gives 0 (vLLM's `x or 0`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
+# figures averaged over kept runs in a summary (higher-is-better first)
+SUMMARY_KEYS = (
+    "total_token_throughput",
+    "output_throughput",
+    "request_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+)
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's key spelling: 99 -> '99', 99.9 -> '99.9'."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def success_flags(raw: Mapping[str, Any]) -> list[bool]:
+    errors = raw.get("errors") or []
+    latencies = raw.get("latencies") or []
+    n = len(raw.get("input_lens") or [])
+    if len(errors) != n or len(latencies) != n:
+        raise ValueError(
+            "bench JSON lacks per-request arrays (errors/latencies); was it saved with --save-detailed?"
+        )
+    return [(not errors[i]) and float(latencies[i]) > 0.0 for i in range(n)]
+
+
+def tpots(raw: Mapping[str, Any], ok: Sequence[bool]) -> list[float]:
+    out: list[float] = []
+    for i, good in enumerate(ok):
+        n_out = int(raw["output_lens"][i])
+        if good and n_out > 1:
+            out.append((float(raw["latencies"][i]) - float(raw["ttfts"][i])) / (n_out - 1))
+    return out
+
+
+def describe_ms(name: str, values: Sequence[float], percentiles: Iterable[float]) -> dict[str, float]:
+    """mean/median/std/pXX of `values` (seconds) in ms, keys as vLLM writes them."""
+    arr: Any = list(values) or 0
+    out = {
+        f"mean_{name}_ms": float(np.mean(arr)) * 1000,
+        f"median_{name}_ms": float(np.median(arr)) * 1000,
+        f"std_{name}_ms": float(np.std(arr)) * 1000,
+    }
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{name}_ms"] = float(np.percentile(arr, p)) * 1000
+    return out
+
+
+def run_metrics(raw: Mapping[str, Any], percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """Every figure of one bench run, recomputed from its per-request arrays."""
+    ok = success_flags(raw)
+    duration = float(raw["duration"])
+    if duration <= 0:
+        raise ValueError("bench JSON has a non-positive duration")
+    completed = sum(ok)
+    total_input = sum(int(raw["input_lens"][i]) for i, g in enumerate(ok) if g)
+    total_output = sum(int(x) for x in raw["output_lens"])
+    ttft = [float(raw["ttfts"][i]) for i, g in enumerate(ok) if g]
+    e2el = [float(raw["latencies"][i]) for i, g in enumerate(ok) if g]
+    itl = [float(x) for i, g in enumerate(ok) if g for x in raw["itls"][i]]
+    pct = list(percentiles)
+    out: dict[str, float] = {
+        "completed": completed,
+        "failed": len(ok) - completed,
+        "duration": duration,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": completed / duration,
+        "output_throughput": total_output / duration,
+        "total_token_throughput": (total_input + total_output) / duration,
+    }
+    out.update(describe_ms("ttft", ttft, pct))
+    out.update(describe_ms("tpot", tpots(raw, ok), pct))
+    out.update(describe_ms("itl", itl, pct))
+    out.update(describe_ms("e2el", e2el, pct))
+    return out
+
+
+def warmup_mean(values: Sequence[float], drop_first: int = 1) -> float:
+    """The official warm-up rule: drop the first run(s), arithmetic mean of the rest."""
+    kept = list(values)[drop_first:]
+    if not kept:
+        raise ValueError(f"need more than {drop_first} run(s) to apply the warm-up rule")
+    return math.fsum(kept) / len(kept)
+
+
+def summarise_case(runs: Sequence[Mapping[str, float]], drop_first: int = 1) -> dict[str, float]:
+    """Mean of SUMMARY_KEYS over the runs of one launch after dropping the warm-up run(s)."""
+    return {k: warmup_mean([float(r[k]) for r in runs], drop_first) for k in SUMMARY_KEYS if all(k in r for r in runs)}
+
+
+def pooled_mean(groups: Sequence[Mapping[str, float]], key: str) -> float:
+    """Mean of a key over launches (each already warm-up-summarised), equal weights."""
+    return math.fsum(float(g[key]) for g in groups) / len(groups)
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (closed form, z from scipy)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))

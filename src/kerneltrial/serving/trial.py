@@ -1,0 +1,354 @@
+"""The serving runner: launches (interleaved, seeded), throughput runs, accuracy, summary.
+
+Run directory (see docs/serving.md):
+    protocol.toml      byte copy of the protocol; sha256 in provenance/plan/summary
+    provenance.json    kind "serving", versions, GPU, argv, client, timings, status
+    plan.json          arms, cases, launch order, seeds, warm-up rule
+    launches.jsonl     one row per launch (command, env, versions, timings, exit), appended
+    launches/NN-ARM/server.log
+    raw/NN-ARM/CASE/runK.json + runK.log   the `vllm bench serve --save-detailed` result
+    runs.jsonl         one row per run (status, raw file + sha256, figures), appended
+    requests.csv       one row per request of every run, appended
+    accuracy/ARM/records.jsonl + accuracy.json
+    summary.json       derived from the files above (recomputed by verify.py)
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.serving import metrics
+from kerneltrial.serving.accuracy import run_accuracy
+from kerneltrial.serving.bench import (
+    BenchError, bench_argv, case_dict, request_rows, run_bench,
+)
+from kerneltrial.serving.launcher import (
+    LaunchError, Server, ServerSpec, gpu_info, operator_env, probe_versions, python_for,
+)
+from kerneltrial.serving.protocol import Arm, Protocol
+
+Event = Callable[..., None]
+REQUEST_FIELDS = [
+    "launch", "arm", "case", "run", "request", "success", "input_len", "output_len", "ttft_s",
+    "e2el_s", "tpot_s", "n_itl", "itl_mean_s", "start_time", "error",
+]
+
+
+class RunDirError(RuntimeError):
+    pass
+
+
+def sha256_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def sha256_file(p: Path) -> str:
+    return sha256_bytes(p.read_bytes())
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row, default=str) + "\n")
+        fh.flush()
+
+
+def git_state() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10).stdout.strip())
+        return {"commit": commit or None, "dirty": dirty if commit else None}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+
+
+def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
+    """(round, position, arm name): each round runs every arm once in a seeded random order."""
+    rng = random.Random(seed)
+    order = []
+    for r in range(rounds):
+        names = [a.name for a in arms]
+        rng.shuffle(names)
+        order += [(r, pos, n) for pos, n in enumerate(names)]
+    return order
+
+
+def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
+    if out.exists() and any(out.iterdir()):
+        raise RunDirError(f"run directory {out} already holds files; a run directory is never overwritten, pick a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "protocol.toml").write_bytes(protocol_bytes)
+    return sha256_bytes(protocol_bytes)
+
+
+def summarise(proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[str, Any]], sha: str,
+              failures: list[str]) -> dict[str, Any]:
+    """Every figure of the report, from the run rows and accuracy summaries."""
+    results: dict[str, dict[str, Any]] = {}
+    for arm in proto.arms:
+        results[arm.name] = {}
+        for case in proto.cases:
+            rows = [r for r in runs if r["arm"] == arm.name and r["case"] == case.id]
+            failed = [r for r in rows if r["status"] != "ok"]
+            launches = sorted({r["launch"] for r in rows})
+            entry: dict[str, Any] = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
+            complete = all(
+                len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches
+            ) and len(launches) == proto.rounds
+            if failed or not rows or not complete:
+                entry["status"] = "FAILED" if failed else "INCOMPLETE"
+                results[arm.name][case.id] = entry
+                continue
+            per_launch = []
+            for L in launches:
+                lrows = sorted((r for r in rows if r["launch"] == L), key=lambda r: r["run"])
+                s = metrics.summarise_case(lrows, drop_first=1)
+                per_launch.append({"launch": L, "kept_runs": [r["run"] for r in lrows[1:]], **s})
+            entry["launches"] = per_launch
+            entry["status"] = "ok"
+            for k in metrics.SUMMARY_KEYS:
+                if all(k in g for g in per_launch):
+                    entry[k] = metrics.pooled_mean(per_launch, k)
+            results[arm.name][case.id] = entry
+    summary: dict[str, Any] = {
+        "kind": "serving",
+        "protocol_sha256": sha,
+        "warmup": {"drop_first": 1, "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches"},
+        "arms": [a.name for a in proto.arms],
+        "cases": [case_dict(c) for c in proto.cases],
+        "results": results,
+        "accuracy": acc,
+        "acceptance": acceptance(proto, results, acc),
+        "failures": failures,
+    }
+    ok = not failures and all(e["status"] == "ok" for a in results.values() for e in a.values())
+    summary["status"] = "ok" if ok else "failed"
+    return summary
+
+
+def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    base, cand = proto.arm("baseline"), proto.arm("candidate")
+    if base is None or cand is None:
+        return None
+    out: dict[str, Any] = {
+        "baseline": base.name, "candidate": cand.name, "noise_band": proto.noise_band,
+        "ttft_ratio_max": proto.ttft_ratio_max, "cases": {}, "reasons": [],
+    }
+    accepted = True
+    for case in proto.cases:
+        b, c = results[base.name][case.id], results[cand.name][case.id]
+        if b["status"] != "ok" or c["status"] != "ok":
+            out["cases"][case.id] = {"status": "FAILED"}
+            out["reasons"].append(f"{case.id}: a run failed or is missing")
+            accepted = False
+            continue
+        gain = c["total_token_throughput"] / b["total_token_throughput"] - 1.0
+        ratio = c["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else float("inf")
+        t_ok, l_ok = gain > proto.noise_band, ratio <= proto.ttft_ratio_max
+        out["cases"][case.id] = {"status": "ok", "gain": gain, "throughput_ok": t_ok, "ttft_ratio": ratio, "ttft_ok": l_ok}
+        if not t_ok:
+            out["reasons"].append(f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.noise_band:.2%}")
+        if not l_ok:
+            out["reasons"].append(f"{case.id}: mean TTFT ratio {ratio:.4f} above {proto.ttft_ratio_max}")
+        accepted = accepted and t_ok and l_ok
+    if proto.accuracy is not None:
+        a = acc.get(cand.name)
+        a_ok = bool(a and a.get("passed"))
+        out["accuracy_ok"] = a_ok
+        if not a_ok:
+            shown = f"{a['accuracy']:.3f} ({a['errors']} errors)" if a else "not measured"
+            out["reasons"].append(f"accuracy {shown} below the gate {proto.accuracy.gate}")
+        accepted = accepted and a_ok
+    else:
+        out["accuracy_ok"] = None
+    out["accepted"] = accepted
+    return out
+
+
+def run_protocol(
+    proto: Protocol, protocol_bytes: bytes, out: Path, vllm: str, argv: list[str] | None = None,
+    event: Event | None = None,
+) -> dict[str, Any]:
+    """Run every launch of the protocol into `out`; return summary.json's content.
+
+    Raises LaunchError / BenchError (after writing what was measured) or KeyboardInterrupt.
+    """
+    emit: Event = event or (lambda *a, **k: None)
+    sha = prepare_dir(out, protocol_bytes)
+    order = launch_order(proto.arms, proto.rounds, proto.seed)
+    arms = {a.name: a for a in proto.arms}
+    plan = {
+        "protocol_sha256": sha,
+        "arms": [asdict(a) | {"argv_expanded": proto.expand(a)} for a in proto.arms],
+        "cases": [case_dict(c) for c in proto.cases],
+        "rounds": proto.rounds, "repeats": proto.repeats, "seed": proto.seed,
+        "bench_seeds": [proto.seed + k for k in range(proto.repeats)],
+        "launches": [{"launch": i, "round": r, "position": p, "arm": n} for i, (r, p, n) in enumerate(order)],
+        "warmup": {"drop_first": 1},
+        "percentiles": list(proto.percentiles),
+        "model_id": proto.model_id, "tokenizer": proto.tokenizer, "base_url": proto.url(),
+        "accuracy": asdict(proto.accuracy) if proto.accuracy else None,
+        "acceptance": {"noise_band": proto.noise_band, "ttft_ratio_max": proto.ttft_ratio_max},
+    }
+    write_json(out / "plan.json", plan)
+    prov: dict[str, Any] = {
+        "kind": "serving",
+        "protocol_sha256": sha,
+        "argv": argv if argv is not None else sys.argv,
+        "started_at": now(), "finished_at": None, "status": "running",
+        "hostname": socket.gethostname(),
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "git": git_state(),
+        "gpu": gpu_info(),
+        "client": {"vllm": vllm, "versions": probe_versions(python_for(vllm))},
+        "server_versions": {},
+        "environment": operator_env(os.environ),
+        "timings": {},
+    }
+    write_json(out / "provenance.json", prov)
+    runs: list[dict[str, Any]] = []
+    acc: dict[str, dict[str, Any]] = {}
+    failures: list[str] = []
+    req_path = out / "requests.csv"
+    with open(req_path, "w", newline="") as fh:
+        csv.DictWriter(fh, REQUEST_FIELDS).writeheader()
+    total = len(order) * len(proto.cases) * proto.repeats
+    emit("start", total=total)
+    t_all = time.monotonic()
+    try:
+        for launch, (rnd, pos, name) in enumerate(order):
+            arm = arms[name]
+            tag = f"{launch:02d}-{name}"
+            row: dict[str, Any] = {"launch": launch, "round": rnd, "position": pos, "arm": name, "status": "running"}
+            t0 = time.monotonic()
+            server: Server | None = None
+            try:
+                if arm.external:
+                    base_url = proto.url()
+                    ctx: Any = _Null()
+                else:
+                    argv_x = proto.expand(arm)
+                    if name not in prov["server_versions"]:
+                        prov["server_versions"][name] = probe_versions(python_for(argv_x[0]))
+                    spec = ServerSpec(argv_x, proto.model_id, proto.host, proto.port, arm.env,
+                                      proto.ready_timeout_s, proto.stop_grace_s)
+                    server = Server(spec, out / "launches" / tag / "server.log")
+                    base_url = spec.base_url
+                    ctx = server
+                    emit("launch", launch=launch, arm=name, argv=argv_x)
+                with ctx:
+                    if server is not None:
+                        row["ready_s"] = server.timings.get("ready_s")
+                    _bench_launch(proto, arm, launch, tag, base_url, vllm, server, out, runs, failures, emit)
+                    if proto.accuracy is not None and name not in acc:
+                        emit("accuracy", arm=name)
+                        t_acc = time.monotonic()
+                        res = run_accuracy(base_url, proto.model_id, proto.accuracy, out / "accuracy" / name)
+                        if server is not None:
+                            server.check_alive("the accuracy run")
+                        acc[name] = {k: res[k] for k in ("n", "correct", "errors", "accuracy", "ci_low", "ci_high", "confidence", "gate", "passed", "truncated")}
+                        row["accuracy_s"] = time.monotonic() - t_acc
+                row["status"] = "ok"
+            except (LaunchError, BenchError) as e:
+                row["status"] = "error"
+                row["error"] = str(e)
+                failures.append(f"launch {launch} ({name}): {e}")
+                raise
+            except KeyboardInterrupt:
+                row["status"] = "interrupted"
+                raise
+            finally:
+                row["wall_s"] = time.monotonic() - t0
+                if server is not None:
+                    row.update({k: v for k, v in server.record.items()})
+                    row["timings"] = dict(server.timings)
+                append_jsonl(out / "launches.jsonl", row)
+        prov["status"] = "finished"
+    except KeyboardInterrupt:
+        prov["status"] = "interrupted"
+        raise
+    except (LaunchError, BenchError) as e:
+        prov["status"] = "failed"
+        prov["error"] = str(e)
+        raise
+    finally:
+        prov["finished_at"] = now()
+        prov["timings"]["total_s"] = time.monotonic() - t_all
+        write_json(out / "provenance.json", prov)
+        if prov["status"] != "interrupted":
+            summary = summarise(proto, runs, acc, sha, failures)
+            write_json(out / "summary.json", summary)
+            emit("done", summary=summary)
+    return summary
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _bench_launch(proto: Protocol, arm: Arm, launch: int, tag: str, base_url: str, vllm: str,
+                  server: Server | None, out: Path, runs: list[dict[str, Any]], failures: list[str],
+                  emit: Event) -> None:
+    for case in proto.cases:
+        for k in range(proto.repeats):
+            seed = proto.seed + k
+            rdir = out / "raw" / tag / case.id
+            argv = bench_argv(vllm, base_url, proto.model_id, proto.tokenizer, case, rdir, f"run{k}.json",
+                              seed, proto.percentiles)
+            emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
+            t0 = time.monotonic()
+            row: dict[str, Any] = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, "seed": seed,
+                                   "num_requests": case.num_requests, "raw": str((rdir / f"run{k}.json").relative_to(out))}
+            try:
+                raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench_timeout_s, server)
+            except (LaunchError, BenchError) as e:
+                row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
+                if (rdir / f"run{k}.json").is_file():
+                    row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+                runs.append(row)
+                append_jsonl(out / "runs.jsonl", row)
+                raise
+            row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+            row["wall_s"] = time.monotonic() - t0
+            m = metrics.run_metrics(raw, proto.percentiles)
+            if m["completed"] != case.num_requests:
+                row["status"] = "FAILED"
+                row["reason"] = f"completed {m['completed']} of {case.num_requests} requests"
+                failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
+            else:
+                row["status"] = "ok"
+            row.update(m)
+            runs.append(row)
+            append_jsonl(out / "runs.jsonl", row)
+            with open(out / "requests.csv", "a", newline="") as fh:
+                w = csv.DictWriter(fh, REQUEST_FIELDS)
+                for rq in request_rows(raw):
+                    w.writerow({"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq})
+            emit("ran", row=row)

@@ -1,0 +1,224 @@
+"""Independent check of a serving run directory: `verify_serving_run(path) -> problems`.
+
+Recomputes every figure of summary.json from the raw `vllm bench serve` JSON files and the
+accuracy records, with its own arithmetic (it does not import metrics.py, trial.py or
+accuracy.py), and checks the protocol hash and the raw files' sha256. An empty list means
+everything matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+REL_TOL = 1e-9
+ABS_TOL = 1e-9
+
+
+def _pct(xs: list[float], p: float) -> float:
+    """numpy.percentile's default (linear) method, written out."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    h = (len(s) - 1) * p / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (h - lo) * (s[hi] - s[lo])
+
+
+def _stats(xs: list[float], name: str, pcts: list[float]) -> dict[str, float]:
+    v = xs or [0.0]
+    out = {
+        f"mean_{name}_ms": math.fsum(v) / len(v) * 1000,
+        f"median_{name}_ms": statistics.median(v) * 1000,
+        f"std_{name}_ms": statistics.pstdev(v) * 1000,
+    }
+    for p in pcts:
+        w = str(int(p)) if int(p) == p else str(p)
+        out[f"p{w}_{name}_ms"] = _pct(v, p) * 1000
+    return out
+
+
+def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
+    n = len(raw["input_lens"])
+    good = [not raw["errors"][i] and raw["latencies"][i] > 0 for i in range(n)]
+    dur = raw["duration"]
+    tin = sum(raw["input_lens"][i] for i in range(n) if good[i])
+    tout = sum(raw["output_lens"])
+    done = sum(good)
+    tp = [
+        (raw["latencies"][i] - raw["ttfts"][i]) / (raw["output_lens"][i] - 1)
+        for i in range(n) if good[i] and raw["output_lens"][i] > 1
+    ]
+    out = {
+        "completed": done, "failed": n - done, "duration": dur,
+        "total_input_tokens": tin, "total_output_tokens": tout,
+        "request_throughput": done / dur, "output_throughput": tout / dur,
+        "total_token_throughput": (tin + tout) / dur,
+    }
+    out |= _stats([raw["ttfts"][i] for i in range(n) if good[i]], "ttft", pcts)
+    out |= _stats(tp, "tpot", pcts)
+    out |= _stats([x for i in range(n) if good[i] for x in raw["itls"][i]], "itl", pcts)
+    out |= _stats([raw["latencies"][i] for i in range(n) if good[i]], "e2el", pcts)
+    return out
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    return bool(a == b)
+
+
+def _wilson(k: int, n: int, conf: float) -> tuple[float, float]:
+    if n <= 0:
+        return (0.0, 1.0)
+    z = statistics.NormalDist().inv_cdf(0.5 + conf / 2)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                problems.append(f"{path.name} line {n} is not JSON")
+    return rows
+
+
+def verify_serving_run(path: Path) -> list[str]:
+    path = Path(path)
+    problems: list[str] = []
+    need = ["protocol.toml", "provenance.json", "plan.json", "runs.jsonl", "summary.json"]
+    missing = [f for f in need if not (path / f).is_file()]
+    if missing:
+        return [f"missing file(s): {', '.join(missing)}"]
+    sha = hashlib.sha256((path / "protocol.toml").read_bytes()).hexdigest()
+    prov = json.loads((path / "provenance.json").read_text())
+    plan = json.loads((path / "plan.json").read_text())
+    summary = json.loads((path / "summary.json").read_text())
+    if prov.get("kind") != "serving":
+        problems.append(f"provenance.json kind is {prov.get('kind')!r}, not 'serving'")
+    for name, doc in (("provenance.json", prov), ("plan.json", plan), ("summary.json", summary)):
+        if doc.get("protocol_sha256") != sha:
+            problems.append(f"{name} protocol_sha256 does not match protocol.toml (sha256 {sha[:12]}...)")
+    pcts = [float(p) for p in plan.get("percentiles", [99])]
+    repeats, rounds = int(plan["repeats"]), int(plan["rounds"])
+    rows = _read_jsonl(path / "runs.jsonl", problems)
+
+    # every run: raw file present, hash, figures, status
+    for r in rows:
+        where = f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}"
+        rawp = path / r.get("raw", "")
+        if not rawp.is_file():
+            if r.get("status") == "ok":
+                problems.append(f"{where}: raw file {r.get('raw')} missing")
+            continue
+        if r.get("raw_sha256") != hashlib.sha256(rawp.read_bytes()).hexdigest():
+            problems.append(f"{where}: raw file {r.get('raw')} sha256 differs from runs.jsonl")
+        if "completed" not in r:
+            continue
+        raw = json.loads(rawp.read_text())
+        got = recompute_run(raw, pcts)
+        for k, v in got.items():
+            if k not in r or not _close(r[k], v):
+                problems.append(f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}")
+        want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
+        if r.get("status") != want_status:
+            problems.append(f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}")
+        if raw.get("completed") is not None and raw["completed"] != got["completed"]:
+            problems.append(f"{where}: vLLM's own completed ({raw['completed']}) differs from the recount {got['completed']}")
+
+    # per (arm, case) summaries: warm-up rule per launch, mean over launches
+    res = summary.get("results", {})
+    keys_seen: set[str] = set()
+    for arm in plan["arms"]:
+        a = arm["name"]
+        for c in plan["cases"]:
+            cid = c["case"]
+            s = res.get(a, {}).get(cid)
+            if s is None:
+                problems.append(f"summary lacks {a}/{cid}")
+                continue
+            rr = [r for r in rows if r["arm"] == a and r["case"] == cid]
+            launches = sorted({r["launch"] for r in rr})
+            ok = (
+                rr and all(r["status"] == "ok" for r in rr) and len(launches) == rounds
+                and all(sum(1 for r in rr if r["launch"] == L) == repeats for L in launches)
+            )
+            if (s.get("status") == "ok") != bool(ok):
+                problems.append(f"{a}/{cid}: summary status {s.get('status')} but the runs say {'ok' if ok else 'not ok'}")
+                continue
+            if not ok:
+                continue
+            per_launch = []
+            for L in launches:
+                lr = sorted((r for r in rr if r["launch"] == L), key=lambda r: r["run"])[1:]
+                recomputed = {}
+                for k in lr[0]:
+                    if (k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))) or k in (
+                        "total_token_throughput", "output_throughput", "request_throughput"):
+                        recomputed[k] = math.fsum(recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr) / len(lr)
+                per_launch.append(recomputed)
+            for k in per_launch[0]:
+                if k in s:
+                    keys_seen.add(k)
+                    v = math.fsum(g[k] for g in per_launch) / len(per_launch)
+                    if not _close(s[k], v):
+                        problems.append(f"{a}/{cid}: summary {k} = {s[k]}, recomputed {v}")
+            for k in ("total_token_throughput", "mean_ttft_ms"):
+                if k not in s:
+                    problems.append(f"{a}/{cid}: summary lacks {k}")
+
+    # accuracy: recount records, Wilson interval, gate
+    acc_sum = summary.get("accuracy", {}) or {}
+    acc_plan = plan.get("accuracy")
+    for a, s in acc_sum.items():
+        recs = _read_jsonl(path / "accuracy" / a / "records.jsonl", problems)
+        n, k = len(recs), sum(1 for r in recs if r.get("correct") is True)
+        errs = sum(1 for r in recs if r.get("error"))
+        lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
+        gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
+        want = {"n": n, "correct": k, "errors": errs, "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi,
+                "passed": bool(n > 0 and errs == 0 and k / n >= gate)}
+        for key, v in want.items():
+            if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
+                problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
+
+    # acceptance verdict
+    acc_rule = summary.get("acceptance")
+    names = {arm["role"]: arm["name"] for arm in plan["arms"]}
+    if "baseline" in names and "candidate" in names:
+        if not acc_rule:
+            problems.append("summary has no acceptance block although the protocol has baseline and candidate")
+        else:
+            band = float(plan["acceptance"]["noise_band"])
+            tmax = float(plan["acceptance"]["ttft_ratio_max"])
+            verdict = True
+            for c in plan["cases"]:
+                b, d = res.get(names["baseline"], {}).get(c["case"], {}), res.get(names["candidate"], {}).get(c["case"], {})
+                if b.get("status") != "ok" or d.get("status") != "ok":
+                    verdict = False
+                    continue
+                gain = d["total_token_throughput"] / b["total_token_throughput"] - 1
+                ratio = d["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else math.inf
+                got = acc_rule.get("cases", {}).get(c["case"], {})
+                if not _close(got.get("gain"), gain):
+                    problems.append(f"acceptance {c['case']}: gain {got.get('gain')}, recomputed {gain}")
+                verdict = verdict and gain > band and ratio <= tmax
+            if acc_plan is not None:
+                verdict = verdict and bool(acc_sum.get(names["candidate"], {}).get("passed"))
+            if bool(acc_rule.get("accepted")) != verdict:
+                problems.append(f"acceptance verdict {acc_rule.get('accepted')}, recomputed {verdict}")
+    return problems
