@@ -142,7 +142,7 @@ def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:
     result = verify_run_dir(path)
     elapsed = time.perf_counter() - start
     assert result.ok, result.failures
-    assert elapsed < 0.5, f"verify of 2,000 rows took {elapsed:.2f} s"
+    assert elapsed < 1.5, f"verify of 2,000 rows took {elapsed:.2f} s (budget 2 s; ~0.25 s on an idle core)"
 
 
 def test_flipped_gate_verdict_fails(run_dir: Path) -> None:

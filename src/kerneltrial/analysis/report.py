@@ -40,8 +40,10 @@ def _provenance(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def operator_name(run_dir: Path) -> str:
-    """The protocol's `op`/`operator` key, else the directory name."""
+def operator_name(run_dir: Path, summary: dict[str, Any]) -> str:
+    """summary's `op`, else the protocol's `op`/`operator` key, else the directory name."""
+    if summary.get("op"):
+        return str(summary["op"])
     path = Path(run_dir) / "protocol.toml"
     protocol = tomllib.loads(path.read_text()) if path.is_file() else {}
     return str(protocol.get("op") or protocol.get("operator") or Path(run_dir).name)
@@ -56,6 +58,11 @@ def compared_arms(summary: dict[str, Any]) -> list[str]:
 
 def _num(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
+
+
+def _rate(value: float | None) -> str:
+    """GB/s or a percentage: one decimal, or three significant digits when small (CPU runs)."""
+    return "–" if value is None else format(value, ",.1f" if abs(value) >= 10 else ".3g")
 
 
 def speedup_cell(entry: dict[str, Any]) -> str:
@@ -85,7 +92,7 @@ def case_table(summary: dict[str, Any]) -> list[str]:
             rows.append([
                 f"`{case['case']}`", f"`{name}`", _num(_us(entry["median_ns_per_call"]), ",.2f"),
                 speedup_cell(entry), _status_cell(entry, name == summary["control"]),
-                _num(entry["gbps"], ",.1f"), _num(entry["pct_of_copy_ceiling"], ".1f"),
+                _rate(entry["gbps"]), _rate(entry["pct_of_copy_ceiling"]),
             ])
     confidence = int(round(100 * summary["bootstrap"]["confidence"]))
     header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
@@ -211,7 +218,7 @@ def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel("% of copy ceiling")
     copy = summary["ceilings"]["copy_gbps"]
-    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_num(copy, ',.1f')} GB/s)"))
+    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)"))
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -225,12 +232,12 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
     h = "#" * level
     ceilings = summary["ceilings"]
     lines = [
-        f"{h} {operator_name(run_dir)}: `{Path(run_dir).name}`", "",
+        f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", "",
         f"Timing: {banner(summary)}", "",
         f"- protocol sha256: `{summary['protocol_sha256']}`",
         f"- backend `{summary['backend']}`, L2 `{summary['l2']}`, control `{summary['control']}`, "
         f"tie band ±{summary['tie_band']:g}",
-        f"- ceilings: copy {_num(ceilings['copy_gbps'], ',.1f')} GB/s, read {_num(ceilings['read_gbps'], ',.1f')} GB/s "
+        f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
         f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)",
         *_provenance_lines(_provenance(run_dir)),
         f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",

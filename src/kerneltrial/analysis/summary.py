@@ -5,7 +5,7 @@ contract in docs/DESIGN.md, "Run directory: exact format") and computes the figu
 `analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
 
 summary.json (schema `kerneltrial.summary/1`):
-  protocol_sha256, backend, is_gpu, l2, label, control, tie_band, bootstrap, arms (plan copy),
+  protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given), control, tie_band, bootstrap, arms (plan copy),
   ceilings: {copy_gbps, copy_samples, read_gbps, read_samples},
   cases: [{case, shape, layout, dtype, bytes, calls, units_planned,
            arms: {name: {kind, status, median_ns_per_call, n_samples, ci_units, speedup,
@@ -278,8 +278,9 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     bootstrap = plan["bootstrap"]
     rule = stats.BootstrapRule(int(bootstrap["resamples"]), int(bootstrap["seed"]), float(bootstrap["confidence"]))
     warnings: list[str] = []
+    label = plan.get("timing_label") or timing_label(plan["backend"], bool(plan["is_gpu"]))
     if not plan["is_gpu"]:
-        warnings.append(f"{timing_label(plan['backend'], False)}; do not quote these figures as GPU timings")
+        warnings.append(f"{label}; do not quote these figures as GPU timings")
     copy_gbps, copy_n = _ceiling(run.ceilings, "copy")
     read_gbps, read_n = _ceiling(run.ceilings, "read")
     if copy_gbps is None:
@@ -293,7 +294,8 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "backend": plan["backend"],
         "is_gpu": bool(plan["is_gpu"]),
         "l2": plan.get("l2"),
-        "label": timing_label(plan["backend"], bool(plan["is_gpu"])),
+        "op": plan.get("op"),
+        "label": label,
         "control": control,
         "tie_band": plan["tie_band"],
         "bootstrap": {"resamples": rule.resamples, "seed": rule.seed, "confidence": rule.confidence},
