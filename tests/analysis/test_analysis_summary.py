@@ -100,3 +100,22 @@ def test_duplicate_timing_rows_are_refused(tmp_path: Path) -> None:
     (path / "timings.csv").write_text("\n".join(lines + [lines[1]]) + "\n")
     with pytest.raises(RunDirError, match="duplicate"):
         build_summary(path)
+
+
+def test_timing_labels() -> None:
+    from kerneltrial.analysis.summary import timing_label
+
+    assert timing_label("cuda-events", True) == "CUDA events on GPU"
+    assert "CUDA graphs" in timing_label("cuda-graph", True)
+    assert "NOT GPU performance" in timing_label("host-clock", False)
+    assert "NOT GPU performance" in timing_label("cuda-events", False)
+
+
+def test_gpu_run_has_no_cpu_warning_and_uses_the_plan_label(tmp_path: Path) -> None:
+    path = write_run_dir(tmp_path / "run")
+    plan = json.loads((path / "plan.json").read_text())
+    plan.update(backend="cuda-events", is_gpu=True, timing_label="CUDA events on NVIDIA H200")
+    (path / "plan.json").write_text(json.dumps(plan))
+    summary = build_summary(path)
+    assert summary["label"] == "CUDA events on NVIDIA H200" and summary["is_gpu"] is True
+    assert not any("NOT GPU" in w for w in summary["warnings"])
