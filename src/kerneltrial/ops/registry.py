@@ -222,14 +222,13 @@ def load_user_module(spec: str) -> list[Impl]:
     `user:<module>` (kind `user`); the module may also use `register_impl` itself.
     """
     load_builtin_ops()
-    before = {(op.name, n) for op in _OPERATORS.values() for n in op.impls}
-    module = _import_user_module(spec)
-    stem = module.__name__.rsplit(".", 1)[-1]
+    before = {(op.name, n): i for op in _OPERATORS.values() for n, i in op.impls.items()}
+    module, stem = _import_user_module(spec)
     for op in _OPERATORS.values():
         fn = getattr(module, op.name, None)
-        if callable(fn):
-            add_impl(Impl(op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}"))
-    added = [op.impls[n] for op in _OPERATORS.values() for n in op.impls if (op.name, n) not in before]
+        if callable(fn):  # loading the same module again replaces its arms
+            op.impls[f"user:{stem}"] = Impl(op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}")
+    added = [i for op in _OPERATORS.values() for n, i in op.impls.items() if before.get((op.name, n)) is not i]
     if not added:
         raise RegistryError(
             f"{spec} defines no operator function; name a top-level function after an operator "
@@ -238,7 +237,8 @@ def load_user_module(spec: str) -> list[Impl]:
     return added
 
 
-def _import_user_module(spec: str) -> Any:
+def _import_user_module(spec: str) -> tuple[Any, str]:
+    """The imported module and the short name its arms carry."""
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
         if not path.is_file():
@@ -253,9 +253,8 @@ def _import_user_module(spec: str) -> Any:
         except Exception as exc:  # a user's file may raise anything at import
             del sys.modules[name]
             raise RegistryError(f"user module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
-        module.__name__ = path.stem
-        return module
+        return module, path.stem
     try:
-        return importlib.import_module(spec)
+        return importlib.import_module(spec), spec.rsplit(".", 1)[-1]
     except Exception as exc:
         raise RegistryError(f"user module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,78 @@
+"""Protocols: validation errors name the field; freezing pins the bytes; confirmation rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltrial.trial import protocol as proto
+
+BASE = """
+name = "t"
+op = "rmsnorm"
+candidates = ["packed_r4_w4"]
+[[cases]]
+shape = [4, 64]
+"""
+
+
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ("rounds = 1\n", "rounds"),
+        ('gate = "geomean>=x"\n', "gate"),
+        ('l2 = "lukewarm"\n', "l2"),
+        ("tie_band = -0.1\n", "tie_band"),
+        ("calls_per_sample = 0\n", "calls_per_sample"),
+        ("seeds = [1, 1]\n", "seeds"),
+        ("colour = 3\n", "colour"),
+        ('phase = "confirmation"\nexploratory_seeds = [0]\nseeds = [0, 5]\n', "seeds"),
+        ('phase = "confirmation"\nseeds = [5]\n', "exploratory_seeds"),
+    ],
+)
+def test_validation_names_the_field(extra, field):
+    with pytest.raises(proto.ProtocolError) as info:
+        proto.parse(extra + BASE)
+    assert field in str(info.value)
+
+
+def test_confirmation_names_one_candidate():
+    text = 'phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE.replace('["packed_r4_w4"]', '["packed_r4_w4", "wide"]')
+    with pytest.raises(proto.ProtocolError, match="exactly one candidate"):
+        proto.parse(text)
+
+
+def test_bad_case_shape_and_toml():
+    with pytest.raises(proto.ProtocolError, match="cases.0.shape"):
+        proto.parse(BASE.replace("[4, 64]", "[4, 0]"))
+    with pytest.raises(proto.ProtocolError, match="not valid TOML"):
+        proto.parse("name = ")
+
+
+def test_freeze_then_change_is_refused(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(BASE)
+    record = proto.freeze(path)
+    assert proto.load(path).name == "t"
+    assert len(record["sha256"]) == 64
+    path.write_text(BASE.replace("[4, 64]", "[4, 128]"))
+    with pytest.raises(proto.ProtocolError, match="changed after it was frozen"):
+        proto.load(path)
+    with pytest.raises(proto.ProtocolError, match="never re-frozen"):
+        proto.freeze(path)
+
+
+def test_confirmation_must_be_frozen(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE)
+    with pytest.raises(proto.ProtocolError, match="must be frozen"):
+        proto.load(path)
+    proto.freeze(path)
+    assert proto.load(path).phase == "confirmation"
+
+
+def test_new_writes_a_valid_protocol():
+    from kerneltrial.ops.registry import Case
+
+    text = proto.new("rmsnorm", "x", ["wide"], [Case((8, 32))], seeds=[3], rounds=4)
+    parsed = proto.parse(text)
+    assert parsed.cases[0].shape == [8, 32] and parsed.rounds == 4 and parsed.seeds == [3]

@@ -1,0 +1,102 @@
+"""End to end on the CPU: protocol -> run -> verify -> report; resume after SIGKILL; no overwrite."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kerneltrial.analysis.report import write_report
+from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.trial.runner import RunError, run_trial
+from tests.conftest import REPO
+
+PROTOCOL = """
+name = "cpu-e2e"
+op = "rmsnorm"
+control = "control"
+candidates = ["packed_r4_w4", "user:wrong_rmsnorm"]
+impl_modules = ["{module}"]
+seeds = [0, 1]
+rounds = {rounds}
+warmup = 1
+calls_per_sample = 1
+l2 = "hot"
+[[cases]]
+shape = [4, 64]
+[[cases]]
+shape = [3, 200]
+layout = "row_strided"
+"""
+
+
+def write_protocol(tmp_path: Path, rounds: int = 3) -> Path:
+    path = tmp_path / "p.toml"
+    path.write_text(PROTOCOL.format(module=REPO / "tests" / "fixtures" / "wrong_rmsnorm.py", rounds=rounds))
+    return path
+
+
+def timing_keys(run: Path) -> list[tuple[str, str, str, str]]:
+    with (run / "timings.csv").open() as handle:
+        return [(r["case"], r["seed"], r["round"], r["arm"]) for r in csv.DictReader(handle)]
+
+
+def test_end_to_end(tmp_path):
+    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    keys = timing_keys(run)
+    # 2 cases x 2 seeds x 3 rounds x 2 arms that passed; the wrong kernel is never timed.
+    assert len(keys) == len(set(keys)) == 24
+    assert not any(arm == "user:wrong_rmsnorm" for *_, arm in keys)
+    failed = [json.loads(line) for line in (run / "correctness.jsonl").read_text().splitlines()]
+    assert any(r["arm"] == "user:wrong_rmsnorm" and not r["passed"] for r in failed)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["is_gpu"] is False and "NOT GPU" in plan["timing_label"]
+    result = verify_run_dir(run)
+    assert result.ok, [c for c in result.checks if not c[1]]
+    report = write_report(run)
+    text = report.read_text()
+    assert "NOT GPU performance" in text and "packed_r4_w4" in text
+    assert json.loads((run / "provenance.json").read_text())["finished_at"]
+
+
+def test_finished_run_is_never_overwritten(tmp_path):
+    protocol = write_protocol(tmp_path)
+    run = run_trial(protocol, tmp_path / "run")
+    before = (run / "timings.csv").read_bytes()
+    with pytest.raises(RunError, match="never overwritten"):
+        run_trial(protocol, run)
+    with pytest.raises(RunError, match="never overwritten"):
+        run_trial(protocol, run, resume=True)
+    assert (run / "timings.csv").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_completes_rows(tmp_path):
+    protocol = write_protocol(tmp_path, rounds=12)
+    out = tmp_path / "run"
+    code = f"from pathlib import Path; from kerneltrial.trial.runner import run_trial; run_trial(Path({str(protocol)!r}), Path({str(out)!r}))"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        timings = out / "timings.csv"
+        if timings.exists() and len(timings.read_text().splitlines()) > 10:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    partial = timing_keys(out)
+    assert 0 < len(partial) < 96, "the kill must land mid-run"
+    with pytest.raises(RunError, match="--resume"):
+        run_trial(protocol, out)
+    run_trial(protocol, out, resume=True)
+    keys = timing_keys(out)
+    assert len(keys) == len(set(keys)) == 96
+    assert set(partial) <= set(keys)
+    assert verify_run_dir(out).ok
