@@ -5,7 +5,8 @@ contract in docs/DESIGN.md, "Run directory: exact format") and computes the figu
 `analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
 
 summary.json (schema `kerneltrial.summary/1`):
-  protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given), control, tie_band, bootstrap, arms (plan copy),
+  schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
+  control, tie_band, bootstrap, arms (copied from plan.json),
   ceilings: {copy_gbps, copy_samples, read_gbps, read_samples},
   cases: [{case, shape, layout, dtype, bytes, calls, units_planned,
            arms: {name: {kind, status, median_ns_per_call, n_samples, ci_units, speedup,
@@ -177,11 +178,10 @@ def _arm_entry(
 
 
 def _case_summary(
-    run: RunFiles, series: dict[tuple[str, str], pd.Series], case: dict[str, Any], control: str,
-    copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
+    run: RunFiles, series: dict[tuple[str, str], pd.Series], checks: dict[tuple[str, str], list[dict[str, Any]]],
+    case: dict[str, Any], control: str, copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
 ) -> dict[str, Any]:
     case_id = str(case["case"])
-    checks = correctness_by_case_arm(run.correctness)
     arms: dict[str, dict[str, Any]] = {}
     for arm in run.plan["arms"]:
         name = arm["name"]
@@ -286,7 +286,8 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     if copy_gbps is None:
         warnings.append("ceilings.csv has no copy samples; % of copy ceiling is not available")
     series = unit_series(run.timings)
-    cases = [_case_summary(run, series, case, control, copy_gbps, rule, warnings) for case in plan["cases"]]
+    checks = correctness_by_case_arm(run.correctness)
+    cases = [_case_summary(run, series, checks, case, control, copy_gbps, rule, warnings) for case in plan["cases"]]
     aggregates, gate = _aggregates_and_gate(cases, plan, control, rule)
     return {
         "schema": SCHEMA,
