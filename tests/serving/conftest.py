@@ -1,0 +1,84 @@
+"""Fixtures for the serving tests: paths, the vLLM CPU venv, the tiny model, a fake server."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerneltrial.serving.launcher import free_port
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+FAKE = HERE / "fake_server.py"
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ.get("KERNELTRIAL_VLLM_VENV", REPO / ".vllm-venv"))
+
+
+def tiny_model() -> Path:
+    return Path(os.environ.get("KERNELTRIAL_TINY_MODEL", REPO / ".cache" / "tiny-llama"))
+
+
+def math500() -> Path:
+    return REPO.parent / "shared" / "data" / "math500" / "test.jsonl"
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def fake_argv():
+    def make(port: int, *extra: str) -> list[str]:
+        return [sys.executable, str(FAKE), "--port", str(port), *extra]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def math500_path() -> Path:
+    p = math500()
+    if not p.is_file():
+        pytest.skip(f"MATH-500 not found at {p} (expected at ../shared/data/math500/test.jsonl)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def vllm_client() -> str:
+    """The `vllm` CLI of the CPU venv (the kt-vllm shim written by .ci/serving-setup.sh)."""
+    exe = vllm_venv() / "bin" / "kt-vllm"
+    if not exe.is_file():
+        pytest.skip(f"no vLLM venv at {vllm_venv()} (run bash .ci/serving-setup.sh)")
+    return str(exe)
+
+
+@pytest.fixture(scope="session")
+def vllm_server_cmd(vllm_client: str):
+    """Builder of the real vLLM CPU server argv and env for the tiny model."""
+    venv = vllm_venv()
+    model = tiny_model()
+    if not (model / "config.json").is_file():
+        pytest.skip(f"no tiny model at {model} (run bash .ci/serving-setup.sh)")
+    env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        env["LD_PRELOAD"] = str(iomp)
+
+    def make(port: int | str) -> list[str]:
+        return [
+            str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--load-format", "dummy", "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "1024",
+            "--max-num-seqs", "8",
+        ]
+
+    return make, env, str(model)

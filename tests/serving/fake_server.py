@@ -1,0 +1,122 @@
+"""A tiny OpenAI-compatible server for fault tests (stdlib only, loopback only).
+
+  python fake_server.py --port P [--model-id tiny] [--mode ok|503|exit] [--die-after N]
+                        [--ignore-sigint] [--spawn-child] [--pidfile F] [--answer TEXT]
+
+/v1/models lists --model-id (mode ok), answers 503 (mode 503); mode exit quits at once
+with code 3. /v1/completions streams max_tokens chunks like vLLM (and a usage chunk);
+/v1/chat/completions answers --answer. --die-after N: the process exits (code 9) when the
+N-th completion request arrives. --spawn-child starts a sleeping child in the same process
+group (to check that the whole group is stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ARGS: argparse.Namespace
+COUNT = 0
+LOCK = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *a: object) -> None:
+        sys.stdout.write("%s %s\n" % (self.address_string(), fmt % a))
+        sys.stdout.flush()
+
+    def _json(self, code: int, obj: object) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/v1/models"):
+            if ARGS.mode == "503":
+                self._json(503, {"error": "loading"})
+            else:
+                self._json(200, {"object": "list", "data": [{"id": ARGS.model_id, "object": "model"}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        global COUNT
+        n = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(n) or b"{}")
+        with LOCK:
+            COUNT += 1
+            if ARGS.die_after and COUNT >= ARGS.die_after:
+                sys.stdout.write(f"dying at request {COUNT}\n")
+                sys.stdout.flush()
+                os._exit(9)
+        if self.path.startswith("/v1/chat/completions"):
+            self._json(200, {"choices": [{"message": {"role": "assistant", "content": ARGS.answer},
+                                          "finish_reason": "stop"}], "usage": {"completion_tokens": 5}})
+            return
+        if not self.path.startswith("/v1/completions"):
+            self._json(404, {"error": "not found"})
+            return
+        max_tokens = int(body.get("max_tokens") or 16)
+        if not body.get("stream"):
+            self._json(200, {"choices": [{"text": ARGS.answer, "finish_reason": "stop"}], "usage": {"completion_tokens": 5}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for _ in range(max_tokens):
+            self.wfile.write(b'data: {"choices": [{"text": "a", "index": 0}]}\n\n')
+            self.wfile.flush()
+            time.sleep(ARGS.token_delay)
+        usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": max_tokens}}
+        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def main() -> None:
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--model-id", default="tiny")
+    ap.add_argument("--mode", default="ok", choices=["ok", "503", "exit"])
+    ap.add_argument("--die-after", type=int, default=0)
+    ap.add_argument("--token-delay", type=float, default=0.002)
+    ap.add_argument("--ignore-sigint", action="store_true")
+    ap.add_argument("--spawn-child", action="store_true")
+    ap.add_argument("--pidfile")
+    ap.add_argument("--answer", default="The answer is \\boxed{42}.")
+    ARGS = ap.parse_args()
+    if ARGS.pidfile:
+        with open(ARGS.pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    if ARGS.mode == "exit":
+        print("fake server: bad argument, exiting", flush=True)
+        sys.exit(3)
+    if ARGS.ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if ARGS.spawn_child:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    srv.daemon_threads = True
+    print(f"fake server on 127.0.0.1:{ARGS.port} serving {ARGS.model_id}", flush=True)
+    try:
+        srv.serve_forever(poll_interval=0.1)
+    except KeyboardInterrupt:
+        print("fake server: SIGINT, shutting down", flush=True)
+
+
+if __name__ == "__main__":
+    main()
