@@ -11,7 +11,12 @@ One check = one (case, seed, arm):
    hold, and lie within the operator's tolerance of both the reference and the oracle
    (integer outputs: exactly equal);
 5. inputs (and the whole storage behind a strided view) must be bit-identical to before,
-   except the operator's documented in-place outputs, which are checked as outputs.
+   except the operator's documented in-place outputs, which are checked as outputs;
+6. anti-cheat calls (`thorough`, the default): no output may alias an input or the
+   reference's result; a repeated call on the same input must be bit-identical (races);
+   results must follow new inputs in fresh buffers and new values in the same buffers
+   (memoisation keyed on pointers or shapes). Results are read after synchronising only
+   the current stream, so work left unsynchronised on a side stream shows up as wrong.
 """
 
 from __future__ import annotations
@@ -147,7 +152,11 @@ def compare(op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: 
             return Difference(math.inf, math.inf, math.inf, False), f"{label} has dtype {g.dtype}, expected {r.dtype}"
         if g.is_floating_point() and bool((torch.isnan(g) & ~torch.isnan(r)).any()):
             count = int((torch.isnan(g) & ~torch.isnan(r)).sum())
-            return Difference(math.inf, math.inf, math.inf, False), f"{label} has {count} NaN element(s) (unwritten or invalid)"
+            return Difference(math.inf, math.inf, math.inf, False), (
+                f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised")
+        if g.is_floating_point() and bool((torch.isinf(g) & ~torch.isinf(r)).any()):
+            count = int((torch.isinf(g) & ~torch.isinf(r)).sum())
+            return Difference(math.inf, math.inf, math.inf, False), f"{label} has {count} Inf element(s) where the reference is finite (overflow?)"
         for against, expected in (("reference", r), ("float64 oracle", o.to(r.dtype) if op.exact else o)):
             d = difference(g, expected, tol)
             worst = Difference(max(worst.max_abs, d.max_abs), max(worst.max_rel, d.max_rel), max(worst.ulp, d.ulp), worst.within and d.within)
@@ -162,12 +171,71 @@ def changed_inputs(before: dict[str, torch.Tensor], inputs: Inputs) -> list[str]
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for the *current* stream only: work an arm leaves on another stream without
+    making the current stream wait for it is not complete when results are read (a defect)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
-def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device) -> CheckResult:
-    """Run one correctness check of `impl` on `case` with inputs drawn from `seed`."""
+def call(op: Operator, fn: Callable[..., Any], inputs: Inputs, device: torch.device, like: Outputs) -> Outputs:
+    """One poisoned call of `fn`, read back after synchronising the current stream."""
+    poison_free_blocks(like)
+    with poisoned_allocations():
+        returned = fn(*inputs.values())
+    synchronize(device)
+    return op.outputs(inputs, returned)
+
+
+def expected(op: Operator, inputs: Inputs) -> tuple[Outputs, Outputs]:
+    """The reference and the oracle for `inputs`, computed on copies."""
+    return op.reference(*clone_inputs(inputs).values()), op.oracle(*clone_inputs(inputs).values())
+
+
+def aliasing(op: Operator, got: Outputs, inputs: Inputs, reference: Outputs) -> str:
+    """An out-of-place result must live in fresh memory: not an input's, not the reference's."""
+    if op.inplace:
+        return ""
+    pointers = {name: storage_of(v).untyped_storage().data_ptr() for name, v in inputs.items() if isinstance(v, torch.Tensor)}
+    for i, out in enumerate(got):
+        ptr = out.untyped_storage().data_ptr()
+        if any(out is r or ptr == r.untyped_storage().data_ptr() for r in reference):
+            return "aliasing: returned the reference's own output instead of computing it"
+        for name, p in pointers.items():
+            if ptr == p:
+                return f"aliasing: output {i} shares memory with input {name!r}; return a fresh tensor"
+    return ""
+
+
+def repeated(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device, first: Outputs) -> str:
+    """Extra calls that expose caching, stale results and races (see `check`)."""
+    same = op.make_inputs(case, seed, device)
+    again = call(op, fn, same, device, first)
+    for i, (a, b) in enumerate(zip(first, again, strict=True)):
+        if not torch.equal(a, b):
+            diff = difference(b, a, None)
+            return f"non-deterministic: a repeated call on the same input changed output {i} (max abs {diff.max_abs:.3g}); a race in a reduction?"
+    fresh = op.make_inputs(case, seed + 7919, device)
+    reference, oracle = expected(op, fresh)
+    _, message = compare(op, case, call(op, fn, fresh, device, reference), reference, oracle)
+    if message:
+        return f"stale result: on new inputs in fresh buffers the {message}; results must follow the inputs (memoisation?)"
+    new_values = op.make_inputs(case, seed + 104729, device)
+    for name, v in fresh.items():
+        if isinstance(v, torch.Tensor):
+            v.copy_(new_values[name])
+    reference, oracle = expected(op, fresh)
+    _, message = compare(op, case, call(op, fn, fresh, device, reference), reference, oracle)
+    if message:
+        return f"stale result: on new values in the same buffers the {message}; results must not be cached by pointer or shape"
+    return ""
+
+
+def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True) -> CheckResult:
+    """Run one correctness check of `impl` on `case` with inputs drawn from `seed`.
+
+    `thorough` adds the anti-cheat calls: outputs must not alias inputs or the reference;
+    a repeated call on the same input must give bit-identical outputs; results must follow
+    new inputs in fresh buffers and new values written into the same buffers."""
 
     def result(diff: Difference | None, message: str) -> CheckResult:
         d = diff or Difference(math.nan, math.nan, math.nan, False)
@@ -177,20 +245,17 @@ def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device)
     if fn is None:
         return result(None, f"unavailable: {impl.reason}")
     inputs = op.make_inputs(case, seed, device)
-    reference = op.reference(*clone_inputs(inputs).values())
-    oracle = op.oracle(*clone_inputs(inputs).values())
+    reference, oracle = expected(op, inputs)
     before = snapshot_inputs(op, inputs)
-    poison_free_blocks(reference)
     try:
-        with poisoned_allocations():
-            returned = fn(*inputs.values())
-        synchronize(device)
-        got = op.outputs(inputs, returned)
+        got = call(op, fn, inputs, device, reference)
+        diff, message = compare(op, case, got, reference, oracle)
+        if not message:
+            mutated = changed_inputs(before, inputs)
+            if mutated:
+                message = f"modified its input(s) {', '.join(mutated)} (only {', '.join(op.inplace) or 'nothing'} may be written)"
+        if not message and thorough:
+            message = aliasing(op, got, inputs, reference) or repeated(op, fn, case, seed, device, got)
     except Exception as exc:  # an arm may fail in any way; the gate records it
         return result(None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    diff, message = compare(op, case, got, reference, oracle)
-    if not message:
-        mutated = changed_inputs(before, inputs)
-        if mutated:
-            message = f"modified its input(s) {', '.join(mutated)} (only {', '.join(op.inplace) or 'nothing'} may be written)"
     return result(diff, message)
