@@ -29,9 +29,9 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, n))
 
 
-def bounded_grid(n_items: int, cap: int = MAX_GRID) -> tuple[int]:
-    """A 1-D grid of at most `cap` programs for `n_items` grid-stride work items."""
-    return (max(1, min(n_items, cap)),)
+def bounded_grid(n_items: int, cap: int | None = None) -> tuple[int]:
+    """A 1-D grid of at most `cap` (default MAX_GRID) programs for `n_items` grid-stride work items."""
+    return (max(1, min(n_items, MAX_GRID if cap is None else cap)),)
 
 
 def row_warps(block: int) -> int:
