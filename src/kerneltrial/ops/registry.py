@@ -27,7 +27,7 @@ import torch
 
 Inputs = dict[str, Any]
 Outputs = tuple[torch.Tensor, ...]
-ImplKind = Literal["control", "candidate", "peer", "user"]
+ImplKind = Literal["control", "candidate", "peer", "user", "calibration"]
 
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,

@@ -1,7 +1,9 @@
 """Preregistered trial protocols: a TOML file, validated, frozen by its sha256 before it runs.
 
 A protocol fixes everything that could be tuned after seeing the data: arms, cases, seeds,
-rounds, calls per sample, L2 mode, tie band and the decision gate. `freeze` writes
+rounds, calls per sample, L2 mode, tie band, the decision gate, and the noise rules (a
+target CI width that adds rounds up to max_rounds / time_budget_s; the throttle threshold;
+a calibration run that must have passed before this one reports). `freeze` writes
 `<file>.freeze.json` next to it (sha256 and time); `run` refuses a protocol whose bytes no
 longer match its freeze record. A confirmation protocol must be frozen, name exactly one
 candidate chosen beforehand, and use seeds disjoint from the exploratory phase's.
@@ -78,6 +80,16 @@ class Protocol(BaseModel):
     bootstrap_seed: int = 20261129
     confidence: float = Field(default=0.95, gt=0, lt=1)
     order_seed: int = 0
+    # Noise control (issue: a noisy machine must not fake a win).
+    throttle_fraction: float = Field(default=0.9, gt=0, le=1)
+    target_ci_width: float | None = Field(default=None, gt=0)
+    max_rounds: int = Field(default=50, ge=2)
+    time_budget_s: float = Field(default=600.0, gt=0)
+    # Calibration: `aa:ARM` arms (an A/A copy) and `slow:ARM` arms (ARM plus this injected delay).
+    injected_slowdown: float = Field(default=0.03, gt=0, lt=1)
+    max_false_positive_rate: float = Field(default=0.05, ge=0, le=1)
+    min_power: float = Field(default=0.9, ge=0, le=1)
+    calibration_run: str | None = None
 
     @field_validator("gate")
     @classmethod
@@ -100,6 +112,8 @@ class Protocol(BaseModel):
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: repeated seed in {self.seeds}")
         arms = [self.control, *self.candidates]
+        if self.target_ci_width is not None and self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds: must be >= rounds ({self.rounds}) when target_ci_width is set")
         if len(set(arms)) != len(arms):
             raise ValueError(f"candidates: an arm is named twice in {arms}")
         if self.phase == "confirmation":

@@ -16,6 +16,8 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import time
+import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,9 +30,10 @@ import torch
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.trial import gate, protocol as proto, provenance
+from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 
-TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
+TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 CEILING_SAMPLES = 10
 INPUT_SETS_COLD = 2  # input sets rotated between samples in cold-L2 mode
@@ -119,8 +122,59 @@ def prepare(out: Path, protocol_path: Path, resume: bool) -> tuple[RunDir, str]:
     return run, digest
 
 
-def resolve_arms(op: Operator, p: proto.Protocol) -> list[Impl]:
-    arms = [op.impl(name) for name in p.arms()]
+@dataclass
+class Delay:
+    """Extra work of a known duration appended to a `slow:` arm (set per case)."""
+
+    device: torch.device
+    ns: float = 0.0
+    cycles_per_ns: float = 0.0
+
+    def __call__(self) -> None:
+        if self.ns <= 0:
+            return
+        if self.device.type == "cuda":
+            torch.cuda._sleep(int(self.ns * self.cycles_per_ns))
+        else:
+            end = time.perf_counter_ns() + self.ns
+            while time.perf_counter_ns() < end:
+                pass
+
+    def calibrate(self) -> None:
+        """Measure the GPU's spin rate (cycles per ns) so a delay in ns becomes a cycle count."""
+        if self.device.type != "cuda":
+            return
+        torch.cuda._sleep(1_000_000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(50_000_000)
+        end.record()
+        end.synchronize()
+        self.cycles_per_ns = 50_000_000 / (start.elapsed_time(end) * 1e6)
+
+
+def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
+    """`aa:ARM` (an A/A copy of ARM) or `slow:ARM` (ARM followed by `delay`)."""
+    prefix, _, base_name = name.partition(":")
+    base = op.impl(base_name)
+    if prefix == "aa":
+        return Impl(op=op.name, name=name, kind="calibration", loader=base.resolve, doc=f"A/A copy of {base_name}", layouts=base.layouts)
+
+    def load() -> Any:
+        fn = base.resolve()
+
+        def slowed(*args: Any) -> Any:
+            out = fn(*args)
+            delay()
+            return out
+
+        return slowed
+
+    return Impl(op=op.name, name=name, kind="calibration", loader=load, doc=f"{base_name} plus an injected delay", layouts=base.layouts)
+
+
+def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
+    arms = [calibration_arm(op, n, delay) if n.startswith(("aa:", "slow:")) else op.impl(n) for n in p.arms()]
     if not arms[0].available:
         raise RunError(f"the control {arms[0].name!r} is unavailable here: {arms[0].reason}")
     return arms
@@ -183,44 +237,92 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
     return calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3)
 
 
+def single_call_ns(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: Impl, device: torch.device) -> float:
+    """Median time of one call of `impl` (the base of a `slow:` arm's injected delay)."""
+    fn = impl.resolve()
+    inputs = op.make_inputs(case, p.seeds[0], device)
+    for _ in range(p.warmup):
+        fn(*inputs.values())
+    return float(np.median([timer.sample(lambda: fn(*inputs.values()), 1) for _ in range(7)]))
+
+
+def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
+    """Widest speedup CI (high - low) of any arm against the control over the units so far."""
+    from kerneltrial.analysis.stats import BootstrapRule, bootstrap_speedup_ci
+
+    rule = BootstrapRule(p.bootstrap_resamples, p.bootstrap_seed, p.confidence)
+    units = sorted({(s, r) for s, r, a in samples if a == control})
+    widest = 0.0
+    for arm in sorted({a for *_, a in samples} - {control}):
+        paired = [u for u in units if (*u, arm) in samples]
+        if len(paired) >= 2:
+            ci = bootstrap_speedup_ci(np.array([samples[(*u, control)] for u in paired]), np.array([samples[(*u, arm)] for u in paired]), rule)
+            widest = max(widest, ci.high - ci.low)
+    return widest
+
+
 def round_order(order_seed: int, case_index: int, seed: int, round_index: int, arms: list[str]) -> list[str]:
     rng = np.random.default_rng([order_seed, case_index, seed, round_index])
     return [arms[i] for i in rng.permutation(len(arms))]
 
 
-def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed: dict[str, list[Impl]], device: torch.device, progress: Any) -> None:
-    done = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in read_csv(run.timings)}
+def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed: dict[str, list[Impl]], device: torch.device, delay: Delay, progress: Any) -> None:
+    """Rounds per case; with a target CI width, extra rounds until it is met or the budget ends."""
+    rows = read_csv(run.timings)
+    done = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in rows}
+    samples = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]): int(r["ns"]) / int(r["calls"]) for r in rows}
     cases = {c["case"]: c for c in plan["cases"]}
-    total = sum(len(timed[cid]) for cid in cases) * len(p.seeds) * p.rounds
+    total = sum(len(timed[cid]) * c.get("rounds", p.rounds) for cid, c in cases.items()) * len(p.seeds)
     task = progress.add_task("timing", total=total, completed=len(done))
-    n_sets = INPUT_SETS_COLD if timer.cold else 1
+    clocks = ClockReader.open(timer.is_gpu)
+    started = time.monotonic()
     with csv_appender(run.timings, TIMING_COLUMNS) as append:
-        for case_index, spec in enumerate(p.cases):
-            case = spec.case()
-            arms = timed[case.id]
+
+        def time_units(case_index: int, case: Case, arms: list[Impl], round_range: range) -> None:
             calls = cases[case.id]["calls"]
             names = [a.name for a in arms]
+            n_sets = INPUT_SETS_COLD if timer.cold else 1
             for seed in p.seeds:
-                if all((case.id, seed, r, a) in done for r in range(p.rounds) for a in names):
+                if all((case.id, seed, r, a) in done for r in round_range for a in names):
                     continue
                 sets = input_sets(op, case, seed, device, n_sets)
                 fns = {a.name: a.resolve() for a in arms}
-                for name, fn in fns.items():
+                for fn in fns.values():
                     for _ in range(p.warmup):
                         fn(*sets[0].values())
                 sample = 0
-                for round_index in range(p.rounds):
+                for round_index in round_range:
                     for position, name in enumerate(round_order(p.order_seed, case_index, seed, round_index, names)):
                         if (case.id, seed, round_index, name) in done:
                             continue
-                        inputs = sets[sample % n_sets]
-                        fn = fns[name]
+                        inputs, fn = sets[sample % n_sets], fns[name]
                         ns = timer.sample(lambda: fn(*inputs.values()), calls, key=hash((name, sample % n_sets)))
-                        append([case.id, seed, round_index, position, name, calls, ns])
+                        sm, mem = clocks.read()
+                        append([case.id, seed, round_index, position, name, calls, ns, "" if sm is None else sm, "" if mem is None else mem])
+                        done.add((case.id, seed, round_index, name))
+                        samples[(case.id, seed, round_index, name)] = ns / calls
                         sample += 1
                         progress.advance(task)
                 timer.release()
-                del sets
+
+        for case_index, spec in enumerate(p.cases):
+            case = spec.case()
+            arms = timed[case.id]
+            if not arms:
+                continue
+            delay.ns = cases[case.id].get("injected_delay_ns", 0.0)
+            rounds = cases[case.id].get("rounds", p.rounds)
+            time_units(case_index, case, arms, range(rounds))
+            if p.target_ci_width is None or arms[0].name != p.control:
+                continue
+            mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
+            while (rounds < p.max_rounds and time.monotonic() - started < p.time_budget_s
+                   and widest_ci(p, p.control, mine) > p.target_ci_width):
+                cases[case.id]["rounds"] = rounds = rounds + 1
+                write_json(run.plan, plan)  # before measuring: a resumed run expects this round
+                progress.update(task, total=progress.tasks[task].total + len(arms) * len(p.seeds)) if hasattr(progress, "tasks") else None
+                time_units(case_index, case, arms, range(rounds - 1, rounds))
+                mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
 
 def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
@@ -230,16 +332,19 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     p = proto.load(protocol_path)
     load_modules(p, protocol_path)
     op = get_op(p.op)
-    arms = resolve_arms(op, p)
+    device = launch.device()
+    delay = Delay(device)
+    arms = resolve_arms(op, p, delay)
+    require_calibration(p, protocol_path)
     cases = [c.case() for c in p.cases]
     for case in cases:
         if case.layout not in op.layouts:
             raise RunError(f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}")
     timer = make_timer(p.backend, p.l2)
-    device = launch.device()
     run, digest = prepare(out, protocol_path, resume)
     progress = progress or _NoProgress()
 
+    delay.calibrate()
     passed = run_correctness(run, op, arms, cases, p.seeds, device, progress)
     run_ceilings(run, timer, device)
     timed = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
@@ -252,20 +357,70 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
             "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
             "cases": [
                 {"case": c.id, "shape": list(c.shape), "layout": c.layout, "dtype": c.dtype, "bytes": op.bytes_moved(c),
-                 "calls": plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0}
+                 "calls": plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0, "rounds": p.rounds}
+                | injected_delay(p, op, timer, c, timed[c.id], device)
                 for c in cases
             ],
+            "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
+            "noise_rule": {"target_ci_width": p.target_ci_width, "max_rounds": p.max_rounds, "time_budget_s": p.time_budget_s},
             "seeds": p.seeds, "rounds": p.rounds, "tie_band": p.tie_band, "gate": p.gate,
             "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
         }
+        if any(a.kind == "calibration" for a in arms):
+            plan["calibration"] = {"injected_slowdown": p.injected_slowdown, "max_false_positive_rate": p.max_false_positive_rate, "min_power": p.min_power}
         write_json(run.plan, plan)
-    run_rounds(run, p, op, timer, plan, timed, device, progress)
+    run_rounds(run, p, op, timer, plan, timed, device, delay, progress)
 
     record = json.loads(run.provenance.read_text())
     record.update(finished_at=provenance.now(), clocks_at_end=provenance.clocks())
     write_summary(run.root)
     write_json(run.provenance, record)
     return run.root
+
+
+def injected_delay(p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed: list[Impl], device: torch.device) -> dict[str, float]:
+    """`injected_delay_ns` for a case with a `slow:` arm: injected_slowdown x one call of its base."""
+    slow = [a for a in timed if a.name.startswith("slow:")]
+    if not slow:
+        return {}
+    base = op.impl(slow[0].name.partition(":")[2])
+    return {"injected_delay_ns": p.injected_slowdown * single_call_ns(p, op, timer, case, base, device)}
+
+
+def require_calibration(p: proto.Protocol, protocol_path: Path) -> None:
+    """Refuse to run when the protocol names a calibration run that did not pass."""
+    if p.calibration_run is None:
+        return
+    summary_path = (protocol_path.parent / p.calibration_run / "summary.json")
+    if not summary_path.exists():
+        raise RunError(f"calibration_run {p.calibration_run!r}: no summary.json at {summary_path}; run `kerneltrial calibrate` first")
+    calibration = json.loads(summary_path.read_text()).get("calibration")
+    if not calibration or not calibration.get("passed"):
+        raise RunError(f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does")
+
+
+def calibration_protocol(protocol_path: Path) -> str:
+    """The protocol's settings with arms: control, an A/A copy of it, and the control slowed down."""
+    import tomli_w
+
+    data = tomllib.loads(protocol_path.read_text())
+    control = data.get("control", "control")
+    data.update(name=f"{data.get('name', 'trial')}-calibration", phase="exploratory", candidates=[f"aa:{control}", f"slow:{control}"])
+    for key in ("calibration_run", "exploratory_seeds"):
+        data.pop(key, None)
+    text = tomli_w.dumps(data)
+    proto.parse(text, f"calibration of {protocol_path}")
+    return text
+
+
+def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
+    """A/A calibration with the protocol's settings: writes `<out>.protocol.toml` and runs it."""
+    derived = out.with_name(out.name + ".protocol.toml")
+    text = calibration_protocol(protocol_path)
+    if derived.exists() and derived.read_text() != text:
+        raise RunError(f"{derived} exists with other content; choose another --out")
+    derived.write_text(text)
+    return run_trial(derived, out, resume=resume, progress=progress)
 
 
 class _NoProgress:
@@ -275,4 +430,7 @@ class _NoProgress:
         return 0
 
     def advance(self, *_: Any, **__: Any) -> None:
+        return None
+
+    def update(self, *_: Any, **__: Any) -> None:
         return None

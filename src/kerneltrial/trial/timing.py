@@ -3,7 +3,10 @@
 - `cuda-events`: CUDA events on the current stream. Hot L2: one event pair around `calls`
   back-to-back calls. Cold L2: before every call a buffer twice the L2 size is written
   (evicting the inputs), and only the call itself is inside its event pair; the sample is
-  the sum over the calls.
+  the sum over the calls. Before a sample the GPU is given a spin kernel (`_lead`) long
+  enough for the host to enqueue the whole sample behind it, so the events time the
+  device, not the host's launch overhead (an idle GPU waiting for a Python launch would
+  otherwise count that wait as kernel time).
 - `cuda-graph`: the `calls` calls captured once into a CUDA graph, its replay timed with
   events: launch overhead removed, hot L2. Reported as such.
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
@@ -51,6 +54,7 @@ class Timer:
 
     def _events_hot(self, call: Call, calls: int) -> int:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _lead(calls)
         start.record()
         for _ in range(calls):
             call()
@@ -60,6 +64,7 @@ class Timer:
 
     def _events_cold(self, call: Call, calls: int) -> int:
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+        _lead(calls)
         for start, end in pairs:
             self.flush()
             start.record()
@@ -86,6 +91,15 @@ class Timer:
     def release(self) -> None:
         """Drop captured graphs (they pin their inputs) before the next case."""
         self._graphs.clear()
+
+
+LEAD_CYCLES_PER_CALL = 200_000  # ~100 us of host time per call at ~2 GHz: covers a Python launch
+LEAD_CYCLES_MAX = 200_000_000
+
+
+def _lead(calls: int) -> None:
+    """Keep the GPU busy while the host enqueues `calls` calls (see the module docstring)."""
+    torch.cuda._sleep(min(LEAD_CYCLES_MAX, LEAD_CYCLES_PER_CALL * calls))
 
 
 def l2_bytes() -> int:
