@@ -140,9 +140,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     out.print(f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))")
 
 
-def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool) -> None:
+def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool,
+             model: str | None = None) -> None:
     try:
         proto = parse_protocol(proto_text, base_dir)
+        if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
+            if proto.tokenizer in (None, proto.model):
+                proto.tokenizer = model
+            proto.model = model
         vllm = resolve_vllm(vllm_opt)
     except (ProtocolError, BenchError) as e:
         fail(str(e))
@@ -252,6 +257,7 @@ def trial(
     protocol: Path = typer.Argument(..., help="TOML protocol: arms (argv + env), cases, acceptance, optional accuracy."),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
     vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV})."),
+    model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/B trial: fresh launch per arm, interleaved in a seeded order, preregistered acceptance.
@@ -266,7 +272,7 @@ def trial(
         text = raw.decode("utf-8")
     except ProtocolError as e:
         fail(str(e))
-    _execute(text, protocol.parent, out_dir or default_out("trial"), vllm, quiet)
+    _execute(text, protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
 
 
 @app.command(context_settings=EXTRA)
