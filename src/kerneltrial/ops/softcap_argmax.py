@@ -1,0 +1,307 @@
+"""Soft-capped row argmax: `softcap_row_argmax(logits, cap)` -> int64 [rows], greedy sampling.
+
+    out[r] = argmax_j  cap * tanh(logits[r, j].f32 / cap)      (first index on ties)
+
+The semantics are defined on the fp32 capped values, not on the logits: tanh is monotonic,
+but in fp32 it rounds distinct large logits to the same value (every logit above ~9.1 * cap
+caps to exactly `cap`), and those then tie, so the first of them wins. bf16 logits tie
+often too (a 256000-wide row holds many copies of its largest values). The reference is
+the official formula, `torch.argmax`, whose documented tie rule is the first maximal index;
+the float64 oracle computes the capped values in float64, rounds them to fp32 (the
+reference's dtype, where the ties are defined) and takes the smallest index among the
+maxima explicitly. Integer outputs are compared exactly (`Operator.exact`).
+
+fp32 tanh is not correctly rounded anywhere: torch's CPU and CUDA tanh and the kernels'
+`softcap` (a series below |x/cap| = 0.25, (1 - e^-2a) / (1 + e^-2a) above, at most ~5
+fp32 ulps from torch) order two distinct bf16 logits identically except at the edge of
+fp32 saturation, 7 * cap < |x| < 9.1 * cap, where neighbouring capped values are a few
+ulps apart and implementations may disagree on whether they tie. Inputs are finite; the
+same holds for subnormal logits (|x| < 1.2e-38), which x / cap and x * (1 / cap) round
+differently (and a GPU may flush to zero).
+
+Bytes moved: read rows * vocab logits, write rows int64 indices.
+
+Layouts: `contiguous` and `row_strided` (the rows are the first `vocab` columns of a wider
+tensor, read in place).
+
+Kernels (each walks its work items with a grid-stride loop over a bounded grid):
+- `_argmax_rows`: BLOCK_ROWS rows per step, each row in BLOCK_N chunks; every lane keeps a
+  running (max capped value, first index) and the lanes are merged at the end of the row.
+  BLOCK_ROWS=1 is the control (one row per program). A next-power-of-two block of a whole
+  262144-wide row does not fit in registers, so the control loops over chunks of at most
+  CONTROL_BLOCK elements, the largest block that keeps the value and index accumulators in
+  registers at 16 warps. BLOCK_ROWS>1 packs narrow rows.
+- `_argmax_spans`: a row is split into `n_parts` spans (one work item each, so one row can
+  occupy many SMs); a span is read in BLOCK_N chunks and tanh is evaluated only for chunks
+  whose raw maximum exceeds every earlier raw value of the span (tanh is monotonic, so no
+  other chunk can hold a strictly larger capped value): on random rows only a few chunks
+  pay for tanh. With one span per row it writes the index directly; otherwise each span
+  writes a partial (max capped value, first index) and `_merge_parts` (one tiny launch)
+  keeps, per row, the smallest index among the equal maxima: exact and deterministic,
+  no atomics.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltrial.ops import inputs as inp
+from kerneltrial.ops import launch
+from kerneltrial.ops.peers import register_peers
+from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+
+NAME = "softcap_row_argmax"
+LAYOUTS = ("contiguous", "row_strided")
+CAP = 30.0  # Gemma's final-logit softcap
+LOGIT_SCALE = 4.0  # random logits ~ N(0, 4^2): far below the fp32 saturation edge of CAP
+SATURATED = (400.0, 500.0)  # planted logits that both cap to exactly CAP in fp32 (bf16-exact)
+
+CONTROL_BLOCK = 8192  # the control's chunk: the largest block it keeps in registers
+PACK_ELEMENTS = 4096  # packed steps hold at most this many elements (rows x BLOCK_N)
+PACKINGS = ((4, 4), (16, 8))  # (rows per step, warps) of the packed candidates
+SPLITS = ((16, 4096, 8), (64, 2048, 8), (256, 1024, 4))  # (spans per row, chunk, warps)
+ROWS_SKIP = ((4096, 8), (8192, 16))  # (chunk, warps) of the one-span-per-row candidates
+TARGET_PROGRAMS = 1056  # dispatcher: work items to launch (8 per SM of a 132-SM H200)
+NARROW = 4096  # dispatcher: rows up to this wide are packed
+MAX_PARTS = 1024  # the merge reads every partial of a row in one block
+
+
+@triton.jit
+def softcap(x, cap, inv_cap):
+    """cap * tanh(x / cap) in fp32: an odd series to x^9 below |x/cap| = 0.25 (remainder
+    < 1e-8 relative), (1 - t) / (1 + t) with t = exp(-2|x/cap|) above. Monotonic; exactly
+    +-cap from |x/cap| ~ 9.1 on, like fp32 tanh."""
+    y = x * inv_cap
+    a = tl.abs(y)
+    s = tl.minimum(a, 0.25)
+    s2 = s * s
+    series = s + s * s2 * (-1.0 / 3.0 + s2 * (2.0 / 15.0 + s2 * (-17.0 / 315.0 + s2 * (62.0 / 2835.0))))
+    t = tl.exp(-2.0 * a)
+    r = tl.where(a < 0.25, series, (1.0 - t) / (1.0 + t))
+    return cap * tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _argmax_rows(
+    X, OUT, n_rows, stride, N, cap, inv_cap,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    n_steps = tl.cdiv(n_rows, BLOCK_ROWS)
+    for step in range(tl.program_id(0), n_steps, tl.num_programs(0)):
+        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_mask = rows < n_rows
+        best = tl.full((BLOCK_ROWS, BLOCK_N), float("-inf"), tl.float32)
+        best_idx = tl.zeros((BLOCK_ROWS, BLOCK_N), tl.int32)
+        for start in range(0, N, BLOCK_N):
+            idx = start + cols
+            mask = row_mask[:, None] & (idx < N)[None, :]
+            x = tl.load(X + rows[:, None] * stride + idx[None, :], mask=mask, other=0.0).to(tl.float32)
+            v = tl.where(mask, softcap(x, cap, inv_cap), float("-inf"))
+            better = v > best  # strict: a lane keeps its earliest maximum
+            best = tl.where(better, v, best)
+            best_idx = tl.where(better, idx[None, :], best_idx)
+        top = tl.max(best, axis=1, keep_dims=True)
+        first = tl.min(tl.where(best == top, best_idx, N), axis=1)
+        tl.store(OUT + rows, first.to(tl.int64), mask=row_mask)
+
+
+@triton.jit
+def _argmax_spans(
+    X, VAL, IDX, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
+    BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
+        row = item // n_parts
+        lo = (item - row * n_parts) * span
+        hi = tl.minimum(lo + span, N)
+        x_row = X + tl.cast(row, tl.int64) * stride
+        best = tl.full((), float("-inf"), tl.float32)  # largest capped value of the span so far
+        best_idx = lo  # its first index
+        seen = tl.full((), float("-inf"), tl.float32)  # largest raw logit of the span so far
+        for start in range(lo, hi, BLOCK_N):
+            idx = start + cols
+            mask = idx < hi
+            x = tl.load(x_row + idx, mask=mask, other=0.0).to(tl.float32)
+            x_top = tl.max(tl.where(mask, x, float("-inf")), axis=0)
+            if x_top > seen:  # only such a chunk can hold a strictly larger capped value
+                v = tl.where(mask, softcap(x, cap, inv_cap), float("-inf"))
+                v_top = tl.max(v, axis=0)
+                first = tl.min(tl.where(v == v_top, idx, hi), axis=0)
+                best_idx = tl.where(v_top > best, first, best_idx)
+                best = tl.maximum(best, v_top)
+                seen = x_top
+        if PARTIALS:
+            tl.store(VAL + item, best)
+            tl.store(IDX + item, best_idx)
+        else:
+            tl.store(OUT + row, best_idx.to(tl.int64))
+
+
+@triton.jit
+def _merge_parts(VAL, IDX, OUT, n_rows, n_parts, BLOCK_ROWS: tl.constexpr, BLOCK_P: tl.constexpr):
+    parts = tl.arange(0, BLOCK_P)
+    for step in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_ROWS), tl.num_programs(0)):
+        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        mask = (rows < n_rows)[:, None] & (parts < n_parts)[None, :]
+        offs = rows[:, None] * n_parts + parts[None, :]
+        v = tl.load(VAL + offs, mask=mask, other=float("-inf"))
+        i = tl.load(IDX + offs, mask=mask, other=0)
+        top = tl.max(v, axis=1, keep_dims=True)
+        first = tl.min(tl.where(mask & (v == top), i, 2147483647), axis=1)
+        tl.store(OUT + rows, first.to(tl.int64), mask=rows < n_rows)
+
+
+def argmax_rows(logits: torch.Tensor, cap: float, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
+    """Launch `_argmax_rows`: `block_rows` rows per step (1 = the control geometry)."""
+    rows = launch.as_rows(logits)
+    n_rows, n = rows.shape
+    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+    limit = CONTROL_BLOCK if block_rows == 1 else max(1, PACK_ELEMENTS // block_rows)
+    block_n = min(launch.next_pow2(n), limit)
+    _argmax_rows[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
+        rows, out, n_rows, rows.stride(0), n, cap, 1.0 / cap,
+        BLOCK_ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps or launch.row_warps(block_n * block_rows),
+    )
+    return out.view(logits.shape[:-1])
+
+
+def span_geometry(n: int, parts: int, chunk: int) -> tuple[int, int, int]:
+    """(spans per row, span length, chunk) for `parts` requested spans of an n-wide row:
+    spans are whole chunks, the chunk shrinks to fit a narrow row, no span is empty."""
+    chunk = min(chunk, launch.next_pow2(n))
+    parts = max(1, min(parts, triton.cdiv(n, chunk), MAX_PARTS))
+    span = triton.cdiv(triton.cdiv(n, parts), chunk) * chunk
+    return triton.cdiv(n, span), span, chunk
+
+
+def argmax_split(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8) -> torch.Tensor:
+    """Launch `_argmax_spans` with up to `parts` spans per row, then `_merge_parts` if > 1."""
+    rows = launch.as_rows(logits)
+    n_rows, n = rows.shape
+    n_parts, span, chunk = span_geometry(n, parts, chunk)
+    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+    items = n_rows * n_parts
+    partials = n_parts > 1
+    val = torch.empty(items if partials else 1, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(items if partials else 1, dtype=torch.int32, device=logits.device)
+    _argmax_spans[launch.bounded_grid(items)](
+        rows, val, idx, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
+        BLOCK_N=chunk, PARTIALS=partials, num_warps=num_warps,
+    )
+    if partials:
+        block_p = launch.next_pow2(n_parts)
+        block_rows = max(1, min(64, 4096 // block_p))
+        _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
+            val, idx, out, n_rows, n_parts, BLOCK_ROWS=block_rows, BLOCK_P=block_p, num_warps=4,
+        )
+    return out.view(logits.shape[:-1])
+
+
+def choose_split(n_rows: int, n: int) -> tuple[int, int, int]:
+    """(spans per row, chunk, warps) for the dispatcher: enough work items to fill the GPU
+    (TARGET_PROGRAMS), 4096-element chunks when every span holds at least one, else 1024."""
+    parts = triton.cdiv(TARGET_PROGRAMS, n_rows)
+    if parts * 4096 <= n:
+        return parts, 4096, 8
+    return parts, 1024, 4
+
+
+def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """The exported entry point: packs rows up to NARROW wide; splits wider rows into
+    spans so that about TARGET_PROGRAMS work items run (one span per row when rows are many)."""
+    n_rows, n = launch.as_rows(logits).shape
+    if n <= NARROW:
+        return argmax_rows(logits, cap, block_rows=max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))))
+    parts, chunk, warps = choose_split(n_rows, n)
+    return argmax_split(logits, cap, parts=parts, chunk=chunk, num_warps=warps)
+
+
+# ---- semantics --------------------------------------------------------------------------
+
+def plant_ties(logits: torch.Tensor, gen: torch.Generator) -> None:
+    """Copy each row's maximum to a random position in each half of the row, so every row
+    has at least two tied maxima (the first index must win)."""
+    n_rows, n = logits.shape
+    early = torch.randint(0, n // 2, (n_rows, 1), generator=gen, device=logits.device)
+    late = torch.randint(n // 2, n, (n_rows, 1), generator=gen, device=logits.device)
+    top = logits.max(dim=1, keepdim=True).values
+    logits.scatter_(1, torch.cat([early, late], dim=1), top.expand(n_rows, 2))
+
+
+def plant_saturation(logits: torch.Tensor, gen: torch.Generator) -> None:
+    """In odd rows, put SATURATED[1] at a random position of the second half and SATURATED[0]
+    in the first half: distinct logits that cap to the same fp32 value, so the earlier,
+    smaller logit is the answer (a kernel that skips tanh returns the later one)."""
+    odd = logits[1::2]
+    n_rows, n = odd.shape
+    if n_rows == 0:
+        return
+    early = torch.randint(0, n // 2, (n_rows, 1), generator=gen, device=logits.device)
+    late = torch.randint(n // 2, n, (n_rows, 1), generator=gen, device=logits.device)
+    odd.scatter_(1, early, SATURATED[0])
+    odd.scatter_(1, late, SATURATED[1])
+
+
+def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+    gen = inp.generator(seed, device)
+    logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE)
+    plant_ties(logits, gen)
+    plant_saturation(logits, gen)
+    return {"logits": logits, "cap": CAP}
+
+
+def reference(logits: torch.Tensor, cap: float) -> tuple[torch.Tensor]:
+    """The official formula; torch.argmax returns the first maximal index (documented)."""
+    return (torch.argmax(cap * torch.tanh(logits.float() / cap), dim=-1),)
+
+
+def oracle(logits: torch.Tensor, cap: float) -> tuple[torch.Tensor]:
+    """Capped values in float64, rounded once to fp32 (where the semantics place the ties),
+    then the smallest index among the maxima, written out rather than left to argmax."""
+    capped = (cap * torch.tanh(logits.double() / cap)).float()
+    is_max = capped == capped.max(dim=-1, keepdim=True).values
+    positions = torch.arange(capped.shape[-1], device=capped.device).expand_as(capped)
+    return (torch.where(is_max, positions, capped.shape[-1]).min(dim=-1).values,)
+
+
+def bytes_moved(case: Case) -> int:
+    """Read every logit once, write one int64 per row."""
+    size = torch.empty((), dtype=case.torch_dtype).element_size()
+    return inp.numel(case.shape) * size + inp.numel(case.shape[:-1]) * 8
+
+
+SMALL = (Case((1, 5120)), Case((3, 1536)), Case((5, 37)), Case((2, 12289)), Case((1, 40000)))
+GPU = tuple(Case((rows, vocab)) for vocab in (256000, 262144) for rows in (1, 2, 4, 16, 64, 256)) + tuple(
+    Case((rows, 130560)) for rows in (1, 64, 2048)  # MiniCPM5-2B vocabulary
+)
+
+register_op(Operator(
+    name=NAME, signature="softcap_row_argmax(logits, cap) -> int64 Tensor [rows]",
+    doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
+    layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
+    bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU, exact=True,
+))
+register_impl(NAME, "control", kind="control", doc=f"one row per program, chunks of <= {CONTROL_BLOCK}")(argmax_rows)
+for _rows, _warps in PACKINGS:
+    register_impl(NAME, f"packed_r{_rows}_w{_warps}", doc=f"{_rows} rows per step, {_warps} warps")(
+        partial(argmax_rows, block_rows=_rows, num_warps=_warps))
+for _chunk, _warps in ROWS_SKIP:
+    register_impl(NAME, f"rows_skip_c{_chunk}_w{_warps}", doc=f"one span per row, {_chunk}-chunks, tanh only on new raw maxima")(
+        partial(argmax_split, parts=1, chunk=_chunk, num_warps=_warps))
+for _parts, _chunk, _warps in SPLITS:
+    register_impl(NAME, f"split_p{_parts}_c{_chunk}_w{_warps}", doc=f"up to {_parts} spans per row, then an exact merge")(
+        partial(argmax_split, parts=_parts, chunk=_chunk, num_warps=_warps))
+register_impl(NAME, "kerneltrial", doc="dispatch by shape (exported entry point)")(softcap_row_argmax)
+
+
+def eager(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.argmax(cap * torch.tanh(logits.float() / cap), dim=-1)
+
+
+register_peers(NAME, eager)

@@ -1,0 +1,154 @@
+"""softcap_row_argmax: first index on ties, saturation ties, exact span merge, bounded grid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kerneltrial.ops import launch
+from kerneltrial.ops import softcap_argmax as sa
+from kerneltrial.ops.registry import Case, Impl, get_op
+from kerneltrial.trial.gate import check
+
+OP = get_op(sa.NAME)
+KERNELS = [name for name, impl in OP.impls.items() if impl.kind in ("control", "candidate")]
+
+
+def expected(logits: torch.Tensor, cap: float = sa.CAP) -> torch.Tensor:
+    return sa.reference(logits, cap)[0]
+
+
+def test_reference_and_oracle_take_the_first_tied_index():
+    row = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0]], dtype=torch.bfloat16)
+    assert expected(row).tolist() == [1]
+    assert sa.oracle(row, sa.CAP)[0].tolist() == [1]
+
+
+def test_saturated_logits_tie_after_capping():
+    """400 and 500 both cap to exactly 30.0 in fp32: the earlier one wins, though argmax of
+    the raw logits (or of float64 capped values) is the later one. Row 0 puts them in one
+    4096-chunk, row 1 in different chunks (one span of the rows_skip kernels)."""
+    logits = sa.LOGIT_SCALE * torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
+    logits = logits.to(torch.bfloat16)
+    low, high = sa.SATURATED
+    logits[0, [700, 2100]] = torch.tensor([low, high], dtype=torch.bfloat16)
+    logits[1, [700, 9000]] = torch.tensor([low, high], dtype=torch.bfloat16)
+    assert expected(logits).tolist() == [700, 700]
+    assert torch.argmax(logits, dim=-1).tolist() == [2100, 9000]
+    assert torch.argmax(sa.CAP * torch.tanh(logits.double() / sa.CAP), dim=-1).tolist() == [2100, 9000]
+    for name in KERNELS:
+        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == [700, 700], name
+
+
+def test_make_inputs_plants_ties_and_saturation():
+    logits = sa.make_inputs(Case((4, 1536)), seed=1, device=torch.device("cpu"))["logits"]
+    first = expected(logits)
+    capped = sa.CAP * torch.tanh(logits.float() / sa.CAP)
+    last = capped.shape[-1] - 1 - torch.argmax(capped.flip(-1), dim=-1)
+    assert bool((first < last).all()), "every row must hold at least two tied maxima"
+    raw = torch.argmax(logits, dim=-1)
+    assert bool((raw[1::2] != first[1::2]).all()) and bool((raw[0::2] == first[0::2]).all())
+
+
+TIE_POSITIONS = [
+    (3, 4, 9000),          # neighbours in one chunk and lane group, plus a later chunk
+    (4100, 12, 8200),      # the first tie comes after a later-listed one: order is by index
+    (1030, 1031, 19999),   # two spans of a 1024-chunk split; the last element
+    (0, 8192, 16384),      # the first element; same lane of successive 8192-chunks
+]
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_every_kernel_returns_the_first_of_planted_ties(name):
+    """Ties placed within a lane, across lanes, across chunks and across spans of a split row."""
+    fn = OP.impl(name).resolve()
+    gen = torch.Generator().manual_seed(5)
+    logits = (sa.LOGIT_SCALE * torch.randn(len(TIE_POSITIONS), 20000, generator=gen)).to(torch.bfloat16)
+    for row, positions in enumerate(TIE_POSITIONS):
+        logits[row, list(positions)] = logits[row].max() + 1
+    assert fn(logits, sa.CAP).tolist() == [min(p) for p in TIE_POSITIONS]
+
+
+def adjacent_pairs(limit: float) -> torch.Tensor:
+    """Rows [v, w] and [w, v] for every pair of neighbouring normal (or zero) bf16 values
+    up to `limit` in magnitude."""
+    bits = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    values = torch.cat([-bits.flip(0), bits])
+    magnitude = values.float().abs()
+    values = values[(magnitude <= limit) & ((magnitude == 0) | (magnitude >= torch.finfo(torch.bfloat16).tiny))]
+    pairs = torch.stack([values[:-1], values[1:]], dim=1)
+    return torch.cat([pairs, pairs.flip(1)])
+
+
+def test_softcap_orders_neighbouring_logits_like_torch_and_packs_over_65535_rows():
+    """Outside the saturation edge (7 * cap < |x| < 9.1 * cap), the kernels' tanh and
+    torch's agree on every pair of neighbouring normal bf16 logits (strictly larger, or tied).
+    The rows (> 65535 of them, two wide) go through a packed kernel, many rows per step."""
+    inner = adjacent_pairs(7 * sa.CAP)
+    saturated = adjacent_pairs(4096.0)
+    saturated = saturated[(saturated.float().abs() >= 9.1 * sa.CAP).all(dim=1)]
+    pairs = torch.cat([inner, saturated])
+    assert pairs.shape[0] > launch.MAX_GRID
+    got = sa.argmax_rows(pairs, sa.CAP, block_rows=1024, num_warps=8)
+    want = expected(pairs)
+    assert bool((got == want).all()), f"{int((got != want).sum())} pairs ordered differently"
+    assert 0 < int(want.sum()) < pairs.shape[0], "both orders occur"
+
+
+def test_launch_grid_stays_within_max_grid(monkeypatch):
+    grids: list[int] = []
+    bounded = launch.bounded_grid
+
+    def recording(n_items: int, cap: int | None = None) -> tuple[int]:
+        grids.append(bounded(n_items, cap)[0])
+        return grids[-1],
+
+    monkeypatch.setattr(launch, "MAX_GRID", 3)
+    monkeypatch.setattr(launch, "bounded_grid", recording)
+    logits = sa.make_inputs(Case((9, 3000)), seed=2, device=torch.device("cpu"))["logits"]
+    for name in ("control", "packed_r4_w4", "rows_skip_c4096_w8", "split_p16_c4096_w8"):
+        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == expected(logits).tolist(), name
+    assert grids and max(grids) == 3
+
+
+@pytest.mark.parametrize("n", [1, 37, 1024, 5120, 130560, 262144])
+@pytest.mark.parametrize("parts,chunk", [(1, 4096), (16, 4096), (1056, 1024), (5000, 1024)])
+def test_spans_cover_the_row_exactly(n, parts, chunk):
+    n_parts, span, chunk = sa.span_geometry(n, parts, chunk)
+    assert span % chunk == 0 and 1 <= n_parts <= sa.MAX_PARTS
+    assert (n_parts - 1) * span < n <= n_parts * span
+
+
+def test_dispatcher_fills_the_gpu_at_one_row():
+    parts, chunk, _ = sa.choose_split(1, 262144)
+    assert sa.span_geometry(262144, parts, chunk)[0] == 256
+    assert sa.choose_split(2048, 130560)[0] == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1536), (1, 5120), (1, 262144)])
+@pytest.mark.parametrize("name", ["control", "kerneltrial"])
+def test_gate_passes_edge_shapes(shape, name):
+    result = check(OP, OP.impl(name), Case(shape), seed=11, device=launch.device())
+    assert result.passed, result.message
+
+
+def _arm(name: str, fn) -> Impl:
+    return Impl(op=sa.NAME, name=name, kind="user", loader=lambda: fn)
+
+
+def last_tied_index(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """Wrong: the dispatcher run on the mirrored rows returns the LAST maximal index."""
+    return logits.shape[-1] - 1 - sa.softcap_row_argmax(logits.flip(-1), cap)
+
+
+def skips_tanh(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """Wrong: with an infinite cap the capped values are the logits (tanh skipped)."""
+    return sa.softcap_row_argmax(logits, 1e30)
+
+
+@pytest.mark.parametrize("wrong", [last_tied_index, skips_tanh])
+@pytest.mark.parametrize("layout", sa.LAYOUTS)
+def test_gate_rejects_wrong_tie_semantics(wrong, layout):
+    result = check(OP, _arm(wrong.__name__, wrong), Case((4, 5120), layout=layout), seed=3, device=launch.device())
+    assert not result.passed
+    assert result.message.startswith("output differs from the reference")
