@@ -200,6 +200,27 @@ def run(
     console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}")
 
 
+@one_line_errors
+def calibrate(
+    protocol: Annotated[Path, typer.Argument(help="The protocol whose settings to calibrate (its control is used).")],
+    out: Annotated[Path, typer.Option(help="Run directory of the calibration (its protocol is written beside it).")],
+    resume: Annotated[bool, typer.Option(help="Continue a killed calibration run.")] = False,
+) -> None:
+    """A/A calibration: the control against an A/A copy of itself and against itself plus an
+    injected delay (protocol `injected_slowdown`, default 3%), with the protocol's settings.
+    Reports the false-positive rate of win/loss verdicts, CI widths and the power to see the
+    slowdown. Name the result in another protocol's `calibration_run` to require it."""
+    from kerneltrial.trial.runner import calibrate as run_calibration
+
+    with progress_bar() as bar:
+        root = run_calibration(protocol, out, resume=resume, progress=bar)
+    calibration = json.loads((root / "summary.json").read_text()).get("calibration", {})
+    console.print(f"run directory: {root}")
+    console.print(calibration.get("sentence", json.dumps(calibration)), highlight=False)
+    if not calibration.get("passed"):
+        raise typer.Exit(1)
+
+
 DEMO_PROTOCOL = """\
 name = "demo-rmsnorm"
 op = "rmsnorm"
@@ -261,4 +282,5 @@ def mount(app: typer.Typer) -> None:
     app.command("check")(check)
     app.add_typer(protocol_app, name="protocol")
     app.command("run")(run)
+    app.command("calibrate")(calibrate)
     app.command("demo")(demo)

@@ -1,0 +1,80 @@
+"""Write the example protocols in protocols/ (one per operator, plus the A/A calibration).
+
+Each mirrors an experiment a kernel engineer runs: our variants against the one-row control
+and against the peers installed, on shapes real models run (MiniCPM5-2B, Llama widths,
+Z-Image, soft-capped vocabularies). Run: python scripts/make_protocols.py (refuses to
+overwrite an existing protocol: a preregistered file is never rewritten).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kerneltrial.ops.registry import Case
+from kerneltrial.trial import protocol as proto
+
+OUT = Path(__file__).resolve().parents[1] / "protocols"
+COMMON = {"seeds": [0, 1], "rounds": 7, "l2": "cold", "tie_band": 0.02, "gate": "no_loss", "calls_per_sample": "auto"}
+
+
+def cases(shapes: list[tuple[int, ...]], layouts: tuple[str, ...] = ("contiguous",), dtype: str = "bfloat16") -> list[Case]:
+    return [Case(s, dtype, lay) for s in shapes for lay in layouts]
+
+
+PROTOCOLS = {
+    "zimage_qk_rmsnorm": dict(
+        name="zimage-packing", candidates=["packed_r4_w4", "packed_r8_w4", "packed_r16_w8", "kerneltrial", "torch_compile"],
+        cases=cases([(t, 30, 128) for t in (256, 1024, 4096, 16384, 32768, 131072)], ("contiguous", "qkv_slice")),
+        seeds=[0, 1, 2]),
+    "zimage_qk_rmsnorm_pair": dict(
+        name="zimage-qk-one-launch", candidates=["packed_r16_w8", "two_launches", "kerneltrial", "torch_compile"],
+        cases=cases([(t, 30, 128) for t in (256, 4096, 32768, 131072)], ("qkv_slice",))),
+    "sigmoid_gate_mul": dict(
+        name="sigmoid-gate-tiling", candidates=["tile512_w4", "tile1024_w4", "tile2048_w8", "rowtile1024_w4", "kerneltrial", "torch_compile"],
+        cases=cases([(1, 2048), (64, 2048), (4096, 4096), (16384, 2048), (2048, 14336), (1000, 3000)], ("contiguous", "row_gate"))),
+    "softcap_row_argmax": dict(
+        name="softcap-split-rows", candidates=["split_p64_c2048_w8", "split_p256_c1024_w4", "rows_skip_c4096_w8", "kerneltrial", "torch_eager", "torch_compile"],
+        cases=cases([(1, 262144), (4, 262144), (16, 256000), (64, 262144), (256, 262144), (2048, 130560)])),
+    "rmsnorm": dict(
+        name="rmsnorm-packing", candidates=["packed_r4_w4", "packed_r16_w8", "kerneltrial", "torch_compile", "liger", "flaggems"],
+        cases=cases([(1, 2048), (64, 2048), (4096, 2048), (16384, 2048), (65536, 2048), (4096, 4096), (4096, 5120), (2048, 14336)])),
+    "rmsnorm_fp32": dict(
+        name="rmsnorm-fp32-packing", candidates=["packed_r4_w4", "packed_r16_w8", "kerneltrial", "torch_compile", "liger"],
+        cases=cases([(64, 2048), (4096, 2048), (16384, 2048), (4096, 4096), (2048, 14336)]) + cases([(4096, 2048), (16384, 2048)], dtype="float32")),
+    "fused_add_rmsnorm": dict(
+        name="fused-add-packing", candidates=["packed_r4_w8", "persistent", "kerneltrial", "torch_compile", "flaggems"],
+        cases=cases([(1, 2048), (64, 2048), (2048, 2048), (4096, 2048), (16384, 2048), (4096, 4096), (4096, 8192), (1000, 3000)])),
+    "gemma_fused_add_rmsnorm": dict(
+        name="gemma-fused-add-packing", candidates=["packed_r4_w8", "persistent", "kerneltrial", "torch_compile"],
+        cases=cases([(1, 2048), (64, 2048), (4096, 2048), (16384, 2048), (4096, 4096), (1000, 3000)])),
+    "silu_and_mul": dict(
+        name="silu-and-mul-tiling", candidates=["packed_r16_w4", "tile2048_w8", "kerneltrial", "torch_compile", "liger", "flaggems"],
+        cases=cases([(1, 12288), (64, 12288), (2048, 12288), (4096, 12288), (16384, 12288), (65536, 12288), (4096, 28672)])),
+}
+
+CALIBRATION = dict(
+    name="rmsnorm-aa", candidates=["packed_r4_w4"], seeds=[0, 1, 2],
+    cases=cases([(64, 2048), (1000, 3000), (2048, 2048), (4096, 2048), (4096, 4096), (4096, 5120), (8192, 2048),
+                 (4096, 8192), (16384, 2048), (2048, 14336), (32768, 2048), (65536, 2048)]))
+
+
+def write(path: Path, op: str, spec: dict) -> None:
+    if path.exists():
+        print(f"kept {path} (never overwritten)")
+        return
+    spec = dict(spec)
+    name, candidates, case_list = spec.pop("name"), spec.pop("candidates"), spec.pop("cases")
+    path.write_text(proto.new(op, name, candidates, case_list, **(COMMON | spec)))
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    for op, spec in PROTOCOLS.items():
+        write(OUT / f"{op}.toml", op, spec)
+    (OUT / "calibration").mkdir(exist_ok=True)
+    write(OUT / "calibration" / "rmsnorm-aa.toml", "rmsnorm", CALIBRATION)
+
+
+if __name__ == "__main__":
+    main()
