@@ -3,6 +3,11 @@
 The default run: cases c1, c2; arms `ctrl` (control), `fast` (candidate, ~20% faster),
 `slow` (candidate, ~10% slower in c1; fails correctness in c2), `peer` (unavailable);
 2 seeds x 5 rounds; 10 calls per sample; host clock (not a GPU).
+
+Optional newer raw fields (absent by default, so the default run is an old-format run):
+`sm_mhz` (a function giving each sample's SM clock, None for unknown) adds the `sm_mhz` and
+`mem_mhz` columns; `clocks`, `noise_rule` and `calibration` go into plan.json as given;
+`case_rounds` gives a case its own `rounds`; `injected_delay_ns` a case's injected delay.
 """
 
 from __future__ import annotations
@@ -46,6 +51,15 @@ class RunSpec:
     tie_band: float = 0.02
     gate: str = "no_loss and geomean>=1.02"
     resamples: int = 2000
+    sm_mhz: Callable[[str, str, int, int], int | None] | None = None
+    clocks: dict | None = None
+    noise_rule: dict | None = None
+    calibration: dict | None = None
+    case_rounds: dict[str, int] = field(default_factory=dict)
+    injected_delay_ns: dict[str, float] = field(default_factory=dict)
+
+    def rounds_of(self, case: str) -> int:
+        return self.case_rounds.get(case, self.rounds)
 
 
 def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
@@ -58,16 +72,28 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
                   "git": {"commit": "abc123", "dirty": False}, "argv": ["kerneltrial", "run"],
                   "started_at": "2025-01-01T00:00:00Z", "finished_at": "2025-01-01T00:01:00Z"}
     (path / "provenance.json").write_text(json.dumps(provenance))
+    cases = []
+    for c in spec.cases:
+        case = {"case": c, "shape": [64, 4096], "layout": "contiguous", "dtype": "bfloat16",
+                "bytes": spec.bytes_per_call, "calls": spec.calls}
+        if c in spec.case_rounds:
+            case["rounds"] = spec.case_rounds[c]
+        if c in spec.injected_delay_ns:
+            case["injected_delay_ns"] = spec.injected_delay_ns[c]
+        cases.append(case)
     plan = {
         "protocol_sha256": sha, "backend": "host-clock", "is_gpu": False, "l2": "cold", "arms": spec.arms,
-        "cases": [{"case": c, "shape": [64, 4096], "layout": "contiguous", "dtype": "bfloat16",
-                   "bytes": spec.bytes_per_call, "calls": spec.calls} for c in spec.cases],
+        "cases": cases,
         "seeds": spec.seeds, "rounds": spec.rounds, "tie_band": spec.tie_band, "gate": spec.gate,
         "bootstrap": {"resamples": spec.resamples, "seed": 7, "confidence": 0.95},
     }
+    for key in ("clocks", "noise_rule", "calibration"):
+        if getattr(spec, key) is not None:
+            plan[key] = getattr(spec, key)
     (path / "plan.json").write_text(json.dumps(plan))
     available = [a["name"] for a in spec.arms if a["available"]]
-    correctness, timings = [], ["case,seed,round,position,arm,calls,ns"]
+    header = "case,seed,round,position,arm,calls,ns" + (",sm_mhz,mem_mhz" if spec.sm_mhz else "")
+    correctness, timings = [], [header]
     order_rng = np.random.default_rng(0)
     for case in spec.cases:
         for seed in spec.seeds:
@@ -78,10 +104,14 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
                                     "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}"})
         timed = [a for a in available if (case, a) not in spec.failures]
         for seed in spec.seeds:
-            for rnd in range(spec.rounds):
+            for rnd in range(spec.rounds_of(case)):
                 for position, arm in enumerate(order_rng.permutation(timed)):
                     ns = spec.per_call(case, str(arm), seed, rnd) * spec.calls
-                    timings.append(f"{case},{seed},{rnd},{position},{arm},{spec.calls},{ns!r}")
+                    row = f"{case},{seed},{rnd},{position},{arm},{spec.calls},{ns!r}"
+                    if spec.sm_mhz:
+                        sm = spec.sm_mhz(case, str(arm), seed, rnd)
+                        row += ",," if sm is None else f",{sm},2619"
+                    timings.append(row)
     (path / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in correctness))
     (path / "timings.csv").write_text("\n".join(timings) + "\n")
     ceilings = ["kind,sample,bytes,ns"]

@@ -84,19 +84,86 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
+def _spread_cell(entry: dict[str, Any]) -> str:
+    return "–" if entry.get("spread") is None else f"{100 * entry['spread']:.1f}%"
+
+
+def _any_throttled(summary: dict[str, Any]) -> bool:
+    return any(e.get("throttled_samples") for c in summary["cases"] for e in c["arms"].values())
+
+
 def case_table(summary: dict[str, Any]) -> list[str]:
-    """One row per (case, arm), every arm including failed and unavailable ones."""
+    """One row per (case, arm), every arm including failed and unavailable ones.
+
+    The spread column (p90 - p10 over the median, run to run) appears when the summary has
+    spreads (schema 2); the throttled column only when some sample was throttled.
+    """
+    with_spread = any("spread" in e for c in summary["cases"] for e in c["arms"].values())
+    with_throttled = _any_throttled(summary)
     rows = []
     for case in summary["cases"]:
         for name, entry in case["arms"].items():
-            rows.append([
+            row = [
                 f"`{case['case']}`", f"`{name}`", _num(_us(entry["median_ns_per_call"]), ",.2f"),
                 speedup_cell(entry), _status_cell(entry, name == summary["control"]),
                 _rate(entry["gbps"]), _rate(entry["pct_of_copy_ceiling"]),
-            ])
+            ]
+            if with_spread:
+                row.append(_spread_cell(entry))
+            if with_throttled:
+                row.append(f"{entry['throttled_samples']} of {entry['n_samples']}" if entry["n_samples"] else "–")
+            rows.append(row)
     confidence = int(round(100 * summary["bootstrap"]["confidence"]))
     header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
+    header += ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
     return _table(header, rows)
+
+
+def clocks_line(summary: dict[str, Any]) -> str | None:
+    """The clock bullet of a run; None for a schema-1 summary without clock figures."""
+    clocks = summary.get("clocks")
+    if clocks is None:
+        return None
+    if not clocks["samples_with_clock"]:
+        return "- clocks: no SM clock recorded per sample (no NVML); throttling not checked"
+    threshold = "no maximum SM clock known, throttling not checked" if clocks["threshold_mhz"] is None else (
+        f"{clocks['throttled_samples']} throttled (SM clock below {clocks['threshold_mhz']:g} MHz = "
+        f"{clocks['throttle_fraction']:g} x max {clocks['max_sm_mhz']} MHz)")
+    return f"- clocks: {clocks['samples_with_clock']} samples with an SM clock reading; {threshold}"
+
+
+def rounds_line(summary: dict[str, Any]) -> str | None:
+    """Rounds per case when they differ between cases or a noise rule is preregistered."""
+    rounds = {c["case"]: c.get("rounds") for c in summary["cases"]}
+    rule = summary.get("noise_rule") or {}
+    if None in rounds.values() or (len(set(rounds.values())) <= 1 and rule.get("target_ci_width") is None):
+        return None
+    text = "- rounds per case: " + ", ".join(f"`{case}` {n}" for case, n in rounds.items())
+    if rule.get("target_ci_width") is not None:
+        text += (f" (noise rule: rounds added until the CI width is at most {rule['target_ci_width']:g}, "
+                 f"up to {rule.get('max_rounds')} rounds or {rule.get('time_budget_s')} s)")
+    return text
+
+
+def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
+    """The calibration section: A/A false-positive rates and the power to see an injected slowdown."""
+    calibration = summary.get("calibration")
+    if not calibration:
+        return []
+    rows = [[f"`{name}`", "A/A copy", f"`{f['base']}`", f"{f['not_tie']} of {f['n_cases']} not tie",
+             _num(f["false_positive_rate"], ".2f"), f"≤ {calibration['max_false_positive_rate']:g}",
+             _num(f["mean_ci_width"], ".4f")] for name, f in calibration["arms"].items() if f["kind"] == "aa"]
+    rows += [[f"`{name}`", f"+{100 * calibration['injected_slowdown']:g}% delay", f"`{f['base']}`",
+              f"{f['losses']} of {f['n_cases']} loss", _num(f["power"], ".2f"), f"≥ {calibration['min_power']:g}", "–"]
+             for name, f in calibration["arms"].items() if f["kind"] == "slow"]
+    delays = [f"`{c['case']}` {c['injected_delay_ns']:,.1f} ns" for c in summary["cases"]
+              if c.get("injected_delay_ns") is not None]
+    lines = ["", f"{h}# Calibration: {'passed' if calibration['passed'] else '**FAILED**'}", "",
+             calibration["sentence"], "",
+             *_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows)]
+    if delays:
+        lines += ["", "Injected delay per call: " + ", ".join(delays)]
+    return lines
 
 
 def aggregate_table(summary: dict[str, Any]) -> list[str]:
@@ -239,9 +306,11 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         f"tie band ±{summary['tie_band']:g}",
         f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
         f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)",
+        *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *_provenance_lines(_provenance(run_dir)),
         f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",
         "", f"{h}# Per arm", "", *aggregate_table(summary),
+        *calibration_lines(summary, h),
         "", f"{h}# Per case (every case and arm; regressions included)", "", *case_table(summary),
     ]
     unavailable = [a for a in summary["arms"] if not a["available"]]

@@ -207,3 +207,84 @@ def gate_verdict(gate: Gate, aggregate: ArmAggregate, failed_correctness_cases: 
         elif not aggregate.geomean >= gate.min_geomean:
             reasons.append(f"geomean>={gate.min_geomean:g}: geomean is {aggregate.geomean:.4f}")
     return GateVerdict(passed=not reasons, reasons=reasons)
+
+
+# ---------------------------------------------------------------- noise: clocks, spread, calibration
+
+AA_PREFIX, SLOW_PREFIX = "aa:", "slow:"
+CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
+
+
+def relative_spread(values: Sequence[float] | np.ndarray) -> float:
+    """Run-to-run spread of per-sample times: (p90 - p10) / median, numpy's default quantiles."""
+    if len(values) == 0:
+        raise ValueError("spread of no samples: the (case, arm) has no timing rows")
+    array = np.asarray(values, dtype=float)
+    p10, p90 = np.quantile(array, [0.1, 0.9])
+    return float((p90 - p10) / np.median(array))
+
+
+def throttle_threshold(max_sm_mhz: float | None, throttle_fraction: float) -> float | None:
+    """SM clock (MHz) below which a sample counts as throttled; None when the maximum is unknown."""
+    return None if max_sm_mhz is None else throttle_fraction * max_sm_mhz
+
+
+def is_throttled(sm_mhz: float | None, threshold_mhz: float | None) -> bool:
+    """A sample is throttled when its SM clock is known and strictly below the threshold."""
+    return sm_mhz is not None and threshold_mhz is not None and sm_mhz < threshold_mhz
+
+
+def calibration_base(arm: str) -> tuple[str, str] | None:
+    """('aa' or 'slow', base arm) for a calibration arm name, else None."""
+    for prefix in (AA_PREFIX, SLOW_PREFIX):
+        if arm.startswith(prefix):
+            return prefix[:-1], arm[len(prefix):]
+    return None
+
+
+@dataclass(frozen=True)
+class AACalibration:
+    """An A/A arm over the cases where it has a verdict against the control."""
+
+    n_cases: int
+    not_tie: int
+    false_positive_rate: float | None  # not_tie / n_cases
+    mean_ci_width: float | None  # mean of (ci_high - ci_low)
+
+
+@dataclass(frozen=True)
+class SlowCalibration:
+    """A slowed arm over the cases where it has a verdict against the control."""
+
+    n_cases: int
+    losses: int
+    power: float | None  # losses / n_cases
+
+
+def aa_calibration(verdicts: Sequence[str], cis: Sequence[Interval]) -> AACalibration:
+    if len(verdicts) != len(cis):
+        raise ValueError("verdicts and CIs must be aligned (same length)")
+    n = len(verdicts)
+    not_tie = sum(v != TIE for v in verdicts)
+    if not n:
+        return AACalibration(0, 0, None, None)
+    return AACalibration(n, not_tie, not_tie / n, float(np.mean([ci.high - ci.low for ci in cis])))
+
+
+def slow_calibration(verdicts: Sequence[str]) -> SlowCalibration:
+    n = len(verdicts)
+    losses = sum(v == LOSS for v in verdicts)
+    return SlowCalibration(n, losses, losses / n if n else None)
+
+
+def calibration_passed(
+    aa: Sequence[AACalibration], slow: Sequence[SlowCalibration], max_false_positive_rate: float, min_power: float
+) -> bool:
+    """Every A/A arm's false-positive rate <= the maximum and every slowed arm's power >= the minimum.
+
+    An arm with no compared case has no rate and fails; no calibration arm at all fails too.
+    """
+    if not aa and not slow:
+        return False
+    return all(a.false_positive_rate is not None and a.false_positive_rate <= max_false_positive_rate for a in aa) \
+        and all(s.power is not None and s.power >= min_power for s in slow)

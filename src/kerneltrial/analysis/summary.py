@@ -4,22 +4,33 @@ Reads plan.json, protocol.toml, correctness.jsonl, timings.csv and ceilings.csv 
 contract in docs/DESIGN.md, "Run directory: exact format") and computes the figures with
 `analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
 
-summary.json (schema `kerneltrial.summary/1`):
+summary.json (schema `kerneltrial.summary/2`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
-  control, tie_band, bootstrap, arms (copied from plan.json),
+  control, tie_band, bootstrap, arms (copied from plan.json), noise_rule (plan's, or null),
   ceilings: {copy_gbps, copy_samples, read_gbps, read_samples},
-  cases: [{case, shape, layout, dtype, bytes, calls, units_planned,
+  clocks: {max_sm_mhz, throttle_fraction, threshold_mhz, samples_with_clock, throttled_samples},
+  cases: [{case, shape, layout, dtype, bytes, calls, rounds, units_planned, injected_delay_ns,
            arms: {name: {kind, status, median_ns_per_call, n_samples, ci_units, speedup,
-                         ci_low, ci_high, verdict, gbps, pct_of_copy_ceiling, messages, reason}}}],
+                         ci_low, ci_high, verdict, gbps, pct_of_copy_ceiling, throttled_samples,
+                         spread, messages, reason}}}],
   aggregates: {arm: {n_cases, geomean, geomean_ci_low, geomean_ci_high, mean, worst,
                      worst_case, wins, ties, losses, failed_correctness}},
   gate: {rule, arms: {arm: {passed, reasons}}, passed_arms},
+  calibration (only when an `aa:`/`slow:` arm exists): {injected_slowdown,
+      max_false_positive_rate, min_power,
+      arms: {arm: {kind: "aa", base, n_cases, not_tie, false_positive_rate, mean_ci_width}
+                  or {kind: "slow", base, n_cases, losses, power}}, passed, sentence},
   warnings: [str],
   inputs_sha256: {file: sha256} of plan.json, correctness.jsonl, timings.csv, ceilings.csv
 `status` is `timed`, `failed correctness`, `unavailable` or `not timed` (no correctness check
 or no timing rows: an incomplete run). `ci_units` is the number of (seed, round) units shared
 with the control and used by the CI. Figures that do not apply (the control's own speedup,
 an untimed arm) are null. Medians are ns per call; GB/s is bytes per ns.
+`rounds` is the case's `rounds` in plan.json (the preregistered noise rule may have added
+rounds), else plan `rounds`. `spread` is (p90 - p10) / median of the arm's per-sample times;
+`throttled_samples` counts its samples whose SM clock was below `clocks.threshold_mhz`. The
+top-level clock counts are over every row of timings.csv. Schema 1 summaries (written before
+clocks, per-case rounds and calibration arms existed) lack these fields.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ import pandas as pd
 from kerneltrial.analysis import stats
 from kerneltrial.analysis.errors import RunDirError
 
-SCHEMA = "kerneltrial.summary/1"
+SCHEMA = "kerneltrial.summary/2"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -45,6 +56,7 @@ UNAVAILABLE = "unavailable"
 NOT_TIMED = "not timed"
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
+CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 
@@ -99,19 +111,33 @@ def load_run(run_dir: Path) -> RunFiles:
     plan = json.loads(_require(run_dir, "plan.json").read_text())
     correctness_path = _require(run_dir, "correctness.jsonl")
     correctness = [json.loads(line) for line in correctness_path.read_text().splitlines() if line.strip()]
-    timings = _read_csv(
-        _require(run_dir, "timings.csv"), TIMING_COLUMNS, {"case": str, "arm": str}
-    )
+    timings_path = _require(run_dir, "timings.csv")
+    timings = _read_csv(timings_path, TIMING_COLUMNS, {"case": str, "arm": str})
+    for column in CLOCK_COLUMNS:
+        if column not in timings.columns:
+            timings[column] = float("nan")  # a run directory from before clocks were recorded
+        try:
+            timings[column] = pd.to_numeric(timings[column]).astype(float)
+        except (TypeError, ValueError) as error:
+            raise RunDirError(f"{timings_path}: column {column} is not MHz or empty ({error})") from error
     ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
     return RunFiles(plan, hashlib.sha256(protocol_bytes).hexdigest(), correctness, timings, ceilings)
 
 
-def planned_units(plan: dict[str, Any]) -> int:
-    """Number of (seed, round) units the plan asks for; `seeds`/`rounds` may be a list or a count."""
-    seeds, rounds = plan["seeds"], plan["rounds"]
-    n_seeds = len(seeds) if isinstance(seeds, list) else int(seeds)
-    n_rounds = len(rounds) if isinstance(rounds, list) else int(rounds)
-    return n_seeds * n_rounds
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, list) else int(value)
+
+
+def case_rounds(plan: dict[str, Any], case: dict[str, Any] | None = None) -> int:
+    """Rounds run for a case: its own `rounds` (the noise rule may have added some), else plan `rounds`."""
+    if case is not None and case.get("rounds") is not None:
+        return int(case["rounds"])
+    return _count(plan["rounds"])
+
+
+def planned_units(plan: dict[str, Any], case: dict[str, Any] | None = None) -> int:
+    """Number of (seed, round) units of a case (or of the plan); `seeds`/`rounds` may be a list or a count."""
+    return _count(plan["seeds"]) * case_rounds(plan, case)
 
 
 def control_arm(plan: dict[str, Any]) -> str:
@@ -149,12 +175,12 @@ def _empty_entry(kind: str, status: str) -> dict[str, Any]:
     return {
         "kind": kind, "status": status, "median_ns_per_call": None, "n_samples": 0, "ci_units": None,
         "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "gbps": None,
-        "pct_of_copy_ceiling": None, "messages": [], "reason": None,
+        "pct_of_copy_ceiling": None, "throttled_samples": 0, "spread": None, "messages": [], "reason": None,
     }
 
 
 def _arm_entry(
-    arm: dict[str, Any], checks: list[dict[str, Any]], times: pd.Series | None,
+    arm: dict[str, Any], checks: list[dict[str, Any]], times: pd.Series | None, throttled: int,
     case: dict[str, Any], copy_ceiling: float | None,
 ) -> dict[str, Any]:
     """Status and per-arm figures of one (case, arm), speedup excluded."""
@@ -174,19 +200,23 @@ def _arm_entry(
         "n_samples": int(times.size),
         "gbps": achieved,
         "pct_of_copy_ceiling": None if copy_ceiling is None else stats.pct_of_ceiling(achieved, copy_ceiling),
+        "throttled_samples": throttled,
+        "spread": stats.relative_spread(times.to_numpy()),
     }
 
 
 def _case_summary(
-    run: RunFiles, series: dict[tuple[str, str], pd.Series], checks: dict[tuple[str, str], list[dict[str, Any]]],
-    case: dict[str, Any], control: str, copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
+    run: RunFiles, series: dict[tuple[str, str], pd.Series], throttled: dict[tuple[str, str], int],
+    checks: dict[tuple[str, str], list[dict[str, Any]]], case: dict[str, Any], control: str,
+    copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
 ) -> dict[str, Any]:
     case_id = str(case["case"])
     arms: dict[str, dict[str, Any]] = {}
     for arm in run.plan["arms"]:
         name = arm["name"]
         times = series.get((case_id, name))
-        entry = _arm_entry(arm, checks.get((case_id, name), []), times, case, copy_ceiling)
+        entry = _arm_entry(arm, checks.get((case_id, name), []), times, throttled.get((case_id, name), 0),
+                           case, copy_ceiling)
         if entry["status"] == NOT_TIMED:
             warnings.append(f"case {case_id}: arm {name} not timed: {entry['reason']}")
         if entry["status"] != TIMED and times is not None:
@@ -201,14 +231,36 @@ def _case_summary(
             if name != control:
                 _add_speedup(arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule, warnings)
 
-    units = planned_units(run.plan)
+    band = run.plan["tie_band"]
+    spread = arms[control]["spread"] if control in arms else None
+    if spread is not None and spread > band:
+        warnings.append(f"case {case_id}: control run-to-run spread {100 * spread:.1f}% exceeds the tie band "
+                        f"{100 * band:g}%")
+    rounds = case_rounds(run.plan, case)
+    _check_rounds(run.plan, case_id, rounds, warnings)
+    units = planned_units(run.plan, case)
     short = [name for name, times in timed.items() if times.size < units]
     if short:
         warnings.append(f"case {case_id}: arm(s) {short} have fewer than the {units} planned (seed, round) units")
     return {
         "case": case_id, "shape": case.get("shape"), "layout": case.get("layout"), "dtype": case.get("dtype"),
-        "bytes": case["bytes"], "calls": case["calls"], "units_planned": units, "arms": arms,
+        "bytes": case["bytes"], "calls": case["calls"], "rounds": rounds, "units_planned": units,
+        "injected_delay_ns": case.get("injected_delay_ns"), "arms": arms,
     }
+
+
+def _check_rounds(plan: dict[str, Any], case_id: str, rounds: int, warnings: list[str]) -> None:
+    """Rounds beyond the plan's are legitimate only when the preregistered noise rule added them."""
+    planned = _count(plan["rounds"])
+    rule = plan.get("noise_rule") or {}
+    if rounds < planned:
+        warnings.append(f"case {case_id}: plan.json says {rounds} rounds, fewer than the planned {planned}")
+    elif rounds > planned and rule.get("target_ci_width") is None:
+        warnings.append(f"case {case_id}: {rounds} rounds run but only {planned} planned and no noise rule "
+                        "(target_ci_width) allows more")
+    elif rule.get("max_rounds") is not None and rounds > planned and rounds > int(rule["max_rounds"]):
+        warnings.append(f"case {case_id}: {rounds} rounds run, more than the noise rule's max_rounds "
+                        f"{rule['max_rounds']}")
 
 
 def _add_speedup(
@@ -264,6 +316,73 @@ def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
     return stats.ceiling_gbps(rows["bytes"].to_numpy(), rows["ns"].to_numpy()), len(rows)
 
 
+def _clock_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> tuple[dict[str, Any], pd.Series]:
+    """Top-level `clocks` figures and a per-row throttled flag (over every row of timings.csv)."""
+    clocks = plan.get("clocks") or {}
+    max_sm = clocks.get("max_sm_mhz")
+    fraction = float(clocks.get("throttle_fraction", 0.9))
+    threshold = stats.throttle_threshold(max_sm, fraction)
+    sm = timings["sm_mhz"]
+    flags = pd.Series([stats.is_throttled(None if pd.isna(v) else float(v), threshold) for v in sm],
+                      index=timings.index, dtype=bool)
+    figures = {"max_sm_mhz": max_sm, "throttle_fraction": fraction, "threshold_mhz": threshold,
+               "samples_with_clock": int(sm.notna().sum()), "throttled_samples": int(flags.sum())}
+    if figures["throttled_samples"]:
+        warnings.append(f"{figures['throttled_samples']} of {len(timings)} timing samples were throttled: SM clock "
+                        f"below {threshold:g} MHz ({fraction:g} x max {max_sm} MHz); their times may be slow")
+    return figures, flags
+
+
+def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str,
+                 warnings: list[str]) -> dict[str, Any] | None:
+    """Calibration figures of the `aa:`/`slow:` arms (None when there are none)."""
+    found = [(arm["name"], stats.calibration_base(arm["name"])) for arm in plan["arms"]]
+    found = [(name, parsed) for name, parsed in found if parsed is not None]
+    if not found:
+        return None
+    settings = stats.CALIBRATION_DEFAULTS | (plan.get("calibration") or {})
+    arms: dict[str, Any] = {}
+    aa_figures, slow_figures = [], []
+    for name, (kind, base) in found:
+        if base != control:
+            warnings.append(f"calibration arm {name} is compared with the control {control}, not with {base}; "
+                            "its calibration figures do not measure what they claim")
+        compared = [c["arms"][name] for c in cases if c["arms"][name]["verdict"] is not None]
+        verdicts = [e["verdict"] for e in compared]
+        if kind == "aa":
+            figures = stats.aa_calibration(verdicts, [stats.Interval(e["ci_low"], e["ci_high"]) for e in compared])
+            aa_figures.append(figures)
+            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "not_tie": figures.not_tie,
+                          "false_positive_rate": figures.false_positive_rate, "mean_ci_width": figures.mean_ci_width}
+        else:
+            figures = stats.slow_calibration(verdicts)
+            slow_figures.append(figures)
+            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "losses": figures.losses,
+                          "power": figures.power}
+    max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
+    passed = stats.calibration_passed(aa_figures, slow_figures, max_fpr, min_power)
+    return {"injected_slowdown": float(settings["injected_slowdown"]), "max_false_positive_rate": max_fpr,
+            "min_power": min_power, "arms": arms, "passed": passed,
+            "sentence": calibration_sentence(arms, passed, float(settings["injected_slowdown"]), max_fpr, min_power)}
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def calibration_sentence(arms: dict[str, Any], passed: bool, injected_slowdown: float,
+                         max_fpr: float, min_power: float) -> str:
+    """One sentence saying whether the timing method told A from A and caught an injected slowdown."""
+    parts = [f"A/A arm {name} was called different from its copy in {f['not_tie']} of {f['n_cases']} case(s) "
+             f"(false-positive rate {_pct(f['false_positive_rate'])}, at most {_pct(max_fpr)} allowed; "
+             f"mean CI width {'n/a' if f['mean_ci_width'] is None else format(f['mean_ci_width'], '.4f')})"
+             for name, f in arms.items() if f["kind"] == "aa"]
+    parts += [f"slowed arm {name} ({_pct(injected_slowdown)} injected) was called a loss in {f['losses']} of "
+              f"{f['n_cases']} case(s) (power {_pct(f['power'])}, at least {_pct(min_power)} required)"
+              for name, f in arms.items() if f["kind"] == "slow"]
+    return f"Calibration {'passed' if passed else 'FAILED'}: " + "; ".join(parts) + "."
+
+
 def build_summary(run_dir: Path) -> dict[str, Any]:
     """Compute every figure of a kernel run directory (does not write anything)."""
     run_dir = Path(run_dir)
@@ -285,11 +404,16 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     read_gbps, read_n = _ceiling(run.ceilings, "read")
     if copy_gbps is None:
         warnings.append("ceilings.csv has no copy samples; % of copy ceiling is not available")
+    clocks, flags = _clock_figures(plan, run.timings, warnings)
+    throttled = {(str(case), str(arm)): int(n) for (case, arm), n in
+                 run.timings.assign(throttled=flags).groupby(["case", "arm"], sort=False)["throttled"].sum().items()}
     series = unit_series(run.timings)
     checks = correctness_by_case_arm(run.correctness)
-    cases = [_case_summary(run, series, checks, case, control, copy_gbps, rule, warnings) for case in plan["cases"]]
+    cases = [_case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, warnings)
+             for case in plan["cases"]]
     aggregates, gate = _aggregates_and_gate(cases, plan, control, rule)
-    return {
+    calibration = _calibration(plan, cases, control, warnings)
+    summary = {
         "schema": SCHEMA,
         "protocol_sha256": run.protocol_sha256,
         "backend": plan["backend"],
@@ -301,13 +425,18 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "tie_band": plan["tie_band"],
         "bootstrap": {"resamples": rule.resamples, "seed": rule.seed, "confidence": rule.confidence},
         "arms": plan["arms"],
+        "noise_rule": plan.get("noise_rule"),
         "ceilings": {"copy_gbps": copy_gbps, "copy_samples": copy_n, "read_gbps": read_gbps, "read_samples": read_n},
+        "clocks": clocks,
         "cases": cases,
         "aggregates": aggregates,
         "gate": gate,
         "warnings": warnings,
         "inputs_sha256": {name: _sha256(run_dir / name) for name in INPUT_FILES},
     }
+    if calibration is not None:
+        summary["calibration"] = calibration
+    return summary
 
 
 def write_summary(run_dir: Path, overwrite: bool = False) -> Path:

@@ -7,8 +7,12 @@ one thing shared by necessity is numpy's generator, because the contract defines
 bootstrap resamples as `numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`.
 
 Checks: protocol hash in provenance/plan/summary; one timing row per expected
-(case, seed, round, arm) and nothing else; correctness coverage and consistency; every
-figure in summary.json (floats to a relative 1e-9).
+(case, seed, round, arm) and nothing else, with each case's own rounds (which only the
+preregistered noise rule may raise above plan `rounds`); correctness coverage and
+consistency; every figure in summary.json (floats to a relative 1e-9), including the clock
+counts, run-to-run spreads, calibration figures and the warnings those must raise.
+A schema-1 summary (written before clocks, per-case rounds and calibration arms existed) is
+accepted without those figures only when the raw files have none of those fields either.
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ import numpy as np
 from kerneltrial.analysis.errors import RunDirError
 
 REL_TOL = 1e-9
-FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", "ci_low", "ci_high",
-                 "verdict", "gbps", "pct_of_copy_ceiling")
+BASE_FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", "ci_low", "ci_high",
+                      "verdict", "gbps", "pct_of_copy_ceiling")
+FIGURE_FIELDS = (*BASE_FIGURE_FIELDS, "throttled_samples", "spread")
+LEGACY_SCHEMA = "kerneltrial.summary/1"
+CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
+CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
@@ -92,13 +100,18 @@ class Sample:
     arm: str
     calls: int
     ns: float
+    sm_mhz: float | None = None  # None: no clock reading (column absent or empty)
+
+
+def _mhz(text: str | None) -> float | None:
+    return None if text is None or text.strip() == "" else float(text)
 
 
 def _samples(run_dir: Path) -> list[Sample]:
     rows = _read_csv_rows(run_dir, "timings.csv", ["case", "seed", "round", "position", "arm", "calls", "ns"])
     try:
         return [Sample(r["case"], int(r["seed"]), int(r["round"]), int(r["position"]), r["arm"],
-                       int(r["calls"]), float(r["ns"])) for r in rows]
+                       int(r["calls"]), float(r["ns"]), _mhz(r.get("sm_mhz"))) for r in rows]
     except (TypeError, ValueError) as error:
         raise RunDirError(f"{run_dir / 'timings.csv'}: unparsable row ({error})") from error
 
@@ -106,6 +119,27 @@ def _samples(run_dir: Path) -> list[Sample]:
 def _as_list(value: Any) -> list[int]:
     """plan `seeds`/`rounds`: a list of values, or a count meaning 0..count-1."""
     return [int(v) for v in value] if isinstance(value, list) else list(range(int(value)))
+
+
+def _rounds_of(plan: dict[str, Any], case: dict[str, Any]) -> list[int]:
+    """Rounds of one case: its own `rounds` count when plan.json has one, else plan `rounds`."""
+    return _as_list(case["rounds"] if case.get("rounds") is not None else plan["rounds"])
+
+
+def _threshold(plan: dict[str, Any]) -> tuple[Any, float, float | None]:
+    """(max_sm_mhz, throttle_fraction, threshold MHz or None) from plan `clocks`."""
+    clocks = plan.get("clocks") or {}
+    top, fraction = clocks.get("max_sm_mhz"), float(clocks.get("throttle_fraction", 0.9))
+    return top, fraction, (None if top is None else fraction * float(top))
+
+
+def _throttled(sample: Sample, threshold: float | None) -> bool:
+    return threshold is not None and sample.sm_mhz is not None and sample.sm_mhz < threshold
+
+
+def _calibration_arm(name: str) -> tuple[str, str] | None:
+    kind, sep, base = name.partition(":")
+    return (kind, base) if kind in ("aa", "slow") and sep else None
 
 
 # ---------------------------------------------------------------- arithmetic (own implementations)
@@ -124,12 +158,18 @@ def _row_medians(matrix: np.ndarray) -> np.ndarray:
     return ordered[:, mid] if n % 2 else (ordered[:, mid - 1] + ordered[:, mid]) / 2
 
 
-def _quantile(sorted_values: np.ndarray, q: float) -> float:
+def _quantile(sorted_values: np.ndarray | list[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default method), written out."""
     h = (len(sorted_values) - 1) * q
     lo = math.floor(h)
     hi = min(lo + 1, len(sorted_values) - 1)
     return float(sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo]))
+
+
+def _spread(values: list[float]) -> float:
+    """(p10 .. p90 range) / median, quantiles by linear interpolation between closest ranks."""
+    ordered = sorted(values)
+    return (_quantile(ordered, 0.9) - _quantile(ordered, 0.1)) / _median(ordered)
 
 
 def _percentile_ci(statistics: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -224,8 +264,30 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
     outcome = _correctness_outcome(plan, correctness, result)
     _check_rows(plan, samples, outcome, result)
-    _check_figures(plan, summary, samples, outcome, ceiling_rows, result)
+    legacy = _check_schema(plan, summary, samples, result)
+    _check_figures(plan, summary, samples, outcome, ceiling_rows, result, legacy)
     return result
+
+
+def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> bool:
+    """True for a schema-1 summary, which is accepted only for raw files without the newer fields."""
+    schema = summary.get("schema")
+    if schema != LEGACY_SCHEMA:
+        result.add("summary schema", [] if schema == "kerneltrial.summary/2" else
+                   [f"summary schema {schema!r} is not kerneltrial.summary/2 (or /1)"], f"{schema}")
+        return False
+    newer = []
+    if any(s.sm_mhz is not None for s in samples):
+        newer.append("timings.csv has sm_mhz readings")
+    if any(c.get("rounds") is not None and len(_rounds_of(plan, c)) != len(_as_list(plan["rounds"]))
+           for c in plan["cases"]):
+        newer.append("plan.json cases have their own rounds")
+    if any(_calibration_arm(a["name"]) for a in plan["arms"]):
+        newer.append("plan.json has aa:/slow: calibration arms")
+    result.add("summary schema", [f"{LEGACY_SCHEMA} summary lacks the figures for raw data it must cover: "
+                                  + "; ".join(newer)] if newer else [],
+               f"{LEGACY_SCHEMA}: no clock, per-case rounds or calibration data to check")
+    return True
 
 
 def _changed_inputs(run_dir: Path, recorded: dict[str, str]) -> list[str]:
@@ -272,9 +334,10 @@ def _correctness_outcome(
 
 def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
                 result: VerifyResult) -> None:
+    rounds = {str(c["case"]): _rounds_of(plan, c) for c in plan["cases"]}
     expected = {(case, seed, rnd, arm)
                 for (case, arm), state in outcome.items() if state == "passed"
-                for seed in _as_list(plan["seeds"]) for rnd in _as_list(plan["rounds"])}
+                for seed in _as_list(plan["seeds"]) for rnd in rounds[case]}
     counts: dict[tuple[str, int, int, str], int] = {}
     for s in samples:
         counts[(s.case, s.seed, s.round, s.arm)] = counts.get((s.case, s.seed, s.round, s.arm), 0) + 1
@@ -292,6 +355,8 @@ def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple
     if bad_ns:
         problems.append(f"{len(bad_ns)} row(s) with non-positive or non-finite ns, e.g. {bad_ns[0]}")
     result.add("timing rows", problems, f"{len(samples)} rows, each expected (case, seed, round, arm) exactly once")
+    result.add("rounds per case", _rounds_problems(plan),
+               "rounds per case: " + ", ".join(f"{case} {len(r)}" for case, r in rounds.items()))
 
     failed_but_timed = sorted({(s.case, s.arm) for s in samples if outcome.get((s.case, s.arm)) == "failed"})
     result.add("correctness consistency",
@@ -299,9 +364,26 @@ def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple
                "no arm is timed in a case where it failed correctness")
 
 
+def _rounds_problems(plan: dict[str, Any]) -> list[str]:
+    """A case may run more rounds than planned only under the preregistered noise rule, up to max_rounds."""
+    planned = len(_as_list(plan["rounds"]))
+    rule = plan.get("noise_rule") or {}
+    problems = []
+    for case in plan["cases"]:
+        n = len(_rounds_of(plan, case))
+        if n < planned:
+            problems.append(f"case {case['case']}: {n} rounds, fewer than the planned {planned}")
+        elif n > planned and rule.get("target_ci_width") is None:
+            problems.append(f"case {case['case']}: {n} rounds but {planned} planned and no noise rule "
+                            "(noise_rule.target_ci_width) allows extra rounds")
+        elif n > planned and rule.get("max_rounds") is not None and n > int(rule["max_rounds"]):
+            problems.append(f"case {case['case']}: {n} rounds exceed the noise rule's max_rounds {rule['max_rounds']}")
+    return problems
+
+
 def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
                    outcome: dict[tuple[str, str], str], ceiling_rows: list[dict[str, str]],
-                   result: VerifyResult) -> None:
+                   result: VerifyResult, legacy: bool = False) -> None:
     band = float(plan["tie_band"])
     bootstrap = plan["bootstrap"]
     control = next((a["name"] for a in plan["arms"] if a["kind"] == "control"), None)
@@ -312,8 +394,13 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
                f"backend {plan['backend']}, is_gpu {plan['is_gpu']}, control {control}")
 
     per_unit: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+    throttled: dict[tuple[str, str], int] = {}
+    _, _, threshold = _threshold(plan)
     for s in samples:
         per_unit.setdefault((s.case, s.arm), {})[(s.seed, s.round)] = s.ns / s.calls
+        throttled[(s.case, s.arm)] = throttled.get((s.case, s.arm), 0) + _throttled(s, threshold)
+    if not legacy:
+        _check_clocks(plan, summary, samples, result)
     copy = _ceiling_median(ceiling_rows, "copy")
     recorded_ceilings = summary.get("ceilings", {})
     result.add("ceilings", _diff("ceilings", recorded_ceilings,
@@ -327,10 +414,20 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
                [f"summary cases {list(recorded_cases)} != plan cases {plan_cases}"], f"{len(plan_cases)} cases")
 
     speedups: dict[str, list[tuple[str, float, str]]] = {}
+    intervals: dict[str, list[tuple[float, float]]] = {}
     failures: dict[str, int] = {}
+    fields = BASE_FIGURE_FIELDS if legacy else FIGURE_FIELDS
+    spread_warnings: list[str] = []
     for case in plan["cases"]:
         case_id = str(case["case"])
         recorded = recorded_cases.get(case_id, {}).get("arms", {})
+        if not legacy:
+            n_rounds = len(_rounds_of(plan, case))
+            result.add(f"case header case={case_id}", _diff(
+                f"case {case_id}", recorded_cases.get(case_id, {}),
+                {"rounds": n_rounds, "units_planned": n_rounds * len(_as_list(plan["seeds"])),
+                 "injected_delay_ns": case.get("injected_delay_ns")}, ("rounds", "units_planned", "injected_delay_ns")),
+                f"{n_rounds} rounds")
         control_times = per_unit.get((case_id, control)) if outcome.get((case_id, control)) == "passed" else None
         for arm in plan["arms"]:
             name = arm["name"]
@@ -338,18 +435,90 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
             failures[name] = failures.get(name, 0) + (state == "failed")
             times = per_unit.get((case_id, name)) if state == "passed" else None
             figures = _arm_figures(case, times, control_times if name != control else None, copy, bootstrap, band)
+            figures["throttled_samples"] = throttled.get((case_id, name), 0) if times else 0
+            figures["spread"] = _spread(list(times.values())) if times else None
             if figures["speedup"] is not None:
                 speedups.setdefault(name, []).append((case_id, figures["speedup"], figures["verdict"]))
+                intervals.setdefault(name, []).append((figures["ci_low"], figures["ci_high"]))
+            if name == control and figures["spread"] is not None and figures["spread"] > band:
+                spread_warnings.append(f"case {case_id}: control run-to-run spread {100 * figures['spread']:.1f}% "
+                                       f"exceeds the tie band {100 * band:g}%")
             status = STATUS_OF[state] if times or state != "passed" else "not timed"
             result.add(f"figures case={case_id} arm={name}",
-                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, status),
+                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, status, fields),
                        _describe(figures, status))
 
+    if not legacy:
+        missing = [w for w in spread_warnings if w not in summary.get("warnings", [])]
+        result.add("spread warnings", [f"summary warnings lack {w!r}" for w in missing],
+                   f"{len(spread_warnings)} case(s) with control spread above the tie band, each warned")
+        _check_calibration(plan, summary, control, speedups, intervals, result)
     _check_aggregates(plan, summary, control, speedups, failures, bootstrap, result)
 
 
-def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], status: str) -> list[str]:
-    problems = _diff(where, entry, figures, FIGURE_FIELDS)
+def _check_clocks(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> None:
+    top, fraction, threshold = _threshold(plan)
+    flagged = sum(_throttled(s, threshold) for s in samples)
+    figures = {"max_sm_mhz": top, "throttle_fraction": fraction, "threshold_mhz": threshold,
+               "samples_with_clock": sum(s.sm_mhz is not None for s in samples), "throttled_samples": flagged}
+    problems = _diff("clocks", summary.get("clocks") or {}, figures, CLOCK_FIELDS)
+    if flagged and not any(w.startswith(f"{flagged} of {len(samples)} timing samples were throttled")
+                           and f"{threshold:g} MHz" in w for w in summary.get("warnings", [])):
+        problems.append(f"summary warnings do not say {flagged} of {len(samples)} samples were throttled "
+                        f"below {threshold:g} MHz")
+    result.add("clocks", problems, f"{figures['samples_with_clock']} samples with a clock reading, {flagged} "
+               f"throttled (threshold {threshold} MHz)")
+
+
+def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
+                       speedups: dict[str, list[tuple[str, float, str]]],
+                       intervals: dict[str, list[tuple[float, float]]], result: VerifyResult) -> None:
+    arms = [(a["name"], _calibration_arm(a["name"])) for a in plan["arms"]]
+    arms = [(name, parsed) for name, parsed in arms if parsed]
+    recorded = summary.get("calibration")
+    if not arms:
+        result.add("calibration", [] if recorded is None else ["summary has a calibration section but plan.json "
+                                                               "has no aa:/slow: arm"], "no calibration arms")
+        return
+    if not isinstance(recorded, dict):
+        result.add("calibration", ["summary has no calibration section for the aa:/slow: arms"], "")
+        return
+    settings = {**CALIBRATION_DEFAULTS, **(plan.get("calibration") or {})}
+    max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
+    problems = _diff("calibration", recorded, {"injected_slowdown": float(settings["injected_slowdown"]),
+                                               "max_false_positive_rate": max_fpr, "min_power": min_power},
+                     ("injected_slowdown", "max_false_positive_rate", "min_power"))
+    passed = True
+    recorded_arms = recorded.get("arms") or {}
+    for name, (kind, base) in arms:
+        verdicts = [v for _, _, v in speedups.get(name, [])]
+        n = len(verdicts)
+        if kind == "aa":
+            not_tie = sum(v != "tie" for v in verdicts)
+            widths = [high - low for low, high in intervals.get(name, [])]
+            figures = {"kind": kind, "base": base, "n_cases": n, "not_tie": not_tie,
+                       "false_positive_rate": not_tie / n if n else None,
+                       "mean_ci_width": math.fsum(widths) / n if n else None}
+            passed = passed and n > 0 and figures["false_positive_rate"] <= max_fpr
+        else:
+            losses = verdicts.count("loss")
+            figures = {"kind": kind, "base": base, "n_cases": n, "losses": losses, "power": losses / n if n else None}
+            passed = passed and n > 0 and figures["power"] >= min_power
+        problems += _diff(f"calibration {name}", recorded_arms.get(name) or {}, figures, tuple(figures))
+    extra = sorted(set(recorded_arms) - {name for name, _ in arms})
+    if extra:
+        problems.append(f"calibration lists arms that are not aa:/slow: arms of plan.json: {extra}")
+    if recorded.get("passed") is not passed:
+        problems.append(f"calibration passed: summary {recorded.get('passed')!r} != recomputed {passed}")
+    word = "passed" if passed else "FAILED"
+    if not str(recorded.get("sentence", "")).startswith(f"Calibration {word}"):
+        problems.append(f"calibration sentence {recorded.get('sentence')!r} does not start 'Calibration {word}'")
+    result.add("calibration", problems, f"calibration {word}: " + ", ".join(name for name, _ in arms))
+
+
+def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], status: str,
+                    fields: tuple[str, ...] = FIGURE_FIELDS) -> list[str]:
+    problems = _diff(where, entry, figures, fields)
     if entry.get("status") != status:
         problems.append(f"{where} status: summary {entry.get('status')!r} != {status!r}")
     return problems
@@ -373,7 +542,7 @@ def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | Non
                  control_times: dict[tuple[int, int], float] | None, copy: float | None,
                  bootstrap: dict[str, Any], band: float) -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(FIGURE_FIELDS)
-    figures["n_samples"] = 0
+    figures.update(n_samples=0, throttled_samples=0)
     if not times:
         return figures
     med = _median(list(times.values()))
