@@ -1,0 +1,360 @@
+"""Fused residual add + RMSNorm, in place with vLLM semantics: plain and Gemma flavours.
+
+    fused_add_rmsnorm(x, residual, weight, eps) -> None
+        residual <- (x.f32 + residual.f32).to(dtype)
+        x        <- (r.f32 * rsqrt(mean(r.f32^2) + eps)).to(dtype) * w
+    gemma_fused_add_rmsnorm(x, residual, weight, eps) -> None
+        residual <- (x.f32 + residual.f32).to(dtype)
+        x        <- (r.f32 * rsqrt(mean(r.f32^2) + eps) * (1 + w.f32)).to(dtype)
+
+where r is the *stored* (dtype-rounded) residual: both normalise what they store, as vLLM's
+fused_add_rms_norm kernel does. The Gemma rounding follows vLLM's GemmaRMSNorm.forward_static
+for bf16: `x + residual` in the dtype (the only rounding before the end), the statistics and
+`(1.0 + weight.float())` in fp32, one rounding to the dtype at the store. The plain flavour
+rounds the normalised value before the weight, like ops/rms_norm.py's `rmsnorm` (its
+`apply_weight` helper is shared).
+
+Bytes moved: read x, residual and weight, write x and residual: (4 * numel + N) * itemsize.
+
+Kernels (bounded grid of at most launch.MAX_GRID programs, grid-stride loop over the work):
+- `_fused_add_rms_norm_rows`: BLOCK_ROWS rows per step, each row in one BLOCK_N block
+  (next power of two >= N) held in registers: load x and residual once, store residual and
+  x once. BLOCK_ROWS=1 without the vector hint is the control geometry; BLOCK_ROWS>1 packs
+  narrow rows so a step moves enough bytes. A `max_programs` cap turns it persistent
+  (programs loop over rows, the weight loaded once per program).
+- `_fused_add_rms_norm_wide`: one row per step in BLOCK_N chunks, two passes: the first
+  sums the squares of the rounded sum, the second re-reads x and residual (mostly from
+  L2), recomputes the sum and stores both outputs. Recomputing avoids reading back values
+  the program itself just stored.
+Vector hint (every candidate, not the control): width and row strides are passed in units
+of VEC, the largest power of two <= 16 bytes that divides them all, so Triton can emit
+16-byte accesses for widths it does not specialise itself (3000 = 8 * 375 gets
+ld.global.v4 instead of 2-byte loads on sm_90).
+In place is safe: every element is loaded before it is stored, by the one program that owns
+its row. x and residual must be viewable as [rows, N] with unit stride in N (contiguous or
+row-strided); any other layout is refused, since an in-place kernel cannot write through a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltrial.ops import inputs as inp
+from kerneltrial.ops import launch
+from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
+from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, add_impl, register_impl, register_op
+from kerneltrial.ops.rms_norm import apply_weight
+
+LAYOUTS = ("contiguous", "row_strided")
+PACKINGS = ((2, 8), (4, 8), (8, 4))  # (rows per step, warps) of the packed candidates
+ROW_WARPS = (4, 16)  # fixed warps of the one-row-per-step candidates
+PERSISTENT_WAVES = 4  # programs per SM of the persistent candidate
+WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
+WIDE_THRESHOLD = 16384
+STEP_ELEMENTS = 4096  # the dispatcher packs narrow rows up to this many elements per step
+MAX_ROWS_PER_STEP = 64
+
+
+@triton.jit
+def _load_weight(W, cols, mask, GEMMA: tl.constexpr):
+    """The weight as fp32: w, or (1 + w) for Gemma."""
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = w + 1.0
+    return w
+
+
+@triton.jit
+def _add(x_ptrs, r_ptrs, mask):
+    """The residual sum rounded to the dtype (what is stored), and its fp32 value."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    r = tl.load(r_ptrs, mask=mask, other=0.0)
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    return s, s.to(tl.float32)
+
+
+@triton.jit
+def _fused_add_rms_norm_rows(
+    X, R, W, n_rows, x_stride_vecs, r_stride_vecs, n_vecs, eps,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, VEC: tl.constexpr,
+):
+    N, x_stride, r_stride = n_vecs * VEC, x_stride_vecs * VEC, r_stride_vecs * VEC
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = _load_weight(W, cols, col_mask, GEMMA)[None, :]
+    n_steps = tl.cdiv(n_rows, BLOCK_ROWS)
+    for step in range(tl.program_id(0), n_steps, tl.num_programs(0)):
+        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        x_ptrs = X + rows[:, None] * x_stride + cols[None, :]
+        r_ptrs = R + rows[:, None] * r_stride + cols[None, :]
+        s, sf = _add(x_ptrs, r_ptrs, mask)
+        tl.store(r_ptrs, s, mask=mask)
+        rstd = tl.rsqrt(tl.sum(sf * sf, axis=1) / N + eps)
+        tl.store(x_ptrs, apply_weight(sf * rstd[:, None], w, s.dtype, not GEMMA), mask=mask)
+
+
+@triton.jit
+def _fused_add_rms_norm_wide(
+    X, R, W, n_rows, x_stride_vecs, r_stride_vecs, n_vecs, eps,
+    BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, VEC: tl.constexpr,
+):
+    N, x_stride, r_stride = n_vecs * VEC, x_stride_vecs * VEC, r_stride_vecs * VEC
+    cols = tl.arange(0, BLOCK_N)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * x_stride
+        r_row = R + tl.cast(row, tl.int64) * r_stride
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            _, sf = _add(x_row + start + cols, r_row + start + cols, start + cols < N)
+            acc += sf * sf
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        for start in range(0, N, BLOCK_N):
+            mask = start + cols < N
+            s, sf = _add(x_row + start + cols, r_row + start + cols, mask)
+            w = _load_weight(W, start + cols, mask, GEMMA)
+            tl.store(r_row + start + cols, s, mask=mask)
+            tl.store(x_row + start + cols, apply_weight(sf * rstd, w, s.dtype, not GEMMA), mask=mask)
+
+
+# ---- launches ---------------------------------------------------------------------------
+
+def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """`t` [..., N] as a [rows, N] view with unit stride in N, or ValueError (never a copy)."""
+    try:
+        rows = t.view(-1, t.shape[-1])
+    except RuntimeError:
+        rows = None
+    if rows is None or (rows.stride(-1) != 1 and t.shape[-1] > 1):
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be written in place "
+            "as [rows, N] with unit stride in N; pass a contiguous or row-strided tensor"
+        )
+    return rows
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 for the CPU interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def vector_width(x: torch.Tensor, *rows: torch.Tensor) -> int:
+    """Elements per 16-byte vector that divide the row width and every row stride (a power
+    of two, 1 at worst). The kernels take width and strides in units of it, so Triton knows
+    their alignment and can vectorise widths it does not specialise (e.g. 3000: 8 divides
+    it, 16 does not)."""
+    vec = 16 // x.element_size()
+    while vec > 1 and any(k % vec for k in (x.shape[-1], *(r.stride(0) for r in rows))):
+        vec //= 2
+    return vec
+
+
+def fused_add_rms_norm_rows(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+    block_rows: int = 1, num_warps: int | None = None, max_programs: int | None = None,
+    vectorise: bool = True,
+) -> None:
+    """Launch `_fused_add_rms_norm_rows`: `block_rows` rows per step; `max_programs` caps the
+    grid below MAX_GRID (persistent programs); `vectorise` passes the `vector_width` hint
+    (the control goes without: block_rows=1, vectorise=False is the reference geometry)."""
+    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    n_rows, n = xr.shape
+    vec = vector_width(x, xr, rr) if vectorise else 1
+    block_n = launch.next_pow2(n)
+    n_steps = triton.cdiv(n_rows, block_rows)
+    grid = launch.bounded_grid(min(n_steps, max_programs or n_steps))
+    _fused_add_rms_norm_rows[grid](
+        xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
+        BLOCK_ROWS=block_rows, BLOCK_N=block_n, GEMMA=gemma, VEC=vec,
+        num_warps=num_warps or launch.row_warps(block_n * block_rows),
+    )
+
+
+def fused_add_rms_norm_wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    """Launch `_fused_add_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
+    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    n_rows, n = xr.shape
+    vec = vector_width(x, xr, rr)
+    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
+    _fused_add_rms_norm_wide[launch.bounded_grid(n_rows)](
+        xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
+        BLOCK_N=block_n, GEMMA=gemma, VEC=vec, num_warps=launch.row_warps(block_n),
+    )
+
+
+def choose_rows_per_step(n: int) -> int:
+    """Rows per step for the dispatcher: pack narrow rows up to STEP_ELEMENTS elements per step."""
+    return max(1, min(MAX_ROWS_PER_STEP, STEP_ELEMENTS // launch.next_pow2(n)))
+
+
+def fused_add_rms_norm_auto(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    """The exported entry point: rows wider than WIDE_THRESHOLD go to the wide kernel; the rest
+    to the rows kernel with `choose_rows_per_step` rows per step and launch.row_warps warps."""
+    n = x.shape[-1]
+    if n > WIDE_THRESHOLD:
+        fused_add_rms_norm_wide(x, residual, weight, eps, gemma)
+    else:
+        fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows=choose_rows_per_step(n))
+
+
+# ---- semantics --------------------------------------------------------------------------
+
+def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+    gen = inp.generator(seed, device)
+    x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    residual = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
+    return {"x": x, "residual": residual, "weight": weight, "eps": 1e-6}
+
+
+def reference_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    s = (x.float() + residual.float()).to(x.dtype)
+    sf = s.float()
+    normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return normed * weight, s
+
+
+def reference_gemma(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    s = (x.float() + residual.float()).to(x.dtype)
+    sf = s.float()
+    return (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype), s
+
+
+def _oracle(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64: the exact sum for residual; x normalises the stored (dtype-rounded) sum."""
+    stored = (x.double() + residual.double()).to(x.dtype).double()
+    normed = stored * torch.rsqrt(stored.pow(2).mean(-1, keepdim=True) + eps)
+    return normed * (offset + weight.double()), x.double() + residual.double()
+
+
+def oracle(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    return _oracle(x, residual, weight, eps, 0.0)
+
+
+def oracle_gemma(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    return _oracle(x, residual, weight, eps, 1.0)
+
+
+def eager_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    """In-place torch code as users write it."""
+    residual.add_(x)
+    r = residual.float()
+    x.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight)
+
+
+def eager_gemma(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    """In-place torch code as users write it (vLLM GemmaRMSNorm.forward_static, then written back)."""
+    residual.add_(x)
+    r = residual.float()
+    x.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype))
+
+
+def bytes_moved(case: Case) -> int:
+    """Read x, residual and weight; write x and residual."""
+    size = torch.empty((), dtype=case.torch_dtype).element_size()
+    return (4 * inp.numel(case.shape) + case.shape[-1]) * size
+
+
+SMALL = (
+    Case((1, 64)), Case((5, 5120)), Case((11, 1536)), Case((2, 3, 200)), Case((2, 20000)),
+)
+GPU = (
+    Case((1, 2048)), Case((64, 2048)), Case((2048, 2048)), Case((4096, 2048)), Case((16384, 2048)),
+    Case((4096, 4096)), Case((4096, 5120)), Case((4096, 8192)), Case((1000, 3000)),
+)
+
+
+# ---- peers ------------------------------------------------------------------------------
+
+def liger_in_place(casting_mode: int, offset: float) -> Callable[[object], Callable[..., None]]:
+    """Adapter for Liger-Kernel 0.8.5's `_fused_add_rms_norm_forward_kernel`, launched as its
+    `fused_add_rms_norm_forward` launches it (one row per program, calculate_settings,
+    num_stages 2, an fp32 rstd buffer) but with its outputs Y and S aliased to x and residual.
+    Liger's public function returns new tensors; copying them back would charge Liger two
+    extra passes that its users do not pay. Aliasing is safe: each program loads its row
+    before storing it. Casting modes (Liger's constants): 0 = llama, 1 = gemma."""
+
+    def adapt(kernel: object) -> Callable[..., None]:
+        from liger_kernel.ops.utils import calculate_settings
+
+        def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+            xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+            n_rows, n = xr.shape
+            block, warps = calculate_settings(n)
+            rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+            kernel[(n_rows,)](  # type: ignore[index]
+                xr, xr.stride(0), rr, rr.stride(0), xr, xr.stride(0), rr, rr.stride(0),
+                weight, weight.stride(0), rstd, rstd.stride(0), n, eps, offset, casting_mode,
+                BLOCK_SIZE=block, num_warps=warps, num_stages=2,
+            )
+
+        return run
+
+    return adapt
+
+
+def flaggems_in_place(fn: Callable[..., object]) -> Callable[..., None]:
+    """FlagGems `fused_add_rms_norm(x, residual, normalized_shape, weight, eps)`, in place.
+    It normalises the unrounded fp32 sum and rounds once after the weight (the generic
+    flag_gems.fused version); it calls .contiguous() on its inputs, so it writes in place
+    only for contiguous tensors: registered for the contiguous layout alone."""
+
+    def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        fn(x, residual, [x.shape[-1]], weight, eps)
+
+    return run
+
+
+def _register(name: str, signature: str, doc: str, reference: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+              oracle_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], eager: Callable[..., None], gemma: bool) -> None:
+    register_op(Operator(
+        name=name, signature=signature, doc=doc, layouts=LAYOUTS, make_inputs=make_inputs,
+        reference=reference, oracle=oracle_fn, bytes_moved=bytes_moved,
+        small_cases=SMALL, gpu_cases=GPU, inplace=("x", "residual"),
+    ))
+
+    def rows(block_rows: int = 1, num_warps: int | None = None,
+             max_programs: Callable[[torch.device], int] | None = None, vectorise: bool = True) -> Callable[..., None]:
+        def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+            cap = max_programs(x.device) if max_programs else None
+            fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows, num_warps, cap, vectorise)
+        return run
+
+    def wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        fused_add_rms_norm_wide(x, residual, weight, eps, gemma)
+
+    def auto(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        fused_add_rms_norm_auto(x, residual, weight, eps, gemma)
+
+    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(rows(vectorise=False))
+    for block_rows, warps in PACKINGS:
+        register_impl(name, f"packed_r{block_rows}_w{warps}", doc=f"{block_rows} rows per step, {warps} warps")(rows(block_rows, warps))
+    for warps in ROW_WARPS:
+        register_impl(name, f"row_w{warps}", doc=f"one row per step, {warps} warps")(rows(1, warps))
+    register_impl(name, "persistent", doc=f"one row per step, {PERSISTENT_WAVES} programs per SM looping over rows")(
+        rows(max_programs=lambda device: PERSISTENT_WAVES * sm_count(device)))
+    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(wide)
+    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(auto)
+
+    register_peers(
+        name, eager,
+        liger=liger_loader("liger_kernel.ops.fused_add_rms_norm", "_fused_add_rms_norm_forward_kernel",
+                           liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0)),
+    )
+    if not gemma:  # FlagGems 5.0.2 has no Gemma (1 + w) fused add
+        add_impl(Impl(op=name, name="flaggems", kind="peer", loader=flaggems_loader("fused_add_rms_norm", flaggems_in_place),
+                      doc="FlagGems (contiguous only: it writes into .contiguous() copies)", layouts=("contiguous",)))
+
+
+_register("fused_add_rmsnorm", "fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
+          "in place: residual = x + residual; x = rmsnorm(residual), bf16 rounding before the weight",
+          reference_fused_add_rmsnorm, oracle, eager_fused_add_rmsnorm, gemma=False)
+_register("gemma_fused_add_rmsnorm", "gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
+          "in place: residual = x + residual; x = rmsnorm(residual) * (1 + w), fp32 to the store",
+          reference_gemma, oracle_gemma, eager_gemma, gemma=True)
