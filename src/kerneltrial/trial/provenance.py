@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
@@ -39,6 +40,9 @@ def git_state(repo: Path) -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
+    if commit is None and os.environ.get("KERNELTRIAL_SOURCE_COMMIT"):
+        # A copy of the tree without .git (e.g. shipped to a GPU machine): the sender names the commit.
+        return {"commit": os.environ["KERNELTRIAL_SOURCE_COMMIT"], "dirty": None, "source": "KERNELTRIAL_SOURCE_COMMIT"}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
