@@ -152,3 +152,77 @@ def test_gate_rejects_wrong_tie_semantics(wrong, layout):
     result = check(OP, _arm(wrong.__name__, wrong), Case((4, 5120), layout=layout), seed=3, device=launch.device())
     assert not result.passed
     assert result.message.startswith("output differs from the reference")
+
+
+ONE_LAUNCH = [name for name in KERNELS if name.startswith(("stream_", "split1_"))]
+
+
+def test_one_launch_arms_are_registered():
+    assert set(ONE_LAUNCH) == {"stream_c8192_w8", "stream_c16384_w16", "split1_p256_c1024_w4"}
+
+
+def counters_are_zero() -> bool:
+    return all(int(c.abs().sum()) == 0 for c in sa._COUNTERS.values())
+
+
+def planted_rows(seed: int, n: int = 40000) -> tuple[torch.Tensor, list[int]]:
+    """Rows whose answers sit in different spans of every one-launch geometry: ties across
+    spans (the first span's copy wins, listed later or earlier), and saturated pairs in both
+    orders (400 then 500: the earlier 400 wins; 500 then 400: the earlier 500 wins)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (sa.LOGIT_SCALE * torch.randn(6, n, generator=gen)).to(torch.bfloat16)
+    low, high = sa.SATURATED
+    want = []
+    for row, positions in enumerate([(17000, 3, 33000), (1023, 1024, 39999), (0, 16384, 32768)]):
+        logits[row, list(positions)] = logits[row].max() + 1
+        want.append(min(positions))
+    shift = seed % 7  # a different answer on every call
+    pairs = [  # (earlier position, its logit, later position, its logit); row 5: one 16384-span
+        (8000, low, 30000, high), (9000, high, 31000, low), (2000, low, 12000, high)]
+    for row, (a, first, b, second) in enumerate(pairs, start=3):
+        logits[row, a + shift], logits[row, b + shift] = first, second
+        want.append(a + shift)
+    return logits, want
+
+
+@pytest.mark.parametrize("name", ONE_LAUNCH)
+def test_one_launch_merge_is_exact_and_resets_its_counters(name):
+    """Ties and saturation ties across spans; two calls in a row on different inputs both
+    answer correctly (the last span left every counter at 0 for the next call)."""
+    fn = OP.impl(name).resolve()
+    for seed in (1, 2, 3):
+        logits, want = planted_rows(seed)
+        assert expected(logits).tolist() == want
+        assert fn(logits, sa.CAP).tolist() == want, (name, seed)
+        assert counters_are_zero(), name
+    # a strided view and a different row count share the cached counters
+    wide = sa.make_inputs(Case((5, 20000), layout="row_strided"), seed=9, device=torch.device("cpu"))["logits"]
+    assert fn(wide, sa.CAP).tolist() == expected(wide).tolist()
+    assert counters_are_zero()
+
+
+@pytest.mark.parametrize("name", ONE_LAUNCH)
+def test_one_launch_merge_with_many_items_per_program(name, monkeypatch):
+    """A grid of 3 programs walks every span of every row: each program merges the rows whose
+    last ticket it draws, and the counters still end at 0."""
+    monkeypatch.setattr(launch, "MAX_GRID", 3)
+    logits = sa.make_inputs(Case((7, 9000)), seed=4, device=torch.device("cpu"))["logits"]
+    for _ in range(2):
+        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == expected(logits).tolist()
+        assert counters_are_zero()
+
+
+def test_stream_geometry_keeps_the_grid_near_its_program_count():
+    for rows, parts in ((1, 264), (64, 4), (256, 1), (2048, 1)):
+        assert sa.stream_parts(rows, 264) == parts
+    assert sa.span_geometry(262144, sa.stream_parts(1, 264), 8192)[:2] == (32, 8192)
+    assert sa.span_geometry(262144, sa.stream_parts(64, 132), 16384)[:2] == (2, 131072)
+    assert sa.span_geometry(262144, 256, 1024)[0] == 256
+
+
+@pytest.mark.parametrize("shape", [(1, 262144), (3, 5120), (2, 1536)])
+@pytest.mark.parametrize("name", ONE_LAUNCH)
+def test_gate_passes_one_launch_arms(shape, name):
+    result = check(OP, OP.impl(name), Case(shape), seed=12, device=launch.device())
+    assert result.passed, result.message
+    assert counters_are_zero()

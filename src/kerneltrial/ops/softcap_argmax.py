@@ -39,6 +39,19 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
   writes a partial (max capped value, first index) and `_merge_parts` (one tiny launch)
   keeps, per row, the smallest index among the equal maxima: exact and deterministic,
   no atomics.
+- `_argmax_stream` (the `stream_*` and `split1_*` candidates): the same span walk and
+  tanh skip, in one launch. The next chunk's load is issued before the current chunk is
+  reduced (software prefetch: a chunk is always in flight while the previous one is
+  examined), and the chunks are large (8192-16384 elements, 16-64 bytes of loads per
+  thread). Spans per row are chosen so the grid stays within `programs` work items (the
+  resident slots: one wave, no partial last wave from the split), whole spans per program. With several spans per row, each span stores its partial (max capped
+  value, first index), then takes a ticket from a per-row int32 counter (atomic add,
+  acq_rel, after a CTA barrier); the span that draws the last ticket reads the row's
+  partials (bypassing L1), keeps the smallest index among the equal maxima, writes the
+  answer and resets the counter to 0. The merge is exact and deterministic (the result
+  does not depend on which span finishes last). The counters are a zeroed buffer cached
+  per (device, stream) that every call leaves zeroed again; partials come from torch.empty
+  per call (each is written before it is read).
 """
 
 from __future__ import annotations
@@ -68,6 +81,11 @@ ROWS_SKIP = ((4096, 8), (8192, 16))  # (chunk, warps) of the one-span-per-row ca
 TARGET_PROGRAMS = 1056  # dispatcher: work items to launch (8 per SM of a 132-SM H200)
 NARROW = 4096  # dispatcher: rows up to this wide are packed
 MAX_PARTS = 1024  # the merge reads every partial of a row in one block
+# (chunk, warps, programs) of the stream candidates: programs = resident slots on a 132-SM
+# H200, from ptxas -v (sm_90a, triton 3.9 PTX): 128 registers per thread at both chunk sizes,
+# so 2 programs of 8 warps or 1 of 16 warps fit an SM (32 KB of loads in flight per SM each).
+STREAMS = ((8192, 8, 264), (16384, 16, 132))
+SPLIT1 = ((256, 1024, 4),)  # (spans per row, chunk, warps) of the one-launch split candidates
 
 
 @triton.jit
@@ -157,6 +175,54 @@ def _merge_parts(VAL, IDX, OUT, n_rows, n_parts, BLOCK_ROWS: tl.constexpr, BLOCK
         tl.store(OUT + rows, first.to(tl.int64), mask=rows < n_rows)
 
 
+@triton.jit
+def _argmax_stream(
+    X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    parts = tl.arange(0, BLOCK_P)
+    for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
+        row = item // n_parts
+        lo = (item - row * n_parts) * span
+        hi = tl.minimum(lo + span, N)
+        x_row = X + tl.cast(row, tl.int64) * stride
+        best = tl.full((), float("-inf"), tl.float32)  # largest capped value of the span so far
+        best_idx = lo  # its first index
+        seen = tl.full((), float("-inf"), tl.float32)  # largest raw logit of the span so far
+        x = tl.load(x_row + lo + cols, mask=lo + cols < hi, other=float("-inf"))
+        for start in range(lo, hi, BLOCK_N):
+            nxt = start + BLOCK_N + cols  # prefetch: issued before this chunk is examined
+            x_next = tl.load(x_row + nxt, mask=nxt < hi, other=float("-inf"))
+            xf = x.to(tl.float32)  # masked lanes hold -inf
+            x_top = tl.max(xf, axis=0)
+            if x_top > seen:  # only such a chunk can hold a strictly larger capped value
+                idx = start + cols
+                v = tl.where(idx < hi, softcap(xf, cap, inv_cap), float("-inf"))
+                v_top = tl.max(v, axis=0)
+                first = tl.min(tl.where(v == v_top, idx, hi), axis=0)
+                best_idx = tl.where(v_top > best, first, best_idx)
+                best = tl.maximum(best, v_top)
+                seen = x_top
+            x = x_next
+        if MERGE:
+            tl.store(VAL + item, best)
+            tl.store(IDX + item, best_idx)
+            tl.debug_barrier()  # the partial is written before the ticket is taken
+            ticket = tl.atomic_add(CNT + row, 1, sem="acq_rel", scope="gpu")
+            if ticket == n_parts - 1:  # every other span of the row has published its partial
+                offs = tl.cast(row, tl.int64) * n_parts + parts
+                pmask = parts < n_parts
+                v = tl.load(VAL + offs, mask=pmask, other=float("-inf"), cache_modifier=".cg")
+                i = tl.load(IDX + offs, mask=pmask, other=2147483647, cache_modifier=".cg")
+                top = tl.max(v, axis=0)
+                first = tl.min(tl.where(pmask & (v == top), i, 2147483647), axis=0)
+                tl.store(OUT + row, first.to(tl.int64))
+                tl.atomic_xchg(CNT + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
+        else:
+            tl.store(OUT + row, best_idx.to(tl.int64))
+
+
 def argmax_rows(logits: torch.Tensor, cap: float, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
     """Launch `_argmax_rows`: `block_rows` rows per step (1 = the control geometry)."""
     rows = launch.as_rows(logits)
@@ -200,6 +266,50 @@ def argmax_split(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 
         _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
             val, idx, out, n_rows, n_parts, BLOCK_ROWS=block_rows, BLOCK_P=block_p, num_warps=4,
         )
+    return out.view(logits.shape[:-1])
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def merge_counters(n_rows: int, device: torch.device) -> torch.Tensor:
+    """Per-row int32 ticket counters, zero between calls: one buffer per (device, stream),
+    allocated zeroed (torch.zeros, never poisoned) and grown on demand; `_argmax_stream`
+    leaves every counter it touched at 0 again (the last span of a row resets it)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    cnt = _COUNTERS.get(key)
+    if cnt is None or cnt.numel() < n_rows:
+        cnt = torch.zeros(launch.next_pow2(max(n_rows, 64)), dtype=torch.int32, device=device)
+        _COUNTERS[key] = cnt
+    return cnt
+
+
+def stream_parts(n_rows: int, programs: int) -> int:
+    """Spans per row for a grid of about `programs` whole-span work items: never more items
+    than `programs` once rows alone reach it (no partial last wave from the split)."""
+    return max(1, programs // n_rows)
+
+
+def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8,
+                  programs: int | None = None) -> torch.Tensor:
+    """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
+    as keep the grid near `programs` work items), merged in the same launch by the last span."""
+    rows = launch.as_rows(logits)
+    n_rows, n = rows.shape
+    if programs is not None:
+        parts = stream_parts(n_rows, programs)
+    n_parts, span, chunk = span_geometry(n, parts, chunk)
+    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+    items = n_rows * n_parts
+    merge = n_parts > 1
+    val = torch.empty(items if merge else 1, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(items if merge else 1, dtype=torch.int32, device=logits.device)
+    cnt = merge_counters(n_rows, logits.device) if merge else idx
+    _argmax_stream[launch.bounded_grid(items)](
+        rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
+        BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps,
+    )
     return out.view(logits.shape[:-1])
 
 
@@ -297,6 +407,14 @@ for _chunk, _warps in ROWS_SKIP:
 for _parts, _chunk, _warps in SPLITS:
     register_impl(NAME, f"split_p{_parts}_c{_chunk}_w{_warps}", doc=f"up to {_parts} spans per row, then an exact merge")(
         partial(argmax_split, parts=_parts, chunk=_chunk, num_warps=_warps))
+for _chunk, _warps, _programs in STREAMS:
+    register_impl(NAME, f"stream_c{_chunk}_w{_warps}",
+                  doc=f"one launch, ~{_programs} span items, {_chunk}-chunks prefetched, last span merges")(
+        partial(argmax_stream, chunk=_chunk, num_warps=_warps, programs=_programs))
+for _parts, _chunk, _warps in SPLIT1:
+    register_impl(NAME, f"split1_p{_parts}_c{_chunk}_w{_warps}",
+                  doc=f"one launch, up to {_parts} spans per row, the last span merges (atomic ticket)")(
+        partial(argmax_stream, parts=_parts, chunk=_chunk, num_warps=_warps))
 register_impl(NAME, "kerneltrial", doc="dispatch by shape (exported entry point)")(softcap_row_argmax)
 
 
