@@ -72,8 +72,9 @@ def test_edge_shapes(op, name, shape, device):
 
 def test_more_than_65535_rows_through_the_packed_dispatcher(op, launches, device):
     passes(op, op.impl("kerneltrial"), Case((70000, 8)), device)
-    (grid, args), = launches
-    assert args[2] == 70000 and grid[0] <= launch.MAX_GRID
+    assert launches, "the dispatcher launched no kernel"
+    for grid, args in launches:  # the gate calls the arm several times (warm-up, anti-cheat calls)
+        assert args[2] == 70000 and grid[0] <= launch.MAX_GRID
 
 
 @pytest.mark.parametrize("name", KERNELS)

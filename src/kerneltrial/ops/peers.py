@@ -33,12 +33,19 @@ def require_cuda(package: str) -> None:
         raise Unavailable(f"{package} needs a CUDA device; none is visible")
 
 
-def compiled(fn: Callable[..., Any]) -> Loader:
-    """torch.compile of the eager formula (static shapes: one graph per shape, as users deploy)."""
+def compiled(fn: Callable[..., Any], require_gpu: bool = True) -> Loader:
+    """torch.compile of the eager formula (static shapes: one graph per shape, as users deploy).
+
+    A peer of a GPU kernel is inductor's GPU (Triton) code; without a GPU inductor compiles
+    C++ for the CPU instead, a different compiler (torch 2.13's fails on our in-place bf16
+    reductions with `KeyError: 'buf1'`), so the peer is unavailable there unless
+    `require_gpu=False` (tests use that to exercise the gate with a compiled callable)."""
 
     def load() -> Callable[..., Any]:
         if not hasattr(torch, "compile"):
             raise Unavailable("this torch has no torch.compile")
+        if require_gpu and not torch.cuda.is_available():
+            raise Unavailable("torch.compile peers run on a GPU (inductor's Triton code); none is visible")
         return torch.compile(fn, dynamic=False)
 
     return load
