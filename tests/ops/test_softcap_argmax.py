@@ -226,3 +226,15 @@ def test_gate_passes_one_launch_arms(shape, name):
     result = check(OP, OP.impl(name), Case(shape), seed=12, device=launch.device())
     assert result.passed, result.message
     assert counters_are_zero()
+
+
+def test_dispatcher_streams_from_stream_rows_up(monkeypatch):
+    """The measured rule: >= STREAM_ROWS wide rows go to the one-launch streaming kernel."""
+    routed = []
+    monkeypatch.setattr(sa, "argmax_stream", lambda logits, cap, **kw: routed.append(("stream", kw)) or logits[:, 0].long())
+    monkeypatch.setattr(sa, "argmax_split", lambda logits, cap, **kw: routed.append(("split", kw)) or logits[:, 0].long())
+    wide = sa.NARROW + 1
+    sa.softcap_row_argmax(torch.zeros(sa.STREAM_ROWS, wide), 30.0)
+    sa.softcap_row_argmax(torch.zeros(sa.STREAM_ROWS - 1, wide), 30.0)
+    assert [kind for kind, _ in routed] == ["stream", "split"]
+    assert routed[0][1]["programs"] == sa.STREAMS[0][2]

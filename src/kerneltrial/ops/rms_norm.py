@@ -30,6 +30,12 @@ LAYOUTS = ("contiguous", "row_strided")
 PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
 WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
 WIDE_THRESHOLD = 16384
+# rmsnorm_fp32 (no rounding before the weight) from FP32_WIDE_FROM columns on. Data:
+# results/h200/rmsnorm_fp32-wide-rows (cold L2): the two-pass kernel beat the one-block row
+# kernel at 4096x5120 (29.5 vs 36.3 us), 4096x8192 (41.0 vs 45.1), 2048x14336 (41.8 vs 46.7)
+# and tied at 1024x16384; at 2048 and 4096 columns (results/h200/rmsnorm_fp32) the row
+# kernel is at 86-91% of the copy ceiling, so it stays there.
+FP32_WIDE_FROM = 5120
 
 
 @triton.jit
@@ -113,9 +119,9 @@ def choose_rows_per_step(n: int) -> int:
 
 
 def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
-    """The exported entry point: picks the kernel by row width."""
+    """The exported entry point: picks the kernel by row width (and, for fp32 rounding, FP32_WIDE_FROM)."""
     n = x.shape[-1]
-    if n > WIDE_THRESHOLD:
+    if n > WIDE_THRESHOLD or (not round_before_weight and n >= FP32_WIDE_FROM):
         return rms_norm_wide(x, weight, eps, round_before_weight)
     return rms_norm_rows(x, weight, eps, round_before_weight, block_rows=choose_rows_per_step(n))
 

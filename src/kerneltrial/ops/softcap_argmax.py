@@ -322,12 +322,25 @@ def choose_split(n_rows: int, n: int) -> tuple[int, int, int]:
     return parts, 1024, 4
 
 
+# From STREAM_ROWS rows up, the one-launch streaming kernel (STREAMS[0]) is the dispatcher's
+# choice. Data: results/h200/softcap_row_argmax-stream-rerun (cold L2) measured it at 25.6 us
+# against 34.0 us for the split path at 64 x 262144 and 53.1 against 73.2 us at 256 x 262144,
+# and tied at 2048 x 130560 (187 against 186 us); below 64 rows both it and the split path
+# were bimodal on that machine (spreads above 50%), so the split path measured in
+# results/h200/softcap_row_argmax (7.7 us at 1 row) stays there.
+STREAM_ROWS = 64
+
+
 def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
-    """The exported entry point: packs rows up to NARROW wide; splits wider rows into
-    spans so that about TARGET_PROGRAMS work items run (one span per row when rows are many)."""
+    """The exported entry point: packs rows up to NARROW wide; streams STREAM_ROWS rows or
+    more with the one-launch kernel; splits fewer, wider rows into spans so that about
+    TARGET_PROGRAMS work items run."""
     n_rows, n = launch.as_rows(logits).shape
     if n <= NARROW:
         return argmax_rows(logits, cap, block_rows=max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))))
+    if n_rows >= STREAM_ROWS:
+        chunk, warps, programs = STREAMS[0]
+        return argmax_stream(logits, cap, chunk=chunk, num_warps=warps, programs=programs)
     parts, chunk, warps = choose_split(n_rows, n)
     return argmax_split(logits, cap, parts=parts, chunk=chunk, num_warps=warps)
 

@@ -1,0 +1,39 @@
+"""RMSNorm specifics: the dispatcher's measured rules, > 65535 rows, the grid-stride loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kerneltrial.ops import launch
+from kerneltrial.ops import rms_norm as rn
+from kerneltrial.ops.registry import Case, get_op
+from kerneltrial.trial.gate import check
+
+
+@pytest.mark.parametrize(
+    "n,round_before_weight,expected",
+    [(2048, True, "rows"), (14336, True, "rows"), (20000, True, "wide"),
+     (4096, False, "rows"), (5120, False, "wide"), (14336, False, "wide")],
+)
+def test_dispatcher_rules(monkeypatch, n, round_before_weight, expected):
+    routed = []
+    monkeypatch.setattr(rn, "rms_norm_rows", lambda x, *a, **k: routed.append("rows") or x)
+    monkeypatch.setattr(rn, "rms_norm_wide", lambda x, *a, **k: routed.append("wide") or x)
+    rn.rms_norm_auto(torch.zeros(2, n), torch.ones(n), 1e-6, round_before_weight)
+    assert routed == [expected]
+
+
+def test_more_than_65535_rows_through_packed_rows(device):
+    op = get_op("rmsnorm")
+    result = check(op, op.impl("packed_r16_w8"), Case((65600, 8)), seed=0, device=device, thorough=False)
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("name", ["control", "packed_r4_w4", "wide", "kerneltrial"])
+def test_grid_stride_loop_covers_every_row(monkeypatch, name, device):
+    monkeypatch.setattr(launch, "MAX_GRID", 3)
+    for op_name in ("rmsnorm", "rmsnorm_fp32"):
+        op = get_op(op_name)
+        result = check(op, op.impl(name), Case((11, 300), layout="row_strided"), seed=1, device=device)
+        assert result.passed, f"{op_name}/{name}: {result.message}"
