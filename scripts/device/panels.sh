@@ -2,12 +2,12 @@
 # into $OUT/runs.tar.gz. Usage: bash scripts/device/panels.sh SECONDS_EACH NAME[=OUTNAME]...
 # NAME is a protocol under protocols/ without .toml (OUTNAME: another run directory name,
 # e.g. a re-run after a change); "calibration" runs the A/A calibration; "check" runs the
-# correctness gate on every operator at a realistic shape, output kept in results/h200/checks/.
+# correctness gate on every operator at a realistic shape, output kept in results/h200-checks/.
 # An unfinished run directory already in results/h200/ (carried back from an earlier
 # call) is resumed, not restarted.
 . scripts/device/setup.sh || exit 1
 limit=$1; shift
-mkdir -p results/h200/checks $OUT/logs
+mkdir -p results/h200 results/h200-checks $OUT/logs
 for arg in "$@"; do
   name=${arg%%=*}; out=results/h200/${arg#*=}
   if [ "$name" = check ]; then  # every operator and implementation (peers too) at realistic shapes
@@ -15,9 +15,9 @@ for arg in "$@"; do
                 sigmoid_gate_mul:4096x2048 silu_and_mul:4096x12288 zimage_qk_rmsnorm:4096x30x128 \
                 zimage_qk_rmsnorm_pair:4096x30x128 softcap_row_argmax:64x262144 softcap_row_argmax:1x262144; do
       op=${spec%%:*}; shape=${spec#*:}
-      timeout $limit python3 -m kerneltrial.cli check $op --shape $shape --seeds 2 --jsonl results/h200/checks/$op-$shape.jsonl \
-        > results/h200/checks/$op-$shape.txt 2>&1
-      echo "check $op $shape: rc=$? $(tail -1 results/h200/checks/$op-$shape.txt)"
+      timeout $limit python3 -m kerneltrial.cli check $op --shape $shape --seeds 2 --jsonl results/h200-checks/$op-$shape.jsonl \
+        > results/h200-checks/$op-$shape.txt 2>&1
+      echo "check $op $shape: rc=$? $(tail -1 results/h200-checks/$op-$shape.txt)"
     done
     continue
   fi
@@ -33,4 +33,4 @@ for arg in "$@"; do
   echo "$name: rc=$? in $(( $(date +%s) - start ))s"; tail -2 $OUT/logs/$name.log
   [ -f $out/summary.json ] && python3 -m kerneltrial.cli verify $out | tail -1
 done
-tar czf $OUT/runs.tar.gz results/h200 && ls -la $OUT
+tar czf $OUT/runs.tar.gz results/h200 results/h200-checks && ls -la $OUT

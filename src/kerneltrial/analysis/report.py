@@ -371,14 +371,14 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
         worst = min(rows, key=lambda r: r["ratio"])
         largest = max(summary["cases"], key=lambda c: c["bytes"])
         pct = largest["arms"].get(OURS, {}).get("pct_of_copy_ceiling")
-        body.append([f"`{operator_name(run_dir, summary)}`", str(len(rows)), f"{geomean:.3f}",
+        body.append([f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)", str(len(rows)), f"{geomean:.3f}",
                      f"{worst['ratio']:.3f} (`{worst['case']}` vs `{worst['peer']}`)", _num(pct, ".1f") + f" (`{largest['case']}`)"])
     if not body:
         return []
     return ["## Overview: `kerneltrial` against the fastest installed peer", "",
             "Ratio = the fastest peer's median / our entry point's median, per case (> 1: ours is faster); "
             "derived from the medians in each run's summary.json.", ""] + _table(
-        ["operator", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"], body) + [""]
+        ["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"], body) + [""]
 
 
 def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
