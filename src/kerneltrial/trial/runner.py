@@ -45,17 +45,33 @@ class RunError(RuntimeError):
 
 @dataclass(frozen=True)
 class RunDir:
+    """The files of a kernel run directory (docs/DESIGN.md, "Run directory")."""
+
     root: Path
 
-    def __getattr__(self, name: str) -> Path:
-        files = {
-            "protocol": "protocol.toml", "provenance": "provenance.json", "plan": "plan.json",
-            "correctness": "correctness.jsonl", "ceilings": "ceilings.csv", "timings": "timings.csv",
-            "summary": "summary.json",
-        }
-        if name not in files:
-            raise AttributeError(name)
-        return self.root / files[name]
+    @property
+    def protocol(self) -> Path:
+        return self.root / "protocol.toml"
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / "provenance.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def correctness(self) -> Path:
+        return self.root / "correctness.jsonl"
+
+    @property
+    def ceilings(self) -> Path:
+        return self.root / "ceilings.csv"
+
+    @property
+    def timings(self) -> Path:
+        return self.root / "timings.csv"
 
 
 def trim_partial_line(path: Path) -> None:
