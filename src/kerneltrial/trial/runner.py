@@ -336,7 +336,8 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                    and widest_ci(p, p.control, mine) > p.target_ci_width):
                 cases[case.id]["rounds"] = rounds = rounds + 1
                 write_json(run.plan, plan)  # before measuring: a resumed run expects this round
-                progress.update(task, total=progress.tasks[task].total + len(arms) * len(p.seeds)) if hasattr(progress, "tasks") else None
+                if hasattr(progress, "tasks"):  # a rich Progress: the bar grows with the added round
+                    progress.update(task, total=progress.tasks[task].total + len(arms) * len(p.seeds))
                 time_units(case_index, case, arms, range(rounds - 1, rounds))
                 mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
@@ -446,7 +447,4 @@ class _NoProgress:
         return 0
 
     def advance(self, *_: Any, **__: Any) -> None:
-        return None
-
-    def update(self, *_: Any, **__: Any) -> None:
         return None
