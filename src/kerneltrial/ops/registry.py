@@ -60,6 +60,11 @@ class Case:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of the case's dtype."""
+        return self.torch_dtype.itemsize
+
 
 @dataclass(frozen=True)
 class Tolerance:
