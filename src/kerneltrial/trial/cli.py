@@ -56,14 +56,19 @@ def ops() -> None:
     from kerneltrial.ops.launch import interpreted
     from kerneltrial.ops.registry import all_ops
 
-    table = Table(title="operators" + (" (Triton interpreter: no GPU visible)" if interpreted() else ""))
-    for column in ("operator", "signature", "layouts", "implementations", "unavailable here"):
-        table.add_column(column)
+    if interpreted():
+        console.print("[yellow]No GPU visible: kernels run through the Triton interpreter.[/yellow]")
     for op in all_ops():
-        available = [f"{i.name}" + ("" if i.kind in ("control", "candidate") else f" ({i.kind})") for i in op.impls.values() if i.available]
-        missing = [f"{i.name}: {i.reason}" for i in op.impls.values() if not i.available]
-        table.add_row(op.name, op.signature, ", ".join(op.layouts), "\n".join(available), "\n".join(missing) or "-")
-    console.print(table)
+        impls = list(op.impls.values())
+        ours = [i.name for i in impls if i.available and i.kind in ("control", "candidate")]
+        others = [f"{i.name} ({i.kind})" for i in impls if i.available and i.kind not in ("control", "candidate")]
+        missing = [f"{i.name} ({i.reason})" for i in impls if not i.available]
+        console.print(f"[bold]{op.signature}[/bold]  layouts: {', '.join(op.layouts)}", highlight=False)
+        console.print(f"  ours: {', '.join(ours)}", highlight=False)
+        if others:
+            console.print(f"  peers and user arms: {', '.join(others)}", highlight=False)
+        if missing:
+            console.print(f"  unavailable here: {'; '.join(missing)}", highlight=False)
 
 
 @one_line_errors
