@@ -32,3 +32,16 @@ def test_missing_peer_is_skipped_with_a_reason(peer):
     assert impl.reason
     result = check(get_op("rmsnorm"), impl, Case((2, 32)), seed=0, device=torch.device("cpu"))
     assert not result.passed and result.message.startswith("unavailable:")
+
+
+def test_a_compiled_peer_never_falls_back_to_eager_after_eight_shapes():
+    """Dynamo's default recompile limit (8) silently ran eager code from the ninth shape on."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    fn = compiled(lambda x: x * 2, require_gpu=False, backend="eager")()
+    torch._dynamo.reset()
+    counters.clear()
+    for n in range(1, 13):
+        assert torch.equal(fn(torch.ones(n)), torch.full((n,), 2.0))
+    assert counters["stats"]["unique_graphs"] == 12  # one graph per shape, none run eagerly

@@ -33,20 +33,40 @@ def require_cuda(package: str) -> None:
         raise Unavailable(f"{package} needs a CUDA device; none is visible")
 
 
-def compiled(fn: Callable[..., Any], require_gpu: bool = True) -> Loader:
+RECOMPILE_LIMIT = 1024  # distinct shapes one compiled peer may serve in a process
+
+
+def allow_many_shapes() -> None:
+    """A trial compiles one graph per case. Dynamo's default recompile limit (8) would make a
+    compiled peer silently fall back to eager from the ninth shape on, timing torch eager
+    under the name torch_compile; raise the limit and make hitting it an error instead."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 4 * RECOMPILE_LIMIT))
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(config, name):
+            setattr(config, name, True)
+
+
+def compiled(fn: Callable[..., Any], require_gpu: bool = True, backend: str = "inductor") -> Loader:
     """torch.compile of the eager formula (static shapes: one graph per shape, as users deploy).
 
     A peer of a GPU kernel is inductor's GPU (Triton) code; without a GPU inductor compiles
     C++ for the CPU instead, a different compiler (torch 2.13's fails on our in-place bf16
     reductions with `KeyError: 'buf1'`), so the peer is unavailable there unless
-    `require_gpu=False` (tests use that to exercise the gate with a compiled callable)."""
+    `require_gpu=False` (tests use that, with backend "eager", to exercise dynamo cheaply)."""
 
     def load() -> Callable[..., Any]:
         if not hasattr(torch, "compile"):
             raise Unavailable("this torch has no torch.compile")
         if require_gpu and not torch.cuda.is_available():
             raise Unavailable("torch.compile peers run on a GPU (inductor's Triton code); none is visible")
-        return torch.compile(fn, dynamic=False)
+        allow_many_shapes()
+        return torch.compile(fn, dynamic=False, backend=backend)
 
     return load
 
