@@ -24,6 +24,8 @@ shape = [4, 64]
         ("tie_band = -0.1\n", "tie_band"),
         ("calls_per_sample = 0\n", "calls_per_sample"),
         ("seeds = [1, 1]\n", "seeds"),
+        ('gate = "no_loss and no_loss"\n', "gate"),
+        ('gate = "geomean>=0"\n', "gate"),
         ("colour = 3\n", "colour"),
         ('phase = "confirmation"\nexploratory_seeds = [0]\nseeds = [0, 5]\n', "seeds"),
         ('phase = "confirmation"\nseeds = [5]\n', "exploratory_seeds"),
@@ -76,3 +78,8 @@ def test_new_writes_a_valid_protocol():
     text = proto.new("rmsnorm", "x", ["wide"], [Case((8, 32))], seeds=[3], rounds=4)
     parsed = proto.parse(text)
     assert parsed.cases[0].shape == [8, 32] and parsed.rounds == 4 and parsed.seeds == [3]
+
+
+def test_a_case_listed_twice_is_refused():
+    with pytest.raises(proto.ProtocolError, match="listed twice"):
+        proto.parse(BASE + "[[cases]]\nshape = [4, 64]\n")

@@ -59,7 +59,7 @@ def test_end_to_end(tmp_path):
     plan = json.loads((run / "plan.json").read_text())
     assert plan["is_gpu"] is False and "NOT GPU" in plan["timing_label"]
     result = verify_run_dir(run)
-    assert result.ok, [c for c in result.checks if not c[1]]
+    assert result.ok, result.failures
     report = write_report(run)
     text = report.read_text()
     assert "NOT GPU performance" in text and "packed_r4_w4" in text
@@ -100,3 +100,41 @@ def test_sigkill_then_resume_completes_rows(tmp_path):
     assert len(keys) == len(set(keys)) == 96
     assert set(partial) <= set(keys)
     assert verify_run_dir(out).ok
+
+
+def test_provenance_records_freeze_and_module_hashes(tmp_path):
+    from kerneltrial.trial import protocol as proto
+
+    protocol = write_protocol(tmp_path)
+    proto.freeze(protocol)
+    run = run_trial(protocol, tmp_path / "run")
+    record = json.loads((run / "provenance.json").read_text())
+    assert record["freeze"]["sha256"] == proto.sha256_of(protocol)
+    [(spec, digest)] = record["impl_modules"].items()
+    assert spec.endswith("wrong_rmsnorm.py") and len(digest) == 64
+
+
+def test_resume_refuses_a_changed_kernel_module(tmp_path):
+    module = tmp_path / "wrong_rmsnorm.py"
+    module.write_text((REPO / "tests" / "fixtures" / "wrong_rmsnorm.py").read_text())
+    protocol = tmp_path / "p.toml"
+    protocol.write_text(PROTOCOL.format(module=module, rounds=3))
+    out = tmp_path / "run"
+    run = run_trial(protocol, out)
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance["finished_at"] = None  # as if killed before the end
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    module.write_text(module.read_text() + "\n# edited\n")
+    with pytest.raises(RunError, match="kernel module changed"):
+        run_trial(protocol, out, resume=True)
+
+
+def test_resume_after_the_summary_was_written_finishes(tmp_path):
+    protocol = write_protocol(tmp_path)
+    run = run_trial(protocol, tmp_path / "run")
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance["finished_at"] = None  # killed between summary.json and the provenance update
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    run_trial(protocol, run, resume=True)
+    assert json.loads((run / "provenance.json").read_text())["finished_at"]
+    assert verify_run_dir(run).ok

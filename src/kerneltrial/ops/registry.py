@@ -136,6 +136,7 @@ class Operator:
     dtypes: tuple[str, ...] = ("bfloat16",)
     inplace: tuple[str, ...] = ()
     exact: bool = False  # integer outputs compared exactly (e.g. argmax indices)
+    shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or 
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     impls: dict[str, Impl] = field(default_factory=dict)
 
@@ -151,6 +152,16 @@ class Operator:
             f"{self.name}: an implementation returned {type(returned).__name__}; "
             f"expected a tensor ({self.signature})"
         )
+
+    def validate(self, case: Case) -> None:
+        """Refuse a case the operator cannot take, with a message that names the fix."""
+        if case.dtype not in self.dtypes:
+            raise RegistryError(f"{self.name} takes dtype {', '.join(self.dtypes)}, not {case.dtype!r}")
+        if case.layout not in self.layouts:
+            raise RegistryError(f"{self.name} has no layout {case.layout!r}; use one of {', '.join(self.layouts)}")
+        complaint = self.shape_rule(case.shape) if self.shape_rule else ""
+        if complaint:
+            raise RegistryError(f"{self.name}: shape {'x'.join(map(str, case.shape))} {complaint}")
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]

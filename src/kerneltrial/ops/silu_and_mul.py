@@ -144,6 +144,7 @@ register_op(Operator(
     name=NAME, signature="silu_and_mul(x) -> Tensor", doc=__doc__.split("\n")[0],
     layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
     bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU,
+    shape_rule=lambda shape: "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)",
 ))
 
 register_impl(NAME, "control", kind="control", doc="one row per program, next-pow2 block")(silu_and_mul_tiles)

@@ -409,6 +409,7 @@ register_op(Operator(
     doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
     layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
     bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU, exact=True,
+    shape_rule=lambda shape: "" if len(shape) == 2 and shape[-1] >= 2 else "must be [rows, vocab] with vocab >= 2 (ties are planted in both halves)",
 ))
 register_impl(NAME, "control", kind="control", doc=f"one row per program, chunks of <= {CONTROL_BLOCK}")(argmax_rows)
 for _rows, _warps in PACKINGS:

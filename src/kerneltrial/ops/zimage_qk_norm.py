@@ -271,7 +271,7 @@ def _register() -> None:
     register_op(Operator(
         name=OP, signature="zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor", doc=__doc__.split("\n")[3].strip(),
         layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle, bytes_moved=bytes_moved,
-        small_cases=SMALL, gpu_cases=GPU,
+        small_cases=SMALL, gpu_cases=GPU, shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
     ))
     register_impl(OP, "control", kind="control", doc="one row per program, next-pow2 block")(qk_norm)
     for rows, warps in PACKINGS:
@@ -285,6 +285,7 @@ def _register() -> None:
         name=PAIR_OP, signature="zimage_qk_rmsnorm_pair(q, k, q_weight, k_weight, eps=1e-5) -> (Tensor, Tensor)",
         doc="Q and K normalised in one launch", layouts=LAYOUTS, make_inputs=make_pair_inputs,
         reference=reference_pair, oracle=oracle_pair, bytes_moved=bytes_moved_pair, small_cases=SMALL, gpu_cases=GPU,
+        shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
     ))
     register_impl(PAIR_OP, "control", kind="control", doc="one launch, one row per program")(qk_norm_pair)
     for rows, warps in PACKINGS:

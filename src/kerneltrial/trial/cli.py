@@ -24,12 +24,13 @@ def one_line_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from kerneltrial.ops.registry import RegistryError
+        from kerneltrial.trial.calibration import CalibrationError
         from kerneltrial.trial.protocol import ProtocolError
         from kerneltrial.trial.runner import RunError
 
         try:
             return fn(*args, **kwargs)
-        except (RegistryError, ProtocolError, RunError, ValueError, FileNotFoundError) as exc:
+        except (RegistryError, ProtocolError, RunError, CalibrationError, ValueError, FileNotFoundError) as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(2) from None
 
@@ -115,8 +116,7 @@ def check(
             impls = [operator.impl(n) for n in impl] if impl else [i for i in operator.impls.values() if peers or i.kind != "peer"]
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
-                if case.layout not in operator.layouts:
-                    raise ValueError(f"{operator.name} has no layout {case.layout!r}; use one of {', '.join(operator.layouts)}")
+                operator.validate(case)
                 for i in impls:
                     bar.advance(task)
                     if not i.available or not i.supports(case):
@@ -215,7 +215,7 @@ def calibrate(
     injected delay (protocol `injected_slowdown`, default 3%), with the protocol's settings.
     Reports the false-positive rate of win/loss verdicts, CI widths and the power to see the
     slowdown. Name the result in another protocol's `calibration_run` to require it."""
-    from kerneltrial.trial.runner import calibrate as run_calibration
+    from kerneltrial.trial.calibration import calibrate as run_calibration
 
     with progress_bar() as bar:
         root = run_calibration(protocol, out, resume=resume, progress=bar)

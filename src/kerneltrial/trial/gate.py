@@ -246,10 +246,10 @@ def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device,
     fn = impl.resolve()
     if fn is None:
         return result(None, f"unavailable: {impl.reason}")
-    inputs = op.make_inputs(case, seed, device)
-    reference, oracle = expected(op, inputs)
-    before = snapshot_inputs(op, inputs)
     try:
+        inputs = op.make_inputs(case, seed, device)
+        reference, oracle = expected(op, inputs)
+        before = snapshot_inputs(op, inputs)
         fn(*op.make_inputs(case, seed, device).values())  # warm-up on a copy: JIT/compile outside the checked call
         got = call(op, fn, inputs, device, reference)
         diff, message = compare(op, case, got, reference, oracle)

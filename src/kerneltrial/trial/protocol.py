@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,9 +22,6 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kerneltrial.ops.registry import DTYPES, Case
-
-GATE_TERM = re.compile(r"^(no_loss|geomean>=\d+(\.\d+)?)$")
-
 
 class ProtocolError(ValueError):
     """A protocol that cannot run; the message names the field and the fix."""
@@ -94,10 +90,9 @@ class Protocol(BaseModel):
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
-        terms = [t.strip() for t in gate.split(" and ")]
-        bad = [t for t in terms if not GATE_TERM.match(t)]
-        if bad:
-            raise ValueError(f"unknown gate term {bad[0]!r}; write 'no_loss', 'geomean>=1.02' or both joined by ' and '")
+        from kerneltrial.analysis.stats import parse_gate  # the one grammar the summary uses too
+
+        parse_gate(gate)
         return gate
 
     @field_validator("calls_per_sample")
@@ -109,6 +104,10 @@ class Protocol(BaseModel):
 
     @model_validator(mode="after")
     def _phase_rules(self) -> Protocol:
+        ids = [c.case().id for c in self.cases]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"cases: {repeated[0]} is listed twice")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: repeated seed in {self.seeds}")
         arms = [self.control, *self.candidates]

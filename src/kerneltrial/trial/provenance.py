@@ -43,6 +43,8 @@ def git_state(repo: Path) -> dict[str, Any]:
     if commit is None and os.environ.get("KERNELTRIAL_SOURCE_COMMIT"):
         # A copy of the tree without .git (e.g. shipped to a GPU machine): the sender names the commit.
         return {"commit": os.environ["KERNELTRIAL_SOURCE_COMMIT"], "dirty": None, "source": "KERNELTRIAL_SOURCE_COMMIT"}
+    if commit is None:
+        return {"commit": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 

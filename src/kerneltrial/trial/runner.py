@@ -17,7 +17,6 @@ import csv
 import json
 import shutil
 import time
-import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.trial import gate, protocol as proto, provenance
+from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 
@@ -118,75 +118,50 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-def prepare(out: Path, protocol_path: Path, resume: bool) -> tuple[RunDir, str]:
-    """Create or reopen the run directory; refuse to overwrite or to mix protocols."""
+def module_hashes(p: proto.Protocol, protocol_path: Path) -> dict[str, str]:
+    """sha256 of each user kernel file the protocol loads (dotted modules: of their file)."""
+    import importlib.util
+
+    hashes = {}
+    for spec in p.impl_modules:
+        local = protocol_path.parent / spec
+        path = local if spec.endswith(".py") and local.exists() else Path(spec)
+        if not path.is_file():
+            found = importlib.util.find_spec(spec)
+            path = Path(found.origin) if found and found.origin else path
+        hashes[spec] = proto.sha256_of(path) if path.is_file() else "unknown"
+    return hashes
+
+
+def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> tuple[RunDir, str]:
+    """Create or reopen the run directory; refuse to overwrite, to mix protocols, kernel
+    files or devices. A new run records the freeze record and the user modules' hashes."""
     run = RunDir(out)
     digest = proto.sha256_of(protocol_path)
+    modules = module_hashes(p, protocol_path)
     if out.exists() and any(out.iterdir()):
-        if run.provenance.exists() and json.loads(run.provenance.read_text()).get("finished_at"):
+        record = json.loads(run.provenance.read_text()) if run.provenance.exists() else {}
+        if record.get("finished_at"):
             raise RunError(f"{out} holds a finished run; a finished run directory is never overwritten: choose another --out")
         if not resume:
             raise RunError(f"{out} holds an unfinished run; continue it with --resume or choose another --out")
         if not run.protocol.exists() or proto.sha256_of(run.protocol) != digest:
             raise RunError(f"{out} was started with another protocol; --resume needs the same protocol file")
+        if record.get("impl_modules", {}) != modules:
+            raise RunError(f"{out}: a user kernel module changed since the run started ({record.get('impl_modules')} vs {modules}); start a new run")
+        here = provenance.device_info().get("gpu")
+        if record.get("device", {}).get("gpu") != here:
+            raise RunError(f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there")
         for path in (run.correctness, run.ceilings, run.timings):
             trim_partial_line(path)
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(protocol_path, run.protocol)
-    write_json(run.provenance, provenance.collect(Path(__file__).resolve().parents[3], digest))
+    record = provenance.collect(Path(__file__).resolve().parents[3], digest)
+    frozen = proto.freeze_path(protocol_path)
+    record.update(freeze=json.loads(frozen.read_text()) if frozen.exists() else None, impl_modules=modules)
+    write_json(run.provenance, record)
     return run, digest
-
-
-@dataclass
-class Delay:
-    """Extra work of a known duration appended to a `slow:` arm (set per case)."""
-
-    device: torch.device
-    ns: float = 0.0
-    cycles_per_ns: float = 0.0
-
-    def __call__(self) -> None:
-        if self.ns <= 0:
-            return
-        if self.device.type == "cuda":
-            torch.cuda._sleep(int(self.ns * self.cycles_per_ns))
-        else:
-            end = time.perf_counter_ns() + self.ns
-            while time.perf_counter_ns() < end:
-                pass
-
-    def calibrate(self) -> None:
-        """Measure the GPU's spin rate (cycles per ns) so a delay in ns becomes a cycle count."""
-        if self.device.type != "cuda":
-            return
-        torch.cuda._sleep(1_000_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(50_000_000)
-        end.record()
-        end.synchronize()
-        self.cycles_per_ns = 50_000_000 / (start.elapsed_time(end) * 1e6)
-
-
-def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
-    """`aa:ARM` (an A/A copy of ARM) or `slow:ARM` (ARM followed by `delay`)."""
-    prefix, _, base_name = name.partition(":")
-    base = op.impl(base_name)
-    if prefix == "aa":
-        return Impl(op=op.name, name=name, kind="calibration", loader=base.resolve, doc=f"A/A copy of {base_name}", layouts=base.layouts)
-
-    def load() -> Any:
-        fn = base.resolve()
-
-        def slowed(*args: Any) -> Any:
-            out = fn(*args)
-            delay()
-            return out
-
-        return slowed
-
-    return Impl(op=op.name, name=name, kind="calibration", loader=load, doc=f"{base_name} plus an injected delay", layouts=base.layouts)
 
 
 def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
@@ -237,6 +212,7 @@ def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
             for sample in range(CEILING_SAMPLES):
                 if (kind, sample) not in have:
                     append([kind, sample, moved, timer.sample(call, 1)])
+            timer.release()  # a captured graph belongs to this stream only
 
 
 def input_sets(op: Operator, case: Case, seed: int, device: torch.device, count: int) -> list[dict[str, Any]]:
@@ -250,16 +226,9 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
     inputs = op.make_inputs(case, p.seeds[0], device)
     for _ in range(p.warmup):
         fn(*inputs.values())
-    return calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3)
-
-
-def single_call_ns(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: Impl, device: torch.device) -> float:
-    """Median time of one call of `impl` (the base of a `slow:` arm's injected delay)."""
-    fn = impl.resolve()
-    inputs = op.make_inputs(case, p.seeds[0], device)
-    for _ in range(p.warmup):
-        fn(*inputs.values())
-    return float(np.median([timer.sample(lambda: fn(*inputs.values()), 1) for _ in range(7)]))
+    calls = calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3)
+    timer.release()
+    return calls
 
 
 def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
@@ -326,7 +295,7 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
             arms = timed[case.id]
             if not arms:
                 continue
-            delay.ns = cases[case.id].get("injected_delay_ns", 0.0)
+            delay.ns = cases[case.id].get("delay_spin_ns", cases[case.id].get("injected_delay_ns", 0.0))
             rounds = cases[case.id].get("rounds", p.rounds)
             time_units(case_index, case, arms, range(rounds))
             if p.target_ci_width is None or arms[0].name != p.control:
@@ -342,6 +311,29 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                 mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
 
+def build_plan(p: proto.Protocol, op: Operator, timer: Timer, arms: list[Impl], cases: list[Case],
+               timed: dict[str, list[Impl]], digest: str, delay: Delay, device: torch.device) -> dict[str, Any]:
+    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md)."""
+    plan: dict[str, Any] = {
+        "protocol_sha256": digest, "op": op.name, "backend": timer.name, "is_gpu": timer.is_gpu,
+        "timing_label": label(timer), "l2": p.l2, "order_seed": p.order_seed,
+        "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
+        "cases": [],
+        "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
+        "noise_rule": {"target_ci_width": p.target_ci_width, "max_rounds": p.max_rounds, "time_budget_s": p.time_budget_s},
+        "seeds": p.seeds, "rounds": p.rounds, "tie_band": p.tie_band, "gate": p.gate,
+        "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
+    }
+    for c in cases:
+        calls = plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0
+        plan["cases"].append({"case": c.id, "shape": list(c.shape), "layout": c.layout, "dtype": c.dtype,
+                              "bytes": op.bytes_moved(c), "calls": calls, "rounds": p.rounds}
+                             | size_delay(p, op, timer, c, timed[c.id], delay, device))
+    if any(a.kind == "calibration" for a in arms):
+        plan["calibration"] = {"injected_slowdown": p.injected_slowdown, "max_false_positive_rate": p.max_false_positive_rate, "min_power": p.min_power}
+    return plan
+
+
 def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
     """Run the trial `protocol_path` describes into `out`; return the run directory."""
     from kerneltrial.analysis.summary import write_summary
@@ -352,92 +344,32 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     device = launch.device()
     delay = Delay(device)
     arms = resolve_arms(op, p, delay)
-    require_calibration(p, protocol_path)
+    require_calibration(p, protocol_path, provenance.device_info().get("gpu"))
     cases = [c.case() for c in p.cases]
     for case in cases:
         if case.layout not in op.layouts:
             raise RunError(f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}")
+        op.validate(case)
     timer = make_timer(p.backend, p.l2)
-    run, digest = prepare(out, protocol_path, resume)
+    run, digest = prepare(out, protocol_path, p, resume)
     progress = progress or _NoProgress()
 
-    delay.calibrate()
+    delay.measure_rate()
     passed = run_correctness(run, op, arms, cases, p.seeds, device, progress)
     run_ceilings(run, timer, device)
     timed = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
     if run.plan.exists():
         plan = json.loads(run.plan.read_text())
     else:
-        plan = {
-            "protocol_sha256": digest, "op": op.name, "backend": timer.name, "is_gpu": timer.is_gpu,
-            "timing_label": label(timer), "l2": p.l2,
-            "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
-            "cases": [
-                {"case": c.id, "shape": list(c.shape), "layout": c.layout, "dtype": c.dtype, "bytes": op.bytes_moved(c),
-                 "calls": plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0, "rounds": p.rounds}
-                | injected_delay(p, op, timer, c, timed[c.id], device)
-                for c in cases
-            ],
-            "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
-            "noise_rule": {"target_ci_width": p.target_ci_width, "max_rounds": p.max_rounds, "time_budget_s": p.time_budget_s},
-            "seeds": p.seeds, "rounds": p.rounds, "tie_band": p.tie_band, "gate": p.gate,
-            "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
-        }
-        if any(a.kind == "calibration" for a in arms):
-            plan["calibration"] = {"injected_slowdown": p.injected_slowdown, "max_false_positive_rate": p.max_false_positive_rate, "min_power": p.min_power}
+        plan = build_plan(p, op, timer, arms, cases, timed, digest, delay, device)
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed, device, delay, progress)
 
+    write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = json.loads(run.provenance.read_text())
     record.update(finished_at=provenance.now(), clocks_at_end=provenance.clocks())
-    write_summary(run.root)
     write_json(run.provenance, record)
     return run.root
-
-
-def injected_delay(p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed: list[Impl], device: torch.device) -> dict[str, float]:
-    """`injected_delay_ns` for a case with a `slow:` arm: injected_slowdown x one call of its base."""
-    slow = [a for a in timed if a.name.startswith("slow:")]
-    if not slow:
-        return {}
-    base = op.impl(slow[0].name.partition(":")[2])
-    return {"injected_delay_ns": p.injected_slowdown * single_call_ns(p, op, timer, case, base, device)}
-
-
-def require_calibration(p: proto.Protocol, protocol_path: Path) -> None:
-    """Refuse to run when the protocol names a calibration run that did not pass."""
-    if p.calibration_run is None:
-        return
-    summary_path = (protocol_path.parent / p.calibration_run / "summary.json")
-    if not summary_path.exists():
-        raise RunError(f"calibration_run {p.calibration_run!r}: no summary.json at {summary_path}; run `kerneltrial calibrate` first")
-    calibration = json.loads(summary_path.read_text()).get("calibration")
-    if not calibration or not calibration.get("passed"):
-        raise RunError(f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does")
-
-
-def calibration_protocol(protocol_path: Path) -> str:
-    """The protocol's settings with arms: control, an A/A copy of it, and the control slowed down."""
-    import tomli_w
-
-    data = tomllib.loads(protocol_path.read_text())
-    control = data.get("control", "control")
-    data.update(name=f"{data.get('name', 'trial')}-calibration", phase="exploratory", candidates=[f"aa:{control}", f"slow:{control}"])
-    for key in ("calibration_run", "exploratory_seeds"):
-        data.pop(key, None)
-    text = tomli_w.dumps(data)
-    proto.parse(text, f"calibration of {protocol_path}")
-    return text
-
-
-def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
-    """A/A calibration with the protocol's settings: writes `<out>.protocol.toml` and runs it."""
-    derived = out.with_name(out.name + ".protocol.toml")
-    text = calibration_protocol(protocol_path)
-    if derived.exists() and derived.read_text() != text:
-        raise RunError(f"{derived} exists with other content; choose another --out")
-    derived.write_text(text)
-    return run_trial(derived, out, resume=resume, progress=progress)
 
 
 class _NoProgress:
