@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import typer
-from rundir_factory import RunSpec, write_run_dir
+from rundir_factory import C1, C2, C3, RunSpec, write_run_dir
 from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
 from kerneltrial.analysis.summary import write_summary
+from kerneltrial.analysis.verify import verify_run_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -31,12 +32,12 @@ def test_report_renders_figures_and_every_case_and_arm(run_dir: Path) -> None:
         data = (run_dir / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
         assert f"]({name})" in report
-    for case in ("c1", "c2"):
+    for case in (C1, C2):
         assert f"`{case}`" in report
     for arm in ("ctrl", "fast", "slow", "peer"):
         assert f"`{arm}`" in report
     assert "**host clock, Triton interpreter: NOT GPU performance**" in report
-    assert "| `c1` | `slow` | 1.10 | 0.909 [0.908, 0.910] | loss |" in report  # the regression is shown
+    assert f"| `{C1}` | `slow` | 1.10 | 0.909 [0.908, 0.910] | loss |" in report  # the regression is shown
     assert "**failed correctness**: max_rel 0.25 > rtol 0.016 at seed 0" in report
     assert "unavailable: liger_kernel not installed" in report
     assert "passed by `fast`" in report
@@ -52,19 +53,19 @@ def test_performance_md_covers_each_run(tmp_path: Path) -> None:
     assert "## rmsnorm: `run_a`" in text and "## rmsnorm: `run_b`" in text
     assert "gate `no_loss`: passed by `fast`" in text
     assert "device: cpu" in text and "versions: python 3.11" in text
-    assert text.count("| `c2` | `fast` | 1.60 | 1.250 [") == 2
+    assert text.count(f"| `{C2}` | `fast` | 1.60 | 1.250 [") == 2
 
 
 def test_compare_shows_both_runs(tmp_path: Path) -> None:
     a = write_run_dir(tmp_path / "a")
-    b = write_run_dir(tmp_path / "b", RunSpec(cases=["c1", "c3"],
+    b = write_run_dir(tmp_path / "b", RunSpec(cases=[C1, C3],
                                               per_call=lambda case, arm, seed, rnd: 2000.0 if arm == "ctrl" else 500.0))
     for path in (a, b):
         write_summary(path)
     text = compare_runs(a, b)
-    assert "| `c1` | `ctrl` | 1.000 | 2.000 | 2.000 |" in text
-    assert "| `c1` | `fast` | 0.800 | 0.500 | 0.625 |" in text
-    assert "Only in A: case `c2`" in text and "Only in B: case `c3`" in text
+    assert f"| `{C1}` | `ctrl` | 1.000 | 2.000 | 2.000 |" in text
+    assert f"| `{C1}` | `fast` | 0.800 | 0.500 | 0.625 |" in text
+    assert f"Only in A: case `{C2}`" in text and f"Only in B: case `{C3}`" in text
 
 
 def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
@@ -105,7 +106,45 @@ def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path, cli: tupl
     assert runner.invoke(app, ["report", str(run_dir)]).exit_code == 0
     assert (run_dir / "report.md").is_file()
     compared = runner.invoke(app, ["compare", str(run_dir), str(run_dir)])
-    assert compared.exit_code == 0 and "| `c1` | `fast` | 0.800 | 0.800 | 1.000 |" in compared.output
+    assert compared.exit_code == 0 and f"| `{C1}` | `fast` | 0.800 | 0.800 | 1.000 |" in compared.output
     out = tmp_path / "PERFORMANCE.md"
     assert runner.invoke(app, ["performance", str(run_dir), "--out", str(out)]).exit_code == 0
     assert "# Performance" in out.read_text()
+
+
+# ---------------------------------------------------------------- scope sentence and errata
+
+SCOPE = ("Confidence intervals cover noise within this session (machine state, clocks) only; "
+         "a re-run on another machine may differ by more.")
+PEER_ARMS = [
+    {"name": "ctrl", "kind": "control", "available": True, "reason": None},
+    {"name": "kerneltrial", "kind": "candidate", "available": True, "reason": None},
+    {"name": "peer", "kind": "peer", "available": True, "reason": None},
+]
+
+
+def test_every_run_section_states_what_the_cis_cover(run_dir: Path, tmp_path: Path) -> None:
+    assert SCOPE in write_report(run_dir).read_text()
+    other = write_run_dir(tmp_path / "other")
+    write_summary(other)
+    text = write_performance_md([run_dir, other], tmp_path / "PERFORMANCE.md").read_text()
+    assert text.count(SCOPE) == 2
+
+
+def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> None:
+    spec = RunSpec(arms=PEER_ARMS, failures=set())
+    fixed, plain = write_run_dir(tmp_path / "fixed", spec), write_run_dir(tmp_path / "plain", spec)
+    for path in (fixed, plain):
+        write_summary(path)
+    (fixed / "ERRATA.md").write_text("The peer arm ran with a stale build; its medians are not comparable.\n")
+    report = write_report(fixed).read_text().splitlines()
+    timing = next(i for i, line in enumerate(report) if line.startswith("Timing: "))
+    assert report[timing + 1:timing + 6] == [
+        "", "## Errata", "", "The peer arm ran with a stale build; its medians are not comparable.", ""]
+    assert "## Errata" not in write_report(plain).read_text()
+    text = write_performance_md([fixed, plain], tmp_path / "PERFORMANCE.md").read_text()
+    # overview: both runs listed (kerneltrial and the peer both time 1000 ns per call), only `fixed` marked
+    assert "| `rmsnorm` (`fixed`) (errata) | 2 |" in text
+    assert "| `rmsnorm` (`plain`) | 2 |" in text
+    assert "### Errata" in text and text.count("stale build") == 1
+    assert verify_run_dir(fixed).ok  # ERRATA.md is not a raw file: the run still verifies

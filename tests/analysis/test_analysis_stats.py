@@ -23,8 +23,7 @@ def test_median_of_nothing_is_an_error() -> None:
         stats.median([])
 
 
-def test_per_call_speedup_and_bandwidth() -> None:
-    assert stats.per_call_ns(1000.0, 10) == 100.0
+def test_speedup_and_bandwidth() -> None:
     assert stats.speedup(1000.0, 800.0) == 1.25
     assert stats.gbps(4_000_000, 1000.0) == 4000.0
     assert stats.pct_of_ceiling(500.0, 2000.0) == 25.0

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from rundir_factory import RunSpec, write_run_dir
+from rundir_factory import C1, RunSpec, write_run_dir
 
 from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.summary import build_summary, write_summary
@@ -49,7 +49,7 @@ def test_aggregates_and_gate(run_dir: Path) -> None:
     fast, slow = summary["aggregates"]["fast"], summary["aggregates"]["slow"]
     assert math.isclose(fast["geomean"], 1.25, rel_tol=1e-12)
     assert (fast["wins"], fast["ties"], fast["losses"], fast["n_cases"]) == (2, 0, 0, 2)
-    assert (slow["losses"], slow["failed_correctness"], slow["worst_case"]) == (1, 1, "c1")
+    assert (slow["losses"], slow["failed_correctness"], slow["worst_case"]) == (1, 1, C1)
     assert summary["gate"]["passed_arms"] == ["fast"]
     assert summary["gate"]["arms"]["slow"]["passed"] is False
     assert any("failed correctness" in r for r in summary["gate"]["arms"]["slow"]["reasons"])

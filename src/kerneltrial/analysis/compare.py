@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis.report import load_summary
+from kerneltrial.analysis.report import load_summary, us_cell
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,6 @@ def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _us(ns: float | None) -> str:
-    return "–" if ns is None else f"{ns / 1000:,.3f}"
-
-
 def compare_runs(a: Path, b: Path) -> str:
     """A markdown comparison of run directories `a` and `b` (both need summary.json)."""
     summary_a, summary_b = load_summary(Path(a)), load_summary(Path(b))
@@ -64,7 +60,8 @@ def compare_runs(a: Path, b: Path) -> str:
     lines += ["| case | arm | median A µs | median B µs | B/A |", "|---|---|---|---|---|"]
     for row in compared_rows(summary_a, summary_b):
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
-        lines.append(f"| `{row.case}` | `{row.arm}` | {_us(row.median_a_ns)} | {_us(row.median_b_ns)} | {ratio} |")
+        medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"
+        lines.append(f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} |")
     for label, notes in (("Only in A", _only_in(summary_a, summary_b)), ("Only in B", _only_in(summary_b, summary_a))):
         if notes:
             lines += ["", f"{label}: " + ", ".join(notes)]

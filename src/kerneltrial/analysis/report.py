@@ -2,7 +2,9 @@
 
 Every figure is drawn from summary.json (nothing is recomputed here); provenance.json and
 protocol.toml only supply the device, versions and operator name. Runs without a GPU are
-labelled "NOT GPU performance" in every heading and figure title.
+labelled "NOT GPU performance" in every heading and figure title. A run directory may hold
+an ERRATA.md (corrections written after the run; the raw files are never edited): its text
+is shown under "Errata" in the run's section and the overview marks the run "(errata)".
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from kerneltrial.analysis.errors import RunDirError
 SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"
 CEILING_PNG = "ceiling.png"
+ERRATA = "ERRATA.md"
+SCOPE = ("Confidence intervals cover noise within this session (machine state, clocks) only; "
+         "a re-run on another machine may differ by more.")
 
 
 # ---------------------------------------------------------------- loading
@@ -39,6 +44,12 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
 def _provenance(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "provenance.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def errata(run_dir: Path) -> str | None:
+    """The text of the run directory's ERRATA.md, or None when it has none."""
+    path = Path(run_dir) / ERRATA
+    return path.read_text().strip() if path.is_file() else None
 
 
 def operator_name(run_dir: Path, summary: dict[str, Any]) -> str:
@@ -105,7 +116,7 @@ def case_table(summary: dict[str, Any]) -> list[str]:
     for case in summary["cases"]:
         for name, entry in case["arms"].items():
             row = [
-                f"`{case['case']}`", f"`{name}`", _num(_us(entry["median_ns_per_call"]), ",.2f"),
+                f"`{case['case']}`", f"`{name}`", us_cell(entry["median_ns_per_call"], ",.2f"),
                 speedup_cell(entry), _status_cell(entry, name == summary["control"]),
                 _rate(entry["gbps"]), _rate(entry["pct_of_copy_ceiling"]),
             ]
@@ -154,7 +165,8 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     rows = [[f"`{name}`", "A/A copy", f"`{f['base']}`", f"{f['not_tie']} of {f['n_cases']} not tie",
              _num(f["false_positive_rate"], ".2f"), f"≤ {calibration['max_false_positive_rate']:g}",
              _num(f["mean_ci_width"], ".4f")] for name, f in calibration["arms"].items() if f["kind"] == "aa"]
-    rows += [[f"`{name}`", f"+{100 * calibration['injected_slowdown']:g}% delay", f"`{f['base']}`",
+    delay = f"+{100 * calibration['injected_slowdown']:g}% delay"
+    rows += [[f"`{name}`", delay + _realized_note(f), f"`{f['base']}`",
               f"{f['losses']} of {f['n_cases']} loss", _num(f["power"], ".2f"), f"≥ {calibration['min_power']:g}", "–"]
              for name, f in calibration["arms"].items() if f["kind"] == "slow"]
     delays = [f"`{c['case']}` {c['injected_delay_ns']:,.1f} ns" for c in summary["cases"]
@@ -165,6 +177,13 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     if delays:
         lines += ["", "Injected delay per call: " + ", ".join(delays)]
     return lines
+
+
+def _realized_note(figures: dict[str, Any]) -> str:
+    """The slowdown a slowed arm really had, when the summary records it (schema 3)."""
+    if figures.get("realized_min") is None:
+        return ""
+    return f" ({100 * figures['realized_min']:.1f}–{100 * figures['realized_max']:.1f}% realized)"
 
 
 def aggregate_table(summary: dict[str, Any]) -> list[str]:
@@ -182,8 +201,9 @@ def aggregate_table(summary: dict[str, Any]) -> list[str]:
                    f"gate `{summary['gate']['rule']}`"], rows)
 
 
-def _us(ns: float | None) -> float | None:
-    return None if ns is None else ns / 1000.0
+def us_cell(ns: float | None, spec: str) -> str:
+    """A median in ns per call shown in µs (– when there is none)."""
+    return _num(None if ns is None else ns / 1000.0, spec)
 
 
 def banner(summary: dict[str, Any]) -> str:
@@ -299,9 +319,12 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
     """The markdown body shared by report.md and PERFORMANCE.md for one run."""
     h = "#" * level
     ceilings = summary["ceilings"]
+    corrections = errata(run_dir)
     lines = [
         f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", "",
         f"Timing: {banner(summary)}", "",
+        *([f"{h}# Errata", "", corrections, ""] if corrections else []),
+        SCOPE, "",
         f"- protocol sha256: `{summary['protocol_sha256']}`",
         f"- backend `{summary['backend']}`, L2 `{summary['l2']}`, control `{summary['control']}`, "
         f"tie band ±{summary['tie_band']:g}",
@@ -371,7 +394,9 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
         worst = min(rows, key=lambda r: r["ratio"])
         largest = max(summary["cases"], key=lambda c: c["bytes"])
         pct = largest["arms"].get(OURS, {}).get("pct_of_copy_ceiling")
-        body.append([f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)", str(len(rows)), f"{geomean:.3f}",
+        mark = " (errata)" if errata(run_dir) else ""
+        run = f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`){mark}"
+        body.append([run, str(len(rows)), f"{geomean:.3f}",
                      f"{worst['ratio']:.3f} (`{worst['case']}` vs `{worst['peer']}`)", _num(pct, ".1f") + f" (`{largest['case']}`)"])
     if not body:
         return []

@@ -65,11 +65,6 @@ class GateVerdict:
     reasons: list[str]
 
 
-def per_call_ns(ns: float, calls: int) -> float:
-    """Time of one call, from a sample of `calls` back-to-back calls that took `ns` in total."""
-    return ns / calls
-
-
 def median(values: Sequence[float] | np.ndarray) -> float:
     """Median of per-call times (numpy's definition: mean of the two middle values when even)."""
     if len(values) == 0:
@@ -213,6 +208,7 @@ def gate_verdict(gate: Gate, aggregate: ArmAggregate, failed_correctness_cases: 
 
 AA_PREFIX, SLOW_PREFIX = "aa:", "slow:"
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
+NOMINAL_FACTOR = 1.5  # a slowed case counts toward power at nominal when realized <= this x injected_slowdown
 
 
 def relative_spread(values: Sequence[float] | np.ndarray) -> float:
@@ -254,11 +250,20 @@ class AACalibration:
 
 @dataclass(frozen=True)
 class SlowCalibration:
-    """A slowed arm over the cases where it has a verdict against the control."""
+    """A slowed arm over the cases where it has a verdict against the control.
+
+    The injected delay is a separate kernel launch, so the slowdown it really causes (the
+    realized slowdown, median(slow) / median(base) - 1) can be much larger than nominal.
+    `power_at_nominal` counts only the cases realized at most NOMINAL_FACTOR x nominal.
+    """
 
     n_cases: int
     losses: int
     power: float | None  # losses / n_cases
+    realized_min: float | None = None
+    realized_max: float | None = None
+    nominal_cases: int = 0  # cases whose realized slowdown <= NOMINAL_FACTOR x injected_slowdown
+    power_at_nominal: float | None = None  # losses among those / nominal_cases
 
 
 def aa_calibration(verdicts: Sequence[str], cis: Sequence[Interval]) -> AACalibration:
@@ -271,10 +276,29 @@ def aa_calibration(verdicts: Sequence[str], cis: Sequence[Interval]) -> AACalibr
     return AACalibration(n, not_tie, not_tie / n, float(np.mean([ci.high - ci.low for ci in cis])))
 
 
-def slow_calibration(verdicts: Sequence[str]) -> SlowCalibration:
+def realized_slowdown(arm_median: float, base_median: float) -> float:
+    """The slowdown a slowed arm really had in a case: median(slow) / median(base) - 1."""
+    return arm_median / base_median - 1
+
+
+def slow_calibration(verdicts: Sequence[str], realized: Sequence[float | None] | None = None,
+                     injected_slowdown: float = CALIBRATION_DEFAULTS["injected_slowdown"]) -> SlowCalibration:
+    """Power over all compared cases, and over the cases realized near the nominal slowdown.
+
+    `realized` is aligned with `verdicts` (None where the base arm has no median).
+    """
+    realized = [None] * len(verdicts) if realized is None else list(realized)
+    if len(realized) != len(verdicts):
+        raise ValueError("verdicts and realized slowdowns must be aligned (same length)")
     n = len(verdicts)
     losses = sum(v == LOSS for v in verdicts)
-    return SlowCalibration(n, losses, losses / n if n else None)
+    known = [r for r in realized if r is not None]
+    near = [v for v, r in zip(verdicts, realized) if r is not None and r <= NOMINAL_FACTOR * injected_slowdown]
+    return SlowCalibration(
+        n, losses, losses / n if n else None,
+        realized_min=min(known) if known else None, realized_max=max(known) if known else None,
+        nominal_cases=len(near), power_at_nominal=sum(v == LOSS for v in near) / len(near) if near else None,
+    )
 
 
 def calibration_passed(

@@ -4,7 +4,7 @@ Reads plan.json, protocol.toml, correctness.jsonl, timings.csv and ceilings.csv 
 contract in docs/DESIGN.md, "Run directory: exact format") and computes the figures with
 `analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
 
-summary.json (schema `kerneltrial.summary/2`):
+summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
   control, tie_band, bootstrap, arms (copied from plan.json), noise_rule (plan's, or null),
   ceilings: {copy_gbps, copy_samples, read_gbps, read_samples},
@@ -19,7 +19,8 @@ summary.json (schema `kerneltrial.summary/2`):
   calibration (only when an `aa:`/`slow:` arm exists): {injected_slowdown,
       max_false_positive_rate, min_power,
       arms: {arm: {kind: "aa", base, n_cases, not_tie, false_positive_rate, mean_ci_width}
-                  or {kind: "slow", base, n_cases, losses, power}}, passed, sentence},
+                  or {kind: "slow", base, n_cases, losses, power, realized_slowdown: {case: float},
+                      realized_min, realized_max, power_at_nominal}}, passed, sentence},
   warnings: [str],
   inputs_sha256: {file: sha256} of plan.json, correctness.jsonl, timings.csv, ceilings.csv
 `status` is `timed`, `failed correctness`, `unavailable` or `not timed` (no correctness check
@@ -30,7 +31,9 @@ an untimed arm) are null. Medians are ns per call; GB/s is bytes per ns.
 rounds), else plan `rounds`. `spread` is (p90 - p10) / median of the arm's per-sample times;
 `throttled_samples` counts its samples whose SM clock was below `clocks.threshold_mhz`. The
 top-level clock counts are over every row of timings.csv. Schema 1 summaries (written before
-clocks, per-case rounds and calibration arms existed) lack these fields.
+clocks, per-case rounds and calibration arms existed) lack these fields; schema 2 summaries lack
+the realized slowdown of `slow:` arms (`realized_slowdown`, `realized_min`, `realized_max`,
+`power_at_nominal`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import pandas as pd
 from kerneltrial.analysis import stats
 from kerneltrial.analysis.errors import RunDirError
 
-SCHEMA = "kerneltrial.summary/2"
+SCHEMA = "kerneltrial.summary/3"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -341,6 +344,7 @@ def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str
     if not found:
         return None
     settings = stats.CALIBRATION_DEFAULTS | (plan.get("calibration") or {})
+    nominal = float(settings["injected_slowdown"])
     arms: dict[str, Any] = {}
     aa_figures, slow_figures = [], []
     for name, (kind, base) in found:
@@ -355,15 +359,40 @@ def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str
             arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "not_tie": figures.not_tie,
                           "false_positive_rate": figures.false_positive_rate, "mean_ci_width": figures.mean_ci_width}
         else:
-            figures = stats.slow_calibration(verdicts)
+            realized = {c["case"]: _realized(c["arms"][name], c["arms"].get(base)) for c in cases
+                        if c["arms"][name]["verdict"] is not None}
+            figures = stats.slow_calibration(verdicts, list(realized.values()), nominal)
             slow_figures.append(figures)
             arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "losses": figures.losses,
-                          "power": figures.power}
+                          "power": figures.power,
+                          "realized_slowdown": {case: r for case, r in realized.items() if r is not None},
+                          "realized_min": figures.realized_min, "realized_max": figures.realized_max,
+                          "power_at_nominal": figures.power_at_nominal}
+            if figures.realized_min is not None and figures.realized_min > stats.NOMINAL_FACTOR * nominal:
+                warnings.append(never_nominal_warning(name, figures.realized_min, figures.realized_max, nominal))
     max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
     passed = stats.calibration_passed(aa_figures, slow_figures, max_fpr, min_power)
-    return {"injected_slowdown": float(settings["injected_slowdown"]), "max_false_positive_rate": max_fpr,
+    return {"injected_slowdown": nominal, "max_false_positive_rate": max_fpr,
             "min_power": min_power, "arms": arms, "passed": passed,
-            "sentence": calibration_sentence(arms, passed, float(settings["injected_slowdown"]), max_fpr, min_power)}
+            "sentence": calibration_sentence(arms, passed, nominal, max_fpr, min_power)}
+
+
+def _realized(slow: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    """Realized slowdown of a slowed arm in one case; None when the base arm has no median."""
+    if base is None or base["median_ns_per_call"] is None or slow["median_ns_per_call"] is None:
+        return None
+    return stats.realized_slowdown(slow["median_ns_per_call"], base["median_ns_per_call"])
+
+
+def never_nominal_warning(name: str, realized_min: float, realized_max: float, nominal: float) -> str:
+    """The warning for a slowed arm whose smallest realized slowdown exceeds NOMINAL_FACTOR x nominal."""
+    return (f"calibration arm {name}: the injected slowdown was never as small as nominal "
+            f"({_realized_range(realized_min, realized_max)} realized, {100 * nominal:g}% nominal): "
+            "power at nominal is not demonstrated")
+
+
+def _realized_range(low: float | None, high: float | None) -> str:
+    return "n/a" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}%"
 
 
 def _pct(value: float | None) -> str:
@@ -377,8 +406,12 @@ def calibration_sentence(arms: dict[str, Any], passed: bool, injected_slowdown: 
              f"(false-positive rate {_pct(f['false_positive_rate'])}, at most {_pct(max_fpr)} allowed; "
              f"mean CI width {'n/a' if f['mean_ci_width'] is None else format(f['mean_ci_width'], '.4f')})"
              for name, f in arms.items() if f["kind"] == "aa"]
-    parts += [f"slowed arm {name} ({_pct(injected_slowdown)} injected) was called a loss in {f['losses']} of "
-              f"{f['n_cases']} case(s) (power {_pct(f['power'])}, at least {_pct(min_power)} required)"
+    near = stats.NOMINAL_FACTOR * injected_slowdown
+    parts += [f"slowed arm {name} ({100 * injected_slowdown:g}% nominal, "
+              f"{_realized_range(f['realized_min'], f['realized_max'])} realized) was called a loss in {f['losses']} of "
+              f"{f['n_cases']} case(s) (power {_pct(f['power'])}, at least {_pct(min_power)} required; "
+              f"power at nominal {_pct(f['power_at_nominal'])} over the "
+              f"{sum(r <= near for r in f['realized_slowdown'].values())} case(s) realized at most {100 * near:g}%)"
               for name, f in arms.items() if f["kind"] == "slow"]
     return f"Calibration {'passed' if passed else 'FAILED'}: " + "; ".join(parts) + "."
 

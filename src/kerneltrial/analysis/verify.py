@@ -6,13 +6,18 @@ median, own quantile interpolation), following only the contract in docs/DESIGN.
 one thing shared by necessity is numpy's generator, because the contract defines the
 bootstrap resamples as `numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`.
 
-Checks: protocol hash in provenance/plan/summary; one timing row per expected
+Checks: protocol hash in provenance/plan/summary; plan.json against protocol.toml (arms,
+case ids, seeds, rounds, tie band, gate, bootstrap, L2 and the noise settings plan.json
+carries); one timing row per expected
 (case, seed, round, arm) and nothing else, with each case's own rounds (which only the
 preregistered noise rule may raise above plan `rounds`); correctness coverage and
-consistency; every figure in summary.json (floats to a relative 1e-9), including the clock
-counts, run-to-run spreads, calibration figures and the warnings those must raise.
+consistency; within each (case, seed, round) unit, positions 0..k-1 for the k timed arms,
+and, when plan.json has `order_seed`, the seeded order itself; every figure in summary.json
+(floats to a relative 1e-9), including the clock counts, run-to-run spreads, calibration
+figures (realized slowdown of `slow:` arms too) and the warnings those must raise.
 A schema-1 summary (written before clocks, per-case rounds and calibration arms existed) is
-accepted without those figures only when the raw files have none of those fields either.
+accepted without those figures only when the raw files have none of those fields either; a
+schema-2 summary is accepted without the realized-slowdown figures of `slow:` arms.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import hashlib
 import json
 import math
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +42,16 @@ BASE_FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", 
                       "verdict", "gbps", "pct_of_copy_ceiling")
 FIGURE_FIELDS = (*BASE_FIGURE_FIELDS, "throttled_samples", "spread")
 LEGACY_SCHEMA = "kerneltrial.summary/1"
+SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
+SCHEMA = "kerneltrial.summary/3"
+NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
+# protocol.toml keys that plan.json copies, with the protocol's defaults
+PROTOCOL_DEFAULTS = {"control": "control", "seeds": [0, 1, 2], "rounds": 7, "tie_band": 0.02, "gate": "no_loss",
+                     "bootstrap_resamples": 2000, "bootstrap_seed": 20261129, "confidence": 0.95, "l2": "cold",
+                     "layout": "contiguous", "dtype": "bfloat16", "throttle_fraction": 0.9, "target_ci_width": None,
+                     "max_rounds": 50, "time_budget_s": 600.0, **CALIBRATION_DEFAULTS}
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
@@ -262,19 +276,106 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     correctness = [json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines()
                    if line.strip()]
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
+    _check_protocol(run_dir, plan, result)
     outcome = _correctness_outcome(plan, correctness, result)
     _check_rows(plan, samples, outcome, result)
+    _check_order(plan, samples, outcome, result)
     legacy = _check_schema(plan, summary, samples, result)
-    _check_figures(plan, summary, samples, outcome, ceiling_rows, result, legacy)
+    realized = summary.get("schema") not in (LEGACY_SCHEMA, SCHEMA_2)
+    _check_figures(plan, summary, samples, outcome, ceiling_rows, result, legacy, realized)
     return result
+
+
+def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -> None:
+    """plan.json says what protocol.toml says: the run ran the preregistered trial."""
+    try:
+        protocol = {**PROTOCOL_DEFAULTS, **tomllib.loads((run_dir / "protocol.toml").read_text())}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        result.add("plan matches protocol", [f"protocol.toml is not valid TOML ({error})"], "")
+        return
+    cases = [f"{'x'.join(str(n) for n in c.get('shape', []))}/{c.get('layout', PROTOCOL_DEFAULTS['layout'])}/"
+             f"{c.get('dtype', PROTOCOL_DEFAULTS['dtype'])}" for c in protocol.get("cases", [])]
+    bootstrap = plan.get("bootstrap") or {}
+    # (field, value in plan.json, value the protocol implies)
+    pairs = [
+        ("arms", [a.get("name") for a in plan.get("arms", [])], [protocol["control"], *protocol.get("candidates", [])]),
+        ("cases", [str(c.get("case")) for c in plan.get("cases", [])], cases),
+        ("seeds", plan.get("seeds"), protocol["seeds"]),
+        ("rounds", plan.get("rounds"), protocol["rounds"]),
+        ("tie_band", plan.get("tie_band"), protocol["tie_band"]),
+        ("gate", plan.get("gate"), protocol["gate"]),
+        ("bootstrap.resamples", bootstrap.get("resamples"), protocol["bootstrap_resamples"]),
+        ("bootstrap.seed", bootstrap.get("seed"), protocol["bootstrap_seed"]),
+        ("bootstrap.confidence", bootstrap.get("confidence"), protocol["confidence"]),
+        ("l2", plan.get("l2"), protocol["l2"]),
+    ]
+    if "op" in plan and "op" in protocol:
+        pairs.append(("op", plan["op"], protocol["op"]))
+    if "order_seed" in plan:
+        pairs.append(("order_seed", plan["order_seed"], protocol.get("order_seed", 0)))
+    # the noise settings are optional in plan.json (older runs); compared where present
+    for section, keys in (("clocks", ("throttle_fraction",)),
+                          ("noise_rule", ("target_ci_width", "max_rounds", "time_budget_s")),
+                          ("calibration", tuple(CALIBRATION_DEFAULTS))):
+        recorded = plan.get(section)
+        if isinstance(recorded, dict):
+            pairs += [(f"{section}.{key}", recorded[key], protocol[key]) for key in keys if key in recorded]
+    problems = [f"{name}: plan.json has {planned!r}, protocol.toml says {declared!r}"
+                for name, planned, declared in pairs if not _same_value(planned, declared)]
+    result.add("plan matches protocol", problems,
+               f"arms, {len(cases)} case ids, seeds, rounds, tie band, gate, bootstrap and L2 as protocol.toml says")
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal, with ints and floats compared by value (a TOML 600 and a JSON 600.0 agree); bools stay bools."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def _check_order(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
+                 result: VerifyResult) -> None:
+    """Interleaving evidence: in each (case, seed, round) unit the timed arms hold positions 0..k-1,
+    and, with plan `order_seed`, exactly the order its seeded generator gives."""
+    arm_order = [a["name"] for a in plan["arms"]]
+    case_index = {str(c["case"]): i for i, c in enumerate(plan["cases"])}
+    timed = {case: [arm for arm in arm_order if outcome.get((case, arm)) == "passed"] for case in case_index}
+    units: dict[tuple[str, int, int], list[Sample]] = {}
+    for s in samples:
+        units.setdefault((s.case, s.seed, s.round), []).append(s)
+    order_seed = plan.get("order_seed")
+    bad_positions, bad_order = [], []
+    for (case, seed, rnd), rows in sorted(units.items()):
+        arms = timed.get(case, [])
+        if sorted(s.position for s in rows) != list(range(len(arms))):
+            bad_positions.append(f"({case}, {seed}, {rnd}) positions {sorted(s.position for s in rows)} for "
+                                 f"{len(arms)} timed arm(s)")
+            continue
+        if order_seed is None or sorted(s.arm for s in rows) != sorted(arms):
+            continue  # an incomplete unit already fails the timing-rows check
+        permutation = np.random.default_rng([int(order_seed), case_index[case], seed, rnd]).permutation(len(arms))
+        expected = {arms[i]: position for position, i in enumerate(permutation)}
+        wrong = [f"{s.arm} at {s.position}, seeded order puts it at {expected[s.arm]}"
+                 for s in rows if expected[s.arm] != s.position]
+        if wrong:
+            bad_order.append(f"({case}, {seed}, {rnd}): " + ", ".join(wrong))
+    problems = ([f"{len(bad_positions)} unit(s) whose positions are not 0..k-1, e.g. {bad_positions[:3]}"]
+                if bad_positions else [])
+    if bad_order:
+        problems.append(f"{len(bad_order)} unit(s) not in the order of order_seed {order_seed}, e.g. {bad_order[:3]}")
+    result.add("interleaving order", problems,
+               f"{len(units)} (case, seed, round) units, positions 0..k-1"
+               + ("" if order_seed is None else f", each in the seeded order of order_seed {order_seed}"))
 
 
 def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> bool:
     """True for a schema-1 summary, which is accepted only for raw files without the newer fields."""
     schema = summary.get("schema")
     if schema != LEGACY_SCHEMA:
-        result.add("summary schema", [] if schema == "kerneltrial.summary/2" else
-                   [f"summary schema {schema!r} is not kerneltrial.summary/2 (or /1)"], f"{schema}")
+        result.add("summary schema", [] if schema in (SCHEMA, SCHEMA_2) else
+                   [f"summary schema {schema!r} is not {SCHEMA} (or /2, /1)"], f"{schema}")
         return False
     newer = []
     if any(s.sm_mhz is not None for s in samples):
@@ -383,7 +484,7 @@ def _rounds_problems(plan: dict[str, Any]) -> list[str]:
 
 def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
                    outcome: dict[tuple[str, str], str], ceiling_rows: list[dict[str, str]],
-                   result: VerifyResult, legacy: bool = False) -> None:
+                   result: VerifyResult, legacy: bool = False, realized: bool = True) -> None:
     band = float(plan["tie_band"])
     bootstrap = plan["bootstrap"]
     control = next((a["name"] for a in plan["arms"] if a["kind"] == "control"), None)
@@ -417,6 +518,7 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
     intervals: dict[str, list[tuple[float, float]]] = {}
     failures: dict[str, int] = {}
     fields = BASE_FIGURE_FIELDS if legacy else FIGURE_FIELDS
+    medians: dict[tuple[str, str], float | None] = {}
     spread_warnings: list[str] = []
     for case in plan["cases"]:
         case_id = str(case["case"])
@@ -437,6 +539,7 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
             figures = _arm_figures(case, times, control_times if name != control else None, copy, bootstrap, band)
             figures["throttled_samples"] = throttled.get((case_id, name), 0) if times else 0
             figures["spread"] = _spread(list(times.values())) if times else None
+            medians[(case_id, name)] = figures["median_ns_per_call"]
             if figures["speedup"] is not None:
                 speedups.setdefault(name, []).append((case_id, figures["speedup"], figures["verdict"]))
                 intervals.setdefault(name, []).append((figures["ci_low"], figures["ci_high"]))
@@ -452,7 +555,7 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
         missing = [w for w in spread_warnings if w not in summary.get("warnings", [])]
         result.add("spread warnings", [f"summary warnings lack {w!r}" for w in missing],
                    f"{len(spread_warnings)} case(s) with control spread above the tie band, each warned")
-        _check_calibration(plan, summary, control, speedups, intervals, result)
+        _check_calibration(plan, summary, control, speedups, intervals, medians if realized else None, result)
     _check_aggregates(plan, summary, control, speedups, failures, bootstrap, result)
 
 
@@ -472,7 +575,9 @@ def _check_clocks(plan: dict[str, Any], summary: dict[str, Any], samples: list[S
 
 def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
                        speedups: dict[str, list[tuple[str, float, str]]],
-                       intervals: dict[str, list[tuple[float, float]]], result: VerifyResult) -> None:
+                       intervals: dict[str, list[tuple[float, float]]],
+                       medians: dict[tuple[str, str], float | None] | None, result: VerifyResult) -> None:
+    """Calibration figures; `medians` None for a schema-2 summary, written before the realized slowdown."""
     arms = [(a["name"], _calibration_arm(a["name"])) for a in plan["arms"]]
     arms = [(name, parsed) for name, parsed in arms if parsed]
     recorded = summary.get("calibration")
@@ -485,6 +590,7 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
         return
     settings = {**CALIBRATION_DEFAULTS, **(plan.get("calibration") or {})}
     max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
+    nominal = float(settings["injected_slowdown"])
     problems = _diff("calibration", recorded, {"injected_slowdown": float(settings["injected_slowdown"]),
                                                "max_false_positive_rate": max_fpr, "min_power": min_power},
                      ("injected_slowdown", "max_false_positive_rate", "min_power"))
@@ -504,6 +610,10 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
             losses = verdicts.count("loss")
             figures = {"kind": kind, "base": base, "n_cases": n, "losses": losses, "power": losses / n if n else None}
             passed = passed and n > 0 and figures["power"] >= min_power
+            if medians is not None:
+                problems += _realized_problems(name, speedups.get(name, []), base, medians, nominal,
+                                               recorded_arms.get(name) or {}, str(recorded.get("sentence", "")),
+                                               summary.get("warnings", []))
         problems += _diff(f"calibration {name}", recorded_arms.get(name) or {}, figures, tuple(figures))
     extra = sorted(set(recorded_arms) - {name for name, _ in arms})
     if extra:
@@ -514,6 +624,43 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
     if not str(recorded.get("sentence", "")).startswith(f"Calibration {word}"):
         problems.append(f"calibration sentence {recorded.get('sentence')!r} does not start 'Calibration {word}'")
     result.add("calibration", problems, f"calibration {word}: " + ", ".join(name for name, _ in arms))
+
+
+def _realized_problems(name: str, rows: list[tuple[str, float, str]], base: str,
+                       medians: dict[tuple[str, str], float | None], nominal: float, recorded: dict[str, Any],
+                       sentence: str, warnings: list[str]) -> list[str]:
+    """Realized slowdown of a slowed arm per compared case, its range, power at nominal, and the warning."""
+    realized: dict[str, float] = {}
+    near: list[str] = []
+    for case, _, verdict in rows:
+        arm_median, base_median = medians.get((case, name)), medians.get((case, base))
+        if arm_median is None or base_median is None:
+            continue
+        realized[case] = arm_median / base_median - 1
+        if realized[case] <= NOMINAL_FACTOR * nominal:
+            near.append(verdict)
+    low = min(realized.values()) if realized else None
+    high = max(realized.values()) if realized else None
+    figures = {"realized_min": low, "realized_max": high,
+               "power_at_nominal": near.count("loss") / len(near) if near else None}
+    problems = _diff(f"calibration {name}", recorded, figures, tuple(figures))
+    shown = recorded.get("realized_slowdown")
+    if not isinstance(shown, dict) or list(shown) != list(realized) or \
+            not all(_same(shown[case], value) for case, value in realized.items()):
+        problems.append(f"calibration {name} realized_slowdown: summary {shown!r} != recomputed {realized!r}")
+    sentence_part = f"{name} ({100 * nominal:g}% nominal, " + (
+        "n/a" if low is None else f"{100 * low:.1f}-{100 * high:.1f}%") + " realized)"
+    power_part = "power at nominal " + ("n/a" if figures["power_at_nominal"] is None
+                                        else f"{100 * figures['power_at_nominal']:.0f}%")
+    missing = [part for part in (sentence_part, power_part) if part not in sentence]
+    if missing:
+        problems.append(f"calibration sentence {sentence!r} does not state {missing}")
+    if low is not None and low > NOMINAL_FACTOR * nominal and not any(
+            w.startswith(f"calibration arm {name}: the injected slowdown was never as small as nominal")
+            and w.endswith("power at nominal is not demonstrated") for w in warnings):
+        problems.append(f"summary warnings do not say that {name}'s injected slowdown was never as small as "
+                        f"nominal (realized at least {100 * low:.1f}%, nominal {100 * nominal:g}%)")
+    return problems
 
 
 def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], status: str,
