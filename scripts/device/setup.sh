@@ -1,4 +1,5 @@
-# Source on the device machine: installs the carried wheels (.whl) into /tmp/site and
+# Source on the device machine: installs the carried wheels (.whl, made by
+# scripts/device/fetch_wheels.sh) into /tmp/site and
 # puts them and the package's src/ on PYTHONPATH. Usage: . scripts/device/setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
