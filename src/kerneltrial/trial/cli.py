@@ -201,7 +201,8 @@ def run(
     summary = json.loads((root / "summary.json").read_text())
     console.print(f"run directory: {root}")
     console.print(f"timing: {summary.get('label', '')}")
-    console.print(f"gate: {summary.get('gate', {})}")
+    gate = summary.get("gate", {})
+    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(gate.get('passed_arms', [])) or 'no arm'}", highlight=False)
     console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}")
 
 
