@@ -42,7 +42,9 @@ def test_cache_keyed_on_pointer_is_caught():
         return cache.setdefault(x.data_ptr(), reference(x, weight, eps)).clone()
 
     result = run(cached)
-    assert not result.passed and "same buffers" in result.message
+    # Usually caught when new values land in the same buffers; when the allocator hands the
+    # "fresh" inputs a freed address the cache keyed on it already shows on fresh buffers.
+    assert not result.passed and "stale result" in result.message
 
 
 def test_nondeterminism_is_caught():
