@@ -23,7 +23,7 @@ warmup = 1
 calls_per_sample = 2
 l2 = "hot"
 tie_band = 0.05
-injected_slowdown = 0.5
+injected_slowdown = 0.9
 {extra}
 [[cases]]
 shape = [8, 256]
@@ -50,7 +50,7 @@ def test_calibration_runs_aa_copy_and_slowed_control(tmp_path):
     assert plan["cases"][0]["injected_delay_ns"] > 0
     summary = json.loads((run / "summary.json").read_text())
     case = summary["cases"][0]["arms"]
-    # A 50% injected slowdown is seen as a loss; the A/A copy is compared like any arm.
+    # A 90% injected slowdown is seen as a loss; the A/A copy is compared like any arm.
     assert case["slow:control"]["verdict"] == "loss"
     assert case["aa:control"]["status"] == "timed"
     assert case["aa:control"]["n_samples"] == case["control"]["n_samples"] == 2 * 6
