@@ -99,10 +99,10 @@ def size_delay(p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed:
     slow = [a for a in timed if a.name.startswith("slow:")]
     if not slow:
         return {}
-    base_fn = op.impl(slow[0].name.partition(":")[2]).resolve()
-    target = p.injected_slowdown * median_call_ns(p, op, timer, case, base_fn, device)
+    base_ns = median_call_ns(p, op, timer, case, op.impl(slow[0].name.partition(":")[2]).resolve(), device)
+    target = p.injected_slowdown * base_ns
     delay.ns = 0.0
-    empty = median_call_ns(p, op, timer, case, slow[0].resolve(), device) - median_call_ns(p, op, timer, case, base_fn, device)
+    empty = median_call_ns(p, op, timer, case, slow[0].resolve(), device) - base_ns
     return {"injected_delay_ns": target, "delay_overhead_ns": max(0.0, empty), "delay_spin_ns": max(0.0, target - max(0.0, empty))}
 
 
