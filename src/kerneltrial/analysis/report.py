@@ -238,6 +238,14 @@ def _title(summary: dict[str, Any], text: str) -> str:
     return text if summary["is_gpu"] else f"{text}\n({summary['label']})"
 
 
+def _save(fig: Figure, ax: Any, path: Path) -> Path:
+    """Legend, layout and the PNG: the common end of every figure."""
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
     """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
     arms = compared_arms(summary)
@@ -267,10 +275,7 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary['control']} (×)")
     ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
@@ -286,10 +291,7 @@ def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
         bottom = [b + c for b, c in zip(bottom, counts)]
     ax.set_ylabel("cases")
     ax.set_title(_title(summary, "Verdicts per arm"))
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
@@ -307,10 +309,7 @@ def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("% of copy ceiling")
     copy = summary["ceilings"]["copy_gbps"]
     ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)"))
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, ax, path)
 
 
 # ---------------------------------------------------------------- documents
