@@ -100,15 +100,16 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
     return y.view(x.shape)
 
 
-def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
-    """Launch `_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
+def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool,
+                  chunk: int = WIDE_CHUNK, num_warps: int | None = None) -> torch.Tensor:
+    """Launch `_rms_norm_wide`: one row per step, in `chunk`-element chunks."""
     rows = launch.as_rows(x)
     n_rows, n = rows.shape
     y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
-    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
+    block_n = min(chunk, launch.next_pow2(n))
     _rms_norm_wide[launch.bounded_grid(n_rows)](
         rows, weight, y, n_rows, rows.stride(0), y.stride(0), n, eps,
-        BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=launch.row_warps(block_n),
+        BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=num_warps or launch.row_warps(block_n),
     )
     return y.view(x.shape)
 
