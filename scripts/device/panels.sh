@@ -1,7 +1,8 @@
 # Run protocols on the GPU, one run directory each under results/h200/, and pack them
 # into $OUT/runs.tar.gz. Usage: bash scripts/device/panels.sh SECONDS_EACH NAME[=OUTNAME]...
 # NAME is a protocol under protocols/ without .toml (OUTNAME: another run directory name,
-# e.g. a re-run after a change); "calibration" runs the A/A calibration; "check" runs the
+# e.g. a re-run after a change); "calibration/NAME" runs the A/A calibration of
+# protocols/calibration/NAME.toml ("calibration" alone: rmsnorm-aa); "check" runs the
 # correctness gate on every operator at a realistic shape, output kept in results/h200-checks/.
 # An unfinished run directory already in results/h200/ (carried back from an earlier
 # call) is resumed, not restarted.
@@ -23,14 +24,15 @@ for arg in "$@"; do
   fi
   [ -f $out/summary.json ] && { echo "$name: finished already"; continue; }
   resume=; [ -d $out ] && resume=--resume
-  if [ "$name" = calibration ]; then
-    cmd="calibrate protocols/calibration/rmsnorm-aa.toml --out $out $resume"
+  if [ "${name%%/*}" = calibration ]; then
+    [ "$name" = calibration ] && name=calibration/rmsnorm-aa
+    cmd="calibrate protocols/$name.toml --out $out $resume"
   else
     cmd="run protocols/$name.toml --out $out $resume"
   fi
   start=$(date +%s)
-  timeout $limit python3 -m kerneltrial.cli $cmd > $OUT/logs/$name.log 2>&1
-  echo "$name: rc=$? in $(( $(date +%s) - start ))s"; tail -2 $OUT/logs/$name.log
+  timeout $limit python3 -m kerneltrial.cli $cmd > $OUT/logs/${name//\//-}.log 2>&1
+  echo "$name: rc=$? in $(( $(date +%s) - start ))s"; tail -2 $OUT/logs/${name//\//-}.log
   [ -f $out/summary.json ] && python3 -m kerneltrial.cli verify $out | tail -1
 done
 tar czf $OUT/runs.tar.gz results/h200 results/h200-checks && ls -la $OUT

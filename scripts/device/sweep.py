@@ -17,9 +17,11 @@ from functools import partial
 from statistics import median
 
 import torch
+import triton
+import triton.language as tl
 
-from kerneltrial.ops import registry
-from kerneltrial.ops import rms_norm, silu_and_mul, softcap_argmax
+from kerneltrial.ops import launch, registry
+from kerneltrial.ops import rms_norm, softcap_argmax, zimage_qk_norm
 from kerneltrial.trial.timing import calls_for, make_timer
 
 SAMPLES = 15
@@ -31,8 +33,8 @@ Variant = tuple[str, Callable[..., object]]
 def compiled_kernels() -> dict[int, object]:
     """Every kernel Triton has compiled so far in this process, by id."""
     found = {}
-    for fn in (rms_norm._rms_norm_rows, rms_norm._rms_norm_wide, silu_and_mul._silu_and_mul_tiles,
-               softcap_argmax._argmax_stream, softcap_argmax._argmax_spans, softcap_argmax._merge_parts):
+    for fn in (rms_norm._rms_norm_rows, rms_norm._rms_norm_wide, _rms_norm_rows_late_weight, zimage_qk_norm._qk_norm,
+               softcap_argmax._argmax_stream, softcap_argmax._argmax_lanes, softcap_argmax._argmax_spans):
         for caches in getattr(fn, "device_caches", {}).values():  # the interpreter compiles nothing
             found.update({id(k): k for k in caches[0].values()})
     return found
@@ -42,35 +44,35 @@ def fresh(inputs: dict[str, object]) -> dict[str, object]:
     return {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
 
 
-def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: str = "bfloat16") -> None:
+def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: str = "bfloat16", layout: str = "contiguous") -> None:
     op = registry.get_op(op_name)
-    case = registry.Case(shape, dtype)
+    case = registry.Case(shape, dtype, layout)
     device = torch.device("cuda")
     inputs = op.make_inputs(case, 0, device)
     args = fresh(inputs)
-    control = op.outputs(args, impl(op_name, "control")(**args))[0].double()
+    control = op.outputs(args, impl(op_name, "control")(*args.values()))[0].double()
     timer = make_timer("cuda-events", "cold")
     mb = op.bytes_moved(case) / 1e6
-    print(f"\n## {op_name} {shape} {dtype}: {mb:.1f} MB")
+    print(f"\n## {op_name} {shape} {dtype} {layout}: {mb:.1f} MB")
     rows = []
     for label, fn in variants:
         before = set(compiled_kernels())
         args = fresh(inputs)
         try:
-            out = op.outputs(args, fn(**args))[0]
+            out = op.outputs(args, fn(*args.values()))[0]
         except Exception as exc:  # a variant that does not compile is a lead too
             print(f"{label:32s} FAILED {type(exc).__name__}: {str(exc)[:120]}")
             continue
         new = [k for i, k in compiled_kernels().items() if i not in before]
         regs = ",".join(f"{getattr(k, 'n_regs', '?')}r/{getattr(k, 'n_spills', '?')}s" for k in new) or "cached"
         diff = float((out.double() - control).abs().max())
-        call = partial(fn, **args)
+        call = partial(fn, *args.values())
         calls = calls_for(timer, call, SAMPLE_NS)
         per_call = sorted(timer.sample(call, calls) / calls / 1000 for _ in range(SAMPLES))
         med = median(per_call)
         rows.append((med, label))
         print(f"{label:32s} {med:8.2f} us  min {per_call[0]:7.2f}  max {per_call[-1]:7.2f}  "
-              f"{mb / med:6.0f} GB/s  {regs:14s} diff {diff:.3g}", flush=True)
+              f"{1000 * mb / med:6.0f} GB/s  {regs:14s} diff {diff:.3g}", flush=True)
     rows.sort()
     print("fastest: " + ", ".join(f"{label} {t:.2f}" for t, label in rows[:3]))
 
@@ -86,47 +88,81 @@ def arms(op_name: str, *names: str) -> list[Variant]:
     return [(name, fn) for name in names if name in op.impls and (fn := impl(op_name, name)) is not None]
 
 
+@triton.jit
+def _rms_norm_rows_late_weight(
+    X, W, Y, n_rows, x_stride, y_stride, N, eps,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+):
+    """Experiment: `rms_norm._rms_norm_rows` with the weight loaded per step, after the
+    reduction, in its own dtype (fewer live fp32 registers while x is held?)."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    for step in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_ROWS), tl.num_programs(0)):
+        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        w = tl.load(W + cols, mask=col_mask, other=0.0)[None, :]
+        y = rms_norm.apply_weight(x * rstd[:, None], w.to(tl.float32), Y.dtype.element_ty, ROUND_BEFORE_WEIGHT)
+        tl.store(Y + rows[:, None] * y_stride + cols[None, :], y, mask=mask)
+
+
+def rows_late_weight(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool,
+                     block_rows: int = 1, num_warps: int = 8) -> torch.Tensor:
+    n_rows, n = x.shape
+    y = torch.empty_like(x)
+    _rms_norm_rows_late_weight[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
+        x, weight, y, n_rows, x.stride(0), y.stride(0), n, eps,
+        BLOCK_ROWS=block_rows, BLOCK_N=launch.next_pow2(n), ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=num_warps)
+    return y
+
+
 def rmsnorm_group(op_name: str, rbw: bool) -> None:
-    for shape in ((4096, 4096), (4096, 5120), (4096, 8192), (2048, 14336), (1024, 16384)):
+    shapes = [((4096, 2048), "bfloat16"), ((16384, 2048), "bfloat16"), ((4096, 4096), "bfloat16"), ((4096, 5120), "bfloat16"),
+              ((4096, 8192), "bfloat16"), ((2048, 14336), "bfloat16"), ((1024, 16384), "bfloat16")]
+    if not rbw:
+        shapes += [((4096, 2048), "float32"), ((16384, 2048), "float32"), ((4096, 4096), "float32")]
+    for shape, dtype in shapes:
         variants: list[Variant] = [(f"rows_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, num_warps=w))
-                                   for w in (4, 8, 16, 32)]
+                                   for w in (4, 8, 16)]
+        variants += [(f"late_w{w}", partial(rows_late_weight, round_before_weight=rbw, num_warps=w)) for w in (4, 8, 16, 32)]
+        if shape[1] <= 2048:
+            variants += [(f"late_r{r}_w{w}", partial(rows_late_weight, round_before_weight=rbw, block_rows=r, num_warps=w))
+                         for r, w in ((2, 4), (4, 4), (4, 8))]
         variants += [(f"wide_c{c}_w{w}", partial(rms_norm.rms_norm_wide, round_before_weight=rbw, chunk=c, num_warps=w))
-                     for c in (1024, 2048, 4096, 8192) for w in (4, 8, 16) if c // (32 * w) >= 2]
+                     for c, w in ((2048, 8), (4096, 16))]
         variants += arms(op_name, "kerneltrial", "torch_compile", "liger", "flaggems")
-        sweep(op_name, shape, variants)
+        sweep(op_name, shape, variants, dtype)
 
 
 def softcap_group() -> None:
     name = softcap_argmax.NAME
-    for rows in (1, 2, 4, 16, 64, 256):
-        variants: list[Variant] = []
-        for parts in (32, 64, 128, 256, 512):
-            for chunk, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
-                if rows * parts <= 4096:
-                    variants.append((f"stream_p{parts}_c{chunk}_w{warps}",
-                                     partial(softcap_argmax.argmax_stream, parts=parts, chunk=chunk, num_warps=warps)))
-        for chunk, warps, programs in ((2048, 4, 528), (4096, 8, 264), (8192, 8, 264), (8192, 8, 528), (4096, 4, 528)):
-            variants.append((f"stream_c{chunk}_w{warps}_g{programs}",
-                             partial(softcap_argmax.argmax_stream, chunk=chunk, num_warps=warps, programs=programs)))
-        variants += arms(name, "kerneltrial", "split_p256_c1024_w4", "torch_eager")
-        sweep(name, (rows, 262144), variants)
-
-
-def silu_group() -> None:
-    for tokens in (2048, 4096, 16384):
+    shapes = [(rows, 262144) for rows in (1, 2, 4, 16, 64, 256)] + [(2048, 130560)]
+    for shape in shapes:
         variants: list[Variant] = [
-            (f"tile_r{r}_d{d}_w{w}", partial(silu_and_mul.silu_and_mul_tiles, block_rows=r, block_d=d, num_warps=w))
-            for r in (1, 2) for d in (1024, 2048, 4096) for w in (2, 4, 8, 16) if r * d // (32 * w) >= 4 and r * d // (32 * w) <= 32
-        ]
-        variants += arms("silu_and_mul", "kerneltrial", "torch_compile", "liger")
-        sweep("silu_and_mul", (tokens, 12288), variants)
+            (f"lanes_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g, lanes=True))
+            for c, w in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8)) for g in (264, 528, 1056)]
+        variants += [(f"stream_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g))
+                     for c, w, g in ((2048, 4, 528), (4096, 4, 528))]
+        variants += arms(name, "kerneltrial", "torch_eager")
+        sweep(name, shape, variants)
+
+
+def zimage_group() -> None:
+    for tokens in (256, 1024, 4096, 32768):
+        for layout in ("contiguous", "qkv_slice"):
+            variants: list[Variant] = [
+                (f"packed_r{r}_w{w}", partial(zimage_qk_norm.qk_norm, block_rows=r, num_warps=w))
+                for r in (8, 16, 32, 64) for w in (2, 4, 8, 16) if 2 <= r * 128 // (32 * w) <= 64]
+            variants += arms("zimage_qk_rmsnorm", "kerneltrial", "torch_compile")
+            sweep("zimage_qk_rmsnorm", (tokens, 30, 128), variants, layout=layout)
 
 
 GROUPS: dict[str, Callable[[], None]] = {
     "rmsnorm": partial(rmsnorm_group, "rmsnorm", True),
     "rmsnorm_fp32": partial(rmsnorm_group, "rmsnorm_fp32", False),
     "softcap": softcap_group,
-    "silu": silu_group,
+    "zimage": zimage_group,
 }
 
 if __name__ == "__main__":

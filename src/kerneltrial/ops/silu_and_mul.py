@@ -44,6 +44,10 @@ PACK_ELEMENTS = 4096  # packed steps hold at most this many output elements (row
 PACKINGS = ((4, 4), (16, 4))  # (most rows per step, warps) of the packed candidates
 TILES = ((1024, 4), (2048, 4), (2048, 8))  # (BLOCK_D, warps) of the column-tiled candidates
 DISPATCH_TILE = 2048  # the dispatcher tiles rows wider than this; narrower rows are packed
+# Warps of the dispatcher's tiles (16 bf16 per thread and tensor: two 16-byte loads). Data:
+# results/h200/silu_and_mul measured tile2048_w8 (then the rule) 3-7% behind torch.compile
+# at 2048-4096 tokens; results/h200/silu_and_mul-r2 measures tile2048_w4 as this rule.
+DISPATCH_WARPS = 4
 
 
 @triton.jit
@@ -100,11 +104,11 @@ def silu_and_mul_packed(x: torch.Tensor, most_rows: int, num_warps: int) -> torc
 def silu_and_mul_auto(x: torch.Tensor) -> torch.Tensor:
     """The exported entry point. Rule: rows with d <= DISPATCH_TILE are packed (as many rows
     as fit PACK_ELEMENTS, 4 warps); wider rows are split into DISPATCH_TILE-column tiles
-    with 8 warps."""
+    with DISPATCH_WARPS warps."""
     d = x.shape[-1] // 2
     if d <= DISPATCH_TILE:
         return silu_and_mul_packed(x, most_rows=PACK_ELEMENTS, num_warps=4)
-    return silu_and_mul_tiles(x, block_d=DISPATCH_TILE, num_warps=8)
+    return silu_and_mul_tiles(x, block_d=DISPATCH_TILE, num_warps=DISPATCH_WARPS)
 
 
 # ---- semantics --------------------------------------------------------------------------

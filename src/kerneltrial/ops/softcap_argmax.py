@@ -81,6 +81,10 @@ ROWS_SKIP = ((4096, 8), (8192, 16))  # (chunk, warps) of the one-span-per-row ca
 TARGET_PROGRAMS = 1056  # dispatcher: work items to launch (8 per SM of a 132-SM H200)
 NARROW = 4096  # dispatcher: rows up to this wide are packed
 MAX_PARTS = 1024  # the merge reads every partial of a row in one block
+# Below SAFE_CAPS * cap in magnitude, distinct bf16 logits keep distinct capped fp32 values
+# in the same order (torch's first tie between neighbours is at 212 = 7.07 * cap, the
+# float64 formula's at 220; tested over every bf16 value), so the raw argmax is the capped one.
+SAFE_CAPS = 6.0
 # (chunk, warps, programs) of the stream candidates: programs = resident slots on a 132-SM
 # H200, from ptxas -v (sm_90a, triton 3.9 PTX): 128 registers per thread at both chunk sizes,
 # so 2 programs of 8 warps or 1 of 16 warps fit an SM (32 KB of loads in flight per SM each).
@@ -133,27 +137,11 @@ def _argmax_spans(
     X, VAL, IDX, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
     BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
 ):
-    cols = tl.arange(0, BLOCK_N)
     for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
         row = item // n_parts
         lo = (item - row * n_parts) * span
         hi = tl.minimum(lo + span, N)
-        x_row = X + tl.cast(row, tl.int64) * stride
-        best = tl.full((), float("-inf"), tl.float32)  # largest capped value of the span so far
-        best_idx = lo  # its first index
-        seen = tl.full((), float("-inf"), tl.float32)  # largest raw logit of the span so far
-        for start in range(lo, hi, BLOCK_N):
-            idx = start + cols
-            mask = idx < hi
-            x = tl.load(x_row + idx, mask=mask, other=0.0).to(tl.float32)
-            x_top = tl.max(tl.where(mask, x, float("-inf")), axis=0)
-            if x_top > seen:  # only such a chunk can hold a strictly larger capped value
-                v = tl.where(mask, softcap(x, cap, inv_cap), float("-inf"))
-                v_top = tl.max(v, axis=0)
-                first = tl.min(tl.where(v == v_top, idx, hi), axis=0)
-                best_idx = tl.where(v_top > best, first, best_idx)
-                best = tl.maximum(best, v_top)
-                seen = x_top
+        best, best_idx = _walk_span(X + tl.cast(row, tl.int64) * stride, lo, hi, cap, inv_cap, BLOCK_N)
         if PARTIALS:
             tl.store(VAL + item, best)
             tl.store(IDX + item, best_idx)
@@ -176,12 +164,88 @@ def _merge_parts(VAL, IDX, OUT, n_rows, n_parts, BLOCK_ROWS: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _walk_span(x_row, lo, hi, cap, inv_cap, BLOCK_N: tl.constexpr):
+    """(largest capped value, its first index) of x_row[lo:hi], read in BLOCK_N chunks;
+    tanh only for chunks whose raw maximum exceeds every earlier raw value of the span."""
+    cols = tl.arange(0, BLOCK_N)
+    best = tl.full((), float("-inf"), tl.float32)  # largest capped value of the span so far
+    best_idx = lo  # its first index
+    seen = tl.full((), float("-inf"), tl.float32)  # largest raw logit of the span so far
+    for start in range(lo, hi, BLOCK_N):
+        idx = start + cols
+        mask = idx < hi
+        x = tl.load(x_row + idx, mask=mask, other=0.0).to(tl.float32)
+        x_top = tl.max(tl.where(mask, x, float("-inf")), axis=0)
+        if x_top > seen:  # only such a chunk can hold a strictly larger capped value
+            v = tl.where(mask, softcap(x, cap, inv_cap), float("-inf"))
+            v_top = tl.max(v, axis=0)
+            first = tl.min(tl.where(v == v_top, idx, hi), axis=0)
+            best_idx = tl.where(v_top > best, first, best_idx)
+            best = tl.maximum(best, v_top)
+            seen = x_top
+    return best, best_idx
+
+
+@triton.jit
+def _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P: tl.constexpr, MERGE: tl.constexpr):
+    """Write a span's answer: the row's index directly when it is the only span (MERGE
+    False); else publish the partial, take a ticket, and let the row's last span merge."""
+    if MERGE:
+        tl.store(VAL + item, best)
+        tl.store(IDX + item, best_idx)
+        tl.debug_barrier()  # the partial is written before the ticket is taken
+        ticket = tl.atomic_add(CNT + row, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_parts - 1:  # every other span of the row has published its partial
+            parts = tl.arange(0, BLOCK_P)
+            offs = tl.cast(row, tl.int64) * n_parts + parts
+            pmask = parts < n_parts
+            v = tl.load(VAL + offs, mask=pmask, other=float("-inf"), cache_modifier=".cg")
+            i = tl.load(IDX + offs, mask=pmask, other=2147483647, cache_modifier=".cg")
+            top = tl.max(v, axis=0)
+            first = tl.min(tl.where(pmask & (v == top), i, 2147483647), axis=0)
+            tl.store(OUT + row, first.to(tl.int64))
+            tl.atomic_xchg(CNT + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
+    else:
+        tl.store(OUT + row, best_idx.to(tl.int64))
+
+
+@triton.jit
+def _argmax_lanes(
+    X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap, safe,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
+        row = item // n_parts
+        lo = (item - row * n_parts) * span
+        hi = tl.minimum(lo + span, N)
+        x_row = X + tl.cast(row, tl.int64) * stride
+        lane_top = tl.full((BLOCK_N,), float("-inf"), tl.float32)  # each lane's largest raw logit
+        lane_idx = tl.zeros((BLOCK_N,), tl.int32)  # its first index (strict >: the earliest)
+        x = tl.load(x_row + lo + cols, mask=lo + cols < hi, other=float("-inf"))
+        for start in range(lo, hi, BLOCK_N):
+            nxt = start + BLOCK_N + cols  # prefetch: issued before this chunk is examined
+            x_next = tl.load(x_row + nxt, mask=nxt < hi, other=float("-inf"))
+            xf = x.to(tl.float32)  # masked lanes hold -inf
+            better = xf > lane_top
+            lane_top = tl.where(better, xf, lane_top)
+            lane_idx = tl.where(better, start + cols, lane_idx)
+            x = x_next
+        top = tl.max(lane_top, axis=0)
+        if tl.abs(top) < safe:  # below the saturation edge raw order is capped order
+            best_idx = tl.min(tl.where(lane_top == top, lane_idx, hi), axis=0)
+            best = softcap(top, cap, inv_cap)
+        else:  # distinct logits may cap to one value: walk the span again on capped values
+            best, best_idx = _walk_span(x_row, lo, hi, cap, inv_cap, BLOCK_N)
+        _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P, MERGE)
+
+
+@triton.jit
 def _argmax_stream(
     X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
-    parts = tl.arange(0, BLOCK_P)
     for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
         row = item // n_parts
         lo = (item - row * n_parts) * span
@@ -205,22 +269,7 @@ def _argmax_stream(
                 best = tl.maximum(best, v_top)
                 seen = x_top
             x = x_next
-        if MERGE:
-            tl.store(VAL + item, best)
-            tl.store(IDX + item, best_idx)
-            tl.debug_barrier()  # the partial is written before the ticket is taken
-            ticket = tl.atomic_add(CNT + row, 1, sem="acq_rel", scope="gpu")
-            if ticket == n_parts - 1:  # every other span of the row has published its partial
-                offs = tl.cast(row, tl.int64) * n_parts + parts
-                pmask = parts < n_parts
-                v = tl.load(VAL + offs, mask=pmask, other=float("-inf"), cache_modifier=".cg")
-                i = tl.load(IDX + offs, mask=pmask, other=2147483647, cache_modifier=".cg")
-                top = tl.max(v, axis=0)
-                first = tl.min(tl.where(pmask & (v == top), i, 2147483647), axis=0)
-                tl.store(OUT + row, first.to(tl.int64))
-                tl.atomic_xchg(CNT + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
-        else:
-            tl.store(OUT + row, best_idx.to(tl.int64))
+        _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P, MERGE)
 
 
 def argmax_rows(logits: torch.Tensor, cap: float, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
@@ -292,9 +341,10 @@ def stream_parts(n_rows: int, programs: int) -> int:
 
 
 def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8,
-                  programs: int | None = None) -> torch.Tensor:
-    """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
-    as keep the grid near `programs` work items), merged in the same launch by the last span."""
+                  programs: int | None = None, lanes: bool = False) -> torch.Tensor:
+    """Launch `_argmax_stream` (or, with `lanes`, `_argmax_lanes`) once: up to `parts` spans
+    per row (or, with `programs`, as many as keep the grid near `programs` work items),
+    merged in the same launch by the last span."""
     rows = launch.as_rows(logits)
     n_rows, n = rows.shape
     if programs is not None:
@@ -306,10 +356,12 @@ def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int =
     val = torch.empty(items if merge else 1, dtype=torch.float32, device=logits.device)
     idx = torch.empty(items if merge else 1, dtype=torch.int32, device=logits.device)
     cnt = merge_counters(n_rows, logits.device) if merge else idx
-    _argmax_stream[launch.bounded_grid(items)](
-        rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
-        BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps,
-    )
+    args = (rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap)
+    meta = dict(BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps)
+    if lanes:
+        _argmax_lanes[launch.bounded_grid(items)](*args, SAFE_CAPS * cap, **meta)
+    else:
+        _argmax_stream[launch.bounded_grid(items)](*args, **meta)
     return out.view(logits.shape[:-1])
 
 
