@@ -60,12 +60,14 @@ FOLLOW_UPS = {
     "rmsnorm_fp32-wide-rows": ("rmsnorm_fp32", dict(
         name="rmsnorm-fp32-wide-rows", candidates=["wide", "kerneltrial", "torch_compile", "liger"],
         cases=cases([(2048, 14336), (4096, 8192), (1024, 16384), (4096, 5120)]))),
-    # softcap_row_argmax: the split kernel reached 26% of read bandwidth at 64 rows and 44%
-    # at 256 rows, and 7.7 us at 1 row (two launches). Do one-launch streaming kernels with
-    # a prefetched next chunk and an in-kernel merge reach 80% and 5 us?
-    "softcap_row_argmax-stream": ("softcap_row_argmax", dict(
-        name="softcap-stream", candidates=["stream_c8192_w8", "stream_c16384_w16", "split1_p256_c1024_w4", "kerneltrial", "torch_eager", "torch_compile"],
-        cases=cases([(1, 262144), (4, 262144), (16, 256000), (64, 262144), (256, 262144), (2048, 130560)]))),
+    # softcap_row_argmax: the one-launch streaming kernel (stream_c8192_w8, then the rule from
+    # 64 rows) reached 63% of read bandwidth at 256 rows; the two-launch split below 64 rows
+    # was bimodal (9-142 us at 1 row in a sweep). Does the one-launch kernel in 2048/4096-chunk
+    # geometries (the new rule at every row count) reach 80% and 5 us?
+    "softcap_row_argmax-one-launch": ("softcap_row_argmax", dict(
+        name="softcap-one-launch", candidates=["stream_c2048_w4", "stream_c4096_w4", "stream_c8192_w8", "split_p256_c1024_w4", "kerneltrial", "torch_eager", "torch_compile"],
+        cases=cases([(1, 262144), (2, 262144), (4, 262144), (16, 256000), (64, 262144), (256, 262144), (2048, 130560)])
+        + cases([(64, 262144)], ("row_strided",)))),
 }
 
 CALIBRATION = dict(

@@ -17,10 +17,8 @@ from functools import partial
 from statistics import median
 
 import torch
-import triton
-import triton.language as tl
 
-from kerneltrial.ops import launch, registry
+from kerneltrial.ops import registry
 from kerneltrial.ops import rms_norm, softcap_argmax, zimage_qk_norm
 from kerneltrial.trial.timing import calls_for, make_timer
 
@@ -33,23 +31,18 @@ Variant = tuple[str, Callable[..., object]]
 def compiled_kernels() -> dict[int, object]:
     """Every kernel Triton has compiled so far in this process, by id."""
     found = {}
-    for fn in (rms_norm._rms_norm_rows, rms_norm._rms_norm_wide, _rms_norm_rows_late_weight, zimage_qk_norm._qk_norm,
-               softcap_argmax._argmax_stream, softcap_argmax._argmax_lanes, softcap_argmax._argmax_spans):
+    for fn in (rms_norm._rms_norm_rows, rms_norm._rms_norm_wide, zimage_qk_norm._qk_norm,
+               softcap_argmax._argmax_stream, softcap_argmax._argmax_spans):
         for caches in getattr(fn, "device_caches", {}).values():  # the interpreter compiles nothing
             found.update({id(k): k for k in caches[0].values()})
     return found
-
-
-def fresh(inputs: dict[str, object]) -> dict[str, object]:
-    return {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
 
 
 def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: str = "bfloat16", layout: str = "contiguous") -> None:
     op = registry.get_op(op_name)
     case = registry.Case(shape, dtype, layout)
     device = torch.device("cuda")
-    inputs = op.make_inputs(case, 0, device)
-    args = fresh(inputs)
+    args = op.make_inputs(case, 0, device)  # fresh per arm: clone() would densify a strided layout
     control = op.outputs(args, impl(op_name, "control")(*args.values()))[0].double()
     timer = make_timer("cuda-events", "cold")
     mb = op.bytes_moved(case) / 1e6
@@ -57,7 +50,7 @@ def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: 
     rows = []
     for label, fn in variants:
         before = set(compiled_kernels())
-        args = fresh(inputs)
+        args = op.make_inputs(case, 0, device)
         try:
             out = op.outputs(args, fn(*args.values()))[0]
         except Exception as exc:  # a variant that does not compile is a lead too
@@ -88,35 +81,6 @@ def arms(op_name: str, *names: str) -> list[Variant]:
     return [(name, fn) for name in names if name in op.impls and (fn := impl(op_name, name)) is not None]
 
 
-@triton.jit
-def _rms_norm_rows_late_weight(
-    X, W, Y, n_rows, x_stride, y_stride, N, eps,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
-):
-    """Experiment: `rms_norm._rms_norm_rows` with the weight loaded per step, after the
-    reduction, in its own dtype (fewer live fp32 registers while x is held?)."""
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    for step in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_ROWS), tl.num_programs(0)):
-        rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        x = tl.load(X + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        w = tl.load(W + cols, mask=col_mask, other=0.0)[None, :]
-        y = rms_norm.apply_weight(x * rstd[:, None], w.to(tl.float32), Y.dtype.element_ty, ROUND_BEFORE_WEIGHT)
-        tl.store(Y + rows[:, None] * y_stride + cols[None, :], y, mask=mask)
-
-
-def rows_late_weight(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool,
-                     block_rows: int = 1, num_warps: int = 8) -> torch.Tensor:
-    n_rows, n = x.shape
-    y = torch.empty_like(x)
-    _rms_norm_rows_late_weight[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-        x, weight, y, n_rows, x.stride(0), y.stride(0), n, eps,
-        BLOCK_ROWS=block_rows, BLOCK_N=launch.next_pow2(n), ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=num_warps)
-    return y
-
-
 def rmsnorm_group(op_name: str, rbw: bool) -> None:
     shapes = [((4096, 2048), "bfloat16"), ((16384, 2048), "bfloat16"), ((4096, 4096), "bfloat16"), ((4096, 5120), "bfloat16"),
               ((4096, 8192), "bfloat16"), ((2048, 14336), "bfloat16"), ((1024, 16384), "bfloat16")]
@@ -125,9 +89,8 @@ def rmsnorm_group(op_name: str, rbw: bool) -> None:
     for shape, dtype in shapes:
         variants: list[Variant] = [(f"rows_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, num_warps=w))
                                    for w in (4, 8, 16)]
-        variants += [(f"late_w{w}", partial(rows_late_weight, round_before_weight=rbw, num_warps=w)) for w in (4, 8, 16, 32)]
         if shape[1] <= 2048:
-            variants += [(f"late_r{r}_w{w}", partial(rows_late_weight, round_before_weight=rbw, block_rows=r, num_warps=w))
+            variants += [(f"rows_r{r}_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, block_rows=r, num_warps=w))
                          for r, w in ((2, 4), (4, 4), (4, 8))]
         variants += [(f"wide_c{c}_w{w}", partial(rms_norm.rms_norm_wide, round_before_weight=rbw, chunk=c, num_warps=w))
                      for c, w in ((2048, 8), (4096, 16))]
@@ -140,10 +103,8 @@ def softcap_group() -> None:
     shapes = [(rows, 262144) for rows in (1, 2, 4, 16, 64, 256)] + [(2048, 130560)]
     for shape in shapes:
         variants: list[Variant] = [
-            (f"lanes_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g, lanes=True))
+            (f"stream_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g))
             for c, w in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8)) for g in (264, 528, 1056)]
-        variants += [(f"stream_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g))
-                     for c, w, g in ((2048, 4, 528), (4096, 4, 528))]
         variants += arms(name, "kerneltrial", "torch_eager")
         sweep(name, shape, variants)
 

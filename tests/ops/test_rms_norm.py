@@ -12,14 +12,15 @@ from kerneltrial.trial.gate import check
 
 
 @pytest.mark.parametrize(
-    "n,round_before_weight,expected",
-    [(2048, True, "rows"), (14336, True, "rows"), (20000, True, "wide"),
-     (4096, False, "rows"), (5120, False, "wide"), (14336, False, "wide")],
+    "n,expected",
+    [(2048, ("rows", 4)), (4096, ("rows", 4)), (5120, ("rows", 8)), (14336, ("rows", 8)), (16384, ("rows", 8)),
+     (16385, ("wide", None))],
 )
-def test_dispatcher_rules(monkeypatch, n, round_before_weight, expected):
+@pytest.mark.parametrize("round_before_weight", [True, False])
+def test_dispatcher_rules(monkeypatch, n, expected, round_before_weight):
     routed = []
-    monkeypatch.setattr(rn, "rms_norm_rows", lambda x, *a, **k: routed.append("rows") or x)
-    monkeypatch.setattr(rn, "rms_norm_wide", lambda x, *a, **k: routed.append("wide") or x)
+    monkeypatch.setattr(rn, "rms_norm_rows", lambda x, *a, num_warps, **k: routed.append(("rows", num_warps)) or x)
+    monkeypatch.setattr(rn, "rms_norm_wide", lambda x, *a, **k: routed.append(("wide", None)) or x)
     rn.rms_norm_auto(torch.zeros(2, n), torch.ones(n), 1e-6, round_before_weight)
     assert routed == [expected]
 

@@ -119,10 +119,18 @@ def test_spans_cover_the_row_exactly(n, parts, chunk):
     assert (n_parts - 1) * span < n <= n_parts * span
 
 
+@pytest.mark.parametrize("rows,n,geometry", [
+    (1, 262144, sa.STREAMS[0]), (64, 262144, sa.STREAMS[0]),  # spans of 2048 and 32768: short
+    (128, 262144, sa.STREAMS[1]), (256, 262144, sa.STREAMS[1]),  # one wave of 65536-131072 spans
+    (2048, 130560, sa.STREAMS[0]),  # four rows per program slot: more than one wave
+])
+def test_dispatcher_stream_geometry(rows, n, geometry):
+    assert sa.choose_stream(rows, n) == geometry
+
+
 def test_dispatcher_fills_the_gpu_at_one_row():
-    parts, chunk, _ = sa.choose_split(1, 262144)
-    assert sa.span_geometry(262144, parts, chunk)[0] == 256
-    assert sa.choose_split(2048, 130560)[0] == 1
+    chunk, _, programs = sa.choose_stream(1, 262144)
+    assert sa.span_geometry(262144, sa.stream_parts(1, programs), chunk)[0] == 262144 // chunk == 128
 
 
 @pytest.mark.parametrize("shape", [(1, 1536), (1, 5120), (1, 262144)])
@@ -154,11 +162,11 @@ def test_gate_rejects_wrong_tie_semantics(wrong, layout):
     assert result.message.startswith("output differs from the reference")
 
 
-ONE_LAUNCH = [name for name in KERNELS if name.startswith(("stream_", "split1_"))]
+ONE_LAUNCH = [name for name in KERNELS if name.startswith("stream_")]
 
 
 def test_one_launch_arms_are_registered():
-    assert set(ONE_LAUNCH) == {"stream_c8192_w8", "stream_c16384_w16", "split1_p256_c1024_w4"}
+    assert set(ONE_LAUNCH) == {"stream_c2048_w4", "stream_c4096_w4", "stream_c8192_w8"}
 
 
 def counters_are_zero() -> bool:
@@ -228,13 +236,13 @@ def test_gate_passes_one_launch_arms(shape, name):
     assert counters_are_zero()
 
 
-def test_dispatcher_streams_from_stream_rows_up(monkeypatch):
-    """The measured rule: >= STREAM_ROWS wide rows go to the one-launch streaming kernel."""
+def test_dispatcher_streams_every_wide_row_count(monkeypatch):
+    """The measured rule: rows wider than NARROW go to the one-launch streaming kernel at
+    every row count (the two-launch split was bimodal), in `choose_stream`'s geometry."""
     routed = []
-    monkeypatch.setattr(sa, "argmax_stream", lambda logits, cap, **kw: routed.append(("stream", kw)) or logits[:, 0].long())
-    monkeypatch.setattr(sa, "argmax_split", lambda logits, cap, **kw: routed.append(("split", kw)) or logits[:, 0].long())
+    monkeypatch.setattr(sa, "argmax_stream", lambda logits, cap, **kw: routed.append(kw) or logits[:, 0].long())
+    monkeypatch.setattr(sa, "argmax_split", lambda *a, **kw: pytest.fail("the split path is not dispatched"))
     wide = sa.NARROW + 1
-    sa.softcap_row_argmax(torch.zeros(sa.STREAM_ROWS, wide), 30.0)
-    sa.softcap_row_argmax(torch.zeros(sa.STREAM_ROWS - 1, wide), 30.0)
-    assert [kind for kind, _ in routed] == ["stream", "split"]
-    assert routed[0][1]["programs"] == sa.STREAMS[0][2]
+    for rows in (1, 63, 64, 300):
+        sa.softcap_row_argmax(torch.zeros(rows, wide), 30.0)
+    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [sa.choose_stream(r, wide) for r in (1, 63, 64, 300)]

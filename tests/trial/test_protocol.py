@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kerneltrial.ops.registry import get_op
 from kerneltrial.trial import protocol as proto
 
 BASE = """
@@ -83,3 +86,18 @@ def test_new_writes_a_valid_protocol():
 def test_a_case_listed_twice_is_refused():
     with pytest.raises(proto.ProtocolError, match="listed twice"):
         proto.parse(BASE + "[[cases]]\nshape = [4, 64]\n")
+
+
+def test_every_shipped_protocol_names_registered_arms_and_valid_cases():
+    """A protocol in protocols/ is runnable as shipped: every arm exists, every case passes
+    its operator's shape and dtype rules (a removed kernel must take its protocols along)."""
+    root = Path(__file__).resolve().parents[2] / "protocols"
+    paths = [p for p in root.rglob("*.toml") if "serving" not in p.parts]
+    assert paths
+    for path in paths:
+        p = proto.load(path)
+        op = get_op(p.op)
+        for name in p.arms():
+            op.impl(name)
+        for spec in p.cases:
+            op.validate(spec.case())

@@ -7,7 +7,11 @@ Kernels (one family, shared with fused_add_rms_norm.py through `apply_weight`):
 - `_rms_norm_rows`: BLOCK_ROWS rows per step, each row in one BLOCK_N block held in
   registers. BLOCK_ROWS=1 is the control (one row per program, next-power-of-two block,
   the common reference geometry); BLOCK_ROWS>1 packs narrow rows so a program moves
-  enough bytes per step.
+  enough bytes per step. Without rounding before the weight (rmsnorm_fp32) the weight is
+  loaded per step, after the reduction, in its own dtype: held in fp32 for the whole
+  program it cost 80-158 registers per thread where the rounding mode needs 64-127, one
+  program per SM instead of two at 5120-16384 columns, and up to a third of the time
+  (2048x14336: 47 against 35 us; scripts/device/sweep.py leads, docs/NOTES.md).
 - `_rms_norm_wide`: one row per step in BLOCK_N chunks, two passes over the row
   (sum of squares, then normalise), for rows too wide to hold in registers.
 Both walk their work with a grid-stride loop over a bounded grid (launch.MAX_GRID).
@@ -30,12 +34,13 @@ LAYOUTS = ("contiguous", "row_strided")
 PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
 WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
 WIDE_THRESHOLD = 16384
-# rmsnorm_fp32 (no rounding before the weight) from FP32_WIDE_FROM columns on. Data:
-# results/h200/rmsnorm_fp32-wide-rows (cold L2): the two-pass kernel beat the one-block row
-# kernel at 4096x5120 (29.5 vs 36.3 us), 4096x8192 (41.0 vs 45.1), 2048x14336 (41.8 vs 46.7)
-# and tied at 1024x16384; at 2048 and 4096 columns (results/h200/rmsnorm_fp32) the row
-# kernel is at 86-91% of the copy ceiling, so it stays there.
-FP32_WIDE_FROM = 5120
+# The dispatcher's rows kernel: one row per step, DISPATCH_WARPS[0] warps up to 4096-element
+# blocks, DISPATCH_WARPS[1] above. Leads (scripts/device/sweep.py, cold L2, both modes):
+# 4 warps one row per step matched or beat the packed steps at 2048 columns (13.3 vs 13.8 us
+# at 4096x2048, 36.2 vs 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and
+# 14336 columns (32.7 vs 33.4) and tied at 8192 and 16384. Trial: results/h200/rmsnorm-r2,
+# rmsnorm_fp32-r3, rmsnorm_fp32-wide-rows-r2.
+DISPATCH_WARPS = (4, 8)
 
 
 @triton.jit
@@ -53,13 +58,16 @@ def _rms_norm_rows(
 ):
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if ROUND_BEFORE_WEIGHT:  # loaded once per program (see the module docstring)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     n_steps = tl.cdiv(n_rows, BLOCK_ROWS)
     for step in range(tl.program_id(0), n_steps, tl.num_programs(0)):
         rows = tl.cast(step, tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         x = tl.load(X + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        if not ROUND_BEFORE_WEIGHT:  # loaded per step, after the reduction
+            w = tl.load(W + cols, mask=col_mask, other=0.0)[None, :].to(tl.float32)
         y = apply_weight(x * rstd[:, None], w, Y.dtype.element_ty, ROUND_BEFORE_WEIGHT)
         tl.store(Y + rows[:, None] * y_stride + cols[None, :], y, mask=mask)
 
@@ -114,17 +122,14 @@ def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
     return y.view(x.shape)
 
 
-def choose_rows_per_step(n: int) -> int:
-    """Rows per step for the dispatcher: pack narrow rows up to ~4096 elements per step."""
-    return max(1, min(16, 4096 // launch.next_pow2(n)))
-
-
 def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
-    """The exported entry point: picks the kernel by row width (and, for fp32 rounding, FP32_WIDE_FROM)."""
+    """The exported entry point: the rows kernel, one row per step (DISPATCH_WARPS), up to
+    WIDE_THRESHOLD columns; the two-pass wide kernel beyond."""
     n = x.shape[-1]
-    if n > WIDE_THRESHOLD or (not round_before_weight and n >= FP32_WIDE_FROM):
+    if n > WIDE_THRESHOLD:
         return rms_norm_wide(x, weight, eps, round_before_weight)
-    return rms_norm_rows(x, weight, eps, round_before_weight, block_rows=choose_rows_per_step(n))
+    warps = DISPATCH_WARPS[0] if launch.next_pow2(n) <= 4096 else DISPATCH_WARPS[1]
+    return rms_norm_rows(x, weight, eps, round_before_weight, num_warps=warps)
 
 
 # ---- semantics --------------------------------------------------------------------------

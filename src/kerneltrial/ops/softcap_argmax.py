@@ -39,13 +39,13 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
   writes a partial (max capped value, first index) and `_merge_parts` (one tiny launch)
   keeps, per row, the smallest index among the equal maxima: exact and deterministic,
   no atomics.
-- `_argmax_stream` (the `stream_*` and `split1_*` candidates): the same span walk and
+- `_argmax_stream` (the `stream_*` candidates and the dispatcher): the same span walk and
   tanh skip, in one launch. The next chunk's load is issued before the current chunk is
   reduced (software prefetch: a chunk is always in flight while the previous one is
-  examined), and the chunks are large (8192-16384 elements, 16-64 bytes of loads per
-  thread). Spans per row are chosen so the grid stays within `programs` work items (the
-  resident slots: one wave, no partial last wave from the split), whole spans per program. With several spans per row, each span stores its partial (max capped
-  value, first index), then takes a ticket from a per-row int32 counter (atomic add,
+  examined). Spans per row are chosen so the grid stays within `programs` work items (the
+  resident slots: one wave, no partial last wave from the split), whole spans per program.
+  With several spans per row, each span stores its partial (max capped value, first
+  index), then takes a ticket from a per-row int32 counter (atomic add,
   acq_rel, after a CTA barrier); the span that draws the last ticket reads the row's
   partials (bypassing L1), keeps the smallest index among the equal maxima, writes the
   answer and resets the counter to 0. The merge is exact and deterministic (the result
@@ -78,18 +78,16 @@ PACK_ELEMENTS = 4096  # packed steps hold at most this many elements (rows x BLO
 PACKINGS = ((4, 4), (16, 8))  # (rows per step, warps) of the packed candidates
 SPLITS = ((16, 4096, 8), (64, 2048, 8), (256, 1024, 4))  # (spans per row, chunk, warps)
 ROWS_SKIP = ((4096, 8), (8192, 16))  # (chunk, warps) of the one-span-per-row candidates
-TARGET_PROGRAMS = 1056  # dispatcher: work items to launch (8 per SM of a 132-SM H200)
 NARROW = 4096  # dispatcher: rows up to this wide are packed
 MAX_PARTS = 1024  # the merge reads every partial of a row in one block
-# Below SAFE_CAPS * cap in magnitude, distinct bf16 logits keep distinct capped fp32 values
-# in the same order (torch's first tie between neighbours is at 212 = 7.07 * cap, the
-# float64 formula's at 220; tested over every bf16 value), so the raw argmax is the capped one.
-SAFE_CAPS = 6.0
-# (chunk, warps, programs) of the stream candidates: programs = resident slots on a 132-SM
-# H200, from ptxas -v (sm_90a, triton 3.9 PTX): 128 registers per thread at both chunk sizes,
-# so 2 programs of 8 warps or 1 of 16 warps fit an SM (32 KB of loads in flight per SM each).
-STREAMS = ((8192, 8, 264), (16384, 16, 132))
-SPLIT1 = ((256, 1024, 4),)  # (spans per row, chunk, warps) of the one-launch split candidates
+# (chunk, warps, programs) of the stream candidates; programs: 4 (or 2) per SM of a 132-SM
+# H200. The dispatcher uses the first two (see `choose_stream`). Leads (scripts/device/sweep.py,
+# cold L2, two machines): 2048/4/528 was fastest or within 3% from 1 to 64 rows (6.5-6.9 us
+# at 1 x 262144, 23.1 us at 64) and at 2048 x 130560 (150 us against 165 for 4096/4/528 and
+# 187 for 8192/8/264, the previous rule); 4096/4/528 at 256 x 262144 (52.7 against 58.2).
+# Trial: results/h200/softcap_row_argmax-r3.
+STREAMS = ((2048, 4, 528), (4096, 4, 528), (8192, 8, 264))
+LONG_SPAN = 65536
 
 
 @triton.jit
@@ -210,37 +208,6 @@ def _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P
 
 
 @triton.jit
-def _argmax_lanes(
-    X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap, safe,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
-):
-    cols = tl.arange(0, BLOCK_N)
-    for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
-        row = item // n_parts
-        lo = (item - row * n_parts) * span
-        hi = tl.minimum(lo + span, N)
-        x_row = X + tl.cast(row, tl.int64) * stride
-        lane_top = tl.full((BLOCK_N,), float("-inf"), tl.float32)  # each lane's largest raw logit
-        lane_idx = tl.zeros((BLOCK_N,), tl.int32)  # its first index (strict >: the earliest)
-        x = tl.load(x_row + lo + cols, mask=lo + cols < hi, other=float("-inf"))
-        for start in range(lo, hi, BLOCK_N):
-            nxt = start + BLOCK_N + cols  # prefetch: issued before this chunk is examined
-            x_next = tl.load(x_row + nxt, mask=nxt < hi, other=float("-inf"))
-            xf = x.to(tl.float32)  # masked lanes hold -inf
-            better = xf > lane_top
-            lane_top = tl.where(better, xf, lane_top)
-            lane_idx = tl.where(better, start + cols, lane_idx)
-            x = x_next
-        top = tl.max(lane_top, axis=0)
-        if tl.abs(top) < safe:  # below the saturation edge raw order is capped order
-            best_idx = tl.min(tl.where(lane_top == top, lane_idx, hi), axis=0)
-            best = softcap(top, cap, inv_cap)
-        else:  # distinct logits may cap to one value: walk the span again on capped values
-            best, best_idx = _walk_span(x_row, lo, hi, cap, inv_cap, BLOCK_N)
-        _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P, MERGE)
-
-
-@triton.jit
 def _argmax_stream(
     X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
@@ -341,10 +308,9 @@ def stream_parts(n_rows: int, programs: int) -> int:
 
 
 def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8,
-                  programs: int | None = None, lanes: bool = False) -> torch.Tensor:
-    """Launch `_argmax_stream` (or, with `lanes`, `_argmax_lanes`) once: up to `parts` spans
-    per row (or, with `programs`, as many as keep the grid near `programs` work items),
-    merged in the same launch by the last span."""
+                  programs: int | None = None) -> torch.Tensor:
+    """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
+    as keep the grid near `programs` work items), merged in the same launch by the last span."""
     rows = launch.as_rows(logits)
     n_rows, n = rows.shape
     if programs is not None:
@@ -356,45 +322,32 @@ def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int =
     val = torch.empty(items if merge else 1, dtype=torch.float32, device=logits.device)
     idx = torch.empty(items if merge else 1, dtype=torch.int32, device=logits.device)
     cnt = merge_counters(n_rows, logits.device) if merge else idx
-    args = (rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap)
-    meta = dict(BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps)
-    if lanes:
-        _argmax_lanes[launch.bounded_grid(items)](*args, SAFE_CAPS * cap, **meta)
-    else:
-        _argmax_stream[launch.bounded_grid(items)](*args, **meta)
+    _argmax_stream[launch.bounded_grid(items)](
+        rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
+        BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps,
+    )
     return out.view(logits.shape[:-1])
 
 
-def choose_split(n_rows: int, n: int) -> tuple[int, int, int]:
-    """(spans per row, chunk, warps) for the dispatcher: enough work items to fill the GPU
-    (TARGET_PROGRAMS), 4096-element chunks when every span holds at least one, else 1024."""
-    parts = triton.cdiv(TARGET_PROGRAMS, n_rows)
-    if parts * 4096 <= n:
-        return parts, 4096, 8
-    return parts, 1024, 4
-
-
-# From STREAM_ROWS rows up, the one-launch streaming kernel (STREAMS[0]) is the dispatcher's
-# choice. Data: results/h200/softcap_row_argmax-stream-rerun (cold L2) measured it at 25.6 us
-# against 34.0 us for the split path at 64 x 262144 and 53.1 against 73.2 us at 256 x 262144,
-# and tied at 2048 x 130560 (187 against 186 us); below 64 rows both it and the split path
-# were bimodal on that machine (spreads above 50%), so the split path measured in
-# results/h200/softcap_row_argmax (7.7 us at 1 row) stays there.
-STREAM_ROWS = 64
+def choose_stream(n_rows: int, n: int) -> tuple[int, int, int]:
+    """(chunk, warps, programs) of the dispatcher's one-launch kernel: STREAMS[1] (4096-element
+    chunks) when the spans are long (>= LONG_SPAN) and fit one wave of STREAMS[1]'s
+    programs, else STREAMS[0] (2048)."""
+    chunk, warps, programs = STREAMS[1]
+    n_parts, span, _ = span_geometry(n, stream_parts(n_rows, programs), chunk)
+    if span >= LONG_SPAN and n_rows * n_parts <= programs:
+        return STREAMS[1]
+    return STREAMS[0]
 
 
 def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
-    """The exported entry point: packs rows up to NARROW wide; streams STREAM_ROWS rows or
-    more with the one-launch kernel; splits fewer, wider rows into spans so that about
-    TARGET_PROGRAMS work items run."""
+    """The exported entry point: packs rows up to NARROW wide; streams wider rows with the
+    one-launch kernel in the geometry `choose_stream` picks."""
     n_rows, n = launch.as_rows(logits).shape
     if n <= NARROW:
         return argmax_rows(logits, cap, block_rows=max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))))
-    if n_rows >= STREAM_ROWS:
-        chunk, warps, programs = STREAMS[0]
-        return argmax_stream(logits, cap, chunk=chunk, num_warps=warps, programs=programs)
-    parts, chunk, warps = choose_split(n_rows, n)
-    return argmax_split(logits, cap, parts=parts, chunk=chunk, num_warps=warps)
+    chunk, warps, programs = choose_stream(n_rows, n)
+    return argmax_stream(logits, cap, chunk=chunk, num_warps=warps, programs=programs)
 
 
 # ---- semantics --------------------------------------------------------------------------
@@ -477,10 +430,6 @@ for _chunk, _warps, _programs in STREAMS:
     register_impl(NAME, f"stream_c{_chunk}_w{_warps}",
                   doc=f"one launch, ~{_programs} span items, {_chunk}-chunks prefetched, last span merges")(
         partial(argmax_stream, chunk=_chunk, num_warps=_warps, programs=_programs))
-for _parts, _chunk, _warps in SPLIT1:
-    register_impl(NAME, f"split1_p{_parts}_c{_chunk}_w{_warps}",
-                  doc=f"one launch, up to {_parts} spans per row, the last span merges (atomic ticket)")(
-        partial(argmax_stream, parts=_parts, chunk=_chunk, num_warps=_warps))
 register_impl(NAME, "kerneltrial", doc="dispatch by shape (exported entry point)")(softcap_row_argmax)
 
 
