@@ -6,7 +6,12 @@
   the sum over the calls. Before a sample the GPU is given a spin kernel (`_lead`) long
   enough for the host to enqueue the whole sample behind it, so the events time the
   device, not the host's launch overhead (an idle GPU waiting for a Python launch would
-  otherwise count that wait as kernel time).
+  otherwise count that wait as kernel time). An event recorded after the spin tells
+  whether the spin had already ended when the host finished enqueuing the sample: then
+  the GPU may have waited on the host inside a timed call, so the sample is taken again
+  with a lead twice as long (`next_lead`), and the longer lead is kept for later samples.
+  Without this check, arms with a heavy Python wrapper showed a second, slow mode of
+  2-4x their kernel time (results/h200/softcap_row_argmax-r3, docs/NOTES.md).
 - `cuda-graph`: the `calls` calls captured once into a CUDA graph, its replay timed with
   events: launch overhead removed, hot L2. Reported as such.
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
@@ -24,6 +29,9 @@ import torch
 
 Call = Callable[[], object]
 
+LEAD_CYCLES_PER_CALL = 200_000  # ~100 us of host time per call at ~2 GHz: covers a Python launch
+LEAD_CYCLES_MAX = 200_000_000  # ~100 ms: the longest spin a sample may start with
+
 
 @dataclass
 class Timer:
@@ -34,6 +42,8 @@ class Timer:
     cold: bool
     _flush: torch.Tensor | None = field(default=None, repr=False)
     _graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict, repr=False)
+    lead_cycles_per_call: int = LEAD_CYCLES_PER_CALL
+    retaken: int = 0  # samples taken again because the host fell behind the GPU
 
     def flush(self) -> None:
         if self._flush is not None:
@@ -43,8 +53,15 @@ class Timer:
         if self.name == "host-clock":
             return self._host(call, calls)
         if self.name == "cuda-graph":
-            return self._graph(call, calls, key)
-        return self._events_cold(call, calls) if self.cold else self._events_hot(call, calls)
+            call, calls = self._graph(call, calls, key), 1
+        measure = self._events_cold if self.cold else self._events_hot
+        while True:
+            ns, host_behind = measure(call, calls)
+            longer = next_lead(self.lead_cycles_per_call, calls, host_behind)
+            if longer is None:
+                return ns
+            self.lead_cycles_per_call = longer
+            self.retaken += 1
 
     def _host(self, call: Call, calls: int) -> int:
         start = time.perf_counter_ns()
@@ -52,28 +69,39 @@ class Timer:
             call()
         return time.perf_counter_ns() - start
 
-    def _events_hot(self, call: Call, calls: int) -> int:
+    def _lead(self, calls: int) -> torch.cuda.Event:
+        """Keep the GPU busy while the host enqueues `calls` calls; returns an event that
+        completes when the spin ends."""
+        torch.cuda._sleep(min(LEAD_CYCLES_MAX, self.lead_cycles_per_call * calls))
+        done = torch.cuda.Event()
+        done.record()
+        return done
+
+    def _events_hot(self, call: Call, calls: int) -> tuple[int, bool]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _lead(calls)
+        lead = self._lead(calls)
         start.record()
         for _ in range(calls):
             call()
         end.record()
+        host_behind = lead.query()  # the spin ended before the host had enqueued everything
         end.synchronize()
-        return round(start.elapsed_time(end) * 1e6)
+        return round(start.elapsed_time(end) * 1e6), host_behind
 
-    def _events_cold(self, call: Call, calls: int) -> int:
+    def _events_cold(self, call: Call, calls: int) -> tuple[int, bool]:
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-        _lead(calls)
+        lead = self._lead(calls)
         for start, end in pairs:
             self.flush()
             start.record()
             call()
             end.record()
+        host_behind = lead.query()
         pairs[-1][1].synchronize()
-        return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6)
+        return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6), host_behind
 
-    def _graph(self, call: Call, calls: int, key: int) -> int:
+    def _graph(self, call: Call, calls: int, key: int) -> Call:
+        """The replay of `calls` calls captured into a CUDA graph (captured once per key)."""
         graph = self._graphs.get(key)
         if graph is None:
             stream = torch.cuda.Stream()
@@ -86,20 +114,19 @@ class Timer:
                 for _ in range(calls):
                     call()
             self._graphs[key] = graph
-        return self._events_hot(graph.replay, 1)
+        return graph.replay
 
     def release(self) -> None:
         """Drop captured graphs (they pin their inputs) before the next case."""
         self._graphs.clear()
 
 
-LEAD_CYCLES_PER_CALL = 200_000  # ~100 us of host time per call at ~2 GHz: covers a Python launch
-LEAD_CYCLES_MAX = 200_000_000
-
-
-def _lead(calls: int) -> None:
-    """Keep the GPU busy while the host enqueues `calls` calls (see the module docstring)."""
-    torch.cuda._sleep(min(LEAD_CYCLES_MAX, LEAD_CYCLES_PER_CALL * calls))
+def next_lead(cycles_per_call: int, calls: int, host_behind: bool) -> int | None:
+    """The longer per-call lead to take a sample again with, or None to keep the sample:
+    kept when the host stayed ahead, or when the lead is already at LEAD_CYCLES_MAX."""
+    if not host_behind or cycles_per_call * calls >= LEAD_CYCLES_MAX:
+        return None
+    return 2 * cycles_per_call
 
 
 def l2_bytes() -> int:

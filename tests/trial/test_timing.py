@@ -1,0 +1,40 @@
+"""The lead-spin check: a sample during which the host fell behind the GPU is taken again
+with a longer lead, and the longer lead is kept."""
+
+from __future__ import annotations
+
+from kerneltrial.trial import timing
+
+
+def test_next_lead_doubles_only_when_the_host_fell_behind():
+    assert timing.next_lead(200_000, 3, host_behind=False) is None
+    assert timing.next_lead(200_000, 3, host_behind=True) == 400_000
+    at_cap = timing.LEAD_CYCLES_MAX // 4
+    assert timing.next_lead(at_cap, 4, host_behind=True) is None  # already the longest spin
+
+
+def test_a_host_bound_sample_is_retaken_with_a_longer_lead(monkeypatch):
+    """Two host-bound attempts (the GPU caught up) are discarded; the third is kept."""
+    timer = timing.Timer(name="cuda-events", is_gpu=True, cold=True)
+    attempts = []
+
+    def measure(call, calls):
+        attempts.append(timer.lead_cycles_per_call)
+        behind = len(attempts) < 3
+        return (99_000 if behind else 10_000), behind
+
+    monkeypatch.setattr(timer, "_events_cold", measure)
+    assert timer.sample(lambda: None, 2) == 10_000
+    start = timing.LEAD_CYCLES_PER_CALL
+    assert attempts == [start, 2 * start, 4 * start]
+    assert timer.retaken == 2 and timer.lead_cycles_per_call == 4 * start
+    timer.sample(lambda: None, 2)  # the next sample starts with the longer lead
+    assert attempts[-1] == 4 * start and timer.retaken == 2
+
+
+def test_a_sample_at_the_longest_lead_is_kept(monkeypatch):
+    timer = timing.Timer(name="cuda-events", is_gpu=True, cold=False,
+                         lead_cycles_per_call=timing.LEAD_CYCLES_MAX)
+    monkeypatch.setattr(timer, "_events_hot", lambda call, calls: (5_000, True))
+    assert timer.sample(lambda: None, 1) == 5_000
+    assert timer.retaken == 0
