@@ -34,5 +34,6 @@ for arg in "$@"; do
   timeout $limit python3 -m kerneltrial.cli $cmd > $OUT/logs/${name//\//-}.log 2>&1
   echo "$name: rc=$? in $(( $(date +%s) - start ))s"; tail -2 $OUT/logs/${name//\//-}.log
   [ -f $out/summary.json ] && python3 -m kerneltrial.cli verify $out | tail -1
+  tar czf $OUT/runs.tar.gz results/h200 results/h200-checks  # after each run: a call cut short keeps what finished
 done
 tar czf $OUT/runs.tar.gz results/h200 results/h200-checks && ls -la $OUT
