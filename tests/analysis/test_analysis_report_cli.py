@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
+from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
@@ -148,3 +149,17 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     assert "| `rmsnorm` (`plain`) | 2 |" in text
     assert "### Errata" in text and text.count("stale build") == 1
     assert verify_run_dir(fixed).ok  # ERRATA.md is not a raw file: the run still verifies
+
+
+def test_superseded_runs_leave_the_overview_for_the_earlier_runs_table(tmp_path: Path) -> None:
+    spec = RunSpec(arms=PEER_ARMS, failures=set())
+    old, new = write_run_dir(tmp_path / "old", spec), write_run_dir(tmp_path / "new", spec)
+    for path in (old, new):
+        write_summary(path)
+    (old / "ERRATA.md").write_text("Superseded by: `new`\nReason: measured with the old timer.\n")
+    text = write_performance_md([old, new], tmp_path / "PERFORMANCE.md").read_text()
+    assert "| `rmsnorm` (`new`) | 2 |" in text and "(`old`)" not in text.split("## Earlier runs")[0]
+    assert "## rmsnorm: `new`" in text and "## rmsnorm: `old`" not in text
+    assert "| `old` | `rmsnorm` | `new` | measured with the old timer. |" in text
+    with pytest.raises(RunDirError, match="superseded by 'new', which is not among"):
+        write_performance_md([old], tmp_path / "P2.md")

@@ -138,3 +138,28 @@ def test_resume_after_the_summary_was_written_finishes(tmp_path):
     run_trial(protocol, run, resume=True)
     assert json.loads((run / "provenance.json").read_text())["finished_at"]
     assert verify_run_dir(run).ok
+
+
+def test_a_declared_source_commit_wins_over_a_stale_git(monkeypatch, tmp_path):
+    """A tree copied to a GPU machine may carry the .git of an earlier commit: the sender's
+    KERNELTRIAL_SOURCE_COMMIT is recorded as the commit, git's own view beside it."""
+    from kerneltrial.trial import provenance
+
+    monkeypatch.delenv("KERNELTRIAL_SOURCE_COMMIT", raising=False)
+    plain = provenance.git_state(tmp_path)  # not a repository
+    assert plain["commit"] is None and len(plain["source_sha256"]) == 64
+    monkeypatch.setenv("KERNELTRIAL_SOURCE_COMMIT", "abc1234")
+    declared = provenance.git_state(Path(__file__).resolve().parents[2])
+    assert declared["commit"] == "abc1234" and declared["source"] == "KERNELTRIAL_SOURCE_COMMIT"
+    assert declared["git_head"] and declared["git_head"] != "abc1234"
+
+
+def test_source_digest_changes_with_any_package_file(tmp_path):
+    from kerneltrial.trial import provenance
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    first = provenance.source_digest(tmp_path)
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert provenance.source_digest(tmp_path) != first

@@ -23,7 +23,6 @@ import os
 import platform
 import random
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from kerneltrial.serving.launcher import (
     LaunchError, Server, ServerSpec, gpu_info, operator_env, probe_versions, python_for,
 )
 from kerneltrial.serving.protocol import Arm, Protocol
+from kerneltrial.trial import provenance
 
 Event = Callable[..., None]
 REQUEST_FIELDS = [
@@ -74,15 +74,6 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(row, default=str) + "\n")
         fh.flush()
-
-
-def git_state() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10).stdout.strip())
-        return {"commit": commit or None, "dirty": dirty if commit else None}
-    except (OSError, subprocess.TimeoutExpired):
-        return {"commit": None, "dirty": None}
 
 
 def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
@@ -221,7 +212,7 @@ def run_protocol(
         "started_at": now(), "finished_at": None, "status": "running",
         "hostname": socket.gethostname(),
         "python": sys.version.split()[0], "platform": platform.platform(),
-        "git": git_state(),
+        "git": provenance.git_state(Path(__file__).resolve().parents[3]),
         "gpu": gpu_info(),
         "client": {"vllm": vllm, "versions": probe_versions(python_for(vllm))},
         "server_versions": {},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
@@ -32,6 +33,12 @@ def versions() -> dict[str, str | None]:
 
 
 def git_state(repo: Path) -> dict[str, Any]:
+    """The commit that ran. A sender that ships a copy of the tree to another machine names
+    its commit in KERNELTRIAL_SOURCE_COMMIT, and that declaration wins: the copy may carry a
+    stale .git (one GPU service copies the working tree with the .git of an earlier commit,
+    so git there reported that commit, "dirty"). What git reports is kept beside it
+    (`git_head`, `git_dirty`), and `source_sha256` (see `source_digest`) lets anyone check
+    the declaration against a checkout of the named commit."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
@@ -39,14 +46,24 @@ def git_state(repo: Path) -> dict[str, Any]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if commit is None and os.environ.get("KERNELTRIAL_SOURCE_COMMIT"):
-        # A copy of the tree without .git (e.g. shipped to a GPU machine): the sender names the commit.
-        return {"commit": os.environ["KERNELTRIAL_SOURCE_COMMIT"], "dirty": None, "source": "KERNELTRIAL_SOURCE_COMMIT"}
-    if commit is None:
-        return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if head else None
+    dirty = bool(status) if status is not None else None
+    state: dict[str, Any] = {"commit": head, "dirty": dirty, "source_sha256": source_digest()}
+    declared = os.environ.get("KERNELTRIAL_SOURCE_COMMIT")
+    if declared:
+        state.update(commit=declared, dirty=None, source="KERNELTRIAL_SOURCE_COMMIT", git_head=head, git_dirty=dirty)
+    return state
+
+
+def source_digest(root: Path | None = None) -> str:
+    """sha256 over the kerneltrial package's .py files (relative path and bytes, in sorted
+    order): the code that ran, recomputable from any checkout."""
+    root = root or Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def nvidia_smi(*fields: str) -> dict[str, str] | None:
