@@ -132,11 +132,16 @@ def test_every_run_section_states_what_the_cis_cover(run_dir: Path, tmp_path: Pa
     assert text.count(SCOPE) == 2
 
 
-def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> None:
+def _two_peer_runs(tmp_path: Path, first: str, second: str) -> tuple[Path, Path]:
     spec = RunSpec(arms=PEER_ARMS, failures=set())
-    fixed, plain = write_run_dir(tmp_path / "fixed", spec), write_run_dir(tmp_path / "plain", spec)
-    for path in (fixed, plain):
+    runs = write_run_dir(tmp_path / first, spec), write_run_dir(tmp_path / second, spec)
+    for path in runs:
         write_summary(path)
+    return runs
+
+
+def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> None:
+    fixed, plain = _two_peer_runs(tmp_path, "fixed", "plain")
     (fixed / "ERRATA.md").write_text("The peer arm ran with a stale build; its medians are not comparable.\n")
     report = write_report(fixed).read_text().splitlines()
     timing = next(i for i, line in enumerate(report) if line.startswith("Timing: "))
@@ -152,10 +157,7 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
 
 
 def test_superseded_runs_leave_the_overview_for_the_earlier_runs_table(tmp_path: Path) -> None:
-    spec = RunSpec(arms=PEER_ARMS, failures=set())
-    old, new = write_run_dir(tmp_path / "old", spec), write_run_dir(tmp_path / "new", spec)
-    for path in (old, new):
-        write_summary(path)
+    old, new = _two_peer_runs(tmp_path, "old", "new")
     (old / "ERRATA.md").write_text("Superseded by: `new`\nReason: measured with the old timer.\n")
     text = write_performance_md([old, new], tmp_path / "PERFORMANCE.md").read_text()
     assert "| `rmsnorm` (`new`) | 2 |" in text and "(`old`)" not in text.split("## Earlier runs")[0]
