@@ -11,6 +11,7 @@ limit=$1; shift
 mkdir -p results/h200 results/h200-checks $OUT/logs
 for arg in "$@"; do
   name=${arg%%=*}; out=results/h200/${arg#*=}
+  [ "$arg" = "$name" ] && out=results/h200/${name//\//-}  # no =OUTNAME: calibration/x -> calibration-x
   if [ "$name" = check ]; then  # every operator and implementation (peers too) at realistic shapes
     for spec in rmsnorm:4096x2048 rmsnorm_fp32:4096x2048 fused_add_rmsnorm:4096x2048 gemma_fused_add_rmsnorm:4096x2048 \
                 sigmoid_gate_mul:4096x2048 silu_and_mul:4096x12288 zimage_qk_rmsnorm:4096x30x128 \

@@ -165,3 +165,6 @@ def test_superseded_runs_leave_the_overview_for_the_earlier_runs_table(tmp_path:
     assert "| `old` | `rmsnorm` | `new` | measured with the old timer. |" in text
     with pytest.raises(RunDirError, match="superseded by 'new', which is not among"):
         write_performance_md([old], tmp_path / "P2.md")
+    (new / "ERRATA.md").write_text("Superseded by: `old`\n")  # a cycle would drop both runs
+    with pytest.raises(RunDirError, match="cycle"):
+        write_performance_md([old, new], tmp_path / "P3.md")

@@ -120,7 +120,7 @@ def test_spans_cover_the_row_exactly(n, parts, chunk):
 
 
 @pytest.mark.parametrize("rows,n,geometry", [
-    (1, 262144, sa.STREAMS[0]), (64, 262144, sa.STREAMS[0]),  # spans of 2048 and 32768: short
+    (1, 262144, sa.STREAMS[0]), (64, 262144, sa.STREAMS[0]),  # spans of 4096 and 32768 (in 4096-chunks): short
     (128, 262144, sa.STREAMS[1]), (256, 262144, sa.STREAMS[1]),  # one wave of 65536-131072 spans
     (2048, 130560, sa.STREAMS[0]),  # four rows per program slot: more than one wave
 ])
@@ -238,11 +238,13 @@ def test_gate_passes_one_launch_arms(shape, name):
 
 def test_dispatcher_streams_every_wide_row_count(monkeypatch):
     """The measured rule: rows wider than NARROW go to the one-launch streaming kernel at
-    every row count (the two-launch split was bimodal), in `choose_stream`'s geometry."""
-    routed = []
+    every row count (the two-launch split was bimodal), in the geometry `choose_stream` picks."""
+    routed, asked = [], []
     monkeypatch.setattr(sa, "argmax_stream", lambda logits, cap, **kw: routed.append(kw) or logits[:, 0].long())
     monkeypatch.setattr(sa, "argmax_split", lambda *a, **kw: pytest.fail("the split path is not dispatched"))
+    monkeypatch.setattr(sa, "choose_stream", lambda rows, n: asked.append((rows, n)) or (1024 * rows, 7, 99))
     wide = sa.NARROW + 1
     for rows in (1, 63, 64, 300):
         sa.softcap_row_argmax(torch.zeros(rows, wide), 30.0)
-    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [sa.choose_stream(r, wide) for r in (1, 63, 64, 300)]
+    assert asked == [(r, wide) for r in (1, 63, 64, 300)]
+    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [(1024 * r, 7, 99) for r in (1, 63, 64, 300)]

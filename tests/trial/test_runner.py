@@ -15,6 +15,7 @@ import pytest
 
 from kerneltrial.analysis.report import write_report
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.trial import timing
 from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
 
@@ -63,7 +64,10 @@ def test_end_to_end(tmp_path):
     report = write_report(run)
     text = report.read_text()
     assert "NOT GPU performance" in text and "packed_r4_w4" in text
-    assert json.loads((run / "provenance.json").read_text())["finished_at"]
+    record = json.loads((run / "provenance.json").read_text())
+    assert record["finished_at"]
+    assert record["lead"] == {"samples_retaken": 0, "samples_kept_behind": 0, "sessions": "all",
+                              "final_cycles_per_call": timing.LEAD_CYCLES_PER_CALL}  # the host clock spins nothing
 
 
 def test_finished_run_is_never_overwritten(tmp_path):
@@ -145,13 +149,16 @@ def test_a_declared_source_commit_wins_over_a_stale_git(monkeypatch, tmp_path):
     KERNELTRIAL_SOURCE_COMMIT is recorded as the commit, git's own view beside it."""
     from kerneltrial.trial import provenance
 
+    repo = Path(__file__).resolve().parents[2]
     monkeypatch.delenv("KERNELTRIAL_SOURCE_COMMIT", raising=False)
-    plain = provenance.git_state(tmp_path)  # not a repository
-    assert plain["commit"] is None and len(plain["source_sha256"]) == 64
+    assert provenance.git_state(tmp_path)["commit"] is None  # not a repository
+    own = provenance.git_state(repo)
+    assert len(own["source_sha256"]) == 64 and "git_head" not in own
     monkeypatch.setenv("KERNELTRIAL_SOURCE_COMMIT", "abc1234")
-    declared = provenance.git_state(Path(__file__).resolve().parents[2])
-    assert declared["commit"] == "abc1234" and declared["source"] == "KERNELTRIAL_SOURCE_COMMIT"
-    assert declared["git_head"] and declared["git_head"] != "abc1234"
+    declared = provenance.git_state(repo)
+    assert declared["commit"] == "abc1234" and declared["dirty"] is None
+    assert declared["source"] == "KERNELTRIAL_SOURCE_COMMIT"
+    assert (declared["git_head"], declared["git_dirty"]) == (own["commit"], own["dirty"])
 
 
 def test_source_digest_changes_with_any_package_file(tmp_path):

@@ -38,3 +38,53 @@ def test_a_sample_at_the_longest_lead_is_kept(monkeypatch):
     monkeypatch.setattr(timer, "_events_hot", lambda call, calls: (5_000, True))
     assert timer.sample(lambda: None, 1) == 5_000
     assert timer.retaken == 0
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: logs record/query; the lead's query answers `behind`."""
+
+    log: list[str] = []
+    behind = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.timing = enable_timing
+
+    def record(self) -> None:
+        FakeEvent.log.append("record" if self.timing else "lead-recorded")
+
+    def query(self) -> bool:
+        FakeEvent.log.append("query")
+        return FakeEvent.behind
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return 0.001  # ms
+
+
+def test_the_lead_spins_for_the_timers_lead_and_is_queried_after_the_whole_sample(monkeypatch):
+    FakeEvent.log, FakeEvent.behind = [], False
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: FakeEvent.log.append(f"sleep {cycles}"))
+    for cold in (True, False):
+        FakeEvent.log.clear()
+        timer = timing.Timer(name="cuda-events", is_gpu=True, cold=cold, lead_cycles_per_call=1000)
+        assert timer.sample(lambda: FakeEvent.log.append("call"), 3) == (3000 if cold else 1000)
+        assert FakeEvent.log[:2] == ["sleep 3000", "lead-recorded"]
+        assert FakeEvent.log.count("call") == 3 and FakeEvent.log[-1] == "query"  # after every call and record
+    FakeEvent.log.clear()
+    FakeEvent.behind = True  # always behind: doubled up to the cap, then kept and counted
+    timer = timing.Timer(name="cuda-events", is_gpu=True, cold=False, lead_cycles_per_call=timing.LEAD_CYCLES_MAX // 2)
+    timer.sample(lambda: None, 1)
+    assert timer.retaken == 1 and timer.kept_behind == 1
+
+
+def test_a_graph_sample_times_one_replay(monkeypatch):
+    FakeEvent.log, FakeEvent.behind = [], False
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: FakeEvent.log.append(f"sleep {cycles}"))
+    timer = timing.Timer(name="cuda-graph", is_gpu=True, cold=False)
+    monkeypatch.setattr(timer, "_graph", lambda call, calls, key: (lambda: FakeEvent.log.append(f"replay of {calls}")))
+    timer.sample(lambda: None, 5)
+    assert FakeEvent.log[0] == f"sleep {timing.LEAD_CYCLES_PER_CALL}" and "replay of 5" in FakeEvent.log

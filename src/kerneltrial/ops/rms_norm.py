@@ -34,13 +34,16 @@ LAYOUTS = ("contiguous", "row_strided")
 PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
 WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
 WIDE_THRESHOLD = 16384
-# The dispatcher's rows kernel: one row per step, DISPATCH_WARPS[0] warps up to 4096-element
-# blocks, DISPATCH_WARPS[1] above. Leads (scripts/device/sweep.py, cold L2, both modes):
-# 4 warps one row per step matched or beat the packed steps at 2048 columns (13.3 vs 13.8 us
-# at 4096x2048, 36.2 vs 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and
-# 14336 columns (32.7 vs 33.4) and tied at 8192 and 16384. Trial: results/h200/rmsnorm-r2,
-# rmsnorm_fp32-r3, rmsnorm_fp32-wide-rows-r2.
+# The dispatcher's rows kernel: rows narrower than PACK_TO elements are packed up to PACK_TO
+# elements per step; DISPATCH_WARPS[0] warps up to 4096-element blocks, DISPATCH_WARPS[1]
+# above. Leads (scripts/device/sweep.py, cold L2, both modes): 4 warps one row per step
+# matched or beat packed steps of 4096 elements at 2048 columns (13.3 vs 13.8 us at
+# 4096x2048, 36.2 vs 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and 14336
+# columns (32.7 vs 33.4) and tied at 8192 and 16384. Trials: results/h200/rmsnorm-s2,
+# rmsnorm_fp32-s2, rmsnorm_fp32-wide-rows-r3. Below 2048 columns no width was measured:
+# packing to PACK_TO keeps the 2048-element step the trials measured.
 DISPATCH_WARPS = (4, 8)
+PACK_TO = 2048
 
 
 @triton.jit
@@ -123,13 +126,14 @@ def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
 
 
 def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
-    """The exported entry point: the rows kernel, one row per step (DISPATCH_WARPS), up to
+    """The exported entry point: the rows kernel (PACK_TO, DISPATCH_WARPS) up to
     WIDE_THRESHOLD columns; the two-pass wide kernel beyond."""
     n = x.shape[-1]
     if n > WIDE_THRESHOLD:
         return rms_norm_wide(x, weight, eps, round_before_weight)
-    warps = DISPATCH_WARPS[0] if launch.next_pow2(n) <= 4096 else DISPATCH_WARPS[1]
-    return rms_norm_rows(x, weight, eps, round_before_weight, num_warps=warps)
+    block = launch.next_pow2(n)
+    warps = DISPATCH_WARPS[0] if block <= 4096 else DISPATCH_WARPS[1]
+    return rms_norm_rows(x, weight, eps, round_before_weight, block_rows=max(1, PACK_TO // block), num_warps=warps)
 
 
 # ---- semantics --------------------------------------------------------------------------

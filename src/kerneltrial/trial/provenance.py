@@ -57,8 +57,9 @@ def git_state(repo: Path) -> dict[str, Any]:
 
 
 def source_digest(root: Path | None = None) -> str:
-    """sha256 over the kerneltrial package's .py files (relative path and bytes, in sorted
-    order): the code that ran, recomputable from any checkout."""
+    """sha256 over the kerneltrial package's .py files on disk (relative path and bytes, in
+    sorted order): the code that ran. A checkout of the declared commit gives the same hash
+    unless .py files git does not track were added to the package."""
     root = root or Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):

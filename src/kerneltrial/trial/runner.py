@@ -367,8 +367,10 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = json.loads(run.provenance.read_text())
-    record.update(finished_at=provenance.now(), clocks_at_end=provenance.clocks(),
-                  lead={"samples_retaken": timer.retaken, "final_cycles_per_call": timer.lead_cycles_per_call})
+    record.update(finished_at=provenance.now(), clocks_at_end=provenance.clocks(), lead={
+        "samples_retaken": timer.retaken, "samples_kept_behind": timer.kept_behind,
+        "final_cycles_per_call": timer.lead_cycles_per_call,
+        "sessions": "last" if resume else "all"})  # a killed session's counts are never written
     write_json(run.provenance, record)
     return run.root
 

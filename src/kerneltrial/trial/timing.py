@@ -9,7 +9,8 @@
   otherwise count that wait as kernel time). An event recorded after the spin tells
   whether the spin had already ended when the host finished enqueuing the sample: then
   the GPU may have waited on the host inside a timed call, so the sample is taken again
-  with a lead twice as long (`next_lead`), and the longer lead is kept for later samples.
+  with a lead twice as long (`next_lead`), and the longer lead is kept for later samples;
+  a sample that still falls behind at the longest lead (LEAD_CYCLES_MAX) is kept and counted.
   Without this check, arms with a heavy Python wrapper showed a second, slow mode of
   2-4x their kernel time (results/h200/softcap_row_argmax-r3, docs/NOTES.md).
 - `cuda-graph`: the `calls` calls captured once into a CUDA graph, its replay timed with
@@ -44,6 +45,7 @@ class Timer:
     _graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict, repr=False)
     lead_cycles_per_call: int = LEAD_CYCLES_PER_CALL
     retaken: int = 0  # samples taken again because the host fell behind the GPU
+    kept_behind: int = 0  # samples kept although the host fell behind (the lead was at its cap)
 
     def flush(self) -> None:
         if self._flush is not None:
@@ -59,6 +61,7 @@ class Timer:
             ns, host_behind = measure(call, calls)
             longer = next_lead(self.lead_cycles_per_call, calls, host_behind)
             if longer is None:
+                self.kept_behind += host_behind
                 return ns
             self.lead_cycles_per_call = longer
             self.retaken += 1
