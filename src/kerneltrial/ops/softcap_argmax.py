@@ -56,6 +56,7 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -264,27 +265,52 @@ def span_geometry(n: int, parts: int, chunk: int) -> tuple[int, int, int]:
     return triton.cdiv(n, span), span, chunk
 
 
-def argmax_split(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8) -> torch.Tensor:
-    """Launch `_argmax_spans` with up to `parts` spans per row, then `_merge_parts` if > 1."""
+@dataclass
+class Spans:
+    """One launch's span layout over `rows` and the buffers its kernels write: the int64
+    answer per row, and a partial (max capped value, first index) per span when a row has
+    several spans (one unused element each otherwise)."""
+
+    rows: torch.Tensor
+    n_parts: int
+    span: int
+    chunk: int
+    out: torch.Tensor
+    val: torch.Tensor
+    idx: torch.Tensor
+
+    @property
+    def items(self) -> int:
+        return self.rows.shape[0] * self.n_parts
+
+
+def spans(logits: torch.Tensor, parts: int, chunk: int) -> Spans:
+    """Lay `logits` out in up to `parts` spans per row (`span_geometry`) and allocate the buffers."""
     rows = launch.as_rows(logits)
     n_rows, n = rows.shape
     n_parts, span, chunk = span_geometry(n, parts, chunk)
-    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
-    items = n_rows * n_parts
-    partials = n_parts > 1
-    val = torch.empty(items if partials else 1, dtype=torch.float32, device=logits.device)
-    idx = torch.empty(items if partials else 1, dtype=torch.int32, device=logits.device)
-    _argmax_spans[launch.bounded_grid(items)](
-        rows, val, idx, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
-        BLOCK_N=chunk, PARTIALS=partials, num_warps=num_warps,
+    partials = n_rows * n_parts if n_parts > 1 else 1
+    device = logits.device
+    return Spans(rows, n_parts, span, chunk, torch.empty(n_rows, dtype=torch.int64, device=device),
+                 torch.empty(partials, dtype=torch.float32, device=device), torch.empty(partials, dtype=torch.int32, device=device))
+
+
+def argmax_split(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8) -> torch.Tensor:
+    """Launch `_argmax_spans` with up to `parts` spans per row, then `_merge_parts` if > 1."""
+    s = spans(logits, parts, chunk)
+    n_rows, n = s.rows.shape
+    partials = s.n_parts > 1
+    _argmax_spans[launch.bounded_grid(s.items)](
+        s.rows, s.val, s.idx, s.out, n_rows, s.rows.stride(0), n, s.span, s.n_parts, cap, 1.0 / cap,
+        BLOCK_N=s.chunk, PARTIALS=partials, num_warps=num_warps,
     )
     if partials:
-        block_p = launch.next_pow2(n_parts)
+        block_p = launch.next_pow2(s.n_parts)
         block_rows = max(1, min(64, 4096 // block_p))
         _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-            val, idx, out, n_rows, n_parts, BLOCK_ROWS=block_rows, BLOCK_P=block_p, num_warps=4,
+            s.val, s.idx, s.out, n_rows, s.n_parts, BLOCK_ROWS=block_rows, BLOCK_P=block_p, num_warps=4,
         )
-    return out.view(logits.shape[:-1])
+    return s.out.view(logits.shape[:-1])
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -313,22 +339,17 @@ def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int =
                   programs: int | None = None) -> torch.Tensor:
     """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
     as keep the grid near `programs` work items), merged in the same launch by the last span."""
-    rows = launch.as_rows(logits)
-    n_rows, n = rows.shape
+    n_rows = logits.shape[:-1].numel()
     if programs is not None:
         parts = stream_parts(n_rows, programs)
-    n_parts, span, chunk = span_geometry(n, parts, chunk)
-    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
-    items = n_rows * n_parts
-    merge = n_parts > 1
-    val = torch.empty(items if merge else 1, dtype=torch.float32, device=logits.device)
-    idx = torch.empty(items if merge else 1, dtype=torch.int32, device=logits.device)
-    cnt = merge_counters(n_rows, logits.device) if merge else idx
-    _argmax_stream[launch.bounded_grid(items)](
-        rows, val, idx, cnt, out, n_rows, rows.stride(0), n, span, n_parts, cap, 1.0 / cap,
-        BLOCK_N=chunk, BLOCK_P=launch.next_pow2(n_parts), MERGE=merge, num_warps=num_warps,
+    s = spans(logits, parts, chunk)
+    merge = s.n_parts > 1
+    cnt = merge_counters(n_rows, logits.device) if merge else s.idx
+    _argmax_stream[launch.bounded_grid(s.items)](
+        s.rows, s.val, s.idx, cnt, s.out, n_rows, s.rows.stride(0), s.rows.shape[1], s.span, s.n_parts, cap, 1.0 / cap,
+        BLOCK_N=s.chunk, BLOCK_P=launch.next_pow2(s.n_parts), MERGE=merge, num_warps=num_warps,
     )
-    return out.view(logits.shape[:-1])
+    return s.out.view(logits.shape[:-1])
 
 
 def choose_stream(n_rows: int, n: int) -> tuple[int, int, int]:
