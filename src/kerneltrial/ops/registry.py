@@ -136,6 +136,7 @@ class Operator:
     dtypes: tuple[str, ...] = ("bfloat16",)
     inplace: tuple[str, ...] = ()
     exact: bool = False  # integer outputs compared exactly (e.g. argmax indices)
+    contiguous_outputs: bool = False  # the interface returns contiguous tensors (the gate checks it)
     shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or 
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     impls: dict[str, Impl] = field(default_factory=dict)

@@ -3,33 +3,48 @@
 One check = one (case, seed, arm):
 1. fresh random inputs for the seed; the official formula (`reference`) and the float64
    `oracle` are computed on copies;
-2. every tensor the arm allocates with torch.empty* is filled with NaN (integers: the
-   smallest value) and freed blocks of the outputs' sizes are poisoned too, so an element
-   the kernel never writes fails the check;
-3. the arm runs; the device is synchronised;
-4. outputs must have the reference's shape and dtype, hold no NaN the reference does not
-   hold, and lie within the operator's tolerance of both the reference and the oracle
-   (integer outputs: exactly equal);
-5. inputs (and the whole storage behind a strided view) must be bit-identical to before,
-   except the operator's documented in-place outputs, which are checked as outputs;
-6. anti-cheat calls (`thorough`, the default): no output may alias an input or the
-   reference's result; a repeated call on the same input must be bit-identical (races);
+2. the arm gets private copies inside canary-guarded buffers (`guard`), at a nonzero
+   storage offset; a seeded, varying number of unchecked calls comes first, so the
+   checked call is not the n-th call of a fixed count;
+3. outputs must not contain what a kernel leaves behind unwritten: on a GPU the caching
+   allocator's free blocks of the outputs' sizes are filled with NaN before the call; on a
+   CPU (whose allocator hands out fresh pages) torch.empty* is patched to poison while the
+   arm runs (a kernel can see that patch; the timed checks below cannot be told apart);
+4. the arm runs; the current stream is synchronised;
+5. outputs must have the reference's shape and dtype (contiguous where the interface says
+   so), hold no NaN the reference does not hold, and lie within the operator's tolerance
+   of both the reference and the oracle (integer outputs, and `exact` checks: equal to the
+   reference bit for bit);
+6. every byte of the guarded buffers must hold what it must: inputs unchanged (except the
+   documented in-place outputs), canaries and strided padding untouched;
+7. anti-cheat calls (`thorough`, the default): no output may alias an input or the
+   reference's result, nor the arm's previous output while that is still alive (a
+   persistent buffer); a repeated call on the same input must be bit-identical (races);
    results must follow new inputs in fresh buffers and new values in the same buffers
    (memoisation keyed on pointers or shapes). Results are read after synchronising only
    the current stream, so work left unsynchronised on a side stream shows up as wrong.
+The runner applies steps 5 and 6 to a timed call of every sample too (`runner.TimedArm`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs, Tolerance
+from kerneltrial.trial import guard
+
+# Upper edges of the ulp histogram bins (distance from the reference in ulps of the output
+# dtype): exactly 0, (0, 1], (1, 2], (2, 4], (4, 16], and a last bin for everything above.
+ULP_BIN_EDGES = (0.0, 1.0, 2.0, 4.0, 16.0)
+EXTRA_CALLS_MAX = 3  # the gate makes 1..1+EXTRA_CALLS_MAX unchecked calls before the checked one
 
 
 @dataclass
@@ -44,6 +59,7 @@ class CheckResult:
     max_rel: float
     ulp: float
     message: str
+    ulp_hist: list[int] = field(default_factory=lambda: [0] * (len(ULP_BIN_EDGES) + 1))
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,8 +83,13 @@ def poison(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def poisoned_allocations() -> Iterator[None]:
-    """While active, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned tensors."""
+def poisoned_allocations(device: torch.device) -> Iterator[None]:
+    """On a CPU, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned
+    tensors while active (the CPU allocator returns fresh zeroed pages, so pre-filling freed
+    memory does not reach the arm). On a GPU nothing is patched: see `poison_free_blocks`."""
+    if device.type == "cuda":
+        yield
+        return
     originals: dict[tuple[Any, str], Callable[..., torch.Tensor]] = {
         (torch, "empty"): torch.empty,
         (torch, "empty_like"): torch.empty_like,
@@ -88,20 +109,16 @@ def poisoned_allocations() -> Iterator[None]:
             setattr(owner, name, fn)
 
 
-def poison_free_blocks(like: Outputs) -> None:
-    """Allocate, poison and free blocks the size of each expected output, so a caching
-    allocator hands poisoned memory to an arm that allocates its outputs another way."""
-    for t in like:
-        poison(torch.empty(t.numel(), dtype=t.dtype, device=t.device))
+def poison_free_blocks(like: Outputs, copies: int = 4) -> None:
+    """Allocate, poison and free `copies` blocks the size of each expected output, so the
+    caching allocator hands poisoned memory to an arm that allocates its outputs in any way."""
+    blocks = [poison(torch.empty(t.numel(), dtype=t.dtype, device=t.device)) for t in like for _ in range(copies)]
+    del blocks
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a view (a strided slice reads only part of it)."""
     return t._base if t._base is not None else t
-
-
-def snapshot_inputs(op: Operator, inputs: Inputs) -> dict[str, torch.Tensor]:
-    return {name: storage_of(v).clone() for name, v in inputs.items() if isinstance(v, torch.Tensor) and name not in op.inplace}
 
 
 def clone_inputs(inputs: Inputs) -> Inputs:
@@ -125,6 +142,27 @@ def ulp_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exponent) * info.eps
 
 
+def ulp_distances(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Per element |out - expected| in ulps of out's dtype (integers: 0 or inf)."""
+    o, e = out.double(), expected.double()
+    err = (o - e).abs()
+    err = torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
+    if not out.is_floating_point():
+        return torch.where(err == 0, err, torch.full_like(err, math.inf))
+    return torch.where(err == 0, err, err / ulp_of(e, out.dtype))
+
+
+def ulp_histogram(got: Outputs, reference: Outputs) -> list[int]:
+    """Counts of output elements per ulp bin (ULP_BIN_EDGES) against the reference."""
+    counts = np.zeros(len(ULP_BIN_EDGES) + 1, dtype=np.int64)
+    for g, r in zip(got, reference, strict=False):
+        if g.shape != r.shape or g.numel() == 0:
+            continue
+        ulps = ulp_distances(g, r).flatten().cpu().numpy()
+        counts += np.bincount(np.searchsorted(ULP_BIN_EDGES, ulps, side="left"), minlength=len(counts))
+    return [int(c) for c in counts]
+
+
 def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None) -> Difference:
     """Largest differences of `out` from `expected`; `tol` None means exact equality."""
     o, e = out.double(), expected.double()
@@ -138,36 +176,41 @@ def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None)
     return Difference(float(err.max()), float(rel.max()), float(ulp.max()), within)
 
 
-def compare(op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: Outputs) -> tuple[Difference, str]:
-    """Check `got` against both the reference and the oracle; '' when it passes."""
+def _fail(message: str) -> tuple[Difference, str]:
+    return Difference(math.inf, math.inf, math.inf, False), message
+
+
+def compare(op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: Outputs,
+            exact: bool = False) -> tuple[Difference, str]:
+    """Check `got` against both the reference and the oracle; '' when it passes. `exact`
+    (or an integer operator) requires bit-identical output to the reference; the float64
+    oracle is then still compared within the operator's tolerance."""
     if len(got) != len(reference):
-        return Difference(math.inf, math.inf, math.inf, False), f"returned {len(got)} outputs, expected {len(reference)}"
-    tol = None if op.exact else op.tolerance(case.dtype)
+        return _fail(f"returned {len(got)} outputs, expected {len(reference)}")
+    tol = op.tolerance(case.dtype) if not op.exact else None
     worst = Difference(0.0, 0.0, 0.0, True)
     for i, (g, r, o) in enumerate(zip(got, reference, oracle, strict=True)):
         label = f"output {i}" if len(got) > 1 else "output"
         if g.shape != r.shape:
-            return Difference(math.inf, math.inf, math.inf, False), f"{label} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
+            return _fail(f"{label} has shape {tuple(g.shape)}, expected {tuple(r.shape)}")
         if g.dtype != r.dtype:
-            return Difference(math.inf, math.inf, math.inf, False), f"{label} has dtype {g.dtype}, expected {r.dtype}"
+            return _fail(f"{label} has dtype {g.dtype}, expected {r.dtype}")
+        if op.contiguous_outputs and not op.inplace and not g.is_contiguous():
+            return _fail(f"{label} is not contiguous (strides {tuple(g.stride())}); the interface returns a contiguous tensor")
         if g.is_floating_point() and bool((torch.isnan(g) & ~torch.isnan(r)).any()):
             count = int((torch.isnan(g) & ~torch.isnan(r)).sum())
-            return Difference(math.inf, math.inf, math.inf, False), (
-                f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised")
+            return _fail(f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised")
         if g.is_floating_point() and bool((torch.isinf(g) & ~torch.isinf(r)).any()):
             count = int((torch.isinf(g) & ~torch.isinf(r)).sum())
-            return Difference(math.inf, math.inf, math.inf, False), f"{label} has {count} Inf element(s) where the reference is finite (overflow?)"
-        for against, expected in (("reference", r), ("float64 oracle", o.to(r.dtype) if op.exact else o)):
-            d = difference(g, expected, tol)
+            return _fail(f"{label} has {count} Inf element(s) where the reference is finite (overflow?)")
+        checks = (("reference", r, None if exact else tol), ("float64 oracle", o.to(r.dtype) if op.exact else o, tol))
+        for against, expected_values, bound in checks:
+            d = difference(g, expected_values, bound)
             worst = Difference(max(worst.max_abs, d.max_abs), max(worst.max_rel, d.max_rel), max(worst.ulp, d.ulp), worst.within and d.within)
             if not d.within:
-                bound = "exact equality" if tol is None else f"rtol {tol.rtol}, atol {tol.atol}"
-                return worst, f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({bound})"
+                rule = "exact equality" if bound is None else f"rtol {bound.rtol}, atol {bound.atol}"
+                return worst, f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule})"
     return worst, ""
-
-
-def changed_inputs(before: dict[str, torch.Tensor], inputs: Inputs) -> list[str]:
-    return [name for name, snap in before.items() if not torch.equal(storage_of(inputs[name]), snap)]
 
 
 def synchronize(device: torch.device) -> None:
@@ -180,7 +223,7 @@ def synchronize(device: torch.device) -> None:
 def call(op: Operator, fn: Callable[..., Any], inputs: Inputs, device: torch.device, like: Outputs) -> Outputs:
     """One poisoned call of `fn`, read back after synchronising the current stream."""
     poison_free_blocks(like)
-    with poisoned_allocations():
+    with poisoned_allocations(device):
         returned = fn(*inputs.values())
     synchronize(device)
     return op.outputs(inputs, returned)
@@ -191,74 +234,107 @@ def expected(op: Operator, inputs: Inputs) -> tuple[Outputs, Outputs]:
     return op.reference(*clone_inputs(inputs).values()), op.oracle(*clone_inputs(inputs).values())
 
 
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two non-empty tensors live in the same storage (empty tensors share nothing)."""
+    return a.numel() > 0 and b.numel() > 0 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def aliasing(op: Operator, got: Outputs, inputs: Inputs, reference: Outputs) -> str:
     """An out-of-place result must live in fresh memory: not an input's, not the reference's."""
     if op.inplace:
         return ""
-    pointers = {name: storage_of(v).untyped_storage().data_ptr() for name, v in inputs.items() if isinstance(v, torch.Tensor)}
+    tensors = {name: v for name, v in inputs.items() if isinstance(v, torch.Tensor)}
     for i, out in enumerate(got):
-        if out.numel() == 0:  # empty tensors have no memory to share (their pointers are all 0)
-            continue
-        ptr = out.untyped_storage().data_ptr()
-        if any(out is r or ptr == r.untyped_storage().data_ptr() for r in reference):
+        if any(out is r or shares_storage(out, r) for r in reference):
             return "aliasing: returned the reference's own output instead of computing it"
-        for name, p in pointers.items():
-            if ptr == p:
+        for name, v in tensors.items():
+            if shares_storage(out, v):
                 return f"aliasing: output {i} shares memory with input {name!r}; return a fresh tensor"
     return ""
 
 
-def repeated(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device, first: Outputs) -> str:
-    """Extra calls that expose caching, stale results and races (see `check`)."""
-    same = op.make_inputs(case, seed, device)
-    again = call(op, fn, same, device, first)
+def persistent(op: Operator, got: Outputs, previous: Outputs) -> str:
+    """An out-of-place result must not reuse the storage of the arm's previous result while
+    the caller still holds it (a persistent output buffer hides races and stale results)."""
+    if op.inplace:
+        return ""
+    for i, out in enumerate(got):
+        if any(shares_storage(out, p) for p in previous):
+            return (f"returns a persistent buffer: output {i} shares storage with the arm's previous output, "
+                    "which the caller still holds; allocate a fresh output per call")
+    return ""
+
+
+def checked_outputs(op: Operator, case: Case, g: guard.Guarded, values: Inputs, got: Outputs,
+                    reference: Outputs, oracle: Outputs, exact: bool) -> tuple[Difference, str]:
+    """The rules every checked call obeys (gate and timed checks): the outputs match, and
+    every byte of the guarded inputs holds what it must."""
+    diff, message = compare(op, case, got, reference, oracle, exact)
+    return diff, message or guard.problems(op, g, values)
+
+
+def extra_calls(case: Case, seed: int, arm: str) -> int:
+    """How many unchecked calls precede the checked one: 1..1+EXTRA_CALLS_MAX, seeded per
+    (case, seed, arm) so the checked call is not at a position a kernel could count to."""
+    digest = hashlib.sha256(f"{case.id}/{seed}/{arm}".encode()).digest()
+    return 1 + digest[0] % (EXTRA_CALLS_MAX + 1)
+
+
+def repeated(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device,
+             first: Outputs, exact: bool) -> str:
+    """Extra calls that expose persistent buffers, caching, stale results and races (see `check`)."""
+    same = guard.guard(op.make_inputs(case, seed, device))
+    again = call(op, fn, same.inputs, device, first)
+    message = persistent(op, again, first)
+    if message:
+        return message
     for i, (a, b) in enumerate(zip(first, again, strict=True)):
         if not torch.equal(a, b):
             diff = difference(b, a, None)
             return f"non-deterministic: a repeated call on the same input changed output {i} (max abs {diff.max_abs:.3g}); a race in a reduction?"
-    fresh = op.make_inputs(case, seed + 7919, device)
-    reference, oracle = expected(op, fresh)
-    _, message = compare(op, case, call(op, fn, fresh, device, reference), reference, oracle)
+    values = op.make_inputs(case, seed + 7919, device)
+    fresh = guard.guard(values)
+    reference, oracle = expected(op, values)
+    _, message = checked_outputs(op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact)
     if message:
         return f"stale result: on new inputs in fresh buffers the {message}; results must follow the inputs (memoisation?)"
-    new_values = op.make_inputs(case, seed + 104729, device)
-    for name, v in fresh.items():
-        if isinstance(v, torch.Tensor):
-            v.copy_(new_values[name])
-    reference, oracle = expected(op, fresh)
-    _, message = compare(op, case, call(op, fn, fresh, device, reference), reference, oracle)
+    values = op.make_inputs(case, seed + 104729, device)
+    guard.write(fresh, values)
+    reference, oracle = expected(op, values)
+    _, message = checked_outputs(op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact)
     if message:
         return f"stale result: on new values in the same buffers the {message}; results must not be cached by pointer or shape"
     return ""
 
 
-def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True) -> CheckResult:
+def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True,
+          exact: bool = False) -> CheckResult:
     """Run one correctness check of `impl` on `case` with inputs drawn from `seed`.
 
-    `thorough` adds the anti-cheat calls: outputs must not alias inputs or the reference;
-    a repeated call on the same input must give bit-identical outputs; results must follow
-    new inputs in fresh buffers and new values written into the same buffers."""
+    `thorough` adds the anti-cheat calls: outputs must not alias inputs, the reference or
+    the previous output; a repeated call on the same input must give bit-identical outputs;
+    results must follow new inputs in fresh buffers and new values written into the same
+    buffers. `exact` requires bit-identical output to the reference."""
 
-    def result(diff: Difference | None, message: str) -> CheckResult:
+    def result(diff: Difference | None, message: str, hist: list[int] | None = None) -> CheckResult:
         d = diff or Difference(math.nan, math.nan, math.nan, False)
-        return CheckResult(case.id, seed, impl.name, not message, d.max_abs, d.max_rel, d.ulp, message)
+        return CheckResult(case.id, seed, impl.name, not message, d.max_abs, d.max_rel, d.ulp, message,
+                           hist or [0] * (len(ULP_BIN_EDGES) + 1))
 
     fn = impl.resolve()
     if fn is None:
         return result(None, f"unavailable: {impl.reason}")
     try:
-        inputs = op.make_inputs(case, seed, device)
-        reference, oracle = expected(op, inputs)
-        before = snapshot_inputs(op, inputs)
-        fn(*op.make_inputs(case, seed, device).values())  # warm-up on a copy: JIT/compile outside the checked call
-        got = call(op, fn, inputs, device, reference)
-        diff, message = compare(op, case, got, reference, oracle)
-        if not message:
-            mutated = changed_inputs(before, inputs)
-            if mutated:
-                message = f"modified its input(s) {', '.join(mutated)} (only {', '.join(op.inplace) or 'nothing'} may be written)"
+        values = op.make_inputs(case, seed, device)
+        reference, oracle = expected(op, values)
+        for _ in range(extra_calls(case, seed, impl.name)):  # warm-up on copies: JIT/compile outside the checked call
+            fn(*guard.guard(op.make_inputs(case, seed, device)).inputs.values())
+        inputs = guard.guard(values)
+        got = call(op, fn, inputs.inputs, device, reference)
+        diff, message = checked_outputs(op, case, inputs, values, got, reference, oracle, exact)
+        hist = ulp_histogram(got, reference)
         if not message and thorough:
-            message = aliasing(op, got, inputs, reference) or repeated(op, fn, case, seed, device, got)
+            message = aliasing(op, got, inputs.inputs, reference) or repeated(op, fn, case, seed, device, got, exact)
     except Exception as exc:  # an arm may fail in any way; the gate records it
         return result(None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    return result(diff, message)
+    return result(diff, message, hist)

@@ -86,6 +86,16 @@ class Protocol(BaseModel):
     max_false_positive_rate: float = Field(default=0.05, ge=0, le=1)
     min_power: float = Field(default=0.9, ge=0, le=1)
     calibration_run: str | None = None
+    # Checks: bit-identical outputs to the reference; physical plausibility of timed arms.
+    exact: bool = False
+    # An arm above the best ceiling (copy or read) of its run by more than this fraction is
+    # implausible: the highest honest figure of the committed H200 runs was 104.2% of the
+    # copy ceiling (results/h200/silu_and_mul-s2, 65536x12288, liger).
+    bandwidth_margin: float = Field(default=0.15, gt=0)
+    # An arm faster per call than this fraction of an empty kernel launch did not launch its
+    # work (a convention; the fastest honest kernel committed, 4.06 us at 1x2048 in
+    # results/h200/sigmoid_gate_mul-r2, is well above an empty launch).
+    launch_floor_fraction: float = Field(default=0.5, gt=0, le=1)
 
     @field_validator("gate")
     @classmethod
@@ -174,6 +184,12 @@ def load(path: Path) -> Protocol:
 
 def is_frozen(path: Path) -> bool:
     return freeze_path(path).exists()
+
+
+def freeze_record(path: Path) -> dict[str, str] | None:
+    """The freeze record of `path` ({sha256, frozen_at}), or None when it was never frozen."""
+    record = freeze_path(path)
+    return json.loads(record.read_text()) if record.exists() else None
 
 
 def freeze(path: Path) -> dict[str, str]:

@@ -56,15 +56,42 @@ def git_state(repo: Path) -> dict[str, Any]:
     return state
 
 
+def source_files(root: Path | None = None) -> list[tuple[str, bytes]]:
+    """The kerneltrial package's .py files on disk: (relative posix path, bytes), sorted."""
+    root = root or Path(__file__).resolve().parents[1]
+    return [(path.relative_to(root).as_posix(), path.read_bytes()) for path in sorted(root.rglob("*.py"))]
+
+
+def digest_of(files: list[tuple[str, bytes]]) -> str:
+    """sha256 over (relative path, bytes) pairs in the given order (see `source_digest`)."""
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()
+
+
 def source_digest(root: Path | None = None) -> str:
     """sha256 over the kerneltrial package's .py files on disk (relative path and bytes, in
     sorted order): the code that ran. A checkout of the declared commit gives the same hash
     unless .py files git does not track were added to the package."""
-    root = root or Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return digest_of(source_files(root))
+
+
+def write_source_archive(path: Path) -> None:
+    """The package source that runs, as `kerneltrial/<relative path>` members of a gzip tar
+    (sorted, mtime 0): anyone can read the code behind a run, and verify recomputes
+    `source_digest` from it."""
+    import gzip
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in source_files():
+            info = tarfile.TarInfo(f"kerneltrial/{name}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            archive.addfile(info, io.BytesIO(data))
+    path.write_bytes(gzip.compress(buffer.getvalue(), mtime=0))
 
 
 def nvidia_smi(*fields: str) -> dict[str, str] | None:

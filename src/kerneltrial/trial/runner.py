@@ -6,7 +6,9 @@ Stages, each appending raw rows as it measures them (flushed per row):
 2. ceilings: device-to-device copy and a read-only stream on the same device;
 3. plan: calls per sample per case (fixed by the protocol, or sized from the control);
 4. rounds: per case and seed, warm-up, then in each round every timed arm once, in a
-   seeded random order.
+   seeded random order, each on its own guarded inputs; the last call of every sample runs on
+   the round's fresh values and is checked (trial/timed.py, timed_checks.jsonl);
+5. the end: summary.json, provenance's end fields, and manifest.json (sha256 of every file).
 A killed run resumes (`resume=True`): rows already on disk are kept and not measured again.
 A finished run directory is never overwritten.
 """
@@ -28,7 +30,7 @@ import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
-from kerneltrial.trial import gate, protocol as proto, provenance
+from kerneltrial.trial import gate, protocol as proto, provenance, timed
 from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
@@ -36,7 +38,7 @@ from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 CEILING_SAMPLES = 10
-INPUT_SETS_COLD = 2  # input sets rotated between samples in cold-L2 mode
+CHECKS_VERSION = 1  # plan.json `checks`: timed checks, launch floor, manifest (docs/DESIGN.md)
 
 
 class RunError(RuntimeError):
@@ -72,6 +74,18 @@ class RunDir:
     @property
     def timings(self) -> Path:
         return self.root / "timings.csv"
+
+    @property
+    def timed_checks(self) -> Path:
+        return self.root / "timed_checks.jsonl"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def source(self) -> Path:
+        return self.root / "source.tar.gz"
 
 
 def trim_partial_line(path: Path) -> None:
@@ -152,23 +166,37 @@ def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> 
         here = provenance.device_info().get("gpu")
         if record.get("device", {}).get("gpu") != here:
             raise RunError(f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there")
-        for path in (run.correctness, run.ceilings, run.timings):
+        for path in (run.correctness, run.ceilings, run.timings, run.timed_checks):
             trim_partial_line(path)
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(protocol_path, run.protocol)
     record = provenance.collect(Path(__file__).resolve().parents[3], digest)
-    frozen = proto.freeze_path(protocol_path)
-    record.update(freeze=json.loads(frozen.read_text()) if frozen.exists() else None, impl_modules=modules)
+    record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
     write_json(run.provenance, record)
+    provenance.write_source_archive(run.source)
     return run, digest
 
 
 def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
+    """The protocol's arms, refused before any GPU work when the control is not a control
+    (a peer as control leaves the run without a summary) or an arm does not exist."""
     arms = [calibration_arm(op, n, delay) if n.startswith(("aa:", "slow:")) else op.impl(n) for n in p.arms()]
-    if not arms[0].available:
-        raise RunError(f"the control {arms[0].name!r} is unavailable here: {arms[0].reason}")
+    control = arms[0]
+    if control.kind != "control":
+        controls = ", ".join(i.name for i in op.impls.values() if i.kind == "control")
+        raise RunError(f"control {control.name!r} is a {control.kind} arm of {op.name}, not a control; "
+                       f"set control to one of: {controls} (compare {control.name} as a candidate)")
+    if not control.available:
+        raise RunError(f"the control {control.name!r} is unavailable here: {control.reason}")
     return arms
+
+
+def check_arms(protocol_path: Path, p: proto.Protocol) -> list[Impl]:
+    """Load the protocol's user modules and resolve its arms (names, control): run and freeze
+    both refuse a protocol whose arms cannot run, before any work."""
+    load_modules(p, protocol_path)
+    return resolve_arms(get_op(p.op), p, Delay(torch.device("cpu")))
 
 
 def load_modules(p: proto.Protocol, protocol_path: Path) -> None:
@@ -179,7 +207,8 @@ def load_modules(p: proto.Protocol, protocol_path: Path) -> None:
 
 # ---- stages -------------------------------------------------------------------------------
 
-def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Case], seeds: list[int], device: torch.device, progress: Any) -> dict[tuple[str, str], bool]:
+def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Case], seeds: list[int], device: torch.device,
+                    progress: Any, exact: bool = False) -> dict[tuple[str, str], bool]:
     """Gate every (case, seed, arm); returns whether each (case, arm) passed every seed."""
     done = {(r["case"], r["seed"], r["arm"]): r for r in read_jsonl(run.correctness)}
     task = progress.add_task("correctness", total=len(cases) * len(seeds) * len(arms))
@@ -189,7 +218,7 @@ def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Cas
                 for impl in arms:
                     key = (case.id, seed, impl.name)
                     if key not in done and impl.available and impl.supports(case):
-                        done[key] = gate.check(op, impl, case, seed, device).row()
+                        done[key] = gate.check(op, impl, case, seed, device, exact=exact).row()
                         handle.write(json.dumps(done[key]) + "\n")
                         handle.flush()
                     progress.advance(task)
@@ -200,12 +229,15 @@ def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Cas
 
 
 def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
-    """Copy and read-only stream bandwidth on this device, CEILING_SAMPLES samples each."""
+    """Copy and read-only stream bandwidth on this device, and the launch floor (one call of
+    an empty kernel: an add of 0 to one element), CEILING_SAMPLES samples each."""
     have = {(r["kind"], int(r["sample"])) for r in read_csv(run.ceilings)}
     nbytes = (1 << 30) if device.type == "cuda" else (16 << 20)
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    streams = {"copy": (lambda: dst.copy_(src), 2 * nbytes), "read": (lambda: src.sum(), nbytes)}
+    one = torch.zeros(1, device=device)
+    streams = {"copy": (lambda: dst.copy_(src), 2 * nbytes), "read": (lambda: src.sum(), nbytes),
+               "launch": (lambda: one.add_(0), 0)}
     with csv_appender(run.ceilings, CEILING_COLUMNS) as append:
         for kind, (call, moved) in streams.items():
             call()
@@ -213,10 +245,6 @@ def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
                 if (kind, sample) not in have:
                     append([kind, sample, moved, timer.sample(call, 1)])
             timer.release()  # a captured graph belongs to this stream only
-
-
-def input_sets(op: Operator, case: Case, seed: int, device: torch.device, count: int) -> list[dict[str, Any]]:
-    return [op.make_inputs(case, seed + k * 1_000_003, device) for k in range(count)]
 
 
 def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: Impl, device: torch.device) -> int:
@@ -251,48 +279,93 @@ def round_order(order_seed: int, case_index: int, seed: int, round_index: int, a
     return [arms[i] for i in rng.permutation(len(arms))]
 
 
-def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed: dict[str, list[Impl]], device: torch.device, delay: Delay, progress: Any) -> None:
-    """Rounds per case; with a target CI width, extra rounds until it is met or the budget ends."""
+def reconcile_timed_checks(run: RunDir) -> None:
+    """A run killed between a timing row and its check row: drop that timing row, so the
+    sample is measured again with its check (every timing row has a check; docs/DESIGN.md)."""
+    checked = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in read_jsonl(run.timed_checks)}
+    rows = read_csv(run.timings)
+    kept = [r for r in rows if (r["case"], int(r["seed"]), int(r["round"]), r["arm"]) in checked]
+    if len(kept) != len(rows):
+        with run.timings.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=TIMING_COLUMNS)
+            writer.writeheader()
+            writer.writerows(kept)
+
+
+def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed_arms: dict[str, list[Impl]], device: torch.device, delay: Delay, progress: Any) -> None:
+    """Rounds per case; with a target CI width, extra rounds until it is met or the budget ends.
+    Every sample's last call is checked (trial/timed.py); an arm that raises leaves the case."""
+    reconcile_timed_checks(run)
     rows = read_csv(run.timings)
     done = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in rows}
     samples = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]): int(r["ns"]) / int(r["calls"]) for r in rows}
+    dropped: dict[tuple[str, str], tuple[int, int]] = {}  # (case, arm) -> the (seed, round) it raised in
+    for r in read_jsonl(run.timed_checks):
+        if r["message"].startswith(timed.RAISED):
+            dropped[(r["case"], r["arm"])] = (r["seed"], r["round"])
+            done.add((r["case"], r["seed"], r["round"], r["arm"]))
     cases = {c["case"]: c for c in plan["cases"]}
-    total = sum(len(timed[cid]) * c.get("rounds", p.rounds) for cid, c in cases.items()) * len(p.seeds)
+    total = sum(len(timed_arms[cid]) * c.get("rounds", p.rounds) for cid, c in cases.items()) * len(p.seeds)
     task = progress.add_task("timing", total=total, completed=len(done))
     clocks = ClockReader.open(timer.is_gpu)
     started = time.monotonic()
-    with csv_appender(run.timings, TIMING_COLUMNS) as append:
+    with csv_appender(run.timings, TIMING_COLUMNS) as append, run.timed_checks.open("a") as checks:
+
+        def record(check: timed.TimedCheck) -> None:
+            checks.write(json.dumps(check.row()) + "\n")
+            checks.flush()
+            done.add((check.case, check.seed, check.round, check.arm))
+            if check.message.startswith(timed.RAISED):
+                dropped[(check.case, check.arm)] = (check.seed, check.round)
+            progress.advance(task)
+
+        def present(case: Case, names: list[str], unit: tuple[int, int]) -> list[str]:
+            """The case's arms still in it at `unit` (an arm that raised is in its last unit)."""
+            return [a for a in names if dropped.get((case.id, a), unit) == unit]
 
         def time_units(case_index: int, case: Case, arms: list[Impl], round_range: range) -> None:
             calls = cases[case.id]["calls"]
             names = [a.name for a in arms]
-            n_sets = INPUT_SETS_COLD if timer.cold else 1
             for seed in p.seeds:
-                if all((case.id, seed, r, a) in done for r in round_range for a in names):
+                todo = [r for r in round_range if any((case.id, seed, r, a) not in done for a in present(case, names, (seed, r)))]
+                if not todo:
                     continue
-                sets = input_sets(op, case, seed, device, n_sets)
-                fns = {a.name: a.resolve() for a in arms}
-                for fn in fns.values():
-                    for _ in range(p.warmup):
-                        fn(*sets[0].values())
-                sample = 0
-                for round_index in round_range:
-                    for position, name in enumerate(round_order(p.order_seed, case_index, seed, round_index, names)):
+                initial = op.make_inputs(case, seed, device)
+                prepared: dict[str, timed.TimedArm] = {}
+                for impl in arms:
+                    if (case.id, impl.name) in dropped:
+                        continue
+                    arm = timed.TimedArm.make(impl, initial)
+                    try:
+                        for _ in range(p.warmup):
+                            arm.call()
+                    except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
+                        record(timed.raised(case, seed, todo[0], impl.name, timed.values_seed(seed, todo[0]), exc))
+                        continue
+                    prepared[impl.name] = arm
+                for round_index in todo:
+                    expected = timed.expected_for(op, case, seed, round_index, device)
+                    order = round_order(p.order_seed, case_index, seed, round_index, present(case, names, (seed, round_index)))
+                    for position, name in enumerate(order):
                         if (case.id, seed, round_index, name) in done:
                             continue
-                        inputs, fn = sets[sample % n_sets], fns[name]
-                        ns = timer.sample(lambda: fn(*inputs.values()), calls, key=hash((name, sample % n_sets)))
-                        sm, mem = clocks.read()
+                        arm = prepared[name]
+                        try:
+                            ns = timer.sample(arm.call, calls, key=hash(name), before_last=arm.before_last(expected))
+                            sm, mem = clocks.read()
+                            check = arm.check(op, case, seed, round_index, expected, p.exact, device,
+                                              persistent=timer.name != "cuda-graph")  # graph outputs live in the graph's pool
+                        except Exception as exc:  # recorded; the arm leaves the case
+                            record(timed.raised(case, seed, round_index, name, expected.seed, exc))
+                            continue
                         append([case.id, seed, round_index, position, name, calls, ns, "" if sm is None else sm, "" if mem is None else mem])
-                        done.add((case.id, seed, round_index, name))
                         samples[(case.id, seed, round_index, name)] = ns / calls
-                        sample += 1
-                        progress.advance(task)
+                        record(check)
                 timer.release()
 
         for case_index, spec in enumerate(p.cases):
             case = spec.case()
-            arms = timed[case.id]
+            arms = timed_arms[case.id]
             if not arms:
                 continue
             delay.ns = cases[case.id].get("delay_spin_ns", cases[case.id].get("injected_delay_ns", 0.0))
@@ -312,10 +385,13 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
 
 
 def build_plan(p: proto.Protocol, op: Operator, timer: Timer, arms: list[Impl], cases: list[Case],
-               timed: dict[str, list[Impl]], digest: str, delay: Delay, device: torch.device) -> dict[str, Any]:
+               timed: dict[str, list[Impl]], digest: str, delay: Delay, device: torch.device,
+               frozen_at: str | None) -> dict[str, Any]:
     """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md)."""
     plan: dict[str, Any] = {
         "protocol_sha256": digest, "op": op.name, "backend": timer.name, "is_gpu": timer.is_gpu,
+        "checks": CHECKS_VERSION, "exact": p.exact, "frozen_at": frozen_at,
+        "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
         "timing_label": label(timer), "l2": p.l2, "order_seed": p.order_seed,
         "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
         "cases": [],
@@ -355,13 +431,17 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     progress = progress or _NoProgress()
 
     delay.measure_rate()
-    passed = run_correctness(run, op, arms, cases, p.seeds, device, progress)
+    passed = run_correctness(run, op, arms, cases, p.seeds, device, progress, exact=p.exact)
     run_ceilings(run, timer, device)
     timed = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
     if run.plan.exists():
         plan = json.loads(run.plan.read_text())
+        if plan.get("checks") != CHECKS_VERSION:
+            raise RunError(f"{out} was started by a kerneltrial without timed checks (plan.json checks "
+                           f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run")
     else:
-        plan = build_plan(p, op, timer, arms, cases, timed, digest, delay, device)
+        frozen = json.loads(run.provenance.read_text()).get("freeze")
+        plan = build_plan(p, op, timer, arms, cases, timed, digest, delay, device, frozen["frozen_at"] if frozen else None)
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed, device, delay, progress)
 
@@ -372,7 +452,15 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
         "final_cycles_per_call": timer.lead_cycles_per_call,
         "sessions": "last" if resume else "all"})  # a killed session's counts are never written
     write_json(run.provenance, record)
+    write_manifest(run)
     return run.root
+
+
+def write_manifest(run: RunDir) -> None:
+    """manifest.json, written last: the sha256 of every file of the run directory."""
+    files = {path.relative_to(run.root).as_posix(): proto.sha256_of(path)
+             for path in sorted(run.root.rglob("*")) if path.is_file() and path != run.manifest}
+    write_json(run.manifest, {"schema": "kerneltrial.manifest/1", "files": files})
 
 
 class _NoProgress:

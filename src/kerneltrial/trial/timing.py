@@ -17,6 +17,10 @@
   events: launch overhead removed, hot L2. Reported as such.
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
   CPU. Its figures describe the interpreter, never GPU performance.
+
+A sample may carry a `before_last` hook: it runs before the last call, outside every timed
+interval (cold: before that call's flush; hot and graph: between two event pairs whose times
+are summed). The runner uses it to write the values whose result it checks (runner.TimedArm).
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ Call = Callable[[], object]
 
 LEAD_CYCLES_PER_CALL = 200_000  # ~100 us of host time per call at ~2 GHz: covers a Python launch
 LEAD_CYCLES_MAX = 200_000_000  # ~100 ms: the longest spin a sample may start with
+
+
+@dataclass(frozen=True)
+class Part:
+    """`calls` back-to-back calls of `call`, after `before` (untimed) when given."""
+
+    call: Call
+    calls: int
+    before: Call | None = None
+
+    def prepare(self) -> None:
+        if self.before is not None:
+            self.before()
 
 
 @dataclass
@@ -51,14 +68,18 @@ class Timer:
         if self._flush is not None:
             self._flush.add_(1)
 
-    def sample(self, call: Call, calls: int, key: int = 0) -> int:
+    def sample(self, call: Call, calls: int, key: int = 0, before_last: Call | None = None) -> int:
+        """Nanoseconds `calls` calls of `call` took; `before_last` runs untimed before the last."""
+        parts = [Part(call, calls)] if before_last is None else [Part(call, calls - 1), Part(call, 1, before_last)]
+        parts = [p for p in parts if p.calls > 0]
         if self.name == "host-clock":
-            return self._host(call, calls)
+            return self._host(parts)
         if self.name == "cuda-graph":
-            call, calls = self._graph(call, calls, key), 1
+            parts = [Part(self._graph(p.call, p.calls, hash((key, p.calls))), 1, p.before) for p in parts]
         measure = self._events_cold if self.cold else self._events_hot
+        calls = sum(p.calls for p in parts)
         while True:
-            ns, host_behind = measure(call, calls)
+            ns, host_behind = measure(parts, calls)
             longer = next_lead(self.lead_cycles_per_call, calls, host_behind)
             if longer is None:
                 self.kept_behind += host_behind
@@ -66,11 +87,15 @@ class Timer:
             self.lead_cycles_per_call = longer
             self.retaken += 1
 
-    def _host(self, call: Call, calls: int) -> int:
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            call()
-        return time.perf_counter_ns() - start
+    def _host(self, parts: list[Part]) -> int:
+        total = 0
+        for part in parts:
+            part.prepare()
+            start = time.perf_counter_ns()
+            for _ in range(part.calls):
+                part.call()
+            total += time.perf_counter_ns() - start
+        return total
 
     def _lead(self, calls: int) -> torch.cuda.Event:
         """Keep the GPU busy while the host enqueues `calls` calls; returns an event that
@@ -80,25 +105,35 @@ class Timer:
         done.record()
         return done
 
-    def _events_hot(self, call: Call, calls: int) -> tuple[int, bool]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def _events_hot(self, parts: list[Part], calls: int) -> tuple[int, bool]:
+        """One event pair per part around its back-to-back calls."""
         lead = self._lead(calls)
-        start.record()
-        for _ in range(calls):
-            call()
-        end.record()
-        host_behind = lead.query()  # the spin ended before the host had enqueued everything
-        end.synchronize()
-        return round(start.elapsed_time(end) * 1e6), host_behind
-
-    def _events_cold(self, call: Call, calls: int) -> tuple[int, bool]:
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-        lead = self._lead(calls)
-        for start, end in pairs:
-            self.flush()
+        pairs = []
+        for part in parts:
+            part.prepare()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            call()
+            for _ in range(part.calls):
+                part.call()
             end.record()
+            pairs.append((start, end))
+        host_behind = lead.query()  # the spin ended before the host had enqueued everything
+        pairs[-1][1].synchronize()
+        return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6), host_behind
+
+    def _events_cold(self, parts: list[Part], calls: int) -> tuple[int, bool]:
+        """One event pair per call, each after a flush of the L2."""
+        lead = self._lead(calls)
+        pairs = []
+        for part in parts:
+            part.prepare()
+            for _ in range(part.calls):
+                self.flush()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                part.call()
+                end.record()
+                pairs.append((start, end))
         host_behind = lead.query()
         pairs[-1][1].synchronize()
         return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6), host_behind
