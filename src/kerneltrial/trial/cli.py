@@ -85,9 +85,12 @@ def check(
     impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms.")] = None,
     peers: Annotated[bool, typer.Option(help="Include peers (torch eager, torch.compile, Liger, FlagGems).")] = True,
     jsonl: Annotated[Path | None, typer.Option(help="Also write every check as a JSON line here.")] = None,
+    exact: Annotated[bool, typer.Option("--exact", help="Require output bit-identical to the official formula (the float64 oracle keeps its tolerance).")] = False,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
-    compared with the official formula and a float64 oracle. Exit 1 on any failure."""
+    nothing written outside the outputs, compared with the official formula and a float64
+    oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
+    from the official formula. Exit 1 on any failure."""
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
@@ -102,7 +105,7 @@ def check(
     if panel not in ("auto", "small", "gpu"):
         raise ValueError(f"unknown panel {panel!r}; use small, gpu or auto")
     table = Table(title=f"correctness on {device.type}" + (" (Triton interpreter)" if launch.interpreted() else ""))
-    for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp"):
+    for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
         table.add_column(column)
     failures = 0
     rows: list[dict[str, Any]] = []
@@ -121,13 +124,15 @@ def check(
                     bar.advance(task)
                     if not i.available or not i.supports(case):
                         continue
-                    results = [run_check(operator, i, case, s, device) for s in range(seeds)]
+                    results = [run_check(operator, i, case, s, device, exact=exact) for s in range(seeds)]
                     rows += [r.row() | {"op": operator.name} for r in results]
                     bad = [r for r in results if not r.passed]
                     failures += len(bad)
                     worst = max(results, key=lambda r: (not r.passed, r.max_rel))
                     status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {bad[0].message}"
-                    table.add_row(operator.name, case.id, i.name, str(seeds), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}", f"{worst.ulp:.3g}")
+                    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
+                    table.add_row(operator.name, case.id, i.name, str(seeds), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}",
+                                  f"{worst.ulp:.3g}", "/".join(map(str, hist)))
     console.print(table)
     if jsonl:
         jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -147,19 +152,25 @@ protocol_app = typer.Typer(help="Write and freeze preregistered protocols.", no_
 def protocol_new(
     op: Annotated[str, typer.Argument(help="Operator name.")],
     out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
-    candidate: Annotated[list[str], typer.Option(help="Candidate arm(s) (implementations or peers).")],
+    candidate: Annotated[list[str] | None, typer.Option(help="Candidate arm(s) (implementations or peers).")] = None,
     name: Annotated[str | None, typer.Option(help="Protocol name (default: OP-trial).")] = None,
     shape: Annotated[list[str] | None, typer.Option(help="Case shape(s); default: the operator's GPU panel.")] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     rounds: Annotated[int, typer.Option(min=2)] = 7,
     gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
+    impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its function named after OP becomes the candidate user:<module> (add it with --candidate too to name other arms).")] = None,
 ) -> None:
     """Write a protocol for OP with the operator's panel (or --shape cases); edit, then freeze it."""
-    from kerneltrial.ops.registry import Case, get_op
+    from kerneltrial.ops.registry import Case, get_op, load_user_module
     from kerneltrial.trial import protocol as proto
 
     operator = get_op(op)
+    modules = [str(Path(spec).resolve()) if spec.endswith(".py") else spec for spec in impl_module or []]
+    user_arms = [impl.name for spec in modules for impl in load_user_module(spec) if impl.op == op]
+    candidate = list(dict.fromkeys([*(candidate or []), *user_arms]))
+    if not candidate:
+        raise ValueError("name at least one --candidate or an --impl-module that defines the operator")
     for c in candidate:
         operator.impl(c)
     layouts = layout or ["contiguous"]
@@ -171,18 +182,22 @@ def protocol_new(
         raise ValueError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 0,1,2") from None
     if out.exists():
         raise ValueError(f"{out} exists; protocols are never overwritten: choose another --out")
-    out.write_text(proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate))
+    extra: dict[str, object] = {"impl_modules": modules} if modules else {}
+    out.write_text(proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate, **extra))
     console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}")
 
 
 @protocol_app.command("freeze")
 @one_line_errors
 def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
-    """Record the protocol's sha256 and the time; `run` refuses it once changed."""
+    """Record the protocol's sha256 and the time; `run` refuses it once changed. A protocol
+    whose arms do not exist here or whose control is not a control is refused."""
     from kerneltrial.trial import protocol as proto
+    from kerneltrial.trial.runner import check_arms
 
     if not file.is_file():
         raise ValueError(f"protocol file {file} does not exist")
+    check_arms(file, proto.parse(file.read_text(), str(file)))
     record = proto.freeze(file)
     console.print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}")
 

@@ -1,0 +1,172 @@
+"""What is timed is what was checked: planted cheats that pass the gate are caught while timed
+(tests/fixtures/planted/, each file's header says what is wrong), and the honest arms of the
+same run are unaffected."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
+from kerneltrial.trial import gate, guard
+from kerneltrial.trial.runner import RunError, run_trial
+from tests.conftest import REPO
+
+PLANTED = REPO / "tests" / "fixtures" / "planted"
+CHEATS = {  # arm -> the message its timed checks must carry
+    "user:stale_after_warmup": "wrong result while timed: ",
+    "user:watches_the_gate": "wrong result while timed: ",
+    "user:pointer_cache": "wrong result while timed: ",
+    "user:sabotages_late": "modified its inputs while timed: weight",
+    "user:raises_when_timed": "raised while timed: RuntimeError",
+}
+
+PROTOCOL = """
+name = "planted-cheats"
+op = "rmsnorm"
+candidates = ["packed_r4_w4", "user:pointer_version_cache", {cheats}]
+impl_modules = [{modules}]
+seeds = [0, 1]
+rounds = 3
+warmup = 1
+calls_per_sample = 2
+l2 = "hot"
+[[cases]]
+shape = [4, 64]
+"""
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def cheat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("cheats")
+    names = [*(n.removeprefix("user:") for n in CHEATS), "pointer_version_cache"]
+    protocol = tmp / "p.toml"
+    protocol.write_text(PROTOCOL.format(cheats=", ".join(f'"{n}"' for n in CHEATS),
+                                        modules=", ".join(f'"{PLANTED / n}.py"' for n in names)))
+    return run_trial(protocol, tmp / "run")
+
+
+def test_cheats_pass_the_gate_and_are_caught_while_timed(cheat_run: Path):
+    gate_rows = rows(cheat_run / "correctness.jsonl")
+    assert all(r["passed"] for r in gate_rows), [r for r in gate_rows if not r["passed"]]  # the gate was fooled
+    checks = rows(cheat_run / "timed_checks.jsonl")
+    for arm, message in CHEATS.items():
+        failed = [r["message"] for r in checks if r["arm"] == arm and not r["passed"]]
+        assert failed and all(m.startswith(message.split(":")[0]) for m in failed), (arm, failed)
+        assert any(m.startswith(message) for m in failed), (arm, failed)
+
+
+def test_honest_arms_of_the_same_run_are_unaffected(cheat_run: Path):
+    checks = rows(cheat_run / "timed_checks.jsonl")
+    for arm in ("control", "packed_r4_w4", "user:pointer_version_cache"):
+        mine = [r for r in checks if r["arm"] == arm]
+        assert len(mine) == 2 * 3 and all(r["passed"] for r in mine), (arm, mine)
+
+
+def test_an_arm_that_raises_leaves_the_case_and_the_run_finishes(cheat_run: Path):
+    checks = [r for r in rows(cheat_run / "timed_checks.jsonl") if r["arm"] == "user:raises_when_timed"]
+    raised = [r for r in checks if r["message"].startswith("raised while timed")]
+    assert len(raised) == 1 and checks[-1] == raised[0]  # nothing after it
+    timed = (cheat_run / "timings.csv").read_text()
+    assert timed.count("user:raises_when_timed") == len(checks) - 1  # a row per sample that ran
+    assert json.loads((cheat_run / "provenance.json").read_text())["finished_at"]
+
+
+def test_every_timing_row_has_its_check_and_the_same_values_for_every_arm(cheat_run: Path):
+    checks = {(r["seed"], r["round"], r["arm"]): r for r in rows(cheat_run / "timed_checks.jsonl")}
+    lines = (cheat_run / "timings.csv").read_text().splitlines()[1:]
+    for line in lines:
+        _, seed, round_index, _, arm, *_ = line.split(",")
+        assert (int(seed), int(round_index), arm) in checks
+    seeds_per_unit: dict[tuple[int, int], set[int]] = {}
+    for (seed, round_index, _), r in checks.items():
+        seeds_per_unit.setdefault((seed, round_index), set()).add(r["values_seed"])
+    assert all(len(v) == 1 for v in seeds_per_unit.values())
+    assert len({next(iter(v)) for v in seeds_per_unit.values()}) == len(seeds_per_unit)  # fresh per unit
+
+
+def test_a_pointer_and_version_cache_never_serves_a_timed_call(cheat_run: Path):
+    module = sys.modules["kerneltrial_user_pointer_version_cache"]
+    assert module.HITS[0] == 0
+    assert module.CACHE  # it did cache: the misses are the version bumps, not an unused cache
+
+
+def test_every_file_is_in_the_manifest(cheat_run: Path):
+    manifest = json.loads((cheat_run / "manifest.json").read_text())
+    present = {p.relative_to(cheat_run).as_posix() for p in cheat_run.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(manifest["files"]) == present and "source.tar.gz" in present
+
+
+# ---- the gate on guarded inputs -------------------------------------------------------------
+
+def planted(op_name: str, stem: str) -> Impl:
+    return next(i for i in load_user_module(str(PLANTED / f"{stem}.py")) if i.op == op_name)
+
+
+def test_a_persistent_output_buffer_is_caught():
+    op = get_op("rmsnorm")
+    result = gate.check(op, planted("rmsnorm", "persistent_buffer"), Case((4, 64)), 0, torch.device("cpu"))
+    assert not result.passed and result.message.startswith("returns a persistent buffer")
+
+
+def test_a_write_past_the_end_of_an_in_place_output_is_caught():
+    op = get_op("fused_add_rmsnorm")
+    result = gate.check(op, planted("fused_add_rmsnorm", "writes_past_residual"), Case((4, 64)), 0, torch.device("cpu"))
+    assert not result.passed and result.message.startswith("wrote outside its output")
+
+
+def test_a_write_into_strided_padding_is_caught():
+    op = get_op("rmsnorm")
+    values = op.make_inputs(Case((4, 64), layout="row_strided"), 0, torch.device("cpu"))
+    g = guard.guard(values)
+    assert g.inputs["x"].storage_offset() > 0 and guard.problems(op, g, values) == ""
+    x = g.inputs["x"]
+    torch.as_strided(x, (1,), (1,), x.storage_offset() + x.shape[-1]).fill_(7)  # the gap after row 0
+    assert guard.problems(op, g, values).startswith("wrote outside its output")
+
+
+def test_exact_mode_catches_a_skipped_rounding_step_the_tolerance_lets_through():
+    op = get_op("zimage_qk_rmsnorm")
+    impl = planted("zimage_qk_rmsnorm", "skips_rounding")
+    case = op.small_cases[0]
+    loose = gate.check(op, impl, case, 0, torch.device("cpu"))
+    exact = gate.check(op, impl, case, 0, torch.device("cpu"), exact=True)
+    assert loose.passed and sum(loose.ulp_hist[1:]) > 0  # the histogram shows what the tolerance hides
+    assert not exact.passed and "exact equality" in exact.message
+    control = gate.check(op, op.impl("control"), case, 0, torch.device("cpu"), exact=True)
+    assert control.passed and control.ulp_hist[1:] == [0] * 5
+
+
+def test_the_gate_does_not_make_a_fixed_number_of_calls():
+    op = get_op("rmsnorm")
+    counts = []
+    for seed in range(6):
+        calls = [0]
+
+        def counting(x, weight, eps=1e-6, calls=calls):
+            calls[0] += 1
+            return op.reference(x, weight, eps)[0]
+
+        assert gate.check(op, Impl(op="rmsnorm", name="counting", kind="user", loader=lambda f=counting: f),
+                          Case((4, 64)), seed, torch.device("cpu")).passed
+        counts.append(calls[0])
+    assert len(set(counts)) > 1, counts
+
+
+# ---- protocols whose arms cannot run are refused before any work ------------------------------
+
+def test_a_peer_as_control_is_refused_before_any_work(tmp_path: Path):
+    protocol = tmp_path / "p.toml"
+    protocol.write_text('name = "x"\nop = "rmsnorm"\ncontrol = "torch_eager"\ncandidates = ["control"]\n'
+                        "[[cases]]\nshape = [4, 64]\n")
+    with pytest.raises(RunError, match="not a control"):
+        run_trial(protocol, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
