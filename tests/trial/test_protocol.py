@@ -8,6 +8,7 @@ import pytest
 
 from kerneltrial.ops.registry import get_op
 from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.runner import check_arms
 
 BASE = """
 name = "t"
@@ -97,7 +98,6 @@ def test_every_shipped_protocol_names_registered_arms_and_valid_cases():
     for path in paths:
         p = proto.load(path)
         op = get_op(p.op)
-        for name in p.arms():
-            op.impl(name)
+        check_arms(path, p)  # user modules load, every arm exists, the control is a control
         for spec in p.cases:
             op.validate(spec.case())
