@@ -170,3 +170,29 @@ def test_a_peer_as_control_is_refused_before_any_work(tmp_path: Path):
     with pytest.raises(RunError, match="not a control"):
         run_trial(protocol, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_protocol_new_names_a_users_kernel_as_an_arm(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from kerneltrial.cli import app
+    from kerneltrial.trial import protocol as proto
+
+    out = tmp_path / "p.toml"
+    result = CliRunner().invoke(app, ["protocol", "new", "rmsnorm", "--out", str(out), "--shape", "4x64",
+                                      "--impl-module", str(REPO / "tests" / "fixtures" / "good_rmsnorm.py")])
+    assert result.exit_code == 0, result.output
+    written = proto.parse(out.read_text())
+    assert written.candidates == ["user:good_rmsnorm"] and written.impl_modules[0].endswith("good_rmsnorm.py")
+
+
+def test_freeze_refuses_a_protocol_whose_arms_cannot_run(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from kerneltrial.cli import app
+
+    protocol = tmp_path / "p.toml"
+    protocol.write_text('name = "x"\nop = "rmsnorm"\ncandidates = ["no_such_kernel"]\n[[cases]]\nshape = [4, 64]\n')
+    result = CliRunner().invoke(app, ["protocol", "freeze", str(protocol)])
+    assert result.exit_code == 2 and "unknown implementation 'no_such_kernel'" in result.output
+    assert not (tmp_path / "p.toml.freeze.json").exists()
