@@ -69,7 +69,7 @@ def test_calibration_helpers_hand_computed() -> None:
     aa = stats.aa_calibration(["tie", "loss", "tie", "win"],
                               [stats.Interval(0.9, 1.1), stats.Interval(0.8, 0.9), stats.Interval(1, 1),
                                stats.Interval(1.1, 1.2)])
-    assert (aa.n_cases, aa.not_tie, aa.false_positive_rate) == (4, 2, 0.5)
+    assert (aa.n_cases, aa.false_positives, aa.false_positive_rate, aa.inconclusive) == (4, 2, 0.5, 0)
     assert math.isclose(aa.mean_ci_width, (0.2 + 0.1 + 0 + 0.1) / 4, rel_tol=1e-12)
     slow = stats.slow_calibration(["loss", "loss", "tie"])
     assert (slow.n_cases, slow.losses) == (3, 2) and math.isclose(slow.power, 2 / 3)

@@ -47,8 +47,31 @@ def test_ceiling_is_median_of_per_sample_rates() -> None:
         (0.97, 1.03, "tie"),
     ],
 )
-def test_verdict_at_band_edges(low: float, high: float, expected: str) -> None:
+def test_three_way_verdict_at_band_edges(low: float, high: float, expected: str) -> None:
+    # the summary/1-3 rule: whatever is neither a win nor a loss is a tie
+    assert stats.three_way_verdict(Interval(low, high), tie_band=0.02) == expected
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"),
+    [
+        (0.99, 1.01, "tie"),  # inside [0.98, 1.02]
+        (0.98, 1.02, "tie"),  # the band's own edges are inside it
+        (0.90, 1.09, "inconclusive"),  # straddles both edges: neither equal nor different
+        (1.02, 1.5, "inconclusive"),  # on the upper edge and above it: not a win, not inside the band
+        (0.5, 0.98, "inconclusive"),
+        (0.97, 1.01, "inconclusive"),  # straddles the lower edge only
+        (1.0201, 1.5, "win"),
+        (0.5, 0.9799, "loss"),
+    ],
+)
+def test_verdict_tie_only_inside_the_band(low: float, high: float, expected: str) -> None:
     assert stats.verdict(Interval(low, high), tie_band=0.02) == expected
+
+
+def test_aggregate_counts_inconclusive_apart() -> None:
+    agg = stats.aggregate_arm(["a", "b", "c"], [1.0, 1.01, 1.3], ["inconclusive", "tie", "win"], RULE)
+    assert (agg.wins, agg.ties, agg.losses, agg.inconclusive) == (1, 1, 0, 1)
 
 
 def test_bootstrap_is_paired_over_units() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import gmean
 
-WIN, TIE, LOSS = "win", "tie", "loss"
+WIN, TIE, LOSS, INCONCLUSIVE = "win", "tie", "loss", "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class ArmAggregate:
     wins: int
     ties: int
     losses: int
+    inconclusive: int = 0  # always 0 under the summary/1-3 verdict rule
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,23 @@ def bootstrap_speedup_ci(control: np.ndarray, arm: np.ndarray, rule: BootstrapRu
     return _percentile_interval(ratios, rule.confidence)
 
 
-def verdict(ci: Interval, tie_band: float) -> str:
-    """`win` if the CI lies wholly above 1 + tie_band, `loss` if wholly below 1 - tie_band, else `tie`."""
+def three_way_verdict(ci: Interval, tie_band: float) -> str:
+    """The summary/1-3 rule: `win` if the CI lies wholly above 1 + tie_band, `loss` if wholly
+    below 1 - tie_band, else `tie` (a CI straddling a band edge was called a tie)."""
     if ci.low > 1 + tie_band:
         return WIN
     if ci.high < 1 - tie_band:
         return LOSS
     return TIE
+
+
+def verdict(ci: Interval, tie_band: float) -> str:
+    """The summary/4 rule: `win` and `loss` as before; `tie` only when the CI lies inside
+    [1 - tie_band, 1 + tie_band]; a CI that straddles a band edge is `inconclusive`."""
+    called = three_way_verdict(ci, tie_band)
+    if called == TIE and not (1 - tie_band <= ci.low and ci.high <= 1 + tie_band):
+        return INCONCLUSIVE
+    return called
 
 
 def gbps(bytes_per_call: float, ns_per_call: float) -> float:
@@ -150,9 +161,10 @@ def aggregate_arm(
     """
     if not (len(cases) == len(speedups) == len(verdicts)):
         raise ValueError("cases, speedups and verdicts must be aligned (same length)")
-    counts = {v: list(verdicts).count(v) for v in (WIN, TIE, LOSS)}
+    counts = {v: list(verdicts).count(v) for v in (WIN, TIE, LOSS, INCONCLUSIVE)}
     if not speedups:
-        return ArmAggregate(0, None, None, None, None, None, counts[WIN], counts[TIE], counts[LOSS])
+        return ArmAggregate(0, None, None, None, None, None, counts[WIN], counts[TIE], counts[LOSS],
+                            counts[INCONCLUSIVE])
     worst_index = int(np.argmin(speedups))
     return ArmAggregate(
         n_cases=len(speedups),
@@ -164,6 +176,7 @@ def aggregate_arm(
         wins=counts[WIN],
         ties=counts[TIE],
         losses=counts[LOSS],
+        inconclusive=counts[INCONCLUSIVE],
     )
 
 
@@ -189,11 +202,38 @@ def parse_gate(rule: str) -> Gate:
     return Gate(rule=rule, no_loss=no_loss, min_geomean=min_geomean)
 
 
+@dataclass(frozen=True)
+class Disqualification:
+    """The cases (in plan order) in which an arm was disqualified for one cause, with the first one's reason."""
+
+    cause: str  # "failed correctness", "failed while timed" or "implausible"
+    cases: tuple[str, ...]
+    first_reason: str
+
+    def reason(self) -> str:
+        """E.g. `implausible in 2 case(s) (first: 1x64/contiguous/bfloat16: implausible: ...)`."""
+        return f"{self.cause} in {len(self.cases)} case(s) (first: {self.cases[0]}: {self.first_reason})"
+
+
 def gate_verdict(gate: Gate, aggregate: ArmAggregate, failed_correctness_cases: int) -> GateVerdict:
-    """Apply the gate to one arm. An arm that failed correctness in any case fails the gate."""
+    """The summary/1-3 gate. An arm that failed correctness in any case fails the gate."""
     reasons: list[str] = []
     if failed_correctness_cases:
         reasons.append(f"failed correctness in {failed_correctness_cases} case(s)")
+    reasons += _rule_reasons(gate, aggregate)
+    return GateVerdict(passed=not reasons, reasons=reasons)
+
+
+def gate_verdict_v4(gate: Gate, aggregate: ArmAggregate, disqualified: Sequence[Disqualification]) -> GateVerdict:
+    """The summary/4 gate: an arm disqualified in any case (failed correctness, failed while
+    timed, implausible) fails it, each cause named with its count and first case; then the rule."""
+    reasons = [d.reason() for d in disqualified if d.cases] + _rule_reasons(gate, aggregate)
+    return GateVerdict(passed=not reasons, reasons=reasons)
+
+
+def _rule_reasons(gate: Gate, aggregate: ArmAggregate) -> list[str]:
+    """Why an arm fails the gate's own terms (`no_loss` counts losses only, never inconclusive verdicts)."""
+    reasons: list[str] = []
     if gate.no_loss and aggregate.losses:
         reasons.append(f"no_loss: {aggregate.losses} loss(es)")
     if gate.min_geomean is not None:
@@ -201,7 +241,78 @@ def gate_verdict(gate: Gate, aggregate: ArmAggregate, failed_correctness_cases: 
             reasons.append(f"geomean>={gate.min_geomean:g}: no case timed against the control")
         elif not aggregate.geomean >= gate.min_geomean:
             reasons.append(f"geomean>={gate.min_geomean:g}: geomean is {aggregate.geomean:.4f}")
-    return GateVerdict(passed=not reasons, reasons=reasons)
+    return reasons
+
+
+# ---------------------------------------------------------------- plausibility (summary/4)
+
+
+@dataclass(frozen=True)
+class PlausibilityLimits:
+    """The limits beyond which a median cannot be real work (docs/DESIGN.md, Statistics).
+
+    None where a limit does not apply: not a CUDA-events GPU run, L2 hot (a hot L2 may beat
+    the DRAM ceiling honestly) or no ceiling measured, no launch samples.
+    """
+
+    bandwidth_margin: float  # plan.json plausibility.bandwidth_margin
+    launch_floor_fraction: float  # plan.json plausibility.launch_floor_fraction
+    ceiling_gbps: float | None  # max(copy, read) ceiling of the run
+    launch_floor_ns: float | None  # median of the run's empty-kernel launches
+
+    @property
+    def bandwidth_limit_gbps(self) -> float | None:
+        return None if self.ceiling_gbps is None else self.ceiling_gbps * (1 + self.bandwidth_margin)
+
+    @property
+    def time_limit_ns(self) -> float | None:
+        return None if self.launch_floor_ns is None else self.launch_floor_fraction * self.launch_floor_ns
+
+
+def launch_floor(ns_per_launch: Sequence[float]) -> float | None:
+    """The launch floor: median ns of one empty-kernel call (ceilings.csv `launch` rows); None without rows."""
+    return None if len(ns_per_launch) == 0 else median(ns_per_launch)
+
+
+def bandwidth_implausibility(achieved_gbps: float, limits: PlausibilityLimits) -> str | None:
+    """The reason an arm's bandwidth cannot be real work, or None when it is within the limit."""
+    limit, ceiling = limits.bandwidth_limit_gbps, limits.ceiling_gbps
+    if limit is None or ceiling is None or not achieved_gbps > limit:
+        return None
+    return (f"implausible: {achieved_gbps:.0f} GB/s is {100 * achieved_gbps / ceiling:.0f}% of the best ceiling "
+            f"measured in this run ({ceiling:.0f} GB/s); more than {100 * limits.bandwidth_margin:g}% above it "
+            "cannot be real work")
+
+
+def launch_floor_implausibility(median_ns: float, limits: PlausibilityLimits) -> str | None:
+    """The reason an arm's time per call cannot be real work, or None when it is above the limit."""
+    limit, floor = limits.time_limit_ns, limits.launch_floor_ns
+    if limit is None or floor is None or not median_ns < limit:
+        return None
+    return (f"implausible: {median_ns:.0f} ns per call is below {limits.launch_floor_fraction:g} x the launch floor "
+            f"measured in this run ({floor:.0f} ns): no kernel can run that fast")
+
+
+def implausibility(achieved_gbps: float, median_ns: float, limits: PlausibilityLimits) -> str | None:
+    """Every reason an arm's figures cannot be real work, joined with '; ' (bandwidth first); None if plausible."""
+    reasons = [r for r in (bandwidth_implausibility(achieved_gbps, limits),
+                           launch_floor_implausibility(median_ns, limits)) if r is not None]
+    return "; ".join(reasons) or None
+
+
+ULP_BINS = ("0", "(0, 1]", "(1, 2]", "(2, 4]", "(4, 16]", ">16")  # correctness.jsonl `ulp_hist` bins
+
+
+def ulp_hist_sum(hists: Sequence[Sequence[int] | None]) -> list[int] | None:
+    """Element-wise sum of correctness rows' `ulp_hist` (rows without one skipped); None when none has one."""
+    present = [list(h) for h in hists if h is not None]
+    if not present:
+        return None
+    wrong = [h for h in present if len(h) != len(ULP_BINS)]
+    if wrong:
+        raise ValueError(f"ulp_hist {wrong[0]} has {len(wrong[0])} bins; the contract has {len(ULP_BINS)}: "
+                         f"{', '.join(ULP_BINS)} ulps")
+    return [int(sum(column)) for column in zip(*present)]
 
 
 # ---------------------------------------------------------------- noise: clocks, spread, calibration
@@ -240,12 +351,19 @@ def calibration_base(arm: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class AACalibration:
-    """An A/A arm over the cases where it has a verdict against the control."""
+    """An A/A arm over the cases where it has a verdict against the control.
+
+    A false positive is a win or a loss: a difference claimed between an arm and its copy.
+    Under the summary/4 verdict a CI straddling a band edge is `inconclusive`, which claims
+    nothing, so it is counted apart (summary/1-3 wrote `not_tie`, which equals `false_positives`
+    there: their verdicts are win, tie or loss).
+    """
 
     n_cases: int
-    not_tie: int
-    false_positive_rate: float | None  # not_tie / n_cases
+    false_positives: int
+    false_positive_rate: float | None  # false_positives / n_cases
     mean_ci_width: float | None  # mean of (ci_high - ci_low)
+    inconclusive: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,10 +388,11 @@ def aa_calibration(verdicts: Sequence[str], cis: Sequence[Interval]) -> AACalibr
     if len(verdicts) != len(cis):
         raise ValueError("verdicts and CIs must be aligned (same length)")
     n = len(verdicts)
-    not_tie = sum(v != TIE for v in verdicts)
+    claimed = sum(v in (WIN, LOSS) for v in verdicts)
+    inconclusive = sum(v == INCONCLUSIVE for v in verdicts)
     if not n:
         return AACalibration(0, 0, None, None)
-    return AACalibration(n, not_tie, not_tie / n, float(np.mean([ci.high - ci.low for ci in cis])))
+    return AACalibration(n, claimed, claimed / n, float(np.mean([ci.high - ci.low for ci in cis])), inconclusive)
 
 
 def realized_slowdown(arm_median: float, base_median: float) -> float:

@@ -1,8 +1,13 @@
 """Build summary.json of a kernel run directory: every figure the report shows.
 
-Reads plan.json, protocol.toml, correctness.jsonl, timings.csv and ceilings.csv (the
-contract in docs/DESIGN.md, "Run directory: exact format") and computes the figures with
-`analysis.stats`. The runner calls `write_summary(run_dir)` at the end of a run.
+Reads plan.json, protocol.toml, correctness.jsonl, timings.csv, ceilings.csv and, in runs
+with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run directory: exact
+format") and computes the figures with `analysis.stats`. The runner calls
+`write_summary(run_dir)` at the end of a run.
+
+plan.json `checks` picks the schema, one adapter each (`SchemaV3`, `SchemaV4`): a run without
+it (every run before issue 10) gets `kerneltrial.summary/3`, unchanged; `"checks": 1` gets
+`kerneltrial.summary/4`, described after the schema-3 fields.
 
 summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
@@ -34,6 +39,21 @@ top-level clock counts are over every row of timings.csv. Schema 1 summaries (wr
 clocks, per-case rounds and calibration arms existed) lack these fields; schema 2 summaries lack
 the realized slowdown of `slow:` arms (`realized_slowdown`, `realized_min`, `realized_max`,
 `power_at_nominal`).
+
+Schema `kerneltrial.summary/4` (plan.json `"checks": 1`) adds, over schema 3:
+  statuses `failed while timed` (a timed check of the (case, arm) failed; `messages` are the
+  failing rows' messages, figures null) and `implausible` (figures kept, speedup, CI and
+  verdict null, `reason` says why); verdict `inconclusive` (a CI straddling a band edge);
+  exact (plan's), frozen_at (plan's; null: not frozen, and a warning says so),
+  plausibility: {bandwidth_margin, launch_floor_fraction, applied, bandwidth_limit_gbps,
+                 time_limit_ns},
+  timed_checks: {rows, failed},
+  ceilings gain launch_floor_ns, launch_samples;
+  aggregates gain inconclusive, failed_while_timed, implausible (cases) and ulp_hist (the
+  element-wise sum of the arm's correctness `ulp_hist` rows, null when none has one);
+  gate reasons name each disqualification's count and first case;
+  calibration `aa:` arms: false_positives (win or loss) and inconclusive instead of not_tie;
+  inputs_sha256 also covers timed_checks.jsonl.
 """
 
 from __future__ import annotations
@@ -41,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +70,37 @@ import pandas as pd
 from kerneltrial.analysis import stats
 from kerneltrial.analysis.errors import RunDirError
 
-SCHEMA = "kerneltrial.summary/3"
+SCHEMA_V3 = "kerneltrial.summary/3"
+SCHEMA = "kerneltrial.summary/4"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
 FAILED = "failed correctness"
 UNAVAILABLE = "unavailable"
 NOT_TIMED = "not timed"
+FAILED_WHILE_TIMED = "failed while timed"
+IMPLAUSIBLE = "implausible"
+
+TIMED_CHECKS = "timed_checks.jsonl"
+UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
+NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
+
+
+@dataclass(frozen=True)
+class TimedCheck:
+    """One row of timed_checks.jsonl: the check of one timing sample's output (the fields the summary uses)."""
+
+    case: str
+    seed: int
+    round: int
+    arm: str
+    passed: bool
+    message: str
 
 
 @dataclass(frozen=True)
@@ -73,6 +112,7 @@ class RunFiles:
     correctness: list[dict[str, Any]]
     timings: pd.DataFrame
     ceilings: pd.DataFrame
+    timed_checks: list[TimedCheck] | None = None  # None: the run has no timed_checks.jsonl
 
 
 def _sha256(path: Path) -> str:
@@ -124,7 +164,23 @@ def load_run(run_dir: Path) -> RunFiles:
         except (TypeError, ValueError) as error:
             raise RunDirError(f"{timings_path}: column {column} is not MHz or empty ({error})") from error
     ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
-    return RunFiles(plan, hashlib.sha256(protocol_bytes).hexdigest(), correctness, timings, ceilings)
+    timed_checks = _timed_checks(run_dir / TIMED_CHECKS) if (run_dir / TIMED_CHECKS).is_file() else None
+    return RunFiles(plan, hashlib.sha256(protocol_bytes).hexdigest(), correctness, timings, ceilings, timed_checks)
+
+
+def _timed_checks(path: Path) -> list[TimedCheck]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows.append(TimedCheck(str(row["case"]), int(row["seed"]), int(row["round"]), str(row["arm"]),
+                                   row["passed"] is True, str(row.get("message") or "")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            raise RunDirError(f"{path}:{number}: not a timed-check row ({error!r}); expected the fields case, "
+                              "seed, round, arm, values_seed, passed, max_abs, max_rel, ulp, message") from error
+    return rows
 
 
 def _count(value: Any) -> int:
@@ -174,6 +230,148 @@ def unit_series(timings: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
     return result
 
 
+# ---------------------------------------------------------------- one adapter per summary schema
+
+
+class SchemaV3:
+    """Runs whose plan.json has no `checks` (every run before issue 10): summary/3, as it always was."""
+
+    schema = SCHEMA_V3
+    input_files: tuple[str, ...] = INPUT_FILES
+
+    def verdict(self, ci: stats.Interval, tie_band: float) -> str:
+        return stats.three_way_verdict(ci, tie_band)
+
+    def timed_failures(self, case_id: str, arm: str) -> list[str]:
+        """Messages of the arm's failed timed checks in the case: none before timed checks existed."""
+        return []
+
+    def implausibility(self, achieved_gbps: float, median_ns: float) -> str | None:
+        """Why a timed arm's figures cannot be real work: never judged before summary/4."""
+        return None
+
+    def ceiling_fields(self) -> dict[str, Any]:
+        return {}
+
+    def aggregate_fields(self, name: str, cases: list[dict[str, Any]], agg: stats.ArmAggregate) -> dict[str, Any]:
+        return {}
+
+    def gate_verdict(self, gate: stats.Gate, agg: stats.ArmAggregate, name: str,
+                     cases: list[dict[str, Any]]) -> stats.GateVerdict:
+        return stats.gate_verdict(gate, agg, sum(c["arms"][name]["status"] == FAILED for c in cases))
+
+    def aa_fields(self, figures: stats.AACalibration) -> dict[str, Any]:
+        return {"not_tie": figures.false_positives}  # verdicts are win, tie or loss: not tie = win or loss
+
+    def top_level_fields(self, warnings: list[str]) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class SchemaV4(SchemaV3):
+    """plan.json `"checks": 1` (issue 10, what is timed is what was checked): summary/4."""
+
+    plan: dict[str, Any]
+    timed_checks: list[TimedCheck]
+    correctness: list[dict[str, Any]]
+    limits: stats.PlausibilityLimits
+    launch_floor_ns: float | None  # measured, reported even where plausibility is not judged
+    launch_samples: int
+    applied: bool  # plausibility is judged: a GPU run timed with CUDA events
+    failures: dict[tuple[str, str], list[str]] = field(init=False)
+
+    schema = SCHEMA
+    input_files = (*INPUT_FILES, TIMED_CHECKS)
+
+    def __post_init__(self) -> None:
+        self.failures = {}
+        for row in self.timed_checks:
+            if not row.passed:
+                self.failures.setdefault((row.case, row.arm), []).append(row.message or "failed")
+
+    @classmethod
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV4:
+        plan = run.plan
+        if run.timed_checks is None:
+            raise RunDirError(f"plan.json has checks {plan['checks']!r} but the run directory has no {TIMED_CHECKS}; "
+                              "a run with timed checks writes one row per timing sample")
+        settings = plan.get("plausibility")
+        if not isinstance(settings, dict) or not {"bandwidth_margin", "launch_floor_fraction"} <= set(settings):
+            raise RunDirError(f"plan.json plausibility {settings!r}: a checks-1 plan holds "
+                              "{bandwidth_margin, launch_floor_fraction} (the runner writes them)")
+        applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
+        ceilings = [c for c in (copy_gbps, read_gbps) if c is not None]
+        launch = run.ceilings[run.ceilings["kind"] == "launch"]["ns"].to_numpy()
+        floor = stats.launch_floor(launch)
+        limits = stats.PlausibilityLimits(
+            bandwidth_margin=float(settings["bandwidth_margin"]),
+            launch_floor_fraction=float(settings["launch_floor_fraction"]),
+            ceiling_gbps=max(ceilings) if applied and plan.get("l2") == "cold" and ceilings else None,
+            launch_floor_ns=floor if applied else None,
+        )
+        return cls(plan, run.timed_checks, run.correctness, limits, floor, len(launch), applied)
+
+    def verdict(self, ci: stats.Interval, tie_band: float) -> str:
+        return stats.verdict(ci, tie_band)
+
+    def timed_failures(self, case_id: str, arm: str) -> list[str]:
+        return self.failures.get((case_id, arm), [])
+
+    def implausibility(self, achieved_gbps: float, median_ns: float) -> str | None:
+        return stats.implausibility(achieved_gbps, median_ns, self.limits)
+
+    def ceiling_fields(self) -> dict[str, Any]:
+        return {"launch_floor_ns": self.launch_floor_ns, "launch_samples": self.launch_samples}
+
+    def aggregate_fields(self, name: str, cases: list[dict[str, Any]], agg: stats.ArmAggregate) -> dict[str, Any]:
+        hists = [row.get("ulp_hist") for row in self.correctness if row["arm"] == name]
+        return {"inconclusive": agg.inconclusive,
+                "failed_while_timed": sum(c["arms"][name]["status"] == FAILED_WHILE_TIMED for c in cases),
+                "implausible": sum(c["arms"][name]["status"] == IMPLAUSIBLE for c in cases),
+                "ulp_hist": stats.ulp_hist_sum(hists)}
+
+    def gate_verdict(self, gate: stats.Gate, agg: stats.ArmAggregate, name: str,
+                     cases: list[dict[str, Any]]) -> stats.GateVerdict:
+        disqualified = []
+        for cause in (FAILED, FAILED_WHILE_TIMED, IMPLAUSIBLE):
+            hit = [c for c in cases if c["arms"][name]["status"] == cause]
+            if hit:
+                first = hit[0]["arms"][name]
+                disqualified.append(stats.Disqualification(
+                    cause, tuple(c["case"] for c in hit), first["reason"] or first["messages"][0]))
+        return stats.gate_verdict_v4(gate, agg, disqualified)
+
+    def aa_fields(self, figures: stats.AACalibration) -> dict[str, Any]:
+        return {"false_positives": figures.false_positives, "inconclusive": figures.inconclusive}
+
+    def top_level_fields(self, warnings: list[str]) -> dict[str, Any]:
+        frozen_at = self.plan.get("frozen_at")
+        if frozen_at is None:
+            warnings.append(UNFROZEN_WARNING)
+        if self.applied and not self.launch_samples:
+            warnings.append(NO_LAUNCH_WARNING)
+        return {
+            "exact": self.plan.get("exact"),
+            "frozen_at": frozen_at,
+            "plausibility": {"bandwidth_margin": self.limits.bandwidth_margin,
+                             "launch_floor_fraction": self.limits.launch_floor_fraction, "applied": self.applied,
+                             "bandwidth_limit_gbps": self.limits.bandwidth_limit_gbps,
+                             "time_limit_ns": self.limits.time_limit_ns},
+            "timed_checks": {"rows": len(self.timed_checks), "failed": sum(not r.passed for r in self.timed_checks)},
+        }
+
+
+def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:
+    """The adapter plan.json `checks` asks for; RunDirError for a version this code does not know."""
+    checks = run.plan.get("checks")
+    if checks is None:
+        return SchemaV3()
+    if checks == 1 and not isinstance(checks, bool):
+        return SchemaV4.from_run(run, copy_gbps, read_gbps)
+    raise RunDirError(f"plan.json checks {checks!r}: this kerneltrial reads timed-check contract 1 (or none); "
+                      "update kerneltrial to read this run")
+
+
 def _empty_entry(kind: str, status: str) -> dict[str, Any]:
     return {
         "kind": kind, "status": status, "median_ns_per_call": None, "n_samples": 0, "ci_units": None,
@@ -184,7 +382,7 @@ def _empty_entry(kind: str, status: str) -> dict[str, Any]:
 
 def _arm_entry(
     arm: dict[str, Any], checks: list[dict[str, Any]], times: pd.Series | None, throttled: int,
-    case: dict[str, Any], copy_ceiling: float | None,
+    case: dict[str, Any], copy_ceiling: float | None, schema: SchemaV3,
 ) -> dict[str, Any]:
     """Status and per-arm figures of one (case, arm), speedup excluded."""
     if not arm["available"]:
@@ -194,24 +392,29 @@ def _arm_entry(
     if not all(row["passed"] for row in checks):
         messages = [row.get("message") or "failed" for row in checks if not row["passed"]]
         return _empty_entry(arm["kind"], FAILED) | {"messages": messages}
+    timed_failures = schema.timed_failures(str(case["case"]), arm["name"])
+    if timed_failures:
+        return _empty_entry(arm["kind"], FAILED_WHILE_TIMED) | {"messages": timed_failures}
     if times is None:
         return _empty_entry(arm["kind"], NOT_TIMED) | {"reason": "passed correctness but has no timing rows"}
     median = stats.median(times.to_numpy())
     achieved = stats.gbps(case["bytes"], median)
-    return _empty_entry(arm["kind"], TIMED) | {
+    reason = schema.implausibility(achieved, median)
+    return _empty_entry(arm["kind"], TIMED if reason is None else IMPLAUSIBLE) | {
         "median_ns_per_call": median,
         "n_samples": int(times.size),
         "gbps": achieved,
         "pct_of_copy_ceiling": None if copy_ceiling is None else stats.pct_of_ceiling(achieved, copy_ceiling),
         "throttled_samples": throttled,
         "spread": stats.relative_spread(times.to_numpy()),
+        "reason": reason,
     }
 
 
 def _case_summary(
     run: RunFiles, series: dict[tuple[str, str], pd.Series], throttled: dict[tuple[str, str], int],
     checks: dict[tuple[str, str], list[dict[str, Any]]], case: dict[str, Any], control: str,
-    copy_ceiling: float | None, rule: stats.BootstrapRule, warnings: list[str],
+    copy_ceiling: float | None, rule: stats.BootstrapRule, schema: SchemaV3, warnings: list[str],
 ) -> dict[str, Any]:
     case_id = str(case["case"])
     arms: dict[str, dict[str, Any]] = {}
@@ -219,20 +422,21 @@ def _case_summary(
         name = arm["name"]
         times = series.get((case_id, name))
         entry = _arm_entry(arm, checks.get((case_id, name), []), times, throttled.get((case_id, name), 0),
-                           case, copy_ceiling)
+                           case, copy_ceiling, schema)
         if entry["status"] == NOT_TIMED:
             warnings.append(f"case {case_id}: arm {name} not timed: {entry['reason']}")
-        if entry["status"] != TIMED and times is not None:
+        if entry["status"] in (FAILED, UNAVAILABLE, NOT_TIMED) and times is not None:
             warnings.append(f"case {case_id}: arm {name} is {entry['status']} but has timing rows; ignored")
         arms[name] = entry
 
     timed = {name: series[(case_id, name)] for name, e in arms.items() if e["status"] == TIMED}
     if control not in timed:
-        warnings.append(f"case {case_id}: control {control} was not timed; no speedups for this case")
+        warnings.append(_untimed_control_warning(case_id, control, arms[control]["status"]))
     else:
         for name, times in timed.items():
             if name != control:
-                _add_speedup(arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule, warnings)
+                _add_speedup(arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule,
+                             schema, warnings)
 
     band = run.plan["tie_band"]
     spread = arms[control]["spread"] if control in arms else None
@@ -252,6 +456,12 @@ def _case_summary(
     }
 
 
+def _untimed_control_warning(case_id: str, control: str, status: str) -> str:
+    """No speedups in a case whose control has no usable times (its times may exist: implausible)."""
+    state = f"is {status}" if status in (IMPLAUSIBLE, FAILED_WHILE_TIMED) else "was not timed"
+    return f"case {case_id}: control {control} {state}; no speedups for this case"
+
+
 def _check_rounds(plan: dict[str, Any], case_id: str, rounds: int, warnings: list[str]) -> None:
     """Rounds beyond the plan's are legitimate only when the preregistered noise rule added them."""
     planned = _count(plan["rounds"])
@@ -268,7 +478,7 @@ def _check_rounds(plan: dict[str, Any], case_id: str, rounds: int, warnings: lis
 
 def _add_speedup(
     entry: dict[str, Any], control: pd.Series, arm: pd.Series, case_id: str, name: str,
-    tie_band: float, rule: stats.BootstrapRule, warnings: list[str],
+    tie_band: float, rule: stats.BootstrapRule, schema: SchemaV3, warnings: list[str],
 ) -> None:
     paired = control.index.intersection(arm.index).sort_values()
     entry["ci_units"] = len(paired)
@@ -280,11 +490,11 @@ def _add_speedup(
     entry["speedup"] = stats.speedup(stats.median(control.to_numpy()), entry["median_ns_per_call"])
     ci = stats.bootstrap_speedup_ci(control.loc[paired].to_numpy(), arm.loc[paired].to_numpy(), rule)
     entry["ci_low"], entry["ci_high"] = ci.low, ci.high
-    entry["verdict"] = stats.verdict(ci, tie_band)
+    entry["verdict"] = schema.verdict(ci, tie_band)
 
 
 def _aggregates_and_gate(
-    cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule
+    cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule, schema: SchemaV3
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     gate = stats.parse_gate(plan["gate"])
     aggregates: dict[str, Any] = {}
@@ -307,8 +517,8 @@ def _aggregates_and_gate(
             "geomean_ci_high": agg.geomean_ci.high if agg.geomean_ci else None,
             "mean": agg.mean, "worst": agg.worst, "worst_case": agg.worst_case,
             "wins": agg.wins, "ties": agg.ties, "losses": agg.losses, "failed_correctness": failed,
-        }
-        result = stats.gate_verdict(gate, agg, failed)
+        } | schema.aggregate_fields(name, cases, agg)
+        result = schema.gate_verdict(gate, agg, name, cases)
         verdicts[name] = {"passed": result.passed, "reasons": result.reasons}
     passed = [name for name, v in verdicts.items() if v["passed"]]
     return aggregates, {"rule": gate.rule, "arms": verdicts, "passed_arms": passed}
@@ -336,7 +546,7 @@ def _clock_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[s
     return figures, flags
 
 
-def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str,
+def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str, schema: SchemaV3,
                  warnings: list[str]) -> dict[str, Any] | None:
     """Calibration figures of the `aa:`/`slow:` arms (None when there are none)."""
     found = [(arm["name"], stats.calibration_base(arm["name"])) for arm in plan["arms"]]
@@ -356,7 +566,7 @@ def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str
         if kind == "aa":
             figures = stats.aa_calibration(verdicts, [stats.Interval(e["ci_low"], e["ci_high"]) for e in compared])
             aa_figures.append(figures)
-            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "not_tie": figures.not_tie,
+            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, **schema.aa_fields(figures),
                           "false_positive_rate": figures.false_positive_rate, "mean_ci_width": figures.mean_ci_width}
         else:
             realized = {c["case"]: _realized(c["arms"][name], c["arms"].get(base)) for c in cases
@@ -399,10 +609,17 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f}%"
 
 
+def _claimed(aa: dict[str, Any]) -> str:
+    """An A/A arm's false positives, and under summary/4 its inconclusive verdicts (summary/3: `not_tie`)."""
+    if "false_positives" not in aa:
+        return str(aa["not_tie"])
+    return f"{aa['false_positives']} ({aa['inconclusive']} inconclusive)"
+
+
 def calibration_sentence(arms: dict[str, Any], passed: bool, injected_slowdown: float,
                          max_fpr: float, min_power: float) -> str:
     """One sentence saying whether the timing method told A from A and caught an injected slowdown."""
-    parts = [f"A/A arm {name} was called different from its copy in {f['not_tie']} of {f['n_cases']} case(s) "
+    parts = [f"A/A arm {name} was called different from its copy in {_claimed(f)} of {f['n_cases']} case(s) "
              f"(false-positive rate {_pct(f['false_positive_rate'])}, at most {_pct(max_fpr)} allowed; "
              f"mean CI width {'n/a' if f['mean_ci_width'] is None else format(f['mean_ci_width'], '.4f')})"
              for name, f in arms.items() if f["kind"] == "aa"]
@@ -440,14 +657,15 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     clocks, flags = _clock_figures(plan, run.timings, warnings)
     throttled = {(str(case), str(arm)): int(n) for (case, arm), n in
                  run.timings.assign(throttled=flags).groupby(["case", "arm"], sort=False)["throttled"].sum().items()}
+    schema = schema_of(run, copy_gbps, read_gbps)
     series = unit_series(run.timings)
     checks = correctness_by_case_arm(run.correctness)
-    cases = [_case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, warnings)
+    cases = [_case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, schema, warnings)
              for case in plan["cases"]]
-    aggregates, gate = _aggregates_and_gate(cases, plan, control, rule)
-    calibration = _calibration(plan, cases, control, warnings)
+    aggregates, gate = _aggregates_and_gate(cases, plan, control, rule, schema)
+    calibration = _calibration(plan, cases, control, schema, warnings)
     summary = {
-        "schema": SCHEMA,
+        "schema": schema.schema,
         "protocol_sha256": run.protocol_sha256,
         "backend": plan["backend"],
         "is_gpu": bool(plan["is_gpu"]),
@@ -459,13 +677,15 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "bootstrap": {"resamples": rule.resamples, "seed": rule.seed, "confidence": rule.confidence},
         "arms": plan["arms"],
         "noise_rule": plan.get("noise_rule"),
-        "ceilings": {"copy_gbps": copy_gbps, "copy_samples": copy_n, "read_gbps": read_gbps, "read_samples": read_n},
+        "ceilings": {"copy_gbps": copy_gbps, "copy_samples": copy_n, "read_gbps": read_gbps, "read_samples": read_n,
+                     **schema.ceiling_fields()},
         "clocks": clocks,
         "cases": cases,
         "aggregates": aggregates,
         "gate": gate,
+        **schema.top_level_fields(warnings),
         "warnings": warnings,
-        "inputs_sha256": {name: _sha256(run_dir / name) for name in INPUT_FILES},
+        "inputs_sha256": {name: _sha256(run_dir / name) for name in schema.input_files},
     }
     if calibration is not None:
         summary["calibration"] = calibration
