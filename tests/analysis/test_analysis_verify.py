@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
 
+import kerneltrial.analysis.integrity as integrity_module
 import kerneltrial.analysis.verify as verify_module
 from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.summary import write_summary
@@ -122,12 +123,15 @@ def test_serving_runs_are_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not result.ok and "ttft p50 differs" in result.failures[0].detail
 
 
-def test_verify_is_independent_of_stats_and_summary() -> None:
-    tree = ast.parse(Path(verify_module.__file__).read_text())
+@pytest.mark.parametrize("module", [verify_module, integrity_module])
+def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  for alias in node.names}
     assert not [name for name in imported if "stats" in name or "summary" in name or "pandas" in name]
+    analysis = {name for name in imported if name.startswith("kerneltrial.analysis")}
+    assert analysis <= {"kerneltrial.analysis.integrity", "kerneltrial.analysis.errors.RunDirError"}
 
 
 def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:

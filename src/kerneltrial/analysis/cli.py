@@ -40,18 +40,22 @@ def _or_exit(action: Callable[[], T]) -> T:
 def verify(run_dirs: RunDirs) -> None:
     """Recompute every figure of each run directory from its raw rows and compare with summary.json.
 
-    Prints one line per check and a final line; exits 1 if any check fails, 2 on bad input.
+    Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
+    and a final line; exits 1 if any check fails, 2 on bad input.
     """
     failed = False
     for run_dir in run_dirs:
-        result = _or_exit(lambda: verify_run_dir(run_dir))
+        result = _or_exit(lambda: verify_run_dir(run_dir))  # noqa: B023 (called at once, inside the loop)
         for check in result.checks:
-            typer.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+            mark = "FAIL" if not check.ok else "ok  " if check.applicable else "n/a "
+            typer.echo(f"{mark} {check.name}: {check.detail}")
         bad = len(result.failures)
+        skipped = sum(not check.applicable for check in result.checks)
         if bad:
             typer.echo(f"VERIFY FAILED: {bad} of {len(result.checks)} checks failed in {run_dir}")
         else:
-            typer.echo(f"verified: all {len(result.checks)} checks passed in {run_dir}")
+            typer.echo(f"verified: all {len(result.checks) - skipped} checks passed in {run_dir}"
+                       + (f" ({skipped} not applicable to this run)" if skipped else ""))
         failed = failed or bad > 0
     if failed:
         raise typer.Exit(1)

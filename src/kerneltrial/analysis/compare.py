@@ -1,7 +1,10 @@
 """Compare two kernel runs side by side: the same (case, arm) medians in A and in B.
 
 Reads only the two summary.json files. Ratio is median(B) / median(A): above 1 means
-B took longer. Cases or arms present in only one run are listed, never silently dropped.
+B took longer. Each run's verdict for the (case, arm) is shown beside it (win, tie, loss,
+inconclusive, or the status that left it without one: failed correctness, failed while
+timed, implausible, ...). Cases or arms present in only one run are listed, never silently
+dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ class ComparedRow:
     arm: str
     median_a_ns: float | None
     median_b_ns: float | None
+    verdict_a: str
+    verdict_b: str
 
     @property
     def ratio(self) -> float | None:
@@ -31,13 +36,22 @@ def _medians(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     return {c["case"]: {arm: e["median_ns_per_call"] for arm, e in c["arms"].items()} for c in summary["cases"]}
 
 
+def verdict_of(entry: dict[str, Any], is_control: bool) -> str:
+    """The verdict of a timed arm ("control" for the control), else its status."""
+    if entry["status"] != "timed":
+        return entry["status"]
+    return "control" if is_control else entry["verdict"] or "–"
+
+
 def compared_rows(a: dict[str, Any], b: dict[str, Any]) -> list[ComparedRow]:
     """Rows for every (case, arm) present in both runs, in A's order."""
-    medians_a, medians_b = _medians(a), _medians(b)
+    cases_b = {c["case"]: c["arms"] for c in b["cases"]}
     return [
-        ComparedRow(case, arm, median, medians_b[case][arm])
-        for case, arms in medians_a.items() if case in medians_b
-        for arm, median in arms.items() if arm in medians_b[case]
+        ComparedRow(case["case"], arm, entry["median_ns_per_call"], cases_b[case["case"]][arm]["median_ns_per_call"],
+                    verdict_of(entry, arm == a["control"]),
+                    verdict_of(cases_b[case["case"]][arm], arm == b["control"]))
+        for case in a["cases"] if case["case"] in cases_b
+        for arm, entry in case["arms"].items() if arm in cases_b[case["case"]]
     ]
 
 
@@ -57,11 +71,11 @@ def compare_runs(a: Path, b: Path) -> str:
         lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
     if summary_a["protocol_sha256"] != summary_b["protocol_sha256"]:
         lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
-    lines += ["| case | arm | median A µs | median B µs | B/A |", "|---|---|---|---|---|"]
+    lines += ["| case | arm | median A µs | median B µs | B/A | verdict A | verdict B |", "|---|---|---|---|---|---|---|"]
     for row in compared_rows(summary_a, summary_b):
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
         medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"
-        lines.append(f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} |")
+        lines.append(f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {row.verdict_a} | {row.verdict_b} |")
     for label, notes in (("Only in A", _only_in(summary_a, summary_b)), ("Only in B", _only_in(summary_b, summary_a))):
         if notes:
             lines += ["", f"{label}: " + ", ".join(notes)]

@@ -30,6 +30,8 @@ CEILING_PNG = "ceiling.png"
 ERRATA = "ERRATA.md"
 SUPERSEDED = "Superseded by:"
 REASON = "Reason:"
+# markers at speedup 1 for the cases an arm has no speedup because it was disqualified
+DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 SCOPE = ("Confidence intervals cover noise within this session (machine state, clocks) only; "
          "a re-run on another machine may differ by more.")
 
@@ -104,6 +106,12 @@ def speedup_cell(entry: dict[str, Any]) -> str:
 def _status_cell(entry: dict[str, Any], is_control: bool) -> str:
     if entry["status"] == "failed correctness":
         return "**failed correctness**: " + "; ".join(entry["messages"])
+    if entry["status"] == "failed while timed":  # one row per failed sample: the first, and how many
+        messages = entry["messages"]
+        more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
+        return f"**failed while timed** in {len(messages)} sample(s): {messages[0]}{more}"
+    if entry["status"] == "implausible":
+        return "**implausible**: " + entry["reason"].removeprefix("implausible: ")
     if entry["status"] in ("unavailable", "not timed"):
         return f"{entry['status']}: {entry['reason']}"
     return "control" if is_control else (entry["verdict"] or "no control timing")
@@ -180,7 +188,7 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     calibration = summary.get("calibration")
     if not calibration:
         return []
-    rows = [[f"`{name}`", "A/A copy", f"`{f['base']}`", f"{f['not_tie']} of {f['n_cases']} not tie",
+    rows = [[f"`{name}`", "A/A copy", f"`{f['base']}`", _aa_verdicts(f),
              _num(f["false_positive_rate"], ".2f"), f"≤ {calibration['max_false_positive_rate']:g}",
              _num(f["mean_ci_width"], ".4f")] for name, f in calibration["arms"].items() if f["kind"] == "aa"]
     delay = f"+{100 * calibration['injected_slowdown']:g}% delay"
@@ -197,6 +205,13 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     return lines
 
 
+def _aa_verdicts(figures: dict[str, Any]) -> str:
+    """An A/A arm's claimed differences: `not_tie` before schema 4, wins or losses and inconclusive from it."""
+    if "false_positives" not in figures:
+        return f"{figures['not_tie']} of {figures['n_cases']} not tie"
+    return f"{figures['false_positives']} of {figures['n_cases']} win or loss, {figures['inconclusive']} inconclusive"
+
+
 def _realized_note(figures: dict[str, Any]) -> str:
     """The slowdown a slowed arm really had, when the summary records it (schema 3)."""
     if figures.get("realized_min") is None:
@@ -204,7 +219,15 @@ def _realized_note(figures: dict[str, Any]) -> str:
     return f" ({100 * figures['realized_min']:.1f}–{100 * figures['realized_max']:.1f}% realized)"
 
 
+def _checked(summary: dict[str, Any]) -> bool:
+    """A schema-4 summary: timed checks, plausibility and the inconclusive verdict."""
+    return "timed_checks" in summary
+
+
 def aggregate_table(summary: dict[str, Any]) -> list[str]:
+    """One row per compared arm; a schema-4 summary adds inconclusive verdicts (W/T/L/I) and the
+    cases failed while timed or implausible."""
+    checked = _checked(summary)
     rows = []
     for name in compared_arms(summary):
         agg = summary["aggregates"][name]
@@ -213,10 +236,67 @@ def aggregate_table(summary: dict[str, Any]) -> list[str]:
             f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
         worst = "–" if agg["worst"] is None else f"{agg['worst']:.3f} (`{agg['worst_case']}`)"
         verdict = "pass" if gate["passed"] else "FAIL: " + "; ".join(gate["reasons"])
-        rows.append([f"`{name}`", ci, _num(agg["mean"], ".3f"), worst,
-                     f"{agg['wins']}/{agg['ties']}/{agg['losses']}", str(agg["failed_correctness"]), verdict])
-    return _table(["arm", "geomean [CI]", "mean", "worst case", "wins/ties/losses", "failed correctness",
-                   f"gate `{summary['gate']['rule']}`"], rows)
+        counts = [agg["wins"], agg["ties"], agg["losses"]] + ([agg["inconclusive"]] if checked else [])
+        disqualified = [agg["failed_correctness"]] + ([agg["failed_while_timed"], agg["implausible"]] if checked else [])
+        rows.append([f"`{name}`", ci, _num(agg["mean"], ".3f"), worst, "/".join(map(str, counts)),
+                     *map(str, disqualified), verdict])
+    header = ["arm", "geomean [CI]", "mean", "worst case", "W/T/L/I" if checked else "wins/ties/losses",
+              "failed correctness"] + ["failed while timed", "implausible"] * checked
+    return _table([*header, f"gate `{summary['gate']['rule']}`"], rows)
+
+
+def ulp_table(summary: dict[str, Any], h: str) -> list[str]:
+    """How far each arm's outputs were from the official formula, over all its correctness checks."""
+    rows = [[f"`{name}`", *(f"{n:,}" for n in agg["ulp_hist"])]
+            for name, agg in summary["aggregates"].items() if agg.get("ulp_hist") is not None]
+    if not rows:
+        return []
+    return ["", f"{h}# Distance from the reference (output elements, in ulps of the output dtype)", "",
+            *_table(["arm", "0", "≤ 1", "≤ 2", "≤ 4", "≤ 16", "> 16"], rows)]
+
+
+def freeze_line(run_dir: Path, summary: dict[str, Any]) -> str | None:
+    """When the protocol was frozen, or a loud line that it was not: summary `frozen_at` (schema 4),
+    else the provenance freeze record of an older run; None when neither says."""
+    if "frozen_at" in summary:
+        frozen_at = summary["frozen_at"]
+    else:
+        provenance = _provenance(run_dir)
+        if "freeze" not in provenance:
+            return None
+        frozen_at = (provenance["freeze"] or {}).get("frozen_at")
+    if frozen_at is None:
+        return "- **NOT FROZEN**: the protocol was not frozen before the run: its settings were not preregistered"
+    return f"- protocol frozen at {frozen_at}"
+
+
+def checks_lines(summary: dict[str, Any]) -> list[str]:
+    """Timed checks, exactness and plausibility limits of a schema-4 summary (none before)."""
+    if not _checked(summary):
+        return []
+    counts = summary["timed_checks"]
+    lines = [f"- timed checks: {counts['rows']:,} timing samples, each output checked; {counts['failed']} failed"]
+    if summary.get("exact"):
+        lines.append("- exact: outputs must equal the reference bit for bit")
+    rule = summary["plausibility"]
+    if not rule["applied"]:
+        return [*lines, "- plausibility: not judged (not a GPU run timed with CUDA events)"]
+    limits = []
+    if rule["bandwidth_limit_gbps"] is not None:
+        limits.append(f"above {_rate(rule['bandwidth_limit_gbps'])} GB/s ({100 * rule['bandwidth_margin']:g}% over "
+                      "the best ceiling)")
+    if rule["time_limit_ns"] is not None:
+        limits.append(f"below {rule['time_limit_ns']:,.0f} ns per call ({rule['launch_floor_fraction']:g} x the "
+                      "launch floor)")
+    return [*lines, "- plausibility: implausible " + (" or ".join(limits) if limits else "(no limit measured)")]
+
+
+def _ceilings_line(ceilings: dict[str, Any]) -> str:
+    line = (f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
+            f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)")
+    if ceilings.get("launch_floor_ns") is not None:
+        line += f", launch floor {ceilings['launch_floor_ns']:,.0f} ns (median of {ceilings['launch_samples']} empty launches)"
+    return line
 
 
 def us_cell(ns: float | None, spec: str) -> str:
@@ -276,7 +356,8 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
     width = 0.8 / max(1, len(arms))
     for j, name in enumerate(arms):
         offset = (j - (len(arms) - 1) / 2) * width
-        xs, ys, lows, highs, failed = [], [], [], [], []
+        xs, ys, lows, highs = [], [], [], []
+        disqualified: dict[str, list[float]] = {}
         for i, case in enumerate(summary["cases"]):
             entry = case["arms"][name]
             if entry["speedup"] is not None:
@@ -284,12 +365,12 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
                 ys.append(entry["speedup"])
                 lows.append(entry["speedup"] - entry["ci_low"])
                 highs.append(entry["ci_high"] - entry["speedup"])
-            elif entry["status"] == "failed correctness":
-                failed.append(i + offset)
+            elif entry["status"] in DISQUALIFIED_MARKERS:
+                disqualified.setdefault(entry["status"], []).append(i + offset)
         line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
-        if failed:
-            ax.scatter(failed, [1.0] * len(failed), marker="x", s=60, color=line[0].get_color(),
-                       label=f"{name}: failed correctness")
+        for status, where in disqualified.items():
+            ax.scatter(where, [1.0] * len(where), marker=DISQUALIFIED_MARKERS[status], s=60,
+                       color=line[0].get_color(), label=f"{name}: {status}")
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary['control']} (×)")
     ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
@@ -297,13 +378,17 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
 
 
 def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
-    """Stacked wins / ties / losses / failed correctness per arm."""
+    """Stacked wins / ties / losses / failed correctness per arm (schema 4: also inconclusive,
+    failed while timed and implausible)."""
     arms = compared_arms(summary)
     fig = Figure(figsize=(max(5.0, 1.2 * len(arms) + 2), 4))
     ax = fig.subplots()
     bottom = [0] * len(arms)
-    for key, label, color in (("wins", "win", "tab:green"), ("ties", "tie", "0.6"),
-                              ("losses", "loss", "tab:red"), ("failed_correctness", "failed correctness", "black")):
+    bars = [("wins", "win", "tab:green"), ("ties", "tie", "0.6"), ("inconclusive", "inconclusive", "tab:olive"),
+            ("losses", "loss", "tab:red"), ("failed_correctness", "failed correctness", "black"),
+            ("failed_while_timed", "failed while timed", "tab:purple"), ("implausible", "implausible", "tab:orange")]
+    recorded = {key for agg in summary["aggregates"].values() for key in agg}
+    for key, label, color in (bar for bar in bars if bar[0] in recorded):
         counts = [summary["aggregates"][name][key] for name in arms]
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
         bottom = [b + c for b, c in zip(bottom, counts)]
@@ -345,12 +430,14 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         f"- protocol sha256: `{summary['protocol_sha256']}`",
         f"- backend `{summary['backend']}`, L2 `{summary['l2']}`, control `{summary['control']}`, "
         f"tie band ±{summary['tie_band']:g}",
-        f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
-        f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)",
+        *[line for line in (freeze_line(run_dir, summary),) if line],
+        _ceilings_line(ceilings),
         *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
+        *checks_lines(summary),
         *_provenance_lines(_provenance(run_dir)),
         f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",
         "", f"{h}# Per arm", "", *aggregate_table(summary),
+        *ulp_table(summary, h),
         *calibration_lines(summary, h),
         "", f"{h}# Per case (every case and arm; regressions included)", "", *case_table(summary),
     ]

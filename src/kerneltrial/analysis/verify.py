@@ -18,6 +18,14 @@ figures (realized slowdown of `slow:` arms too) and the warnings those must rais
 A schema-1 summary (written before clocks, per-case rounds and calibration arms existed) is
 accepted without those figures only when the raw files have none of those fields either; a
 schema-2 summary is accepted without the realized-slowdown figures of `slow:` arms.
+
+A run whose plan.json has `"checks": 1` (issue 10: what is timed is what was checked) needs a
+schema-4 summary and gets more checks: every timing sample has its timed check (an arm that
+raised has none after), the seeded order over the arms still in each unit, the statuses
+`failed while timed` and `implausible`, the `inconclusive` verdict, the new aggregates and gate
+reasons, the ulp histograms, frozen_at, and the file integrity of analysis/integrity.py
+(manifest, source archive, provenance, freeze). For older runs these checks are listed as not
+applicable.
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kerneltrial.analysis import integrity
 from kerneltrial.analysis.errors import RunDirError
 
 REL_TOL = 1e-9
@@ -43,20 +53,44 @@ BASE_FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", 
 FIGURE_FIELDS = (*BASE_FIGURE_FIELDS, "throttled_samples", "spread")
 LEGACY_SCHEMA = "kerneltrial.summary/1"
 SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
-SCHEMA = "kerneltrial.summary/3"
+SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `checks`)
+SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1`
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
+# plausibility defaults the runner writes into plan.json (docs/DESIGN.md, Statistics):
+PLAUSIBILITY_DEFAULTS = {
+    # the highest honest figure in the committed H200 runs is 104.2% of the copy ceiling
+    # (results/h200/silu_and_mul-s2, 65536x12288, liger): 15% above the best ceiling is not real work
+    "bandwidth_margin": 0.15,
+    # a stated convention: the fastest honest kernel in the committed runs (4.06 us,
+    # results/h200/sigmoid_gate_mul-r2, 1x2048) is far above half an empty launch
+    "launch_floor_fraction": 0.5,
+}
 # protocol.toml keys that plan.json copies, with the protocol's defaults
 PROTOCOL_DEFAULTS = {"control": "control", "seeds": [0, 1, 2], "rounds": 7, "tie_band": 0.02, "gate": "no_loss",
                      "bootstrap_resamples": 2000, "bootstrap_seed": 20261129, "confidence": 0.95, "l2": "cold",
                      "layout": "contiguous", "dtype": "bfloat16", "throttle_fraction": 0.9, "target_ci_width": None,
-                     "max_rounds": 50, "time_budget_s": 600.0, **CALIBRATION_DEFAULTS}
+                     "max_rounds": 50, "time_budget_s": 600.0, "exact": False, **CALIBRATION_DEFAULTS,
+                     **PLAUSIBILITY_DEFAULTS}
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
+TIMED_CHECKS = "timed_checks.jsonl"
 AGGREGATE_FIELDS = ("n_cases", "geomean", "geomean_ci_low", "geomean_ci_high", "mean", "worst",
                     "worst_case", "wins", "ties", "losses", "failed_correctness")
+CHECKED_AGGREGATE_FIELDS = (*AGGREGATE_FIELDS, "inconclusive", "failed_while_timed", "implausible", "ulp_hist")
+FAILED_WHILE_TIMED, IMPLAUSIBLE = "failed while timed", "implausible"
+RAISED = "raised while timed: "
+# every failing timed check's message starts with one of these (the runner's contract)
+TIMED_FAILURE_PREFIXES = ("wrong result while timed: ", "modified its inputs while timed: ",
+                          "wrote outside its output: ", "returns a persistent buffer: ", RAISED)
+ULP_BINS = 6  # correctness.jsonl ulp_hist: elements at 0, (0,1], (1,2], (2,4], (4,16], >16 ulps
+UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
+NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
+# the checks only a run with timed checks has; listed as not applicable for older runs
+CHECKED_RUN_CHECKS = ("plan contract fields", "timed checks", "dropped arms", "ulp histograms", "plausibility",
+                      "summary frozen_at", "manifest", "provenance", "source archive", "protocol freeze")
 
 
 @dataclass(frozen=True)
@@ -64,6 +98,34 @@ class Check:
     name: str
     ok: bool
     detail: str
+    applicable: bool = True  # False: the check does not apply to this run (listed, never failed)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a summary schema covers. plan.json `checks` (1: schema 4) or else the summary's
+    `schema` (1, 2 or 3) selects one; each later schema adds figures to check."""
+
+    schema: str
+    clocks: bool  # clock figures, spreads, per-case rounds, calibration, their warnings (schema 2 on)
+    realized: bool  # realized slowdown of slow: arms (schema 3 on)
+    checked: bool  # timed checks, plausibility, inconclusive, ulp histograms, file integrity (schema 4)
+
+    def verdict(self, low: float, high: float, band: float) -> str:
+        """win / loss outside the band; schema 4: tie only inside it, else inconclusive; before: tie."""
+        if low > 1 + band:
+            return "win"
+        if high < 1 - band:
+            return "loss"
+        if not self.checked or (1 - band <= low and high <= 1 + band):
+            return "tie"
+        return "inconclusive"
+
+
+CONTRACTS = {c.schema: c for c in (Contract(LEGACY_SCHEMA, clocks=False, realized=False, checked=False),
+                                   Contract(SCHEMA_2, clocks=True, realized=False, checked=False),
+                                   Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
+                                   Contract(SCHEMA_4, clocks=True, realized=True, checked=True))}
 
 
 @dataclass
@@ -82,6 +144,9 @@ class VerifyResult:
     def add(self, name: str, problems: list[str], ok_detail: str) -> None:
         """Record a check that passed when `problems` is empty, else failed with them listed."""
         self.checks.append(Check(name, not problems, ok_detail if not problems else "; ".join(problems)))
+
+    def not_applicable(self, name: str, why: str) -> None:
+        self.checks.append(Check(name, True, why, applicable=False))
 
 
 # ---------------------------------------------------------------- reading
@@ -128,6 +193,88 @@ def _samples(run_dir: Path) -> list[Sample]:
                        int(r["calls"]), float(r["ns"]), _mhz(r.get("sm_mhz"))) for r in rows]
     except (TypeError, ValueError) as error:
         raise RunDirError(f"{run_dir / 'timings.csv'}: unparsable row ({error})") from error
+
+
+@dataclass(frozen=True)
+class TimedRow:
+    """One row of timed_checks.jsonl (the fields verify checks)."""
+
+    case: str
+    seed: int
+    round: int
+    arm: str
+    values_seed: int
+    passed: bool
+    message: str
+
+    @property
+    def key(self) -> tuple[str, int, int, str]:
+        return self.case, self.seed, self.round, self.arm
+
+    @property
+    def raised(self) -> bool:
+        return self.message.startswith(RAISED)
+
+
+def _timed_row(row: Any) -> TimedRow:
+    """A timed_checks.jsonl row with every contract field of the right type; TypeError otherwise."""
+    fields = {"case": str, "seed": int, "round": int, "arm": str, "values_seed": int, "passed": bool,
+              "max_abs": (int, float), "max_rel": (int, float), "ulp": (int, float), "message": str}
+    if not isinstance(row, dict):
+        raise TypeError(f"{row!r} is not an object")
+    wrong = [name for name, kind in fields.items() if not isinstance(row.get(name), kind)
+             or (kind is int and isinstance(row.get(name), bool))]
+    if wrong:
+        raise TypeError(f"fields {wrong} missing or of the wrong type in {row!r}")
+    return TimedRow(row["case"], row["seed"], row["round"], row["arm"], row["values_seed"], row["passed"],
+                    row["message"])
+
+
+def _read_timed_rows(run_dir: Path) -> tuple[list[TimedRow], list[str]]:
+    """The rows of timed_checks.jsonl and the problems reading it (a missing file is one)."""
+    path = run_dir / TIMED_CHECKS
+    if not path.is_file():
+        return [], [f"{TIMED_CHECKS} is missing: a run with timed checks writes one row per timing sample"]
+    rows, problems = [], []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(_timed_row(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as error:
+                problems.append(f"{TIMED_CHECKS} line {number}: {error}")
+    return rows, problems
+
+
+@dataclass(frozen=True)
+class TimedChecks:
+    """The timed checks of a run and what follows from them."""
+
+    rows: list[TimedRow]
+    raised: dict[tuple[str, str], tuple[int, int]]  # (case, arm) -> the (seed, round) where it first raised
+
+    def failures(self, case: str, arm: str) -> list[str]:
+        """Messages of the (case, arm)'s failed timed checks, in file order."""
+        return [r.message for r in self.rows if r.case == case and r.arm == arm and not r.passed]
+
+    def raised_in(self) -> dict[tuple[str, int, int], list[str]]:
+        """Arms that raised, by (case, seed, round) unit."""
+        units: dict[tuple[str, int, int], list[str]] = {}
+        for row in self.rows:
+            if row.raised:
+                units.setdefault((row.case, row.seed, row.round), []).append(row.arm)
+        return units
+
+
+def _unit_order(plan: dict[str, Any]) -> Callable[[int, int], tuple[int, int, int]]:
+    """When a (seed, round) unit ran: the planned rounds seed by seed (plan `seeds` order), then
+    each round the noise rule added, across the seeds (docs/DESIGN.md; the runner's loop)."""
+    seeds, planned = _as_list(plan["seeds"]), len(_as_list(plan["rounds"]))
+
+    def order(seed: int, rnd: int) -> tuple[int, int, int]:
+        index = seeds.index(seed) if seed in seeds else len(seeds)
+        return (0, index, rnd) if rnd < planned else (1, rnd, index)
+
+    return order
 
 
 def _as_list(value: Any) -> list[int]:
@@ -200,10 +347,6 @@ def _resample_indices(seed: int, resamples: int, n: int) -> np.ndarray:
     return indices
 
 
-def _verdict(low: float, high: float, band: float) -> str:
-    return "win" if low > 1 + band else "loss" if high < 1 - band else "tie"
-
-
 def _gate_terms(rule: str) -> tuple[bool, float | None]:
     """(no_loss, minimum geomean) of a gate rule; RunDirError on anything else."""
     no_loss, floor = False, None
@@ -269,21 +412,131 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         result.add(f"protocol hash in {name}",
                    [] if recorded == digest else [f"{name} says {recorded}, protocol.toml hashes to {digest}"],
                    f"sha256 {digest[:12]}... matches protocol.toml")
-    result.add("raw files unchanged since summary", _changed_inputs(run_dir, summary.get("inputs_sha256", {})),
-               f"{', '.join(INPUT_FILES)} hash as recorded in summary.json")
 
     samples = _samples(run_dir)
     correctness = [json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines()
                    if line.strip()]
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
+    contract = _check_schema(plan, summary, samples, result)
+    inputs = (*INPUT_FILES, TIMED_CHECKS) if contract.checked else INPUT_FILES
+    result.add("raw files unchanged since summary", _changed_inputs(run_dir, summary.get("inputs_sha256", {}), inputs),
+               f"{', '.join(inputs)} hash as recorded in summary.json")
     _check_protocol(run_dir, plan, result)
     outcome = _correctness_outcome(plan, correctness, result)
-    _check_rows(plan, samples, outcome, result)
-    _check_order(plan, samples, outcome, result)
-    legacy = _check_schema(plan, summary, samples, result)
-    realized = summary.get("schema") not in (LEGACY_SCHEMA, SCHEMA_2)
-    _check_figures(plan, summary, samples, outcome, ceiling_rows, result, legacy, realized)
+    timed = None
+    if contract.checked:
+        timed = _check_timed_checks(run_dir, plan, summary, samples, outcome, result)
+        _check_integrity(run_dir, plan, provenance, digest, correctness, result)
+    else:
+        for name in CHECKED_RUN_CHECKS:
+            result.not_applicable(name, "not applicable: plan.json has no `checks` (a run from before timed checks)")
+    _check_rows(plan, samples, outcome, result, timed)
+    _check_order(plan, samples, outcome, result, timed)
+    _check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
     return result
+
+
+def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
+                        outcome: dict[tuple[str, str], str], result: VerifyResult) -> TimedChecks:
+    """Every timing sample has exactly one timed check; an arm that raised has no timing row there and
+    nothing in the later units of its case. Records the checks `timed checks` and `dropped arms`."""
+    rows, problems = _read_timed_rows(run_dir)
+    counts: dict[tuple[str, int, int, str], int] = {}
+    values: dict[tuple[str, int, int], set[int]] = {}
+    for row in rows:
+        counts[row.key] = counts.get(row.key, 0) + 1
+        values.setdefault((row.case, row.seed, row.round), set()).add(row.values_seed)
+    sampled = {(s.case, s.seed, s.round, s.arm) for s in samples}
+    listed = [
+        ("timing rows without a timed check", sorted(sampled - set(counts))),
+        ("duplicated timed checks", sorted(key for key, n in counts.items() if n > 1)),
+        ("timed checks without a timing row that did not raise", sorted(r.key for r in rows
+                                                                        if not r.raised and r.key not in sampled)),
+        ("raised while timed but has a timing row", sorted(r.key for r in rows if r.raised and r.key in sampled)),
+        ("timed checks of an arm not timed in the case", sorted({(r.case, r.arm) for r in rows
+                                                                 if outcome.get((r.case, r.arm)) != "passed"})),
+        ("units whose arms got different values_seed", sorted(unit for unit, seen in values.items() if len(seen) > 1)),
+        ("failed timed checks whose message has no contract prefix, or a raise that passed",
+         [r.key for r in rows if (not r.passed and not r.message.startswith(TIMED_FAILURE_PREFIXES))
+          or (r.raised and r.passed)]),
+    ]
+    problems += [f"{label}: {len(keys)}, e.g. {keys[:3]}" for label, keys in listed if keys]
+    failed = sum(not r.passed for r in rows)
+    problems += _diff("summary timed_checks", summary.get("timed_checks") or {}, {"rows": len(rows), "failed": failed},
+                      ("rows", "failed"))
+    result.add("timed checks", problems, f"{len(rows)} timed checks, one per timing sample ({failed} failed)")
+
+    order = _unit_order(plan)
+    raised: dict[tuple[str, str], tuple[int, int]] = {}
+    for row in sorted((r for r in rows if r.raised), key=lambda r: order(r.seed, r.round)):
+        raised.setdefault((row.case, row.arm), (row.seed, row.round))
+    later = []
+    for (case, arm), unit in raised.items():
+        after = sorted({(x.seed, x.round) for x in (*samples, *rows)
+                        if x.case == case and x.arm == arm and order(x.seed, x.round) > order(*unit)})
+        if after:
+            later.append(f"arm {arm} raised while timed in ({case}, {unit[0]}, {unit[1]}) but has rows in "
+                         f"{len(after)} later unit(s), e.g. {after[:3]}")
+    result.add("dropped arms", later, f"{len(raised)} arm(s) raised while timed, each absent from the later "
+                                      "units of its case")
+    return TimedChecks(rows, raised)
+
+
+def _check_integrity(run_dir: Path, plan: dict[str, Any], provenance: dict[str, Any], digest: str,
+                     correctness: list[dict[str, Any]], result: VerifyResult) -> None:
+    """The checks of a run with timed checks that read no timing figure: plan fields, ulp histograms,
+    manifest, provenance, source archive and freeze (analysis/integrity.py)."""
+    result.add("plan contract fields", _plan_contract_problems(plan),
+               f"checks 1, exact {plan.get('exact')}, plausibility {plan.get('plausibility')}, "
+               f"frozen_at {plan.get('frozen_at')}")
+    result.add("ulp histograms", _ulp_problems(plan, correctness),
+               f"{len(correctness)} correctness rows, each with a {ULP_BINS}-bin ulp histogram")
+    result.add("manifest", integrity.manifest_problems(run_dir),
+               f"every file hashes as {integrity.MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md")
+    result.add("provenance", integrity.provenance_problems(provenance),
+               "versions, device, source digest, start and end recorded")
+    result.add("source archive", integrity.source_problems(run_dir, provenance),
+               f"{integrity.SOURCE_ARCHIVE} digests to git.source_sha256")
+    frozen = plan.get("frozen_at")
+    result.add("protocol freeze", integrity.freeze_problems(provenance, plan, digest),
+               "not frozen (plan and provenance agree)" if frozen is None else f"frozen at {frozen}, the record of "
+               "protocol.toml")
+
+
+def _plan_contract_problems(plan: dict[str, Any]) -> list[str]:
+    """The plan.json fields of the timed-check contract, present and of their types."""
+    problems = []
+    if not isinstance(plan.get("exact"), bool):
+        problems.append(f"exact {plan.get('exact')!r} is not true or false")
+    settings = plan.get("plausibility")
+    numbers = {key: (settings or {}).get(key) for key in PLAUSIBILITY_DEFAULTS} if isinstance(settings, dict) else {}
+    if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                              for v in numbers.values()):
+        problems.append(f"plausibility {settings!r} lacks non-negative numbers {list(PLAUSIBILITY_DEFAULTS)}")
+    if "frozen_at" not in plan or not isinstance(plan["frozen_at"], (str, type(None))):
+        problems.append(f"frozen_at {plan.get('frozen_at', 'absent')!r} is not a time or null")
+    if plan.get("order_seed") is None:
+        problems.append("order_seed is missing: the round order of a run with timed checks is seeded")
+    return problems
+
+
+def _ulp_problems(plan: dict[str, Any], correctness: list[dict[str, Any]]) -> list[str]:
+    """Every correctness row has `ulp_hist` (6 counts); under `exact`, a passed row has every element at 0 ulps."""
+    malformed, inexact = [], []
+    for row in correctness:
+        hist = row.get("ulp_hist")
+        where = (row.get("case"), row.get("seed"), row.get("arm"))
+        if not (isinstance(hist, list) and len(hist) == ULP_BINS
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)):
+            malformed.append(f"{where}: {hist!r}")
+        elif plan.get("exact") is True and row.get("passed") is True and any(hist[1:]):
+            inexact.append(f"{where}: {hist}")
+    problems = [f"{len(malformed)} correctness row(s) without a {ULP_BINS}-bin ulp_hist, e.g. {malformed[:3]}"] \
+        if malformed else []
+    if inexact:
+        problems.append(f"{len(inexact)} passed row(s) of an exact run with elements off the reference, "
+                        f"e.g. {inexact[:3]}")
+    return problems
 
 
 def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -> None:
@@ -313,6 +566,10 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
         pairs.append(("op", plan["op"], protocol["op"]))
     if "order_seed" in plan:
         pairs.append(("order_seed", plan["order_seed"], protocol.get("order_seed", 0)))
+    if "exact" in plan:
+        pairs.append(("exact", plan["exact"], protocol["exact"]))
+    if isinstance(plan.get("plausibility"), dict):
+        pairs += [(f"plausibility.{key}", plan["plausibility"].get(key), protocol[key]) for key in PLAUSIBILITY_DEFAULTS]
     # the noise settings are optional in plan.json (older runs); compared where present
     for section, keys in (("clocks", ("throttle_fraction",)),
                           ("noise_rule", ("target_ci_width", "max_rounds", "time_budget_s")),
@@ -336,24 +593,31 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _check_order(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
-                 result: VerifyResult) -> None:
+                 result: VerifyResult, timed: TimedChecks | None) -> None:
     """Interleaving evidence: in each (case, seed, round) unit the timed arms hold positions 0..k-1,
-    and, with plan `order_seed`, exactly the order its seeded generator gives."""
+    and, with plan `order_seed`, exactly the order its seeded generator gives. With timed checks the
+    arms of a unit are those still in the case there (a timing row, or the raise that dropped the
+    arm): the raising arm keeps its position and has no row at it."""
     arm_order = [a["name"] for a in plan["arms"]]
     case_index = {str(c["case"]): i for i, c in enumerate(plan["cases"])}
-    timed = {case: [arm for arm in arm_order if outcome.get((case, arm)) == "passed"] for case in case_index}
-    units: dict[tuple[str, int, int], list[Sample]] = {}
+    case_arms = {case: [arm for arm in arm_order if outcome.get((case, arm)) == "passed"] for case in case_index}
+    raised_in = timed.raised_in() if timed else {}
+    units: dict[tuple[str, int, int], list[Sample]] = {unit: [] for unit in raised_in}
     for s in samples:
         units.setdefault((s.case, s.seed, s.round), []).append(s)
     order_seed = plan.get("order_seed")
     bad_positions, bad_order = [], []
     for (case, seed, rnd), rows in sorted(units.items()):
-        arms = timed.get(case, [])
-        if sorted(s.position for s in rows) != list(range(len(arms))):
-            bad_positions.append(f"({case}, {seed}, {rnd}) positions {sorted(s.position for s in rows)} for "
-                                 f"{len(arms)} timed arm(s)")
+        raised = raised_in.get((case, seed, rnd), [])
+        here = {s.arm for s in rows} | set(raised)
+        arms = case_arms.get(case, []) if timed is None else [arm for arm in arm_order if arm in here]
+        positions = sorted(s.position for s in rows)
+        if len(set(positions)) != len(positions) or len(positions) != len(arms) - len(raised) \
+                or not all(0 <= p < len(arms) for p in positions):
+            bad_positions.append(f"({case}, {seed}, {rnd}) positions {positions} for {len(arms)} timed arm(s)"
+                                 + (f" ({len(raised)} raised)" if raised else ""))
             continue
-        if order_seed is None or sorted(s.arm for s in rows) != sorted(arms):
+        if order_seed is None or sorted([*(s.arm for s in rows), *raised]) != sorted(arms) or case not in case_index:
             continue  # an incomplete unit already fails the timing-rows check
         permutation = np.random.default_rng([int(order_seed), case_index[case], seed, rnd]).permutation(len(arms))
         expected = {arms[i]: position for position, i in enumerate(permutation)}
@@ -370,13 +634,23 @@ def _check_order(plan: dict[str, Any], samples: list[Sample], outcome: dict[tupl
                + ("" if order_seed is None else f", each in the seeded order of order_seed {order_seed}"))
 
 
-def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> bool:
-    """True for a schema-1 summary, which is accepted only for raw files without the newer fields."""
+def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
+                  result: VerifyResult) -> Contract:
+    """The contract the run is verified under. plan.json `"checks": 1` needs a schema-4 summary;
+    a run without `checks` a schema 1-3 one (schema 1 only for raw files without the newer fields)."""
     schema = summary.get("schema")
+    if "checks" in plan:
+        if plan["checks"] != 1 or isinstance(plan["checks"], bool):
+            raise RunDirError(f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contract 1 "
+                              "(or none); update kerneltrial to verify this run")
+        result.add("summary schema", [] if schema == SCHEMA_4 else
+                   [f"summary schema {schema!r} is not {SCHEMA_4}, which a plan with checks 1 needs"], f"{schema}")
+        return CONTRACTS[SCHEMA_4]
     if schema != LEGACY_SCHEMA:
-        result.add("summary schema", [] if schema in (SCHEMA, SCHEMA_2) else
-                   [f"summary schema {schema!r} is not {SCHEMA} (or /2, /1)"], f"{schema}")
-        return False
+        result.add("summary schema", [] if schema in (SCHEMA_3, SCHEMA_2) else
+                   [f"summary schema {schema!r} is not {SCHEMA_3} (or /2, /1) for a plan without checks"
+                    + (" (a schema-4 summary needs plan.json checks 1)" if schema == SCHEMA_4 else "")], f"{schema}")
+        return CONTRACTS[SCHEMA_2 if schema == SCHEMA_2 else SCHEMA_3]
     newer = []
     if any(s.sm_mhz is not None for s in samples):
         newer.append("timings.csv has sm_mhz readings")
@@ -388,12 +662,15 @@ def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[S
     result.add("summary schema", [f"{LEGACY_SCHEMA} summary lacks the figures for raw data it must cover: "
                                   + "; ".join(newer)] if newer else [],
                f"{LEGACY_SCHEMA}: no clock, per-case rounds or calibration data to check")
-    return True
+    return CONTRACTS[LEGACY_SCHEMA]
 
 
-def _changed_inputs(run_dir: Path, recorded: dict[str, str]) -> list[str]:
+def _changed_inputs(run_dir: Path, recorded: dict[str, str], names: tuple[str, ...]) -> list[str]:
     problems = []
-    for name in INPUT_FILES:
+    for name in names:
+        if not (run_dir / name).is_file():
+            problems.append(f"{name} is missing")
+            continue
         digest = hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
         if digest != recorded.get(name):
             problems.append(f"{name} hashes to {digest[:12]}..., summary.json recorded {recorded.get(name)}")
@@ -434,11 +711,16 @@ def _correctness_outcome(
 
 
 def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
-                result: VerifyResult) -> None:
+                result: VerifyResult, timed: TimedChecks | None) -> None:
+    """One timing row per (case, seed, round, timed arm); with timed checks, none from the unit where
+    an arm raised on (it was dropped from the case)."""
     rounds = {str(c["case"]): _rounds_of(plan, c) for c in plan["cases"]}
+    order = _unit_order(plan)
+    raised = timed.raised if timed else {}
     expected = {(case, seed, rnd, arm)
                 for (case, arm), state in outcome.items() if state == "passed"
-                for seed in _as_list(plan["seeds"]) for rnd in rounds[case]}
+                for seed in _as_list(plan["seeds"]) for rnd in rounds[case]
+                if (case, arm) not in raised or order(seed, rnd) < order(*raised[(case, arm)])}
     counts: dict[tuple[str, int, int, str], int] = {}
     for s in samples:
         counts[(s.case, s.seed, s.round, s.arm)] = counts.get((s.case, s.seed, s.round, s.arm), 0) + 1
@@ -482,14 +764,98 @@ def _rounds_problems(plan: dict[str, Any]) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Plausibility limits recomputed from plan.json and ceilings.csv (None: that limit does not apply)."""
+
+    margin: float
+    fraction: float
+    ceiling: float | None  # the best of the copy and read ceilings, GB/s
+    floor: float | None  # the launch floor, ns
+
+    def reason(self, gbps: float, median: float) -> str | None:
+        """Why figures cannot be real work (bandwidth first, joined with '; '), or None."""
+        reasons = []
+        if self.ceiling is not None and gbps > self.ceiling * (1 + self.margin):
+            reasons.append(f"implausible: {gbps:.0f} GB/s is {100 * gbps / self.ceiling:.0f}% of the best ceiling "
+                           f"measured in this run ({self.ceiling:.0f} GB/s); more than {100 * self.margin:g}% above "
+                           "it cannot be real work")
+        if self.floor is not None and median < self.fraction * self.floor:
+            reasons.append(f"implausible: {median:.0f} ns per call is below {self.fraction:g} x the launch floor "
+                           f"measured in this run ({self.floor:.0f} ns): no kernel can run that fast")
+        return "; ".join(reasons) or None
+
+
+def _limits(plan: dict[str, Any], ceiling_rows: list[dict[str, str]]) -> Limits:
+    """Judged only in GPU runs timed with CUDA events; bandwidth only with a cold L2 (a hot L2 can beat DRAM)."""
+    applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
+    recorded = plan.get("plausibility") if isinstance(plan.get("plausibility"), dict) else {}
+    # a setting that is not a number fails `plan contract fields`; the figures use the default meanwhile
+    settings = {key: value if isinstance(value := recorded.get(key), (int, float)) else default
+                for key, default in PLAUSIBILITY_DEFAULTS.items()}
+    ceilings = [c for c in (_ceiling_median(ceiling_rows, "copy"), _ceiling_median(ceiling_rows, "read")) if c is not None]
+    floor = _launch_floor(ceiling_rows)
+    return Limits(float(settings["bandwidth_margin"]), float(settings["launch_floor_fraction"]),
+                  max(ceilings) if applied and plan.get("l2") == "cold" and ceilings else None,
+                  floor if applied else None)
+
+
+def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
+    launches = [float(r["ns"]) for r in ceiling_rows if r["kind"] == "launch"]
+    return _median(launches) if launches else None
+
+
+@dataclass(frozen=True)
+class ArmState:
+    """What the raw rows say of one (case, arm): its status and the samples its figures come from."""
+
+    status: str
+    times: dict[tuple[int, int], float] | None = None  # per-call ns by unit: timed or implausible
+    messages: list[str] | None = None  # failed while timed: the failing timed checks' messages
+    reason: str | None = None  # implausible: why
+
+
+def _arm_state(case: dict[str, Any], name: str, outcome: dict[tuple[str, str], str],
+               per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
+               timed: TimedChecks | None, limits: Limits | None) -> ArmState:
+    case_id = str(case["case"])
+    state = outcome.get((case_id, name), "unavailable")
+    if state != "passed":
+        return ArmState(STATUS_OF[state])
+    failures = timed.failures(case_id, name) if timed else []
+    if failures:
+        return ArmState(FAILED_WHILE_TIMED, messages=failures)
+    times = per_unit.get((case_id, name))
+    if not times:
+        return ArmState("not timed")
+    if limits is not None:
+        median = _median(list(times.values()))
+        reason = limits.reason(float(case["bytes"]) / median, median)
+        if reason:
+            return ArmState(IMPLAUSIBLE, times, reason=reason)
+    return ArmState("timed", times)
+
+
+def _first_failures(correctness: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """The first failed correctness check's message of each (case, arm), in file order."""
+    first: dict[tuple[str, str], str] = {}
+    for row in correctness:
+        if row.get("passed") is not True:
+            first.setdefault((str(row["case"]), row["arm"]), row.get("message") or "failed")
+    return first
+
+
 def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
                    outcome: dict[tuple[str, str], str], ceiling_rows: list[dict[str, str]],
-                   result: VerifyResult, legacy: bool = False, realized: bool = True) -> None:
+                   correctness: list[dict[str, Any]], result: VerifyResult, contract: Contract,
+                   timed: TimedChecks | None) -> None:
     band = float(plan["tie_band"])
     bootstrap = plan["bootstrap"]
     control = next((a["name"] for a in plan["arms"] if a["kind"] == "control"), None)
     header = {"backend": plan["backend"], "is_gpu": plan["is_gpu"], "control": control}
-    result.add("run header", _diff("summary", summary, header, ("backend", "is_gpu", "control"))
+    if contract.checked:
+        header["exact"] = plan.get("exact")
+    result.add("run header", _diff("summary", summary, header, tuple(header))
                + ([] if plan["is_gpu"] or "NOT GPU" in str(summary.get("label")) else
                   [f"label {summary.get('label')!r} does not say NOT GPU for a non-GPU run"]),
                f"backend {plan['backend']}, is_gpu {plan['is_gpu']}, control {control}")
@@ -500,7 +866,7 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
     for s in samples:
         per_unit.setdefault((s.case, s.arm), {})[(s.seed, s.round)] = s.ns / s.calls
         throttled[(s.case, s.arm)] = throttled.get((s.case, s.arm), 0) + _throttled(s, threshold)
-    if not legacy:
+    if contract.clocks:
         _check_clocks(plan, summary, samples, result)
     copy = _ceiling_median(ceiling_rows, "copy")
     recorded_ceilings = summary.get("ceilings", {})
@@ -508,6 +874,9 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
                                  {"copy_gbps": copy, "read_gbps": _ceiling_median(ceiling_rows, "read")},
                                  ("copy_gbps", "read_gbps")),
                f"copy {copy} GB/s median")
+    limits = _limits(plan, ceiling_rows) if contract.checked else None
+    if contract.checked:
+        _check_checked_summary(plan, summary, ceiling_rows, result)
 
     recorded_cases = {str(c.get("case")): c for c in summary.get("cases", [])}
     plan_cases = [str(c["case"]) for c in plan["cases"]]
@@ -516,29 +885,33 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
 
     speedups: dict[str, list[tuple[str, float, str]]] = {}
     intervals: dict[str, list[tuple[float, float]]] = {}
-    failures: dict[str, int] = {}
-    fields = BASE_FIGURE_FIELDS if legacy else FIGURE_FIELDS
+    disqualified: dict[str, dict[str, list[tuple[str, str]]]] = {}  # arm -> status -> [(case, first reason)]
+    first_failure = _first_failures(correctness)
+    fields = FIGURE_FIELDS if contract.clocks else BASE_FIGURE_FIELDS
     medians: dict[tuple[str, str], float | None] = {}
     spread_warnings: list[str] = []
     for case in plan["cases"]:
         case_id = str(case["case"])
         recorded = recorded_cases.get(case_id, {}).get("arms", {})
-        if not legacy:
+        if contract.clocks:
             n_rounds = len(_rounds_of(plan, case))
             result.add(f"case header case={case_id}", _diff(
                 f"case {case_id}", recorded_cases.get(case_id, {}),
                 {"rounds": n_rounds, "units_planned": n_rounds * len(_as_list(plan["seeds"])),
                  "injected_delay_ns": case.get("injected_delay_ns")}, ("rounds", "units_planned", "injected_delay_ns")),
                 f"{n_rounds} rounds")
-        control_times = per_unit.get((case_id, control)) if outcome.get((case_id, control)) == "passed" else None
+        states = {a["name"]: _arm_state(case, a["name"], outcome, per_unit, timed, limits) for a in plan["arms"]}
+        control_times = states[control].times if control in states and states[control].status == "timed" else None
         for arm in plan["arms"]:
-            name = arm["name"]
-            state = outcome.get((case_id, name), "unavailable")
-            failures[name] = failures.get(name, 0) + (state == "failed")
-            times = per_unit.get((case_id, name)) if state == "passed" else None
-            figures = _arm_figures(case, times, control_times if name != control else None, copy, bootstrap, band)
-            figures["throttled_samples"] = throttled.get((case_id, name), 0) if times else 0
-            figures["spread"] = _spread(list(times.values())) if times else None
+            name, state = arm["name"], states[arm["name"]]
+            first = {"failed correctness": first_failure.get((case_id, name)), IMPLAUSIBLE: state.reason,
+                     FAILED_WHILE_TIMED: (state.messages or [None])[0]}
+            if state.status in first:
+                disqualified.setdefault(name, {}).setdefault(state.status, []).append((case_id, str(first[state.status])))
+            compared = control_times if name != control and state.status == "timed" else None
+            figures = _arm_figures(case, state.times, compared, copy, bootstrap, band, contract)
+            figures["throttled_samples"] = throttled.get((case_id, name), 0) if state.times else 0
+            figures["spread"] = _spread(list(state.times.values())) if state.times else None
             medians[(case_id, name)] = figures["median_ns_per_call"]
             if figures["speedup"] is not None:
                 speedups.setdefault(name, []).append((case_id, figures["speedup"], figures["verdict"]))
@@ -546,17 +919,47 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
             if name == control and figures["spread"] is not None and figures["spread"] > band:
                 spread_warnings.append(f"case {case_id}: control run-to-run spread {100 * figures['spread']:.1f}% "
                                        f"exceeds the tie band {100 * band:g}%")
-            status = STATUS_OF[state] if times or state != "passed" else "not timed"
             result.add(f"figures case={case_id} arm={name}",
-                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, status, fields),
-                       _describe(figures, status))
+                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, state, fields),
+                       _describe(figures, state.status))
 
-    if not legacy:
+    if contract.clocks:
         missing = [w for w in spread_warnings if w not in summary.get("warnings", [])]
         result.add("spread warnings", [f"summary warnings lack {w!r}" for w in missing],
                    f"{len(spread_warnings)} case(s) with control spread above the tie band, each warned")
-        _check_calibration(plan, summary, control, speedups, intervals, medians if realized else None, result)
-    _check_aggregates(plan, summary, control, speedups, failures, bootstrap, result)
+        _check_calibration(plan, summary, control, speedups, intervals, medians if contract.realized else None,
+                           result, contract)
+    _check_aggregates(plan, summary, control, speedups, disqualified, correctness, bootstrap, result, contract)
+
+
+def _check_checked_summary(plan: dict[str, Any], summary: dict[str, Any], ceiling_rows: list[dict[str, str]],
+                           result: VerifyResult) -> None:
+    """The top-level figures of a schema-4 summary: plausibility limits, launch floor, frozen_at, their warnings."""
+    limits = _limits(plan, ceiling_rows)
+    applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
+    launches = sum(r["kind"] == "launch" for r in ceiling_rows)
+    figures = {"bandwidth_margin": limits.margin, "launch_floor_fraction": limits.fraction, "applied": applied,
+               "bandwidth_limit_gbps": None if limits.ceiling is None else limits.ceiling * (1 + limits.margin),
+               "time_limit_ns": None if limits.floor is None else limits.fraction * limits.floor}
+    problems = _diff("plausibility", summary.get("plausibility") or {}, figures, tuple(figures))
+    problems += _diff("ceilings", summary.get("ceilings") or {},
+                      {"launch_floor_ns": _launch_floor(ceiling_rows), "launch_samples": launches},
+                      ("launch_floor_ns", "launch_samples"))
+    warnings = summary.get("warnings", [])
+    if applied and not launches and NO_LAUNCH_WARNING not in warnings:
+        problems.append(f"summary warnings lack {NO_LAUNCH_WARNING!r}")
+    result.add("plausibility", problems,
+               "judged: " + ", ".join(f"{k} {v}" for k, v in figures.items() if k.endswith(("gbps", "ns")))
+               if applied else "not judged: not a GPU run timed with CUDA events")
+
+    frozen_at = plan.get("frozen_at")
+    problems = _diff("summary", summary, {"frozen_at": frozen_at}, ("frozen_at",))
+    if "frozen_at" not in summary:
+        problems.append("summary has no frozen_at (null when the protocol was not frozen)")
+    if frozen_at is None and UNFROZEN_WARNING not in warnings:
+        problems.append(f"summary warnings lack {UNFROZEN_WARNING!r}")
+    result.add("summary frozen_at", problems, "not frozen, and the summary warns" if frozen_at is None
+               else f"frozen at {frozen_at}")
 
 
 def _check_clocks(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> None:
@@ -576,8 +979,10 @@ def _check_clocks(plan: dict[str, Any], summary: dict[str, Any], samples: list[S
 def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
                        speedups: dict[str, list[tuple[str, float, str]]],
                        intervals: dict[str, list[tuple[float, float]]],
-                       medians: dict[tuple[str, str], float | None] | None, result: VerifyResult) -> None:
-    """Calibration figures; `medians` None for a schema-2 summary, written before the realized slowdown."""
+                       medians: dict[tuple[str, str], float | None] | None, result: VerifyResult,
+                       contract: Contract) -> None:
+    """Calibration figures; `medians` None for a schema-2 summary, written before the realized slowdown.
+    A false positive of an A/A arm is a win or a loss; schema 4 counts its inconclusive verdicts apart."""
     arms = [(a["name"], _calibration_arm(a["name"])) for a in plan["arms"]]
     arms = [(name, parsed) for name, parsed in arms if parsed]
     recorded = summary.get("calibration")
@@ -600,10 +1005,12 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
         verdicts = [v for _, _, v in speedups.get(name, [])]
         n = len(verdicts)
         if kind == "aa":
-            not_tie = sum(v != "tie" for v in verdicts)
+            claimed = sum(v in ("win", "loss") for v in verdicts)
             widths = [high - low for low, high in intervals.get(name, [])]
-            figures = {"kind": kind, "base": base, "n_cases": n, "not_tie": not_tie,
-                       "false_positive_rate": not_tie / n if n else None,
+            counts = {"false_positives": claimed, "inconclusive": verdicts.count("inconclusive")} \
+                if contract.checked else {"not_tie": claimed}
+            figures = {"kind": kind, "base": base, "n_cases": n, **counts,
+                       "false_positive_rate": claimed / n if n else None,
                        "mean_ci_width": math.fsum(widths) / n if n else None}
             passed = passed and n > 0 and figures["false_positive_rate"] <= max_fpr
         else:
@@ -663,11 +1070,16 @@ def _realized_problems(name: str, rows: list[tuple[str, float, str]], base: str,
     return problems
 
 
-def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], status: str,
+def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], state: ArmState,
                     fields: tuple[str, ...] = FIGURE_FIELDS) -> list[str]:
     problems = _diff(where, entry, figures, fields)
-    if entry.get("status") != status:
-        problems.append(f"{where} status: summary {entry.get('status')!r} != {status!r}")
+    if entry.get("status") != state.status:
+        problems.append(f"{where} status: summary {entry.get('status')!r} != {state.status!r}")
+    if state.reason is not None and entry.get("reason") != state.reason:
+        problems.append(f"{where} reason: summary {entry.get('reason')!r} != recomputed {state.reason!r}")
+    if state.messages is not None and entry.get("messages") != state.messages:
+        problems.append(f"{where} messages: summary {entry.get('messages')!r} != the failed timed checks' "
+                        f"{state.messages!r}")
     return problems
 
 
@@ -687,7 +1099,7 @@ def _ceiling_median(rows: list[dict[str, str]], kind: str) -> float | None:
 
 def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | None,
                  control_times: dict[tuple[int, int], float] | None, copy: float | None,
-                 bootstrap: dict[str, Any], band: float) -> dict[str, Any]:
+                 bootstrap: dict[str, Any], band: float, contract: Contract) -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(FIGURE_FIELDS)
     figures.update(n_samples=0, throttled_samples=0)
     if not times:
@@ -705,13 +1117,16 @@ def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | Non
             a = np.array([times[u] for u in units])
             idx = _resample_indices(int(bootstrap["seed"]), int(bootstrap["resamples"]), len(units))
             low, high = _percentile_ci(_row_medians(c[idx]) / _row_medians(a[idx]), float(bootstrap["confidence"]))
-            figures.update(ci_low=low, ci_high=high, verdict=_verdict(low, high, band))
+            figures.update(ci_low=low, ci_high=high, verdict=contract.verdict(low, high, band))
     return figures
 
 
 def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
-                      speedups: dict[str, list[tuple[str, float, str]]], failures: dict[str, int],
-                      bootstrap: dict[str, Any], result: VerifyResult) -> None:
+                      speedups: dict[str, list[tuple[str, float, str]]],
+                      disqualified: dict[str, dict[str, list[tuple[str, str]]]], correctness: list[dict[str, Any]],
+                      bootstrap: dict[str, Any], result: VerifyResult, contract: Contract) -> None:
+    """Per-arm aggregates and the gate. Schema 4: the gate fails an arm disqualified in any case (failed
+    correctness, failed while timed, implausible), and its reasons are recomputed word for word."""
     no_loss, floor = _gate_terms(plan["gate"])
     compared = [a["name"] for a in plan["arms"] if a["available"] and a["name"] != control]
     recorded = summary.get("aggregates", {})
@@ -722,23 +1137,57 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
     recomputed_passed: list[str] = []
     for name in compared:
         rows = speedups.get(name, [])
-        figures = _aggregate(rows, failures.get(name, 0), bootstrap)
-        problems = _diff(f"arm {name}", recorded.get(name, {}), figures, AGGREGATE_FIELDS)
-        passed = (not failures.get(name, 0) and not (no_loss and figures["losses"])
-                  and not (floor is not None and (figures["geomean"] is None or figures["geomean"] < floor)))
+        causes = disqualified.get(name, {})
+        figures = _aggregate(rows, len(causes.get("failed correctness", [])), bootstrap)
+        reasons = _rule_reasons(figures, no_loss, floor)
+        fields = AGGREGATE_FIELDS
+        if contract.checked:
+            fields = CHECKED_AGGREGATE_FIELDS
+            figures.update(inconclusive=[v for _, _, v in rows].count("inconclusive"),
+                           failed_while_timed=len(causes.get(FAILED_WHILE_TIMED, [])),
+                           implausible=len(causes.get(IMPLAUSIBLE, [])), ulp_hist=_ulp_sum(correctness, name))
+            reasons = [f"{cause} in {len(hits)} case(s) (first: {hits[0][0]}: {hits[0][1]})"
+                       for cause in ("failed correctness", FAILED_WHILE_TIMED, IMPLAUSIBLE)
+                       if (hits := causes.get(cause))] + reasons
+        elif figures["failed_correctness"]:
+            reasons.insert(0, f"failed correctness in {figures['failed_correctness']} case(s)")
+        problems = _diff(f"arm {name}", recorded.get(name, {}), figures, fields)
+        passed = not reasons
         if passed:
             recomputed_passed.append(name)
         recorded_passed = recorded_gate.get(name, {}).get("passed")
         if recorded_passed is not passed:
             problems.append(f"arm {name} gate: summary {recorded_passed!r} != recomputed {passed}")
+        if contract.checked and recorded_gate.get(name, {}).get("reasons") != reasons:
+            problems.append(f"arm {name} gate reasons: summary {recorded_gate.get(name, {}).get('reasons')!r} != "
+                            f"recomputed {reasons!r}")
         shown = f"geomean {figures['geomean']:.4f}" if figures["geomean"] is not None else "no speedups"
-        counts = f"{figures['wins']}W/{figures['ties']}T/{figures['losses']}L"
+        counts = f"{figures['wins']}W/{figures['ties']}T/{figures['losses']}L" + (
+            f"/{figures['inconclusive']}I" if contract.checked else "")
         result.add(f"aggregates arm={name}", problems, f"{shown}, {counts}, gate {'pass' if passed else 'fail'}")
     gate = summary.get("gate", {})
     result.add("gate", [] if gate.get("passed_arms") == recomputed_passed and gate.get("rule") == plan["gate"] else
                [f"summary gate rule {gate.get('rule')!r}, passed_arms {gate.get('passed_arms')} != "
                 f"recomputed rule {plan['gate']!r}, passed_arms {recomputed_passed}"],
                f"rule {plan['gate']!r}: passed {recomputed_passed}")
+
+
+def _rule_reasons(figures: dict[str, Any], no_loss: bool, floor: float | None) -> list[str]:
+    """Why an arm fails the gate's own terms (no_loss counts losses only, never inconclusive verdicts)."""
+    reasons = []
+    if no_loss and figures["losses"]:
+        reasons.append(f"no_loss: {figures['losses']} loss(es)")
+    if floor is not None and figures["geomean"] is None:
+        reasons.append(f"geomean>={floor:g}: no case timed against the control")
+    elif floor is not None and figures["geomean"] < floor:
+        reasons.append(f"geomean>={floor:g}: geomean is {figures['geomean']:.4f}")
+    return reasons
+
+
+def _ulp_sum(correctness: list[dict[str, Any]], arm: str) -> list[int] | None:
+    """Element-wise sum of the arm's correctness `ulp_hist` rows (rows without one skipped); None if none has one."""
+    hists = [row["ulp_hist"] for row in correctness if row.get("arm") == arm and isinstance(row.get("ulp_hist"), list)]
+    return [sum(column) for column in zip(*hists)] if hists else None
 
 
 def _aggregate(rows: list[tuple[str, float, str]], failed: int, bootstrap: dict[str, Any]) -> dict[str, Any]:
