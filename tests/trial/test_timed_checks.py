@@ -196,3 +196,17 @@ def test_freeze_refuses_a_protocol_whose_arms_cannot_run(tmp_path: Path):
     result = CliRunner().invoke(app, ["protocol", "freeze", str(protocol)])
     assert result.exit_code == 2 and "unknown implementation 'no_such_kernel'" in result.output
     assert not (tmp_path / "p.toml.freeze.json").exists()
+
+
+def test_run_exits_1_when_no_arm_passes_the_gate_and_logs_progress_lines(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from kerneltrial.cli import app
+
+    protocol = tmp_path / "p.toml"
+    protocol.write_text(PROTOCOL.format(cheats='"user:raises_when_timed"', modules=f'"{PLANTED / "raises_when_timed.py"}"')
+                        .replace('"packed_r4_w4", "user:pointer_version_cache", ', "").replace("rounds = 3", "rounds = 12"))
+    result = CliRunner().invoke(app, ["run", str(protocol), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert "gate failed by user:raises_when_timed" in result.output and "passed by: no arm" in result.output
+    assert "timing: " in result.output and "correctness: " in result.output  # plain progress lines: not a terminal

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -47,7 +49,45 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def progress_bar() -> Progress:
+class LineProgress:
+    """Progress for logs and pipes (stderr not a terminal): one plain line per task each time it
+    passes another tenth of its total, or LINE_EVERY_S seconds after the last line."""
+
+    LINE_EVERY_S = 30.0
+
+    def __init__(self) -> None:
+        self.tasks: list[dict[str, Any]] = []
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
+        self.tasks.append({"description": description, "total": total or 0, "completed": completed,
+                           "started": time.monotonic(), "printed": time.monotonic(), "tenth": -1})
+        return len(self.tasks) - 1
+
+    def update(self, task: int, total: float | None = None, **_: Any) -> None:
+        if total is not None:
+            self.tasks[task]["total"] = total
+
+    def advance(self, task: int, advance: int = 1) -> None:
+        t = self.tasks[task]
+        t["completed"] += advance
+        tenth = int(10 * t["completed"] / t["total"]) if t["total"] else 10
+        now = time.monotonic()
+        if tenth > t["tenth"] or now - t["printed"] >= self.LINE_EVERY_S:
+            t["tenth"], t["printed"] = tenth, now
+            print(f"{t['description']}: {t['completed']}/{t['total']} after {now - t['started']:.0f} s",
+                  file=sys.stderr, flush=True)
+
+
+def progress_bar() -> Progress | LineProgress:
+    """A live bar on a terminal; plain lines in logs and pipes (a bar prints nothing there)."""
+    if not err.is_terminal:
+        return LineProgress()
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False)
 
 
@@ -154,14 +194,16 @@ def protocol_new(
     out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
     candidate: Annotated[list[str] | None, typer.Option(help="Candidate arm(s) (implementations or peers).")] = None,
     name: Annotated[str | None, typer.Option(help="Protocol name (default: OP-trial).")] = None,
-    shape: Annotated[list[str] | None, typer.Option(help="Case shape(s); default: the operator's GPU panel.")] = None,
+    shape: Annotated[list[str] | None, typer.Option(help="Case shape(s); default: the operator's GPU panel (CPU panel without a GPU).")] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     rounds: Annotated[int, typer.Option(min=2)] = 7,
     gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
     impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its function named after OP becomes the candidate user:<module> (add it with --candidate too to name other arms).")] = None,
 ) -> None:
-    """Write a protocol for OP with the operator's panel (or --shape cases); edit, then freeze it."""
+    """Write a protocol for OP with the operator's panel (the GPU panel on a GPU, the small CPU
+    panel without one) or --shape cases; review it, then freeze it."""
+    from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, get_op, load_user_module
     from kerneltrial.trial import protocol as proto
 
@@ -174,8 +216,13 @@ def protocol_new(
     for c in candidate:
         operator.impl(c)
     layouts = layout or ["contiguous"]
+    gpu = launch.device().type == "cuda"
+    if not shape and not gpu:
+        err.print("No GPU visible: writing the operator's small CPU panel (the GPU panel would take hours in the "
+                  "Triton interpreter); pass --shape for other cases.", soft_wrap=True)
+    panel = operator.gpu_cases if gpu else operator.small_cases
     cases = [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts] if shape else [
-        Case(c.shape, c.dtype, lay) for c in operator.gpu_cases for lay in layouts]
+        Case(c.shape, c.dtype, lay) for c in panel for lay in layouts]
     try:
         seed_list = [int(s) for s in seeds.split(",")]
     except ValueError:
@@ -208,17 +255,30 @@ def run(
     out: Annotated[Path, typer.Option(help="Run directory to create (or to continue with --resume).")],
     resume: Annotated[bool, typer.Option(help="Continue a killed run in --out without losing or repeating rows.")] = False,
 ) -> None:
-    """Run a trial: correctness gate, ceilings, interleaved timing rounds, summary.json."""
+    """Run a trial: correctness gate, ceilings, interleaved timing rounds (every sample's last
+    call checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
+    1 when none did, 2 on bad input."""
     from kerneltrial.trial.runner import run_trial
 
+    def announce(arms: list[Any]) -> None:
+        for arm in arms:
+            if not arm.available:
+                err.print(f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}", highlight=False, soft_wrap=True)
+
     with progress_bar() as bar:
-        root = run_trial(protocol, out, resume=resume, progress=bar)
+        root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce)
     summary = json.loads((root / "summary.json").read_text())
-    console.print(f"run directory: {root}")
-    console.print(f"timing: {summary.get('label', '')}")
+    console.print(f"run directory: {root}", soft_wrap=True)
+    console.print(f"timing: {summary.get('label', '')}", soft_wrap=True)
     gate = summary.get("gate", {})
-    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(gate.get('passed_arms', [])) or 'no arm'}", highlight=False)
-    console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}")
+    for name, verdict in gate.get("arms", {}).items():
+        if not verdict.get("passed"):
+            console.print(f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}", highlight=False, soft_wrap=True)
+    passed = gate.get("passed_arms", [])
+    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}", highlight=False, soft_wrap=True)
+    console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}", soft_wrap=True)
+    if not passed:
+        raise typer.Exit(1)
 
 
 @one_line_errors
@@ -267,6 +327,7 @@ shape = {shape_b}
 @one_line_errors
 def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo")) -> None:
     """The built-in default: check rmsnorm, run a small trial, verify it, write its report.
+    Run it again and it writes a fresh run directory beside the last (run-2, run-3, ...).
 
     With a GPU it times real kernels (CUDA events); without one it runs the same pipeline
     through the Triton interpreter on the CPU and says so: those times are not GPU performance."""
@@ -280,10 +341,8 @@ def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protoc
         console.print("[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
                       "Times below describe the interpreter, NOT GPU performance.[/yellow]")
     out.mkdir(parents=True, exist_ok=True)
-    protocol_file = out / "demo-protocol.toml"
-    run_dir = out / "run"
-    if run_dir.exists():
-        raise ValueError(f"{run_dir} exists; a run directory is never overwritten: pass another --out")
+    run_dir = next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
+    protocol_file = out / f"{run_dir.name}.protocol.toml"  # a repeated demo takes a fresh directory, never overwriting
     protocol_file.write_text(DEMO_PROTOCOL.format(
         calls="\"auto\"" if gpu else 1, l2="cold" if gpu else "hot",
         shape_a=[4096, 4096] if gpu else [64, 1536], shape_b=[65536, 2048] if gpu else [8, 5120]))

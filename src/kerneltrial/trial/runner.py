@@ -19,7 +19,7 @@ import csv
 import json
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,6 +306,7 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
             done.add((r["case"], r["seed"], r["round"], r["arm"]))
     cases = {c["case"]: c for c in plan["cases"]}
     total = sum(len(timed_arms[cid]) * c.get("rounds", p.rounds) for cid, c in cases.items()) * len(p.seeds)
+    total = max(total, len(done))
     task = progress.add_task("timing", total=total, completed=len(done))
     clocks = ClockReader.open(timer.is_gpu)
     started = time.monotonic()
@@ -378,8 +379,8 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                    and widest_ci(p, p.control, mine) > p.target_ci_width):
                 cases[case.id]["rounds"] = rounds = rounds + 1
                 write_json(run.plan, plan)  # before measuring: a resumed run expects this round
-                if hasattr(progress, "tasks"):  # a rich Progress: the bar grows with the added round
-                    progress.update(task, total=progress.tasks[task].total + len(arms) * len(p.seeds))
+                total += len(arms) * len(p.seeds)
+                progress.update(task, total=total)  # the bar grows with the added round
                 time_units(case_index, case, arms, range(rounds - 1, rounds))
                 mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
@@ -410,8 +411,10 @@ def build_plan(p: proto.Protocol, op: Operator, timer: Timer, arms: list[Impl], 
     return plan
 
 
-def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
-    """Run the trial `protocol_path` describes into `out`; return the run directory."""
+def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None,
+              announce: Callable[[list[Impl]], None] | None = None) -> Path:
+    """Run the trial `protocol_path` describes into `out`; return the run directory.
+    `announce` sees the resolved arms before any work (the CLI lists unavailable ones)."""
     from kerneltrial.analysis.summary import write_summary
 
     p = proto.load(protocol_path)
@@ -420,6 +423,8 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     device = launch.device()
     delay = Delay(device)
     arms = resolve_arms(op, p, delay)
+    if announce is not None:
+        announce(arms)
     require_calibration(p, protocol_path, provenance.device_info().get("gpu"))
     cases = [c.case() for c in p.cases]
     for case in cases:
@@ -470,4 +475,7 @@ class _NoProgress:
         return 0
 
     def advance(self, *_: Any, **__: Any) -> None:
+        return None
+
+    def update(self, *_: Any, **__: Any) -> None:
         return None
