@@ -5,7 +5,8 @@
 # protocols/calibration/NAME.toml ("calibration" alone: rmsnorm-aa); "check" runs the
 # correctness gate on every operator at a realistic shape, output kept in results/h200-checks/.
 # An unfinished run directory already in results/h200/ (carried back from an earlier
-# call) is resumed, not restarted.
+# call) is resumed, not restarted. OUTNAME may leave results/h200/ (e.g.
+# planted/rmsnorm-cheats=../h200-planted/rmsnorm-cheats); everything under results/ is packed.
 . scripts/device/setup.sh || exit 1
 limit=$1; shift
 mkdir -p results/h200 results/h200-checks $OUT/logs
@@ -33,8 +34,8 @@ for arg in "$@"; do
   fi
   start=$(date +%s)
   timeout $limit python3 -m kerneltrial.cli $cmd > $OUT/logs/${name//\//-}.log 2>&1
-  echo "$name: rc=$? in $(( $(date +%s) - start ))s"; tail -2 $OUT/logs/${name//\//-}.log
+  echo "$name: rc=$? in $(( $(date +%s) - start ))s" | tee -a $OUT/logs/times.txt; tail -2 $OUT/logs/${name//\//-}.log
   [ -f $out/summary.json ] && python3 -m kerneltrial.cli verify $out | tail -1
-  tar czf $OUT/runs.tar.gz results/h200 results/h200-checks  # after each run: a call cut short keeps what finished
+  tar czf $OUT/runs.tar.gz results  # after each run: a call cut short keeps what finished
 done
-tar czf $OUT/runs.tar.gz results/h200 results/h200-checks && ls -la $OUT
+tar czf $OUT/runs.tar.gz results && ls -la $OUT
