@@ -220,6 +220,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def settle(device: torch.device) -> None:
+    """Wait for every stream of the device before the next arm or check: work an arm left on a
+    side stream must not run into another arm's time, nor write into memory that the caching
+    allocator has handed to another tensor meanwhile (a planted side-stream arm corrupted the
+    honest arms' checks before this: results/h200-planted/rmsnorm-cheats, first attempt)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def call(op: Operator, fn: Callable[..., Any], inputs: Inputs, device: torch.device, like: Outputs) -> Outputs:
     """One poisoned call of `fn`, read back after synchronising the current stream."""
     poison_free_blocks(like)
@@ -337,4 +346,6 @@ def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device,
             message = aliasing(op, got, inputs.inputs, reference) or repeated(op, fn, case, seed, device, got, exact)
     except Exception as exc:  # an arm may fail in any way; the gate records it
         return result(None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    finally:
+        settle(device)
     return result(diff, message, hist)

@@ -343,6 +343,8 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                     except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
                         record(timed.raised(case, seed, todo[0], impl.name, timed.values_seed(seed, todo[0]), exc))
                         continue
+                    finally:
+                        gate.settle(device)  # before the next arm's buffers are allocated
                     prepared[impl.name] = arm
                 for round_index in todo:
                     expected = timed.expected_for(op, case, seed, round_index, device)
@@ -357,6 +359,7 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                             check = arm.check(op, case, seed, round_index, expected, p.exact, device,
                                               persistent=timer.name != "cuda-graph")  # graph outputs live in the graph's pool
                         except Exception as exc:  # recorded; the arm leaves the case
+                            gate.settle(device)
                             record(timed.raised(case, seed, round_index, name, expected.seed, exc))
                             continue
                         append([case.id, seed, round_index, position, name, calls, ns, "" if sm is None else sm, "" if mem is None else mem])

@@ -110,6 +110,7 @@ class TimedArm:
         message = (WRONG + wrong if wrong else guard.problems(op, self.inputs, expected.values, timed=True)
                    or (gate.persistent(op, got, self.previous) if persistent else ""))
         self.previous = () if op.inplace else got
+        gate.settle(device)  # side-stream work the arm left behind ends here, before the next arm
         return TimedCheck(case.id, seed, round_index, self.impl.name, expected.seed, not message,
                           diff.max_abs, diff.max_rel, diff.ulp, message)
 
