@@ -210,3 +210,29 @@ def test_run_exits_1_when_no_arm_passes_the_gate_and_logs_progress_lines(tmp_pat
     assert result.exit_code == 1, result.output
     assert "gate failed by user:raises_when_timed" in result.output and "passed by: no arm" in result.output
     assert "timing: " in result.output and "correctness: " in result.output  # plain progress lines: not a terminal
+
+
+def test_a_pointer_and_version_cache_from_the_first_call_is_caught_by_the_gate():
+    """Values written without a version bump (as a Triton kernel writes) expose it."""
+    cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    op = get_op("rmsnorm")
+
+    def cached(x, weight, eps=1e-6):
+        key = (x.data_ptr(), x._version)
+        if key not in cache:
+            cache[key] = (x, op.reference(x, weight, eps)[0])
+        return cache[key][1].clone()
+
+    result = gate.check(op, Impl(op="rmsnorm", name="cached", kind="user", loader=lambda: cached), Case((4, 64)), 0,
+                        torch.device("cpu"))
+    assert not result.passed and result.message.startswith("stale result: on new values in the same buffers")
+
+
+def test_writing_new_values_changes_neither_pointer_nor_version():
+    op = get_op("rmsnorm")
+    g = guard.guard(op.make_inputs(Case((4, 64)), 0, torch.device("cpu")))
+    x = g.inputs["x"]
+    before = (x.data_ptr(), x._version)
+    values = op.make_inputs(Case((4, 64)), 1, torch.device("cpu"))
+    guard.write(g, values)
+    assert (x.data_ptr(), x._version) == before and torch.equal(x, values["x"])

@@ -42,6 +42,7 @@ class Guarded:
     buffers: list[torch.Tensor]  # flat: canary, the input's whole storage, canary
     pristine: list[torch.Tensor]  # the buffers as created (canaries and strided padding)
     views: dict[str, View]
+    writers: dict[str, torch.Tensor]  # the same memory as each input, with its own version counter
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -80,14 +81,18 @@ def guard(inputs: Inputs) -> Guarded:
         view = View(index, tuple(value.shape), tuple(value.stride()), pad + value.storage_offset())
         views[name] = view
         out[name] = buffers[index].as_strided(view.shape, view.stride, view.offset)
-    return Guarded(out, buffers, [b.clone() for b in buffers], views)
+    writers = {name: torch.empty(0, dtype=out[name].dtype, device=out[name].device).set_(
+        buffers[v.buffer].untyped_storage(), v.offset, v.shape, v.stride) for name, v in views.items()}
+    return Guarded(out, buffers, [b.clone() for b in buffers], views, writers)
 
 
 def write(g: Guarded, values: Inputs) -> None:
-    """Put `values` (inputs of the same case) into the guarded views; scalars are replaced."""
+    """Put `values` (inputs of the same case) into the guarded views; scalars are replaced.
+    The write goes through aliases with their own version counters: the arm's tensors keep
+    their versions and pointers, so neither tells a kernel that the values changed."""
     for name, value in values.items():
         if name in g.views:
-            g.inputs[name].copy_(value)
+            g.writers[name].copy_(value)
         else:
             g.inputs[name] = value
 
