@@ -31,9 +31,11 @@ from rundir_factory import (
     seal,
     write_checked_run,
     write_run_dir,
+    write_source_archive,
 )
 from typer.testing import CliRunner
 
+from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.errors import RunDirError
@@ -227,12 +229,16 @@ def test_unfrozen_protocol_is_warned_and_verifies(tmp_path: Path) -> None:
     assert _summary(_ok(write_checked_run(tmp_path / "frozen")))["frozen_at"] == "2025-01-01T00:00:00+00:00"
 
 
+NO_LAUNCH = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
+
+
 def test_gpu_run_without_launch_samples_warns(tmp_path: Path) -> None:
     path = _ok(write_checked_run(tmp_path / "run", RunSpec(launch_ns=[], bytes_per_call=1000, **GPU)))
     summary = _summary(path)
     assert summary["ceilings"]["launch_floor_ns"] is None and summary["plausibility"]["time_limit_ns"] is None
-    assert "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied" in \
-        summary["warnings"]
+    assert NO_LAUNCH in summary["warnings"]
+    assert _edit_summary(path, lambda s: s["warnings"].remove(NO_LAUNCH)) == {
+        "plausibility": f"summary warnings lack {NO_LAUNCH!r}"}
 
 
 def test_checked_run_needs_its_timed_checks_and_a_known_version(tmp_path: Path) -> None:
@@ -391,6 +397,14 @@ def test_source_archive_that_does_not_match_the_digest_fails(checked: Path) -> N
     failed = _failed(checked)
     assert list(failed) == ["source archive"]
     assert "the archived source is not the source the run recorded" in failed["source archive"]
+
+
+def test_archive_digest_orders_paths_as_pathlib_does(tmp_path: Path) -> None:
+    # "analysis.py" sorts before "analysis/stats.py" as a string ('.' < '/') but after it as a path
+    # (component "analysis" < "analysis.py"): provenance.source_digest sorts paths
+    files = {**SOURCE, "analysis.py": b"X = 1\n", "ops-extra.py": b"Y = 2\n", "ops/a.py": b""}
+    digest = write_source_archive(tmp_path / "source.tar.gz", files)  # digest by provenance.source_digest
+    assert integrity.archive_source_digest(tmp_path / "source.tar.gz") == digest
 
 
 def test_source_archive_with_a_foreign_member_fails(checked: Path) -> None:
@@ -558,6 +572,13 @@ def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> No
         in report
     assert "| `slow` | 1,800 | 200 | 40 | 8 | 48 | 2,000 |" in report
     assert "launch floor 400 ns (median of 5 empty launches)" in report
+
+
+def test_report_names_the_first_of_many_failed_samples(tmp_path: Path) -> None:
+    failures = {(C1, "fast", 0, rnd): f"{WRONG} at round {rnd}" for rnd in range(3)}
+    path = _ok(write_checked_run(tmp_path / "run", RunSpec(timed_failures=failures)))
+    assert f"**failed while timed** in 3 sample(s): {WRONG} at round 0 (and 2 more) |" in \
+        write_report(path).read_text()
 
 
 def test_report_of_an_implausible_arm_and_an_unfrozen_run(cheat: Path, tmp_path: Path) -> None:
