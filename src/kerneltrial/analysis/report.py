@@ -9,6 +9,9 @@ A run whose ERRATA.md has a line `Superseded by: RUN` (and, optionally, `Reason:
 an earlier run: PERFORMANCE.md lists it, with its successor and reason, under "Earlier
 runs" instead of in the overview and the per-run sections. Its successor must be among
 the run directories given, so that no figure silently disappears.
+A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
+frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, W/T/L/I counts
+with the cases failed while timed or implausible, and each arm's ulp histogram.
 """
 
 from __future__ import annotations

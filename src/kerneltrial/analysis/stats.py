@@ -312,7 +312,7 @@ def ulp_hist_sum(hists: Sequence[Sequence[int] | None]) -> list[int] | None:
     if wrong:
         raise ValueError(f"ulp_hist {wrong[0]} has {len(wrong[0])} bins; the contract has {len(ULP_BINS)}: "
                          f"{', '.join(ULP_BINS)} ulps")
-    return [int(sum(column)) for column in zip(*present)]
+    return [int(sum(column)) for column in zip(*present, strict=True)]
 
 
 # ---------------------------------------------------------------- noise: clocks, spread, calibration

@@ -438,8 +438,8 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
 
 def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
                         outcome: dict[tuple[str, str], str], result: VerifyResult) -> TimedChecks:
-    """Every timing sample has exactly one timed check; an arm that raised has no timing row there and
-    nothing in the later units of its case. Records the checks `timed checks` and `dropped arms`."""
+    """Every timing sample has exactly one timed check, and a raise none; records `timed checks` and
+    (through `_check_dropped_arms`) `dropped arms`."""
     rows, problems = _read_timed_rows(run_dir)
     counts: dict[tuple[str, int, int, str], int] = {}
     values: dict[tuple[str, int, int], set[int]] = {}
@@ -465,7 +465,12 @@ def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, 
     problems += _diff("summary timed_checks", summary.get("timed_checks") or {}, {"rows": len(rows), "failed": failed},
                       ("rows", "failed"))
     result.add("timed checks", problems, f"{len(rows)} timed checks, one per timing sample ({failed} failed)")
+    return TimedChecks(rows, _check_dropped_arms(plan, samples, rows, result))
 
+
+def _check_dropped_arms(plan: dict[str, Any], samples: list[Sample], rows: list[TimedRow],
+                        result: VerifyResult) -> dict[tuple[str, str], tuple[int, int]]:
+    """An arm that raised while timed has no row in the later units of its case; returns where each raised."""
     order = _unit_order(plan)
     raised: dict[tuple[str, str], tuple[int, int]] = {}
     for row in sorted((r for r in rows if r.raised), key=lambda r: order(r.seed, r.round)):
@@ -479,7 +484,7 @@ def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, 
                          f"{len(after)} later unit(s), e.g. {after[:3]}")
     result.add("dropped arms", later, f"{len(raised)} arm(s) raised while timed, each absent from the later "
                                       "units of its case")
-    return TimedChecks(rows, raised)
+    return raised
 
 
 def _check_integrity(run_dir: Path, plan: dict[str, Any], provenance: dict[str, Any], digest: str,
