@@ -354,7 +354,9 @@ def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protoc
     checks = [json.loads(line) for line in (root / "correctness.jsonl").read_text().splitlines()]
     console.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
     for arm, agg in summary.get("aggregates", {}).items():
-        console.print(f"  {arm}: geomean speedup {agg['geomean']:.3f} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L")
+        geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
+        console.print(f"  {arm}: geomean speedup {geomean} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L/"
+                      f"{agg.get('inconclusive', 0)}I", soft_wrap=True)
     console.print(f"timing: {summary.get('label', '')}")
     console.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}")
     if not result.ok:

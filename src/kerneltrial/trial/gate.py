@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs, Tolerance
@@ -142,38 +141,48 @@ def ulp_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exponent) * info.eps
 
 
-def ulp_distances(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """Per element |out - expected| in ulps of out's dtype (integers: 0 or inf)."""
-    o, e = out.double(), expected.double()
-    err = (o - e).abs()
-    err = torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
-    if not out.is_floating_point():
-        return torch.where(err == 0, err, torch.full_like(err, math.inf))
-    return torch.where(err == 0, err, err / ulp_of(e, out.dtype))
+# Elements per pass of the float64 comparisons: bounds their temporaries (a 65536x12288
+# silu_and_mul output compared in one pass took ~2 s per timed check on the H200, fighting the
+# caching allocator for tens of GB of float64 temporaries; silu_and_mul-t1, first attempt).
+CHUNK = 1 << 24
+
+
+def _chunks(out: torch.Tensor, expected: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(out, expected, |out - expected| with NaN as inf) in float64, CHUNK elements at a time."""
+    o_flat, e_flat = out.reshape(-1), expected.reshape(-1)
+    for start in range(0, o_flat.numel(), CHUNK):
+        o, e = o_flat[start:start + CHUNK].double(), e_flat[start:start + CHUNK].double()
+        err = (o - e).abs()
+        yield o, e, torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
 
 
 def ulp_histogram(got: Outputs, reference: Outputs) -> list[int]:
-    """Counts of output elements per ulp bin (ULP_BIN_EDGES) against the reference."""
-    counts = np.zeros(len(ULP_BIN_EDGES) + 1, dtype=np.int64)
+    """Counts of output elements per ulp bin (ULP_BIN_EDGES) against the reference: ulps of the
+    output dtype; integer outputs fall in the first bin when equal, else the last."""
+    counts = torch.zeros(len(ULP_BIN_EDGES) + 1, dtype=torch.int64)
     for g, r in zip(got, reference, strict=False):
         if g.shape != r.shape or g.numel() == 0:
             continue
-        ulps = ulp_distances(g, r).flatten().cpu().numpy()
-        counts += np.bincount(np.searchsorted(ULP_BIN_EDGES, ulps, side="left"), minlength=len(counts))
+        edges = torch.tensor(ULP_BIN_EDGES, dtype=torch.float64, device=g.device)
+        for _, e, err in _chunks(g, r):
+            if g.is_floating_point():
+                ulps = torch.where(err == 0, err, err / ulp_of(e, g.dtype))
+            else:
+                ulps = torch.where(err == 0, err, torch.full_like(err, math.inf))
+            counts += torch.bincount(torch.bucketize(ulps, edges), minlength=len(counts)).cpu()
     return [int(c) for c in counts]
 
 
 def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None) -> Difference:
     """Largest differences of `out` from `expected`; `tol` None means exact equality."""
-    o, e = out.double(), expected.double()
-    if o.numel() == 0:
-        return Difference(0.0, 0.0, 0.0, True)
-    err = (o - e).abs()
-    err = torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
-    rel = err / e.abs().clamp_min(1e-30)
-    ulp = err / ulp_of(e, out.dtype) if out.is_floating_point() else err
-    within = bool((err == 0).all()) if tol is None else bool((err <= tol.atol + tol.rtol * e.abs()).all())
-    return Difference(float(err.max()), float(rel.max()), float(ulp.max()), within)
+    max_abs = max_rel = max_ulp = 0.0
+    within = True
+    for o, e, err in _chunks(out, expected):
+        rel = (err / e.abs().clamp_min(1e-30)).nan_to_num(nan=math.inf)
+        ulp = (err / ulp_of(e, out.dtype)).nan_to_num(nan=math.inf) if out.is_floating_point() else err
+        within = within and bool((err == 0).all() if tol is None else (err <= tol.atol + tol.rtol * e.abs()).all())
+        max_abs, max_rel, max_ulp = max(max_abs, float(err.max())), max(max_rel, float(rel.max())), max(max_ulp, float(ulp.max()))
+    return Difference(max_abs, max_rel, max_ulp, within)
 
 
 def _fail(message: str) -> tuple[Difference, str]:

@@ -32,7 +32,7 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def git_state(repo: Path) -> dict[str, Any]:
+def git_state(repo: Path, source: list[tuple[str, bytes]] | None = None) -> dict[str, Any]:
     """The commit that ran. A sender that ships a copy of the tree to another machine names
     its commit in KERNELTRIAL_SOURCE_COMMIT, and that declaration wins: the copy may carry a
     stale .git (one GPU service copies the working tree with the .git of an earlier commit,
@@ -49,7 +49,8 @@ def git_state(repo: Path) -> dict[str, Any]:
     head = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if head else None
     dirty = bool(status) if status is not None else None
-    state: dict[str, Any] = {"commit": head, "dirty": dirty, "source_sha256": source_digest()}
+    state: dict[str, Any] = {"commit": head, "dirty": dirty,
+                             "source_sha256": digest_of(source) if source is not None else source_digest()}
     declared = os.environ.get("KERNELTRIAL_SOURCE_COMMIT")
     if declared:
         state.update(commit=declared, dirty=None, source="KERNELTRIAL_SOURCE_COMMIT", git_head=head, git_dirty=dirty)
@@ -77,7 +78,7 @@ def source_digest(root: Path | None = None) -> str:
     return digest_of(source_files(root))
 
 
-def write_source_archive(path: Path) -> None:
+def write_source_archive(path: Path, files: list[tuple[str, bytes]]) -> None:
     """The package source that runs, as `kerneltrial/<relative path>` members of a gzip tar
     (sorted, mtime 0): anyone can read the code behind a run, and verify recomputes
     `source_digest` from it."""
@@ -87,7 +88,7 @@ def write_source_archive(path: Path) -> None:
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, data in source_files():
+        for name, data in files:
             info = tarfile.TarInfo(f"kerneltrial/{name}")
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             archive.addfile(info, io.BytesIO(data))
@@ -128,7 +129,10 @@ def device_info() -> dict[str, Any]:
     }
 
 
-def collect(repo: Path, protocol_sha256: str, kind: str = "kernel") -> dict[str, Any]:
+def collect(repo: Path, protocol_sha256: str, kind: str = "kernel",
+            source: list[tuple[str, bytes]] | None = None) -> dict[str, Any]:
+    """Provenance at the start of a run; `source` (see `source_files`) is the code whose
+    digest is recorded, read once by a caller that also archives it."""
     from kerneltrial.ops.launch import interpreted
 
     return {
@@ -139,7 +143,7 @@ def collect(repo: Path, protocol_sha256: str, kind: str = "kernel") -> dict[str,
         "triton_interpreter": interpreted(),
         "clocks_at_start": clocks(),
         "hostname": socket.gethostname(),
-        "git": git_state(repo),
+        "git": git_state(repo, source),
         "argv": sys.argv,
         "started_at": now(),
         "finished_at": None,

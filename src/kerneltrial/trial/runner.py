@@ -171,10 +171,11 @@ def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> 
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(protocol_path, run.protocol)
-    record = provenance.collect(Path(__file__).resolve().parents[3], digest)
+    source = provenance.source_files()  # read once: the archive and the recorded digest agree
+    record = provenance.collect(Path(__file__).resolve().parents[3], digest, source=source)
     record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
     write_json(run.provenance, record)
-    provenance.write_source_archive(run.source)
+    provenance.write_source_archive(run.source, source)
     return run, digest
 
 
