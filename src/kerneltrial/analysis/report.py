@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -531,17 +532,32 @@ def check_successors(run_dirs: list[Path]) -> None:
             step = superseded_by(by_name[step])
 
 
-def earlier_runs_table(earlier: list[Path]) -> list[str]:
-    """The superseded runs: successor, reason and start time of each."""
+def wall_seconds(run_dir: Path) -> float | None:
+    """Seconds from provenance.json started_at to finished_at (None when either is missing)."""
+    record = _provenance(run_dir)
+    try:
+        started, finished = (datetime.fromisoformat(record[k]) for k in ("started_at", "finished_at"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (finished - started).total_seconds()
+
+
+def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[str]:
+    """The superseded runs: successor, reason, start time, and the wall time of each beside its
+    successor's (what a change of method, e.g. the timed checks, costs per panel)."""
     body = []
     for run_dir in earlier:
         started = str(_provenance(run_dir).get("started_at", "-"))[:16]
+        successor = superseded_by(run_dir)
+        mine, theirs = wall_seconds(run_dir), wall_seconds(by_name[successor]) if successor in by_name else None
+        ratio = f"{theirs / mine:.2f}" if mine and theirs else "-"
         body.append([f"`{Path(run_dir).name}`", f"`{operator_name(run_dir, load_summary(run_dir))}`",
-                     f"`{superseded_by(run_dir)}`", _errata_field(run_dir, REASON) or "-", started])
+                     f"`{successor}`", _errata_field(run_dir, REASON) or "-", started,
+                     _num(mine, ".0f"), _num(theirs, ".0f"), ratio])
     return ["## Earlier runs (superseded)", "",
             "Committed and verified in CI like every run, but replaced by the named run; each one's "
-            "ERRATA.md says why.", ""] + _table(
-        ["run", "operator", "superseded by", "reason", "started"], body) + [""]
+            "ERRATA.md says why. Wall time: provenance.json started_at to finished_at.", ""] + _table(
+        ["run", "operator", "superseded by", "reason", "started", "wall s", "successor's wall s", "ratio"], body) + [""]
 
 
 def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
@@ -562,7 +578,7 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     for section in sections:
         lines += section + [""]
     if earlier:
-        lines += earlier_runs_table(earlier)
+        lines += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
     out = Path(out)
     out.write_text("\n".join(lines))
     return out
