@@ -205,6 +205,10 @@ def test_an_implausible_control_leaves_no_speedups(tmp_path: Path) -> None:
     assert summary["cases"][0]["arms"]["ctrl"]["status"] == "implausible"
     assert summary["cases"][0]["arms"]["fast"]["speedup"] is None
     assert f"case {C1}: control ctrl is implausible; no speedups for this case" in summary["warnings"]
+    # An arm cannot pass `no_loss` by getting the control excluded: no verdict fails the gate.
+    reason = "not compared with the control in 2 case(s) (first: " + C1 + ": no verdict against the control (control: implausible))"
+    assert summary["gate"]["arms"]["fast"]["reasons"][0] == reason
+    assert summary["gate"]["passed_arms"] == []
 
 
 def test_a_ci_straddling_the_band_is_inconclusive_and_tie_only_inside(tie_band_run: Path, tmp_path: Path) -> None:
@@ -563,7 +567,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
 def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> None:
     report = write_report(checked).read_text()
     assert "- protocol frozen at 2025-01-01T00:00:00+00:00" in report
-    assert "- timed checks: 48 timing samples, each output checked; 2 failed" in report
+    assert "- timed checks: 48 timing samples, the last call of each checked on fresh values; 2 failed" in report
     assert "- plausibility: not judged (not a GPU run timed with CUDA events)" in report
     assert f"**failed while timed** in 1 sample(s): {RAISE} |" in report
     assert "| arm | geomean [CI] | mean | worst case | W/T/L/I | failed correctness | failed while timed | " \

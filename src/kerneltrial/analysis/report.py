@@ -279,7 +279,7 @@ def checks_lines(summary: dict[str, Any]) -> list[str]:
     if not _checked(summary):
         return []
     counts = summary["timed_checks"]
-    lines = [f"- timed checks: {counts['rows']:,} timing samples, each output checked; {counts['failed']} failed"]
+    lines = [f"- timed checks: {counts['rows']:,} timing samples, the last call of each checked on fresh values; {counts['failed']} failed"]
     if summary.get("exact"):
         lines.append("- exact: outputs must equal the reference bit for bit")
     rule = summary["plausibility"]

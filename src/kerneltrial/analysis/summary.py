@@ -80,6 +80,7 @@ UNAVAILABLE = "unavailable"
 NOT_TIMED = "not timed"
 FAILED_WHILE_TIMED = "failed while timed"
 IMPLAUSIBLE = "implausible"
+NOT_COMPARED = "not compared with the control"  # timed, but the control has no timing in the case
 
 TIMED_CHECKS = "timed_checks.jsonl"
 UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
@@ -339,6 +340,14 @@ class SchemaV4(SchemaV3):
                 first = hit[0]["arms"][name]
                 disqualified.append(stats.Disqualification(
                     cause, tuple(c["case"] for c in hit), first["reason"] or first["messages"][0]))
+        # Timed but without a verdict: the control was excluded there (an arm cannot pass `no_loss`
+        # by getting the control disqualified in every case).
+        uncompared = [c for c in cases if c["arms"][name]["status"] == TIMED and c["arms"][name]["verdict"] is None]
+        if uncompared:
+            control = next(a for a, e in uncompared[0]["arms"].items() if e["kind"] == "control")
+            disqualified.append(stats.Disqualification(
+                NOT_COMPARED, tuple(c["case"] for c in uncompared),
+                f"no verdict against the control (control: {uncompared[0]['arms'][control]['status']})"))
         return stats.gate_verdict_v4(gate, agg, disqualified)
 
     def aa_fields(self, figures: stats.AACalibration) -> dict[str, Any]:

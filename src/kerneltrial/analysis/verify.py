@@ -81,6 +81,7 @@ AGGREGATE_FIELDS = ("n_cases", "geomean", "geomean_ci_low", "geomean_ci_high", "
                     "worst_case", "wins", "ties", "losses", "failed_correctness")
 CHECKED_AGGREGATE_FIELDS = (*AGGREGATE_FIELDS, "inconclusive", "failed_while_timed", "implausible", "ulp_hist")
 FAILED_WHILE_TIMED, IMPLAUSIBLE = "failed while timed", "implausible"
+NOT_COMPARED = "not compared with the control"  # timed, but the control has no timing in the case
 RAISED = "raised while timed: "
 # every failing timed check's message starts with one of these (the runner's contract)
 TIMED_FAILURE_PREFIXES = ("wrong result while timed: ", "modified its inputs while timed: ",
@@ -915,6 +916,10 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
                 disqualified.setdefault(name, {}).setdefault(state.status, []).append((case_id, str(first[state.status])))
             compared = control_times if name != control and state.status == "timed" else None
             figures = _arm_figures(case, state.times, compared, copy, bootstrap, band, contract)
+            if contract.checked and name != control and state.status == "timed" and figures["speedup"] is None:
+                control_status = states[control].status if control in states else "absent"
+                disqualified.setdefault(name, {}).setdefault(NOT_COMPARED, []).append(
+                    (case_id, f"no verdict against the control (control: {control_status})"))
             figures["throttled_samples"] = throttled.get((case_id, name), 0) if state.times else 0
             figures["spread"] = _spread(list(state.times.values())) if state.times else None
             medians[(case_id, name)] = figures["median_ns_per_call"]
@@ -1152,7 +1157,7 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
                            failed_while_timed=len(causes.get(FAILED_WHILE_TIMED, [])),
                            implausible=len(causes.get(IMPLAUSIBLE, [])), ulp_hist=_ulp_sum(correctness, name))
             reasons = [f"{cause} in {len(hits)} case(s) (first: {hits[0][0]}: {hits[0][1]})"
-                       for cause in ("failed correctness", FAILED_WHILE_TIMED, IMPLAUSIBLE)
+                       for cause in ("failed correctness", FAILED_WHILE_TIMED, IMPLAUSIBLE, NOT_COMPARED)
                        if (hits := causes.get(cause))] + reasons
         elif figures["failed_correctness"]:
             reasons.insert(0, f"failed correctness in {figures['failed_correctness']} case(s)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,8 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console()
-err = Console(stderr=True)
+console = Console(emoji=False)  # ":boom:" in an arm name stays text
+err = Console(stderr=True, emoji=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -33,7 +34,7 @@ def one_line_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (RegistryError, ProtocolError, RunError, CalibrationError, ValueError, FileNotFoundError) as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            err.print(f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -105,11 +106,11 @@ def ops() -> None:
         others = [f"{i.name} ({i.kind})" for i in impls if i.available and i.kind not in ("control", "candidate")]
         missing = [f"{i.name} ({i.reason})" for i in impls if not i.available]
         console.print(f"[bold]{op.signature}[/bold]  layouts: {', '.join(op.layouts)}", highlight=False)
-        console.print(f"  ours: {', '.join(ours)}", highlight=False)
+        console.print(f"  ours: {', '.join(ours)}", highlight=False, markup=False, soft_wrap=True)
         if others:
-            console.print(f"  peers and user arms: {', '.join(others)}", highlight=False)
+            console.print(f"  peers and user arms: {', '.join(others)}", highlight=False, markup=False, soft_wrap=True)
         if missing:
-            console.print(f"  unavailable here: {'; '.join(missing)}", highlight=False)
+            console.print(f"  unavailable here: {'; '.join(missing)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @one_line_errors
@@ -178,7 +179,7 @@ def check(
         jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     skipped = sorted({f"{o.name}/{i.name}: {i.reason}" for o in operators for i in o.impls.values() if not i.available})
     for line in skipped:
-        console.print(f"skipped {line}", highlight=False)
+        console.print(f"skipped {line}", highlight=False, markup=False, soft_wrap=True)
     console.print(f"{len(rows) - failures} passed, {failures} failed")
     if failures:
         raise typer.Exit(1)
@@ -208,8 +209,10 @@ def protocol_new(
     from kerneltrial.trial import protocol as proto
 
     operator = get_op(op)
-    modules = [str(Path(spec).resolve()) if spec.endswith(".py") else spec for spec in impl_module or []]
-    user_arms = [impl.name for spec in modules for impl in load_user_module(spec) if impl.op == op]
+    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec) if impl.op == op]
+    # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
+    modules = [os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec
+               for spec in impl_module or []]
     candidate = list(dict.fromkeys([*(candidate or []), *user_arms]))
     if not candidate:
         raise ValueError("name at least one --candidate or an --impl-module that defines the operator")
@@ -263,7 +266,7 @@ def run(
     def announce(arms: list[Any]) -> None:
         for arm in arms:
             if not arm.available:
-                err.print(f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}", highlight=False, soft_wrap=True)
+                err.print(f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}", highlight=False, soft_wrap=True, markup=False)
 
     with progress_bar() as bar:
         root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce)
@@ -273,9 +276,9 @@ def run(
     gate = summary.get("gate", {})
     for name, verdict in gate.get("arms", {}).items():
         if not verdict.get("passed"):
-            console.print(f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}", highlight=False, soft_wrap=True)
+            console.print(f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}", highlight=False, soft_wrap=True, markup=False)
     passed = gate.get("passed_arms", [])
-    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}", highlight=False, soft_wrap=True)
+    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}", highlight=False, soft_wrap=True, markup=False)
     console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}", soft_wrap=True)
     if not passed:
         raise typer.Exit(1)
@@ -297,7 +300,7 @@ def calibrate(
         root = run_calibration(protocol, out, resume=resume, progress=bar)
     calibration = json.loads((root / "summary.json").read_text()).get("calibration", {})
     console.print(f"run directory: {root}")
-    console.print(calibration.get("sentence", json.dumps(calibration)), highlight=False)
+    console.print(calibration.get("sentence", json.dumps(calibration)), highlight=False, markup=False, soft_wrap=True)
     if not calibration.get("passed"):
         raise typer.Exit(1)
 

@@ -9,7 +9,8 @@ One check = one (case, seed, arm):
 3. outputs must not contain what a kernel leaves behind unwritten: on a GPU the caching
    allocator's free blocks of the outputs' sizes are filled with NaN before the call; on a
    CPU (whose allocator hands out fresh pages) torch.empty* is patched to poison while the
-   arm runs (a kernel can see that patch; the timed checks below cannot be told apart);
+   arm runs (a kernel can see that patch, and the gate's call stack: docs/DESIGN.md, "Checks",
+   says what it can still do);
 4. the arm runs; the current stream is synchronised;
 5. outputs must have the reference's shape and dtype (contiguous where the interface says
    so), hold no NaN the reference does not hold, and lie within the operator's tolerance
@@ -23,7 +24,7 @@ One check = one (case, seed, arm):
    results must follow new inputs in fresh buffers and new values in the same buffers
    (memoisation keyed on pointers or shapes). Results are read after synchronising only
    the current stream, so work left unsynchronised on a side stream shows up as wrong.
-The runner applies steps 5 and 6 to a timed call of every sample too (`runner.TimedArm`).
+The runner applies steps 5 and 6 to a timed call of every sample too (`timed.TimedArm`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from kerneltrial.trial import guard
 # dtype): exactly 0, (0, 1], (1, 2], (2, 4], (4, 16], and a last bin for everything above.
 ULP_BIN_EDGES = (0.0, 1.0, 2.0, 4.0, 16.0)
 EXTRA_CALLS_MAX = 3  # the gate makes 1..1+EXTRA_CALLS_MAX unchecked calls before the checked one
+# Those calls run on other values: a caching allocator that hands the checked call a block an
+# unchecked call wrote must not hold the right answer (GPU poisoning relies on free blocks).
+WARMUP_SEED_OFFSET = 1_000_003
 
 
 @dataclass
@@ -345,8 +349,8 @@ def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device,
     try:
         values = op.make_inputs(case, seed, device)
         reference, oracle = expected(op, values)
-        for _ in range(extra_calls(case, seed, impl.name)):  # warm-up on copies: JIT/compile outside the checked call
-            fn(*guard.guard(op.make_inputs(case, seed, device)).inputs.values())
+        for _ in range(extra_calls(case, seed, impl.name)):  # warm-up: JIT/compile outside the checked call, on
+            fn(*guard.guard(op.make_inputs(case, seed + WARMUP_SEED_OFFSET, device)).inputs.values())  # other values
         inputs = guard.guard(values)
         got = call(op, fn, inputs.inputs, device, reference)
         diff, message = checked_outputs(op, case, inputs, values, got, reference, oracle, exact)

@@ -166,17 +166,33 @@ def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> 
         here = provenance.device_info().get("gpu")
         if record.get("device", {}).get("gpu") != here:
             raise RunError(f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there")
+        started_with = record.get("git", {}).get("source_sha256")
+        if started_with != provenance.source_digest():
+            raise RunError(f"{out} was started by other kerneltrial code (source sha256 {str(started_with)[:12]}..., "
+                           f"commit {record.get('git', {}).get('commit')}); resume it with that code or start a new run")
         for path in (run.correctness, run.ceilings, run.timings, run.timed_checks):
             trim_partial_line(path)
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(protocol_path, run.protocol)
     source = provenance.source_files()  # read once: the archive and the recorded digest agree
+    provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
     record = provenance.collect(Path(__file__).resolve().parents[3], digest, source=source)
     record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
     write_json(run.provenance, record)
-    provenance.write_source_archive(run.source, source)
     return run, digest
+
+
+def sealed_on_resume(out: Path) -> bool:
+    """A run killed after it was marked finished but before its manifest was written: write the
+    manifest (its rows are complete) and report True; False for any other directory."""
+    run = RunDir(out)
+    if not run.provenance.exists() or run.manifest.exists():
+        return False
+    if not json.loads(run.provenance.read_text()).get("finished_at"):
+        return False
+    write_manifest(run)
+    return True
 
 
 def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
@@ -287,10 +303,12 @@ def reconcile_timed_checks(run: RunDir) -> None:
     rows = read_csv(run.timings)
     kept = [r for r in rows if (r["case"], int(r["seed"]), int(r["round"]), r["arm"]) in checked]
     if len(kept) != len(rows):
-        with run.timings.open("w", newline="") as handle:
+        tmp = run.timings.with_suffix(".csv.tmp")  # replaced in one step: a kill here loses nothing
+        with tmp.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=TIMING_COLUMNS)
             writer.writeheader()
             writer.writerows(kept)
+        tmp.replace(run.timings)
 
 
 def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed_arms: dict[str, list[Impl]], device: torch.device, delay: Delay, progress: Any) -> None:
@@ -335,14 +353,15 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                 initial = op.make_inputs(case, seed, device)
                 prepared: dict[str, timed.TimedArm] = {}
                 for impl in arms:
-                    if (case.id, impl.name) in dropped:
+                    remaining = [r for r in todo if (case.id, seed, r, impl.name) not in done]
+                    if (case.id, impl.name) in dropped or not remaining:
                         continue
                     arm = timed.TimedArm.make(impl, initial)
                     try:
                         for _ in range(p.warmup):
                             arm.call()
                     except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
-                        record(timed.raised(case, seed, todo[0], impl.name, timed.values_seed(seed, todo[0]), exc))
+                        record(timed.raised(case, seed, remaining[0], impl.name, timed.values_seed(seed, remaining[0]), exc))
                         continue
                     finally:
                         gate.settle(device)  # before the next arm's buffers are allocated
@@ -436,6 +455,8 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
             raise RunError(f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}")
         op.validate(case)
     timer = make_timer(p.backend, p.l2)
+    if resume and sealed_on_resume(out):
+        return out
     run, digest = prepare(out, protocol_path, p, resume)
     progress = progress or _NoProgress()
 
