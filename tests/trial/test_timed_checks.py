@@ -236,3 +236,30 @@ def test_writing_new_values_changes_neither_pointer_nor_version():
     values = op.make_inputs(Case((4, 64)), 1, torch.device("cpu"))
     guard.write(g, values)
     assert (x.data_ptr(), x._version) == before and torch.equal(x, values["x"])
+
+
+def test_resume_refuses_a_run_started_by_other_code(tmp_path: Path):
+    from kerneltrial.trial import protocol as proto
+    from kerneltrial.trial.runner import prepare
+
+    protocol = tmp_path / "p.toml"
+    protocol.write_text('name = "x"\nop = "rmsnorm"\ncandidates = ["packed_r4_w4"]\n[[cases]]\nshape = [4, 64]\n')
+    run, _ = prepare(tmp_path / "run", protocol, proto.load(protocol), resume=False)
+    record = json.loads(run.provenance.read_text())
+    record["git"]["source_sha256"] = "0" * 64
+    run.provenance.write_text(json.dumps(record))
+    with pytest.raises(RunError, match="started by other kerneltrial code"):
+        run_trial(protocol, tmp_path / "run", resume=True)
+
+
+def test_a_run_killed_before_its_manifest_is_sealed_on_resume(cheat_run: Path, tmp_path: Path):
+    import shutil
+
+    from kerneltrial.analysis.verify import verify_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(cheat_run, run)
+    (run / "manifest.json").unlink()
+    assert not verify_run_dir(run).ok
+    assert run_trial(run / "protocol.toml", run, resume=True) == run
+    assert verify_run_dir(run).ok
