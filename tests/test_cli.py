@@ -28,3 +28,13 @@ def test_every_command_has_help(command):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
+
+
+def test_the_cli_imports_neither_torch_nor_plotting_nor_pandas():
+    """`kerneltrial --help` and usage errors print before any heavy import (issue 11: ~2.5 s before)."""
+    import subprocess
+    import sys
+
+    code = "import sys, kerneltrial.cli; print(sorted(m for m in ('torch', 'matplotlib', 'pandas', 'triton') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -14,10 +14,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.errors import RunDirError
-from kerneltrial.analysis.report import write_performance_md, write_report
-from kerneltrial.analysis.verify import verify_run_dir
 
 T = TypeVar("T")
 
@@ -43,6 +40,8 @@ def verify(run_dirs: RunDirs) -> None:
     Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
     and a final line; exits 1 if any check fails, 2 on bad input.
     """
+    from kerneltrial.analysis.verify import verify_run_dir  # imported here: `--help` stays fast
+
     failed = False
     for run_dir in run_dirs:
         result = _or_exit(lambda: verify_run_dir(run_dir))  # noqa: B023 (called at once, inside the loop)
@@ -63,11 +62,15 @@ def verify(run_dirs: RunDirs) -> None:
 
 def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json."""
+    from kerneltrial.analysis.report import write_report
+
     typer.echo(f"wrote {_or_exit(lambda: write_report(run_dir))}")
 
 
 def compare(run_a: RunDir, run_b: RunDir) -> None:
     """Show the same cases of two runs side by side: median in A, median in B, ratio B/A."""
+    from kerneltrial.analysis.compare import compare_runs
+
     typer.echo(_or_exit(lambda: compare_runs(run_a, run_b)), nl=False)
 
 
@@ -76,6 +79,8 @@ def performance(
     out: Annotated[Path, typer.Option("--out", help="Markdown file to write.")] = Path("PERFORMANCE.md"),
 ) -> None:
     """Render one markdown file (e.g. PERFORMANCE.md) from several run directories' summaries."""
+    from kerneltrial.analysis.report import write_performance_md
+
     typer.echo(f"wrote {_or_exit(lambda: write_performance_md(run_dirs, out))}")
 
 

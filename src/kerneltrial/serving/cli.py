@@ -14,14 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kerneltrial.serving import accuracy as acc_mod
 from kerneltrial.serving.bench import VLLM_ENV, BenchError, parse_cases, resolve_vllm
 from kerneltrial.serving.launcher import (
     LaunchError, Server, ServerSpec, install_sigterm_as_interrupt, list_models,
 )
 from kerneltrial.serving.presets import PRESETS, get_preset
 from kerneltrial.serving.protocol import ProtocolError, load_protocol, parse_protocol
-from kerneltrial.serving.trial import RunDirError, run_protocol
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 app = typer.Typer(
@@ -142,6 +140,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool,
              model: str | None = None) -> None:
+    from kerneltrial.serving.trial import RunDirError, run_protocol  # here: `--help` stays fast
+
     try:
         proto = parse_protocol(proto_text, base_dir)
         if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
@@ -302,6 +302,8 @@ def accuracy(
         fail("pass --data PATH to MATH-500 test.jsonl (or --data hf:HuggingFaceH4/MATH-500 when online)")
     if api not in ("chat", "completions"):
         fail(f"--api {api!r} is not chat or completions")
+    from kerneltrial.serving import accuracy as acc_mod  # here: `--help` stays fast
+
     spec = acc_mod.AccuracySpec(data=data, level=None if level.lower() == "all" else level, limit=limit, api=api,
                                 temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                                 concurrency=concurrency, gate=gate, seed=seed)

@@ -13,8 +13,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 PACKAGES = ("torch", "triton", "numpy", "kerneltrial", "liger-kernel", "flag-gems", "vllm")
 
 
@@ -114,6 +112,8 @@ def clocks() -> dict[str, str] | None:
 
 
 def device_info() -> dict[str, Any]:
+    import torch  # here, not at the top: the CLI and serving import this module without torch
+
     if not torch.cuda.is_available():
         return {"gpu": None, "cpu": platform.processor() or platform.machine()}
     props = torch.cuda.get_device_properties(0)
