@@ -38,3 +38,8 @@ def test_the_cli_imports_neither_torch_nor_plotting_nor_pandas():
     code = "import sys, kerneltrial.cli; print(sorted(m for m in ('torch', 'matplotlib', 'pandas', 'triton') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("kerneltrial ")

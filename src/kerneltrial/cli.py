@@ -22,6 +22,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"kerneltrial {version('kerneltrial')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Controlled trials for GPU kernels and LLM serving."""
+
+
 trial_cli.mount(app)
 analysis_cli.mount(app)
 app.add_typer(serving_cli.app, name="serve", help="Serving trials: launch vLLM, benchmark, A/B, MATH-500 accuracy.")
