@@ -32,7 +32,8 @@ def test_cache_keyed_on_shape_is_caught():
         return cache.setdefault(tuple(x.shape), reference(x, weight, eps)).clone()
 
     result = run(cached)
-    assert not result.passed and "stale result" in result.message and "fresh buffers" in result.message
+    # The gate's warm-up calls run on other values, so the cache is already stale at the checked call.
+    assert not result.passed and "differs from the reference" in result.message
 
 
 def test_cache_keyed_on_pointer_is_caught():
@@ -42,9 +43,9 @@ def test_cache_keyed_on_pointer_is_caught():
         return cache.setdefault(x.data_ptr(), reference(x, weight, eps)).clone()
 
     result = run(cached)
-    # Usually caught when new values land in the same buffers; when the allocator hands the
-    # "fresh" inputs a freed address the cache keyed on it already shows on fresh buffers.
-    assert not result.passed and "stale result" in result.message
+    # Caught at the checked call when the allocator hands its inputs an address a warm-up call
+    # (on other values) used, else when new values land in the same buffers.
+    assert not result.passed and ("stale result" in result.message or "differs from the reference" in result.message)
 
 
 def test_nondeterminism_is_caught():

@@ -263,3 +263,25 @@ def test_a_run_killed_before_its_manifest_is_sealed_on_resume(cheat_run: Path, t
     assert not verify_run_dir(run).ok
     assert run_trial(run / "protocol.toml", run, resume=True) == run
     assert verify_run_dir(run).ok
+
+
+def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run: Path, tmp_path: Path):
+    import shutil
+
+    from kerneltrial.analysis.verify import verify_run_dir
+
+    plan = json.loads((cheat_run / "plan.json").read_text())
+    assert plan["checks"] == 2
+    rows = [r for r in rows_of(cheat_run) if not r["message"].startswith("raised")]
+    assert {r["checked_call"] for r in rows} == {0, 1}  # calls_per_sample = 2: both positions get checked
+    run = tmp_path / "run"
+    shutil.copytree(cheat_run, run)
+    tampered = rows_of(run)
+    tampered[0]["checked_call"] = 2  # no such call in a 2-call sample
+    (run / "timed_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tampered))
+    failures = [c for c in verify_run_dir(run).checks if not c.ok]
+    assert any("checked_call" in c.detail for c in failures), failures
+
+
+def rows_of(run: Path) -> list[dict]:
+    return rows(run / "timed_checks.jsonl")

@@ -54,7 +54,8 @@ FIGURE_FIELDS = (*BASE_FIGURE_FIELDS, "throttled_samples", "spread")
 LEGACY_SCHEMA = "kerneltrial.summary/1"
 SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
 SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `checks`)
-SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1`
+SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1` or 2
+CHECKS_EVERY_CALL = 2  # checks 2: fresh values before every call, a random call of each sample checked
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
@@ -207,6 +208,7 @@ class TimedRow:
     values_seed: int
     passed: bool
     message: str
+    checked_call: Any = None  # checks 2: which call of the sample was checked
 
     @property
     def key(self) -> tuple[str, int, int, str]:
@@ -228,7 +230,7 @@ def _timed_row(row: Any) -> TimedRow:
     if wrong:
         raise TypeError(f"fields {wrong} missing or of the wrong type in {row!r}")
     return TimedRow(row["case"], row["seed"], row["round"], row["arm"], row["values_seed"], row["passed"],
-                    row["message"])
+                    row["message"], row.get("checked_call"))
 
 
 def _read_timed_rows(run_dir: Path) -> tuple[list[TimedRow], list[str]]:
@@ -461,6 +463,11 @@ def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, 
          [r.key for r in rows if (not r.passed and not r.message.startswith(TIMED_FAILURE_PREFIXES))
           or (r.raised and r.passed)]),
     ]
+    if plan.get("checks") == CHECKS_EVERY_CALL:  # a random call of each sample checked: which one is recorded
+        calls = {str(c["case"]): int(c["calls"]) for c in plan["cases"]}
+        listed.append(("timed checks without a checked_call in 0..calls-1", sorted(
+            r.key for r in rows if not r.raised and not (isinstance(r.checked_call, int) and not isinstance(r.checked_call, bool)
+                                                         and 0 <= r.checked_call < calls.get(r.case, 0)))))
     problems += [f"{label}: {len(keys)}, e.g. {keys[:3]}" for label, keys in listed if keys]
     failed = sum(not r.passed for r in rows)
     problems += _diff("summary timed_checks", summary.get("timed_checks") or {}, {"rows": len(rows), "failed": failed},
@@ -493,7 +500,7 @@ def _check_integrity(run_dir: Path, plan: dict[str, Any], provenance: dict[str, 
     """The checks of a run with timed checks that read no timing figure: plan fields, ulp histograms,
     manifest, provenance, source archive and freeze (analysis/integrity.py)."""
     result.add("plan contract fields", _plan_contract_problems(plan),
-               f"checks 1, exact {plan.get('exact')}, plausibility {plan.get('plausibility')}, "
+               f"checks {plan.get('checks')}, exact {plan.get('exact')}, plausibility {plan.get('plausibility')}, "
                f"frozen_at {plan.get('frozen_at')}")
     result.add("ulp histograms", _ulp_problems(plan, correctness),
                f"{len(correctness)} correctness rows, each with a {ULP_BINS}-bin ulp histogram")
@@ -646,8 +653,8 @@ def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[S
     a run without `checks` a schema 1-3 one (schema 1 only for raw files without the newer fields)."""
     schema = summary.get("schema")
     if "checks" in plan:
-        if plan["checks"] != 1 or isinstance(plan["checks"], bool):
-            raise RunDirError(f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contract 1 "
+        if plan["checks"] not in (1, CHECKS_EVERY_CALL) or isinstance(plan["checks"], bool):
+            raise RunDirError(f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
                               "(or none); update kerneltrial to verify this run")
         result.add("summary schema", [] if schema == SCHEMA_4 else
                    [f"summary schema {schema!r} is not {SCHEMA_4}, which a plan with checks 1 needs"], f"{schema}")

@@ -38,7 +38,7 @@ from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 CEILING_SAMPLES = 10
-CHECKS_VERSION = 1  # plan.json `checks`: timed checks, launch floor, manifest (docs/DESIGN.md)
+CHECKS_VERSION = 2  # plan.json `checks`: 2 = fresh values before every call, a random call checked (docs/DESIGN.md)
 
 
 class RunError(RuntimeError):
@@ -367,20 +367,20 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                         gate.settle(device)  # before the next arm's buffers are allocated
                     prepared[impl.name] = arm
                 for round_index in todo:
-                    expected = timed.expected_for(op, case, seed, round_index, device)
+                    unit = timed.Unit.draw(op, case, seed, round_index, calls, device)
                     order = round_order(p.order_seed, case_index, seed, round_index, present(case, names, (seed, round_index)))
+                    graph = timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
                     for position, name in enumerate(order):
                         if (case.id, seed, round_index, name) in done:
                             continue
-                        arm = prepared[name]
+                        arm, checked = prepared[name], timed.checked_call(calls)
                         try:
-                            ns = timer.sample(arm.call, calls, key=hash(name), before_last=arm.before_last(expected))
+                            ns = timer.sample(arm.call, calls, key=hash(name), hooks=arm.hooks(op, unit, checked, copy=graph))
                             sm, mem = clocks.read()
-                            check = arm.check(op, case, seed, round_index, expected, p.exact, device,
-                                              persistent=timer.name != "cuda-graph")  # graph outputs live in the graph's pool
+                            check = arm.check(op, case, seed, round_index, unit, checked, p.exact, device, persistent=not graph)
                         except Exception as exc:  # recorded; the arm leaves the case
                             gate.settle(device)
-                            record(timed.raised(case, seed, round_index, name, expected.seed, exc))
+                            record(timed.raised(case, seed, round_index, name, unit.seed, exc))
                             continue
                         append([case.id, seed, round_index, position, name, calls, ns, "" if sm is None else sm, "" if mem is None else mem])
                         samples[(case.id, seed, round_index, name)] = ns / calls

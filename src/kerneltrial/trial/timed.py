@@ -1,14 +1,22 @@
-"""What is timed is what was checked: every timing sample ends with a checked call.
+"""What is timed is what was checked: every timed call runs on fresh values, and one call of
+every sample, chosen at random, is checked.
 
 Each arm times its own private, canary-guarded copy of the inputs (`TimedArm`), so an arm
-that writes its inputs late cannot sabotage another arm. In every round the runner draws
-fresh input values (`values_seed`), and the sample's last call runs on them: the values are
-written into the arm's buffers right before that call, outside the timed intervals
-(`Timer.sample(before_last=...)`). After the sample the last call's output is compared with
-the reference for those values under the gate's rules, and every byte of the guarded
-buffers is audited (inputs unchanged, nothing written outside the outputs). Each call also
-bumps the inputs' version counters, so a result cache keyed on pointer and version never
-hits; a cache keyed on pointers alone returns the previous values' result on the last call.
+that writes its inputs late cannot sabotage another arm. For every (seed, round) unit the
+runner draws a pool of fresh value sets (`Unit`), one per call of a sample, from
+`values_seed`. Before call j of a sample the arm's buffers receive value set j, outside the
+timed intervals (`timing.Hooks`), through aliases that leave the arm's version counters and
+pointers as they were; the calls themselves bump the version counters. So no call repeats
+its inputs, and nothing but the values tells a kernel that they changed: a cache keyed on
+pointers, versions or shapes returns wrong results, and skipping the work of any call
+returns a wrong result for that call.
+
+Which call is checked is drawn per sample from the operating system's randomness (not
+seeded, so a kernel cannot compute it; recorded as `checked_call`). After the sample that
+call's output is compared with the reference for its values under the gate's rules, and
+every byte of the guarded buffers is audited (inputs as last written, nothing written
+outside the outputs). A kernel that skips the work of a fraction f of its calls fails a
+sample's check with probability f, in every sample.
 
 A failed check is a row of timed_checks.jsonl with a named message; the arm's timing rows are
 kept, and the summary excludes the arm from that case ("failed while timed"). An arm that
@@ -17,6 +25,7 @@ raises while timed is dropped from the rest of the case.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,9 +35,11 @@ from torch.autograd.graph import increment_version
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs
 from kerneltrial.trial import gate, guard
+from kerneltrial.trial.timing import Hooks
 
-VALUES_SEED_BASE = 1_000_000_007  # far from the gate's seeds (protocol seeds, +7919, +104729)
+VALUES_SEED_BASE = 1_000_000_007  # far from the gate's seeds (protocol seeds, +7919, +104729, +1000003)
 ROUNDS_PER_SEED = 10_007  # values_seed is unique per (seed, round) below this many rounds
+CALL_STRIDE = 100_000_007  # value set j of a unit: values_seed + j * CALL_STRIDE (unique below 10**4 seeds)
 
 WRONG = "wrong result while timed: "
 RAISED = "raised while timed: "
@@ -53,26 +64,32 @@ class TimedCheck:
     max_rel: float
     ulp: float
     message: str
+    checked_call: int | None = None  # which call of the sample was checked (value set checked_call)
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Expected:
-    """The values of one unit and what they must produce."""
+@dataclass
+class Unit:
+    """The value sets of one (seed, round) unit, one per call, and their expected outputs
+    (computed when a check first needs them, then shared by the arms)."""
 
-    seed: int
-    values: Inputs
-    reference: Outputs
-    oracle: Outputs
+    op: Operator
+    seed: int  # values_seed of the unit
+    pool: list[Inputs]
+    _expected: dict[int, tuple[Outputs, Outputs]] = field(default_factory=dict)
 
+    @classmethod
+    def draw(cls, op: Operator, case: Case, seed: int, round_index: int, calls: int, device: torch.device) -> Unit:
+        base = values_seed(seed, round_index)
+        return cls(op, base, [op.make_inputs(case, base + j * CALL_STRIDE, device) for j in range(calls)])
 
-def expected_for(op: Operator, case: Case, seed: int, round_index: int, device: torch.device) -> Expected:
-    vseed = values_seed(seed, round_index)
-    values = op.make_inputs(case, vseed, device)
-    reference, oracle = gate.expected(op, values)
-    return Expected(vseed, values, reference, oracle)
+    def expected(self, j: int) -> tuple[Outputs, Outputs]:
+        """(reference, oracle) for value set j."""
+        if j not in self._expected:
+            self._expected[j] = gate.expected(self.op, self.pool[j])
+        return self._expected[j]
 
 
 @dataclass
@@ -83,6 +100,7 @@ class TimedArm:
     fn: Callable[..., Any]
     inputs: guard.Guarded
     last: list[Any] = field(default_factory=lambda: [None])  # what the latest call returned
+    kept: Outputs = ()  # the checked call's outputs, kept (in-place: copied) until the check
     previous: Outputs = ()  # the last checked output, kept alive to expose persistent buffers
 
     @classmethod
@@ -98,21 +116,35 @@ class TimedArm:
             increment_version(t)
         self.last[0] = self.fn(*self.inputs.inputs.values())
 
-    def before_last(self, expected: Expected) -> Callable[[], None]:
-        return lambda: guard.write(self.inputs, expected.values)
+    def hooks(self, op: Operator, unit: Unit, checked: int, copy: bool = False) -> Hooks:
+        """Value set j before call j; after call `checked`, its outputs are kept for the check,
+        copied when the next call overwrites them (in-place outputs; `copy`: a graph's outputs)."""
 
-    def check(self, op: Operator, case: Case, seed: int, round_index: int, expected: Expected, exact: bool,
+        def keep(j: int) -> None:
+            if j == checked:
+                got = op.outputs(self.inputs.inputs, self.last[0])
+                self.kept = tuple(t.clone() for t in got) if op.inplace or copy else got
+
+        return Hooks(before=lambda j: guard.write(self.inputs, unit.pool[j]), after=keep)
+
+    def check(self, op: Operator, case: Case, seed: int, round_index: int, unit: Unit, checked: int, exact: bool,
               device: torch.device, persistent: bool = True) -> TimedCheck:
-        """Audit the sample just taken: its last call ran on `expected.values`."""
+        """Audit the sample just taken: call `checked` ran on value set `checked`, the last call on the last set."""
         gate.synchronize(device)
-        got = op.outputs(self.inputs.inputs, self.last[0])
-        diff, wrong = gate.compare(op, case, got, expected.reference, expected.oracle, exact)
-        message = (WRONG + wrong if wrong else guard.problems(op, self.inputs, expected.values, timed=True)
+        got, self.kept = self.kept, ()
+        reference, oracle = unit.expected(checked)
+        diff, wrong = gate.compare(op, case, got, reference, oracle, exact)
+        message = (WRONG + wrong if wrong else guard.problems(op, self.inputs, unit.pool[-1], timed=True)
                    or (gate.persistent(op, got, self.previous) if persistent else ""))
         self.previous = () if op.inplace else got
         gate.settle(device)  # side-stream work the arm left behind ends here, before the next arm
-        return TimedCheck(case.id, seed, round_index, self.impl.name, expected.seed, not message,
-                          diff.max_abs, diff.max_rel, diff.ulp, message)
+        return TimedCheck(case.id, seed, round_index, self.impl.name, unit.seed, not message,
+                          diff.max_abs, diff.max_rel, diff.ulp, message, checked)
+
+
+def checked_call(calls: int) -> int:
+    """The call of a sample to check: uniform, from the OS's randomness (no seed to compute)."""
+    return secrets.randbelow(calls)
 
 
 def raised(case: Case, seed: int, round_index: int, arm: str, vseed: int, exc: Exception) -> TimedCheck:

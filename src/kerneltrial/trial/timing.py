@@ -18,9 +18,11 @@
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
   CPU. Its figures describe the interpreter, never GPU performance.
 
-A sample may carry a `before_last` hook: it runs before the last call, outside every timed
-interval (cold: before that call's flush; hot and graph: between two event pairs whose times
-are summed). The runner uses it to write the values whose result it checks (runner.TimedArm).
+A sample may carry per-call hooks (`Hooks`): `before(j)` and `after(j)` run around call j,
+outside every timed interval. Each call then has its own event pair (hot L2 too: the inputs
+`before` just wrote are in L2), and under `cuda-graph` each call is one replay of a graph of
+one call. The runner writes fresh values before every call and keeps one call's result for
+its check (trial/timed.py).
 """
 
 from __future__ import annotations
@@ -39,16 +41,11 @@ LEAD_CYCLES_MAX = 200_000_000  # ~100 ms: the longest spin a sample may start wi
 
 
 @dataclass(frozen=True)
-class Part:
-    """`calls` back-to-back calls of `call`, after `before` (untimed) when given."""
+class Hooks:
+    """Untimed work around each call j of a sample: `before(j)`, the call, `after(j)`."""
 
-    call: Call
-    calls: int
-    before: Call | None = None
-
-    def prepare(self) -> None:
-        if self.before is not None:
-            self.before()
+    before: Callable[[int], None]
+    after: Callable[[int], None]
 
 
 @dataclass
@@ -68,33 +65,38 @@ class Timer:
         if self._flush is not None:
             self._flush.add_(1)
 
-    def sample(self, call: Call, calls: int, key: int = 0, before_last: Call | None = None) -> int:
-        """Nanoseconds `calls` calls of `call` took; `before_last` runs untimed before the last."""
-        parts = [Part(call, calls)] if before_last is None else [Part(call, calls - 1), Part(call, 1, before_last)]
-        parts = [p for p in parts if p.calls > 0]
+    def sample(self, call: Call, calls: int, key: int = 0, hooks: Hooks | None = None) -> int:
+        """Nanoseconds `calls` calls of `call` took; `hooks` run untimed around each call."""
         if self.name == "host-clock":
-            return self._host(parts)
+            return self._host(call, calls, hooks)
         if self.name == "cuda-graph":
-            parts = [Part(self._graph(p.call, p.calls, hash((key, p.calls))), 1, p.before) for p in parts]
-        measure = self._events_cold if self.cold else self._events_hot
-        calls = sum(p.calls for p in parts)
+            call = self._graph(call, 1 if hooks else calls, key)
+            calls_timed = calls if hooks else 1
+        else:
+            calls_timed = calls
+        measure = self._events_cold if self.cold or hooks else self._events_hot
         while True:
-            ns, host_behind = measure(parts, calls)
-            longer = next_lead(self.lead_cycles_per_call, calls, host_behind)
+            ns, host_behind = measure(call, calls_timed, hooks)
+            longer = next_lead(self.lead_cycles_per_call, calls_timed, host_behind)
             if longer is None:
                 self.kept_behind += host_behind
                 return ns
             self.lead_cycles_per_call = longer
             self.retaken += 1
 
-    def _host(self, parts: list[Part]) -> int:
-        total = 0
-        for part in parts:
-            part.prepare()
+    def _host(self, call: Call, calls: int, hooks: Hooks | None) -> int:
+        if hooks is None:
             start = time.perf_counter_ns()
-            for _ in range(part.calls):
-                part.call()
+            for _ in range(calls):
+                call()
+            return time.perf_counter_ns() - start
+        total = 0
+        for j in range(calls):
+            hooks.before(j)
+            start = time.perf_counter_ns()
+            call()
             total += time.perf_counter_ns() - start
+            hooks.after(j)
         return total
 
     def _lead(self, calls: int) -> torch.cuda.Event:
@@ -105,35 +107,32 @@ class Timer:
         done.record()
         return done
 
-    def _events_hot(self, parts: list[Part], calls: int) -> tuple[int, bool]:
-        """One event pair per part around its back-to-back calls."""
+    def _events_hot(self, call: Call, calls: int, hooks: Hooks | None = None) -> tuple[int, bool]:
+        """One event pair around `calls` back-to-back calls."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         lead = self._lead(calls)
-        pairs = []
-        for part in parts:
-            part.prepare()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(part.calls):
-                part.call()
-            end.record()
-            pairs.append((start, end))
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
         host_behind = lead.query()  # the spin ended before the host had enqueued everything
-        pairs[-1][1].synchronize()
-        return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6), host_behind
+        end.synchronize()
+        return round(start.elapsed_time(end) * 1e6), host_behind
 
-    def _events_cold(self, parts: list[Part], calls: int) -> tuple[int, bool]:
-        """One event pair per call, each after a flush of the L2."""
+    def _events_cold(self, call: Call, calls: int, hooks: Hooks | None = None) -> tuple[int, bool]:
+        """One event pair per call, after its untimed `before` hook and (cold L2) a flush."""
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
         lead = self._lead(calls)
-        pairs = []
-        for part in parts:
-            part.prepare()
-            for _ in range(part.calls):
+        for j, (start, end) in enumerate(pairs):
+            if hooks:
+                hooks.before(j)
+            if self.cold:
                 self.flush()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                part.call()
-                end.record()
-                pairs.append((start, end))
+            start.record()
+            call()
+            end.record()
+            if hooks:
+                hooks.after(j)
         host_behind = lead.query()
         pairs[-1][1].synchronize()
         return round(sum(s.elapsed_time(e) for s, e in pairs) * 1e6), host_behind
