@@ -8,8 +8,16 @@ from typer.testing import CliRunner
 from kerneltrial.cli import app
 
 runner = CliRunner()
-EIGHT = ["rmsnorm", "rmsnorm_fp32", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "zimage_qk_rmsnorm",
-         "silu_and_mul", "sigmoid_gate_mul", "softcap_row_argmax"]
+EIGHT = [
+    "rmsnorm",
+    "rmsnorm_fp32",
+    "fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "zimage_qk_rmsnorm",
+    "silu_and_mul",
+    "sigmoid_gate_mul",
+    "softcap_row_argmax",
+]
 
 
 def test_ops_lists_the_eight_operators_and_peer_availability():
@@ -21,9 +29,27 @@ def test_ops_lists_the_eight_operators_and_peer_availability():
     assert "liger (Liger-Kernel needs a CUDA device" in result.output  # skipped with its reason
 
 
-@pytest.mark.parametrize("command", [[], ["ops"], ["check"], ["run"], ["demo"], ["calibrate"], ["verify"], ["report"],
-                                     ["compare"], ["performance"], ["protocol", "new"], ["protocol", "freeze"],
-                                     ["serve", "bench"], ["serve", "trial"], ["serve", "accuracy"], ["serve", "launch"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["ops"],
+        ["check"],
+        ["run"],
+        ["demo"],
+        ["calibrate"],
+        ["verify"],
+        ["report"],
+        ["compare"],
+        ["performance"],
+        ["protocol", "new"],
+        ["protocol", "freeze"],
+        ["serve", "bench"],
+        ["serve", "trial"],
+        ["serve", "accuracy"],
+        ["serve", "launch"],
+    ],
+)
 def test_every_command_has_help(command):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output

@@ -18,8 +18,7 @@ from statistics import median
 
 import torch
 
-from kerneltrial.ops import registry
-from kerneltrial.ops import rms_norm, softcap_argmax, zimage_qk_norm
+from kerneltrial.ops import registry, rms_norm, softcap_argmax, zimage_qk_norm
 from kerneltrial.trial.timing import calls_for, make_timer
 
 SAMPLES = 15
@@ -31,14 +30,21 @@ Variant = tuple[str, Callable[..., object]]
 def compiled_kernels() -> dict[int, object]:
     """Every kernel Triton has compiled so far in this process, by id."""
     found = {}
-    for fn in (rms_norm._rms_norm_rows, rms_norm._rms_norm_wide, zimage_qk_norm._qk_norm,
-               softcap_argmax._argmax_stream, softcap_argmax._argmax_spans):
+    for fn in (
+        rms_norm._rms_norm_rows,
+        rms_norm._rms_norm_wide,
+        zimage_qk_norm._qk_norm,
+        softcap_argmax._argmax_stream,
+        softcap_argmax._argmax_spans,
+    ):
         for caches in getattr(fn, "device_caches", {}).values():  # the interpreter compiles nothing
             found.update({id(k): k for k in caches[0].values()})
     return found
 
 
-def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: str = "bfloat16", layout: str = "contiguous") -> None:
+def sweep(
+    op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: str = "bfloat16", layout: str = "contiguous"
+) -> None:
     op = registry.get_op(op_name)
     case = registry.Case(shape, dtype, layout)
     device = torch.device("cuda")
@@ -64,8 +70,11 @@ def sweep(op_name: str, shape: tuple[int, ...], variants: list[Variant], dtype: 
         per_call = sorted(timer.sample(call, calls) / calls / 1000 for _ in range(SAMPLES))
         med = median(per_call)
         rows.append((med, label))
-        print(f"{label:32s} {med:8.2f} us  min {per_call[0]:7.2f}  max {per_call[-1]:7.2f}  "
-              f"{1000 * mb / med:6.0f} GB/s  {regs:14s} diff {diff:.3g}", flush=True)
+        print(
+            f"{label:32s} {med:8.2f} us  min {per_call[0]:7.2f}  max {per_call[-1]:7.2f}  "
+            f"{1000 * mb / med:6.0f} GB/s  {regs:14s} diff {diff:.3g}",
+            flush=True,
+        )
     rows.sort()
     print("fastest: " + ", ".join(f"{label} {t:.2f}" for t, label in rows[:3]))
 
@@ -82,18 +91,30 @@ def arms(op_name: str, *names: str) -> list[Variant]:
 
 
 def rmsnorm_group(op_name: str, rbw: bool) -> None:
-    shapes = [((4096, 2048), "bfloat16"), ((16384, 2048), "bfloat16"), ((4096, 4096), "bfloat16"), ((4096, 5120), "bfloat16"),
-              ((4096, 8192), "bfloat16"), ((2048, 14336), "bfloat16"), ((1024, 16384), "bfloat16")]
+    shapes = [
+        ((4096, 2048), "bfloat16"),
+        ((16384, 2048), "bfloat16"),
+        ((4096, 4096), "bfloat16"),
+        ((4096, 5120), "bfloat16"),
+        ((4096, 8192), "bfloat16"),
+        ((2048, 14336), "bfloat16"),
+        ((1024, 16384), "bfloat16"),
+    ]
     if not rbw:
         shapes += [((4096, 2048), "float32"), ((16384, 2048), "float32"), ((4096, 4096), "float32")]
     for shape, dtype in shapes:
-        variants: list[Variant] = [(f"rows_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, num_warps=w))
-                                   for w in (4, 8, 16)]
+        variants: list[Variant] = [
+            (f"rows_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, num_warps=w)) for w in (4, 8, 16)
+        ]
         if shape[1] <= 2048:
-            variants += [(f"rows_r{r}_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, block_rows=r, num_warps=w))
-                         for r, w in ((2, 4), (4, 4), (4, 8))]
-        variants += [(f"wide_c{c}_w{w}", partial(rms_norm.rms_norm_wide, round_before_weight=rbw, chunk=c, num_warps=w))
-                     for c, w in ((2048, 8), (4096, 16))]
+            variants += [
+                (f"rows_r{r}_w{w}", partial(rms_norm.rms_norm_rows, round_before_weight=rbw, block_rows=r, num_warps=w))
+                for r, w in ((2, 4), (4, 4), (4, 8))
+            ]
+        variants += [
+            (f"wide_c{c}_w{w}", partial(rms_norm.rms_norm_wide, round_before_weight=rbw, chunk=c, num_warps=w))
+            for c, w in ((2048, 8), (4096, 16))
+        ]
         variants += arms(op_name, "kerneltrial", "torch_compile", "liger", "flaggems")
         sweep(op_name, shape, variants, dtype)
 
@@ -104,7 +125,9 @@ def softcap_group() -> None:
     for shape in shapes:
         variants: list[Variant] = [
             (f"stream_c{c}_w{w}_g{g}", partial(softcap_argmax.argmax_stream, chunk=c, num_warps=w, programs=g))
-            for c, w in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8)) for g in (264, 528, 1056)]
+            for c, w in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8))
+            for g in (264, 528, 1056)
+        ]
         variants += arms(name, "kerneltrial", "torch_eager")
         sweep(name, shape, variants)
 
@@ -114,7 +137,10 @@ def zimage_group() -> None:
         for layout in ("contiguous", "qkv_slice"):
             variants: list[Variant] = [
                 (f"packed_r{r}_w{w}", partial(zimage_qk_norm.qk_norm, block_rows=r, num_warps=w))
-                for r in (8, 16, 32, 64) for w in (2, 4, 8, 16) if 2 <= r * 128 // (32 * w) <= 64]
+                for r in (8, 16, 32, 64)
+                for w in (2, 4, 8, 16)
+                if 2 <= r * 128 // (32 * w) <= 64
+            ]
             variants += arms("zimage_qk_rmsnorm", "kerneltrial", "torch_compile")
             sweep("zimage_qk_rmsnorm", (tokens, 30, 128), variants, layout=layout)
 

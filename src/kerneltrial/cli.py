@@ -23,7 +23,6 @@ app = typer.Typer(
 )
 
 
-
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -34,7 +33,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Controlled trials for GPU kernels and LLM serving."""
 

@@ -120,32 +120,53 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     protocol_bytes = tomli_w.dumps(protocol_of(spec)).encode()
     (path / "protocol.toml").write_bytes(protocol_bytes)
     sha = hashlib.sha256(protocol_bytes).hexdigest()
-    provenance = {"kind": "kernel", "protocol_sha256": sha, "device": "cpu", "versions": {"python": "3.11"},
-                  "git": {"commit": "abc123", "dirty": False}, "argv": ["kerneltrial", "run"],
-                  "started_at": "2025-01-01T00:00:00Z", "finished_at": "2025-01-01T00:01:00Z"}
+    provenance = {
+        "kind": "kernel",
+        "protocol_sha256": sha,
+        "device": "cpu",
+        "versions": {"python": "3.11"},
+        "git": {"commit": "abc123", "dirty": False},
+        "argv": ["kerneltrial", "run"],
+        "started_at": "2025-01-01T00:00:00Z",
+        "finished_at": "2025-01-01T00:01:00Z",
+    }
     if checked:
         provenance.update(
             device={"gpu": "NVIDIA H200"} if spec.is_gpu else {"gpu": None, "cpu": "x86_64"},
             versions={"python": "3.11.7", "torch": "2.13.0", "triton": "3.6.0"},
             freeze=None if spec.frozen_at is None else {"sha256": sha, "frozen_at": spec.frozen_at},
-            impl_modules={})
+            impl_modules={},
+        )
         provenance["git"]["source_sha256"] = write_source_archive(path / "source.tar.gz", spec.source)
     (path / "provenance.json").write_text(json.dumps(provenance))
     cases = []
     for c in spec.cases:
         shape, layout, dtype = _parts(c)
-        case = {"case": c, "shape": shape, "layout": layout, "dtype": dtype,
-                "bytes": spec.bytes_per_call, "calls": spec.calls}
+        case = {
+            "case": c,
+            "shape": shape,
+            "layout": layout,
+            "dtype": dtype,
+            "bytes": spec.bytes_per_call,
+            "calls": spec.calls,
+        }
         if c in spec.case_rounds:
             case["rounds"] = spec.case_rounds[c]
         if c in spec.injected_delay_ns:
             case["injected_delay_ns"] = spec.injected_delay_ns[c]
         cases.append(case)
     plan = {
-        "protocol_sha256": sha, "op": "rmsnorm", "backend": spec.backend, "is_gpu": spec.is_gpu, "l2": spec.l2,
+        "protocol_sha256": sha,
+        "op": "rmsnorm",
+        "backend": spec.backend,
+        "is_gpu": spec.is_gpu,
+        "l2": spec.l2,
         "arms": spec.arms,
         "cases": cases,
-        "seeds": spec.seeds, "rounds": spec.rounds, "tie_band": spec.tie_band, "gate": spec.gate,
+        "seeds": spec.seeds,
+        "rounds": spec.rounds,
+        "tie_band": spec.tie_band,
+        "gate": spec.gate,
         "bootstrap": {"resamples": spec.resamples, "seed": 7, "confidence": 0.95},
     }
     if checked:
@@ -164,9 +185,16 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         for seed in spec.seeds:
             for arm in available:
                 ok = (case, arm) not in spec.failures
-                row = {"case": case, "seed": seed, "arm": arm, "passed": ok, "max_abs": 0.0 if ok else 0.5,
-                       "max_rel": 0.0 if ok else 0.25, "ulp": 0 if ok else 900,
-                       "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}"}
+                row = {
+                    "case": case,
+                    "seed": seed,
+                    "arm": arm,
+                    "passed": ok,
+                    "max_abs": 0.0 if ok else 0.5,
+                    "max_rel": 0.0 if ok else 0.25,
+                    "ulp": 0 if ok else 900,
+                    "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}",
+                }
                 if checked:
                     row["ulp_hist"] = PASSED_ULP_HIST if ok else FAILED_ULP_HIST
                 correctness.append(row)
@@ -206,11 +234,23 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
 
 def _timed_check(spec: RunSpec, case: str, arm: str, seed: int, rnd: int, raised: bool) -> dict:
     """The timed_checks.jsonl row of one sample: passed, failed with a planted message, or raised."""
-    message = "raised while timed: RuntimeError: CUDA error: an illegal memory access" if raised else \
-        spec.timed_failures.get((case, arm, seed, rnd), "")
-    return {"case": case, "seed": seed, "round": rnd, "arm": arm, "values_seed": 1000 * seed + rnd,
-            "passed": not message, "max_abs": 0.5 if message else 0.0, "max_rel": 0.25 if message else 0.0,
-            "ulp": 900.0 if message else 0.0, "message": message}
+    message = (
+        "raised while timed: RuntimeError: CUDA error: an illegal memory access"
+        if raised
+        else spec.timed_failures.get((case, arm, seed, rnd), "")
+    )
+    return {
+        "case": case,
+        "seed": seed,
+        "round": rnd,
+        "arm": arm,
+        "values_seed": 1000 * seed + rnd,
+        "passed": not message,
+        "max_abs": 0.5 if message else 0.0,
+        "max_rel": 0.25 if message else 0.0,
+        "ulp": 900.0 if message else 0.0,
+        "message": message,
+    }
 
 
 def write_source_archive(path: Path, files: dict[str, bytes]) -> str:
@@ -231,8 +271,11 @@ def write_source_archive(path: Path, files: dict[str, bytes]) -> str:
 
 def seal(path: Path) -> Path:
     """Write manifest.json over every file of the run directory, as the runner does last."""
-    files = {f.relative_to(path).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
-             for f in sorted(path.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+    files = {
+        f.relative_to(path).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != "manifest.json"
+    }
     (path / "manifest.json").write_text(json.dumps({"schema": "kerneltrial.manifest/1", "files": files}, indent=1))
     return path
 
@@ -255,10 +298,17 @@ def protocol_of(spec: RunSpec) -> dict:
     """The protocol.toml fields that plan.json copies, agreeing with the plan the factory writes."""
     control = next(a["name"] for a in spec.arms if a["kind"] == "control")
     protocol: dict = {
-        "name": "synthetic", "op": "rmsnorm", "control": control,
+        "name": "synthetic",
+        "op": "rmsnorm",
+        "control": control,
         "candidates": [a["name"] for a in spec.arms if a["name"] != control],
-        "seeds": spec.seeds, "rounds": spec.rounds, "tie_band": spec.tie_band, "gate": spec.gate,
-        "bootstrap_resamples": spec.resamples, "bootstrap_seed": 7, "l2": spec.l2,
+        "seeds": spec.seeds,
+        "rounds": spec.rounds,
+        "tie_band": spec.tie_band,
+        "gate": spec.gate,
+        "bootstrap_resamples": spec.resamples,
+        "bootstrap_seed": 7,
+        "l2": spec.l2,
     }
     if spec.checks is not None and spec.exact:
         protocol["exact"] = True
@@ -266,7 +316,7 @@ def protocol_of(spec: RunSpec) -> dict:
         protocol["order_seed"] = spec.order_seed
     for section in (spec.clocks, spec.noise_rule, spec.calibration):
         protocol.update({k: v for k, v in (section or {}).items() if k != "max_sm_mhz" and v is not None})
-    protocol["cases"] = [dict(zip(("shape", "layout", "dtype"), _parts(c))) for c in spec.cases]
+    protocol["cases"] = [dict(zip(("shape", "layout", "dtype"), _parts(c), strict=True)) for c in spec.cases]
     if spec.protocol_edit:
         spec.protocol_edit(protocol)
     return protocol

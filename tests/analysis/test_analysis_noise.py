@@ -66,9 +66,10 @@ def test_throttle_rule_is_strictly_below_the_threshold() -> None:
 
 
 def test_calibration_helpers_hand_computed() -> None:
-    aa = stats.aa_calibration(["tie", "loss", "tie", "win"],
-                              [stats.Interval(0.9, 1.1), stats.Interval(0.8, 0.9), stats.Interval(1, 1),
-                               stats.Interval(1.1, 1.2)])
+    aa = stats.aa_calibration(
+        ["tie", "loss", "tie", "win"],
+        [stats.Interval(0.9, 1.1), stats.Interval(0.8, 0.9), stats.Interval(1, 1), stats.Interval(1.1, 1.2)],
+    )
     assert (aa.n_cases, aa.false_positives, aa.false_positive_rate, aa.inconclusive) == (4, 2, 0.5, 0)
     assert math.isclose(aa.mean_ci_width, (0.2 + 0.1 + 0 + 0.1) / 4, rel_tol=1e-12)
     slow = stats.slow_calibration(["loss", "loss", "tie"])
@@ -113,6 +114,7 @@ def test_verify_catches_a_dropped_spread_warning(run_dir: Path) -> None:
 
 # ---------------------------------------------------------------- clocks
 
+
 def _clocked(case: str, arm: str, seed: int, rnd: int) -> int | None:
     if case == C2:
         return None  # unknown clock: empty fields
@@ -134,18 +136,33 @@ def clocked_run(tmp_path: Path) -> Path:
 def test_clock_figures_hand_computed(clocked_run: Path) -> None:
     summary = _summary(clocked_run)
     # rows: c1 3 timed arms x 10 units = 30 with a clock; c2 2 arms x 10 = 20 without; 2 below 1000 MHz
-    assert summary["clocks"] == {"max_sm_mhz": 2000, "throttle_fraction": 0.5, "threshold_mhz": 1000.0,
-                                 "samples_with_clock": 30, "throttled_samples": 2}
+    assert summary["clocks"] == {
+        "max_sm_mhz": 2000,
+        "throttle_fraction": 0.5,
+        "threshold_mhz": 1000.0,
+        "samples_with_clock": 30,
+        "throttled_samples": 2,
+    }
     c1, c2 = (case["arms"] for case in summary["cases"])
-    assert (c1["ctrl"]["throttled_samples"], c1["fast"]["throttled_samples"], c1["slow"]["throttled_samples"]) == (1, 1, 0)
+    assert (c1["ctrl"]["throttled_samples"], c1["fast"]["throttled_samples"], c1["slow"]["throttled_samples"]) == (
+        1,
+        1,
+        0,
+    )
     assert all(entry["throttled_samples"] == 0 for entry in c2.values())
-    assert ("2 of 50 timing samples were throttled: SM clock below 1000 MHz (0.5 x max 2000 MHz); "
-            "their times may be slow") in summary["warnings"]
+    assert (
+        "2 of 50 timing samples were throttled: SM clock below 1000 MHz (0.5 x max 2000 MHz); their times may be slow"
+    ) in summary["warnings"]
 
 
 def test_old_and_cpu_runs_have_no_clock_readings(run_dir: Path, tmp_path: Path) -> None:
-    assert _summary(run_dir)["clocks"] == {"max_sm_mhz": None, "throttle_fraction": 0.9, "threshold_mhz": None,
-                                           "samples_with_clock": 0, "throttled_samples": 0}
+    assert _summary(run_dir)["clocks"] == {
+        "max_sm_mhz": None,
+        "throttle_fraction": 0.9,
+        "threshold_mhz": None,
+        "samples_with_clock": 0,
+        "throttled_samples": 0,
+    }
     # the runner's CPU rows: clock columns present but empty, plan clocks with no maximum
     spec = RunSpec(sm_mhz=lambda *_: None, clocks={"max_sm_mhz": None, "throttle_fraction": 0.9})
     cpu = _written(write_run_dir(tmp_path / "cpu", spec))
@@ -158,15 +175,32 @@ def test_old_and_cpu_runs_have_no_clock_readings(run_dir: Path, tmp_path: Path) 
     assert _summary(unknown)["clocks"]["throttled_samples"] == 0
 
 
-@pytest.mark.parametrize(("edit", "check", "text"), [
-    (lambda s: s["cases"][0]["arms"]["fast"].update(throttled_samples=0), f"figures case={C1} arm=fast",
-     "throttled_samples: summary 0 != recomputed 1"),
-    (lambda s: s["clocks"].update(throttled_samples=0), "clocks", "throttled_samples: summary 0 != recomputed 2"),
-    (lambda s: s["clocks"].update(samples_with_clock=50), "clocks", "samples_with_clock: summary 50 != recomputed 30"),
-    (lambda s: s["clocks"].update(threshold_mhz=900.0), "clocks", "threshold_mhz: summary 900.0 != recomputed 1000.0"),
-    (lambda s: s.update(warnings=[w for w in s["warnings"] if "throttled" not in w]), "clocks",
-     "do not say 2 of 50 samples were throttled below 1000 MHz"),
-])
+@pytest.mark.parametrize(
+    ("edit", "check", "text"),
+    [
+        (
+            lambda s: s["cases"][0]["arms"]["fast"].update(throttled_samples=0),
+            f"figures case={C1} arm=fast",
+            "throttled_samples: summary 0 != recomputed 1",
+        ),
+        (lambda s: s["clocks"].update(throttled_samples=0), "clocks", "throttled_samples: summary 0 != recomputed 2"),
+        (
+            lambda s: s["clocks"].update(samples_with_clock=50),
+            "clocks",
+            "samples_with_clock: summary 50 != recomputed 30",
+        ),
+        (
+            lambda s: s["clocks"].update(threshold_mhz=900.0),
+            "clocks",
+            "threshold_mhz: summary 900.0 != recomputed 1000.0",
+        ),
+        (
+            lambda s: s.update(warnings=[w for w in s["warnings"] if "throttled" not in w]),
+            "clocks",
+            "do not say 2 of 50 samples were throttled below 1000 MHz",
+        ),
+    ],
+)
 def test_verify_catches_edited_clock_figures(clocked_run: Path, edit, check: str, text: str) -> None:
     assert text in _tamper(clocked_run, edit)[check]
 
@@ -218,15 +252,28 @@ def test_old_plan_without_case_rounds_uses_plan_rounds(run_dir: Path) -> None:
 NO_RULE = f"case {C1}: 7 rounds run but only 5 planned and no noise rule (target_ci_width) allows more"
 
 
-@pytest.mark.parametrize(("rounds", "rule", "text", "warning"), [
-    (7, None, f"{C1}: 7 rounds but 5 planned and no noise rule", NO_RULE),
-    (7, NOISE_RULE | {"target_ci_width": None}, f"{C1}: 7 rounds but 5 planned and no noise rule", NO_RULE),
-    (9, NOISE_RULE, f"{C1}: 9 rounds exceed the noise rule's max_rounds 8",
-     f"case {C1}: 9 rounds run, more than the noise rule's max_rounds 8"),
-    (4, NOISE_RULE, f"{C1}: 4 rounds, fewer than the planned 5", f"case {C1}: plan.json says 4 rounds, fewer than the planned 5"),
-])
-def test_rounds_outside_the_noise_rule_fail(tmp_path: Path, rounds: int, rule: dict | None, text: str,
-                                            warning: str) -> None:
+@pytest.mark.parametrize(
+    ("rounds", "rule", "text", "warning"),
+    [
+        (7, None, f"{C1}: 7 rounds but 5 planned and no noise rule", NO_RULE),
+        (7, NOISE_RULE | {"target_ci_width": None}, f"{C1}: 7 rounds but 5 planned and no noise rule", NO_RULE),
+        (
+            9,
+            NOISE_RULE,
+            f"{C1}: 9 rounds exceed the noise rule's max_rounds 8",
+            f"case {C1}: 9 rounds run, more than the noise rule's max_rounds 8",
+        ),
+        (
+            4,
+            NOISE_RULE,
+            f"{C1}: 4 rounds, fewer than the planned 5",
+            f"case {C1}: plan.json says 4 rounds, fewer than the planned 5",
+        ),
+    ],
+)
+def test_rounds_outside_the_noise_rule_fail(
+    tmp_path: Path, rounds: int, rule: dict | None, text: str, warning: str
+) -> None:
     path = write_run_dir(tmp_path / "run", RunSpec(case_rounds={C1: rounds}, noise_rule=rule))
     assert warning in build_summary(path)["warnings"]
     write_summary(path)
@@ -234,8 +281,11 @@ def test_rounds_outside_the_noise_rule_fail(tmp_path: Path, rounds: int, rule: d
 
 
 def test_verify_catches_edited_rounds(tmp_path: Path) -> None:
-    path = _written(write_run_dir(tmp_path / "run", RunSpec(case_rounds={C1: 7}, noise_rule=NOISE_RULE,
-                                                             injected_delay_ns={C1: 30.0})))
+    path = _written(
+        write_run_dir(
+            tmp_path / "run", RunSpec(case_rounds={C1: 7}, noise_rule=NOISE_RULE, injected_delay_ns={C1: 30.0})
+        )
+    )
     failed = _tamper(path, lambda s: s["cases"][0].update(rounds=5, units_planned=10, injected_delay_ns=3.0))
     detail = failed[f"case header case={C1}"]
     assert "rounds: summary 5 != recomputed 7" in detail and "units_planned: summary 10 != recomputed 14" in detail
@@ -263,8 +313,14 @@ def _mixed(case: str, arm: str, seed: int, rnd: int) -> float:
 
 
 def _calibration_run(tmp_path: Path, per_call, name: str = "cal") -> Path:
-    spec = RunSpec(arms=CALIBRATION_ARMS, failures=set(), per_call=per_call, gate="no_loss",
-                   calibration=CALIBRATION, injected_delay_ns={C1: 30.0, C2: 30.0})
+    spec = RunSpec(
+        arms=CALIBRATION_ARMS,
+        failures=set(),
+        per_call=per_call,
+        gate="no_loss",
+        calibration=CALIBRATION,
+        injected_delay_ns={C1: 30.0, C2: 30.0},
+    )
     return _written(write_run_dir(tmp_path / name, spec))
 
 
@@ -280,27 +336,48 @@ def test_calibration_figures_hand_computed(failing_calibration: Path) -> None:
     # probabilities ~0.38, 0.25, 0.38, so the 2.5% and 97.5% quantiles are 1000/1100 and 1000/1000.
     assert (c1["aa:ctrl"]["ci_low"], c1["aa:ctrl"]["ci_high"]) == (1000 / 1100, 1.0)
     assert c1["aa:ctrl"]["verdict"] == "tie" and c1["aa:ctrl"]["speedup"] == 1000 / 1050
-    assert (c2["aa:ctrl"]["ci_low"], c2["aa:ctrl"]["ci_high"], c2["aa:ctrl"]["verdict"]) == (1000 / 1100, 1000 / 1100, "loss")
+    assert (c2["aa:ctrl"]["ci_low"], c2["aa:ctrl"]["ci_high"], c2["aa:ctrl"]["verdict"]) == (
+        1000 / 1100,
+        1000 / 1100,
+        "loss",
+    )
     assert c1["slow:ctrl"]["verdict"] == "loss"  # 1000/1030 = 0.971 < 0.98
     assert c2["slow:ctrl"]["verdict"] == "tie"  # 1000/1010 = 0.990
     calibration = summary["calibration"]
     assert calibration["arms"] == {
-        "aa:ctrl": {"kind": "aa", "base": "ctrl", "n_cases": 2, "not_tie": 1, "false_positive_rate": 0.5,
-                    "mean_ci_width": pytest.approx((1 - 1000 / 1100 + 0) / 2, rel=1e-12)},
+        "aa:ctrl": {
+            "kind": "aa",
+            "base": "ctrl",
+            "n_cases": 2,
+            "not_tie": 1,
+            "false_positive_rate": 0.5,
+            "mean_ci_width": pytest.approx((1 - 1000 / 1100 + 0) / 2, rel=1e-12),
+        },
         # realized: 1030/1000 - 1 and 1010/1000 - 1; both <= 1.5 x 3%, so power at nominal is 1 loss of 2
-        "slow:ctrl": {"kind": "slow", "base": "ctrl", "n_cases": 2, "losses": 1, "power": 0.5,
-                      "realized_slowdown": {C1: pytest.approx(0.03, rel=1e-12), C2: pytest.approx(0.01, rel=1e-12)},
-                      "realized_min": pytest.approx(0.01, rel=1e-12), "realized_max": pytest.approx(0.03, rel=1e-12),
-                      "power_at_nominal": 0.5},
+        "slow:ctrl": {
+            "kind": "slow",
+            "base": "ctrl",
+            "n_cases": 2,
+            "losses": 1,
+            "power": 0.5,
+            "realized_slowdown": {C1: pytest.approx(0.03, rel=1e-12), C2: pytest.approx(0.01, rel=1e-12)},
+            "realized_min": pytest.approx(0.01, rel=1e-12),
+            "realized_max": pytest.approx(0.03, rel=1e-12),
+            "power_at_nominal": 0.5,
+        },
     }
-    assert (calibration["injected_slowdown"], calibration["max_false_positive_rate"], calibration["min_power"]) == \
-        (0.03, 0.05, 0.9)
+    assert (calibration["injected_slowdown"], calibration["max_false_positive_rate"], calibration["min_power"]) == (
+        0.03,
+        0.05,
+        0.9,
+    )
     assert calibration["passed"] is False
     assert calibration["sentence"] == (
         "Calibration FAILED: A/A arm aa:ctrl was called different from its copy in 1 of 2 case(s) "
         "(false-positive rate 50%, at most 5% allowed; mean CI width 0.0455); slowed arm slow:ctrl (3% nominal, "
         "1.0-3.0% realized) was called a loss in 1 of 2 case(s) (power 50%, at least 90% required; power at nominal "
-        "50% over the 2 case(s) realized at most 4.5%).")
+        "50% over the 2 case(s) realized at most 4.5%)."
+    )
     assert not any("never as small as nominal" in w for w in summary["warnings"])
     # calibration arms are ordinary arms for the aggregates and the gate
     assert summary["aggregates"]["slow:ctrl"]["losses"] == 1 and summary["gate"]["passed_arms"] == []
@@ -309,8 +386,14 @@ def test_calibration_figures_hand_computed(failing_calibration: Path) -> None:
 def test_calibration_that_passes(tmp_path: Path) -> None:
     path = _calibration_run(tmp_path, lambda case, arm, seed, rnd: 1030.0 if arm == "slow:ctrl" else 1000.0)
     calibration = _summary(path)["calibration"]
-    assert calibration["arms"]["aa:ctrl"] == {"kind": "aa", "base": "ctrl", "n_cases": 2, "not_tie": 0,
-                                              "false_positive_rate": 0.0, "mean_ci_width": 0.0}
+    assert calibration["arms"]["aa:ctrl"] == {
+        "kind": "aa",
+        "base": "ctrl",
+        "n_cases": 2,
+        "not_tie": 0,
+        "false_positive_rate": 0.0,
+        "mean_ci_width": 0.0,
+    }
     assert calibration["arms"]["slow:ctrl"]["power"] == 1.0
     assert calibration["passed"] is True and calibration["sentence"].startswith("Calibration passed: ")
 
@@ -322,31 +405,46 @@ def test_no_calibration_section_without_calibration_arms(run_dir: Path) -> None:
 
 
 def test_calibration_defaults_and_an_arm_not_based_on_the_control(tmp_path: Path) -> None:
-    spec = RunSpec(arms=[*RunSpec().arms, {"name": "aa:fast", "kind": "calibration", "available": True,
-                                           "reason": None}])
+    spec = RunSpec(
+        arms=[*RunSpec().arms, {"name": "aa:fast", "kind": "calibration", "available": True, "reason": None}]
+    )
     path = _written(write_run_dir(tmp_path / "run", spec))  # no plan `calibration`: the defaults apply
     summary = _summary(path)
     calibration = summary["calibration"]
     assert (calibration["max_false_positive_rate"], calibration["min_power"]) == (0.05, 0.9)
     # aa:fast times like ctrl (BASE_NS has no entry: 1000 ns), wobble shifted by its name length
     assert list(calibration["arms"]) == ["aa:fast"] and calibration["arms"]["aa:fast"]["base"] == "fast"
-    assert any(w.startswith("calibration arm aa:fast is compared with the control ctrl, not with fast")
-               for w in summary["warnings"])
+    assert any(
+        w.startswith("calibration arm aa:fast is compared with the control ctrl, not with fast")
+        for w in summary["warnings"]
+    )
 
 
-@pytest.mark.parametrize(("edit", "text"), [
-    (lambda c: c["arms"]["aa:ctrl"].update(false_positive_rate=0.0), "false_positive_rate: summary 0.0 != recomputed 0.5"),
-    (lambda c: c["arms"]["aa:ctrl"].update(mean_ci_width=0.01), "mean_ci_width: summary 0.01 != recomputed 0.04545"),
-    (lambda c: c["arms"]["aa:ctrl"].update(not_tie=0), "not_tie: summary 0 != recomputed 1"),
-    (lambda c: c["arms"]["slow:ctrl"].update(power=1.0), "power: summary 1.0 != recomputed 0.5"),
-    (lambda c: c["arms"]["slow:ctrl"].update(losses=2), "losses: summary 2 != recomputed 1"),
-    (lambda c: c.update(passed=True, sentence="Calibration passed."), "passed: summary True != recomputed False"),
-    (lambda c: c.update(sentence="Calibration passed: all good."), "does not start 'Calibration FAILED'"),
-    (lambda c: c.update(min_power=0.5), "min_power: summary 0.5 != recomputed 0.9"),
-    (lambda c: c["arms"].pop("slow:ctrl"), "calibration slow:ctrl power: summary None != recomputed 0.5"),
-    (lambda c: c["arms"]["slow:ctrl"].update(kind="aa"), "calibration slow:ctrl kind: summary 'aa' != recomputed 'slow'"),
-    (lambda c: c["arms"].update({"aa:ghost": {}}), "not aa:/slow: arms of plan.json: ['aa:ghost']"),
-])
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        (
+            lambda c: c["arms"]["aa:ctrl"].update(false_positive_rate=0.0),
+            "false_positive_rate: summary 0.0 != recomputed 0.5",
+        ),
+        (
+            lambda c: c["arms"]["aa:ctrl"].update(mean_ci_width=0.01),
+            "mean_ci_width: summary 0.01 != recomputed 0.04545",
+        ),
+        (lambda c: c["arms"]["aa:ctrl"].update(not_tie=0), "not_tie: summary 0 != recomputed 1"),
+        (lambda c: c["arms"]["slow:ctrl"].update(power=1.0), "power: summary 1.0 != recomputed 0.5"),
+        (lambda c: c["arms"]["slow:ctrl"].update(losses=2), "losses: summary 2 != recomputed 1"),
+        (lambda c: c.update(passed=True, sentence="Calibration passed."), "passed: summary True != recomputed False"),
+        (lambda c: c.update(sentence="Calibration passed: all good."), "does not start 'Calibration FAILED'"),
+        (lambda c: c.update(min_power=0.5), "min_power: summary 0.5 != recomputed 0.9"),
+        (lambda c: c["arms"].pop("slow:ctrl"), "calibration slow:ctrl power: summary None != recomputed 0.5"),
+        (
+            lambda c: c["arms"]["slow:ctrl"].update(kind="aa"),
+            "calibration slow:ctrl kind: summary 'aa' != recomputed 'slow'",
+        ),
+        (lambda c: c["arms"].update({"aa:ghost": {}}), "not aa:/slow: arms of plan.json: ['aa:ghost']"),
+    ],
+)
 def test_verify_catches_edited_calibration_figures(failing_calibration: Path, edit, text: str) -> None:
     assert text in _tamper(failing_calibration, lambda s: edit(s["calibration"]))["calibration"]
 
@@ -367,15 +465,21 @@ def test_realized_slowdown_far_above_nominal_is_reported_and_warned(tmp_path: Pa
     slow = calibration["arms"]["slow:ctrl"]
     # 1100/1000 - 1 = 0.10 and 2100/2000 - 1 = 0.05, both losses (speedups 0.909 and 0.952 < 0.98)
     assert slow["realized_slowdown"] == {C1: pytest.approx(0.10, rel=1e-12), C2: pytest.approx(0.05, rel=1e-12)}
-    assert (slow["realized_min"], slow["realized_max"]) == (pytest.approx(0.05, rel=1e-12), pytest.approx(0.10, rel=1e-12))
+    assert (slow["realized_min"], slow["realized_max"]) == (
+        pytest.approx(0.05, rel=1e-12),
+        pytest.approx(0.10, rel=1e-12),
+    )
     assert (slow["losses"], slow["power"]) == (2, 1.0)
     assert slow["power_at_nominal"] is None  # no case realized <= 4.5%
     assert calibration["passed"] is True  # `passed` keeps its definition: A/A rate and power
     assert calibration["sentence"].endswith(
         "slowed arm slow:ctrl (3% nominal, 5.0-10.0% realized) was called a loss in 2 of 2 case(s) (power 100%, "
-        "at least 90% required; power at nominal n/a over the 0 case(s) realized at most 4.5%).")
-    assert ("calibration arm slow:ctrl: the injected slowdown was never as small as nominal (5.0-10.0% realized, "
-            "3% nominal): power at nominal is not demonstrated") in summary["warnings"]
+        "at least 90% required; power at nominal n/a over the 0 case(s) realized at most 4.5%)."
+    )
+    assert (
+        "calibration arm slow:ctrl: the injected slowdown was never as small as nominal (5.0-10.0% realized, "
+        "3% nominal): power at nominal is not demonstrated"
+    ) in summary["warnings"]
 
 
 def test_power_at_nominal_counts_only_cases_near_nominal(tmp_path: Path) -> None:
@@ -388,19 +492,26 @@ def test_power_at_nominal_counts_only_cases_near_nominal(tmp_path: Path) -> None
     slow = _summary(_calibration_run(tmp_path, per_call))["calibration"]["arms"]["slow:ctrl"]
     assert (slow["power"], slow["power_at_nominal"]) == (0.5, 0.0)  # 1 loss of 2; 0 losses of the 1 near case
     assert stats.slow_calibration(["tie", "loss"], [0.01, 0.10], 0.03) == stats.SlowCalibration(
-        2, 1, 0.5, realized_min=0.01, realized_max=0.10, nominal_cases=1, power_at_nominal=0.0)
+        2, 1, 0.5, realized_min=0.01, realized_max=0.10, nominal_cases=1, power_at_nominal=0.0
+    )
     # the boundary is inclusive: 4.5% counts at 3% nominal
     assert stats.slow_calibration(["loss"], [0.045], 0.03).power_at_nominal == 1.0
 
 
-@pytest.mark.parametrize(("edit", "text"), [
-    (lambda c: c["arms"]["slow:ctrl"]["realized_slowdown"].update({C1: 0.02}), "realized_slowdown: summary"),
-    (lambda c: c["arms"]["slow:ctrl"].pop("realized_slowdown"), "realized_slowdown: summary None"),
-    (lambda c: c["arms"]["slow:ctrl"].update(realized_min=0.06), "realized_min: summary 0.06 != recomputed 0.05"),
-    (lambda c: c["arms"]["slow:ctrl"].update(realized_max=0.2), "realized_max: summary 0.2 != recomputed 0.1"),
-    (lambda c: c["arms"]["slow:ctrl"].update(power_at_nominal=1.0), "power_at_nominal: summary 1.0 != recomputed None"),
-    (lambda c: c.update(sentence=c["sentence"].replace("5.0-10.0%", "3.0%")), "does not state"),
-])
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        (lambda c: c["arms"]["slow:ctrl"]["realized_slowdown"].update({C1: 0.02}), "realized_slowdown: summary"),
+        (lambda c: c["arms"]["slow:ctrl"].pop("realized_slowdown"), "realized_slowdown: summary None"),
+        (lambda c: c["arms"]["slow:ctrl"].update(realized_min=0.06), "realized_min: summary 0.06 != recomputed 0.05"),
+        (lambda c: c["arms"]["slow:ctrl"].update(realized_max=0.2), "realized_max: summary 0.2 != recomputed 0.1"),
+        (
+            lambda c: c["arms"]["slow:ctrl"].update(power_at_nominal=1.0),
+            "power_at_nominal: summary 1.0 != recomputed None",
+        ),
+        (lambda c: c.update(sentence=c["sentence"].replace("5.0-10.0%", "3.0%")), "does not state"),
+    ],
+)
 def test_verify_recomputes_the_realized_slowdown(tmp_path: Path, edit, text: str) -> None:
     path = _calibration_run(tmp_path, _launch_gap)
     assert text in _tamper(path, lambda s: edit(s["calibration"]))["calibration"]
@@ -434,8 +545,10 @@ def test_committed_calibration_realized_slowdown() -> None:
     committed = _summary(run)
     summary = build_summary(run)
     slow = summary["calibration"]["arms"]["slow:control"]
-    expected = {c["case"]: c["arms"]["slow:control"]["median_ns_per_call"] / c["arms"]["control"]["median_ns_per_call"] - 1
-                for c in committed["cases"]}
+    expected = {
+        c["case"]: c["arms"]["slow:control"]["median_ns_per_call"] / c["arms"]["control"]["median_ns_per_call"] - 1
+        for c in committed["cases"]
+    }
     assert slow["realized_slowdown"] == pytest.approx(expected, rel=1e-12)
     assert min(expected.values()) > 0.045 and slow["power_at_nominal"] is None
     assert "(3% nominal, 4.8-37.7% realized)" in summary["calibration"]["sentence"]
@@ -488,8 +601,9 @@ def test_unknown_schema_fails(run_dir: Path) -> None:
 
 def test_report_shows_clocks_spread_and_throttled_counts(clocked_run: Path) -> None:
     report = write_report(clocked_run).read_text()
-    assert ("- clocks: 30 samples with an SM clock reading; 2 throttled (SM clock below 1000 MHz = 0.5 x max "
-            "2000 MHz)") in report
+    assert (
+        "- clocks: 30 samples with an SM clock reading; 2 throttled (SM clock below 1000 MHz = 0.5 x max 2000 MHz)"
+    ) in report
     assert "| spread p10–p90 | throttled samples |" in report
     assert f"| `{C1}` | `fast` | 0.80 | 1.250 [" in report
     assert "| 5.0% | 1 of 10 |" in report  # fast in c1: spread 40/800, one throttled sample of ten
@@ -511,8 +625,10 @@ def test_report_shows_calibration_and_rounds(failing_calibration: Path, tmp_path
     assert "| `slow:ctrl` | +3% delay (1.0–3.0% realized) | `ctrl` | 1 of 2 loss | 0.50 | ≥ 0.9 | – |" in report
     assert f"Injected delay per call: `{C1}` 30.0 ns, `{C2}` 30.0 ns" in report
     rounds = _written(write_run_dir(tmp_path / "rounds", RunSpec(case_rounds={C1: 7}, noise_rule=NOISE_RULE)))
-    assert (f"- rounds per case: `{C1}` 7, `{C2}` 5 (noise rule: rounds added until the CI width is at most 0.01, "
-            "up to 8 rounds or 60.0 s)") in write_report(rounds).read_text()
+    assert (
+        f"- rounds per case: `{C1}` 7, `{C2}` 5 (noise rule: rounds added until the CI width is at most 0.01, "
+        "up to 8 rounds or 60.0 s)"
+    ) in write_report(rounds).read_text()
 
 
 def test_numpy_quantile_is_the_spread_rule() -> None:

@@ -59,8 +59,10 @@ def test_performance_md_covers_each_run(tmp_path: Path) -> None:
 
 def test_compare_shows_both_runs(tmp_path: Path) -> None:
     a = write_run_dir(tmp_path / "a")
-    b = write_run_dir(tmp_path / "b", RunSpec(cases=[C1, C3],
-                                              per_call=lambda case, arm, seed, rnd: 2000.0 if arm == "ctrl" else 500.0))
+    b = write_run_dir(
+        tmp_path / "b",
+        RunSpec(cases=[C1, C3], per_call=lambda case, arm, seed, rnd: 2000.0 if arm == "ctrl" else 500.0),
+    )
     for path in (a, b):
         write_summary(path)
     text = compare_runs(a, b)
@@ -86,7 +88,9 @@ def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Ty
 
 
 @pytest.mark.parametrize("command", [["verify"], ["report"], ["compare", "."], ["performance"]])
-def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, cli: tuple[CliRunner, typer.Typer], command: list[str]) -> None:
+def test_cli_bad_input_is_one_line_exit_2(
+    tmp_path: Path, cli: tuple[CliRunner, typer.Typer], command: list[str]
+) -> None:
     runner, app = cli
     missing = str(tmp_path / "missing")
     args = [command[0], missing, *command[1:]] if command[0] != "compare" else ["compare", missing, str(tmp_path)]
@@ -115,8 +119,10 @@ def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path, cli: tupl
 
 # ---------------------------------------------------------------- scope sentence and errata
 
-SCOPE = ("Confidence intervals cover noise within this session (machine state, clocks) only; "
-         "a re-run on another machine may differ by more.")
+SCOPE = (
+    "Confidence intervals cover noise within this session (machine state, clocks) only; "
+    "a re-run on another machine may differ by more."
+)
 PEER_ARMS = [
     {"name": "ctrl", "kind": "control", "available": True, "reason": None},
     {"name": "kerneltrial", "kind": "candidate", "available": True, "reason": None},
@@ -145,8 +151,13 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     (fixed / "ERRATA.md").write_text("The peer arm ran with a stale build; its medians are not comparable.\n")
     report = write_report(fixed).read_text().splitlines()
     timing = next(i for i, line in enumerate(report) if line.startswith("Timing: "))
-    assert report[timing + 1:timing + 6] == [
-        "", "## Errata", "", "The peer arm ran with a stale build; its medians are not comparable.", ""]
+    assert report[timing + 1 : timing + 6] == [
+        "",
+        "## Errata",
+        "",
+        "The peer arm ran with a stale build; its medians are not comparable.",
+        "",
+    ]
     assert "## Errata" not in write_report(plain).read_text()
     text = write_performance_md([fixed, plain], tmp_path / "PERFORMANCE.md").read_text()
     # overview: both runs listed (kerneltrial and the peer both time 1000 ns per call), only `fixed` marked

@@ -137,8 +137,17 @@ def test_parse_gate(rule: str, no_loss: bool, floor: float | None) -> None:
 
 @pytest.mark.parametrize(
     "rule",
-    ["", "No_loss", "no_loss and", "no_loss and no_loss", "geomean>1.02", "geomean>=abc",
-     "no_loss,geomean>=1.02", "geomean>=1.02 and geomean>=1.05", "geomean>=0"],
+    [
+        "",
+        "No_loss",
+        "no_loss and",
+        "no_loss and no_loss",
+        "geomean>1.02",
+        "geomean>=abc",
+        "no_loss,geomean>=1.02",
+        "geomean>=1.02 and geomean>=1.05",
+        "geomean>=0",
+    ],
 )
 def test_parse_gate_rejects_and_names_the_string(rule: str) -> None:
     with pytest.raises(ValueError) as error:

@@ -88,7 +88,9 @@ def test_edited_summary_figure_fails(run_dir: Path) -> None:
 def test_changed_protocol_fails(run_dir: Path) -> None:
     (run_dir / "protocol.toml").write_text('op = "rmsnorm"\ntie_band = 0.05\n')
     failed = _failed(run_dir)
-    assert {"protocol hash in provenance.json", "protocol hash in plan.json", "protocol hash in summary.json"} <= set(failed)
+    assert {"protocol hash in provenance.json", "protocol hash in plan.json", "protocol hash in summary.json"} <= set(
+        failed
+    )
 
 
 def test_timed_arm_that_failed_correctness_fails(run_dir: Path) -> None:
@@ -100,7 +102,9 @@ def test_timed_arm_that_failed_correctness_fails(run_dir: Path) -> None:
 
 def test_timed_arm_without_a_correctness_check_fails(run_dir: Path) -> None:
     path = run_dir / "correctness.jsonl"
-    rows = [line for line in path.read_text().splitlines() if '"arm": "fast"' not in line or f'"case": "{C1}"' not in line]
+    rows = [
+        line for line in path.read_text().splitlines() if '"arm": "fast"' not in line or f'"case": "{C1}"' not in line
+    ]
     path.write_text("\n".join(rows) + "\n")
     assert f"case {C1} arm fast: no correctness check" in _failed(run_dir)["correctness coverage"]
 
@@ -127,18 +131,24 @@ def test_serving_runs_are_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                 for alias in node.names}
+    imported |= {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
     assert not [name for name in imported if "stats" in name or "summary" in name or "pandas" in name]
     analysis = {name for name in imported if name.startswith("kerneltrial.analysis")}
     assert analysis <= {"kerneltrial.analysis.integrity", "kerneltrial.analysis.errors.RunDirError"}
 
 
 def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:
-    spec = RunSpec(cases=[C1, C2, C3, C4], seeds=[0, 1, 2, 3], rounds=25, resamples=10_000,
-                   failures=set())  # 4 cases x 5 timed arms x 4 seeds x 25 rounds = 2,000 rows
-    spec.arms = spec.arms[:3] + [{"name": f"cand{i}", "kind": "candidate", "available": True, "reason": None}
-                                 for i in range(2)]
+    spec = RunSpec(
+        cases=[C1, C2, C3, C4], seeds=[0, 1, 2, 3], rounds=25, resamples=10_000, failures=set()
+    )  # 4 cases x 5 timed arms x 4 seeds x 25 rounds = 2,000 rows
+    spec.arms = spec.arms[:3] + [
+        {"name": f"cand{i}", "kind": "candidate", "available": True, "reason": None} for i in range(2)
+    ]
     path = write_run_dir(tmp_path / "run", spec)
     assert len((path / "timings.csv").read_text().splitlines()) == 2001
     write_summary(path)
@@ -177,25 +187,38 @@ def test_plan_matches_protocol(run_dir: Path) -> None:
     assert check.ok and "2 case ids" in check.detail
 
 
-@pytest.mark.parametrize(("edit", "text"), [
-    (lambda p: p.update(candidates=["slow", "fast", "peer"]),
-     "arms: plan.json has ['ctrl', 'fast', 'slow', 'peer'], protocol.toml says ['ctrl', 'slow', 'fast', 'peer']"),
-    (lambda p: p.pop("control"), "arms: plan.json has ['ctrl', "),  # the protocol's default control is 'control'
-    (lambda p: p["cases"][1].update(layout="qkv_slice"),
-     f"cases: plan.json has ['{C1}', '{C2}'], protocol.toml says ['{C1}', '2x64/qkv_slice/bfloat16']"),
-    (lambda p: p["cases"][0].update(dtype="float32"), "1x64/contiguous/float32"),
-    (lambda p: p["cases"][0].update(shape=[1, 65]), "1x65/contiguous/bfloat16"),
-    (lambda p: p.update(seeds=[0, 2]), "seeds: plan.json has [0, 1], protocol.toml says [0, 2]"),
-    (lambda p: p.update(rounds=6), "rounds: plan.json has 5, protocol.toml says 6"),
-    (lambda p: p.pop("rounds"), "rounds: plan.json has 5, protocol.toml says 7"),  # default 7
-    (lambda p: p.update(tie_band=0.03), "tie_band: plan.json has 0.02, protocol.toml says 0.03"),
-    (lambda p: p.update(gate="no_loss"), "gate: plan.json has 'no_loss and geomean>=1.02', protocol.toml says 'no_loss'"),
-    (lambda p: p.update(bootstrap_resamples=1000), "bootstrap.resamples: plan.json has 2000, protocol.toml says 1000"),
-    (lambda p: p.pop("bootstrap_seed"), "bootstrap.seed: plan.json has 7, protocol.toml says 20261129"),
-    (lambda p: p.update(confidence=0.9), "bootstrap.confidence: plan.json has 0.95, protocol.toml says 0.9"),
-    (lambda p: p.update(l2="hot"), "l2: plan.json has 'cold', protocol.toml says 'hot'"),
-    (lambda p: p.update(op="silu_and_mul"), "op: plan.json has 'rmsnorm', protocol.toml says 'silu_and_mul'"),
-])
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        (
+            lambda p: p.update(candidates=["slow", "fast", "peer"]),
+            "arms: plan.json has ['ctrl', 'fast', 'slow', 'peer'], protocol.toml says ['ctrl', 'slow', 'fast', 'peer']",
+        ),
+        (lambda p: p.pop("control"), "arms: plan.json has ['ctrl', "),  # the protocol's default control is 'control'
+        (
+            lambda p: p["cases"][1].update(layout="qkv_slice"),
+            f"cases: plan.json has ['{C1}', '{C2}'], protocol.toml says ['{C1}', '2x64/qkv_slice/bfloat16']",
+        ),
+        (lambda p: p["cases"][0].update(dtype="float32"), "1x64/contiguous/float32"),
+        (lambda p: p["cases"][0].update(shape=[1, 65]), "1x65/contiguous/bfloat16"),
+        (lambda p: p.update(seeds=[0, 2]), "seeds: plan.json has [0, 1], protocol.toml says [0, 2]"),
+        (lambda p: p.update(rounds=6), "rounds: plan.json has 5, protocol.toml says 6"),
+        (lambda p: p.pop("rounds"), "rounds: plan.json has 5, protocol.toml says 7"),  # default 7
+        (lambda p: p.update(tie_band=0.03), "tie_band: plan.json has 0.02, protocol.toml says 0.03"),
+        (
+            lambda p: p.update(gate="no_loss"),
+            "gate: plan.json has 'no_loss and geomean>=1.02', protocol.toml says 'no_loss'",
+        ),
+        (
+            lambda p: p.update(bootstrap_resamples=1000),
+            "bootstrap.resamples: plan.json has 2000, protocol.toml says 1000",
+        ),
+        (lambda p: p.pop("bootstrap_seed"), "bootstrap.seed: plan.json has 7, protocol.toml says 20261129"),
+        (lambda p: p.update(confidence=0.9), "bootstrap.confidence: plan.json has 0.95, protocol.toml says 0.9"),
+        (lambda p: p.update(l2="hot"), "l2: plan.json has 'cold', protocol.toml says 'hot'"),
+        (lambda p: p.update(op="silu_and_mul"), "op: plan.json has 'rmsnorm', protocol.toml says 'silu_and_mul'"),
+    ],
+)
 def test_plan_that_differs_from_protocol_fails_naming_the_field(tmp_path: Path, edit, text: str) -> None:
     assert text in _protocol_failure(tmp_path, edit)
 
@@ -215,12 +238,14 @@ def test_protocol_defaults_fill_absent_keys(tmp_path: Path) -> None:
 
 
 def test_noise_settings_are_compared_where_plan_has_them(tmp_path: Path) -> None:
-    spec = RunSpec(clocks={"max_sm_mhz": 2000, "throttle_fraction": 0.5},
-                   protocol_edit=lambda p: p.update(throttle_fraction=0.8))
+    spec = RunSpec(
+        clocks={"max_sm_mhz": 2000, "throttle_fraction": 0.5}, protocol_edit=lambda p: p.update(throttle_fraction=0.8)
+    )
     path = write_run_dir(tmp_path / "run", spec)
     write_summary(path)
-    assert "clocks.throttle_fraction: plan.json has 0.5, protocol.toml says 0.8" in \
-        _failed(path)["plan matches protocol"]
+    assert (
+        "clocks.throttle_fraction: plan.json has 0.5, protocol.toml says 0.8" in _failed(path)["plan matches protocol"]
+    )
 
 
 def test_unparsable_protocol_is_a_failed_check(run_dir: Path) -> None:
@@ -238,6 +263,7 @@ def _unit_rows(lines: list[str], prefix: str) -> list[int]:
 
 def _swap_positions(path: Path, prefix: str) -> None:
     """Swap the `position` of the first two rows of the unit whose rows start with `prefix`; rewrite summary."""
+
     def edit(lines: list[str]) -> list[str]:
         first, second = _unit_rows(lines, prefix)[:2]
         a, b = lines[first].split(","), lines[second].split(",")
@@ -267,8 +293,10 @@ def test_rows_out_of_the_seeded_order_fail(tmp_path: Path) -> None:
     _swap_positions(path, f"{C1},0,0,")
     failed = _failed(path)
     assert list(failed) == ["interleaving order"]
-    assert f"1 unit(s) not in the order of order_seed 3, e.g. ['({C1}, 0, 0): slow at 1, seeded order puts it at 0, " \
-           "fast at 0, seeded order puts it at 1']" in failed["interleaving order"]
+    assert (
+        f"1 unit(s) not in the order of order_seed 3, e.g. ['({C1}, 0, 0): slow at 1, seeded order puts it at 0, "
+        "fast at 0, seeded order puts it at 1']" in failed["interleaving order"]
+    )
 
 
 def test_without_order_seed_only_positions_are_checked(tmp_path: Path) -> None:

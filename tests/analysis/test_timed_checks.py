@@ -104,8 +104,14 @@ def checked(tmp_path: Path) -> Path:
 def cheat(tmp_path: Path) -> Path:
     """A GPU run (cuda-events, cold L2) with an arm at 50 x the copy ceiling; launch floor 1 ns so
     that only the bandwidth limit applies."""
-    spec = RunSpec(arms=[*RunSpec().arms[:3], CHEAT], failures=set(), bytes_per_call=1_000_000,
-                   per_call=_cheat_per_call, launch_ns=[1.0] * 5, **GPU)
+    spec = RunSpec(
+        arms=[*RunSpec().arms[:3], CHEAT],
+        failures=set(),
+        bytes_per_call=1_000_000,
+        per_call=_cheat_per_call,
+        launch_ns=[1.0] * 5,
+        **GPU,
+    )
     return _ok(write_checked_run(tmp_path / "cheat", spec))
 
 
@@ -137,7 +143,8 @@ def test_failed_while_timed_statuses_counts_and_gate(checked: Path) -> None:
     assert summary["gate"]["arms"]["slow"]["reasons"] == [
         f"failed correctness in 1 case(s) (first: {C2}: max_rel 0.25 > rtol 0.016 at seed 0)",
         f"failed while timed in 1 case(s) (first: {C1}: {WRONG})",
-        "geomean>=1.02: no case timed against the control"]
+        "geomean>=1.02: no case timed against the control",
+    ]
     assert summary["gate"]["passed_arms"] == []
 
 
@@ -150,8 +157,10 @@ def test_ulp_hist_is_summed_per_arm(checked: Path) -> None:
 
 def test_cheating_arm_at_50x_the_copy_ceiling_is_implausible(cheat: Path) -> None:
     summary = _summary(cheat)
-    reason = ("implausible: 95238 GB/s is 2558% of the best ceiling measured in this run (3723 GB/s); "
-              "more than 15% above it cannot be real work")  # 95238 / 3722.94 = 25.58
+    reason = (
+        "implausible: 95238 GB/s is 2558% of the best ceiling measured in this run (3723 GB/s); "
+        "more than 15% above it cannot be real work"
+    )  # 95238 / 3722.94 = 25.58
     for case in summary["cases"]:
         entry = case["arms"]["cheat"]
         assert entry["status"] == "implausible" and entry["reason"] == reason
@@ -168,13 +177,18 @@ def test_arm_below_the_launch_floor_is_implausible(tmp_path: Path) -> None:
     def per_call(case: str, arm: str, seed: int, rnd: int) -> float:
         return 150.0 if (case, arm) == (C1, "fast") else default_per_call(case, arm, seed, rnd)
 
-    path = _ok(write_checked_run(tmp_path / "run", RunSpec(failures=set(), bytes_per_call=1000, per_call=per_call,
-                                                           **GPU)))
+    path = _ok(
+        write_checked_run(tmp_path / "run", RunSpec(failures=set(), bytes_per_call=1000, per_call=per_call, **GPU))
+    )
     summary = _summary(path)
-    reason = ("implausible: 150 ns per call is below 0.5 x the launch floor measured in this run (400 ns): "
-              "no kernel can run that fast")
-    assert (summary["cases"][0]["arms"]["fast"]["status"], summary["cases"][0]["arms"]["fast"]["reason"]) == \
-        ("implausible", reason)
+    reason = (
+        "implausible: 150 ns per call is below 0.5 x the launch floor measured in this run (400 ns): "
+        "no kernel can run that fast"
+    )
+    assert (summary["cases"][0]["arms"]["fast"]["status"], summary["cases"][0]["arms"]["fast"]["reason"]) == (
+        "implausible",
+        reason,
+    )
     assert summary["cases"][1]["arms"]["fast"]["status"] == "timed"  # 1600 ns in C2
     assert summary["ceilings"]["launch_floor_ns"] == 400.0 and summary["plausibility"]["time_limit_ns"] == 200.0
     assert not summary["gate"]["arms"]["fast"]["passed"]
@@ -189,8 +203,12 @@ def test_plausibility_is_judged_only_for_cuda_events_on_a_gpu(tmp_path: Path) ->
     assert summary["plausibility"]["applied"] is False and summary["plausibility"]["bandwidth_limit_gbps"] is None
     assert summary["cases"][0]["arms"]["cheat"]["status"] == "timed"
     # hot L2: a hot cache may beat the DRAM ceiling honestly, so only the launch floor is judged
-    hot = _ok(write_checked_run(tmp_path / "hot", RunSpec(arms=arms, failures=set(), bytes_per_call=1_000_000,
-                                                          per_call=_cheat_per_call, l2="hot", **GPU)))
+    hot = _ok(
+        write_checked_run(
+            tmp_path / "hot",
+            RunSpec(arms=arms, failures=set(), bytes_per_call=1_000_000, per_call=_cheat_per_call, l2="hot", **GPU),
+        )
+    )
     summary = _summary(hot)
     assert summary["plausibility"]["bandwidth_limit_gbps"] is None
     assert summary["cases"][0]["arms"]["cheat"]["reason"].startswith("implausible: 10 ns per call is below 0.5 x")
@@ -198,15 +216,24 @@ def test_plausibility_is_judged_only_for_cuda_events_on_a_gpu(tmp_path: Path) ->
 
 def test_an_implausible_control_leaves_no_speedups(tmp_path: Path) -> None:
     arms = [{**CHEAT, "name": "ctrl", "kind": "control"}, *RunSpec().arms[1:3]]
-    spec = RunSpec(arms=arms, failures=set(), bytes_per_call=1_000_000, launch_ns=[1.0] * 5, **GPU,
-                   per_call=lambda case, arm, seed, rnd: _cheat_per_call(case, "cheat" if arm == "ctrl" else arm,
-                                                                         seed, rnd))
+    spec = RunSpec(
+        arms=arms,
+        failures=set(),
+        bytes_per_call=1_000_000,
+        launch_ns=[1.0] * 5,
+        **GPU,
+        per_call=lambda case, arm, seed, rnd: _cheat_per_call(case, "cheat" if arm == "ctrl" else arm, seed, rnd),
+    )
     summary = _summary(_ok(write_checked_run(tmp_path / "run", spec)))
     assert summary["cases"][0]["arms"]["ctrl"]["status"] == "implausible"
     assert summary["cases"][0]["arms"]["fast"]["speedup"] is None
     assert f"case {C1}: control ctrl is implausible; no speedups for this case" in summary["warnings"]
     # An arm cannot pass `no_loss` by getting the control excluded: no verdict fails the gate.
-    reason = "not compared with the control in 2 case(s) (first: " + C1 + ": no verdict against the control (control: implausible))"
+    reason = (
+        "not compared with the control in 2 case(s) (first: "
+        + C1
+        + ": no verdict against the control (control: implausible))"
+    )
     assert summary["gate"]["arms"]["fast"]["reasons"][0] == reason
     assert summary["gate"]["passed_arms"] == []
 
@@ -242,7 +269,8 @@ def test_gpu_run_without_launch_samples_warns(tmp_path: Path) -> None:
     assert summary["ceilings"]["launch_floor_ns"] is None and summary["plausibility"]["time_limit_ns"] is None
     assert NO_LAUNCH in summary["warnings"]
     assert _edit_summary(path, lambda s: s["warnings"].remove(NO_LAUNCH)) == {
-        "plausibility": f"summary warnings lack {NO_LAUNCH!r}"}
+        "plausibility": f"summary warnings lack {NO_LAUNCH!r}"
+    }
 
 
 def test_checked_run_needs_its_timed_checks_and_a_known_version(tmp_path: Path) -> None:
@@ -272,8 +300,9 @@ def test_flipped_timed_check_fails(checked: Path) -> None:
     failed = _failed(checked)
     assert "timed_checks.jsonl hashes to" in failed["raw files unchanged since summary"]
     assert "timed_checks.jsonl hashes to" in failed["manifest"]
-    assert f"case {C1} arm slow status: summary 'failed while timed' != 'timed'" in \
-        failed[f"figures case={C1} arm=slow"]
+    assert (
+        f"case {C1} arm slow status: summary 'failed while timed' != 'timed'" in failed[f"figures case={C1} arm=slow"]
+    )
     assert "summary timed_checks failed: summary 2 != recomputed 1" in failed["timed checks"]
 
 
@@ -290,8 +319,9 @@ def test_a_passed_flag_flipped_to_false_without_a_message_fails(checked: Path) -
     next(r for r in rows if r["arm"] == "ctrl").update(passed=False)
     _write_jsonl(path, rows)
     failed = _rebuild(checked)
-    assert "failed timed checks whose message has no contract prefix, or a raise that passed: 1" in \
-        failed["timed checks"]
+    assert (
+        "failed timed checks whose message has no contract prefix, or a raise that passed: 1" in failed["timed checks"]
+    )
 
 
 def test_timing_row_without_a_timed_check_fails(checked: Path) -> None:
@@ -300,8 +330,10 @@ def test_timing_row_without_a_timed_check_fails(checked: Path) -> None:
     dropped = next(r for r in rows if r["arm"] == "ctrl" and r["case"] == C2)
     _write_jsonl(path, [r for r in rows if r is not dropped])
     failed = _rebuild(checked)
-    assert f"timing rows without a timed check: 1, e.g. [('{C2}', {dropped['seed']}, {dropped['round']}, 'ctrl')]" \
+    assert (
+        f"timing rows without a timed check: 1, e.g. [('{C2}', {dropped['seed']}, {dropped['round']}, 'ctrl')]"
         in failed["timed checks"]
+    )
 
 
 def test_values_seed_must_be_shared_by_a_unit(checked: Path) -> None:
@@ -316,14 +348,18 @@ def test_an_arm_that_raised_and_reappears_fails(tmp_path: Path) -> None:
     path = _ok(write_checked_run(tmp_path / "run", RunSpec(failures=set())))
     checks = _jsonl(path / "timed_checks.jsonl")
     next(r for r in checks if (r["case"], r["seed"], r["round"], r["arm"]) == (C1, 0, 2, "fast")).update(
-        passed=False, message=RAISE)
+        passed=False, message=RAISE
+    )
     _write_jsonl(path / "timed_checks.jsonl", checks)
     lines = (path / "timings.csv").read_text().splitlines()
-    (path / "timings.csv").write_text("\n".join(line for line in lines if not line.startswith(f"{C1},0,2,")
-                                                or ",fast," not in line) + "\n")
+    (path / "timings.csv").write_text(
+        "\n".join(line for line in lines if not line.startswith(f"{C1},0,2,") or ",fast," not in line) + "\n"
+    )
     failed = _rebuild(path)
-    assert f"arm fast raised while timed in ({C1}, 0, 2) but has rows in 7 later unit(s), e.g. [(0, 3), (0, 4), " \
-           "(1, 0)]" in failed["dropped arms"]
+    assert (
+        f"arm fast raised while timed in ({C1}, 0, 2) but has rows in 7 later unit(s), e.g. [(0, 3), (0, 4), "
+        "(1, 0)]" in failed["dropped arms"]
+    )
     assert "unexpected (case, seed, round, arm) rows: 7" in failed["timing rows"]
 
 
@@ -342,8 +378,10 @@ def test_the_raising_arm_keeps_its_position_in_the_round_order(tmp_path: Path) -
     path = _ok(write_checked_run(tmp_path / "run", RunSpec(failures=set(), raises={(C1, "fast"): (seed, rnd)})))
 
     def renumber(lines: list[str]) -> list[str]:  # positions 0..1 over the two arms left: the raiser's slot closed
-        unit = sorted((i for i, line in enumerate(lines) if line.startswith(f"{C1},{seed},{rnd},")),
-                      key=lambda i: int(lines[i].split(",")[3]))
+        unit = sorted(
+            (i for i, line in enumerate(lines) if line.startswith(f"{C1},{seed},{rnd},")),
+            key=lambda i: int(lines[i].split(",")[3]),
+        )
         for position, i in enumerate(unit):
             fields = lines[i].split(",")
             fields[3] = str(position)
@@ -359,8 +397,12 @@ def test_the_raising_arm_keeps_its_position_in_the_round_order(tmp_path: Path) -
 
 def test_a_raise_in_a_round_the_noise_rule_added_drops_the_arm_from_later_units_only(tmp_path: Path) -> None:
     # rounds 0-4 of every seed ran before the added round 5; seed 1's round 5 ran after seed 0's
-    spec = RunSpec(failures=set(), case_rounds={C1: 6}, raises={(C1, "fast"): (0, 5)},
-                   noise_rule={"target_ci_width": 0.01, "max_rounds": 8, "time_budget_s": 600.0})
+    spec = RunSpec(
+        failures=set(),
+        case_rounds={C1: 6},
+        raises={(C1, "fast"): (0, 5)},
+        noise_rule={"target_ci_width": 0.01, "max_rounds": 8, "time_budget_s": 600.0},
+    )
     path = _ok(write_checked_run(tmp_path / "run", spec))
     lines = (path / "timings.csv").read_text().splitlines()
     assert any(line.startswith(f"{C1},1,4,") and ",fast," in line for line in lines)
@@ -381,14 +423,17 @@ def test_unlisted_file_fails_the_manifest_but_report_and_errata_do_not(checked: 
     (checked / "extra_timings.csv").write_text("case,seed\n")
     (checked / "figures").mkdir()
     (checked / "figures" / "speedup.png").write_bytes(b"png")  # only top-level figures are report output
-    assert _failed(checked) == {"manifest": "['extra_timings.csv', 'figures/speedup.png'] not in manifest.json: "
-                                            "added after the run (only report.md, *.png and ERRATA.md may be)"}
+    assert _failed(checked) == {
+        "manifest": "['extra_timings.csv', 'figures/speedup.png'] not in manifest.json: "
+        "added after the run (only report.md, *.png and ERRATA.md may be)"
+    }
 
 
 def test_missing_manifest_fails(checked: Path) -> None:
     (checked / "manifest.json").unlink()
-    assert _failed(checked) == {"manifest": "manifest.json is missing: a run with timed checks writes it last, over "
-                                            "every file of the run"}
+    assert _failed(checked) == {
+        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run"
+    }
 
 
 def test_source_archive_that_does_not_match_the_digest_fails(checked: Path) -> None:
@@ -424,8 +469,10 @@ def test_plan_frozen_at_that_disagrees_with_provenance_fails(checked: Path) -> N
     provenance["freeze"]["frozen_at"] = "2025-02-01T00:00:00+00:00"
     (checked / "provenance.json").write_text(json.dumps(provenance))
     seal(checked)
-    assert _failed(checked) == {"protocol freeze": "plan.json frozen_at '2025-01-01T00:00:00+00:00' != "
-                                                   "provenance.json freeze.frozen_at '2025-02-01T00:00:00+00:00'"}
+    assert _failed(checked) == {
+        "protocol freeze": "plan.json frozen_at '2025-01-01T00:00:00+00:00' != "
+        "provenance.json freeze.frozen_at '2025-02-01T00:00:00+00:00'"
+    }
 
 
 def test_freeze_record_of_another_protocol_fails(checked: Path) -> None:
@@ -442,8 +489,9 @@ def test_provenance_without_versions_and_end_fails(checked: Path) -> None:
     provenance["finished_at"] = None
     (checked / "provenance.json").write_text(json.dumps(provenance))
     seal(checked)
-    assert _failed(checked) == {"provenance": "versions lack ['triton']; finished_at is missing: the run did not "
-                                              "record it"}
+    assert _failed(checked) == {
+        "provenance": "versions lack ['triton']; finished_at is missing: the run did not record it"
+    }
 
 
 def test_implausible_arm_that_the_summary_calls_timed_fails(cheat: Path) -> None:
@@ -461,8 +509,10 @@ def test_summary_that_calls_an_inconclusive_ci_a_tie_fails(tie_band_run: Path) -
         summary["aggregates"]["fast"].update(ties=1, inconclusive=1)
 
     failed = _edit_summary(tie_band_run, edit)
-    assert f"case {C1} arm fast verdict: summary 'tie' != recomputed 'inconclusive'" in \
-        failed[f"figures case={C1} arm=fast"]
+    assert (
+        f"case {C1} arm fast verdict: summary 'tie' != recomputed 'inconclusive'"
+        in failed[f"figures case={C1} arm=fast"]
+    )
     assert "arm fast ties: summary 1 != recomputed 0" in failed["aggregates arm=fast"]
 
 
@@ -473,36 +523,64 @@ def test_gate_that_lets_an_implausible_arm_pass_fails(cheat: Path) -> None:
 
     failed = _edit_summary(cheat, edit)
     assert "arm cheat gate: summary True != recomputed False" in failed["aggregates arm=cheat"]
-    assert "arm cheat gate reasons: summary [] != recomputed ['implausible in 2 case(s)" in \
-        failed["aggregates arm=cheat"]
+    assert (
+        "arm cheat gate reasons: summary [] != recomputed ['implausible in 2 case(s)" in failed["aggregates arm=cheat"]
+    )
     assert "gate" in failed
 
 
-@pytest.mark.parametrize(("edit", "check", "text"), [
-    (lambda s: s["aggregates"]["slow"].update(ulp_hist=[1800, 200, 40, 8, 48, 1999]), "aggregates arm=slow",
-     "arm slow ulp_hist: summary [1800, 200, 40, 8, 48, 1999] != recomputed [1800, 200, 40, 8, 48, 2000]"),
-    (lambda s: s["aggregates"]["fast"].update(failed_while_timed=0), "aggregates arm=fast",
-     "arm fast failed_while_timed: summary 0 != recomputed 1"),
-    (lambda s: s["cases"][0]["arms"]["slow"].update(messages=["wrong result while timed: fine"]),
-     f"figures case={C1} arm=slow", "messages: summary ['wrong result while timed: fine'] != the failed timed"),
-    (lambda s: s.update(frozen_at="2026-01-01T00:00:00+00:00"), "summary frozen_at",
-     "summary frozen_at: summary '2026-01-01T00:00:00+00:00' != recomputed '2025-01-01T00:00:00+00:00'"),
-    (lambda s: s.update(timed_checks={"rows": 51, "failed": 0}), "timed checks",
-     "summary timed_checks failed: summary 0 != recomputed 2"),
-    (lambda s: s["ceilings"].update(launch_floor_ns=380.0), "plausibility",
-     "ceilings launch_floor_ns: summary 380.0 != recomputed 400.0"),
-    (lambda s: s.update(exact=True), "run header", "summary exact: summary True != recomputed False"),
-])
+@pytest.mark.parametrize(
+    ("edit", "check", "text"),
+    [
+        (
+            lambda s: s["aggregates"]["slow"].update(ulp_hist=[1800, 200, 40, 8, 48, 1999]),
+            "aggregates arm=slow",
+            "arm slow ulp_hist: summary [1800, 200, 40, 8, 48, 1999] != recomputed [1800, 200, 40, 8, 48, 2000]",
+        ),
+        (
+            lambda s: s["aggregates"]["fast"].update(failed_while_timed=0),
+            "aggregates arm=fast",
+            "arm fast failed_while_timed: summary 0 != recomputed 1",
+        ),
+        (
+            lambda s: s["cases"][0]["arms"]["slow"].update(messages=["wrong result while timed: fine"]),
+            f"figures case={C1} arm=slow",
+            "messages: summary ['wrong result while timed: fine'] != the failed timed",
+        ),
+        (
+            lambda s: s.update(frozen_at="2026-01-01T00:00:00+00:00"),
+            "summary frozen_at",
+            "summary frozen_at: summary '2026-01-01T00:00:00+00:00' != recomputed '2025-01-01T00:00:00+00:00'",
+        ),
+        (
+            lambda s: s.update(timed_checks={"rows": 51, "failed": 0}),
+            "timed checks",
+            "summary timed_checks failed: summary 0 != recomputed 2",
+        ),
+        (
+            lambda s: s["ceilings"].update(launch_floor_ns=380.0),
+            "plausibility",
+            "ceilings launch_floor_ns: summary 380.0 != recomputed 400.0",
+        ),
+        (lambda s: s.update(exact=True), "run header", "summary exact: summary True != recomputed False"),
+    ],
+)
 def test_edited_summary_figures_of_a_checked_run_fail(checked: Path, edit, check: str, text: str) -> None:
     assert text in _edit_summary(checked, edit)[check]
 
 
 def test_dropped_unfrozen_warning_fails(tmp_path: Path) -> None:
     path = _ok(write_checked_run(tmp_path / "run", RunSpec(frozen_at=None)))
-    failed = _edit_summary(path, lambda s: s["warnings"].remove(
-        "the protocol was not frozen before the run: its settings were not preregistered"))
-    assert failed == {"summary frozen_at": "summary warnings lack 'the protocol was not frozen before the run: its "
-                                           "settings were not preregistered'"}
+    failed = _edit_summary(
+        path,
+        lambda s: s["warnings"].remove(
+            "the protocol was not frozen before the run: its settings were not preregistered"
+        ),
+    )
+    assert failed == {
+        "summary frozen_at": "summary warnings lack 'the protocol was not frozen before the run: its "
+        "settings were not preregistered'"
+    }
 
 
 def test_edited_plausibility_limit_fails(cheat: Path) -> None:
@@ -515,7 +593,7 @@ def test_ulp_histograms_are_required_and_exact_means_zero_ulps(tmp_path: Path) -
     rows = _jsonl(path / "correctness.jsonl")
     del rows[0]["ulp_hist"]
     _write_jsonl(path / "correctness.jsonl", rows)
-    assert "1 correctness row(s) without a 6-bin ulp_hist, e.g. [\"" in _rebuild(path)["ulp histograms"]
+    assert '1 correctness row(s) without a 6-bin ulp_hist, e.g. ["' in _rebuild(path)["ulp histograms"]
     # the factory's passed rows have elements 1-16 ulps off: 2 cases x 2 seeds x 3 arms, less slow's 2 failed rows
     exact = write_checked_run(tmp_path / "exact", RunSpec(exact=True))
     assert "10 passed row(s) of an exact run with elements off the reference" in _failed(exact)["ulp histograms"]
@@ -533,16 +611,21 @@ def test_plan_contract_fields_are_checked(checked: Path) -> None:
 
 def test_plausibility_settings_must_be_the_protocols(tmp_path: Path) -> None:
     # the protocol does not set them, so plan.json must hold the defaults (0.15, 0.5)
-    path = write_checked_run(tmp_path / "run", RunSpec(plausibility={"bandwidth_margin": 5.0,
-                                                                     "launch_floor_fraction": 0.5}))
-    assert "plausibility.bandwidth_margin: plan.json has 5.0, protocol.toml says 0.15" in \
-        _failed(path)["plan matches protocol"]
+    path = write_checked_run(
+        tmp_path / "run", RunSpec(plausibility={"bandwidth_margin": 5.0, "launch_floor_fraction": 0.5})
+    )
+    assert (
+        "plausibility.bandwidth_margin: plan.json has 5.0, protocol.toml says 0.15"
+        in _failed(path)["plan matches protocol"]
+    )
 
 
 def test_schema_must_match_the_plan(checked: Path, run_dir: Path) -> None:
     failed = _edit_summary(checked, lambda s: s.update(schema="kerneltrial.summary/3"))
-    assert "summary schema 'kerneltrial.summary/3' is not kerneltrial.summary/4, which a plan with checks 1 needs" \
+    assert (
+        "summary schema 'kerneltrial.summary/3' is not kerneltrial.summary/4, which a plan with checks 1 needs"
         in failed["summary schema"]
+    )
     summary = _summary(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary | {"schema": "kerneltrial.summary/4"}))
     assert "a schema-4 summary needs plan.json checks 1" in _failed(run_dir)["summary schema"]
@@ -570,10 +653,13 @@ def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> No
     assert "- timed checks: 48 timing samples, the last call of each checked on fresh values; 2 failed" in report
     assert "- plausibility: not judged (not a GPU run timed with CUDA events)" in report
     assert f"**failed while timed** in 1 sample(s): {RAISE} |" in report
-    assert "| arm | geomean [CI] | mean | worst case | W/T/L/I | failed correctness | failed while timed | " \
-           "implausible |" in report
-    assert "| `fast` | 1.250 [1.250, 1.250] | 1.250 | 1.250 (`2x64/contiguous/bfloat16`) | 1/0/0/0 | 0 | 1 | 0 |" \
-        in report
+    assert (
+        "| arm | geomean [CI] | mean | worst case | W/T/L/I | failed correctness | failed while timed | "
+        "implausible |" in report
+    )
+    assert (
+        "| `fast` | 1.250 [1.250, 1.250] | 1.250 | 1.250 (`2x64/contiguous/bfloat16`) | 1/0/0/0 | 0 | 1 | 0 |" in report
+    )
     assert "| `slow` | 1,800 | 200 | 40 | 8 | 48 | 2,000 |" in report
     assert "launch floor 400 ns (median of 5 empty launches)" in report
 
@@ -581,8 +667,7 @@ def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> No
 def test_report_names_the_first_of_many_failed_samples(tmp_path: Path) -> None:
     failures = {(C1, "fast", 0, rnd): f"{WRONG} at round {rnd}" for rnd in range(3)}
     path = _ok(write_checked_run(tmp_path / "run", RunSpec(timed_failures=failures)))
-    assert f"**failed while timed** in 3 sample(s): {WRONG} at round 0 (and 2 more) |" in \
-        write_report(path).read_text()
+    assert f"**failed while timed** in 3 sample(s): {WRONG} at round 0 (and 2 more) |" in write_report(path).read_text()
 
 
 def test_report_of_an_implausible_arm_and_an_unfrozen_run(cheat: Path, tmp_path: Path) -> None:

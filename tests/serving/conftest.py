@@ -75,10 +75,23 @@ def vllm_server_cmd(vllm_client: str):
 
     def make(port: int | str) -> list[str]:
         return [
-            str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model), "--load-format", "dummy", "--host", "127.0.0.1",
-            "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "1024",
-            "--max-num-seqs", "8",
+            str(venv / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--load-format",
+            "dummy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "8",
         ]
 
     return make, env, str(model)

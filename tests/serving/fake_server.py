@@ -31,7 +31,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt: str, *a: object) -> None:
-        sys.stdout.write("%s %s\n" % (self.address_string(), fmt % a))
+        sys.stdout.write(f"{self.address_string()} {fmt % a}\n")
         sys.stdout.flush()
 
     def _json(self, code: int, obj: object) -> None:
@@ -62,15 +62,22 @@ class Handler(BaseHTTPRequestHandler):
                 sys.stdout.flush()
                 os._exit(9)
         if self.path.startswith("/v1/chat/completions"):
-            self._json(200, {"choices": [{"message": {"role": "assistant", "content": ARGS.answer},
-                                          "finish_reason": "stop"}], "usage": {"completion_tokens": 5}})
+            self._json(
+                200,
+                {
+                    "choices": [{"message": {"role": "assistant", "content": ARGS.answer}, "finish_reason": "stop"}],
+                    "usage": {"completion_tokens": 5},
+                },
+            )
             return
         if not self.path.startswith("/v1/completions"):
             self._json(404, {"error": "not found"})
             return
         max_tokens = int(body.get("max_tokens") or 16)
         if not body.get("stream"):
-            self._json(200, {"choices": [{"text": ARGS.answer, "finish_reason": "stop"}], "usage": {"completion_tokens": 5}})
+            self._json(
+                200, {"choices": [{"text": ARGS.answer, "finish_reason": "stop"}], "usage": {"completion_tokens": 5}}
+            )
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

@@ -34,9 +34,35 @@ def corpus(repo_root: Path) -> list[str]:
                 lines.append(row.get("problem", ""))
                 lines.append(row.get("solution", ""))
     rng = random.Random(0)
-    words = ["the", "sum", "of", "x", "y", "is", "find", "value", "number", "prime",
-             "triangle", "circle", "area", "let", "be", "integer", "real", "answer",
-             "boxed", "frac", "sqrt", "reason", "step", "by", "please", "put", "final"]
+    words = [
+        "the",
+        "sum",
+        "of",
+        "x",
+        "y",
+        "is",
+        "find",
+        "value",
+        "number",
+        "prime",
+        "triangle",
+        "circle",
+        "area",
+        "let",
+        "be",
+        "integer",
+        "real",
+        "answer",
+        "boxed",
+        "frac",
+        "sqrt",
+        "reason",
+        "step",
+        "by",
+        "please",
+        "put",
+        "final",
+    ]
     for _ in range(3000):
         lines.append(" ".join(rng.choice(words) for _ in range(12)) + f" {rng.randint(0, 9999)}.")
     return lines
@@ -51,35 +77,56 @@ def build(out: Path, repo_root: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(corpus(repo_root), trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
     vocab_size = tok.get_vocab_size()
 
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
-        "vocab_size": vocab_size, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
         "transformers_version": "4.46.0",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}, indent=2) + "\n")
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}, indent=2) + "\n"
+    )
     tconf = {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 4096,
-        "add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "model_max_length": 4096,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tconf, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
-        indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, indent=2)
+        + "\n"
+    )
     (out / "RECIPE").write_text(RECIPE + "\n")
 
 

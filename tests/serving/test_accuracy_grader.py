@@ -26,7 +26,7 @@ def test_reference_answer_boxed_grades_correct(math500_path):
 def test_wrong_answers_grade_incorrect(math500_path):
     ps = A.load_problems(str(math500_path), "Level 3")
     wrong = 0
-    for p, q in zip(ps, ps[1:] + ps[:1]):
+    for p, q in zip(ps, ps[1:] + ps[:1], strict=True):
         if p.answer.strip() != q.answer.strip():
             wrong += not A.grade(f"\\boxed{{{q.answer}}}", p.answer)[1]
     # a different problem's answer is almost never equivalent
@@ -62,8 +62,9 @@ def test_accuracy_against_fake_server(tmp_path, port, fake_argv, math500_path):
 
     spec = ServerSpec(fake_argv(port, "--model-id", "fake"), "fake", port=port, ready_timeout_s=20)
     with Server(spec, tmp_path / "server.log"):
-        res = A.run_accuracy(spec.base_url, "fake", A.AccuracySpec(data=str(math500_path), limit=7, concurrency=3),
-                             tmp_path / "acc")
+        res = A.run_accuracy(
+            spec.base_url, "fake", A.AccuracySpec(data=str(math500_path), limit=7, concurrency=3), tmp_path / "acc"
+        )
     recs = [json.loads(x) for x in (tmp_path / "acc" / "records.jsonl").read_text().splitlines()]
     assert len(recs) == 7 and res["n"] == 7 and res["errors"] == 0
     k = sum(r["correct"] for r in recs)

@@ -11,9 +11,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from kerneltrial.cli import app as main_app
 from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import group_alive
-from kerneltrial.cli import app as main_app
 from kerneltrial.serving.verify import verify_serving_run
 
 from .conftest import REPO
@@ -24,10 +24,28 @@ pytestmark = [pytest.mark.serving, pytest.mark.slow]
 def test_bench_against_fake_server_and_verify(tmp_path, port, fake_argv, vllm_client, vllm_server_cmd):
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, [
-        "bench", "--launch", "--quiet", "--vllm", vllm_client, "--tokenizer", model, "--model-id", "tiny",
-        "--cases", "[[32, 8, 2, 4]]", "-r", "2", "--out", str(out), "--", *fake_argv(port),
-    ])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--launch",
+            "--quiet",
+            "--vllm",
+            vllm_client,
+            "--tokenizer",
+            model,
+            "--model-id",
+            "tiny",
+            "--cases",
+            "[[32, 8, 2, 4]]",
+            "-r",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            *fake_argv(port),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert verify_serving_run(out) == []
     assert CliRunner().invoke(main_app, ["verify", str(out)]).exit_code == 0  # the main verify dispatches on kind
@@ -47,11 +65,28 @@ def test_server_killed_mid_benchmark(tmp_path, port, fake_argv, vllm_client, vll
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
     pidfile = tmp_path / "pid"
-    r = CliRunner().invoke(app, [
-        "bench", "--launch", "--quiet", "--vllm", vllm_client, "--tokenizer", model, "--model-id", "tiny",
-        "--cases", "[[32, 64, 2, 12]]", "-r", "2", "--out", str(out), "--",
-        *fake_argv(port, "--die-after", "6", "--token-delay", "0.01", "--spawn-child", "--pidfile", str(pidfile)),
-    ])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--launch",
+            "--quiet",
+            "--vllm",
+            vllm_client,
+            "--tokenizer",
+            model,
+            "--model-id",
+            "tiny",
+            "--cases",
+            "[[32, 64, 2, 12]]",
+            "-r",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            *fake_argv(port, "--die-after", "6", "--token-delay", "0.01", "--spawn-child", "--pidfile", str(pidfile)),
+        ],
+    )
     assert r.exit_code == 1, r.output
     assert "server exited with code 9 during the benchmark" in r.output
     assert not group_alive(int(pidfile.read_text()))
@@ -67,16 +102,38 @@ def test_incomplete_run_fails_the_case(tmp_path, port, fake_argv, vllm_client, v
     """A server that dies only after the client wrote its JSON: completed != num_requests."""
     from kerneltrial.serving import bench, metrics
 
-    raw = {"duration": 1.0, "input_lens": [1, 1], "output_lens": [2, 0], "ttfts": [0.1, 0.0],
-           "itls": [[0.1], []], "latencies": [0.2, 0.0], "errors": ["", "Internal Server Error"]}
+    raw = {
+        "duration": 1.0,
+        "input_lens": [1, 1],
+        "output_lens": [2, 0],
+        "ttfts": [0.1, 0.0],
+        "itls": [[0.1], []],
+        "latencies": [0.2, 0.0],
+        "errors": ["", "Internal Server Error"],
+    }
     m = metrics.run_metrics(raw)
     assert m["completed"] == 1 and m["failed"] == 1
     assert [r["success"] for r in bench.request_rows(raw)] == [True, False]
 
 
 def test_bad_vllm_path_is_one_line_error(tmp_path, port, fake_argv):
-    r = CliRunner().invoke(app, ["bench", "--launch", "--vllm", "/nonexistent/vllm", "--model-id", "tiny", "--cases", "[[8,8,1,1]]",
-                                 "--out", str(tmp_path / "r"), "--", *fake_argv(port)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--launch",
+            "--vllm",
+            "/nonexistent/vllm",
+            "--model-id",
+            "tiny",
+            "--cases",
+            "[[8,8,1,1]]",
+            "--out",
+            str(tmp_path / "r"),
+            "--",
+            *fake_argv(port),
+        ],
+    )
     assert r.exit_code == 2 and "vllm executable '/nonexistent/vllm' not found" in r.output
     assert "Traceback" not in r.output
 
@@ -85,9 +142,28 @@ def test_sigint_during_bench_keeps_raw_and_stops_server(tmp_path, port, fake_arg
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
     pidfile = tmp_path / "pid"
-    cmd = [sys.executable, "-m", "kerneltrial.serving", "bench", "--launch", "--quiet", "--vllm", vllm_client,
-           "--tokenizer", model, "--model-id", "tiny", "--cases", "[[32, 16, 2, 8]]", "-r", "50",
-           "--out", str(out), "--", *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kerneltrial.serving",
+        "bench",
+        "--launch",
+        "--quiet",
+        "--vllm",
+        vllm_client,
+        "--tokenizer",
+        model,
+        "--model-id",
+        "tiny",
+        "--cases",
+        "[[32, 16, 2, 8]]",
+        "-r",
+        "50",
+        "--out",
+        str(out),
+        "--",
+        *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 180

@@ -23,8 +23,13 @@ def _assert_gone(srv: Server) -> None:
 
 
 def test_ready_then_graceful_stop(tmp_path, port, fake_argv):
-    spec = ServerSpec(fake_argv(port, "--spawn-child"), "tiny", port=port, ready_timeout_s=20,
-                      env={"VLLM_PLUGINS": "fl", "USE_FLAGGEMS": "1", "VLLM_FL_OPS": "rms_norm"})
+    spec = ServerSpec(
+        fake_argv(port, "--spawn-child"),
+        "tiny",
+        port=port,
+        ready_timeout_s=20,
+        env={"VLLM_PLUGINS": "fl", "USE_FLAGGEMS": "1", "VLLM_FL_OPS": "rms_norm"},
+    )
     srv = Server(spec, tmp_path / "server.log")
     with srv:
         assert srv.alive and srv.timings["ready_s"] < 20
@@ -36,8 +41,9 @@ def test_ready_then_graceful_stop(tmp_path, port, fake_argv):
 
 
 def test_stop_escalates_when_sigint_ignored(tmp_path, port, fake_argv):
-    spec = ServerSpec(fake_argv(port, "--ignore-sigint", "--spawn-child"), "tiny", port=port,
-                      ready_timeout_s=20, stop_grace_s=1.0)
+    spec = ServerSpec(
+        fake_argv(port, "--ignore-sigint", "--spawn-child"), "tiny", port=port, ready_timeout_s=20, stop_grace_s=1.0
+    )
     srv = Server(spec, tmp_path / "server.log")
     with srv:
         pass
@@ -57,8 +63,9 @@ def test_port_already_taken(tmp_path, port, fake_argv):
 
 
 def test_server_exits_at_start(tmp_path, port, fake_argv):
-    srv = Server(ServerSpec(fake_argv(port, "--mode", "exit"), "tiny", port=port, ready_timeout_s=20),
-                 tmp_path / "server.log")
+    srv = Server(
+        ServerSpec(fake_argv(port, "--mode", "exit"), "tiny", port=port, ready_timeout_s=20), tmp_path / "server.log"
+    )
     with pytest.raises(LaunchError, match="exited with code 3 before it was ready"):
         with srv:
             pass
@@ -67,8 +74,10 @@ def test_server_exits_at_start(tmp_path, port, fake_argv):
 
 
 def test_wrong_model_id(tmp_path, port, fake_argv):
-    srv = Server(ServerSpec(fake_argv(port, "--model-id", "other"), "tiny", port=port, ready_timeout_s=20),
-                 tmp_path / "server.log")
+    srv = Server(
+        ServerSpec(fake_argv(port, "--model-id", "other"), "tiny", port=port, ready_timeout_s=20),
+        tmp_path / "server.log",
+    )
     with pytest.raises(LaunchError, match=r"lists models \['other'\], not 'tiny'"):
         with srv:
             pass
@@ -76,8 +85,10 @@ def test_wrong_model_id(tmp_path, port, fake_argv):
 
 
 def test_readiness_timeout_on_503(tmp_path, port, fake_argv):
-    srv = Server(ServerSpec(fake_argv(port, "--mode", "503", "--spawn-child"), "tiny", port=port,
-                            ready_timeout_s=3), tmp_path / "server.log")
+    srv = Server(
+        ServerSpec(fake_argv(port, "--mode", "503", "--spawn-child"), "tiny", port=port, ready_timeout_s=3),
+        tmp_path / "server.log",
+    )
     t0 = time.monotonic()
     with pytest.raises(LaunchError, match=r"not ready after 3 s \(last /v1/models: HTTP 503\)"):
         with srv:
@@ -110,8 +121,20 @@ def _wait_for(path: Path, timeout: float) -> None:
 def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv):
     """`kerneltrial serve launch --hold` as a subprocess; SIGINT it; server group is gone."""
     pidfile = tmp_path / "pid"
-    cmd = [sys.executable, "-m", "kerneltrial.serving", "launch", "--hold", "120", "--out", str(tmp_path / "run"),
-           "--model-id", "tiny", "--", *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kerneltrial.serving",
+        "launch",
+        "--hold",
+        "120",
+        "--out",
+        str(tmp_path / "run"),
+        "--model-id",
+        "tiny",
+        "--",
+        *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile, 30)
@@ -138,8 +161,20 @@ def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv)
 
 def test_sigterm_to_kerneltrial_also_cleans_up(tmp_path, port, fake_argv):
     pidfile = tmp_path / "pid"
-    cmd = [sys.executable, "-m", "kerneltrial.serving", "launch", "--hold", "120", "--out", str(tmp_path / "run"),
-           "--model-id", "tiny", "--", *fake_argv(port, "--pidfile", str(pidfile))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kerneltrial.serving",
+        "launch",
+        "--hold",
+        "120",
+        "--out",
+        str(tmp_path / "run"),
+        "--model-id",
+        "tiny",
+        "--",
+        *fake_argv(port, "--pidfile", str(pidfile)),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile, 30)

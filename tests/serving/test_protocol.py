@@ -41,14 +41,17 @@ def test_parse_and_expand():
     assert p.accuracy is None and p.noise_band == 0.01 and p.ttft_ratio_max == 1.01
 
 
-@pytest.mark.parametrize("edit, msg", [
-    (("repeats = 3", "repeats = 1"), "repeats must be >= 2"),
-    (('argv = ["srv", "--port", "{port}"]\n[[arms]]', 'argv = "srv --port 1"\n[[arms]]'), "argv must be list"),
-    (("cases = [[8, 4, 1, 2]]", "cases = [[8, 4, 1]]"), "4 positive integers"),
-    (('name = "b"', 'name = "a"'), "arm names repeat"),
-    (('model_id = "m"', 'model_idx = "m"'), "server.model_id is missing"),
-    (("[bench]", "[bench"), "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        (("repeats = 3", "repeats = 1"), "repeats must be >= 2"),
+        (('argv = ["srv", "--port", "{port}"]\n[[arms]]', 'argv = "srv --port 1"\n[[arms]]'), "argv must be list"),
+        (("cases = [[8, 4, 1, 2]]", "cases = [[8, 4, 1]]"), "4 positive integers"),
+        (('name = "b"', 'name = "a"'), "arm names repeat"),
+        (('model_id = "m"', 'model_idx = "m"'), "server.model_id is missing"),
+        (("[bench]", "[bench"), "not valid TOML"),
+    ],
+)
 def test_bad_protocols_name_the_problem(edit, msg):
     with pytest.raises(ProtocolError, match=msg):
         parse_protocol(BASE.replace(*edit, 1))
@@ -60,8 +63,13 @@ def test_launch_order_is_seeded_and_interleaved():
     assert o1 == o2
     for r in range(4):
         assert sorted(n for rr, _, n in o1 if rr == r) == ["a", "b"]
-    assert len({tuple(n for rr, _, n in o1 if rr == r) for r in range(4)} | {
-        tuple(n for rr, _, n in launch_order(p.arms, 4, s) if rr == 0) for s in range(10)}) == 2
+    assert (
+        len(
+            {tuple(n for rr, _, n in o1 if rr == r) for r in range(4)}
+            | {tuple(n for rr, _, n in launch_order(p.arms, 4, s) if rr == 0) for s in range(10)}
+        )
+        == 2
+    )
 
 
 def test_example_protocol_parses():

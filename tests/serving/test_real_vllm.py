@@ -33,10 +33,25 @@ def server(vllm_server_cmd, tmp_path_factory):
 def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
     srv, model = server
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, [
-        "bench", "--base-url", srv.spec.base_url, "--tokenizer", model, "--vllm", vllm_client, "--quiet",
-        "--cases", "[[64, 16, 4, 8], [128, 8, 2, 4]]", "-r", "2", "--out", str(out),
-    ])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            srv.spec.base_url,
+            "--tokenizer",
+            model,
+            "--vllm",
+            vllm_client,
+            "--quiet",
+            "--cases",
+            "[[64, 16, 4, 8], [128, 8, 2, 4]]",
+            "-r",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "ok"
@@ -52,7 +67,14 @@ def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
         assert e["total_token_throughput"] > 0
     # our figures equal vLLM's own for the same run
     raw = json.loads((out / runs.iloc[0]["raw"]).read_text())
-    for k in ("total_token_throughput", "output_throughput", "mean_ttft_ms", "p99_itl_ms", "mean_tpot_ms", "median_e2el_ms"):
+    for k in (
+        "total_token_throughput",
+        "output_throughput",
+        "mean_ttft_ms",
+        "p99_itl_ms",
+        "mean_tpot_ms",
+        "median_e2el_ms",
+    ):
         assert runs.iloc[0][k] == pytest.approx(raw[k], rel=1e-9), k
     reqs = pd.read_csv(out / "requests.csv")
     assert len(reqs) == 2 * 8 + 2 * 4 and reqs["success"].all()
@@ -67,10 +89,24 @@ def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
 def test_accuracy_end_to_end(server, math500_path, tmp_path):
     srv, _ = server
     out = tmp_path / "acc"
-    r = CliRunner().invoke(app, [
-        "accuracy", "--base-url", srv.spec.base_url, "--data", str(math500_path), "--limit", "4",
-        "--max-tokens", "24", "--concurrency", "4", "--out", str(out),
-    ])
+    r = CliRunner().invoke(
+        app,
+        [
+            "accuracy",
+            "--base-url",
+            srv.spec.base_url,
+            "--data",
+            str(math500_path),
+            "--limit",
+            "4",
+            "--max-tokens",
+            "24",
+            "--concurrency",
+            "4",
+            "--out",
+            str(out),
+        ],
+    )
     # a random-weight model scores ~0: the gate fails (exit 1) but the pipeline ran
     assert r.exit_code == 1, r.output
     assert "gate 0.95: FAILED" in r.output
@@ -88,15 +124,33 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
     argv = make("{port}")
     proto = tmp_path / "ab.toml"
     lines = [
-        'name = "tiny-ab"', "seed = 7", "rounds = 1", "repeats = 2",
-        "[server]", 'model_id = "tiny"', f"port = {port}", f"tokenizer = {json.dumps(model)}", "ready_timeout_s = 300",
-        "[bench]", "cases = [[64, 16, 4, 8]]",
-        "[acceptance]", "noise_band = 0.01", "ttft_ratio_max = 1.01",
-        "[accuracy]", f"data = {json.dumps(str(math500_path))}", "limit = 2", "max_tokens = 16",
+        'name = "tiny-ab"',
+        "seed = 7",
+        "rounds = 1",
+        "repeats = 2",
+        "[server]",
+        'model_id = "tiny"',
+        f"port = {port}",
+        f"tokenizer = {json.dumps(model)}",
+        "ready_timeout_s = 300",
+        "[bench]",
+        "cases = [[64, 16, 4, 8]]",
+        "[acceptance]",
+        "noise_band = 0.01",
+        "ttft_ratio_max = 1.01",
+        "[accuracy]",
+        f"data = {json.dumps(str(math500_path))}",
+        "limit = 2",
+        "max_tokens = 16",
     ]
     for name, role, extra in (("baseline", "baseline", {}), ("candidate", "candidate", {"VLLM_KT_ARM": "candidate"})):
-        lines += ["[[arms]]", f'name = "{name}"', f'role = "{role}"', f"argv = {json.dumps(argv)}",
-                  "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**env, **extra}.items()) + " }"]
+        lines += [
+            "[[arms]]",
+            f'name = "{name}"',
+            f'role = "{role}"',
+            f"argv = {json.dumps(argv)}",
+            "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**env, **extra}.items()) + " }",
+        ]
     proto.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out)])

@@ -18,7 +18,9 @@ def reference(x, weight, eps=1e-6):
 
 
 def run(fn) -> gate.CheckResult:
-    return gate.check(OP, Impl(op=OP.name, name="planted", kind="user", loader=lambda: fn), CASE, seed=3, device=torch.device("cpu"))
+    return gate.check(
+        OP, Impl(op=OP.name, name="planted", kind="user", loader=lambda: fn), CASE, seed=3, device=torch.device("cpu")
+    )
 
 
 def test_correct_kernel_passes_all_anticheat_calls():

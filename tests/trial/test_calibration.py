@@ -90,7 +90,9 @@ def test_timings_carry_clock_columns(tmp_path):
 def test_calibration_of_another_operator_is_refused(tmp_path):
     run = calibrate(protocol(tmp_path), tmp_path / "cal")
     other = tmp_path / "other.toml"
-    other.write_text(BASE.format(rounds=2, extra='calibration_run = "cal"\n').replace('op = "rmsnorm"', 'op = "rmsnorm_fp32"'))
+    other.write_text(
+        BASE.format(rounds=2, extra='calibration_run = "cal"\n').replace('op = "rmsnorm"', 'op = "rmsnorm_fp32"')
+    )
     summary = json.loads((run / "summary.json").read_text())
     if not summary["calibration"]["passed"]:
         pytest.skip("the CPU calibration itself did not pass on this loaded machine")

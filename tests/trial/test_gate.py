@@ -91,7 +91,22 @@ def test_cli_bad_input_one_line(args, message):
 
 
 def test_cli_check_fails_on_wrong_user_kernel():
-    result = runner.invoke(app, ["check", "rmsnorm", "--impl-module", str(FIXTURES / "wrong_rmsnorm.py"),
-                                 "--impl", "user:wrong_rmsnorm", "--impl", "control", "--shape", "2x100", "--seeds", "1"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "rmsnorm",
+            "--impl-module",
+            str(FIXTURES / "wrong_rmsnorm.py"),
+            "--impl",
+            "user:wrong_rmsnorm",
+            "--impl",
+            "control",
+            "--shape",
+            "2x100",
+            "--seeds",
+            "1",
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "FAIL" in result.output and "pass" in result.output

@@ -42,7 +42,9 @@ def test_validation_names_the_field(extra, field):
 
 
 def test_confirmation_names_one_candidate():
-    text = 'phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE.replace('["packed_r4_w4"]', '["packed_r4_w4", "wide"]')
+    text = 'phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE.replace(
+        '["packed_r4_w4"]', '["packed_r4_w4", "wide"]'
+    )
     with pytest.raises(proto.ProtocolError, match="exactly one candidate"):
         proto.parse(text)
 

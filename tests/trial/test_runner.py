@@ -66,8 +66,12 @@ def test_end_to_end(tmp_path):
     assert "NOT GPU performance" in text and "packed_r4_w4" in text
     record = json.loads((run / "provenance.json").read_text())
     assert record["finished_at"]
-    assert record["lead"] == {"samples_retaken": 0, "samples_kept_behind": 0, "sessions": "all",
-                              "final_cycles_per_call": timing.LEAD_CYCLES_PER_CALL}  # the host clock spins nothing
+    assert record["lead"] == {
+        "samples_retaken": 0,
+        "samples_kept_behind": 0,
+        "sessions": "all",
+        "final_cycles_per_call": timing.LEAD_CYCLES_PER_CALL,
+    }  # the host clock spins nothing
 
 
 def test_finished_run_is_never_overwritten(tmp_path):

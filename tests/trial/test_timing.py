@@ -33,8 +33,7 @@ def test_a_host_bound_sample_is_retaken_with_a_longer_lead(monkeypatch):
 
 
 def test_a_sample_at_the_longest_lead_is_kept(monkeypatch):
-    timer = timing.Timer(name="cuda-events", is_gpu=True, cold=False,
-                         lead_cycles_per_call=timing.LEAD_CYCLES_MAX)
+    timer = timing.Timer(name="cuda-events", is_gpu=True, cold=False, lead_cycles_per_call=timing.LEAD_CYCLES_MAX)
     monkeypatch.setattr(timer, "_events_hot", lambda call, calls, hooks=None: (5_000, True))
     assert timer.sample(lambda: None, 1) == 5_000
     assert timer.retaken == 0
@@ -59,7 +58,7 @@ class FakeEvent:
     def synchronize(self) -> None:
         pass
 
-    def elapsed_time(self, end: "FakeEvent") -> float:
+    def elapsed_time(self, end: FakeEvent) -> float:
         return 0.001  # ms
 
 
@@ -85,7 +84,7 @@ def test_a_graph_sample_times_one_replay(monkeypatch):
     monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: FakeEvent.log.append(f"sleep {cycles}"))
     timer = timing.Timer(name="cuda-graph", is_gpu=True, cold=False)
-    monkeypatch.setattr(timer, "_graph", lambda call, calls, key: (lambda: FakeEvent.log.append(f"replay of {calls}")))
+    monkeypatch.setattr(timer, "_graph", lambda call, calls, key: lambda: FakeEvent.log.append(f"replay of {calls}"))
     timer.sample(lambda: None, 5)
     assert FakeEvent.log[0] == f"sleep {timing.LEAD_CYCLES_PER_CALL}" and "replay of 5" in FakeEvent.log
 
@@ -96,14 +95,22 @@ def test_hooks_run_untimed_around_every_call(monkeypatch):
     FakeEvent.log, FakeEvent.behind = [], False
     monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: FakeEvent.log.append("sleep"))
-    hooks = timing.Hooks(before=lambda j: FakeEvent.log.append(f"before {j}"), after=lambda j: FakeEvent.log.append(f"after {j}"))
+    hooks = timing.Hooks(
+        before=lambda j: FakeEvent.log.append(f"before {j}"), after=lambda j: FakeEvent.log.append(f"after {j}")
+    )
     for cold in (True, False):
         FakeEvent.log.clear()
         timer = timing.Timer(name="cuda-events", is_gpu=True, cold=cold)
         monkeypatch.setattr(timer, "flush", lambda: FakeEvent.log.append("flush"))
         assert timer.sample(lambda: FakeEvent.log.append("call"), 2, hooks=hooks) == 2000  # two pairs of 1 us
         one = ["before {j}", *(["flush"] if cold else []), "record", "call", "record", "after {j}"]
-        assert FakeEvent.log == ["sleep", "lead-recorded", *[x.format(j=0) for x in one], *[x.format(j=1) for x in one], "query"]
+        assert FakeEvent.log == [
+            "sleep",
+            "lead-recorded",
+            *[x.format(j=0) for x in one],
+            *[x.format(j=1) for x in one],
+            "query",
+        ]
 
 
 def test_host_clock_excludes_the_hooks():

@@ -53,8 +53,10 @@ def verify(run_dirs: RunDirs) -> None:
         if bad:
             typer.echo(f"VERIFY FAILED: {bad} of {len(result.checks)} checks failed in {run_dir}")
         else:
-            typer.echo(f"verified: all {len(result.checks) - skipped} checks passed in {run_dir}"
-                       + (f" ({skipped} not applicable to this run)" if skipped else ""))
+            typer.echo(
+                f"verified: all {len(result.checks) - skipped} checks passed in {run_dir}"
+                + (f" ({skipped} not applicable to this run)" if skipped else "")
+            )
         failed = failed or bad > 0
     if failed:
         raise typer.Exit(1)

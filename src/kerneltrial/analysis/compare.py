@@ -47,19 +47,31 @@ def compared_rows(a: dict[str, Any], b: dict[str, Any]) -> list[ComparedRow]:
     """Rows for every (case, arm) present in both runs, in A's order."""
     cases_b = {c["case"]: c["arms"] for c in b["cases"]}
     return [
-        ComparedRow(case["case"], arm, entry["median_ns_per_call"], cases_b[case["case"]][arm]["median_ns_per_call"],
-                    verdict_of(entry, arm == a["control"]),
-                    verdict_of(cases_b[case["case"]][arm], arm == b["control"]))
-        for case in a["cases"] if case["case"] in cases_b
-        for arm, entry in case["arms"].items() if arm in cases_b[case["case"]]
+        ComparedRow(
+            case["case"],
+            arm,
+            entry["median_ns_per_call"],
+            cases_b[case["case"]][arm]["median_ns_per_call"],
+            verdict_of(entry, arm == a["control"]),
+            verdict_of(cases_b[case["case"]][arm], arm == b["control"]),
+        )
+        for case in a["cases"]
+        if case["case"] in cases_b
+        for arm, entry in case["arms"].items()
+        if arm in cases_b[case["case"]]
     ]
 
 
 def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     medians_first, medians_second = _medians(first), _medians(second)
     notes = [f"case `{case}`" for case in medians_first if case not in medians_second]
-    notes += [f"arm `{arm}` in case `{case}`" for case, arms in medians_first.items() if case in medians_second
-              for arm in arms if arm not in medians_second[case]]
+    notes += [
+        f"arm `{arm}` in case `{case}`"
+        for case, arms in medians_first.items()
+        if case in medians_second
+        for arm in arms
+        if arm not in medians_second[case]
+    ]
     return notes
 
 
@@ -71,7 +83,10 @@ def compare_runs(a: Path, b: Path) -> str:
         lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
     if summary_a["protocol_sha256"] != summary_b["protocol_sha256"]:
         lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
-    lines += ["| case | arm | median A µs | median B µs | B/A | verdict A | verdict B |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| case | arm | median A µs | median B µs | B/A | verdict A | verdict B |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in compared_rows(summary_a, summary_b):
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
         medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"

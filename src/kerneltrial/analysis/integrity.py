@@ -63,13 +63,16 @@ def manifest_problems(run_dir: Path) -> list[str]:
         elif not (run_dir / relative).is_file():
             problems.append(f"{relative} is listed in {MANIFEST} but does not exist")
         elif _sha256(run_dir / relative) != recorded:
-            problems.append(f"{relative} hashes to {_sha256(run_dir / relative)[:12]}..., {MANIFEST} recorded "
-                            f"{str(recorded)[:12]}...: the file changed after the run")
+            problems.append(
+                f"{relative} hashes to {_sha256(run_dir / relative)[:12]}..., {MANIFEST} recorded "
+                f"{str(recorded)[:12]}...: the file changed after the run"
+            )
     present = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
     unlisted = [r for r in present if r != MANIFEST and r not in listed and not _added_after_run(r)]
     if unlisted:
-        problems.append(f"{unlisted} not in {MANIFEST}: added after the run (only report.md, *.png and ERRATA.md "
-                        "may be)")
+        problems.append(
+            f"{unlisted} not in {MANIFEST}: added after the run (only report.md, *.png and ERRATA.md may be)"
+        )
     return problems
 
 
@@ -89,8 +92,12 @@ def archive_source_digest(path: Path) -> str:
                     continue
                 relative = member.name.removeprefix(PACKAGE_PREFIX)
                 parts = PurePosixPath(relative).parts
-                if not member.isfile() or not member.name.startswith(PACKAGE_PREFIX) or ".." in parts \
-                        or not relative.endswith(".py"):
+                if (
+                    not member.isfile()
+                    or not member.name.startswith(PACKAGE_PREFIX)
+                    or ".." in parts
+                    or not relative.endswith(".py")
+                ):
                     raise ArchiveError(f"member {member.name!r} is not a .py file under {PACKAGE_PREFIX}")
                 if relative in members:
                     raise ArchiveError(f"member {member.name!r} appears twice")
@@ -117,8 +124,12 @@ def source_problems(run_dir: Path, provenance: dict[str, Any]) -> list[str]:
     except ArchiveError as error:
         return [f"{SOURCE_ARCHIVE}: {error}"]
     if digest != claimed:
-        return [(f"{SOURCE_ARCHIVE} digests to {digest[:12]}..., provenance.json git.source_sha256 says "
-                 f"{str(claimed)[:12]}...: the archived source is not the source the run recorded")]
+        return [
+            (
+                f"{SOURCE_ARCHIVE} digests to {digest[:12]}..., provenance.json git.source_sha256 says "
+                f"{str(claimed)[:12]}...: the archived source is not the source the run recorded"
+            )
+        ]
     return []
 
 
@@ -134,8 +145,11 @@ def provenance_problems(provenance: dict[str, Any]) -> list[str]:
     claimed = (provenance.get("git") or {}).get("source_sha256")
     if not isinstance(claimed, str) or not SHA256.fullmatch(claimed):
         problems.append(f"git.source_sha256 {claimed!r} is not a sha256 of the package source")
-    problems += [f"{key} is missing: the run did not record it" for key in ("started_at", "finished_at")
-                 if not provenance.get(key)]
+    problems += [
+        f"{key} is missing: the run did not record it"
+        for key in ("started_at", "finished_at")
+        if not provenance.get(key)
+    ]
     return problems
 
 
@@ -152,9 +166,12 @@ def freeze_problems(provenance: dict[str, Any], plan: dict[str, Any], protocol_s
     else:
         recorded_at = record["frozen_at"]
         if record.get("sha256") != protocol_sha256:
-            problems.append(f"provenance.json freeze sha256 {str(record.get('sha256'))[:12]}... is not protocol.toml's "
-                            f"{protocol_sha256[:12]}...: the frozen protocol is not the one that ran")
+            problems.append(
+                f"provenance.json freeze sha256 {str(record.get('sha256'))[:12]}... is not protocol.toml's "
+                f"{protocol_sha256[:12]}...: the frozen protocol is not the one that ran"
+            )
     if plan.get("frozen_at") != recorded_at:
-        problems.append(f"plan.json frozen_at {plan.get('frozen_at')!r} != provenance.json freeze.frozen_at "
-                        f"{recorded_at!r}")
+        problems.append(
+            f"plan.json frozen_at {plan.get('frozen_at')!r} != provenance.json freeze.frozen_at {recorded_at!r}"
+        )
     return problems

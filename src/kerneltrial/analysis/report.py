@@ -36,11 +36,14 @@ SUPERSEDED = "Superseded by:"
 REASON = "Reason:"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
-SCOPE = ("Confidence intervals cover noise within this session (machine state, clocks) only; "
-         "a re-run on another machine may differ by more.")
+SCOPE = (
+    "Confidence intervals cover noise within this session (machine state, clocks) only; "
+    "a re-run on another machine may differ by more."
+)
 
 
 # ---------------------------------------------------------------- loading
+
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "summary.json"
@@ -67,7 +70,7 @@ def errata(run_dir: Path) -> str | None:
 def _errata_field(run_dir: Path, prefix: str) -> str | None:
     for line in (errata(run_dir) or "").splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip().strip("`") or None
+            return line[len(prefix) :].strip().strip("`") or None
     return None
 
 
@@ -91,6 +94,7 @@ def compared_arms(summary: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------- formatting
+
 
 def _num(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
@@ -146,9 +150,13 @@ def case_table(summary: dict[str, Any]) -> list[str]:
     for case in summary["cases"]:
         for name, entry in case["arms"].items():
             row = [
-                f"`{case['case']}`", f"`{name}`", us_cell(entry["median_ns_per_call"], ",.2f"),
-                speedup_cell(entry), _status_cell(entry, name == summary["control"]),
-                _rate(entry["gbps"]), _rate(entry["pct_of_copy_ceiling"]),
+                f"`{case['case']}`",
+                f"`{name}`",
+                us_cell(entry["median_ns_per_call"], ",.2f"),
+                speedup_cell(entry),
+                _status_cell(entry, name == summary["control"]),
+                _rate(entry["gbps"]),
+                _rate(entry["pct_of_copy_ceiling"]),
             ]
             if with_spread:
                 row.append(_spread_cell(entry))
@@ -168,9 +176,14 @@ def clocks_line(summary: dict[str, Any]) -> str | None:
         return None
     if not clocks["samples_with_clock"]:
         return "- clocks: no SM clock recorded per sample (no NVML); throttling not checked"
-    threshold = "no maximum SM clock known, throttling not checked" if clocks["threshold_mhz"] is None else (
-        f"{clocks['throttled_samples']} throttled (SM clock below {clocks['threshold_mhz']:g} MHz = "
-        f"{clocks['throttle_fraction']:g} x max {clocks['max_sm_mhz']} MHz)")
+    threshold = (
+        "no maximum SM clock known, throttling not checked"
+        if clocks["threshold_mhz"] is None
+        else (
+            f"{clocks['throttled_samples']} throttled (SM clock below {clocks['threshold_mhz']:g} MHz = "
+            f"{clocks['throttle_fraction']:g} x max {clocks['max_sm_mhz']} MHz)"
+        )
+    )
     return f"- clocks: {clocks['samples_with_clock']} samples with an SM clock reading; {threshold}"
 
 
@@ -182,8 +195,10 @@ def rounds_line(summary: dict[str, Any]) -> str | None:
         return None
     text = "- rounds per case: " + ", ".join(f"`{case}` {n}" for case, n in rounds.items())
     if rule.get("target_ci_width") is not None:
-        text += (f" (noise rule: rounds added until the CI width is at most {rule['target_ci_width']:g}, "
-                 f"up to {rule.get('max_rounds')} rounds or {rule.get('time_budget_s')} s)")
+        text += (
+            f" (noise rule: rounds added until the CI width is at most {rule['target_ci_width']:g}, "
+            f"up to {rule.get('max_rounds')} rounds or {rule.get('time_budget_s')} s)"
+        )
     return text
 
 
@@ -192,18 +207,46 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     calibration = summary.get("calibration")
     if not calibration:
         return []
-    rows = [[f"`{name}`", "A/A copy", f"`{f['base']}`", _aa_verdicts(f),
-             _num(f["false_positive_rate"], ".2f"), f"≤ {calibration['max_false_positive_rate']:g}",
-             _num(f["mean_ci_width"], ".4f")] for name, f in calibration["arms"].items() if f["kind"] == "aa"]
+    rows = [
+        [
+            f"`{name}`",
+            "A/A copy",
+            f"`{f['base']}`",
+            _aa_verdicts(f),
+            _num(f["false_positive_rate"], ".2f"),
+            f"≤ {calibration['max_false_positive_rate']:g}",
+            _num(f["mean_ci_width"], ".4f"),
+        ]
+        for name, f in calibration["arms"].items()
+        if f["kind"] == "aa"
+    ]
     delay = f"+{100 * calibration['injected_slowdown']:g}% delay"
-    rows += [[f"`{name}`", delay + _realized_note(f), f"`{f['base']}`",
-              f"{f['losses']} of {f['n_cases']} loss", _num(f["power"], ".2f"), f"≥ {calibration['min_power']:g}", "–"]
-             for name, f in calibration["arms"].items() if f["kind"] == "slow"]
-    delays = [f"`{c['case']}` {c['injected_delay_ns']:,.1f} ns" for c in summary["cases"]
-              if c.get("injected_delay_ns") is not None]
-    lines = ["", f"{h}# Calibration: {'passed' if calibration['passed'] else '**FAILED**'}", "",
-             calibration["sentence"], "",
-             *_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows)]
+    rows += [
+        [
+            f"`{name}`",
+            delay + _realized_note(f),
+            f"`{f['base']}`",
+            f"{f['losses']} of {f['n_cases']} loss",
+            _num(f["power"], ".2f"),
+            f"≥ {calibration['min_power']:g}",
+            "–",
+        ]
+        for name, f in calibration["arms"].items()
+        if f["kind"] == "slow"
+    ]
+    delays = [
+        f"`{c['case']}` {c['injected_delay_ns']:,.1f} ns"
+        for c in summary["cases"]
+        if c.get("injected_delay_ns") is not None
+    ]
+    lines = [
+        "",
+        f"{h}# Calibration: {'passed' if calibration['passed'] else '**FAILED**'}",
+        "",
+        calibration["sentence"],
+        "",
+        *_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows),
+    ]
     if delays:
         lines += ["", "Injected delay per call: " + ", ".join(delays)]
     return lines
@@ -236,27 +279,54 @@ def aggregate_table(summary: dict[str, Any]) -> list[str]:
     for name in compared_arms(summary):
         agg = summary["aggregates"][name]
         gate = summary["gate"]["arms"][name]
-        ci = "–" if agg["geomean"] is None else \
-            f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
+        ci = (
+            "–"
+            if agg["geomean"] is None
+            else f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
+        )
         worst = "–" if agg["worst"] is None else f"{agg['worst']:.3f} (`{agg['worst_case']}`)"
         verdict = "pass" if gate["passed"] else "FAIL: " + "; ".join(gate["reasons"])
         counts = [agg["wins"], agg["ties"], agg["losses"]] + ([agg["inconclusive"]] if checked else [])
-        disqualified = [agg["failed_correctness"]] + ([agg["failed_while_timed"], agg["implausible"]] if checked else [])
-        rows.append([f"`{name}`", ci, _num(agg["mean"], ".3f"), worst, "/".join(map(str, counts)),
-                     *map(str, disqualified), verdict])
-    header = ["arm", "geomean [CI]", "mean", "worst case", "W/T/L/I" if checked else "wins/ties/losses",
-              "failed correctness"] + ["failed while timed", "implausible"] * checked
+        disqualified = [agg["failed_correctness"]] + (
+            [agg["failed_while_timed"], agg["implausible"]] if checked else []
+        )
+        rows.append(
+            [
+                f"`{name}`",
+                ci,
+                _num(agg["mean"], ".3f"),
+                worst,
+                "/".join(map(str, counts)),
+                *map(str, disqualified),
+                verdict,
+            ]
+        )
+    header = [
+        "arm",
+        "geomean [CI]",
+        "mean",
+        "worst case",
+        "W/T/L/I" if checked else "wins/ties/losses",
+        "failed correctness",
+    ] + ["failed while timed", "implausible"] * checked
     return _table([*header, f"gate `{summary['gate']['rule']}`"], rows)
 
 
 def ulp_table(summary: dict[str, Any], h: str) -> list[str]:
     """How far each arm's outputs were from the official formula, over all its correctness checks."""
-    rows = [[f"`{name}`", *(f"{n:,}" for n in agg["ulp_hist"])]
-            for name, agg in summary["aggregates"].items() if agg.get("ulp_hist") is not None]
+    rows = [
+        [f"`{name}`", *(f"{n:,}" for n in agg["ulp_hist"])]
+        for name, agg in summary["aggregates"].items()
+        if agg.get("ulp_hist") is not None
+    ]
     if not rows:
         return []
-    return ["", f"{h}# Distance from the reference (output elements, in ulps of the output dtype)", "",
-            *_table(["arm", "0", "≤ 1", "≤ 2", "≤ 4", "≤ 16", "> 16"], rows)]
+    return [
+        "",
+        f"{h}# Distance from the reference (output elements, in ulps of the output dtype)",
+        "",
+        *_table(["arm", "0", "≤ 1", "≤ 2", "≤ 4", "≤ 16", "> 16"], rows),
+    ]
 
 
 def freeze_line(run_dir: Path, summary: dict[str, Any]) -> str | None:
@@ -279,7 +349,9 @@ def checks_lines(summary: dict[str, Any]) -> list[str]:
     if not _checked(summary):
         return []
     counts = summary["timed_checks"]
-    lines = [f"- timed checks: {counts['rows']:,} timing samples, the last call of each checked on fresh values; {counts['failed']} failed"]
+    lines = [
+        f"- timed checks: {counts['rows']:,} timing samples, the last call of each checked on fresh values; {counts['failed']} failed"
+    ]
     if summary.get("exact"):
         lines.append("- exact: outputs must equal the reference bit for bit")
     rule = summary["plausibility"]
@@ -287,17 +359,22 @@ def checks_lines(summary: dict[str, Any]) -> list[str]:
         return [*lines, "- plausibility: not judged (not a GPU run timed with CUDA events)"]
     limits = []
     if rule["bandwidth_limit_gbps"] is not None:
-        limits.append(f"above {_rate(rule['bandwidth_limit_gbps'])} GB/s ({100 * rule['bandwidth_margin']:g}% over "
-                      "the best ceiling)")
+        limits.append(
+            f"above {_rate(rule['bandwidth_limit_gbps'])} GB/s ({100 * rule['bandwidth_margin']:g}% over "
+            "the best ceiling)"
+        )
     if rule["time_limit_ns"] is not None:
-        limits.append(f"below {rule['time_limit_ns']:,.0f} ns per call ({rule['launch_floor_fraction']:g} x the "
-                      "launch floor)")
+        limits.append(
+            f"below {rule['time_limit_ns']:,.0f} ns per call ({rule['launch_floor_fraction']:g} x the launch floor)"
+        )
     return [*lines, "- plausibility: implausible " + (" or ".join(limits) if limits else "(no limit measured)")]
 
 
 def _ceilings_line(ceilings: dict[str, Any]) -> str:
-    line = (f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
-            f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)")
+    line = (
+        f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
+        f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)"
+    )
     if ceilings.get("launch_floor_ns") is not None:
         line += f", launch floor {ceilings['launch_floor_ns']:,.0f} ns (median of {ceilings['launch_samples']} empty launches)"
     return line
@@ -336,6 +413,7 @@ def _compact(value: Any) -> str:
 
 # ---------------------------------------------------------------- figures
 
+
 def _title(summary: dict[str, Any], text: str) -> str:
     return text if summary["is_gpu"] else f"{text}\n({summary['label']})"
 
@@ -373,8 +451,14 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
                 disqualified.setdefault(entry["status"], []).append(i + offset)
         line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
         for status, where in disqualified.items():
-            ax.scatter(where, [1.0] * len(where), marker=DISQUALIFIED_MARKERS[status], s=60,
-                       color=line[0].get_color(), label=f"{name}: {status}")
+            ax.scatter(
+                where,
+                [1.0] * len(where),
+                marker=DISQUALIFIED_MARKERS[status],
+                s=60,
+                color=line[0].get_color(),
+                label=f"{name}: {status}",
+            )
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary['control']} (×)")
     ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
@@ -388,14 +472,20 @@ def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
     fig = Figure(figsize=(max(5.0, 1.2 * len(arms) + 2), 4))
     ax = fig.subplots()
     bottom = [0] * len(arms)
-    bars = [("wins", "win", "tab:green"), ("ties", "tie", "0.6"), ("inconclusive", "inconclusive", "tab:olive"),
-            ("losses", "loss", "tab:red"), ("failed_correctness", "failed correctness", "black"),
-            ("failed_while_timed", "failed while timed", "tab:purple"), ("implausible", "implausible", "tab:orange")]
+    bars = [
+        ("wins", "win", "tab:green"),
+        ("ties", "tie", "0.6"),
+        ("inconclusive", "inconclusive", "tab:olive"),
+        ("losses", "loss", "tab:red"),
+        ("failed_correctness", "failed correctness", "black"),
+        ("failed_while_timed", "failed while timed", "tab:purple"),
+        ("implausible", "implausible", "tab:orange"),
+    ]
     recorded = {key for agg in summary["aggregates"].values() for key in agg}
     for key, label, color in (bar for bar in bars if bar[0] in recorded):
         counts = [summary["aggregates"][name][key] for name in arms]
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
-        bottom = [b + c for b, c in zip(bottom, counts)]
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.set_ylabel("cases")
     ax.set_title(_title(summary, "Verdicts per arm"))
     return _save(fig, ax, path)
@@ -421,16 +511,20 @@ def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
 
 # ---------------------------------------------------------------- documents
 
+
 def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[str]:
     """The markdown body shared by report.md and PERFORMANCE.md for one run."""
     h = "#" * level
     ceilings = summary["ceilings"]
     corrections = errata(run_dir)
     lines = [
-        f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", "",
-        f"Timing: {banner(summary)}", "",
+        f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`",
+        "",
+        f"Timing: {banner(summary)}",
+        "",
         *([f"{h}# Errata", "", corrections, ""] if corrections else []),
-        SCOPE, "",
+        SCOPE,
+        "",
         f"- protocol sha256: `{summary['protocol_sha256']}`",
         f"- backend `{summary['backend']}`, L2 `{summary['l2']}`, control `{summary['control']}`, "
         f"tie band ±{summary['tie_band']:g}",
@@ -440,10 +534,16 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         *checks_lines(summary),
         *_provenance_lines(_provenance(run_dir)),
         f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",
-        "", f"{h}# Per arm", "", *aggregate_table(summary),
+        "",
+        f"{h}# Per arm",
+        "",
+        *aggregate_table(summary),
         *ulp_table(summary, h),
         *calibration_lines(summary, h),
-        "", f"{h}# Per case (every case and arm; regressions included)", "", *case_table(summary),
+        "",
+        f"{h}# Per case (every case and arm; regressions included)",
+        "",
+        *case_table(summary),
     ]
     unavailable = [a for a in summary["arms"] if not a["available"]]
     if unavailable:
@@ -461,9 +561,15 @@ def write_report(run_dir: Path) -> Path:
     plot_verdicts(summary, run_dir / VERDICTS_PNG)
     plot_ceiling(summary, run_dir / CEILING_PNG)
     lines = run_section(run_dir, summary) + [
-        "", "## Figures", "",
-        f"![speedup per case]({SPEEDUP_PNG})", "", f"![verdicts per arm]({VERDICTS_PNG})", "",
-        f"![% of copy ceiling]({CEILING_PNG})", "",
+        "",
+        "## Figures",
+        "",
+        f"![speedup per case]({SPEEDUP_PNG})",
+        "",
+        f"![verdicts per arm]({VERDICTS_PNG})",
+        "",
+        f"![% of copy ceiling]({CEILING_PNG})",
+        "",
         "Figures are drawn from summary.json; `kerneltrial verify` rebuilds every figure from the raw rows.",
     ]
     path = run_dir / "report.md"
@@ -480,12 +586,23 @@ def best_peer_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for case in summary["cases"]:
         arms = case["arms"]
         ours = arms.get(OURS, {}).get("median_ns_per_call")
-        peers = {name: e["median_ns_per_call"] for name, e in arms.items()
-                 if e.get("kind") == "peer" and e.get("median_ns_per_call")}
+        peers = {
+            name: e["median_ns_per_call"]
+            for name, e in arms.items()
+            if e.get("kind") == "peer" and e.get("median_ns_per_call")
+        }
         if ours and peers:
             best = min(peers, key=peers.__getitem__)
-            rows.append({"case": case["case"], "ours": ours, "peer": best, "peer_ns": peers[best],
-                         "ratio": peers[best] / ours, "pct": arms[OURS].get("pct_of_copy_ceiling")})
+            rows.append(
+                {
+                    "case": case["case"],
+                    "ours": ours,
+                    "peer": best,
+                    "peer_ns": peers[best],
+                    "ratio": peers[best] / ours,
+                    "pct": arms[OURS].get("pct_of_copy_ceiling"),
+                }
+            )
     return rows
 
 
@@ -504,14 +621,28 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
         pct = largest["arms"].get(OURS, {}).get("pct_of_copy_ceiling")
         mark = " (errata)" if errata(run_dir) else ""
         run = f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`){mark}"
-        body.append([run, str(len(rows)), f"{geomean:.3f}",
-                     f"{worst['ratio']:.3f} (`{worst['case']}` vs `{worst['peer']}`)", _num(pct, ".1f") + f" (`{largest['case']}`)"])
+        body.append(
+            [
+                run,
+                str(len(rows)),
+                f"{geomean:.3f}",
+                f"{worst['ratio']:.3f} (`{worst['case']}` vs `{worst['peer']}`)",
+                _num(pct, ".1f") + f" (`{largest['case']}`)",
+            ]
+        )
     if not body:
         return []
-    return ["## Overview: `kerneltrial` against the fastest installed peer", "",
+    return (
+        [
+            "## Overview: `kerneltrial` against the fastest installed peer",
+            "",
             "Ratio = the fastest peer's median / our entry point's median, per case (> 1: ours is faster); "
-            "derived from the medians in each run's summary.json.", ""] + _table(
-        ["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"], body) + [""]
+            "derived from the medians in each run's summary.json.",
+            "",
+        ]
+        + _table(["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"], body)
+        + [""]
+    )
 
 
 def check_successors(run_dirs: list[Path]) -> None:
@@ -524,8 +655,10 @@ def check_successors(run_dirs: list[Path]) -> None:
         seen, step = [run_dir.name], superseded_by(run_dir)
         while step is not None:
             if step not in by_name:
-                raise RunDirError(f"{run_dir}: superseded by {step!r}, which is not among the run directories given; "
-                                  "pass that run too")
+                raise RunDirError(
+                    f"{run_dir}: superseded by {step!r}, which is not among the run directories given; "
+                    "pass that run too"
+                )
             if step in seen:
                 raise RunDirError(f"{run_dir}: `Superseded by:` lines form a cycle ({' -> '.join(seen + [step])})")
             seen.append(step)
@@ -551,13 +684,31 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
         successor = superseded_by(run_dir)
         mine, theirs = wall_seconds(run_dir), wall_seconds(by_name[successor]) if successor in by_name else None
         ratio = f"{theirs / mine:.2f}" if mine and theirs else "-"
-        body.append([f"`{Path(run_dir).name}`", f"`{operator_name(run_dir, load_summary(run_dir))}`",
-                     f"`{successor}`", _errata_field(run_dir, REASON) or "-", started,
-                     _num(mine, ".0f"), _num(theirs, ".0f"), ratio])
-    return ["## Earlier runs (superseded)", "",
+        body.append(
+            [
+                f"`{Path(run_dir).name}`",
+                f"`{operator_name(run_dir, load_summary(run_dir))}`",
+                f"`{successor}`",
+                _errata_field(run_dir, REASON) or "-",
+                started,
+                _num(mine, ".0f"),
+                _num(theirs, ".0f"),
+                ratio,
+            ]
+        )
+    return (
+        [
+            "## Earlier runs (superseded)",
+            "",
             "Committed and verified in CI like every run, but replaced by the named run; each one's "
-            "ERRATA.md says why. Wall time: provenance.json started_at to finished_at.", ""] + _table(
-        ["run", "operator", "superseded by", "reason", "started", "wall s", "successor's wall s", "ratio"], body) + [""]
+            "ERRATA.md says why. Wall time: provenance.json started_at to finished_at.",
+            "",
+        ]
+        + _table(
+            ["run", "operator", "superseded by", "reason", "started", "wall s", "successor's wall s", "ratio"], body
+        )
+        + [""]
+    )
 
 
 def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
@@ -570,10 +721,14 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     earlier = [d for d in run_dirs if superseded_by(d) is not None]
     check_successors(run_dirs)
     sections = [run_section(d, load_summary(d), level=2) for d in current]
-    lines = ["# Performance", "",
-             "Generated by `kerneltrial performance` from committed run directories; medians are per call, "
-             "speedup = median(control) / median(arm) with a paired bootstrap CI. "
-             "Runs labelled NOT GPU performance were timed on a CPU.", ""]
+    lines = [
+        "# Performance",
+        "",
+        "Generated by `kerneltrial performance` from committed run directories; medians are per call, "
+        "speedup = median(control) / median(arm) with a paired bootstrap CI. "
+        "Runs labelled NOT GPU performance were timed on a CPU.",
+        "",
+    ]
     lines += overview_table(current)
     for section in sections:
         lines += section + [""]

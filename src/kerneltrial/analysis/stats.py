@@ -163,8 +163,9 @@ def aggregate_arm(
         raise ValueError("cases, speedups and verdicts must be aligned (same length)")
     counts = {v: list(verdicts).count(v) for v in (WIN, TIE, LOSS, INCONCLUSIVE)}
     if not speedups:
-        return ArmAggregate(0, None, None, None, None, None, counts[WIN], counts[TIE], counts[LOSS],
-                            counts[INCONCLUSIVE])
+        return ArmAggregate(
+            0, None, None, None, None, None, counts[WIN], counts[TIE], counts[LOSS], counts[INCONCLUSIVE]
+        )
     worst_index = int(np.argmin(speedups))
     return ArmAggregate(
         n_cases=len(speedups),
@@ -279,9 +280,11 @@ def bandwidth_implausibility(achieved_gbps: float, limits: PlausibilityLimits) -
     limit, ceiling = limits.bandwidth_limit_gbps, limits.ceiling_gbps
     if limit is None or ceiling is None or not achieved_gbps > limit:
         return None
-    return (f"implausible: {achieved_gbps:.0f} GB/s is {100 * achieved_gbps / ceiling:.0f}% of the best ceiling "
-            f"measured in this run ({ceiling:.0f} GB/s); more than {100 * limits.bandwidth_margin:g}% above it "
-            "cannot be real work")
+    return (
+        f"implausible: {achieved_gbps:.0f} GB/s is {100 * achieved_gbps / ceiling:.0f}% of the best ceiling "
+        f"measured in this run ({ceiling:.0f} GB/s); more than {100 * limits.bandwidth_margin:g}% above it "
+        "cannot be real work"
+    )
 
 
 def launch_floor_implausibility(median_ns: float, limits: PlausibilityLimits) -> str | None:
@@ -289,14 +292,19 @@ def launch_floor_implausibility(median_ns: float, limits: PlausibilityLimits) ->
     limit, floor = limits.time_limit_ns, limits.launch_floor_ns
     if limit is None or floor is None or not median_ns < limit:
         return None
-    return (f"implausible: {median_ns:.0f} ns per call is below {limits.launch_floor_fraction:g} x the launch floor "
-            f"measured in this run ({floor:.0f} ns): no kernel can run that fast")
+    return (
+        f"implausible: {median_ns:.0f} ns per call is below {limits.launch_floor_fraction:g} x the launch floor "
+        f"measured in this run ({floor:.0f} ns): no kernel can run that fast"
+    )
 
 
 def implausibility(achieved_gbps: float, median_ns: float, limits: PlausibilityLimits) -> str | None:
     """Every reason an arm's figures cannot be real work, joined with '; ' (bandwidth first); None if plausible."""
-    reasons = [r for r in (bandwidth_implausibility(achieved_gbps, limits),
-                           launch_floor_implausibility(median_ns, limits)) if r is not None]
+    reasons = [
+        r
+        for r in (bandwidth_implausibility(achieved_gbps, limits), launch_floor_implausibility(median_ns, limits))
+        if r is not None
+    ]
     return "; ".join(reasons) or None
 
 
@@ -310,8 +318,10 @@ def ulp_hist_sum(hists: Sequence[Sequence[int] | None]) -> list[int] | None:
         return None
     wrong = [h for h in present if len(h) != len(ULP_BINS)]
     if wrong:
-        raise ValueError(f"ulp_hist {wrong[0]} has {len(wrong[0])} bins; the contract has {len(ULP_BINS)}: "
-                         f"{', '.join(ULP_BINS)} ulps")
+        raise ValueError(
+            f"ulp_hist {wrong[0]} has {len(wrong[0])} bins; the contract has {len(ULP_BINS)}: "
+            f"{', '.join(ULP_BINS)} ulps"
+        )
     return [int(sum(column)) for column in zip(*present, strict=True)]
 
 
@@ -345,7 +355,7 @@ def calibration_base(arm: str) -> tuple[str, str] | None:
     """('aa' or 'slow', base arm) for a calibration arm name, else None."""
     for prefix in (AA_PREFIX, SLOW_PREFIX):
         if arm.startswith(prefix):
-            return prefix[:-1], arm[len(prefix):]
+            return prefix[:-1], arm[len(prefix) :]
     return None
 
 
@@ -400,8 +410,11 @@ def realized_slowdown(arm_median: float, base_median: float) -> float:
     return arm_median / base_median - 1
 
 
-def slow_calibration(verdicts: Sequence[str], realized: Sequence[float | None] | None = None,
-                     injected_slowdown: float = CALIBRATION_DEFAULTS["injected_slowdown"]) -> SlowCalibration:
+def slow_calibration(
+    verdicts: Sequence[str],
+    realized: Sequence[float | None] | None = None,
+    injected_slowdown: float = CALIBRATION_DEFAULTS["injected_slowdown"],
+) -> SlowCalibration:
     """Power over all compared cases, and over the cases realized near the nominal slowdown.
 
     `realized` is aligned with `verdicts` (None where the base arm has no median).
@@ -412,11 +425,17 @@ def slow_calibration(verdicts: Sequence[str], realized: Sequence[float | None] |
     n = len(verdicts)
     losses = sum(v == LOSS for v in verdicts)
     known = [r for r in realized if r is not None]
-    near = [v for v, r in zip(verdicts, realized) if r is not None and r <= NOMINAL_FACTOR * injected_slowdown]
+    near = [
+        v for v, r in zip(verdicts, realized, strict=True) if r is not None and r <= NOMINAL_FACTOR * injected_slowdown
+    ]
     return SlowCalibration(
-        n, losses, losses / n if n else None,
-        realized_min=min(known) if known else None, realized_max=max(known) if known else None,
-        nominal_cases=len(near), power_at_nominal=sum(v == LOSS for v in near) / len(near) if near else None,
+        n,
+        losses,
+        losses / n if n else None,
+        realized_min=min(known) if known else None,
+        realized_max=max(known) if known else None,
+        nominal_cases=len(near),
+        power_at_nominal=sum(v == LOSS for v in near) / len(near) if near else None,
     )
 
 
@@ -429,5 +448,6 @@ def calibration_passed(
     """
     if not aa and not slow:
         return False
-    return all(a.false_positive_rate is not None and a.false_positive_rate <= max_false_positive_rate for a in aa) \
-        and all(s.power is not None and s.power >= min_power for s in slow)
+    return all(
+        a.false_positive_rate is not None and a.false_positive_rate <= max_false_positive_rate for a in aa
+    ) and all(s.power is not None and s.power >= min_power for s in slow)

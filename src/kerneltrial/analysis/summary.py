@@ -176,11 +176,21 @@ def _timed_checks(path: Path) -> list[TimedCheck]:
             continue
         try:
             row = json.loads(line)
-            rows.append(TimedCheck(str(row["case"]), int(row["seed"]), int(row["round"]), str(row["arm"]),
-                                   row["passed"] is True, str(row.get("message") or "")))
+            rows.append(
+                TimedCheck(
+                    str(row["case"]),
+                    int(row["seed"]),
+                    int(row["round"]),
+                    str(row["arm"]),
+                    row["passed"] is True,
+                    str(row.get("message") or ""),
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise RunDirError(f"{path}:{number}: not a timed-check row ({error!r}); expected the fields case, "
-                              "seed, round, arm, values_seed, passed, max_abs, max_rel, ulp, message") from error
+            raise RunDirError(
+                f"{path}:{number}: not a timed-check row ({error!r}); expected the fields case, "
+                "seed, round, arm, values_seed, passed, max_abs, max_rel, ulp, message"
+            ) from error
     return rows
 
 
@@ -224,9 +234,7 @@ def unit_series(timings: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
         series = rows.set_index(["seed", "round"])["per_call"].astype(float).sort_index()
         if series.index.has_duplicates:
             duplicated = sorted(set(series.index[series.index.duplicated()]))
-            raise RunDirError(
-                f"timings.csv: case {case!r} arm {arm!r} has duplicate (seed, round) rows {duplicated}"
-            )
+            raise RunDirError(f"timings.csv: case {case!r} arm {arm!r} has duplicate (seed, round) rows {duplicated}")
         result[(case, arm)] = series
     return result
 
@@ -257,8 +265,9 @@ class SchemaV3:
     def aggregate_fields(self, name: str, cases: list[dict[str, Any]], agg: stats.ArmAggregate) -> dict[str, Any]:
         return {}
 
-    def gate_verdict(self, gate: stats.Gate, agg: stats.ArmAggregate, name: str,
-                     cases: list[dict[str, Any]]) -> stats.GateVerdict:
+    def gate_verdict(
+        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+    ) -> stats.GateVerdict:
         return stats.gate_verdict(gate, agg, sum(c["arms"][name]["status"] == FAILED for c in cases))
 
     def aa_fields(self, figures: stats.AACalibration) -> dict[str, Any]:
@@ -294,12 +303,16 @@ class SchemaV4(SchemaV3):
     def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV4:
         plan = run.plan
         if run.timed_checks is None:
-            raise RunDirError(f"plan.json has checks {plan['checks']!r} but the run directory has no {TIMED_CHECKS}; "
-                              "a run with timed checks writes one row per timing sample")
+            raise RunDirError(
+                f"plan.json has checks {plan['checks']!r} but the run directory has no {TIMED_CHECKS}; "
+                "a run with timed checks writes one row per timing sample"
+            )
         settings = plan.get("plausibility")
         if not isinstance(settings, dict) or not {"bandwidth_margin", "launch_floor_fraction"} <= set(settings):
-            raise RunDirError(f"plan.json plausibility {settings!r}: a checks-1 plan holds "
-                              "{bandwidth_margin, launch_floor_fraction} (the runner writes them)")
+            raise RunDirError(
+                f"plan.json plausibility {settings!r}: a checks-1 plan holds "
+                "{bandwidth_margin, launch_floor_fraction} (the runner writes them)"
+            )
         applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
         ceilings = [c for c in (copy_gbps, read_gbps) if c is not None]
         launch = run.ceilings[run.ceilings["kind"] == "launch"]["ns"].to_numpy()
@@ -326,28 +339,38 @@ class SchemaV4(SchemaV3):
 
     def aggregate_fields(self, name: str, cases: list[dict[str, Any]], agg: stats.ArmAggregate) -> dict[str, Any]:
         hists = [row.get("ulp_hist") for row in self.correctness if row["arm"] == name]
-        return {"inconclusive": agg.inconclusive,
-                "failed_while_timed": sum(c["arms"][name]["status"] == FAILED_WHILE_TIMED for c in cases),
-                "implausible": sum(c["arms"][name]["status"] == IMPLAUSIBLE for c in cases),
-                "ulp_hist": stats.ulp_hist_sum(hists)}
+        return {
+            "inconclusive": agg.inconclusive,
+            "failed_while_timed": sum(c["arms"][name]["status"] == FAILED_WHILE_TIMED for c in cases),
+            "implausible": sum(c["arms"][name]["status"] == IMPLAUSIBLE for c in cases),
+            "ulp_hist": stats.ulp_hist_sum(hists),
+        }
 
-    def gate_verdict(self, gate: stats.Gate, agg: stats.ArmAggregate, name: str,
-                     cases: list[dict[str, Any]]) -> stats.GateVerdict:
+    def gate_verdict(
+        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+    ) -> stats.GateVerdict:
         disqualified = []
         for cause in (FAILED, FAILED_WHILE_TIMED, IMPLAUSIBLE):
             hit = [c for c in cases if c["arms"][name]["status"] == cause]
             if hit:
                 first = hit[0]["arms"][name]
-                disqualified.append(stats.Disqualification(
-                    cause, tuple(c["case"] for c in hit), first["reason"] or first["messages"][0]))
+                disqualified.append(
+                    stats.Disqualification(
+                        cause, tuple(c["case"] for c in hit), first["reason"] or first["messages"][0]
+                    )
+                )
         # Timed but without a verdict: the control was excluded there (an arm cannot pass `no_loss`
         # by getting the control disqualified in every case).
         uncompared = [c for c in cases if c["arms"][name]["status"] == TIMED and c["arms"][name]["verdict"] is None]
         if uncompared:
             control = next(a for a, e in uncompared[0]["arms"].items() if e["kind"] == "control")
-            disqualified.append(stats.Disqualification(
-                NOT_COMPARED, tuple(c["case"] for c in uncompared),
-                f"no verdict against the control (control: {uncompared[0]['arms'][control]['status']})"))
+            disqualified.append(
+                stats.Disqualification(
+                    NOT_COMPARED,
+                    tuple(c["case"] for c in uncompared),
+                    f"no verdict against the control (control: {uncompared[0]['arms'][control]['status']})",
+                )
+            )
         return stats.gate_verdict_v4(gate, agg, disqualified)
 
     def aa_fields(self, figures: stats.AACalibration) -> dict[str, Any]:
@@ -362,10 +385,13 @@ class SchemaV4(SchemaV3):
         return {
             "exact": self.plan.get("exact"),
             "frozen_at": frozen_at,
-            "plausibility": {"bandwidth_margin": self.limits.bandwidth_margin,
-                             "launch_floor_fraction": self.limits.launch_floor_fraction, "applied": self.applied,
-                             "bandwidth_limit_gbps": self.limits.bandwidth_limit_gbps,
-                             "time_limit_ns": self.limits.time_limit_ns},
+            "plausibility": {
+                "bandwidth_margin": self.limits.bandwidth_margin,
+                "launch_floor_fraction": self.limits.launch_floor_fraction,
+                "applied": self.applied,
+                "bandwidth_limit_gbps": self.limits.bandwidth_limit_gbps,
+                "time_limit_ns": self.limits.time_limit_ns,
+            },
             "timed_checks": {"rows": len(self.timed_checks), "failed": sum(not r.passed for r in self.timed_checks)},
         }
 
@@ -377,21 +403,40 @@ def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -
         return SchemaV3()
     if checks in (1, 2) and not isinstance(checks, bool):  # 2: every call on fresh values, a random one checked
         return SchemaV4.from_run(run, copy_gbps, read_gbps)
-    raise RunDirError(f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1 and 2 (or none); "
-                      "update kerneltrial to read this run")
+    raise RunDirError(
+        f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1 and 2 (or none); "
+        "update kerneltrial to read this run"
+    )
 
 
 def _empty_entry(kind: str, status: str) -> dict[str, Any]:
     return {
-        "kind": kind, "status": status, "median_ns_per_call": None, "n_samples": 0, "ci_units": None,
-        "speedup": None, "ci_low": None, "ci_high": None, "verdict": None, "gbps": None,
-        "pct_of_copy_ceiling": None, "throttled_samples": 0, "spread": None, "messages": [], "reason": None,
+        "kind": kind,
+        "status": status,
+        "median_ns_per_call": None,
+        "n_samples": 0,
+        "ci_units": None,
+        "speedup": None,
+        "ci_low": None,
+        "ci_high": None,
+        "verdict": None,
+        "gbps": None,
+        "pct_of_copy_ceiling": None,
+        "throttled_samples": 0,
+        "spread": None,
+        "messages": [],
+        "reason": None,
     }
 
 
 def _arm_entry(
-    arm: dict[str, Any], checks: list[dict[str, Any]], times: pd.Series | None, throttled: int,
-    case: dict[str, Any], copy_ceiling: float | None, schema: SchemaV3,
+    arm: dict[str, Any],
+    checks: list[dict[str, Any]],
+    times: pd.Series | None,
+    throttled: int,
+    case: dict[str, Any],
+    copy_ceiling: float | None,
+    schema: SchemaV3,
 ) -> dict[str, Any]:
     """Status and per-arm figures of one (case, arm), speedup excluded."""
     if not arm["available"]:
@@ -421,17 +466,25 @@ def _arm_entry(
 
 
 def _case_summary(
-    run: RunFiles, series: dict[tuple[str, str], pd.Series], throttled: dict[tuple[str, str], int],
-    checks: dict[tuple[str, str], list[dict[str, Any]]], case: dict[str, Any], control: str,
-    copy_ceiling: float | None, rule: stats.BootstrapRule, schema: SchemaV3, warnings: list[str],
+    run: RunFiles,
+    series: dict[tuple[str, str], pd.Series],
+    throttled: dict[tuple[str, str], int],
+    checks: dict[tuple[str, str], list[dict[str, Any]]],
+    case: dict[str, Any],
+    control: str,
+    copy_ceiling: float | None,
+    rule: stats.BootstrapRule,
+    schema: SchemaV3,
+    warnings: list[str],
 ) -> dict[str, Any]:
     case_id = str(case["case"])
     arms: dict[str, dict[str, Any]] = {}
     for arm in run.plan["arms"]:
         name = arm["name"]
         times = series.get((case_id, name))
-        entry = _arm_entry(arm, checks.get((case_id, name), []), times, throttled.get((case_id, name), 0),
-                           case, copy_ceiling, schema)
+        entry = _arm_entry(
+            arm, checks.get((case_id, name), []), times, throttled.get((case_id, name), 0), case, copy_ceiling, schema
+        )
         if entry["status"] == NOT_TIMED:
             warnings.append(f"case {case_id}: arm {name} not timed: {entry['reason']}")
         if entry["status"] in (FAILED, UNAVAILABLE, NOT_TIMED) and times is not None:
@@ -444,14 +497,16 @@ def _case_summary(
     else:
         for name, times in timed.items():
             if name != control:
-                _add_speedup(arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule,
-                             schema, warnings)
+                _add_speedup(
+                    arms[name], timed[control], times, case_id, name, run.plan["tie_band"], rule, schema, warnings
+                )
 
     band = run.plan["tie_band"]
     spread = arms[control]["spread"] if control in arms else None
     if spread is not None and spread > band:
-        warnings.append(f"case {case_id}: control run-to-run spread {100 * spread:.1f}% exceeds the tie band "
-                        f"{100 * band:g}%")
+        warnings.append(
+            f"case {case_id}: control run-to-run spread {100 * spread:.1f}% exceeds the tie band {100 * band:g}%"
+        )
     rounds = case_rounds(run.plan, case)
     _check_rounds(run.plan, case_id, rounds, warnings)
     units = planned_units(run.plan, case)
@@ -459,9 +514,16 @@ def _case_summary(
     if short:
         warnings.append(f"case {case_id}: arm(s) {short} have fewer than the {units} planned (seed, round) units")
     return {
-        "case": case_id, "shape": case.get("shape"), "layout": case.get("layout"), "dtype": case.get("dtype"),
-        "bytes": case["bytes"], "calls": case["calls"], "rounds": rounds, "units_planned": units,
-        "injected_delay_ns": case.get("injected_delay_ns"), "arms": arms,
+        "case": case_id,
+        "shape": case.get("shape"),
+        "layout": case.get("layout"),
+        "dtype": case.get("dtype"),
+        "bytes": case["bytes"],
+        "calls": case["calls"],
+        "rounds": rounds,
+        "units_planned": units,
+        "injected_delay_ns": case.get("injected_delay_ns"),
+        "arms": arms,
     }
 
 
@@ -478,16 +540,26 @@ def _check_rounds(plan: dict[str, Any], case_id: str, rounds: int, warnings: lis
     if rounds < planned:
         warnings.append(f"case {case_id}: plan.json says {rounds} rounds, fewer than the planned {planned}")
     elif rounds > planned and rule.get("target_ci_width") is None:
-        warnings.append(f"case {case_id}: {rounds} rounds run but only {planned} planned and no noise rule "
-                        "(target_ci_width) allows more")
+        warnings.append(
+            f"case {case_id}: {rounds} rounds run but only {planned} planned and no noise rule "
+            "(target_ci_width) allows more"
+        )
     elif rule.get("max_rounds") is not None and rounds > planned and rounds > int(rule["max_rounds"]):
-        warnings.append(f"case {case_id}: {rounds} rounds run, more than the noise rule's max_rounds "
-                        f"{rule['max_rounds']}")
+        warnings.append(
+            f"case {case_id}: {rounds} rounds run, more than the noise rule's max_rounds {rule['max_rounds']}"
+        )
 
 
 def _add_speedup(
-    entry: dict[str, Any], control: pd.Series, arm: pd.Series, case_id: str, name: str,
-    tie_band: float, rule: stats.BootstrapRule, schema: SchemaV3, warnings: list[str],
+    entry: dict[str, Any],
+    control: pd.Series,
+    arm: pd.Series,
+    case_id: str,
+    name: str,
+    tie_band: float,
+    rule: stats.BootstrapRule,
+    schema: SchemaV3,
+    warnings: list[str],
 ) -> None:
     paired = control.index.intersection(arm.index).sort_values()
     entry["ci_units"] = len(paired)
@@ -521,11 +593,17 @@ def _aggregates_and_gate(
             rule,
         )
         aggregates[name] = {
-            "n_cases": agg.n_cases, "geomean": agg.geomean,
+            "n_cases": agg.n_cases,
+            "geomean": agg.geomean,
             "geomean_ci_low": agg.geomean_ci.low if agg.geomean_ci else None,
             "geomean_ci_high": agg.geomean_ci.high if agg.geomean_ci else None,
-            "mean": agg.mean, "worst": agg.worst, "worst_case": agg.worst_case,
-            "wins": agg.wins, "ties": agg.ties, "losses": agg.losses, "failed_correctness": failed,
+            "mean": agg.mean,
+            "worst": agg.worst,
+            "worst_case": agg.worst_case,
+            "wins": agg.wins,
+            "ties": agg.ties,
+            "losses": agg.losses,
+            "failed_correctness": failed,
         } | schema.aggregate_fields(name, cases, agg)
         result = schema.gate_verdict(gate, agg, name, cases)
         verdicts[name] = {"passed": result.passed, "reasons": result.reasons}
@@ -538,25 +616,36 @@ def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
     return stats.ceiling_gbps(rows["bytes"].to_numpy(), rows["ns"].to_numpy()), len(rows)
 
 
-def _clock_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> tuple[dict[str, Any], pd.Series]:
+def _clock_figures(
+    plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]
+) -> tuple[dict[str, Any], pd.Series]:
     """Top-level `clocks` figures and a per-row throttled flag (over every row of timings.csv)."""
     clocks = plan.get("clocks") or {}
     max_sm = clocks.get("max_sm_mhz")
     fraction = float(clocks.get("throttle_fraction", 0.9))
     threshold = stats.throttle_threshold(max_sm, fraction)
     sm = timings["sm_mhz"]
-    flags = pd.Series([stats.is_throttled(None if pd.isna(v) else float(v), threshold) for v in sm],
-                      index=timings.index, dtype=bool)
-    figures = {"max_sm_mhz": max_sm, "throttle_fraction": fraction, "threshold_mhz": threshold,
-               "samples_with_clock": int(sm.notna().sum()), "throttled_samples": int(flags.sum())}
+    flags = pd.Series(
+        [stats.is_throttled(None if pd.isna(v) else float(v), threshold) for v in sm], index=timings.index, dtype=bool
+    )
+    figures = {
+        "max_sm_mhz": max_sm,
+        "throttle_fraction": fraction,
+        "threshold_mhz": threshold,
+        "samples_with_clock": int(sm.notna().sum()),
+        "throttled_samples": int(flags.sum()),
+    }
     if figures["throttled_samples"]:
-        warnings.append(f"{figures['throttled_samples']} of {len(timings)} timing samples were throttled: SM clock "
-                        f"below {threshold:g} MHz ({fraction:g} x max {max_sm} MHz); their times may be slow")
+        warnings.append(
+            f"{figures['throttled_samples']} of {len(timings)} timing samples were throttled: SM clock "
+            f"below {threshold:g} MHz ({fraction:g} x max {max_sm} MHz); their times may be slow"
+        )
     return figures, flags
 
 
-def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str, schema: SchemaV3,
-                 warnings: list[str]) -> dict[str, Any] | None:
+def _calibration(
+    plan: dict[str, Any], cases: list[dict[str, Any]], control: str, schema: SchemaV3, warnings: list[str]
+) -> dict[str, Any] | None:
     """Calibration figures of the `aa:`/`slow:` arms (None when there are none)."""
     found = [(arm["name"], stats.calibration_base(arm["name"])) for arm in plan["arms"]]
     found = [(name, parsed) for name, parsed in found if parsed is not None]
@@ -568,32 +657,54 @@ def _calibration(plan: dict[str, Any], cases: list[dict[str, Any]], control: str
     aa_figures, slow_figures = [], []
     for name, (kind, base) in found:
         if base != control:
-            warnings.append(f"calibration arm {name} is compared with the control {control}, not with {base}; "
-                            "its calibration figures do not measure what they claim")
+            warnings.append(
+                f"calibration arm {name} is compared with the control {control}, not with {base}; "
+                "its calibration figures do not measure what they claim"
+            )
         compared = [c["arms"][name] for c in cases if c["arms"][name]["verdict"] is not None]
         verdicts = [e["verdict"] for e in compared]
         if kind == "aa":
             figures = stats.aa_calibration(verdicts, [stats.Interval(e["ci_low"], e["ci_high"]) for e in compared])
             aa_figures.append(figures)
-            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, **schema.aa_fields(figures),
-                          "false_positive_rate": figures.false_positive_rate, "mean_ci_width": figures.mean_ci_width}
+            arms[name] = {
+                "kind": kind,
+                "base": base,
+                "n_cases": figures.n_cases,
+                **schema.aa_fields(figures),
+                "false_positive_rate": figures.false_positive_rate,
+                "mean_ci_width": figures.mean_ci_width,
+            }
         else:
-            realized = {c["case"]: _realized(c["arms"][name], c["arms"].get(base)) for c in cases
-                        if c["arms"][name]["verdict"] is not None}
+            realized = {
+                c["case"]: _realized(c["arms"][name], c["arms"].get(base))
+                for c in cases
+                if c["arms"][name]["verdict"] is not None
+            }
             figures = stats.slow_calibration(verdicts, list(realized.values()), nominal)
             slow_figures.append(figures)
-            arms[name] = {"kind": kind, "base": base, "n_cases": figures.n_cases, "losses": figures.losses,
-                          "power": figures.power,
-                          "realized_slowdown": {case: r for case, r in realized.items() if r is not None},
-                          "realized_min": figures.realized_min, "realized_max": figures.realized_max,
-                          "power_at_nominal": figures.power_at_nominal}
+            arms[name] = {
+                "kind": kind,
+                "base": base,
+                "n_cases": figures.n_cases,
+                "losses": figures.losses,
+                "power": figures.power,
+                "realized_slowdown": {case: r for case, r in realized.items() if r is not None},
+                "realized_min": figures.realized_min,
+                "realized_max": figures.realized_max,
+                "power_at_nominal": figures.power_at_nominal,
+            }
             if figures.realized_min is not None and figures.realized_min > stats.NOMINAL_FACTOR * nominal:
                 warnings.append(never_nominal_warning(name, figures.realized_min, figures.realized_max, nominal))
     max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
     passed = stats.calibration_passed(aa_figures, slow_figures, max_fpr, min_power)
-    return {"injected_slowdown": nominal, "max_false_positive_rate": max_fpr,
-            "min_power": min_power, "arms": arms, "passed": passed,
-            "sentence": calibration_sentence(arms, passed, nominal, max_fpr, min_power)}
+    return {
+        "injected_slowdown": nominal,
+        "max_false_positive_rate": max_fpr,
+        "min_power": min_power,
+        "arms": arms,
+        "passed": passed,
+        "sentence": calibration_sentence(arms, passed, nominal, max_fpr, min_power),
+    }
 
 
 def _realized(slow: dict[str, Any], base: dict[str, Any] | None) -> float | None:
@@ -605,9 +716,11 @@ def _realized(slow: dict[str, Any], base: dict[str, Any] | None) -> float | None
 
 def never_nominal_warning(name: str, realized_min: float, realized_max: float, nominal: float) -> str:
     """The warning for a slowed arm whose smallest realized slowdown exceeds NOMINAL_FACTOR x nominal."""
-    return (f"calibration arm {name}: the injected slowdown was never as small as nominal "
-            f"({_realized_range(realized_min, realized_max)} realized, {100 * nominal:g}% nominal): "
-            "power at nominal is not demonstrated")
+    return (
+        f"calibration arm {name}: the injected slowdown was never as small as nominal "
+        f"({_realized_range(realized_min, realized_max)} realized, {100 * nominal:g}% nominal): "
+        "power at nominal is not demonstrated"
+    )
 
 
 def _realized_range(low: float | None, high: float | None) -> str:
@@ -625,20 +738,27 @@ def _claimed(aa: dict[str, Any]) -> str:
     return f"{aa['false_positives']} ({aa['inconclusive']} inconclusive)"
 
 
-def calibration_sentence(arms: dict[str, Any], passed: bool, injected_slowdown: float,
-                         max_fpr: float, min_power: float) -> str:
+def calibration_sentence(
+    arms: dict[str, Any], passed: bool, injected_slowdown: float, max_fpr: float, min_power: float
+) -> str:
     """One sentence saying whether the timing method told A from A and caught an injected slowdown."""
-    parts = [f"A/A arm {name} was called different from its copy in {_claimed(f)} of {f['n_cases']} case(s) "
-             f"(false-positive rate {_pct(f['false_positive_rate'])}, at most {_pct(max_fpr)} allowed; "
-             f"mean CI width {'n/a' if f['mean_ci_width'] is None else format(f['mean_ci_width'], '.4f')})"
-             for name, f in arms.items() if f["kind"] == "aa"]
+    parts = [
+        f"A/A arm {name} was called different from its copy in {_claimed(f)} of {f['n_cases']} case(s) "
+        f"(false-positive rate {_pct(f['false_positive_rate'])}, at most {_pct(max_fpr)} allowed; "
+        f"mean CI width {'n/a' if f['mean_ci_width'] is None else format(f['mean_ci_width'], '.4f')})"
+        for name, f in arms.items()
+        if f["kind"] == "aa"
+    ]
     near = stats.NOMINAL_FACTOR * injected_slowdown
-    parts += [f"slowed arm {name} ({100 * injected_slowdown:g}% nominal, "
-              f"{_realized_range(f['realized_min'], f['realized_max'])} realized) was called a loss in {f['losses']} of "
-              f"{f['n_cases']} case(s) (power {_pct(f['power'])}, at least {_pct(min_power)} required; "
-              f"power at nominal {_pct(f['power_at_nominal'])} over the "
-              f"{sum(r <= near for r in f['realized_slowdown'].values())} case(s) realized at most {100 * near:g}%)"
-              for name, f in arms.items() if f["kind"] == "slow"]
+    parts += [
+        f"slowed arm {name} ({100 * injected_slowdown:g}% nominal, "
+        f"{_realized_range(f['realized_min'], f['realized_max'])} realized) was called a loss in {f['losses']} of "
+        f"{f['n_cases']} case(s) (power {_pct(f['power'])}, at least {_pct(min_power)} required; "
+        f"power at nominal {_pct(f['power_at_nominal'])} over the "
+        f"{sum(r <= near for r in f['realized_slowdown'].values())} case(s) realized at most {100 * near:g}%)"
+        for name, f in arms.items()
+        if f["kind"] == "slow"
+    ]
     return f"Calibration {'passed' if passed else 'FAILED'}: " + "; ".join(parts) + "."
 
 
@@ -664,13 +784,20 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     if copy_gbps is None:
         warnings.append("ceilings.csv has no copy samples; % of copy ceiling is not available")
     clocks, flags = _clock_figures(plan, run.timings, warnings)
-    throttled = {(str(case), str(arm)): int(n) for (case, arm), n in
-                 run.timings.assign(throttled=flags).groupby(["case", "arm"], sort=False)["throttled"].sum().items()}
+    throttled = {
+        (str(case), str(arm)): int(n)
+        for (case, arm), n in run.timings.assign(throttled=flags)
+        .groupby(["case", "arm"], sort=False)["throttled"]
+        .sum()
+        .items()
+    }
     schema = schema_of(run, copy_gbps, read_gbps)
     series = unit_series(run.timings)
     checks = correctness_by_case_arm(run.correctness)
-    cases = [_case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, schema, warnings)
-             for case in plan["cases"]]
+    cases = [
+        _case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, schema, warnings)
+        for case in plan["cases"]
+    ]
     aggregates, gate = _aggregates_and_gate(cases, plan, control, rule, schema)
     calibration = _calibration(plan, cases, control, schema, warnings)
     summary = {
@@ -686,8 +813,13 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "bootstrap": {"resamples": rule.resamples, "seed": rule.seed, "confidence": rule.confidence},
         "arms": plan["arms"],
         "noise_rule": plan.get("noise_rule"),
-        "ceilings": {"copy_gbps": copy_gbps, "copy_samples": copy_n, "read_gbps": read_gbps, "read_samples": read_n,
-                     **schema.ceiling_fields()},
+        "ceilings": {
+            "copy_gbps": copy_gbps,
+            "copy_samples": copy_n,
+            "read_gbps": read_gbps,
+            "read_samples": read_n,
+            **schema.ceiling_fields(),
+        },
         "clocks": clocks,
         "cases": cases,
         "aggregates": aggregates,

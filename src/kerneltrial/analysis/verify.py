@@ -48,8 +48,17 @@ from kerneltrial.analysis import integrity
 from kerneltrial.analysis.errors import RunDirError
 
 REL_TOL = 1e-9
-BASE_FIGURE_FIELDS = ("median_ns_per_call", "n_samples", "ci_units", "speedup", "ci_low", "ci_high",
-                      "verdict", "gbps", "pct_of_copy_ceiling")
+BASE_FIGURE_FIELDS = (
+    "median_ns_per_call",
+    "n_samples",
+    "ci_units",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "verdict",
+    "gbps",
+    "pct_of_copy_ceiling",
+)
 FIGURE_FIELDS = (*BASE_FIGURE_FIELDS, "throttled_samples", "spread")
 LEGACY_SCHEMA = "kerneltrial.summary/1"
 SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
@@ -69,30 +78,71 @@ PLAUSIBILITY_DEFAULTS = {
     "launch_floor_fraction": 0.5,
 }
 # protocol.toml keys that plan.json copies, with the protocol's defaults
-PROTOCOL_DEFAULTS = {"control": "control", "seeds": [0, 1, 2], "rounds": 7, "tie_band": 0.02, "gate": "no_loss",
-                     "bootstrap_resamples": 2000, "bootstrap_seed": 20261129, "confidence": 0.95, "l2": "cold",
-                     "layout": "contiguous", "dtype": "bfloat16", "throttle_fraction": 0.9, "target_ci_width": None,
-                     "max_rounds": 50, "time_budget_s": 600.0, "exact": False, **CALIBRATION_DEFAULTS,
-                     **PLAUSIBILITY_DEFAULTS}
+PROTOCOL_DEFAULTS = {
+    "control": "control",
+    "seeds": [0, 1, 2],
+    "rounds": 7,
+    "tie_band": 0.02,
+    "gate": "no_loss",
+    "bootstrap_resamples": 2000,
+    "bootstrap_seed": 20261129,
+    "confidence": 0.95,
+    "l2": "cold",
+    "layout": "contiguous",
+    "dtype": "bfloat16",
+    "throttle_fraction": 0.9,
+    "target_ci_width": None,
+    "max_rounds": 50,
+    "time_budget_s": 600.0,
+    "exact": False,
+    **CALIBRATION_DEFAULTS,
+    **PLAUSIBILITY_DEFAULTS,
+}
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
 INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 TIMED_CHECKS = "timed_checks.jsonl"
-AGGREGATE_FIELDS = ("n_cases", "geomean", "geomean_ci_low", "geomean_ci_high", "mean", "worst",
-                    "worst_case", "wins", "ties", "losses", "failed_correctness")
+AGGREGATE_FIELDS = (
+    "n_cases",
+    "geomean",
+    "geomean_ci_low",
+    "geomean_ci_high",
+    "mean",
+    "worst",
+    "worst_case",
+    "wins",
+    "ties",
+    "losses",
+    "failed_correctness",
+)
 CHECKED_AGGREGATE_FIELDS = (*AGGREGATE_FIELDS, "inconclusive", "failed_while_timed", "implausible", "ulp_hist")
 FAILED_WHILE_TIMED, IMPLAUSIBLE = "failed while timed", "implausible"
 NOT_COMPARED = "not compared with the control"  # timed, but the control has no timing in the case
 RAISED = "raised while timed: "
 # every failing timed check's message starts with one of these (the runner's contract)
-TIMED_FAILURE_PREFIXES = ("wrong result while timed: ", "modified its inputs while timed: ",
-                          "wrote outside its output: ", "returns a persistent buffer: ", RAISED)
+TIMED_FAILURE_PREFIXES = (
+    "wrong result while timed: ",
+    "modified its inputs while timed: ",
+    "wrote outside its output: ",
+    "returns a persistent buffer: ",
+    RAISED,
+)
 ULP_BINS = 6  # correctness.jsonl ulp_hist: elements at 0, (0,1], (1,2], (2,4], (4,16], >16 ulps
 UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
 NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
 # the checks only a run with timed checks has; listed as not applicable for older runs
-CHECKED_RUN_CHECKS = ("plan contract fields", "timed checks", "dropped arms", "ulp histograms", "plausibility",
-                      "summary frozen_at", "manifest", "provenance", "source archive", "protocol freeze")
+CHECKED_RUN_CHECKS = (
+    "plan contract fields",
+    "timed checks",
+    "dropped arms",
+    "ulp histograms",
+    "plausibility",
+    "summary frozen_at",
+    "manifest",
+    "provenance",
+    "source archive",
+    "protocol freeze",
+)
 
 
 @dataclass(frozen=True)
@@ -124,10 +174,15 @@ class Contract:
         return "inconclusive"
 
 
-CONTRACTS = {c.schema: c for c in (Contract(LEGACY_SCHEMA, clocks=False, realized=False, checked=False),
-                                   Contract(SCHEMA_2, clocks=True, realized=False, checked=False),
-                                   Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
-                                   Contract(SCHEMA_4, clocks=True, realized=True, checked=True))}
+CONTRACTS = {
+    c.schema: c
+    for c in (
+        Contract(LEGACY_SCHEMA, clocks=False, realized=False, checked=False),
+        Contract(SCHEMA_2, clocks=True, realized=False, checked=False),
+        Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
+        Contract(SCHEMA_4, clocks=True, realized=True, checked=True),
+    )
+}
 
 
 @dataclass
@@ -152,6 +207,7 @@ class VerifyResult:
 
 
 # ---------------------------------------------------------------- reading
+
 
 def _read_json(run_dir: Path, name: str) -> Any:
     path = run_dir / name
@@ -191,8 +247,19 @@ def _mhz(text: str | None) -> float | None:
 def _samples(run_dir: Path) -> list[Sample]:
     rows = _read_csv_rows(run_dir, "timings.csv", ["case", "seed", "round", "position", "arm", "calls", "ns"])
     try:
-        return [Sample(r["case"], int(r["seed"]), int(r["round"]), int(r["position"]), r["arm"],
-                       int(r["calls"]), float(r["ns"]), _mhz(r.get("sm_mhz"))) for r in rows]
+        return [
+            Sample(
+                r["case"],
+                int(r["seed"]),
+                int(r["round"]),
+                int(r["position"]),
+                r["arm"],
+                int(r["calls"]),
+                float(r["ns"]),
+                _mhz(r.get("sm_mhz")),
+            )
+            for r in rows
+        ]
     except (TypeError, ValueError) as error:
         raise RunDirError(f"{run_dir / 'timings.csv'}: unparsable row ({error})") from error
 
@@ -221,16 +288,37 @@ class TimedRow:
 
 def _timed_row(row: Any) -> TimedRow:
     """A timed_checks.jsonl row with every contract field of the right type; TypeError otherwise."""
-    fields = {"case": str, "seed": int, "round": int, "arm": str, "values_seed": int, "passed": bool,
-              "max_abs": (int, float), "max_rel": (int, float), "ulp": (int, float), "message": str}
+    fields = {
+        "case": str,
+        "seed": int,
+        "round": int,
+        "arm": str,
+        "values_seed": int,
+        "passed": bool,
+        "max_abs": (int, float),
+        "max_rel": (int, float),
+        "ulp": (int, float),
+        "message": str,
+    }
     if not isinstance(row, dict):
         raise TypeError(f"{row!r} is not an object")
-    wrong = [name for name, kind in fields.items() if not isinstance(row.get(name), kind)
-             or (kind is int and isinstance(row.get(name), bool))]
+    wrong = [
+        name
+        for name, kind in fields.items()
+        if not isinstance(row.get(name), kind) or (kind is int and isinstance(row.get(name), bool))
+    ]
     if wrong:
         raise TypeError(f"fields {wrong} missing or of the wrong type in {row!r}")
-    return TimedRow(row["case"], row["seed"], row["round"], row["arm"], row["values_seed"], row["passed"],
-                    row["message"], row.get("checked_call"))
+    return TimedRow(
+        row["case"],
+        row["seed"],
+        row["round"],
+        row["arm"],
+        row["values_seed"],
+        row["passed"],
+        row["message"],
+        row.get("checked_call"),
+    )
 
 
 def _read_timed_rows(run_dir: Path) -> tuple[list[TimedRow], list[str]]:
@@ -308,6 +396,7 @@ def _calibration_arm(name: str) -> tuple[str, str] | None:
 
 # ---------------------------------------------------------------- arithmetic (own implementations)
 
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -373,11 +462,15 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _diff(where: str, recorded: dict[str, Any], recomputed: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
-    return [f"{where} {key}: summary {recorded.get(key)!r} != recomputed {recomputed[key]!r}"
-            for key in fields if not _same(recorded.get(key), recomputed[key])]
+    return [
+        f"{where} {key}: summary {recorded.get(key)!r} != recomputed {recomputed[key]!r}"
+        for key in fields
+        if not _same(recorded.get(key), recomputed[key])
+    ]
 
 
 # ---------------------------------------------------------------- the checks
+
 
 def verify_run_dir(run_dir: Path) -> VerifyResult:
     """Recompute every figure of a run directory and compare; see VerifyResult.checks."""
@@ -412,18 +505,24 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     digest = hashlib.sha256((run_dir / "protocol.toml").read_bytes()).hexdigest()
     for name, document in (("provenance.json", provenance), ("plan.json", plan), ("summary.json", summary)):
         recorded = document.get("protocol_sha256")
-        result.add(f"protocol hash in {name}",
-                   [] if recorded == digest else [f"{name} says {recorded}, protocol.toml hashes to {digest}"],
-                   f"sha256 {digest[:12]}... matches protocol.toml")
+        result.add(
+            f"protocol hash in {name}",
+            [] if recorded == digest else [f"{name} says {recorded}, protocol.toml hashes to {digest}"],
+            f"sha256 {digest[:12]}... matches protocol.toml",
+        )
 
     samples = _samples(run_dir)
-    correctness = [json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines()
-                   if line.strip()]
+    correctness = [
+        json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines() if line.strip()
+    ]
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
     contract = _check_schema(plan, summary, samples, result)
     inputs = (*INPUT_FILES, TIMED_CHECKS) if contract.checked else INPUT_FILES
-    result.add("raw files unchanged since summary", _changed_inputs(run_dir, summary.get("inputs_sha256", {}), inputs),
-               f"{', '.join(inputs)} hash as recorded in summary.json")
+    result.add(
+        "raw files unchanged since summary",
+        _changed_inputs(run_dir, summary.get("inputs_sha256", {}), inputs),
+        f"{', '.join(inputs)} hash as recorded in summary.json",
+    )
     _check_protocol(run_dir, plan, result)
     outcome = _correctness_outcome(plan, correctness, result)
     timed = None
@@ -439,8 +538,14 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     return result
 
 
-def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
-                        outcome: dict[tuple[str, str], str], result: VerifyResult) -> TimedChecks:
+def _check_timed_checks(
+    run_dir: Path,
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    samples: list[Sample],
+    outcome: dict[tuple[str, str], str],
+    result: VerifyResult,
+) -> TimedChecks:
     """Every timing sample has exactly one timed check, and a raise none; records `timed checks` and
     (through `_check_dropped_arms`) `dropped arms`."""
     rows, problems = _read_timed_rows(run_dir)
@@ -453,31 +558,57 @@ def _check_timed_checks(run_dir: Path, plan: dict[str, Any], summary: dict[str, 
     listed = [
         ("timing rows without a timed check", sorted(sampled - set(counts))),
         ("duplicated timed checks", sorted(key for key, n in counts.items() if n > 1)),
-        ("timed checks without a timing row that did not raise", sorted(r.key for r in rows
-                                                                        if not r.raised and r.key not in sampled)),
+        (
+            "timed checks without a timing row that did not raise",
+            sorted(r.key for r in rows if not r.raised and r.key not in sampled),
+        ),
         ("raised while timed but has a timing row", sorted(r.key for r in rows if r.raised and r.key in sampled)),
-        ("timed checks of an arm not timed in the case", sorted({(r.case, r.arm) for r in rows
-                                                                 if outcome.get((r.case, r.arm)) != "passed"})),
+        (
+            "timed checks of an arm not timed in the case",
+            sorted({(r.case, r.arm) for r in rows if outcome.get((r.case, r.arm)) != "passed"}),
+        ),
         ("units whose arms got different values_seed", sorted(unit for unit, seen in values.items() if len(seen) > 1)),
-        ("failed timed checks whose message has no contract prefix, or a raise that passed",
-         [r.key for r in rows if (not r.passed and not r.message.startswith(TIMED_FAILURE_PREFIXES))
-          or (r.raised and r.passed)]),
+        (
+            "failed timed checks whose message has no contract prefix, or a raise that passed",
+            [
+                r.key
+                for r in rows
+                if (not r.passed and not r.message.startswith(TIMED_FAILURE_PREFIXES)) or (r.raised and r.passed)
+            ],
+        ),
     ]
     if plan.get("checks") == CHECKS_EVERY_CALL:  # a random call of each sample checked: which one is recorded
         calls = {str(c["case"]): int(c["calls"]) for c in plan["cases"]}
-        listed.append(("timed checks without a checked_call in 0..calls-1", sorted(
-            r.key for r in rows if not r.raised and not (isinstance(r.checked_call, int) and not isinstance(r.checked_call, bool)
-                                                         and 0 <= r.checked_call < calls.get(r.case, 0)))))
+        listed.append(
+            (
+                "timed checks without a checked_call in 0..calls-1",
+                sorted(
+                    r.key
+                    for r in rows
+                    if not r.raised
+                    and not (
+                        isinstance(r.checked_call, int)
+                        and not isinstance(r.checked_call, bool)
+                        and 0 <= r.checked_call < calls.get(r.case, 0)
+                    )
+                ),
+            )
+        )
     problems += [f"{label}: {len(keys)}, e.g. {keys[:3]}" for label, keys in listed if keys]
     failed = sum(not r.passed for r in rows)
-    problems += _diff("summary timed_checks", summary.get("timed_checks") or {}, {"rows": len(rows), "failed": failed},
-                      ("rows", "failed"))
+    problems += _diff(
+        "summary timed_checks",
+        summary.get("timed_checks") or {},
+        {"rows": len(rows), "failed": failed},
+        ("rows", "failed"),
+    )
     result.add("timed checks", problems, f"{len(rows)} timed checks, one per timing sample ({failed} failed)")
     return TimedChecks(rows, _check_dropped_arms(plan, samples, rows, result))
 
 
-def _check_dropped_arms(plan: dict[str, Any], samples: list[Sample], rows: list[TimedRow],
-                        result: VerifyResult) -> dict[tuple[str, str], tuple[int, int]]:
+def _check_dropped_arms(
+    plan: dict[str, Any], samples: list[Sample], rows: list[TimedRow], result: VerifyResult
+) -> dict[tuple[str, str], tuple[int, int]]:
     """An arm that raised while timed has no row in the later units of its case; returns where each raised."""
     order = _unit_order(plan)
     raised: dict[tuple[str, str], tuple[int, int]] = {}
@@ -485,35 +616,68 @@ def _check_dropped_arms(plan: dict[str, Any], samples: list[Sample], rows: list[
         raised.setdefault((row.case, row.arm), (row.seed, row.round))
     later = []
     for (case, arm), unit in raised.items():
-        after = sorted({(x.seed, x.round) for x in (*samples, *rows)
-                        if x.case == case and x.arm == arm and order(x.seed, x.round) > order(*unit)})
+        after = sorted(
+            {
+                (x.seed, x.round)
+                for x in (*samples, *rows)
+                if x.case == case and x.arm == arm and order(x.seed, x.round) > order(*unit)
+            }
+        )
         if after:
-            later.append(f"arm {arm} raised while timed in ({case}, {unit[0]}, {unit[1]}) but has rows in "
-                         f"{len(after)} later unit(s), e.g. {after[:3]}")
-    result.add("dropped arms", later, f"{len(raised)} arm(s) raised while timed, each absent from the later "
-                                      "units of its case")
+            later.append(
+                f"arm {arm} raised while timed in ({case}, {unit[0]}, {unit[1]}) but has rows in "
+                f"{len(after)} later unit(s), e.g. {after[:3]}"
+            )
+    result.add(
+        "dropped arms", later, f"{len(raised)} arm(s) raised while timed, each absent from the later units of its case"
+    )
     return raised
 
 
-def _check_integrity(run_dir: Path, plan: dict[str, Any], provenance: dict[str, Any], digest: str,
-                     correctness: list[dict[str, Any]], result: VerifyResult) -> None:
+def _check_integrity(
+    run_dir: Path,
+    plan: dict[str, Any],
+    provenance: dict[str, Any],
+    digest: str,
+    correctness: list[dict[str, Any]],
+    result: VerifyResult,
+) -> None:
     """The checks of a run with timed checks that read no timing figure: plan fields, ulp histograms,
     manifest, provenance, source archive and freeze (analysis/integrity.py)."""
-    result.add("plan contract fields", _plan_contract_problems(plan),
-               f"checks {plan.get('checks')}, exact {plan.get('exact')}, plausibility {plan.get('plausibility')}, "
-               f"frozen_at {plan.get('frozen_at')}")
-    result.add("ulp histograms", _ulp_problems(plan, correctness),
-               f"{len(correctness)} correctness rows, each with a {ULP_BINS}-bin ulp histogram")
-    result.add("manifest", integrity.manifest_problems(run_dir),
-               f"every file hashes as {integrity.MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md")
-    result.add("provenance", integrity.provenance_problems(provenance),
-               "versions, device, source digest, start and end recorded")
-    result.add("source archive", integrity.source_problems(run_dir, provenance),
-               f"{integrity.SOURCE_ARCHIVE} digests to git.source_sha256")
+    result.add(
+        "plan contract fields",
+        _plan_contract_problems(plan),
+        f"checks {plan.get('checks')}, exact {plan.get('exact')}, plausibility {plan.get('plausibility')}, "
+        f"frozen_at {plan.get('frozen_at')}",
+    )
+    result.add(
+        "ulp histograms",
+        _ulp_problems(plan, correctness),
+        f"{len(correctness)} correctness rows, each with a {ULP_BINS}-bin ulp histogram",
+    )
+    result.add(
+        "manifest",
+        integrity.manifest_problems(run_dir),
+        f"every file hashes as {integrity.MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md",
+    )
+    result.add(
+        "provenance",
+        integrity.provenance_problems(provenance),
+        "versions, device, source digest, start and end recorded",
+    )
+    result.add(
+        "source archive",
+        integrity.source_problems(run_dir, provenance),
+        f"{integrity.SOURCE_ARCHIVE} digests to git.source_sha256",
+    )
     frozen = plan.get("frozen_at")
-    result.add("protocol freeze", integrity.freeze_problems(provenance, plan, digest),
-               "not frozen (plan and provenance agree)" if frozen is None else f"frozen at {frozen}, the record of "
-               "protocol.toml")
+    result.add(
+        "protocol freeze",
+        integrity.freeze_problems(provenance, plan, digest),
+        "not frozen (plan and provenance agree)"
+        if frozen is None
+        else f"frozen at {frozen}, the record of protocol.toml",
+    )
 
 
 def _plan_contract_problems(plan: dict[str, Any]) -> list[str]:
@@ -523,8 +687,9 @@ def _plan_contract_problems(plan: dict[str, Any]) -> list[str]:
         problems.append(f"exact {plan.get('exact')!r} is not true or false")
     settings = plan.get("plausibility")
     numbers = {key: (settings or {}).get(key) for key in PLAUSIBILITY_DEFAULTS} if isinstance(settings, dict) else {}
-    if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                              for v in numbers.values()):
+    if not numbers or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in numbers.values()
+    ):
         problems.append(f"plausibility {settings!r} lacks non-negative numbers {list(PLAUSIBILITY_DEFAULTS)}")
     if "frozen_at" not in plan or not isinstance(plan["frozen_at"], (str, type(None))):
         problems.append(f"frozen_at {plan.get('frozen_at', 'absent')!r} is not a time or null")
@@ -539,16 +704,23 @@ def _ulp_problems(plan: dict[str, Any], correctness: list[dict[str, Any]]) -> li
     for row in correctness:
         hist = row.get("ulp_hist")
         where = (row.get("case"), row.get("seed"), row.get("arm"))
-        if not (isinstance(hist, list) and len(hist) == ULP_BINS
-                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)):
+        if not (
+            isinstance(hist, list)
+            and len(hist) == ULP_BINS
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)
+        ):
             malformed.append(f"{where}: {hist!r}")
         elif plan.get("exact") is True and row.get("passed") is True and any(hist[1:]):
             inexact.append(f"{where}: {hist}")
-    problems = [f"{len(malformed)} correctness row(s) without a {ULP_BINS}-bin ulp_hist, e.g. {malformed[:3]}"] \
-        if malformed else []
+    problems = (
+        [f"{len(malformed)} correctness row(s) without a {ULP_BINS}-bin ulp_hist, e.g. {malformed[:3]}"]
+        if malformed
+        else []
+    )
     if inexact:
-        problems.append(f"{len(inexact)} passed row(s) of an exact run with elements off the reference, "
-                        f"e.g. {inexact[:3]}")
+        problems.append(
+            f"{len(inexact)} passed row(s) of an exact run with elements off the reference, e.g. {inexact[:3]}"
+        )
     return problems
 
 
@@ -559,8 +731,11 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         result.add("plan matches protocol", [f"protocol.toml is not valid TOML ({error})"], "")
         return
-    cases = [f"{'x'.join(str(n) for n in c.get('shape', []))}/{c.get('layout', PROTOCOL_DEFAULTS['layout'])}/"
-             f"{c.get('dtype', PROTOCOL_DEFAULTS['dtype'])}" for c in protocol.get("cases", [])]
+    cases = [
+        f"{'x'.join(str(n) for n in c.get('shape', []))}/{c.get('layout', PROTOCOL_DEFAULTS['layout'])}/"
+        f"{c.get('dtype', PROTOCOL_DEFAULTS['dtype'])}"
+        for c in protocol.get("cases", [])
+    ]
     bootstrap = plan.get("bootstrap") or {}
     # (field, value in plan.json, value the protocol implies)
     pairs = [
@@ -582,31 +757,46 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
     if "exact" in plan:
         pairs.append(("exact", plan["exact"], protocol["exact"]))
     if isinstance(plan.get("plausibility"), dict):
-        pairs += [(f"plausibility.{key}", plan["plausibility"].get(key), protocol[key]) for key in PLAUSIBILITY_DEFAULTS]
+        pairs += [
+            (f"plausibility.{key}", plan["plausibility"].get(key), protocol[key]) for key in PLAUSIBILITY_DEFAULTS
+        ]
     # the noise settings are optional in plan.json (older runs); compared where present
-    for section, keys in (("clocks", ("throttle_fraction",)),
-                          ("noise_rule", ("target_ci_width", "max_rounds", "time_budget_s")),
-                          ("calibration", tuple(CALIBRATION_DEFAULTS))):
+    for section, keys in (
+        ("clocks", ("throttle_fraction",)),
+        ("noise_rule", ("target_ci_width", "max_rounds", "time_budget_s")),
+        ("calibration", tuple(CALIBRATION_DEFAULTS)),
+    ):
         recorded = plan.get(section)
         if isinstance(recorded, dict):
             pairs += [(f"{section}.{key}", recorded[key], protocol[key]) for key in keys if key in recorded]
-    problems = [f"{name}: plan.json has {planned!r}, protocol.toml says {declared!r}"
-                for name, planned, declared in pairs if not _same_value(planned, declared)]
-    result.add("plan matches protocol", problems,
-               f"arms, {len(cases)} case ids, seeds, rounds, tie band, gate, bootstrap and L2 as protocol.toml says")
+    problems = [
+        f"{name}: plan.json has {planned!r}, protocol.toml says {declared!r}"
+        for name, planned, declared in pairs
+        if not _same_value(planned, declared)
+    ]
+    result.add(
+        "plan matches protocol",
+        problems,
+        f"arms, {len(cases)} case ids, seeds, rounds, tie band, gate, bootstrap and L2 as protocol.toml says",
+    )
 
 
 def _same_value(a: Any, b: Any) -> bool:
     """Equal, with ints and floats compared by value (a TOML 600 and a JSON 600.0 agree); bools stay bools."""
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     return a == b
 
 
-def _check_order(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
-                 result: VerifyResult, timed: TimedChecks | None) -> None:
+def _check_order(
+    plan: dict[str, Any],
+    samples: list[Sample],
+    outcome: dict[tuple[str, str], str],
+    result: VerifyResult,
+    timed: TimedChecks | None,
+) -> None:
     """Interleaving evidence: in each (case, seed, round) unit the timed arms hold positions 0..k-1,
     and, with plan `order_seed`, exactly the order its seeded generator gives. With timed checks the
     arms of a unit are those still in the case there (a timing row, or the raise that dropped the
@@ -625,56 +815,88 @@ def _check_order(plan: dict[str, Any], samples: list[Sample], outcome: dict[tupl
         here = {s.arm for s in rows} | set(raised)
         arms = case_arms.get(case, []) if timed is None else [arm for arm in arm_order if arm in here]
         positions = sorted(s.position for s in rows)
-        if len(set(positions)) != len(positions) or len(positions) != len(arms) - len(raised) \
-                or not all(0 <= p < len(arms) for p in positions):
-            bad_positions.append(f"({case}, {seed}, {rnd}) positions {positions} for {len(arms)} timed arm(s)"
-                                 + (f" ({len(raised)} raised)" if raised else ""))
+        if (
+            len(set(positions)) != len(positions)
+            or len(positions) != len(arms) - len(raised)
+            or not all(0 <= p < len(arms) for p in positions)
+        ):
+            bad_positions.append(
+                f"({case}, {seed}, {rnd}) positions {positions} for {len(arms)} timed arm(s)"
+                + (f" ({len(raised)} raised)" if raised else "")
+            )
             continue
         if order_seed is None or sorted([*(s.arm for s in rows), *raised]) != sorted(arms) or case not in case_index:
             continue  # an incomplete unit already fails the timing-rows check
         permutation = np.random.default_rng([int(order_seed), case_index[case], seed, rnd]).permutation(len(arms))
         expected = {arms[i]: position for position, i in enumerate(permutation)}
-        wrong = [f"{s.arm} at {s.position}, seeded order puts it at {expected[s.arm]}"
-                 for s in rows if expected[s.arm] != s.position]
+        wrong = [
+            f"{s.arm} at {s.position}, seeded order puts it at {expected[s.arm]}"
+            for s in rows
+            if expected[s.arm] != s.position
+        ]
         if wrong:
             bad_order.append(f"({case}, {seed}, {rnd}): " + ", ".join(wrong))
-    problems = ([f"{len(bad_positions)} unit(s) whose positions are not 0..k-1, e.g. {bad_positions[:3]}"]
-                if bad_positions else [])
+    problems = (
+        [f"{len(bad_positions)} unit(s) whose positions are not 0..k-1, e.g. {bad_positions[:3]}"]
+        if bad_positions
+        else []
+    )
     if bad_order:
         problems.append(f"{len(bad_order)} unit(s) not in the order of order_seed {order_seed}, e.g. {bad_order[:3]}")
-    result.add("interleaving order", problems,
-               f"{len(units)} (case, seed, round) units, positions 0..k-1"
-               + ("" if order_seed is None else f", each in the seeded order of order_seed {order_seed}"))
+    result.add(
+        "interleaving order",
+        problems,
+        f"{len(units)} (case, seed, round) units, positions 0..k-1"
+        + ("" if order_seed is None else f", each in the seeded order of order_seed {order_seed}"),
+    )
 
 
-def _check_schema(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
-                  result: VerifyResult) -> Contract:
+def _check_schema(
+    plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult
+) -> Contract:
     """The contract the run is verified under. plan.json `"checks": 1` needs a schema-4 summary;
     a run without `checks` a schema 1-3 one (schema 1 only for raw files without the newer fields)."""
     schema = summary.get("schema")
     if "checks" in plan:
         if plan["checks"] not in (1, CHECKS_EVERY_CALL) or isinstance(plan["checks"], bool):
-            raise RunDirError(f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
-                              "(or none); update kerneltrial to verify this run")
-        result.add("summary schema", [] if schema == SCHEMA_4 else
-                   [f"summary schema {schema!r} is not {SCHEMA_4}, which a plan with checks 1 needs"], f"{schema}")
+            raise RunDirError(
+                f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
+                "(or none); update kerneltrial to verify this run"
+            )
+        result.add(
+            "summary schema",
+            []
+            if schema == SCHEMA_4
+            else [f"summary schema {schema!r} is not {SCHEMA_4}, which a plan with checks 1 needs"],
+            f"{schema}",
+        )
         return CONTRACTS[SCHEMA_4]
     if schema != LEGACY_SCHEMA:
-        result.add("summary schema", [] if schema in (SCHEMA_3, SCHEMA_2) else
-                   [f"summary schema {schema!r} is not {SCHEMA_3} (or /2, /1) for a plan without checks"
-                    + (" (a schema-4 summary needs plan.json checks 1)" if schema == SCHEMA_4 else "")], f"{schema}")
+        result.add(
+            "summary schema",
+            []
+            if schema in (SCHEMA_3, SCHEMA_2)
+            else [
+                f"summary schema {schema!r} is not {SCHEMA_3} (or /2, /1) for a plan without checks"
+                + (" (a schema-4 summary needs plan.json checks 1)" if schema == SCHEMA_4 else "")
+            ],
+            f"{schema}",
+        )
         return CONTRACTS[SCHEMA_2 if schema == SCHEMA_2 else SCHEMA_3]
     newer = []
     if any(s.sm_mhz is not None for s in samples):
         newer.append("timings.csv has sm_mhz readings")
-    if any(c.get("rounds") is not None and len(_rounds_of(plan, c)) != len(_as_list(plan["rounds"]))
-           for c in plan["cases"]):
+    if any(
+        c.get("rounds") is not None and len(_rounds_of(plan, c)) != len(_as_list(plan["rounds"])) for c in plan["cases"]
+    ):
         newer.append("plan.json cases have their own rounds")
     if any(_calibration_arm(a["name"]) for a in plan["arms"]):
         newer.append("plan.json has aa:/slow: calibration arms")
-    result.add("summary schema", [f"{LEGACY_SCHEMA} summary lacks the figures for raw data it must cover: "
-                                  + "; ".join(newer)] if newer else [],
-               f"{LEGACY_SCHEMA}: no clock, per-case rounds or calibration data to check")
+    result.add(
+        "summary schema",
+        [f"{LEGACY_SCHEMA} summary lacks the figures for raw data it must cover: " + "; ".join(newer)] if newer else [],
+        f"{LEGACY_SCHEMA}: no clock, per-case rounds or calibration data to check",
+    )
     return CONTRACTS[LEGACY_SCHEMA]
 
 
@@ -718,31 +940,45 @@ def _correctness_outcome(
     stray = sorted(set(by_key) - set(outcome))
     if stray:
         problems.append(f"correctness rows for unknown or unavailable (case, arm): {stray}")
-    result.add("correctness coverage", problems,
-               f"{len(rows)} checks; {sum(v == 'failed' for v in outcome.values())} (case, arm) failed")
+    result.add(
+        "correctness coverage",
+        problems,
+        f"{len(rows)} checks; {sum(v == 'failed' for v in outcome.values())} (case, arm) failed",
+    )
     return outcome
 
 
-def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple[str, str], str],
-                result: VerifyResult, timed: TimedChecks | None) -> None:
+def _check_rows(
+    plan: dict[str, Any],
+    samples: list[Sample],
+    outcome: dict[tuple[str, str], str],
+    result: VerifyResult,
+    timed: TimedChecks | None,
+) -> None:
     """One timing row per (case, seed, round, timed arm); with timed checks, none from the unit where
     an arm raised on (it was dropped from the case)."""
     rounds = {str(c["case"]): _rounds_of(plan, c) for c in plan["cases"]}
     order = _unit_order(plan)
     raised = timed.raised if timed else {}
-    expected = {(case, seed, rnd, arm)
-                for (case, arm), state in outcome.items() if state == "passed"
-                for seed in _as_list(plan["seeds"]) for rnd in rounds[case]
-                if (case, arm) not in raised or order(seed, rnd) < order(*raised[(case, arm)])}
+    expected = {
+        (case, seed, rnd, arm)
+        for (case, arm), state in outcome.items()
+        if state == "passed"
+        for seed in _as_list(plan["seeds"])
+        for rnd in rounds[case]
+        if (case, arm) not in raised or order(seed, rnd) < order(*raised[(case, arm)])
+    }
     counts: dict[tuple[str, int, int, str], int] = {}
     for s in samples:
         counts[(s.case, s.seed, s.round, s.arm)] = counts.get((s.case, s.seed, s.round, s.arm), 0) + 1
     missing = sorted(expected - set(counts))
     unexpected = sorted(set(counts) - expected)
     duplicated = sorted(key for key, n in counts.items() if n > 1)
-    problems = [f"{label} (case, seed, round, arm) rows: {len(keys)}, e.g. {keys[:3]}"
-                for label, keys in (("missing", missing), ("unexpected", unexpected), ("duplicated", duplicated))
-                if keys]
+    problems = [
+        f"{label} (case, seed, round, arm) rows: {len(keys)}, e.g. {keys[:3]}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("duplicated", duplicated))
+        if keys
+    ]
     calls = {str(c["case"]): int(c["calls"]) for c in plan["cases"]}
     wrong_calls = [s for s in samples if calls.get(s.case) is not None and s.calls != calls[s.case]]
     if wrong_calls:
@@ -751,13 +987,18 @@ def _check_rows(plan: dict[str, Any], samples: list[Sample], outcome: dict[tuple
     if bad_ns:
         problems.append(f"{len(bad_ns)} row(s) with non-positive or non-finite ns, e.g. {bad_ns[0]}")
     result.add("timing rows", problems, f"{len(samples)} rows, each expected (case, seed, round, arm) exactly once")
-    result.add("rounds per case", _rounds_problems(plan),
-               "rounds per case: " + ", ".join(f"{case} {len(r)}" for case, r in rounds.items()))
+    result.add(
+        "rounds per case",
+        _rounds_problems(plan),
+        "rounds per case: " + ", ".join(f"{case} {len(r)}" for case, r in rounds.items()),
+    )
 
     failed_but_timed = sorted({(s.case, s.arm) for s in samples if outcome.get((s.case, s.arm)) == "failed"})
-    result.add("correctness consistency",
-               [f"arm {arm} failed correctness in case {case} but has timing rows" for case, arm in failed_but_timed],
-               "no arm is timed in a case where it failed correctness")
+    result.add(
+        "correctness consistency",
+        [f"arm {arm} failed correctness in case {case} but has timing rows" for case, arm in failed_but_timed],
+        "no arm is timed in a case where it failed correctness",
+    )
 
 
 def _rounds_problems(plan: dict[str, Any]) -> list[str]:
@@ -770,8 +1011,10 @@ def _rounds_problems(plan: dict[str, Any]) -> list[str]:
         if n < planned:
             problems.append(f"case {case['case']}: {n} rounds, fewer than the planned {planned}")
         elif n > planned and rule.get("target_ci_width") is None:
-            problems.append(f"case {case['case']}: {n} rounds but {planned} planned and no noise rule "
-                            "(noise_rule.target_ci_width) allows extra rounds")
+            problems.append(
+                f"case {case['case']}: {n} rounds but {planned} planned and no noise rule "
+                "(noise_rule.target_ci_width) allows extra rounds"
+            )
         elif n > planned and rule.get("max_rounds") is not None and n > int(rule["max_rounds"]):
             problems.append(f"case {case['case']}: {n} rounds exceed the noise rule's max_rounds {rule['max_rounds']}")
     return problems
@@ -790,12 +1033,16 @@ class Limits:
         """Why figures cannot be real work (bandwidth first, joined with '; '), or None."""
         reasons = []
         if self.ceiling is not None and gbps > self.ceiling * (1 + self.margin):
-            reasons.append(f"implausible: {gbps:.0f} GB/s is {100 * gbps / self.ceiling:.0f}% of the best ceiling "
-                           f"measured in this run ({self.ceiling:.0f} GB/s); more than {100 * self.margin:g}% above "
-                           "it cannot be real work")
+            reasons.append(
+                f"implausible: {gbps:.0f} GB/s is {100 * gbps / self.ceiling:.0f}% of the best ceiling "
+                f"measured in this run ({self.ceiling:.0f} GB/s); more than {100 * self.margin:g}% above "
+                "it cannot be real work"
+            )
         if self.floor is not None and median < self.fraction * self.floor:
-            reasons.append(f"implausible: {median:.0f} ns per call is below {self.fraction:g} x the launch floor "
-                           f"measured in this run ({self.floor:.0f} ns): no kernel can run that fast")
+            reasons.append(
+                f"implausible: {median:.0f} ns per call is below {self.fraction:g} x the launch floor "
+                f"measured in this run ({self.floor:.0f} ns): no kernel can run that fast"
+            )
         return "; ".join(reasons) or None
 
 
@@ -804,13 +1051,20 @@ def _limits(plan: dict[str, Any], ceiling_rows: list[dict[str, str]]) -> Limits:
     applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
     recorded = plan.get("plausibility") if isinstance(plan.get("plausibility"), dict) else {}
     # a setting that is not a number fails `plan contract fields`; the figures use the default meanwhile
-    settings = {key: value if isinstance(value := recorded.get(key), (int, float)) else default
-                for key, default in PLAUSIBILITY_DEFAULTS.items()}
-    ceilings = [c for c in (_ceiling_median(ceiling_rows, "copy"), _ceiling_median(ceiling_rows, "read")) if c is not None]
+    settings = {
+        key: value if isinstance(value := recorded.get(key), (int, float)) else default
+        for key, default in PLAUSIBILITY_DEFAULTS.items()
+    }
+    ceilings = [
+        c for c in (_ceiling_median(ceiling_rows, "copy"), _ceiling_median(ceiling_rows, "read")) if c is not None
+    ]
     floor = _launch_floor(ceiling_rows)
-    return Limits(float(settings["bandwidth_margin"]), float(settings["launch_floor_fraction"]),
-                  max(ceilings) if applied and plan.get("l2") == "cold" and ceilings else None,
-                  floor if applied else None)
+    return Limits(
+        float(settings["bandwidth_margin"]),
+        float(settings["launch_floor_fraction"]),
+        max(ceilings) if applied and plan.get("l2") == "cold" and ceilings else None,
+        floor if applied else None,
+    )
 
 
 def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
@@ -828,9 +1082,14 @@ class ArmState:
     reason: str | None = None  # implausible: why
 
 
-def _arm_state(case: dict[str, Any], name: str, outcome: dict[tuple[str, str], str],
-               per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
-               timed: TimedChecks | None, limits: Limits | None) -> ArmState:
+def _arm_state(
+    case: dict[str, Any],
+    name: str,
+    outcome: dict[tuple[str, str], str],
+    per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
+    timed: TimedChecks | None,
+    limits: Limits | None,
+) -> ArmState:
     case_id = str(case["case"])
     state = outcome.get((case_id, name), "unavailable")
     if state != "passed":
@@ -858,20 +1117,33 @@ def _first_failures(correctness: list[dict[str, Any]]) -> dict[tuple[str, str], 
     return first
 
 
-def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample],
-                   outcome: dict[tuple[str, str], str], ceiling_rows: list[dict[str, str]],
-                   correctness: list[dict[str, Any]], result: VerifyResult, contract: Contract,
-                   timed: TimedChecks | None) -> None:
+def _check_figures(
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    samples: list[Sample],
+    outcome: dict[tuple[str, str], str],
+    ceiling_rows: list[dict[str, str]],
+    correctness: list[dict[str, Any]],
+    result: VerifyResult,
+    contract: Contract,
+    timed: TimedChecks | None,
+) -> None:
     band = float(plan["tie_band"])
     bootstrap = plan["bootstrap"]
     control = next((a["name"] for a in plan["arms"] if a["kind"] == "control"), None)
     header = {"backend": plan["backend"], "is_gpu": plan["is_gpu"], "control": control}
     if contract.checked:
         header["exact"] = plan.get("exact")
-    result.add("run header", _diff("summary", summary, header, tuple(header))
-               + ([] if plan["is_gpu"] or "NOT GPU" in str(summary.get("label")) else
-                  [f"label {summary.get('label')!r} does not say NOT GPU for a non-GPU run"]),
-               f"backend {plan['backend']}, is_gpu {plan['is_gpu']}, control {control}")
+    result.add(
+        "run header",
+        _diff("summary", summary, header, tuple(header))
+        + (
+            []
+            if plan["is_gpu"] or "NOT GPU" in str(summary.get("label"))
+            else [f"label {summary.get('label')!r} does not say NOT GPU for a non-GPU run"]
+        ),
+        f"backend {plan['backend']}, is_gpu {plan['is_gpu']}, control {control}",
+    )
 
     per_unit: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
     throttled: dict[tuple[str, str], int] = {}
@@ -883,18 +1155,29 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
         _check_clocks(plan, summary, samples, result)
     copy = _ceiling_median(ceiling_rows, "copy")
     recorded_ceilings = summary.get("ceilings", {})
-    result.add("ceilings", _diff("ceilings", recorded_ceilings,
-                                 {"copy_gbps": copy, "read_gbps": _ceiling_median(ceiling_rows, "read")},
-                                 ("copy_gbps", "read_gbps")),
-               f"copy {copy} GB/s median")
+    result.add(
+        "ceilings",
+        _diff(
+            "ceilings",
+            recorded_ceilings,
+            {"copy_gbps": copy, "read_gbps": _ceiling_median(ceiling_rows, "read")},
+            ("copy_gbps", "read_gbps"),
+        ),
+        f"copy {copy} GB/s median",
+    )
     limits = _limits(plan, ceiling_rows) if contract.checked else None
     if contract.checked:
         _check_checked_summary(plan, summary, ceiling_rows, result)
 
     recorded_cases = {str(c.get("case")): c for c in summary.get("cases", [])}
     plan_cases = [str(c["case"]) for c in plan["cases"]]
-    result.add("summary cases", [] if list(recorded_cases) == plan_cases else
-               [f"summary cases {list(recorded_cases)} != plan cases {plan_cases}"], f"{len(plan_cases)} cases")
+    result.add(
+        "summary cases",
+        []
+        if list(recorded_cases) == plan_cases
+        else [f"summary cases {list(recorded_cases)} != plan cases {plan_cases}"],
+        f"{len(plan_cases)} cases",
+    )
 
     speedups: dict[str, list[tuple[str, float, str]]] = {}
     intervals: dict[str, list[tuple[float, float]]] = {}
@@ -908,25 +1191,40 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
         recorded = recorded_cases.get(case_id, {}).get("arms", {})
         if contract.clocks:
             n_rounds = len(_rounds_of(plan, case))
-            result.add(f"case header case={case_id}", _diff(
-                f"case {case_id}", recorded_cases.get(case_id, {}),
-                {"rounds": n_rounds, "units_planned": n_rounds * len(_as_list(plan["seeds"])),
-                 "injected_delay_ns": case.get("injected_delay_ns")}, ("rounds", "units_planned", "injected_delay_ns")),
-                f"{n_rounds} rounds")
+            result.add(
+                f"case header case={case_id}",
+                _diff(
+                    f"case {case_id}",
+                    recorded_cases.get(case_id, {}),
+                    {
+                        "rounds": n_rounds,
+                        "units_planned": n_rounds * len(_as_list(plan["seeds"])),
+                        "injected_delay_ns": case.get("injected_delay_ns"),
+                    },
+                    ("rounds", "units_planned", "injected_delay_ns"),
+                ),
+                f"{n_rounds} rounds",
+            )
         states = {a["name"]: _arm_state(case, a["name"], outcome, per_unit, timed, limits) for a in plan["arms"]}
         control_times = states[control].times if control in states and states[control].status == "timed" else None
         for arm in plan["arms"]:
             name, state = arm["name"], states[arm["name"]]
-            first = {"failed correctness": first_failure.get((case_id, name)), IMPLAUSIBLE: state.reason,
-                     FAILED_WHILE_TIMED: (state.messages or [None])[0]}
+            first = {
+                "failed correctness": first_failure.get((case_id, name)),
+                IMPLAUSIBLE: state.reason,
+                FAILED_WHILE_TIMED: (state.messages or [None])[0],
+            }
             if state.status in first:
-                disqualified.setdefault(name, {}).setdefault(state.status, []).append((case_id, str(first[state.status])))
+                disqualified.setdefault(name, {}).setdefault(state.status, []).append(
+                    (case_id, str(first[state.status]))
+                )
             compared = control_times if name != control and state.status == "timed" else None
             figures = _arm_figures(case, state.times, compared, copy, bootstrap, band, contract)
             if contract.checked and name != control and state.status == "timed" and figures["speedup"] is None:
                 control_status = states[control].status if control in states else "absent"
                 disqualified.setdefault(name, {}).setdefault(NOT_COMPARED, []).append(
-                    (case_id, f"no verdict against the control (control: {control_status})"))
+                    (case_id, f"no verdict against the control (control: {control_status})")
+                )
             figures["throttled_samples"] = throttled.get((case_id, name), 0) if state.times else 0
             figures["spread"] = _spread(list(state.times.values())) if state.times else None
             medians[(case_id, name)] = figures["median_ns_per_call"]
@@ -934,40 +1232,60 @@ def _check_figures(plan: dict[str, Any], summary: dict[str, Any], samples: list[
                 speedups.setdefault(name, []).append((case_id, figures["speedup"], figures["verdict"]))
                 intervals.setdefault(name, []).append((figures["ci_low"], figures["ci_high"]))
             if name == control and figures["spread"] is not None and figures["spread"] > band:
-                spread_warnings.append(f"case {case_id}: control run-to-run spread {100 * figures['spread']:.1f}% "
-                                       f"exceeds the tie band {100 * band:g}%")
-            result.add(f"figures case={case_id} arm={name}",
-                       _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, state, fields),
-                       _describe(figures, state.status))
+                spread_warnings.append(
+                    f"case {case_id}: control run-to-run spread {100 * figures['spread']:.1f}% "
+                    f"exceeds the tie band {100 * band:g}%"
+                )
+            result.add(
+                f"figures case={case_id} arm={name}",
+                _entry_problems(f"case {case_id} arm {name}", recorded.get(name, {}), figures, state, fields),
+                _describe(figures, state.status),
+            )
 
     if contract.clocks:
         missing = [w for w in spread_warnings if w not in summary.get("warnings", [])]
-        result.add("spread warnings", [f"summary warnings lack {w!r}" for w in missing],
-                   f"{len(spread_warnings)} case(s) with control spread above the tie band, each warned")
-        _check_calibration(plan, summary, control, speedups, intervals, medians if contract.realized else None,
-                           result, contract)
+        result.add(
+            "spread warnings",
+            [f"summary warnings lack {w!r}" for w in missing],
+            f"{len(spread_warnings)} case(s) with control spread above the tie band, each warned",
+        )
+        _check_calibration(
+            plan, summary, control, speedups, intervals, medians if contract.realized else None, result, contract
+        )
     _check_aggregates(plan, summary, control, speedups, disqualified, correctness, bootstrap, result, contract)
 
 
-def _check_checked_summary(plan: dict[str, Any], summary: dict[str, Any], ceiling_rows: list[dict[str, str]],
-                           result: VerifyResult) -> None:
+def _check_checked_summary(
+    plan: dict[str, Any], summary: dict[str, Any], ceiling_rows: list[dict[str, str]], result: VerifyResult
+) -> None:
     """The top-level figures of a schema-4 summary: plausibility limits, launch floor, frozen_at, their warnings."""
     limits = _limits(plan, ceiling_rows)
     applied = bool(plan["is_gpu"]) and plan["backend"] == "cuda-events"
     launches = sum(r["kind"] == "launch" for r in ceiling_rows)
-    figures = {"bandwidth_margin": limits.margin, "launch_floor_fraction": limits.fraction, "applied": applied,
-               "bandwidth_limit_gbps": None if limits.ceiling is None else limits.ceiling * (1 + limits.margin),
-               "time_limit_ns": None if limits.floor is None else limits.fraction * limits.floor}
+    figures = {
+        "bandwidth_margin": limits.margin,
+        "launch_floor_fraction": limits.fraction,
+        "applied": applied,
+        "bandwidth_limit_gbps": None if limits.ceiling is None else limits.ceiling * (1 + limits.margin),
+        "time_limit_ns": None if limits.floor is None else limits.fraction * limits.floor,
+    }
     problems = _diff("plausibility", summary.get("plausibility") or {}, figures, tuple(figures))
-    problems += _diff("ceilings", summary.get("ceilings") or {},
-                      {"launch_floor_ns": _launch_floor(ceiling_rows), "launch_samples": launches},
-                      ("launch_floor_ns", "launch_samples"))
+    problems += _diff(
+        "ceilings",
+        summary.get("ceilings") or {},
+        {"launch_floor_ns": _launch_floor(ceiling_rows), "launch_samples": launches},
+        ("launch_floor_ns", "launch_samples"),
+    )
     warnings = summary.get("warnings", [])
     if applied and not launches and NO_LAUNCH_WARNING not in warnings:
         problems.append(f"summary warnings lack {NO_LAUNCH_WARNING!r}")
-    result.add("plausibility", problems,
-               "judged: " + ", ".join(f"{k} {v}" for k, v in figures.items() if k.endswith(("gbps", "ns")))
-               if applied else "not judged: not a GPU run timed with CUDA events")
+    result.add(
+        "plausibility",
+        problems,
+        "judged: " + ", ".join(f"{k} {v}" for k, v in figures.items() if k.endswith(("gbps", "ns")))
+        if applied
+        else "not judged: not a GPU run timed with CUDA events",
+    )
 
     frozen_at = plan.get("frozen_at")
     problems = _diff("summary", summary, {"frozen_at": frozen_at}, ("frozen_at",))
@@ -975,37 +1293,60 @@ def _check_checked_summary(plan: dict[str, Any], summary: dict[str, Any], ceilin
         problems.append("summary has no frozen_at (null when the protocol was not frozen)")
     if frozen_at is None and UNFROZEN_WARNING not in warnings:
         problems.append(f"summary warnings lack {UNFROZEN_WARNING!r}")
-    result.add("summary frozen_at", problems, "not frozen, and the summary warns" if frozen_at is None
-               else f"frozen at {frozen_at}")
+    result.add(
+        "summary frozen_at",
+        problems,
+        "not frozen, and the summary warns" if frozen_at is None else f"frozen at {frozen_at}",
+    )
 
 
 def _check_clocks(plan: dict[str, Any], summary: dict[str, Any], samples: list[Sample], result: VerifyResult) -> None:
     top, fraction, threshold = _threshold(plan)
     flagged = sum(_throttled(s, threshold) for s in samples)
-    figures = {"max_sm_mhz": top, "throttle_fraction": fraction, "threshold_mhz": threshold,
-               "samples_with_clock": sum(s.sm_mhz is not None for s in samples), "throttled_samples": flagged}
+    figures = {
+        "max_sm_mhz": top,
+        "throttle_fraction": fraction,
+        "threshold_mhz": threshold,
+        "samples_with_clock": sum(s.sm_mhz is not None for s in samples),
+        "throttled_samples": flagged,
+    }
     problems = _diff("clocks", summary.get("clocks") or {}, figures, CLOCK_FIELDS)
-    if flagged and not any(w.startswith(f"{flagged} of {len(samples)} timing samples were throttled")
-                           and f"{threshold:g} MHz" in w for w in summary.get("warnings", [])):
-        problems.append(f"summary warnings do not say {flagged} of {len(samples)} samples were throttled "
-                        f"below {threshold:g} MHz")
-    result.add("clocks", problems, f"{figures['samples_with_clock']} samples with a clock reading, {flagged} "
-               f"throttled (threshold {threshold} MHz)")
+    if flagged and not any(
+        w.startswith(f"{flagged} of {len(samples)} timing samples were throttled") and f"{threshold:g} MHz" in w
+        for w in summary.get("warnings", [])
+    ):
+        problems.append(
+            f"summary warnings do not say {flagged} of {len(samples)} samples were throttled below {threshold:g} MHz"
+        )
+    result.add(
+        "clocks",
+        problems,
+        f"{figures['samples_with_clock']} samples with a clock reading, {flagged} "
+        f"throttled (threshold {threshold} MHz)",
+    )
 
 
-def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
-                       speedups: dict[str, list[tuple[str, float, str]]],
-                       intervals: dict[str, list[tuple[float, float]]],
-                       medians: dict[tuple[str, str], float | None] | None, result: VerifyResult,
-                       contract: Contract) -> None:
+def _check_calibration(
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    control: str | None,
+    speedups: dict[str, list[tuple[str, float, str]]],
+    intervals: dict[str, list[tuple[float, float]]],
+    medians: dict[tuple[str, str], float | None] | None,
+    result: VerifyResult,
+    contract: Contract,
+) -> None:
     """Calibration figures; `medians` None for a schema-2 summary, written before the realized slowdown.
     A false positive of an A/A arm is a win or a loss; schema 4 counts its inconclusive verdicts apart."""
     arms = [(a["name"], _calibration_arm(a["name"])) for a in plan["arms"]]
     arms = [(name, parsed) for name, parsed in arms if parsed]
     recorded = summary.get("calibration")
     if not arms:
-        result.add("calibration", [] if recorded is None else ["summary has a calibration section but plan.json "
-                                                               "has no aa:/slow: arm"], "no calibration arms")
+        result.add(
+            "calibration",
+            [] if recorded is None else ["summary has a calibration section but plan.json has no aa:/slow: arm"],
+            "no calibration arms",
+        )
         return
     if not isinstance(recorded, dict):
         result.add("calibration", ["summary has no calibration section for the aa:/slow: arms"], "")
@@ -1013,9 +1354,16 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
     settings = {**CALIBRATION_DEFAULTS, **(plan.get("calibration") or {})}
     max_fpr, min_power = float(settings["max_false_positive_rate"]), float(settings["min_power"])
     nominal = float(settings["injected_slowdown"])
-    problems = _diff("calibration", recorded, {"injected_slowdown": float(settings["injected_slowdown"]),
-                                               "max_false_positive_rate": max_fpr, "min_power": min_power},
-                     ("injected_slowdown", "max_false_positive_rate", "min_power"))
+    problems = _diff(
+        "calibration",
+        recorded,
+        {
+            "injected_slowdown": float(settings["injected_slowdown"]),
+            "max_false_positive_rate": max_fpr,
+            "min_power": min_power,
+        },
+        ("injected_slowdown", "max_false_positive_rate", "min_power"),
+    )
     passed = True
     recorded_arms = recorded.get("arms") or {}
     for name, (kind, base) in arms:
@@ -1024,20 +1372,35 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
         if kind == "aa":
             claimed = sum(v in ("win", "loss") for v in verdicts)
             widths = [high - low for low, high in intervals.get(name, [])]
-            counts = {"false_positives": claimed, "inconclusive": verdicts.count("inconclusive")} \
-                if contract.checked else {"not_tie": claimed}
-            figures = {"kind": kind, "base": base, "n_cases": n, **counts,
-                       "false_positive_rate": claimed / n if n else None,
-                       "mean_ci_width": math.fsum(widths) / n if n else None}
+            counts = (
+                {"false_positives": claimed, "inconclusive": verdicts.count("inconclusive")}
+                if contract.checked
+                else {"not_tie": claimed}
+            )
+            figures = {
+                "kind": kind,
+                "base": base,
+                "n_cases": n,
+                **counts,
+                "false_positive_rate": claimed / n if n else None,
+                "mean_ci_width": math.fsum(widths) / n if n else None,
+            }
             passed = passed and n > 0 and figures["false_positive_rate"] <= max_fpr
         else:
             losses = verdicts.count("loss")
             figures = {"kind": kind, "base": base, "n_cases": n, "losses": losses, "power": losses / n if n else None}
             passed = passed and n > 0 and figures["power"] >= min_power
             if medians is not None:
-                problems += _realized_problems(name, speedups.get(name, []), base, medians, nominal,
-                                               recorded_arms.get(name) or {}, str(recorded.get("sentence", "")),
-                                               summary.get("warnings", []))
+                problems += _realized_problems(
+                    name,
+                    speedups.get(name, []),
+                    base,
+                    medians,
+                    nominal,
+                    recorded_arms.get(name) or {},
+                    str(recorded.get("sentence", "")),
+                    summary.get("warnings", []),
+                )
         problems += _diff(f"calibration {name}", recorded_arms.get(name) or {}, figures, tuple(figures))
     extra = sorted(set(recorded_arms) - {name for name, _ in arms})
     if extra:
@@ -1050,9 +1413,16 @@ def _check_calibration(plan: dict[str, Any], summary: dict[str, Any], control: s
     result.add("calibration", problems, f"calibration {word}: " + ", ".join(name for name, _ in arms))
 
 
-def _realized_problems(name: str, rows: list[tuple[str, float, str]], base: str,
-                       medians: dict[tuple[str, str], float | None], nominal: float, recorded: dict[str, Any],
-                       sentence: str, warnings: list[str]) -> list[str]:
+def _realized_problems(
+    name: str,
+    rows: list[tuple[str, float, str]],
+    base: str,
+    medians: dict[tuple[str, str], float | None],
+    nominal: float,
+    recorded: dict[str, Any],
+    sentence: str,
+    warnings: list[str],
+) -> list[str]:
     """Realized slowdown of a slowed arm per compared case, its range, power at nominal, and the warning."""
     realized: dict[str, float] = {}
     near: list[str] = []
@@ -1065,45 +1435,66 @@ def _realized_problems(name: str, rows: list[tuple[str, float, str]], base: str,
             near.append(verdict)
     low = min(realized.values()) if realized else None
     high = max(realized.values()) if realized else None
-    figures = {"realized_min": low, "realized_max": high,
-               "power_at_nominal": near.count("loss") / len(near) if near else None}
+    figures = {
+        "realized_min": low,
+        "realized_max": high,
+        "power_at_nominal": near.count("loss") / len(near) if near else None,
+    }
     problems = _diff(f"calibration {name}", recorded, figures, tuple(figures))
     shown = recorded.get("realized_slowdown")
-    if not isinstance(shown, dict) or list(shown) != list(realized) or \
-            not all(_same(shown[case], value) for case, value in realized.items()):
+    if (
+        not isinstance(shown, dict)
+        or list(shown) != list(realized)
+        or not all(_same(shown[case], value) for case, value in realized.items())
+    ):
         problems.append(f"calibration {name} realized_slowdown: summary {shown!r} != recomputed {realized!r}")
-    sentence_part = f"{name} ({100 * nominal:g}% nominal, " + (
-        "n/a" if low is None else f"{100 * low:.1f}-{100 * high:.1f}%") + " realized)"
-    power_part = "power at nominal " + ("n/a" if figures["power_at_nominal"] is None
-                                        else f"{100 * figures['power_at_nominal']:.0f}%")
+    sentence_part = (
+        f"{name} ({100 * nominal:g}% nominal, "
+        + ("n/a" if low is None else f"{100 * low:.1f}-{100 * high:.1f}%")
+        + " realized)"
+    )
+    power_part = "power at nominal " + (
+        "n/a" if figures["power_at_nominal"] is None else f"{100 * figures['power_at_nominal']:.0f}%"
+    )
     missing = [part for part in (sentence_part, power_part) if part not in sentence]
     if missing:
         problems.append(f"calibration sentence {sentence!r} does not state {missing}")
-    if low is not None and low > NOMINAL_FACTOR * nominal and not any(
+    if (
+        low is not None
+        and low > NOMINAL_FACTOR * nominal
+        and not any(
             w.startswith(f"calibration arm {name}: the injected slowdown was never as small as nominal")
-            and w.endswith("power at nominal is not demonstrated") for w in warnings):
-        problems.append(f"summary warnings do not say that {name}'s injected slowdown was never as small as "
-                        f"nominal (realized at least {100 * low:.1f}%, nominal {100 * nominal:g}%)")
+            and w.endswith("power at nominal is not demonstrated")
+            for w in warnings
+        )
+    ):
+        problems.append(
+            f"summary warnings do not say that {name}'s injected slowdown was never as small as "
+            f"nominal (realized at least {100 * low:.1f}%, nominal {100 * nominal:g}%)"
+        )
     return problems
 
 
-def _entry_problems(where: str, entry: dict[str, Any], figures: dict[str, Any], state: ArmState,
-                    fields: tuple[str, ...] = FIGURE_FIELDS) -> list[str]:
+def _entry_problems(
+    where: str, entry: dict[str, Any], figures: dict[str, Any], state: ArmState, fields: tuple[str, ...] = FIGURE_FIELDS
+) -> list[str]:
     problems = _diff(where, entry, figures, fields)
     if entry.get("status") != state.status:
         problems.append(f"{where} status: summary {entry.get('status')!r} != {state.status!r}")
     if state.reason is not None and entry.get("reason") != state.reason:
         problems.append(f"{where} reason: summary {entry.get('reason')!r} != recomputed {state.reason!r}")
     if state.messages is not None and entry.get("messages") != state.messages:
-        problems.append(f"{where} messages: summary {entry.get('messages')!r} != the failed timed checks' "
-                        f"{state.messages!r}")
+        problems.append(
+            f"{where} messages: summary {entry.get('messages')!r} != the failed timed checks' {state.messages!r}"
+        )
     return problems
 
 
 def _describe(figures: dict[str, Any], status: str) -> str:
     if figures["speedup"] is not None:
-        return (f"speedup {figures['speedup']:.4f} [{figures['ci_low']:.4f}, {figures['ci_high']:.4f}] "
-                f"{figures['verdict']}")
+        return (
+            f"speedup {figures['speedup']:.4f} [{figures['ci_low']:.4f}, {figures['ci_high']:.4f}] {figures['verdict']}"
+        )
     if figures["median_ns_per_call"] is not None:
         return f"{status}, median {figures['median_ns_per_call']:.1f} ns/call"
     return status
@@ -1114,9 +1505,15 @@ def _ceiling_median(rows: list[dict[str, str]], kind: str) -> float | None:
     return _median(rates) if rates else None
 
 
-def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | None,
-                 control_times: dict[tuple[int, int], float] | None, copy: float | None,
-                 bootstrap: dict[str, Any], band: float, contract: Contract) -> dict[str, Any]:
+def _arm_figures(
+    case: dict[str, Any],
+    times: dict[tuple[int, int], float] | None,
+    control_times: dict[tuple[int, int], float] | None,
+    copy: float | None,
+    bootstrap: dict[str, Any],
+    band: float,
+    contract: Contract,
+) -> dict[str, Any]:
     figures: dict[str, Any] = dict.fromkeys(FIGURE_FIELDS)
     figures.update(n_samples=0, throttled_samples=0)
     if not times:
@@ -1138,10 +1535,17 @@ def _arm_figures(case: dict[str, Any], times: dict[tuple[int, int], float] | Non
     return figures
 
 
-def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: str | None,
-                      speedups: dict[str, list[tuple[str, float, str]]],
-                      disqualified: dict[str, dict[str, list[tuple[str, str]]]], correctness: list[dict[str, Any]],
-                      bootstrap: dict[str, Any], result: VerifyResult, contract: Contract) -> None:
+def _check_aggregates(
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    control: str | None,
+    speedups: dict[str, list[tuple[str, float, str]]],
+    disqualified: dict[str, dict[str, list[tuple[str, str]]]],
+    correctness: list[dict[str, Any]],
+    bootstrap: dict[str, Any],
+    result: VerifyResult,
+    contract: Contract,
+) -> None:
     """Per-arm aggregates and the gate. Schema 4: the gate fails an arm disqualified in any case (failed
     correctness, failed while timed, implausible), and its reasons are recomputed word for word."""
     no_loss, floor = _gate_terms(plan["gate"])
@@ -1149,8 +1553,11 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
     recorded = summary.get("aggregates", {})
     recorded_gate = summary.get("gate", {}).get("arms", {})
     extra = sorted(set(recorded) - set(compared)) + sorted(set(recorded_gate) - set(compared))
-    result.add("aggregate arms", [f"summary has aggregates/gate for arms not compared: {extra}"] if extra else [],
-               f"compared arms {compared}")
+    result.add(
+        "aggregate arms",
+        [f"summary has aggregates/gate for arms not compared: {extra}"] if extra else [],
+        f"compared arms {compared}",
+    )
     recomputed_passed: list[str] = []
     for name in compared:
         rows = speedups.get(name, [])
@@ -1160,12 +1567,17 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
         fields = AGGREGATE_FIELDS
         if contract.checked:
             fields = CHECKED_AGGREGATE_FIELDS
-            figures.update(inconclusive=[v for _, _, v in rows].count("inconclusive"),
-                           failed_while_timed=len(causes.get(FAILED_WHILE_TIMED, [])),
-                           implausible=len(causes.get(IMPLAUSIBLE, [])), ulp_hist=_ulp_sum(correctness, name))
-            reasons = [f"{cause} in {len(hits)} case(s) (first: {hits[0][0]}: {hits[0][1]})"
-                       for cause in ("failed correctness", FAILED_WHILE_TIMED, IMPLAUSIBLE, NOT_COMPARED)
-                       if (hits := causes.get(cause))] + reasons
+            figures.update(
+                inconclusive=[v for _, _, v in rows].count("inconclusive"),
+                failed_while_timed=len(causes.get(FAILED_WHILE_TIMED, [])),
+                implausible=len(causes.get(IMPLAUSIBLE, [])),
+                ulp_hist=_ulp_sum(correctness, name),
+            )
+            reasons = [
+                f"{cause} in {len(hits)} case(s) (first: {hits[0][0]}: {hits[0][1]})"
+                for cause in ("failed correctness", FAILED_WHILE_TIMED, IMPLAUSIBLE, NOT_COMPARED)
+                if (hits := causes.get(cause))
+            ] + reasons
         elif figures["failed_correctness"]:
             reasons.insert(0, f"failed correctness in {figures['failed_correctness']} case(s)")
         problems = _diff(f"arm {name}", recorded.get(name, {}), figures, fields)
@@ -1176,17 +1588,26 @@ def _check_aggregates(plan: dict[str, Any], summary: dict[str, Any], control: st
         if recorded_passed is not passed:
             problems.append(f"arm {name} gate: summary {recorded_passed!r} != recomputed {passed}")
         if contract.checked and recorded_gate.get(name, {}).get("reasons") != reasons:
-            problems.append(f"arm {name} gate reasons: summary {recorded_gate.get(name, {}).get('reasons')!r} != "
-                            f"recomputed {reasons!r}")
+            problems.append(
+                f"arm {name} gate reasons: summary {recorded_gate.get(name, {}).get('reasons')!r} != "
+                f"recomputed {reasons!r}"
+            )
         shown = f"geomean {figures['geomean']:.4f}" if figures["geomean"] is not None else "no speedups"
         counts = f"{figures['wins']}W/{figures['ties']}T/{figures['losses']}L" + (
-            f"/{figures['inconclusive']}I" if contract.checked else "")
+            f"/{figures['inconclusive']}I" if contract.checked else ""
+        )
         result.add(f"aggregates arm={name}", problems, f"{shown}, {counts}, gate {'pass' if passed else 'fail'}")
     gate = summary.get("gate", {})
-    result.add("gate", [] if gate.get("passed_arms") == recomputed_passed and gate.get("rule") == plan["gate"] else
-               [f"summary gate rule {gate.get('rule')!r}, passed_arms {gate.get('passed_arms')} != "
-                f"recomputed rule {plan['gate']!r}, passed_arms {recomputed_passed}"],
-               f"rule {plan['gate']!r}: passed {recomputed_passed}")
+    result.add(
+        "gate",
+        []
+        if gate.get("passed_arms") == recomputed_passed and gate.get("rule") == plan["gate"]
+        else [
+            f"summary gate rule {gate.get('rule')!r}, passed_arms {gate.get('passed_arms')} != "
+            f"recomputed rule {plan['gate']!r}, passed_arms {recomputed_passed}"
+        ],
+        f"rule {plan['gate']!r}: passed {recomputed_passed}",
+    )
 
 
 def _rule_reasons(figures: dict[str, Any], no_loss: bool, floor: float | None) -> list[str]:
@@ -1204,14 +1625,19 @@ def _rule_reasons(figures: dict[str, Any], no_loss: bool, floor: float | None) -
 def _ulp_sum(correctness: list[dict[str, Any]], arm: str) -> list[int] | None:
     """Element-wise sum of the arm's correctness `ulp_hist` rows (rows without one skipped); None if none has one."""
     hists = [row["ulp_hist"] for row in correctness if row.get("arm") == arm and isinstance(row.get("ulp_hist"), list)]
-    return [sum(column) for column in zip(*hists)] if hists else None
+    return [sum(column) for column in zip(*hists, strict=False)] if hists else None
 
 
 def _aggregate(rows: list[tuple[str, float, str]], failed: int, bootstrap: dict[str, Any]) -> dict[str, Any]:
     verdicts = [v for _, _, v in rows]
     figures: dict[str, Any] = dict.fromkeys(AGGREGATE_FIELDS)
-    figures.update(n_cases=len(rows), wins=verdicts.count("win"), ties=verdicts.count("tie"),
-                   losses=verdicts.count("loss"), failed_correctness=failed)
+    figures.update(
+        n_cases=len(rows),
+        wins=verdicts.count("win"),
+        ties=verdicts.count("tie"),
+        losses=verdicts.count("loss"),
+        failed_correctness=failed,
+    )
     if not rows:
         return figures
     values = [s for _, s, _ in rows]
@@ -1219,7 +1645,12 @@ def _aggregate(rows: list[tuple[str, float, str]], failed: int, bootstrap: dict[
     idx = _resample_indices(int(bootstrap["seed"]), int(bootstrap["resamples"]), len(values))
     low, high = _percentile_ci(np.exp(logs[idx].sum(axis=1) / len(values)), float(bootstrap["confidence"]))
     worst_case, worst, _ = min(rows, key=lambda row: row[1])
-    figures.update(geomean=math.exp(math.fsum(math.log(v) for v in values) / len(values)),
-                   geomean_ci_low=low, geomean_ci_high=high, mean=math.fsum(values) / len(values),
-                   worst=worst, worst_case=worst_case)
+    figures.update(
+        geomean=math.exp(math.fsum(math.log(v) for v in values) / len(values)),
+        geomean_ci_low=low,
+        geomean_ci_high=high,
+        mean=math.fsum(values) / len(values),
+        worst=worst,
+        worst_case=worst_case,
+    )
     return figures

@@ -83,8 +83,10 @@ def load_problems(source: str, level: str | None = "Level 3", limit: int | None 
         try:
             import datasets  # type: ignore[import-not-found]
         except ImportError:
-            raise AccuracyError("loading from the hub needs `pip install datasets`; or pass a local JSONL path") from None
-        rows = [dict(r) for r in datasets.load_dataset(source[len(HF_PREFIX):], split="test")]
+            raise AccuracyError(
+                "loading from the hub needs `pip install datasets`; or pass a local JSONL path"
+            ) from None
+        rows = [dict(r) for r in datasets.load_dataset(source[len(HF_PREFIX) :], split="test")]
     else:
         path = Path(source)
         if not path.is_file():
@@ -104,7 +106,9 @@ def load_problems(source: str, level: str | None = "Level 3", limit: int | None 
         lv = level_label(r.get("level", ""))
         if want and lv != want:
             continue
-        out.append(Problem(i, str(r.get("unique_id", i)), str(r["problem"]), str(r["answer"]), lv, str(r.get("subject", ""))))
+        out.append(
+            Problem(i, str(r.get("unique_id", i)), str(r["problem"]), str(r["answer"]), lv, str(r.get("subject", "")))
+        )
     if not out:
         raise AccuracyError(f"no problem of level {want!r} in {source}; check --level (e.g. 'Level 3' or 3)")
     return out[:limit] if limit else out
@@ -131,8 +135,11 @@ def grade(response: str, reference: str) -> tuple[list[str], bool]:
 
 def request_body(spec: AccuracySpec, model_id: str, prompt: str, index: int) -> tuple[str, dict[str, Any]]:
     common = {
-        "model": model_id, "temperature": spec.temperature, "top_p": spec.top_p,
-        "max_tokens": spec.max_tokens, "seed": spec.seed + index,
+        "model": model_id,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "max_tokens": spec.max_tokens,
+        "seed": spec.seed + index,
     }
     if spec.api == "chat":
         return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}]}
@@ -142,7 +149,10 @@ def request_body(spec: AccuracySpec, model_id: str, prompt: str, index: int) -> 
 
 
 async def _query_all(
-    base_url: str, model_id: str, problems: list[Problem], spec: AccuracySpec,
+    base_url: str,
+    model_id: str,
+    problems: list[Problem],
+    spec: AccuracySpec,
     on_done: Callable[[Record], None],
 ) -> list[Record]:
     sem = asyncio.Semaphore(max(1, spec.concurrency))
@@ -183,15 +193,24 @@ def summarise(records: list[Record], spec: AccuracySpec) -> dict[str, Any]:
     lo, hi = wilson_interval(k, n, spec.confidence)
     acc = k / n if n else 0.0
     return {
-        "n": n, "correct": k, "errors": errors, "accuracy": acc,
-        "ci_low": lo, "ci_high": hi, "confidence": spec.confidence, "gate": spec.gate,
+        "n": n,
+        "correct": k,
+        "errors": errors,
+        "accuracy": acc,
+        "ci_low": lo,
+        "ci_high": hi,
+        "confidence": spec.confidence,
+        "gate": spec.gate,
         "passed": bool(n > 0 and errors == 0 and acc >= spec.gate),
         "truncated": sum(1 for r in records if r.finish_reason == "length"),
     }
 
 
 def run_accuracy(
-    base_url: str, model_id: str, spec: AccuracySpec, out_dir: Path,
+    base_url: str,
+    model_id: str,
+    spec: AccuracySpec,
+    out_dir: Path,
     on_done: Callable[[Record], None] | None = None,
 ) -> dict[str, Any]:
     """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary."""

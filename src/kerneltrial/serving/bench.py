@@ -47,9 +47,7 @@ def parse_cases(value: Any) -> list[Case]:
         try:
             value = json.loads(value)
         except ValueError as e:
-            raise ValueError(
-                f"cases are not valid JSON ({e.msg}); write them as [[4096,1024,64,256], ...]"
-            ) from None
+            raise ValueError(f"cases are not valid JSON ({e.msg}); write them as [[4096,1024,64,256], ...]") from None
     if not isinstance(value, list) or not value:
         raise ValueError("cases must be a non-empty list like [[4096,1024,64,256]]")
     cases: list[Case] = []
@@ -74,34 +72,56 @@ def resolve_vllm(option: str | None) -> str:
     exe = option or os.environ.get(VLLM_ENV) or "vllm"
     found = shutil.which(exe)
     if not found:
-        raise BenchError(
-            f"vllm executable {exe!r} not found; pass --vllm /path/to/venv/bin/vllm or set {VLLM_ENV}"
-        )
+        raise BenchError(f"vllm executable {exe!r} not found; pass --vllm /path/to/venv/bin/vllm or set {VLLM_ENV}")
     return found
 
 
 def bench_argv(
-    vllm: str, base_url: str, model_id: str, tokenizer: str | None, case: Case,
-    result_dir: Path, result_file: str, seed: int, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+    vllm: str,
+    base_url: str,
+    model_id: str,
+    tokenizer: str | None,
+    case: Case,
+    result_dir: Path,
+    result_file: str,
+    seed: int,
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
 ) -> list[str]:
     argv = [
-        vllm, "bench", "serve",
-        "--backend", "vllm",
-        "--base-url", base_url,
-        "--endpoint", "/v1/completions",
-        "--model", model_id,
-        "--dataset-name", "random",
-        "--random-input-len", str(case.input_len),
-        "--random-output-len", str(case.output_len),
+        vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model_id,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(case.input_len),
+        "--random-output-len",
+        str(case.output_len),
         "--ignore-eos",
-        "--max-concurrency", str(case.concurrency),
-        "--num-prompts", str(case.num_requests),
-        "--seed", str(seed),
-        "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", ",".join(percentile_word(p) for p in percentiles),
-        "--save-result", "--save-detailed",
-        "--result-dir", str(result_dir),
-        "--result-filename", result_file,
+        "--max-concurrency",
+        str(case.concurrency),
+        "--num-prompts",
+        str(case.num_requests),
+        "--seed",
+        str(seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        ",".join(percentile_word(p) for p in percentiles),
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_file,
         "--disable-tqdm",
     ]
     if tokenizer:
@@ -110,8 +130,12 @@ def bench_argv(
 
 
 def run_bench(
-    argv: list[str], json_path: Path, log_path: Path, timeout_s: float,
-    server: Server | None = None, env: dict[str, str] | None = None,
+    argv: list[str],
+    json_path: Path,
+    log_path: Path,
+    timeout_s: float,
+    server: Server | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the client in its own process group; return the parsed result JSON.
 
@@ -127,8 +151,12 @@ def run_bench(
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=full_env, start_new_session=True,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         server_died = False
@@ -173,19 +201,21 @@ def request_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
         n_out = int(raw["output_lens"][i])
         ttft = float(raw["ttfts"][i])
         ok = (not err) and lat > 0
-        rows.append({
-            "request": i,
-            "success": ok,
-            "input_len": int(raw["input_lens"][i]),
-            "output_len": n_out,
-            "ttft_s": ttft,
-            "e2el_s": lat,
-            "tpot_s": (lat - ttft) / (n_out - 1) if ok and n_out > 1 else None,
-            "n_itl": len(itl),
-            "itl_mean_s": sum(itl) / len(itl) if itl else None,
-            "start_time": raw.get("start_times", [None] * n)[i],
-            "error": re.sub(r"\s+", " ", str(err))[:300],
-        })
+        rows.append(
+            {
+                "request": i,
+                "success": ok,
+                "input_len": int(raw["input_lens"][i]),
+                "output_len": n_out,
+                "ttft_s": ttft,
+                "e2el_s": lat,
+                "tpot_s": (lat - ttft) / (n_out - 1) if ok and n_out > 1 else None,
+                "n_itl": len(itl),
+                "itl_mean_s": sum(itl) / len(itl) if itl else None,
+                "start_time": raw.get("start_times", [None] * n)[i],
+                "error": re.sub(r"\s+", " ", str(err))[:300],
+            }
+        )
     return rows
 
 

@@ -16,7 +16,11 @@ from rich.table import Table
 
 from kerneltrial.serving.bench import VLLM_ENV, BenchError, parse_cases, resolve_vllm
 from kerneltrial.serving.launcher import (
-    LaunchError, Server, ServerSpec, install_sigterm_as_interrupt, list_models,
+    LaunchError,
+    Server,
+    ServerSpec,
+    install_sigterm_as_interrupt,
+    list_models,
 )
 from kerneltrial.serving.presets import PRESETS, get_preset
 from kerneltrial.serving.protocol import ProtocolError, load_protocol, parse_protocol
@@ -81,8 +85,12 @@ class Display:
             return
         if kind == "start":
             self.progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=err, transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=False,
             )
             self.progress.start()
             self.task = self.progress.add_task("starting", total=kw["total"])
@@ -91,7 +99,9 @@ class Display:
         elif kind == "launch":
             self.progress.update(self.task, description=f"launch {kw['launch']} {kw['arm']}: waiting for ready")
         elif kind == "run":
-            self.progress.update(self.task, description=f"launch {kw['launch']} {kw['arm']} {kw['case']} run {kw['run']}")
+            self.progress.update(
+                self.task, description=f"launch {kw['launch']} {kw['arm']} {kw['case']} run {kw['run']}"
+            )
         elif kind == "ran":
             r = kw["row"]
             self.progress.advance(self.task)
@@ -110,25 +120,49 @@ class Display:
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     t = Table(title=f"serving summary ({summary['warmup']['rule']})")
-    for col in ("arm", "case", "status", "total tok/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms",
-                "mean TPOT ms", "mean ITL ms", "mean E2E ms"):
+    for col in (
+        "arm",
+        "case",
+        "status",
+        "total tok/s",
+        "output tok/s",
+        "mean TTFT ms",
+        "p99 TTFT ms",
+        "mean TPOT ms",
+        "mean ITL ms",
+        "mean E2E ms",
+    ):
         t.add_column(col)
     for arm, cases in summary["results"].items():
         for cid, e in cases.items():
-            f = (lambda k: f"{e[k]:.2f}" if k in e else "-")  # noqa: E731
-            t.add_row(arm, cid, e["status"], f("total_token_throughput"), f("output_throughput"),
-                      f("mean_ttft_ms"), f("p99_ttft_ms"), f("mean_tpot_ms"), f("mean_itl_ms"), f("mean_e2el_ms"))
+            cells = [
+                f"{e[k]:.2f}" if k in e else "-"
+                for k in (
+                    "total_token_throughput",
+                    "output_throughput",
+                    "mean_ttft_ms",
+                    "p99_ttft_ms",
+                    "mean_tpot_ms",
+                    "mean_itl_ms",
+                    "mean_e2el_ms",
+                )
+            ]
+            t.add_row(arm, cid, e["status"], *cells)
     out.print(t)
     for arm, a in (summary.get("accuracy") or {}).items():
-        out.print(f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
-                  f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']}: "
-                  f"{'passed' if a['passed'] else 'FAILED'}")
+        out.print(
+            f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
+            f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']}: "
+            f"{'passed' if a['passed'] else 'FAILED'}"
+        )
     acc = summary.get("acceptance")
     if acc:
         for cid, c in acc["cases"].items():
             if c.get("status") == "ok":
-                out.print(f"{cid}: total tok/s gain {c['gain']:+.2%} (band {acc['noise_band']:.2%}), "
-                          f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})")
+                out.print(
+                    f"{cid}: total tok/s gain {c['gain']:+.2%} (band {acc['noise_band']:.2%}), "
+                    f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})"
+                )
         verdict = "[green]ACCEPTED[/]" if acc["accepted"] else "[red]REJECTED[/]"
         out.print(f"candidate {acc['candidate']} vs baseline {acc['baseline']}: {verdict}")
         for r in acc["reasons"]:
@@ -138,8 +172,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     out.print(f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))")
 
 
-def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool,
-             model: str | None = None) -> None:
+def _execute(
+    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
+) -> None:
     from kerneltrial.serving.trial import RunDirError, run_protocol  # here: `--help` stays fast
 
     try:
@@ -172,17 +207,33 @@ def _execute(proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | Non
 @app.command(context_settings=EXTRA)
 def bench(
     ctx: typer.Context,
-    cases: str = typer.Option(None, "--cases", help="JSON list [[input_len, output_len, concurrency, num_requests], ...]."),
-    repeats: int = typer.Option(4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."),
-    base_url: str = typer.Option(None, "--base-url", help="Benchmark an already running server, e.g. http://127.0.0.1:8000."),
+    cases: str = typer.Option(
+        None, "--cases", help="JSON list [[input_len, output_len, concurrency, num_requests], ...]."
+    ),
+    repeats: int = typer.Option(
+        4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."
+    ),
+    base_url: str = typer.Option(
+        None, "--base-url", help="Benchmark an already running server, e.g. http://127.0.0.1:8000."
+    ),
     launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, benchmark, stop it."),
     preset: str = typer.Option(None, "--preset", help=f"Built-in set-up: {', '.join(PRESETS)} (needs --model)."),
     model: str = typer.Option(None, "--model", help="Model path (preset launches) and default tokenizer."),
-    model_id: str = typer.Option(None, "--model-id", help="Model id the server lists in /v1/models (default: guessed)."),
-    tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer path for `vllm bench serve` (default: --model)."),
-    port: int = typer.Option(None, "--port", help="Port of the launched server (default: --port in its argv, else 8000)."),
-    vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV}; default: vllm on PATH)."),
-    ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Seconds to wait for /v1/models to list the model."),
+    model_id: str = typer.Option(
+        None, "--model-id", help="Model id the server lists in /v1/models (default: guessed)."
+    ),
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="Tokenizer path for `vllm bench serve` (default: --model)."
+    ),
+    port: int = typer.Option(
+        None, "--port", help="Port of the launched server (default: --port in its argv, else 8000)."
+    ),
+    vllm: str = typer.Option(
+        None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV}; default: vllm on PATH)."
+    ),
+    ready_timeout: float = typer.Option(
+        900.0, "--ready-timeout", help="Seconds to wait for /v1/models to list the model."
+    ),
     bench_timeout: float = typer.Option(3600.0, "--bench-timeout", help="Seconds one `vllm bench serve` run may take."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random prompts (run k uses seed + k)."),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-bench-TIMESTAMP)."),
@@ -254,7 +305,9 @@ def bench(
 
 @app.command()
 def trial(
-    protocol: Path = typer.Argument(..., help="TOML protocol: arms (argv + env), cases, acceptance, optional accuracy."),
+    protocol: Path = typer.Argument(
+        ..., help="TOML protocol: arms (argv + env), cases, acceptance, optional accuracy."
+    ),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
     vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV})."),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
@@ -281,10 +334,16 @@ def accuracy(
     base_url: str = typer.Option(None, "--base-url", help="Running server, e.g. http://127.0.0.1:8000."),
     launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, measure, stop it."),
     model_id: str = typer.Option(None, "--model-id", help="Model id to request (default: first id in /v1/models)."),
-    data: str = typer.Option(None, "--data", help="MATH-500 test.jsonl path, or hf:HuggingFaceH4/MATH-500 to load from the hub (online only)."),
+    data: str = typer.Option(
+        None,
+        "--data",
+        help="MATH-500 test.jsonl path, or hf:HuggingFaceH4/MATH-500 to load from the hub (online only).",
+    ),
     level: str = typer.Option("Level 3", "--level", help="Level filter ('Level 3' or 3); 'all' for every level."),
     limit: int = typer.Option(None, "--limit", help="Only the first N problems after the filter."),
-    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions, for instruct models) or completions (/v1/completions)."),
+    api: str = typer.Option(
+        "chat", "--api", help="chat (/v1/chat/completions, for instruct models) or completions (/v1/completions)."
+    ),
     temperature: float = typer.Option(1.0, "--temperature"),
     top_p: float = typer.Option(0.95, "--top-p"),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Generation budget per problem."),
@@ -304,9 +363,18 @@ def accuracy(
         fail(f"--api {api!r} is not chat or completions")
     from kerneltrial.serving import accuracy as acc_mod  # here: `--help` stays fast
 
-    spec = acc_mod.AccuracySpec(data=data, level=None if level.lower() == "all" else level, limit=limit, api=api,
-                                temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                concurrency=concurrency, gate=gate, seed=seed)
+    spec = acc_mod.AccuracySpec(
+        data=data,
+        level=None if level.lower() == "all" else level,
+        limit=limit,
+        api=api,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        gate=gate,
+        seed=seed,
+    )
     try:
         acc_mod.load_problems(spec.data, spec.level, spec.limit)
     except acc_mod.AccuracyError as e:
@@ -339,10 +407,12 @@ def accuracy(
         fail(str(e))
     except KeyboardInterrupt:
         fail(f"interrupted; the server was stopped and the records kept in {run_dir}", code=130)
-    out.print(f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
-              f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
-              f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate}: "
-              f"{'passed' if res['passed'] else 'FAILED'}")
+    out.print(
+        f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
+        f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
+        f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate}: "
+        f"{'passed' if res['passed'] else 'FAILED'}"
+    )
     out.print(f"records: {run_dir / 'records.jsonl'}  (pandas: read_json(path, lines=True))")
     if not res["passed"]:
         raise typer.Exit(1)
@@ -378,5 +448,9 @@ def launch_cmd(
     except KeyboardInterrupt:
         fail("interrupted; the server was stopped", code=130)
     finally:
-        (run_dir / "launch.json").write_text(json.dumps({"record": srv.record, "timings": srv.timings}, indent=2, default=str))
-    out.print(f"stopped ({', '.join(srv.record.get('signals_sent', [])) or 'already exited'}); log {run_dir / 'server.log'}")
+        (run_dir / "launch.json").write_text(
+            json.dumps({"record": srv.record, "timings": srv.timings}, indent=2, default=str)
+        )
+    out.print(
+        f"stopped ({', '.join(srv.record.get('signals_sent', [])) or 'already exited'}); log {run_dir / 'server.log'}"
+    )

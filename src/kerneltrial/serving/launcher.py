@@ -65,11 +65,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def operator_env(env: Mapping[str, str]) -> dict[str, str]:
     """Environment variables that select operators or devices (VLLM_*, FlagGems, ...)."""
-    return {
-        k: v
-        for k, v in sorted(env.items())
-        if k.startswith(OPERATOR_ENV_PREFIXES) or k in OPERATOR_ENV_NAMES
-    }
+    return {k: v for k, v in sorted(env.items()) if k.startswith(OPERATOR_ENV_PREFIXES) or k in OPERATOR_ENV_NAMES}
 
 
 def list_models(base_url: str, timeout: float = 5.0) -> tuple[int, list[str]]:
@@ -103,12 +99,19 @@ def gpu_info() -> list[dict[str, str]] | None:
     try:
         out = subprocess.run(
             [exe, f"--query-gpu={fields}", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [{"error": str(e)}]
     keys = fields.split(",")
-    return [dict(zip(keys, (c.strip() for c in line.split(",")))) for line in out.stdout.splitlines() if line.strip()]
+    return [
+        dict(zip(keys, (c.strip() for c in line.split(",")), strict=False))
+        for line in out.stdout.splitlines()
+        if line.strip()
+    ]
 
 
 _VERSIONS_SNIPPET = r"""
@@ -216,8 +219,12 @@ class Server:
         t0 = time.time()
         try:
             self.proc = subprocess.Popen(
-                s.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                s.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
         except OSError as e:
             raise LaunchError(f"cannot start server {s.argv[0]!r}: {e.strerror}; check the command path") from e
@@ -243,17 +250,14 @@ class Server:
         while True:
             rc = self.proc.poll()
             if rc is not None:
-                raise LaunchError(
-                    f"server exited with code {rc} before it was ready; see its log {self.log_path}"
-                )
+                raise LaunchError(f"server exited with code {rc} before it was ready; see its log {self.log_path}")
             try:
                 status, ids = list_models(s.base_url, timeout=2.0)
                 if 200 <= status < 300:
                     if s.model_id in ids:
                         break
                     raise LaunchError(
-                        f"server is up but lists models {ids}, not {s.model_id!r}; "
-                        "fix --model-id / --served-model-name"
+                        f"server is up but lists models {ids}, not {s.model_id!r}; fix --model-id / --served-model-name"
                     )
                 last = f"HTTP {status}"
             except httpx.HTTPError as e:

@@ -57,9 +57,7 @@ def success_flags(raw: Mapping[str, Any]) -> list[bool]:
     latencies = raw.get("latencies") or []
     n = len(raw.get("input_lens") or [])
     if len(errors) != n or len(latencies) != n:
-        raise ValueError(
-            "bench JSON lacks per-request arrays (errors/latencies); was it saved with --save-detailed?"
-        )
+        raise ValueError("bench JSON lacks per-request arrays (errors/latencies); was it saved with --save-detailed?")
     return [(not errors[i]) and float(latencies[i]) > 0.0 for i in range(n)]
 
 

@@ -28,13 +28,21 @@ PRESETS: dict[str, Preset] = {
         description="MiniCPM5-2B reference: cases 4096/1024 (256 requests) and 16384/1024 (128 requests) at concurrency 64",
         cases=(Case(4096, 1024, 64, 256), Case(16384, 1024, 64, 128)),
         serve_args=(
-            "--host", "127.0.0.1", "--port", "{port}",
-            "--served-model-name", "{model_id}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--served-model-name",
+            "{model_id}",
             "--trust-remote-code",
-            "--dtype", "bfloat16",
-            "--max-model-len", "18432",  # 16384 + 1024 + headroom for special tokens
-            "--max-num-seqs", "64",
-            "--gpu-memory-utilization", "0.9",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "18432",  # 16384 + 1024 + headroom for special tokens
+            "--max-num-seqs",
+            "64",
+            "--gpu-memory-utilization",
+            "0.9",
         ),
     ),
 }

@@ -155,7 +155,9 @@ def parse_protocol(text: str, base_dir: Path | None = None) -> Protocol:
             raise ProtocolError(f"more than one arm has role {role}; keep one")
     p = Protocol(
         name=_get(doc, "name", str, "protocol", "serving-trial"),
-        arms=arms, cases=cases, model_id=model_id,
+        arms=arms,
+        cases=cases,
+        model_id=model_id,
         model=_get(server, "model", str, "server"),
         tokenizer=_get(server, "tokenizer", str, "server"),
         host=_get(server, "host", str, "server", "127.0.0.1"),

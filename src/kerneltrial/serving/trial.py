@@ -33,18 +33,41 @@ from typing import Any
 from kerneltrial.serving import metrics
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
-    BenchError, bench_argv, case_dict, request_rows, run_bench,
+    BenchError,
+    bench_argv,
+    case_dict,
+    request_rows,
+    run_bench,
 )
 from kerneltrial.serving.launcher import (
-    LaunchError, Server, ServerSpec, gpu_info, operator_env, probe_versions, python_for,
+    LaunchError,
+    Server,
+    ServerSpec,
+    gpu_info,
+    operator_env,
+    probe_versions,
+    python_for,
 )
 from kerneltrial.serving.protocol import Arm, Protocol
 from kerneltrial.trial import provenance
 
 Event = Callable[..., None]
 REQUEST_FIELDS = [
-    "launch", "arm", "case", "run", "request", "success", "input_len", "output_len", "ttft_s",
-    "e2el_s", "tpot_s", "n_itl", "itl_mean_s", "start_time", "error",
+    "launch",
+    "arm",
+    "case",
+    "run",
+    "request",
+    "success",
+    "input_len",
+    "output_len",
+    "ttft_s",
+    "e2el_s",
+    "tpot_s",
+    "n_itl",
+    "itl_mean_s",
+    "start_time",
+    "error",
 ]
 
 
@@ -89,14 +112,17 @@ def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int
 
 def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     if out.exists() and any(out.iterdir()):
-        raise RunDirError(f"run directory {out} already holds files; a run directory is never overwritten, pick a new --out")
+        raise RunDirError(
+            f"run directory {out} already holds files; a run directory is never overwritten, pick a new --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "protocol.toml").write_bytes(protocol_bytes)
     return sha256_bytes(protocol_bytes)
 
 
-def summarise(proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[str, Any]], sha: str,
-              failures: list[str]) -> dict[str, Any]:
+def summarise(
+    proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[str, Any]], sha: str, failures: list[str]
+) -> dict[str, Any]:
     """Every figure of the report, from the run rows and accuracy summaries."""
     results: dict[str, dict[str, Any]] = {}
     for arm in proto.arms:
@@ -106,9 +132,10 @@ def summarise(proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[s
             failed = [r for r in rows if r["status"] != "ok"]
             launches = sorted({r["launch"] for r in rows})
             entry: dict[str, Any] = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
-            complete = all(
-                len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches
-            ) and len(launches) == proto.rounds
+            complete = (
+                all(len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches)
+                and len(launches) == proto.rounds
+            )
             if failed or not rows or not complete:
                 entry["status"] = "FAILED" if failed else "INCOMPLETE"
                 results[arm.name][case.id] = entry
@@ -127,7 +154,10 @@ def summarise(proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[s
     summary: dict[str, Any] = {
         "kind": "serving",
         "protocol_sha256": sha,
-        "warmup": {"drop_first": 1, "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches"},
+        "warmup": {
+            "drop_first": 1,
+            "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches",
+        },
         "arms": [a.name for a in proto.arms],
         "cases": [case_dict(c) for c in proto.cases],
         "results": results,
@@ -145,8 +175,12 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
     if base is None or cand is None:
         return None
     out: dict[str, Any] = {
-        "baseline": base.name, "candidate": cand.name, "noise_band": proto.noise_band,
-        "ttft_ratio_max": proto.ttft_ratio_max, "cases": {}, "reasons": [],
+        "baseline": base.name,
+        "candidate": cand.name,
+        "noise_band": proto.noise_band,
+        "ttft_ratio_max": proto.ttft_ratio_max,
+        "cases": {},
+        "reasons": [],
     }
     accepted = True
     for case in proto.cases:
@@ -159,9 +193,17 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
         gain = c["total_token_throughput"] / b["total_token_throughput"] - 1.0
         ratio = c["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else float("inf")
         t_ok, l_ok = gain > proto.noise_band, ratio <= proto.ttft_ratio_max
-        out["cases"][case.id] = {"status": "ok", "gain": gain, "throughput_ok": t_ok, "ttft_ratio": ratio, "ttft_ok": l_ok}
+        out["cases"][case.id] = {
+            "status": "ok",
+            "gain": gain,
+            "throughput_ok": t_ok,
+            "ttft_ratio": ratio,
+            "ttft_ok": l_ok,
+        }
         if not t_ok:
-            out["reasons"].append(f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.noise_band:.2%}")
+            out["reasons"].append(
+                f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.noise_band:.2%}"
+            )
         if not l_ok:
             out["reasons"].append(f"{case.id}: mean TTFT ratio {ratio:.4f} above {proto.ttft_ratio_max}")
         accepted = accepted and t_ok and l_ok
@@ -180,7 +222,11 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
 
 
 def run_protocol(
-    proto: Protocol, protocol_bytes: bytes, out: Path, vllm: str, argv: list[str] | None = None,
+    proto: Protocol,
+    protocol_bytes: bytes,
+    out: Path,
+    vllm: str,
+    argv: list[str] | None = None,
     event: Event | None = None,
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
@@ -195,12 +241,16 @@ def run_protocol(
         "protocol_sha256": sha,
         "arms": [asdict(a) | {"argv_expanded": proto.expand(a)} for a in proto.arms],
         "cases": [case_dict(c) for c in proto.cases],
-        "rounds": proto.rounds, "repeats": proto.repeats, "seed": proto.seed,
+        "rounds": proto.rounds,
+        "repeats": proto.repeats,
+        "seed": proto.seed,
         "bench_seeds": [proto.seed + k for k in range(proto.repeats)],
         "launches": [{"launch": i, "round": r, "position": p, "arm": n} for i, (r, p, n) in enumerate(order)],
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.percentiles),
-        "model_id": proto.model_id, "tokenizer": proto.tokenizer, "base_url": proto.url(),
+        "model_id": proto.model_id,
+        "tokenizer": proto.tokenizer,
+        "base_url": proto.url(),
         "accuracy": asdict(proto.accuracy) if proto.accuracy else None,
         "acceptance": {"noise_band": proto.noise_band, "ttft_ratio_max": proto.ttft_ratio_max},
     }
@@ -209,9 +259,12 @@ def run_protocol(
         "kind": "serving",
         "protocol_sha256": sha,
         "argv": argv if argv is not None else sys.argv,
-        "started_at": now(), "finished_at": None, "status": "running",
+        "started_at": now(),
+        "finished_at": None,
+        "status": "running",
         "hostname": socket.gethostname(),
-        "python": sys.version.split()[0], "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
         "git": provenance.git_state(Path(__file__).resolve().parents[3]),
         "gpu": gpu_info(),
         "client": {"vllm": vllm, "versions": probe_versions(python_for(vllm))},
@@ -244,8 +297,15 @@ def run_protocol(
                     argv_x = proto.expand(arm)
                     if name not in prov["server_versions"]:
                         prov["server_versions"][name] = probe_versions(python_for(argv_x[0]))
-                    spec = ServerSpec(argv_x, proto.model_id, proto.host, proto.port, arm.env,
-                                      proto.ready_timeout_s, proto.stop_grace_s)
+                    spec = ServerSpec(
+                        argv_x,
+                        proto.model_id,
+                        proto.host,
+                        proto.port,
+                        arm.env,
+                        proto.ready_timeout_s,
+                        proto.stop_grace_s,
+                    )
                     server = Server(spec, out / "launches" / tag / "server.log")
                     base_url = spec.base_url
                     ctx = server
@@ -260,7 +320,21 @@ def run_protocol(
                         res = run_accuracy(base_url, proto.model_id, proto.accuracy, out / "accuracy" / name)
                         if server is not None:
                             server.check_alive("the accuracy run")
-                        acc[name] = {k: res[k] for k in ("n", "correct", "errors", "accuracy", "ci_low", "ci_high", "confidence", "gate", "passed", "truncated")}
+                        acc[name] = {
+                            k: res[k]
+                            for k in (
+                                "n",
+                                "correct",
+                                "errors",
+                                "accuracy",
+                                "ci_low",
+                                "ci_high",
+                                "confidence",
+                                "gate",
+                                "passed",
+                                "truncated",
+                            )
+                        }
                         row["accuracy_s"] = time.monotonic() - t_acc
                 row["status"] = "ok"
             except (LaunchError, BenchError) as e:
@@ -304,19 +378,37 @@ class _Null:
         return None
 
 
-def _bench_launch(proto: Protocol, arm: Arm, launch: int, tag: str, base_url: str, vllm: str,
-                  server: Server | None, out: Path, runs: list[dict[str, Any]], failures: list[str],
-                  emit: Event) -> None:
+def _bench_launch(
+    proto: Protocol,
+    arm: Arm,
+    launch: int,
+    tag: str,
+    base_url: str,
+    vllm: str,
+    server: Server | None,
+    out: Path,
+    runs: list[dict[str, Any]],
+    failures: list[str],
+    emit: Event,
+) -> None:
     for case in proto.cases:
         for k in range(proto.repeats):
             seed = proto.seed + k
             rdir = out / "raw" / tag / case.id
-            argv = bench_argv(vllm, base_url, proto.model_id, proto.tokenizer, case, rdir, f"run{k}.json",
-                              seed, proto.percentiles)
+            argv = bench_argv(
+                vllm, base_url, proto.model_id, proto.tokenizer, case, rdir, f"run{k}.json", seed, proto.percentiles
+            )
             emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
             t0 = time.monotonic()
-            row: dict[str, Any] = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, "seed": seed,
-                                   "num_requests": case.num_requests, "raw": str((rdir / f"run{k}.json").relative_to(out))}
+            row: dict[str, Any] = {
+                "launch": launch,
+                "arm": arm.name,
+                "case": case.id,
+                "run": k,
+                "seed": seed,
+                "num_requests": case.num_requests,
+                "raw": str((rdir / f"run{k}.json").relative_to(out)),
+            }
             try:
                 raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench_timeout_s, server)
             except (LaunchError, BenchError) as e:

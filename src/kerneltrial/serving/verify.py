@@ -52,12 +52,17 @@ def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
     done = sum(good)
     tp = [
         (raw["latencies"][i] - raw["ttfts"][i]) / (raw["output_lens"][i] - 1)
-        for i in range(n) if good[i] and raw["output_lens"][i] > 1
+        for i in range(n)
+        if good[i] and raw["output_lens"][i] > 1
     ]
     out = {
-        "completed": done, "failed": n - done, "duration": dur,
-        "total_input_tokens": tin, "total_output_tokens": tout,
-        "request_throughput": done / dur, "output_throughput": tout / dur,
+        "completed": done,
+        "failed": n - done,
+        "duration": dur,
+        "total_input_tokens": tin,
+        "total_output_tokens": tout,
+        "request_throughput": done / dur,
+        "output_throughput": tout / dur,
         "total_token_throughput": (tin + tout) / dur,
     }
     out |= _stats([raw["ttfts"][i] for i in range(n) if good[i]], "ttft", pcts)
@@ -136,9 +141,13 @@ def verify_serving_run(path: Path) -> list[str]:
                 problems.append(f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}")
         want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
         if r.get("status") != want_status:
-            problems.append(f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}")
+            problems.append(
+                f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}"
+            )
         if raw.get("completed") is not None and raw["completed"] != got["completed"]:
-            problems.append(f"{where}: vLLM's own completed ({raw['completed']}) differs from the recount {got['completed']}")
+            problems.append(
+                f"{where}: vLLM's own completed ({raw['completed']}) differs from the recount {got['completed']}"
+            )
 
     # per (arm, case) summaries: warm-up rule per launch, mean over launches
     res = summary.get("results", {})
@@ -154,11 +163,15 @@ def verify_serving_run(path: Path) -> list[str]:
             rr = [r for r in rows if r["arm"] == a and r["case"] == cid]
             launches = sorted({r["launch"] for r in rr})
             ok = (
-                rr and all(r["status"] == "ok" for r in rr) and len(launches) == rounds
+                rr
+                and all(r["status"] == "ok" for r in rr)
+                and len(launches) == rounds
                 and all(sum(1 for r in rr if r["launch"] == L) == repeats for L in launches)
             )
             if (s.get("status") == "ok") != bool(ok):
-                problems.append(f"{a}/{cid}: summary status {s.get('status')} but the runs say {'ok' if ok else 'not ok'}")
+                problems.append(
+                    f"{a}/{cid}: summary status {s.get('status')} but the runs say {'ok' if ok else 'not ok'}"
+                )
                 continue
             if not ok:
                 continue
@@ -167,9 +180,12 @@ def verify_serving_run(path: Path) -> list[str]:
                 lr = sorted((r for r in rr if r["launch"] == L), key=lambda r: r["run"])[1:]
                 recomputed = {}
                 for k in lr[0]:
-                    if (k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))) or k in (
-                        "total_token_throughput", "output_throughput", "request_throughput"):
-                        recomputed[k] = math.fsum(recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr) / len(lr)
+                    if (
+                        k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))
+                    ) or k in ("total_token_throughput", "output_throughput", "request_throughput"):
+                        recomputed[k] = math.fsum(
+                            recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr
+                        ) / len(lr)
                 per_launch.append(recomputed)
             for k in per_launch[0]:
                 if k in s:
@@ -190,8 +206,15 @@ def verify_serving_run(path: Path) -> list[str]:
         errs = sum(1 for r in recs if r.get("error"))
         lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
         gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
-        want = {"n": n, "correct": k, "errors": errs, "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi,
-                "passed": bool(n > 0 and errs == 0 and k / n >= gate)}
+        want = {
+            "n": n,
+            "correct": k,
+            "errors": errs,
+            "accuracy": k / n if n else 0.0,
+            "ci_low": lo,
+            "ci_high": hi,
+            "passed": bool(n > 0 and errs == 0 and k / n >= gate),
+        }
         for key, v in want.items():
             if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
                 problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
@@ -207,7 +230,10 @@ def verify_serving_run(path: Path) -> list[str]:
             tmax = float(plan["acceptance"]["ttft_ratio_max"])
             verdict = True
             for c in plan["cases"]:
-                b, d = res.get(names["baseline"], {}).get(c["case"], {}), res.get(names["candidate"], {}).get(c["case"], {})
+                b, d = (
+                    res.get(names["baseline"], {}).get(c["case"], {}),
+                    res.get(names["candidate"], {}).get(c["case"], {}),
+                )
                 if b.get("status") != "ok" or d.get("status") != "ok":
                     verdict = False
                     continue

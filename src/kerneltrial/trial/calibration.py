@@ -67,7 +67,14 @@ def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
     prefix, _, base_name = name.partition(":")
     base = op.impl(base_name)
     if prefix == "aa":
-        return Impl(op=op.name, name=name, kind="calibration", loader=base.resolve, doc=f"A/A copy of {base_name}", layouts=base.layouts)
+        return Impl(
+            op=op.name,
+            name=name,
+            kind="calibration",
+            loader=base.resolve,
+            doc=f"A/A copy of {base_name}",
+            layouts=base.layouts,
+        )
 
     def load() -> Any:
         fn = base.resolve()
@@ -79,7 +86,14 @@ def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
 
         return slowed
 
-    return Impl(op=op.name, name=name, kind="calibration", loader=load, doc=f"{base_name} plus an injected delay", layouts=base.layouts)
+    return Impl(
+        op=op.name,
+        name=name,
+        kind="calibration",
+        loader=load,
+        doc=f"{base_name} plus an injected delay",
+        layouts=base.layouts,
+    )
 
 
 def median_call_ns(p: proto.Protocol, op: Operator, timer: Timer, case: Case, fn: Any, device: torch.device) -> float:
@@ -92,7 +106,9 @@ def median_call_ns(p: proto.Protocol, op: Operator, timer: Timer, case: Case, fn
     return ns
 
 
-def size_delay(p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed: list[Impl], delay: Delay, device: torch.device) -> dict[str, float]:
+def size_delay(
+    p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed: list[Impl], delay: Delay, device: torch.device
+) -> dict[str, float]:
     """Plan fields of a case with a `slow:` arm: the target extra time (`injected_delay_ns` =
     injected_slowdown x one call of the base) and the spin that realises it once the measured
     cost of an empty delay is subtracted (`delay_spin_ns`, never negative)."""
@@ -103,7 +119,11 @@ def size_delay(p: proto.Protocol, op: Operator, timer: Timer, case: Case, timed:
     target = p.injected_slowdown * base_ns
     delay.ns = 0.0
     empty = median_call_ns(p, op, timer, case, slow[0].resolve(), device) - base_ns
-    return {"injected_delay_ns": target, "delay_overhead_ns": max(0.0, empty), "delay_spin_ns": max(0.0, target - max(0.0, empty))}
+    return {
+        "injected_delay_ns": target,
+        "delay_overhead_ns": max(0.0, empty),
+        "delay_spin_ns": max(0.0, target - max(0.0, empty)),
+    }
 
 
 def require_calibration(p: proto.Protocol, protocol_path: Path, device_name: str | None) -> None:
@@ -113,16 +133,22 @@ def require_calibration(p: proto.Protocol, protocol_path: Path, device_name: str
         return
     run = protocol_path.parent / p.calibration_run
     if not (run / "summary.json").exists():
-        raise CalibrationError(f"calibration_run {p.calibration_run!r}: no summary.json in {run}; run `kerneltrial calibrate` first")
+        raise CalibrationError(
+            f"calibration_run {p.calibration_run!r}: no summary.json in {run}; run `kerneltrial calibrate` first"
+        )
     summary = json.loads((run / "summary.json").read_text())
     calibration = summary.get("calibration")
     if not calibration or not calibration.get("passed"):
-        raise CalibrationError(f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does")
+        raise CalibrationError(
+            f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does"
+        )
     if summary.get("op") not in (None, p.op):
         raise CalibrationError(f"calibration_run {p.calibration_run!r} calibrated {summary.get('op')!r}, not {p.op!r}")
     calibrated_on = json.loads((run / "provenance.json").read_text()).get("device", {}).get("gpu")
     if calibrated_on != device_name:
-        raise CalibrationError(f"calibration_run {p.calibration_run!r} ran on {calibrated_on or 'a CPU'}, this run is on {device_name or 'a CPU'}; calibrate here first")
+        raise CalibrationError(
+            f"calibration_run {p.calibration_run!r} ran on {calibrated_on or 'a CPU'}, this run is on {device_name or 'a CPU'}; calibrate here first"
+        )
 
 
 def calibration_protocol(protocol_path: Path) -> str:
@@ -131,7 +157,11 @@ def calibration_protocol(protocol_path: Path) -> str:
 
     data = tomllib.loads(protocol_path.read_text())
     control = data.get("control", "control")
-    data.update(name=f"{data.get('name', 'trial')}-calibration", phase="exploratory", candidates=[f"aa:{control}", f"slow:{control}"])
+    data.update(
+        name=f"{data.get('name', 'trial')}-calibration",
+        phase="exploratory",
+        candidates=[f"aa:{control}", f"slow:{control}"],
+    )
     for key in ("calibration_run", "exploratory_seeds"):
         data.pop(key, None)
     text = tomli_w.dumps(data)

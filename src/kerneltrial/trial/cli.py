@@ -66,8 +66,16 @@ class LineProgress:
         return None
 
     def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
-        self.tasks.append({"description": description, "total": total or 0, "completed": completed,
-                           "started": time.monotonic(), "printed": time.monotonic(), "tenth": -1})
+        self.tasks.append(
+            {
+                "description": description,
+                "total": total or 0,
+                "completed": completed,
+                "started": time.monotonic(),
+                "printed": time.monotonic(),
+                "tenth": -1,
+            }
+        )
         return len(self.tasks) - 1
 
     def update(self, task: int, total: float | None = None, **_: Any) -> None:
@@ -81,15 +89,26 @@ class LineProgress:
         now = time.monotonic()
         if tenth > t["tenth"] or now - t["printed"] >= self.LINE_EVERY_S:
             t["tenth"], t["printed"] = tenth, now
-            print(f"{t['description']}: {t['completed']}/{t['total']} after {now - t['started']:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{t['description']}: {t['completed']}/{t['total']} after {now - t['started']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def progress_bar() -> Progress | LineProgress:
     """A live bar on a terminal; plain lines in logs and pipes (a bar prints nothing there)."""
     if not err.is_terminal:
         return LineProgress()
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
 
 
 @one_line_errors
@@ -118,15 +137,33 @@ def check(
     op: Annotated[str | None, typer.Argument(help="Operator name (see `kerneltrial ops`).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every operator.")] = False,
     impl: Annotated[list[str] | None, typer.Option(help="Implementation(s) to check; default: all available.")] = None,
-    shape: Annotated[list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the operator's panel.")] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the operator's panel.")
+    ] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s); default: every layout of the operator.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")
+    ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh random inputs per check: seeds 0..N-1.")] = 2,
-    panel: Annotated[str, typer.Option(help="Default cases: 'small' (CPU-sized) or 'gpu' (realistic); default small without a GPU, gpu with one.")] = "auto",
-    impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms.")] = None,
+    panel: Annotated[
+        str,
+        typer.Option(
+            help="Default cases: 'small' (CPU-sized) or 'gpu' (realistic); default small without a GPU, gpu with one."
+        ),
+    ] = "auto",
+    impl_module: Annotated[
+        list[str] | None,
+        typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms."),
+    ] = None,
     peers: Annotated[bool, typer.Option(help="Include peers (torch eager, torch.compile, Liger, FlagGems).")] = True,
     jsonl: Annotated[Path | None, typer.Option(help="Also write every check as a JSON line here.")] = None,
-    exact: Annotated[bool, typer.Option("--exact", help="Require output bit-identical to the official formula (the float64 oracle keeps its tolerance).")] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Require output bit-identical to the official formula (the float64 oracle keeps its tolerance).",
+        ),
+    ] = False,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
@@ -153,11 +190,19 @@ def check(
     with progress_bar() as bar:
         for operator in operators:
             if shape:
-                cases = [Case(parse_shape(s), dtype or operator.dtypes[0], lay) for s in shape for lay in (layout or operator.layouts)]
+                cases = [
+                    Case(parse_shape(s), dtype or operator.dtypes[0], lay)
+                    for s in shape
+                    for lay in (layout or operator.layouts)
+                ]
             else:
                 base = operator.gpu_cases if use_gpu_panel else operator.small_cases
                 cases = [Case(c.shape, c.dtype, lay) for c in base for lay in (layout or operator.layouts)]
-            impls = [operator.impl(n) for n in impl] if impl else [i for i in operator.impls.values() if peers or i.kind != "peer"]
+            impls = (
+                [operator.impl(n) for n in impl]
+                if impl
+                else [i for i in operator.impls.values() if peers or i.kind != "peer"]
+            )
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
                 operator.validate(case)
@@ -172,8 +217,17 @@ def check(
                     worst = max(results, key=lambda r: (not r.passed, r.max_rel))
                     status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {bad[0].message}"
                     hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
-                    table.add_row(operator.name, case.id, i.name, str(seeds), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}",
-                                  f"{worst.ulp:.3g}", "/".join(map(str, hist)))
+                    table.add_row(
+                        operator.name,
+                        case.id,
+                        i.name,
+                        str(seeds),
+                        status,
+                        f"{worst.max_abs:.3g}",
+                        f"{worst.max_rel:.3g}",
+                        f"{worst.ulp:.3g}",
+                        "/".join(map(str, hist)),
+                    )
     console.print(table)
     if jsonl:
         jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -195,12 +249,21 @@ def protocol_new(
     out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
     candidate: Annotated[list[str] | None, typer.Option(help="Candidate arm(s) (implementations or peers).")] = None,
     name: Annotated[str | None, typer.Option(help="Protocol name (default: OP-trial).")] = None,
-    shape: Annotated[list[str] | None, typer.Option(help="Case shape(s); default: the operator's GPU panel (CPU panel without a GPU).")] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(help="Case shape(s); default: the operator's GPU panel (CPU panel without a GPU)."),
+    ] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     rounds: Annotated[int, typer.Option(min=2)] = 7,
     gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
-    impl_module: Annotated[list[str] | None, typer.Option("--impl-module", help="A user's kernel file or module; its function named after OP becomes the candidate user:<module> (add it with --candidate too to name other arms).")] = None,
+    impl_module: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--impl-module",
+            help="A user's kernel file or module; its function named after OP becomes the candidate user:<module> (add it with --candidate too to name other arms).",
+        ),
+    ] = None,
 ) -> None:
     """Write a protocol for OP with the operator's panel (the GPU panel on a GPU, the small CPU
     panel without one) or --shape cases; review it, then freeze it."""
@@ -211,8 +274,10 @@ def protocol_new(
     operator = get_op(op)
     user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec) if impl.op == op]
     # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
-    modules = [os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec
-               for spec in impl_module or []]
+    modules = [
+        os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec
+        for spec in impl_module or []
+    ]
     candidate = list(dict.fromkeys([*(candidate or []), *user_arms]))
     if not candidate:
         raise ValueError("name at least one --candidate or an --impl-module that defines the operator")
@@ -221,11 +286,17 @@ def protocol_new(
     layouts = layout or ["contiguous"]
     gpu = launch.device().type == "cuda"
     if not shape and not gpu:
-        err.print("No GPU visible: writing the operator's small CPU panel (the GPU panel would take hours in the "
-                  "Triton interpreter); pass --shape for other cases.", soft_wrap=True)
+        err.print(
+            "No GPU visible: writing the operator's small CPU panel (the GPU panel would take hours in the "
+            "Triton interpreter); pass --shape for other cases.",
+            soft_wrap=True,
+        )
     panel = operator.gpu_cases if gpu else operator.small_cases
-    cases = [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts] if shape else [
-        Case(c.shape, c.dtype, lay) for c in panel for lay in layouts]
+    cases = (
+        [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts]
+        if shape
+        else [Case(c.shape, c.dtype, lay) for c in panel for lay in layouts]
+    )
     try:
         seed_list = [int(s) for s in seeds.split(",")]
     except ValueError:
@@ -233,7 +304,9 @@ def protocol_new(
     if out.exists():
         raise ValueError(f"{out} exists; protocols are never overwritten: choose another --out")
     extra: dict[str, object] = {"impl_modules": modules} if modules else {}
-    out.write_text(proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate, **extra))
+    out.write_text(
+        proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate, **extra)
+    )
     console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}")
 
 
@@ -256,7 +329,9 @@ def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML fil
 def run(
     protocol: Annotated[Path, typer.Argument(help="Protocol TOML file.")],
     out: Annotated[Path, typer.Option(help="Run directory to create (or to continue with --resume).")],
-    resume: Annotated[bool, typer.Option(help="Continue a killed run in --out without losing or repeating rows.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue a killed run in --out without losing or repeating rows.")
+    ] = False,
 ) -> None:
     """Run a trial: correctness gate, ceilings, interleaved timing rounds (every sample's last
     call checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
@@ -266,7 +341,12 @@ def run(
     def announce(arms: list[Any]) -> None:
         for arm in arms:
             if not arm.available:
-                err.print(f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}", highlight=False, soft_wrap=True, markup=False)
+                err.print(
+                    f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}",
+                    highlight=False,
+                    soft_wrap=True,
+                    markup=False,
+                )
 
     with progress_bar() as bar:
         root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce)
@@ -276,9 +356,19 @@ def run(
     gate = summary.get("gate", {})
     for name, verdict in gate.get("arms", {}).items():
         if not verdict.get("passed"):
-            console.print(f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}", highlight=False, soft_wrap=True, markup=False)
+            console.print(
+                f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
     passed = gate.get("passed_arms", [])
-    console.print(f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}", highlight=False, soft_wrap=True, markup=False)
+    console.print(
+        f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
     console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}", soft_wrap=True)
     if not passed:
         raise typer.Exit(1)
@@ -328,7 +418,9 @@ shape = {shape_b}
 
 
 @one_line_errors
-def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo")) -> None:
+def demo(
+    out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo"),
+) -> None:
     """The built-in default: check rmsnorm, run a small trial, verify it, write its report.
     Run it again and it writes a fresh run directory beside the last (run-2, run-3, ...).
 
@@ -341,14 +433,21 @@ def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protoc
 
     gpu = launch.device().type == "cuda"
     if not gpu:
-        console.print("[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
-                      "Times below describe the interpreter, NOT GPU performance.[/yellow]")
+        console.print(
+            "[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
+            "Times below describe the interpreter, NOT GPU performance.[/yellow]"
+        )
     out.mkdir(parents=True, exist_ok=True)
     run_dir = next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
     protocol_file = out / f"{run_dir.name}.protocol.toml"  # a repeated demo takes a fresh directory, never overwriting
-    protocol_file.write_text(DEMO_PROTOCOL.format(
-        calls="\"auto\"" if gpu else 1, l2="cold" if gpu else "hot",
-        shape_a=[4096, 4096] if gpu else [64, 1536], shape_b=[65536, 2048] if gpu else [8, 5120]))
+    protocol_file.write_text(
+        DEMO_PROTOCOL.format(
+            calls='"auto"' if gpu else 1,
+            l2="cold" if gpu else "hot",
+            shape_a=[4096, 4096] if gpu else [64, 1536],
+            shape_b=[65536, 2048] if gpu else [8, 5120],
+        )
+    )
     with progress_bar() as bar:
         root = run_trial(protocol_file, run_dir, progress=bar)
     result = verify_run_dir(root)
@@ -358,8 +457,11 @@ def demo(out: Annotated[Path, typer.Option(help="Directory for the demo's protoc
     console.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
     for arm, agg in summary.get("aggregates", {}).items():
         geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
-        console.print(f"  {arm}: geomean speedup {geomean} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L/"
-                      f"{agg.get('inconclusive', 0)}I", soft_wrap=True)
+        console.print(
+            f"  {arm}: geomean speedup {geomean} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L/"
+            f"{agg.get('inconclusive', 0)}I",
+            soft_wrap=True,
+        )
     console.print(f"timing: {summary.get('label', '')}")
     console.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}")
     if not result.ok:

@@ -31,7 +31,9 @@ class ClockReader:
         if self.handle is None:
             return None, None
         n = self.nvml
-        return n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM), n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM)
+        return n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM), n.nvmlDeviceGetClockInfo(
+            self.handle, n.NVML_CLOCK_MEM
+        )
 
     def max_sm_mhz(self) -> int | None:
         if self.handle is None:

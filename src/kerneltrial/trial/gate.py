@@ -155,7 +155,7 @@ def _chunks(out: torch.Tensor, expected: torch.Tensor) -> Iterator[tuple[torch.T
     """(out, expected, |out - expected| with NaN as inf) in float64, CHUNK elements at a time."""
     o_flat, e_flat = out.reshape(-1), expected.reshape(-1)
     for start in range(0, o_flat.numel(), CHUNK):
-        o, e = o_flat[start:start + CHUNK].double(), e_flat[start:start + CHUNK].double()
+        o, e = o_flat[start : start + CHUNK].double(), e_flat[start : start + CHUNK].double()
         err = (o - e).abs()
         yield o, e, torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
 
@@ -181,11 +181,15 @@ def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None)
     """Largest differences of `out` from `expected`; `tol` None means exact equality."""
     max_abs = max_rel = max_ulp = 0.0
     within = True
-    for o, e, err in _chunks(out, expected):
+    for _, e, err in _chunks(out, expected):
         rel = (err / e.abs().clamp_min(1e-30)).nan_to_num(nan=math.inf)
         ulp = (err / ulp_of(e, out.dtype)).nan_to_num(nan=math.inf) if out.is_floating_point() else err
         within = within and bool((err == 0).all() if tol is None else (err <= tol.atol + tol.rtol * e.abs()).all())
-        max_abs, max_rel, max_ulp = max(max_abs, float(err.max())), max(max_rel, float(rel.max())), max(max_ulp, float(ulp.max()))
+        max_abs, max_rel, max_ulp = (
+            max(max_abs, float(err.max())),
+            max(max_rel, float(rel.max())),
+            max(max_ulp, float(ulp.max())),
+        )
     return Difference(max_abs, max_rel, max_ulp, within)
 
 
@@ -193,8 +197,9 @@ def _fail(message: str) -> tuple[Difference, str]:
     return Difference(math.inf, math.inf, math.inf, False), message
 
 
-def compare(op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: Outputs,
-            exact: bool = False) -> tuple[Difference, str]:
+def compare(
+    op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: Outputs, exact: bool = False
+) -> tuple[Difference, str]:
     """Check `got` against both the reference and the oracle; '' when it passes. `exact`
     (or an integer operator) requires bit-identical output to the reference; the float64
     oracle is then still compared within the operator's tolerance."""
@@ -209,20 +214,32 @@ def compare(op: Operator, case: Case, got: Outputs, reference: Outputs, oracle: 
         if g.dtype != r.dtype:
             return _fail(f"{label} has dtype {g.dtype}, expected {r.dtype}")
         if op.contiguous_outputs and not op.inplace and not g.is_contiguous():
-            return _fail(f"{label} is not contiguous (strides {tuple(g.stride())}); the interface returns a contiguous tensor")
+            return _fail(
+                f"{label} is not contiguous (strides {tuple(g.stride())}); the interface returns a contiguous tensor"
+            )
         if g.is_floating_point() and bool((torch.isnan(g) & ~torch.isnan(r)).any()):
             count = int((torch.isnan(g) & ~torch.isnan(r)).sum())
-            return _fail(f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised")
+            return _fail(
+                f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised"
+            )
         if g.is_floating_point() and bool((torch.isinf(g) & ~torch.isinf(r)).any()):
             count = int((torch.isinf(g) & ~torch.isinf(r)).sum())
             return _fail(f"{label} has {count} Inf element(s) where the reference is finite (overflow?)")
         checks = (("reference", r, None if exact else tol), ("float64 oracle", o.to(r.dtype) if op.exact else o, tol))
         for against, expected_values, bound in checks:
             d = difference(g, expected_values, bound)
-            worst = Difference(max(worst.max_abs, d.max_abs), max(worst.max_rel, d.max_rel), max(worst.ulp, d.ulp), worst.within and d.within)
+            worst = Difference(
+                max(worst.max_abs, d.max_abs),
+                max(worst.max_rel, d.max_rel),
+                max(worst.ulp, d.ulp),
+                worst.within and d.within,
+            )
             if not d.within:
                 rule = "exact equality" if bound is None else f"rtol {bound.rtol}, atol {bound.atol}"
-                return worst, f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule})"
+                return (
+                    worst,
+                    f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule})",
+                )
     return worst, ""
 
 
@@ -282,13 +299,23 @@ def persistent(op: Operator, got: Outputs, previous: Outputs) -> str:
         return ""
     for i, out in enumerate(got):
         if any(shares_storage(out, p) for p in previous):
-            return (f"returns a persistent buffer: output {i} shares storage with the arm's previous output, "
-                    "which the caller still holds; allocate a fresh output per call")
+            return (
+                f"returns a persistent buffer: output {i} shares storage with the arm's previous output, "
+                "which the caller still holds; allocate a fresh output per call"
+            )
     return ""
 
 
-def checked_outputs(op: Operator, case: Case, g: guard.Guarded, values: Inputs, got: Outputs,
-                    reference: Outputs, oracle: Outputs, exact: bool) -> tuple[Difference, str]:
+def checked_outputs(
+    op: Operator,
+    case: Case,
+    g: guard.Guarded,
+    values: Inputs,
+    got: Outputs,
+    reference: Outputs,
+    oracle: Outputs,
+    exact: bool,
+) -> tuple[Difference, str]:
     """The rules every checked call obeys (gate and timed checks): the outputs match, and
     every byte of the guarded inputs holds what it must."""
     diff, message = compare(op, case, got, reference, oracle, exact)
@@ -302,8 +329,9 @@ def extra_calls(case: Case, seed: int, arm: str) -> int:
     return 1 + digest[0] % (EXTRA_CALLS_MAX + 1)
 
 
-def repeated(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device,
-             first: Outputs, exact: bool) -> str:
+def repeated(
+    op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device, first: Outputs, exact: bool
+) -> str:
     """Extra calls that expose persistent buffers, caching, stale results and races (see `check`)."""
     same = guard.guard(op.make_inputs(case, seed, device))
     again = call(op, fn, same.inputs, device, first)
@@ -317,20 +345,27 @@ def repeated(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device
     values = op.make_inputs(case, seed + 7919, device)
     fresh = guard.guard(values)
     reference, oracle = expected(op, values)
-    _, message = checked_outputs(op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact)
+    _, message = checked_outputs(
+        op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact
+    )
     if message:
-        return f"stale result: on new inputs in fresh buffers the {message}; results must follow the inputs (memoisation?)"
+        return (
+            f"stale result: on new inputs in fresh buffers the {message}; results must follow the inputs (memoisation?)"
+        )
     values = op.make_inputs(case, seed + 104729, device)
     guard.write(fresh, values)
     reference, oracle = expected(op, values)
-    _, message = checked_outputs(op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact)
+    _, message = checked_outputs(
+        op, case, fresh, values, call(op, fn, fresh.inputs, device, reference), reference, oracle, exact
+    )
     if message:
         return f"stale result: on new values in the same buffers the {message}; results must not be cached by pointer or shape"
     return ""
 
 
-def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True,
-          exact: bool = False) -> CheckResult:
+def check(
+    op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True, exact: bool = False
+) -> CheckResult:
     """Run one correctness check of `impl` on `case` with inputs drawn from `seed`.
 
     `thorough` adds the anti-cheat calls: outputs must not alias inputs, the reference or
@@ -340,8 +375,17 @@ def check(op: Operator, impl: Impl, case: Case, seed: int, device: torch.device,
 
     def result(diff: Difference | None, message: str, hist: list[int] | None = None) -> CheckResult:
         d = diff or Difference(math.nan, math.nan, math.nan, False)
-        return CheckResult(case.id, seed, impl.name, not message, d.max_abs, d.max_rel, d.ulp, message,
-                           hist or [0] * (len(ULP_BIN_EDGES) + 1))
+        return CheckResult(
+            case.id,
+            seed,
+            impl.name,
+            not message,
+            d.max_abs,
+            d.max_rel,
+            d.ulp,
+            message,
+            hist or [0] * (len(ULP_BIN_EDGES) + 1),
+        )
 
     fn = impl.resolve()
     if fn is None:

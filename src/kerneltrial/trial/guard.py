@@ -74,15 +74,19 @@ def guard(inputs: Inputs) -> Guarded:
             whole = torch.empty(0, dtype=value.dtype, device=value.device).set_(storage)
             pad = max(1, GUARD_BYTES // value.element_size())
             flat = torch.full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
-            flat[pad:pad + whole.numel()].copy_(whole)
+            flat[pad : pad + whole.numel()].copy_(whole)
             homes[storage.data_ptr()] = (len(buffers), pad)
             buffers.append(flat)
         index, pad = homes[storage.data_ptr()]
         view = View(index, tuple(value.shape), tuple(value.stride()), pad + value.storage_offset())
         views[name] = view
         out[name] = buffers[index].as_strided(view.shape, view.stride, view.offset)
-    writers = {name: torch.empty(0, dtype=out[name].dtype, device=out[name].device).set_(
-        buffers[v.buffer].untyped_storage(), v.offset, v.shape, v.stride) for name, v in views.items()}
+    writers = {
+        name: torch.empty(0, dtype=out[name].dtype, device=out[name].device).set_(
+            buffers[v.buffer].untyped_storage(), v.offset, v.shape, v.stride
+        )
+        for name, v in views.items()
+    }
     return Guarded(out, buffers, [b.clone() for b in buffers], views, writers)
 
 
@@ -123,10 +127,15 @@ def problems(op: Operator, g: Guarded, values: Inputs, timed: bool = False) -> s
             continue
         outside = differs & ~owned
         if bool(outside.any()):
-            return (f"wrote outside its output: {int(outside.sum())} element(s) beyond the bytes of "
-                    f"{', '.join(mine)} (canary or strided padding) were overwritten{' while timed' if timed else ''}")
-        changed_inputs += [name for name, v in mine.items()
-                           if name not in op.inplace and bool(differs.as_strided(v.shape, v.stride, v.offset).any())]
+            return (
+                f"wrote outside its output: {int(outside.sum())} element(s) beyond the bytes of "
+                f"{', '.join(mine)} (canary or strided padding) were overwritten{' while timed' if timed else ''}"
+            )
+        changed_inputs += [
+            name
+            for name, v in mine.items()
+            if name not in op.inplace and bool(differs.as_strided(v.shape, v.stride, v.offset).any())
+        ]
     if not changed_inputs:
         return ""
     allowed = f"(only {', '.join(op.inplace) or 'nothing'} may be written)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +22,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kerneltrial.ops.registry import DTYPES, Case
+
 
 class ProtocolError(ValueError):
     """A protocol that cannot run; the message names the field and the fix."""
@@ -127,12 +128,16 @@ class Protocol(BaseModel):
             raise ValueError(f"candidates: an arm is named twice in {arms}")
         if self.phase == "confirmation":
             if len(self.candidates) != 1:
-                raise ValueError(f"candidates: a confirmation names exactly one candidate selected beforehand, got {self.candidates}")
+                raise ValueError(
+                    f"candidates: a confirmation names exactly one candidate selected beforehand, got {self.candidates}"
+                )
             if not self.exploratory_seeds:
                 raise ValueError("exploratory_seeds: a confirmation lists the seeds its exploratory phase used")
             reused = sorted(set(self.seeds) & set(self.exploratory_seeds))
             if reused:
-                raise ValueError(f"seeds: a confirmation must use fresh seeds; {reused} were used in the exploratory phase")
+                raise ValueError(
+                    f"seeds: a confirmation must use fresh seeds; {reused} were used in the exploratory phase"
+                )
         return self
 
     def arms(self) -> list[str]:
@@ -200,9 +205,11 @@ def freeze(path: Path) -> dict[str, str]:
     if record.exists():
         frozen = json.loads(record.read_text())
         if frozen["sha256"] != digest:
-            raise ProtocolError(f"{path} was frozen with another content at {frozen['frozen_at']}; a frozen protocol is never re-frozen")
+            raise ProtocolError(
+                f"{path} was frozen with another content at {frozen['frozen_at']}; a frozen protocol is never re-frozen"
+            )
         return frozen
-    frozen = {"sha256": digest, "frozen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    frozen = {"sha256": digest, "frozen_at": datetime.now(UTC).isoformat(timespec="seconds")}
     record.write_text(json.dumps(frozen, indent=2) + "\n")
     return frozen
 

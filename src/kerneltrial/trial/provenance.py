@@ -8,7 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ PACKAGES = ("torch", "triton", "numpy", "kerneltrial", "liger-kernel", "flag-gem
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def versions() -> dict[str, str | None]:
@@ -37,6 +37,7 @@ def git_state(repo: Path, source: list[tuple[str, bytes]] | None = None) -> dict
     so git there reported that commit, "dirty"). What git reports is kept beside it
     (`git_head`, `git_dirty`), and `source_sha256` (see `source_digest`) lets anyone check
     the declaration against a checkout of the named commit."""
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
@@ -47,8 +48,11 @@ def git_state(repo: Path, source: list[tuple[str, bytes]] | None = None) -> dict
     head = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if head else None
     dirty = bool(status) if status is not None else None
-    state: dict[str, Any] = {"commit": head, "dirty": dirty,
-                             "source_sha256": digest_of(source) if source is not None else source_digest()}
+    state: dict[str, Any] = {
+        "commit": head,
+        "dirty": dirty,
+        "source_sha256": digest_of(source) if source is not None else source_digest(),
+    }
     declared = os.environ.get("KERNELTRIAL_SOURCE_COMMIT")
     if declared:
         state.update(commit=declared, dirty=None, source="KERNELTRIAL_SOURCE_COMMIT", git_head=head, git_dirty=dirty)
@@ -97,7 +101,9 @@ def nvidia_smi(*fields: str) -> dict[str, str] | None:
     try:
         done = subprocess.run(
             ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -108,7 +114,14 @@ def nvidia_smi(*fields: str) -> dict[str, str] | None:
 
 def clocks() -> dict[str, str] | None:
     """Clocks as nvidia-smi sees them now (SM and memory, current and default)."""
-    return nvidia_smi("clocks.sm", "clocks.mem", "clocks.default_applications.graphics", "clocks.max.sm", "temperature.gpu", "power.draw")
+    return nvidia_smi(
+        "clocks.sm",
+        "clocks.mem",
+        "clocks.default_applications.graphics",
+        "clocks.max.sm",
+        "temperature.gpu",
+        "power.draw",
+    )
 
 
 def device_info() -> dict[str, Any]:
@@ -129,8 +142,9 @@ def device_info() -> dict[str, Any]:
     }
 
 
-def collect(repo: Path, protocol_sha256: str, kind: str = "kernel",
-            source: list[tuple[str, bytes]] | None = None) -> dict[str, Any]:
+def collect(
+    repo: Path, protocol_sha256: str, kind: str = "kernel", source: list[tuple[str, bytes]] | None = None
+) -> dict[str, Any]:
     """Provenance at the start of a run; `source` (see `source_files`) is the code whose
     digest is recorded, read once by a caller that also archives it."""
     from kerneltrial.ops.launch import interpreted

@@ -30,7 +30,8 @@ import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
-from kerneltrial.trial import gate, protocol as proto, provenance, timed
+from kerneltrial.trial import gate, provenance, timed
+from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
@@ -156,20 +157,28 @@ def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> 
     if out.exists() and any(out.iterdir()):
         record = json.loads(run.provenance.read_text()) if run.provenance.exists() else {}
         if record.get("finished_at"):
-            raise RunError(f"{out} holds a finished run; a finished run directory is never overwritten: choose another --out")
+            raise RunError(
+                f"{out} holds a finished run; a finished run directory is never overwritten: choose another --out"
+            )
         if not resume:
             raise RunError(f"{out} holds an unfinished run; continue it with --resume or choose another --out")
         if not run.protocol.exists() or proto.sha256_of(run.protocol) != digest:
             raise RunError(f"{out} was started with another protocol; --resume needs the same protocol file")
         if record.get("impl_modules", {}) != modules:
-            raise RunError(f"{out}: a user kernel module changed since the run started ({record.get('impl_modules')} vs {modules}); start a new run")
+            raise RunError(
+                f"{out}: a user kernel module changed since the run started ({record.get('impl_modules')} vs {modules}); start a new run"
+            )
         here = provenance.device_info().get("gpu")
         if record.get("device", {}).get("gpu") != here:
-            raise RunError(f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there")
+            raise RunError(
+                f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there"
+            )
         started_with = record.get("git", {}).get("source_sha256")
         if started_with != provenance.source_digest():
-            raise RunError(f"{out} was started by other kerneltrial code (source sha256 {str(started_with)[:12]}..., "
-                           f"commit {record.get('git', {}).get('commit')}); resume it with that code or start a new run")
+            raise RunError(
+                f"{out} was started by other kerneltrial code (source sha256 {str(started_with)[:12]}..., "
+                f"commit {record.get('git', {}).get('commit')}); resume it with that code or start a new run"
+            )
         for path in (run.correctness, run.ceilings, run.timings, run.timed_checks):
             trim_partial_line(path)
         return run, digest
@@ -202,8 +211,10 @@ def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
     control = arms[0]
     if control.kind != "control":
         controls = ", ".join(i.name for i in op.impls.values() if i.kind == "control")
-        raise RunError(f"control {control.name!r} is a {control.kind} arm of {op.name}, not a control; "
-                       f"set control to one of: {controls} (compare {control.name} as a candidate)")
+        raise RunError(
+            f"control {control.name!r} is a {control.kind} arm of {op.name}, not a control; "
+            f"set control to one of: {controls} (compare {control.name} as a candidate)"
+        )
     if not control.available:
         raise RunError(f"the control {control.name!r} is unavailable here: {control.reason}")
     return arms
@@ -224,8 +235,17 @@ def load_modules(p: proto.Protocol, protocol_path: Path) -> None:
 
 # ---- stages -------------------------------------------------------------------------------
 
-def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Case], seeds: list[int], device: torch.device,
-                    progress: Any, exact: bool = False) -> dict[tuple[str, str], bool]:
+
+def run_correctness(
+    run: RunDir,
+    op: Operator,
+    arms: list[Impl],
+    cases: list[Case],
+    seeds: list[int],
+    device: torch.device,
+    progress: Any,
+    exact: bool = False,
+) -> dict[tuple[str, str], bool]:
     """Gate every (case, seed, arm); returns whether each (case, arm) passed every seed."""
     done = {(r["case"], r["seed"], r["arm"]): r for r in read_jsonl(run.correctness)}
     task = progress.add_task("correctness", total=len(cases) * len(seeds) * len(arms))
@@ -240,8 +260,11 @@ def run_correctness(run: RunDir, op: Operator, arms: list[Impl], cases: list[Cas
                         handle.flush()
                     progress.advance(task)
     return {
-        (case.id, impl.name): impl.available and impl.supports(case) and all(done[(case.id, s, impl.name)]["passed"] for s in seeds)
-        for case in cases for impl in arms
+        (case.id, impl.name): impl.available
+        and impl.supports(case)
+        and all(done[(case.id, s, impl.name)]["passed"] for s in seeds)
+        for case in cases
+        for impl in arms
     }
 
 
@@ -253,8 +276,11 @@ def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     one = torch.zeros(1, device=device)
-    streams = {"copy": (lambda: dst.copy_(src), 2 * nbytes), "read": (lambda: src.sum(), nbytes),
-               "launch": (lambda: one.add_(0), 0)}
+    streams = {
+        "copy": (lambda: dst.copy_(src), 2 * nbytes),
+        "read": (lambda: src.sum(), nbytes),
+        "launch": (lambda: one.add_(0), 0),
+    }
     with csv_appender(run.ceilings, CEILING_COLUMNS) as append:
         for kind, (call, moved) in streams.items():
             call()
@@ -286,7 +312,9 @@ def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str
     for arm in sorted({a for *_, a in samples} - {control}):
         paired = [u for u in units if (*u, arm) in samples]
         if len(paired) >= 2:
-            ci = bootstrap_speedup_ci(np.array([samples[(*u, control)] for u in paired]), np.array([samples[(*u, arm)] for u in paired]), rule)
+            ci = bootstrap_speedup_ci(
+                np.array([samples[(*u, control)] for u in paired]), np.array([samples[(*u, arm)] for u in paired]), rule
+            )
             widest = max(widest, ci.high - ci.low)
     return widest
 
@@ -311,7 +339,17 @@ def reconcile_timed_checks(run: RunDir) -> None:
         tmp.replace(run.timings)
 
 
-def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan: dict[str, Any], timed_arms: dict[str, list[Impl]], device: torch.device, delay: Delay, progress: Any) -> None:
+def run_rounds(
+    run: RunDir,
+    p: proto.Protocol,
+    op: Operator,
+    timer: Timer,
+    plan: dict[str, Any],
+    timed_arms: dict[str, list[Impl]],
+    device: torch.device,
+    delay: Delay,
+    progress: Any,
+) -> None:
     """Rounds per case; with a target CI width, extra rounds until it is met or the budget ends.
     Every sample's last call is checked (trial/timed.py); an arm that raises leaves the case."""
     reconcile_timed_checks(run)
@@ -347,7 +385,11 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
             calls = cases[case.id]["calls"]
             names = [a.name for a in arms]
             for seed in p.seeds:
-                todo = [r for r in round_range if any((case.id, seed, r, a) not in done for a in present(case, names, (seed, r)))]
+                todo = [
+                    r
+                    for r in round_range
+                    if any((case.id, seed, r, a) not in done for a in present(case, names, (seed, r)))
+                ]
                 if not todo:
                     continue
                 initial = op.make_inputs(case, seed, device)
@@ -361,28 +403,50 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                         for _ in range(p.warmup):
                             arm.call()
                     except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
-                        record(timed.raised(case, seed, remaining[0], impl.name, timed.values_seed(seed, remaining[0]), exc))
+                        record(
+                            timed.raised(
+                                case, seed, remaining[0], impl.name, timed.values_seed(seed, remaining[0]), exc
+                            )
+                        )
                         continue
                     finally:
                         gate.settle(device)  # before the next arm's buffers are allocated
                     prepared[impl.name] = arm
                 for round_index in todo:
                     unit = timed.Unit.draw(op, case, seed, round_index, calls, device)
-                    order = round_order(p.order_seed, case_index, seed, round_index, present(case, names, (seed, round_index)))
+                    order = round_order(
+                        p.order_seed, case_index, seed, round_index, present(case, names, (seed, round_index))
+                    )
                     graph = timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
                     for position, name in enumerate(order):
                         if (case.id, seed, round_index, name) in done:
                             continue
                         arm, checked = prepared[name], timed.checked_call(calls)
                         try:
-                            ns = timer.sample(arm.call, calls, key=hash(name), hooks=arm.hooks(op, unit, checked, copy=graph))
+                            ns = timer.sample(
+                                arm.call, calls, key=hash(name), hooks=arm.hooks(op, unit, checked, copy=graph)
+                            )
                             sm, mem = clocks.read()
-                            check = arm.check(op, case, seed, round_index, unit, checked, p.exact, device, persistent=not graph)
+                            check = arm.check(
+                                op, case, seed, round_index, unit, checked, p.exact, device, persistent=not graph
+                            )
                         except Exception as exc:  # recorded; the arm leaves the case
                             gate.settle(device)
                             record(timed.raised(case, seed, round_index, name, unit.seed, exc))
                             continue
-                        append([case.id, seed, round_index, position, name, calls, ns, "" if sm is None else sm, "" if mem is None else mem])
+                        append(
+                            [
+                                case.id,
+                                seed,
+                                round_index,
+                                position,
+                                name,
+                                calls,
+                                ns,
+                                "" if sm is None else sm,
+                                "" if mem is None else mem,
+                            ]
+                        )
                         samples[(case.id, seed, round_index, name)] = ns / calls
                         record(check)
                 timer.release()
@@ -398,8 +462,11 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
             if p.target_ci_width is None or arms[0].name != p.control:
                 continue
             mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
-            while (rounds < p.max_rounds and time.monotonic() - started < p.time_budget_s
-                   and widest_ci(p, p.control, mine) > p.target_ci_width):
+            while (
+                rounds < p.max_rounds
+                and time.monotonic() - started < p.time_budget_s
+                and widest_ci(p, p.control, mine) > p.target_ci_width
+            ):
                 cases[case.id]["rounds"] = rounds = rounds + 1
                 write_json(run.plan, plan)  # before measuring: a resumed run expects this round
                 total += len(arms) * len(p.seeds)
@@ -408,34 +475,75 @@ def run_rounds(run: RunDir, p: proto.Protocol, op: Operator, timer: Timer, plan:
                 mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
 
-def build_plan(p: proto.Protocol, op: Operator, timer: Timer, arms: list[Impl], cases: list[Case],
-               timed: dict[str, list[Impl]], digest: str, delay: Delay, device: torch.device,
-               frozen_at: str | None) -> dict[str, Any]:
+def build_plan(
+    p: proto.Protocol,
+    op: Operator,
+    timer: Timer,
+    arms: list[Impl],
+    cases: list[Case],
+    timed: dict[str, list[Impl]],
+    digest: str,
+    delay: Delay,
+    device: torch.device,
+    frozen_at: str | None,
+) -> dict[str, Any]:
     """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md)."""
     plan: dict[str, Any] = {
-        "protocol_sha256": digest, "op": op.name, "backend": timer.name, "is_gpu": timer.is_gpu,
-        "checks": CHECKS_VERSION, "exact": p.exact, "frozen_at": frozen_at,
+        "protocol_sha256": digest,
+        "op": op.name,
+        "backend": timer.name,
+        "is_gpu": timer.is_gpu,
+        "checks": CHECKS_VERSION,
+        "exact": p.exact,
+        "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
-        "timing_label": label(timer), "l2": p.l2, "order_seed": p.order_seed,
+        "timing_label": label(timer),
+        "l2": p.l2,
+        "order_seed": p.order_seed,
         "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
         "cases": [],
         "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
-        "noise_rule": {"target_ci_width": p.target_ci_width, "max_rounds": p.max_rounds, "time_budget_s": p.time_budget_s},
-        "seeds": p.seeds, "rounds": p.rounds, "tie_band": p.tie_band, "gate": p.gate,
+        "noise_rule": {
+            "target_ci_width": p.target_ci_width,
+            "max_rounds": p.max_rounds,
+            "time_budget_s": p.time_budget_s,
+        },
+        "seeds": p.seeds,
+        "rounds": p.rounds,
+        "tie_band": p.tie_band,
+        "gate": p.gate,
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
     }
     for c in cases:
         calls = plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0
-        plan["cases"].append({"case": c.id, "shape": list(c.shape), "layout": c.layout, "dtype": c.dtype,
-                              "bytes": op.bytes_moved(c), "calls": calls, "rounds": p.rounds}
-                             | size_delay(p, op, timer, c, timed[c.id], delay, device))
+        plan["cases"].append(
+            {
+                "case": c.id,
+                "shape": list(c.shape),
+                "layout": c.layout,
+                "dtype": c.dtype,
+                "bytes": op.bytes_moved(c),
+                "calls": calls,
+                "rounds": p.rounds,
+            }
+            | size_delay(p, op, timer, c, timed[c.id], delay, device)
+        )
     if any(a.kind == "calibration" for a in arms):
-        plan["calibration"] = {"injected_slowdown": p.injected_slowdown, "max_false_positive_rate": p.max_false_positive_rate, "min_power": p.min_power}
+        plan["calibration"] = {
+            "injected_slowdown": p.injected_slowdown,
+            "max_false_positive_rate": p.max_false_positive_rate,
+            "min_power": p.min_power,
+        }
     return plan
 
 
-def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None,
-              announce: Callable[[list[Impl]], None] | None = None) -> Path:
+def run_trial(
+    protocol_path: Path,
+    out: Path,
+    resume: bool = False,
+    progress: Any = None,
+    announce: Callable[[list[Impl]], None] | None = None,
+) -> Path:
     """Run the trial `protocol_path` describes into `out`; return the run directory.
     `announce` sees the resolved arms before any work (the CLI lists unavailable ones)."""
     from kerneltrial.analysis.summary import write_summary
@@ -452,7 +560,9 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     cases = [c.case() for c in p.cases]
     for case in cases:
         if case.layout not in op.layouts:
-            raise RunError(f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}")
+            raise RunError(
+                f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}"
+            )
         op.validate(case)
     timer = make_timer(p.backend, p.l2)
     if resume and sealed_on_resume(out):
@@ -467,20 +577,30 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
     if run.plan.exists():
         plan = json.loads(run.plan.read_text())
         if plan.get("checks") != CHECKS_VERSION:
-            raise RunError(f"{out} was started by a kerneltrial without timed checks (plan.json checks "
-                           f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run")
+            raise RunError(
+                f"{out} was started by a kerneltrial without timed checks (plan.json checks "
+                f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run"
+            )
     else:
         frozen = json.loads(run.provenance.read_text()).get("freeze")
-        plan = build_plan(p, op, timer, arms, cases, timed, digest, delay, device, frozen["frozen_at"] if frozen else None)
+        plan = build_plan(
+            p, op, timer, arms, cases, timed, digest, delay, device, frozen["frozen_at"] if frozen else None
+        )
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = json.loads(run.provenance.read_text())
-    record.update(finished_at=provenance.now(), clocks_at_end=provenance.clocks(), lead={
-        "samples_retaken": timer.retaken, "samples_kept_behind": timer.kept_behind,
-        "final_cycles_per_call": timer.lead_cycles_per_call,
-        "sessions": "last" if resume else "all"})  # a killed session's counts are never written
+    record.update(
+        finished_at=provenance.now(),
+        clocks_at_end=provenance.clocks(),
+        lead={
+            "samples_retaken": timer.retaken,
+            "samples_kept_behind": timer.kept_behind,
+            "final_cycles_per_call": timer.lead_cycles_per_call,
+            "sessions": "last" if resume else "all",
+        },
+    )  # a killed session's counts are never written
     write_json(run.provenance, record)
     write_manifest(run)
     return run.root
@@ -488,8 +608,11 @@ def run_trial(protocol_path: Path, out: Path, resume: bool = False, progress: An
 
 def write_manifest(run: RunDir) -> None:
     """manifest.json, written last: the sha256 of every file of the run directory."""
-    files = {path.relative_to(run.root).as_posix(): proto.sha256_of(path)
-             for path in sorted(run.root.rglob("*")) if path.is_file() and path != run.manifest}
+    files = {
+        path.relative_to(run.root).as_posix(): proto.sha256_of(path)
+        for path in sorted(run.root.rglob("*"))
+        if path.is_file() and path != run.manifest
+    }
     write_json(run.manifest, {"schema": "kerneltrial.manifest/1", "files": files})
 
 

@@ -127,19 +127,44 @@ class TimedArm:
 
         return Hooks(before=lambda j: guard.write(self.inputs, unit.pool[j]), after=keep)
 
-    def check(self, op: Operator, case: Case, seed: int, round_index: int, unit: Unit, checked: int, exact: bool,
-              device: torch.device, persistent: bool = True) -> TimedCheck:
+    def check(
+        self,
+        op: Operator,
+        case: Case,
+        seed: int,
+        round_index: int,
+        unit: Unit,
+        checked: int,
+        exact: bool,
+        device: torch.device,
+        persistent: bool = True,
+    ) -> TimedCheck:
         """Audit the sample just taken: call `checked` ran on value set `checked`, the last call on the last set."""
         gate.synchronize(device)
         got, self.kept = self.kept, ()
         reference, oracle = unit.expected(checked)
         diff, wrong = gate.compare(op, case, got, reference, oracle, exact)
-        message = (WRONG + wrong if wrong else guard.problems(op, self.inputs, unit.pool[-1], timed=True)
-                   or (gate.persistent(op, got, self.previous) if persistent else ""))
+        message = (
+            WRONG + wrong
+            if wrong
+            else guard.problems(op, self.inputs, unit.pool[-1], timed=True)
+            or (gate.persistent(op, got, self.previous) if persistent else "")
+        )
         self.previous = () if op.inplace else got
         gate.settle(device)  # side-stream work the arm left behind ends here, before the next arm
-        return TimedCheck(case.id, seed, round_index, self.impl.name, unit.seed, not message,
-                          diff.max_abs, diff.max_rel, diff.ulp, message, checked)
+        return TimedCheck(
+            case.id,
+            seed,
+            round_index,
+            self.impl.name,
+            unit.seed,
+            not message,
+            diff.max_abs,
+            diff.max_rel,
+            diff.ulp,
+            message,
+            checked,
+        )
 
 
 def checked_call(calls: int) -> int:
@@ -149,5 +174,15 @@ def checked_call(calls: int) -> int:
 
 def raised(case: Case, seed: int, round_index: int, arm: str, vseed: int, exc: Exception) -> TimedCheck:
     first_line = str(exc).splitlines()[0] if str(exc) else ""
-    return TimedCheck(case.id, seed, round_index, arm, vseed, False, float("nan"), float("nan"), float("nan"),
-                      f"{RAISED}{type(exc).__name__}: {first_line}")
+    return TimedCheck(
+        case.id,
+        seed,
+        round_index,
+        arm,
+        vseed,
+        False,
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        f"{RAISED}{type(exc).__name__}: {first_line}",
+    )

@@ -28,9 +28,9 @@ its check (trial/timed.py).
 from __future__ import annotations
 
 import time
-from statistics import median
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import median
 
 import torch
 
@@ -176,7 +176,9 @@ def make_timer(backend: str, l2: str) -> Timer:
     if backend == "auto":
         backend = "cuda-events" if gpu else "host-clock"
     if backend != "host-clock" and not gpu:
-        raise ValueError(f"backend {backend!r} needs a CUDA GPU; none is visible here (use backend = 'auto' or 'host-clock')")
+        raise ValueError(
+            f"backend {backend!r} needs a CUDA GPU; none is visible here (use backend = 'auto' or 'host-clock')"
+        )
     if backend == "cuda-graph" and l2 == "cold":
         raise ValueError("backend 'cuda-graph' times replays on a hot L2; set l2 = 'hot' in the protocol")
     timer = Timer(name=backend, is_gpu=gpu, cold=(l2 == "cold"))

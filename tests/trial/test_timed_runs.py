@@ -49,8 +49,11 @@ def cheat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("cheats")
     names = [*(n.removeprefix("user:") for n in CHEATS), "pointer_version_cache"]
     protocol = tmp / "p.toml"
-    protocol.write_text(PROTOCOL.format(cheats=", ".join(f'"{n}"' for n in CHEATS),
-                                        modules=", ".join(f'"{PLANTED / n}.py"' for n in names)))
+    protocol.write_text(
+        PROTOCOL.format(
+            cheats=", ".join(f'"{n}"' for n in CHEATS), modules=", ".join(f'"{PLANTED / n}.py"' for n in names)
+        )
+    )
     return run_trial(protocol, tmp / "run")
 
 
@@ -107,6 +110,7 @@ def test_every_file_is_in_the_manifest(cheat_run: Path):
 
 # ---- the gate on guarded inputs -------------------------------------------------------------
 
+
 def planted(op_name: str, stem: str) -> Impl:
     return next(i for i in load_user_module(str(PLANTED / f"{stem}.py")) if i.op == op_name)
 
@@ -155,18 +159,25 @@ def test_the_gate_does_not_make_a_fixed_number_of_calls():
             calls[0] += 1
             return op.reference(x, weight, eps)[0]
 
-        assert gate.check(op, Impl(op="rmsnorm", name="counting", kind="user", loader=lambda f=counting: f),
-                          Case((4, 64)), seed, torch.device("cpu")).passed
+        assert gate.check(
+            op,
+            Impl(op="rmsnorm", name="counting", kind="user", loader=lambda f=counting: f),
+            Case((4, 64)),
+            seed,
+            torch.device("cpu"),
+        ).passed
         counts.append(calls[0])
     assert len(set(counts)) > 1, counts
 
 
 # ---- protocols whose arms cannot run are refused before any work ------------------------------
 
+
 def test_a_peer_as_control_is_refused_before_any_work(tmp_path: Path):
     protocol = tmp_path / "p.toml"
-    protocol.write_text('name = "x"\nop = "rmsnorm"\ncontrol = "torch_eager"\ncandidates = ["control"]\n'
-                        "[[cases]]\nshape = [4, 64]\n")
+    protocol.write_text(
+        'name = "x"\nop = "rmsnorm"\ncontrol = "torch_eager"\ncandidates = ["control"]\n[[cases]]\nshape = [4, 64]\n'
+    )
     with pytest.raises(RunError, match="not a control"):
         run_trial(protocol, tmp_path / "run")
     assert not (tmp_path / "run").exists()
@@ -179,8 +190,20 @@ def test_protocol_new_names_a_users_kernel_as_an_arm(tmp_path: Path):
     from kerneltrial.trial import protocol as proto
 
     out = tmp_path / "p.toml"
-    result = CliRunner().invoke(app, ["protocol", "new", "rmsnorm", "--out", str(out), "--shape", "4x64",
-                                      "--impl-module", str(REPO / "tests" / "fixtures" / "good_rmsnorm.py")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "protocol",
+            "new",
+            "rmsnorm",
+            "--out",
+            str(out),
+            "--shape",
+            "4x64",
+            "--impl-module",
+            str(REPO / "tests" / "fixtures" / "good_rmsnorm.py"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     written = proto.parse(out.read_text())
     assert written.candidates == ["user:good_rmsnorm"] and written.impl_modules[0].endswith("good_rmsnorm.py")
@@ -204,8 +227,11 @@ def test_run_exits_1_when_no_arm_passes_the_gate_and_logs_progress_lines(tmp_pat
     from kerneltrial.cli import app
 
     protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL.format(cheats='"user:raises_when_timed"', modules=f'"{PLANTED / "raises_when_timed.py"}"')
-                        .replace('"packed_r4_w4", "user:pointer_version_cache", ', "").replace("rounds = 3", "rounds = 12"))
+    protocol.write_text(
+        PROTOCOL.format(cheats='"user:raises_when_timed"', modules=f'"{PLANTED / "raises_when_timed.py"}"')
+        .replace('"packed_r4_w4", "user:pointer_version_cache", ', "")
+        .replace("rounds = 3", "rounds = 12")
+    )
     result = CliRunner().invoke(app, ["run", str(protocol), "--out", str(tmp_path / "run")])
     assert result.exit_code == 1, result.output
     assert "gate failed by user:raises_when_timed" in result.output and "passed by: no arm" in result.output
@@ -223,8 +249,9 @@ def test_a_pointer_and_version_cache_from_the_first_call_is_caught_by_the_gate()
             cache[key] = (x, op.reference(x, weight, eps)[0])
         return cache[key][1].clone()
 
-    result = gate.check(op, Impl(op="rmsnorm", name="cached", kind="user", loader=lambda: cached), Case((4, 64)), 0,
-                        torch.device("cpu"))
+    result = gate.check(
+        op, Impl(op="rmsnorm", name="cached", kind="user", loader=lambda: cached), Case((4, 64)), 0, torch.device("cpu")
+    )
     assert not result.passed and result.message.startswith("stale result: on new values in the same buffers")
 
 
