@@ -18,3 +18,13 @@ def test_there_is_committed_evidence():
 def test_committed_run_verifies(run):
     result = verify_run_dir(run)
     assert result.ok, [c for c in result.checks if not c.ok]
+
+
+def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
+    """PERFORMANCE.md is never edited by hand: regenerate it with
+    `kerneltrial performance results/h200/*/ --out PERFORMANCE.md`."""
+    from kerneltrial.analysis.report import write_performance_md
+
+    runs = sorted(p for p in (REPO / "results" / "h200").iterdir() if (p / "summary.json").is_file())
+    generated = write_performance_md(runs, tmp_path / "PERFORMANCE.md").read_text()
+    assert generated == (REPO / "PERFORMANCE.md").read_text()

@@ -716,7 +716,7 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     the overview and a section per current run, then the table of superseded runs."""
     if not run_dirs:
         raise RunDirError("no run directories given; pass at least one")
-    run_dirs = [Path(d) for d in run_dirs]
+    run_dirs = sorted((Path(d) for d in run_dirs), key=lambda d: d.name)  # one order, whatever the shell's glob gives
     current = [d for d in run_dirs if superseded_by(d) is None]
     earlier = [d for d in run_dirs if superseded_by(d) is not None]
     check_successors(run_dirs)
