@@ -40,14 +40,24 @@ def test_saturated_logits_tie_after_capping():
         assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == [700, 700], name
 
 
-def test_make_inputs_plants_ties_and_saturation():
-    logits = sa.make_inputs(Case((4, 1536)), seed=1, device=torch.device("cpu"))["logits"]
+@pytest.mark.parametrize("seed", [0, 1])
+def test_make_inputs_plants_ties_saturation_and_special_rows(seed):
+    """Every row but the tail row holds tied maxima; saturated ties (raw argmax != answer) in
+    the odd rows for even seeds and the even rows for odd seeds, except the special rows:
+    a zero row (answer 0), a tail row (answer: the last index) and a tiny row."""
+    logits = sa.make_inputs(Case((16, 1536)), seed=seed, device=torch.device("cpu"))["logits"]
     first = expected(logits)
     capped = sa.CAP * torch.tanh(logits.float() / sa.CAP)
     last = capped.shape[-1] - 1 - torch.argmax(capped.flip(-1), dim=-1)
-    assert bool((first < last).all()), "every row must hold at least two tied maxima"
+    top = logits.float().abs().amax(dim=-1)
+    zero, tail, tiny = (top == 0), (first == 1535), (top > 0) & (top < 1e-20)
+    assert [int(m.sum()) for m in (zero, tail, tiny)] == [1, 1, 1]
+    assert int(first[zero]) == 0
+    assert bool((first < last)[~tail].all()), "every row but the tail row holds at least two tied maxima"
+    ordinary = ~(zero | tail | tiny)
+    saturated = (torch.arange(16) + seed) % 2 == 1
     raw = torch.argmax(logits, dim=-1)
-    assert bool((raw[1::2] != first[1::2]).all()) and bool((raw[0::2] == first[0::2]).all())
+    assert bool((raw != first)[saturated & ordinary].all()) and bool((raw == first)[~saturated & ordinary].all())
 
 
 TIE_POSITIONS = [

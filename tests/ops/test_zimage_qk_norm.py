@@ -35,7 +35,8 @@ def fused_qkv(shape, seed, device, poison_others=False):
     """(fused [..., 3, H, D], q, k) with q and k views; optionally Q and V filled with NaN."""
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k = zq.qkv_slices(shape, torch.bfloat16, gen, device)
-    fused = k._base.view(*shape[:-2], 3, *shape[-2:])
+    fused_shape = (*shape[:-2], 3, *shape[-2:])
+    fused = q.as_strided(fused_shape, torch.empty(fused_shape).stride(), q.storage_offset())  # Q is the fused tensor's start
     if poison_others:
         fused.select(-3, 0).fill_(math.nan)
         fused.select(-3, 2).fill_(math.nan)
@@ -146,7 +147,9 @@ def test_bytes_moved_and_gpu_panel():
     assert get_op(zq.OP).bytes_moved(case) == (2 * 4096 * 30 * 128 + 128) * 2
     assert get_op(zq.PAIR_OP).bytes_moved(case) == 2 * (2 * 4096 * 30 * 128 + 128) * 2
     panel = {(c.shape, c.layout) for c in get_op(zq.OP).gpu_cases}
-    assert panel == {((t, 30, 128), lay) for t in (256, 1024, 4096, 16384, 32768, 131072) for lay in zq.LAYOUTS}
+    z_image = {((t, 30, 128), lay) for t in (256, 1024, 4096, 16384, 32768, 131072) for lay in zq.LAYOUTS}
+    coverage = {((2400, 30, 96), lay) for lay in zq.LAYOUTS}  # head_dim 96, 72000 (token, head) rows
+    assert panel == z_image | coverage
 
 
 # ---- deliberately wrong kernels the gate must reject --------------------------------------

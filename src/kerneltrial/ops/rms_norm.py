@@ -139,10 +139,13 @@ def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
 # ---- semantics --------------------------------------------------------------------------
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+    """x at an offset, with a zero, a tiny and an eps-scale row; eps 1e-6 or 1e-5 by seed
+    (the coverage inputs.py describes)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device))
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
-    return {"x": x, "weight": weight, "eps": 1e-6}
+    return {"x": x, "weight": weight, "eps": inp.eps_for(seed, 1e-6)}
 
 
 def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor]:
@@ -167,13 +170,14 @@ def bytes_moved(case: Case) -> int:
     return (2 * inp.numel(case.shape) + case.shape[-1]) * size
 
 
-SMALL = (
+SMALL = (  # (2, 3, 200): a width that is neither a power of two nor a multiple of 128
     Case((1, 64)), Case((7, 5120)), Case((33, 1536)), Case((2, 3, 200)), Case((4, 20000)),
 )
 GPU = (
     Case((1, 2048)), Case((64, 2048)), Case((4096, 2048)), Case((16384, 2048)),
     Case((4096, 4096)), Case((4096, 5120)), Case((4096, 8192)), Case((2048, 14336)),
     Case((65536, 2048)), Case((1000, 3000)),
+    Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
 )
 
 

@@ -138,13 +138,19 @@ def sigmoid_gate_auto(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 # ---- semantics --------------------------------------------------------------------------
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x ~ N(0, 1); gate ~ N(0, 3^2) so sigmoid spans nearly (0, 1); gate [..., 1] for row_gate."""
+    """x ~ N(0, 1); gate ~ N(0, 3^2) so sigmoid spans nearly (0, 1); gate [..., 1] for row_gate.
+    Coverage (inputs.py): both at offsets; a zero row and a tiny row, in x and its gates
+    alike (a kernel that skips all-zero rows as padding leaves their outputs unwritten)."""
     if case.layout not in LAYOUTS:
         raise ValueError(f"unknown layout {case.layout!r}; expected one of {', '.join(LAYOUTS)}")
     gen = inp.generator(seed, device)
     x = inp.randn(case.shape, case.torch_dtype, gen, device)
     gate_shape = (*case.shape[:-1], 1) if case.layout == "row_gate" else case.shape
-    return {"x": x, "gate": inp.randn(gate_shape, case.torch_dtype, gen, device, scale=3.0)}
+    gate = inp.randn(gate_shape, case.torch_dtype, gen, device, scale=3.0)
+    picked = inp.pick_rows(inp.rows_of(x), (inp.ZERO, inp.TINY), gen, device)
+    inp.scale_rows(x, picked)
+    inp.scale_rows(gate, picked)
+    return {"x": x, "gate": gate}
 
 
 def reference(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor]:
@@ -164,12 +170,13 @@ def bytes_moved(case: Case) -> int:
     return (2 * n + gates) * size
 
 
-SMALL = (
+SMALL = (  # 1000, 200 and 3: widths that are neither powers of two nor multiples of 128
     Case((1, 64)), Case((3, 1000)), Case((7, 5120)), Case((4, 1536)), Case((2, 3, 200)), Case((5, 3)),
 )
 GPU = (
     Case((4096, 4096)), Case((4096, 2048)), Case((16384, 2048)), Case((64, 2048)),
     Case((1, 2048)), Case((2048, 14336)), Case((1000, 3000)),
+    Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
 )
 
 register_op(Operator(

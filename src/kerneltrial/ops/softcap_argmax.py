@@ -73,6 +73,8 @@ LAYOUTS = ("contiguous", "row_strided")
 CAP = 30.0  # Gemma's final-logit softcap
 LOGIT_SCALE = 4.0  # random logits ~ N(0, 4^2): far below the fp32 saturation edge of CAP
 SATURATED = (400.0, 500.0)  # planted logits that both cap to exactly CAP in fp32 (bf16-exact)
+TAIL = "tail"  # a special row of make_inputs whose only maximum is its last element
+SPECIAL_ROWS = (inp.ZERO, TAIL, inp.TINY)  # in this order while rows last (one ordinary row kept)
 
 CONTROL_BLOCK = 8192  # the control's chunk: the largest block it keeps in registers
 PACK_ELEMENTS = 4096  # packed steps hold at most this many elements (rows x BLOCK_N)
@@ -385,25 +387,49 @@ def plant_ties(logits: torch.Tensor, gen: torch.Generator) -> None:
     logits.scatter_(1, torch.cat([early, late], dim=1), top.expand(n_rows, 2))
 
 
-def plant_saturation(logits: torch.Tensor, gen: torch.Generator) -> None:
-    """In odd rows, put SATURATED[1] at a random position of the second half and SATURATED[0]
+def saturated_rows(n_rows: int, seed: int, device: torch.device, skip: int | None = None) -> torch.Tensor:
+    """Every other row: the odd rows for even seeds, the even rows for odd seeds, so that
+    single-row inputs (a decode step) are saturated for odd seeds; never row `skip`."""
+    rows = torch.arange((seed + 1) % 2, n_rows, 2, device=device)
+    return rows if skip is None else rows[rows != skip]
+
+
+def plant_saturation(logits: torch.Tensor, gen: torch.Generator, rows: torch.Tensor) -> None:
+    """In `rows`, put SATURATED[1] at a random position of the second half and SATURATED[0]
     in the first half: distinct logits that cap to the same fp32 value, so the earlier,
-    smaller logit is the answer (a kernel that skips tanh returns the later one)."""
-    odd = logits[1::2]
-    n_rows, n = odd.shape
-    if n_rows == 0:
+    smaller logit is the answer (a kernel that skips tanh, or a decode path that takes the
+    raw argmax, returns the later one)."""
+    n = logits.shape[-1]
+    if rows.numel() == 0:
         return
-    early = torch.randint(0, n // 2, (n_rows, 1), generator=gen, device=logits.device)
-    late = torch.randint(n // 2, n, (n_rows, 1), generator=gen, device=logits.device)
-    odd.scatter_(1, early, SATURATED[0])
-    odd.scatter_(1, late, SATURATED[1])
+    early = torch.randint(0, n // 2, rows.shape, generator=gen, device=logits.device)
+    late = torch.randint(n // 2, n, rows.shape, generator=gen, device=logits.device)
+    logits[rows, early] = SATURATED[0]
+    logits[rows, late] = SATURATED[1]
+
+
+def plant_tail(row: torch.Tensor) -> None:
+    """Make the last element of a (never saturated) row its only maximum: a kernel that
+    drops a partial last chunk of the row (assuming the vocabulary is a multiple of its
+    chunk) misses the answer."""
+    row[-1] = row.max().float() + 1.0
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+    """Logits ~ N(0, LOGIT_SCALE^2) at an offset (inputs.py, "Coverage") with tied maxima
+    in every row, saturated ties in every other row (`saturated_rows`), and, in seeded rows
+    (`SPECIAL_ROWS`, as many as leave one ordinary row), a row of zeros (every element
+    ties), a TAIL row (`plant_tail`) and a tiny row (|x| ~ 1e-23 and below: a tanh that
+    cancels near 0, e.g. (exp(2y) - 1) / (exp(2y) + 1), caps the whole row to 0)."""
     gen = inp.generator(seed, device)
     logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE)
+    picked = inp.pick_rows(inp.rows_of(logits), SPECIAL_ROWS, gen, device)
+    tail = picked.pop(TAIL, None)
     plant_ties(logits, gen)
-    plant_saturation(logits, gen)
+    plant_saturation(logits, gen, saturated_rows(logits.shape[0], seed, device, skip=tail))
+    if tail is not None:
+        plant_tail(logits[tail])
+    inp.scale_rows(logits, picked)
     return {"logits": logits, "cap": CAP}
 
 
@@ -427,9 +453,13 @@ def bytes_moved(case: Case) -> int:
     return inp.numel(case.shape) * size + inp.numel(case.shape[:-1]) * 8
 
 
-SMALL = (Case((1, 5120)), Case((3, 1536)), Case((5, 37)), Case((2, 12289)), Case((1, 40000)))
+# 1500, 37, 12289 and 40000: widths that are neither powers of two nor multiples of 128
+SMALL = (Case((1, 5120)), Case((3, 1500)), Case((5, 37)), Case((2, 12289)), Case((1, 40000)))
 GPU = tuple(Case((rows, vocab)) for vocab in (256000, 262144) for rows in (1, 2, 4, 16, 64, 256)) + tuple(
     Case((rows, 130560)) for rows in (1, 64, 2048)  # MiniCPM5-2B vocabulary
+) + (
+    Case((64, 50257)),  # coverage: a vocabulary that is no multiple of 128 (GPT-2's), several spans per row
+    Case((70001, 40)),  # coverage: rows past the 65535 grid limit
 )
 
 register_op(Operator(

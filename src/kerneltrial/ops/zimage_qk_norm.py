@@ -196,28 +196,40 @@ def qkv_slices(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator,
     return fused.select(-3, QKV_INDEX["q"]), fused.select(-3, QKV_INDEX["k"])
 
 
+def special_heads(x: torch.Tensor, gen: torch.Generator, device: torch.device) -> None:
+    """A zero, a tiny and an eps-scale (token, head) row of `x`, written through its view
+    (for `qkv_slice`, into the fused tensor): the coverage inputs.py describes."""
+    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device))
+
+
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x in `contiguous` layout, or the K slice of a fused QKV tensor (`qkv_slice`)."""
+    """x in `contiguous` layout, or the K slice of a fused QKV tensor (`qkv_slice`), at an
+    offset, with special rows; eps EPS or 1e-6 by seed (inputs.py, "Coverage")."""
     gen = inp.generator(seed, device)
     if case.layout == "qkv_slice":
         x = qkv_slices(case.shape, case.torch_dtype, gen, device)[1]
     else:
         x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    return {"x": x, "weight": inp.randn((case.shape[-1],), case.torch_dtype, gen, device), "eps": EPS}
+    special_heads(x, gen, device)
+    weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
+    return {"x": x, "weight": weight, "eps": inp.eps_for(seed, EPS)}
 
 
 def make_pair_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """Q and K: two contiguous tensors, or both slices of one fused QKV tensor (`qkv_slice`)."""
+    """Q and K: two contiguous tensors, or both slices of one fused QKV tensor (`qkv_slice`);
+    coverage as in `make_inputs`, special rows drawn for each."""
     gen = inp.generator(seed, device)
     if case.layout == "qkv_slice":
         q, k = qkv_slices(case.shape, case.torch_dtype, gen, device)
     else:
         q = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
         k = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    special_heads(q, gen, device)
+    special_heads(k, gen, device)
     d = case.shape[-1]
     q_weight = inp.randn((d,), case.torch_dtype, gen, device)
     k_weight = inp.randn((d,), case.torch_dtype, gen, device)
-    return {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": EPS}
+    return {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": inp.eps_for(seed, EPS)}
 
 
 def eager(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -259,8 +271,12 @@ def bytes_moved_pair(case: Case) -> int:
     return 2 * bytes_moved(case)
 
 
+# (3, 7, 80): a head_dim that is neither a power of two nor a multiple of 128
 SMALL = (Case((1, 1, 128)), Case((5, 30, 128)), Case((3, 7, 80)), Case((2, 3, 4, 128)))
-GPU = tuple(Case((tokens, 30, 128), layout=layout) for tokens in (256, 1024, 4096, 16384, 32768, 131072) for layout in LAYOUTS)
+# Z-Image's shapes, then coverage: a head_dim that is neither a power of two nor a multiple of
+# 128 (96, as Phi-3), with more (token, head) rows than the 65535 grid limit.
+GPU = tuple(Case((tokens, 30, 128), layout=layout) for tokens in (256, 1024, 4096, 16384, 32768, 131072) for layout in LAYOUTS) + tuple(
+    Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
 
 def qk_norm_persistent(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """16 rows per step, 8 warps, on a persistent grid of `persistent_programs` programs."""
@@ -271,7 +287,8 @@ def _register() -> None:
     register_op(Operator(
         name=OP, signature="zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor", doc=__doc__.split("\n")[3].strip(),
         layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle, bytes_moved=bytes_moved,
-        small_cases=SMALL, gpu_cases=GPU, shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
+        small_cases=SMALL, gpu_cases=GPU, contiguous_outputs=True,
+        shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
     ))
     register_impl(OP, "control", kind="control", doc="one row per program, next-pow2 block")(qk_norm)
     for rows, warps in PACKINGS:
@@ -285,6 +302,7 @@ def _register() -> None:
         name=PAIR_OP, signature="zimage_qk_rmsnorm_pair(q, k, q_weight, k_weight, eps=1e-5) -> (Tensor, Tensor)",
         doc="Q and K normalised in one launch", layouts=LAYOUTS, make_inputs=make_pair_inputs,
         reference=reference_pair, oracle=oracle_pair, bytes_moved=bytes_moved_pair, small_cases=SMALL, gpu_cases=GPU,
+        contiguous_outputs=True,
         shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
     ))
     register_impl(PAIR_OP, "control", kind="control", doc="one launch, one row per program")(qk_norm_pair)
