@@ -33,7 +33,14 @@ from kerneltrial.trial.gate import CheckResult, check
 
 SEEDS = (0, 1)  # the gate's seeds (check --seeds 2, the shipped protocols)
 TILE = 128
-NORM_OPS = ("rmsnorm", "rmsnorm_fp32", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "zimage_qk_rmsnorm", "zimage_qk_rmsnorm_pair")
+NORM_OPS = (
+    "rmsnorm",
+    "rmsnorm_fp32",
+    "fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "zimage_qk_rmsnorm",
+    "zimage_qk_rmsnorm_pair",
+)
 DEFAULT_EPS = {name: 1e-5 if name.startswith("zimage") else 1e-6 for name in NORM_OPS}
 ALL_OPS = tuple(op.name for op in all_ops())
 
@@ -61,7 +68,9 @@ def arm(op: Operator, fn: Callable[..., Any]) -> Impl:
     return Impl(op=op.name, name="planted", kind="user", loader=lambda: fn)
 
 
-def first_failure(op: Operator, fn: Callable[..., Any], cases: Iterable[Case], seeds: Iterable[int] = SEEDS) -> tuple[Case, CheckResult] | None:
+def first_failure(
+    op: Operator, fn: Callable[..., Any], cases: Iterable[Case], seeds: Iterable[int] = SEEDS
+) -> tuple[Case, CheckResult] | None:
     """The first (case, failed check) of `fn` over the cases and seeds, or None if all pass."""
     impl = arm(op, fn)
     for case in cases:
@@ -72,7 +81,9 @@ def first_failure(op: Operator, fn: Callable[..., Any], cases: Iterable[Case], s
     return None
 
 
-def caught(op: Operator, fn: Callable[..., Any], cases: Iterable[Case], seeds: Iterable[int] = SEEDS) -> tuple[Case, CheckResult]:
+def caught(
+    op: Operator, fn: Callable[..., Any], cases: Iterable[Case], seeds: Iterable[int] = SEEDS
+) -> tuple[Case, CheckResult]:
     failure = first_failure(op, fn, cases, seeds)
     assert failure is not None, f"{op.name}: the planted defect passes the panel"
     return failure
@@ -101,7 +112,9 @@ def without(monkeypatch):
         elif item == "offset":
             monkeypatch.setattr(inp, "OFFSET_BYTES", 0)
         elif item == "single-row saturation":  # the odd rows only, as before
-            monkeypatch.setattr(sa, "saturated_rows", lambda n, seed, device, skip=None: torch.arange(1, n, 2, device=device))
+            monkeypatch.setattr(
+                sa, "saturated_rows", lambda n, seed, device, skip=None: torch.arange(1, n, 2, device=device)
+            )
         else:
             raise ValueError(item)
 
@@ -110,6 +123,7 @@ def without(monkeypatch):
 
 # ---- torch stand-ins for kernels: outputs computed by a formula, returned or written in place
 
+
 def emulated(op: Operator, values: Callable[..., Outputs]) -> Callable[..., Any]:
     """An arm whose outputs are `values(*args)`: returned, or for an in-place operator
     written into its leading arguments (x, residual: the in-place outputs come first)."""
@@ -117,7 +131,7 @@ def emulated(op: Operator, values: Callable[..., Outputs]) -> Callable[..., Any]
     def run(*args: Any) -> Any:
         outs = values(*args)
         if op.inplace:
-            for target, out in zip(args, outs):
+            for target, out in zip(args, outs, strict=False):
                 target.copy_(out)
             return None
         return outs[0] if len(outs) == 1 else outs
@@ -133,6 +147,7 @@ def with_eps(op: Operator, eps: float) -> Callable[..., Any]:
 
 # ---- second eps value ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op_name", NORM_OPS)
 def test_a_kernel_that_hard_codes_its_default_eps_is_caught(op_name, without):
     """PLANTED: the kerneltrial kernels with eps fixed at the operator's default (1e-6;
@@ -147,6 +162,7 @@ def test_a_kernel_that_hard_codes_its_default_eps_is_caught(op_name, without):
 
 
 # ---- zero rows ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("op_name", NORM_OPS)
 def test_a_kernel_without_eps_writes_nan_on_a_zero_row(op_name, without):
@@ -215,6 +231,7 @@ def test_softcap_kernel_keeping_the_last_maximum_of_a_lane_is_caught_by_a_zero_r
 
 # ---- tiny rows ----------------------------------------------------------------------------
 
+
 def guards_zero_rows_instead_of_eps(op: Operator) -> Callable[..., Any]:
     """PLANTED: no eps; rows that are exactly zero are special-cased to 0 instead (the
     formula with eps = 0, NaN rows replaced by 0). Passes zero rows and, on random rows,
@@ -255,6 +272,7 @@ def test_softcap_kernel_whose_tanh_cancels_near_zero_is_caught_by_a_tiny_row(wit
 
 
 # ---- storage offset -----------------------------------------------------------------------
+
 
 def from_storage_start(op: Operator) -> Callable[..., Any]:
     """PLANTED: the kerneltrial kernels handed every tensor rebuilt from the start of its
@@ -298,6 +316,7 @@ def test_every_tensor_make_inputs_draws_sits_at_an_offset():
 
 # ---- softcap: saturated ties in single-row inputs ----------------------------------------
 
+
 def raw_argmax_when_decoding(logits: torch.Tensor, cap: float) -> torch.Tensor:
     """PLANTED: a decode fast path: for a single row, tanh being monotonic, it takes the
     argmax of the raw logits; several rows go through the capped formula. 400 and 500 both
@@ -326,6 +345,7 @@ def test_softcap_single_rows_hold_saturated_ties_for_odd_seeds():
 
 # ---- width: neither a power of two nor a multiple of 128 ---------------------------------
 
+
 def drops_partial_tile(op: Operator) -> Callable[..., Any]:
     """PLANTED: a loop over 128-column tiles with no tail: only the first N - N % 128
     columns are computed (statistics included) and written; the rest of the output stays
@@ -341,13 +361,13 @@ def drops_partial_tile(op: Operator) -> Callable[..., Any]:
         if op.name == "silu_and_mul":
             d = n // 2
             k = d - d % TILE
-            return widened(op.reference(torch.cat([args[0][..., :k], args[0][..., d:d + k]], dim=-1))[0], d)
+            return widened(op.reference(torch.cat([args[0][..., :k], args[0][..., d : d + k]], dim=-1))[0], d)
         k = n - n % TILE
         outs = op.reference(*[a[..., :k] if isinstance(a, torch.Tensor) and a.shape[-1] == n else a for a in args])
         if op.exact:  # softcap: the argmax of the first k columns
             return outs[0]
         if op.inplace:
-            for target, out in zip(args, outs):
+            for target, out in zip(args, outs, strict=False):
                 target[..., :k].copy_(out)
             return None
         outs = tuple(widened(o, n) for o in outs)
@@ -366,7 +386,14 @@ def test_a_kernel_assuming_a_multiple_of_128_columns_is_caught(op_name, panel):
     cases = getattr(op, panel)
     caught(op, defect, expand(op, by_size(c for c in cases if odd_width(c))[:1]))
     if panel == "small_cases":  # and it passes every case of a width that is a multiple of 128
-        assert first_failure(op, defect, expand(op, [c for c in cases if c.shape[-1] % (2 * TILE if op_name == "silu_and_mul" else TILE) == 0])) is None
+        assert (
+            first_failure(
+                op,
+                defect,
+                expand(op, [c for c in cases if c.shape[-1] % (2 * TILE if op_name == "silu_and_mul" else TILE) == 0]),
+            )
+            is None
+        )
 
 
 def test_softcap_tail_row_has_its_only_maximum_last():
@@ -379,6 +406,7 @@ def test_softcap_tail_row_has_its_only_maximum_last():
 
 # ---- more than 65535 rows -----------------------------------------------------------------
 
+
 def no_grid_stride_loop(op: Operator) -> Callable[..., Any]:
     """PLANTED: one program per row on a grid capped at 65535 programs, without the
     grid-stride loop: rows from 65535 on are never written (in place: left unchanged)."""
@@ -389,7 +417,7 @@ def no_grid_stride_loop(op: Operator) -> Callable[..., Any]:
     def values(*args: Any) -> Outputs:
         outs = op.reference(*args)
         cut = []
-        for target, out in zip(args if op.inplace else outs, outs):
+        for target, out in zip(args if op.inplace else outs, outs, strict=False):
             written = target.clone() if op.inplace else torch.empty_like(out)
             first_rows(written).copy_(first_rows(out))
             cut.append(written)
@@ -410,6 +438,7 @@ def test_a_kernel_without_a_grid_stride_loop_is_caught_on_the_gpu_panel(op_name)
 
 
 # ---- what the panels and make_inputs hold -------------------------------------------------
+
 
 @pytest.mark.parametrize("op_name", ALL_OPS)
 def test_panels_hold_an_odd_width_and_the_gpu_panel_more_than_65535_rows(op_name):

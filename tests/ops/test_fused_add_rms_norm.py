@@ -60,10 +60,16 @@ def test_writes_in_place_through_the_row_stride_and_nowhere_else(op_name):
         assert torch.equal(t._base[outside], before[outside]), f"wrote outside {name}'s view of its storage"
 
 
-@pytest.mark.parametrize("shape,layout,vec", [
-    ((4, 3000), "contiguous", 8), ((4, 3000), "row_strided", 8), ((4, 1022), "contiguous", 2),
-    ((4, 1001), "contiguous", 1), ((1, 4096), "row_strided", 8),
-])
+@pytest.mark.parametrize(
+    "shape,layout,vec",
+    [
+        ((4, 3000), "contiguous", 8),
+        ((4, 3000), "row_strided", 8),
+        ((4, 1022), "contiguous", 2),
+        ((4, 1001), "contiguous", 1),
+        ((1, 4096), "row_strided", 8),
+    ],
+)
 def test_vector_width_divides_the_width_and_every_row_stride(shape, layout, vec):
     x, residual, _ = _inputs("fused_add_rmsnorm", shape, layout)
     assert fa.vector_width(x, x.view(-1, shape[-1]), residual.view(-1, shape[-1])) == vec
@@ -132,6 +138,7 @@ def test_rounds_where_its_formula_rounds(op_name, own):
 
 # ---- wrong variants the gate must reject ------------------------------------------------
 
+
 def _skips_last_row(x, residual, weight, eps=1e-6):
     fa.fused_add_rms_norm_rows(x[:-1], residual[:-1], weight, eps, gemma=False)
 
@@ -151,13 +158,17 @@ def _writes_a_fresh_tensor(x, residual, weight, eps=1e-6):
     return out
 
 
-@pytest.mark.parametrize("op_name,variant,message", [
-    ("fused_add_rmsnorm", _skips_last_row, "output 0 differs from the reference"),
-    ("fused_add_rmsnorm", _forgets_the_residual, "output 1 differs from the reference"),
-    ("fused_add_rmsnorm", _writes_a_fresh_tensor, "output 0 differs from the reference"),
-    ("gemma_fused_add_rmsnorm", _gemma_by_mutating_the_weight, "modified its input(s) weight"),
-    ("gemma_fused_add_rmsnorm", partial(fa.fused_add_rms_norm_rows, gemma=False, block_rows=2), "output 0 differs"),
-], ids=["skips-last-row", "forgets-residual", "fresh-tensor", "mutates-weight", "plain-weight-for-gemma"])
+@pytest.mark.parametrize(
+    "op_name,variant,message",
+    [
+        ("fused_add_rmsnorm", _skips_last_row, "output 0 differs from the reference"),
+        ("fused_add_rmsnorm", _forgets_the_residual, "output 1 differs from the reference"),
+        ("fused_add_rmsnorm", _writes_a_fresh_tensor, "output 0 differs from the reference"),
+        ("gemma_fused_add_rmsnorm", _gemma_by_mutating_the_weight, "modified its input(s) weight"),
+        ("gemma_fused_add_rmsnorm", partial(fa.fused_add_rms_norm_rows, gemma=False, block_rows=2), "output 0 differs"),
+    ],
+    ids=["skips-last-row", "forgets-residual", "fresh-tensor", "mutates-weight", "plain-weight-for-gemma"],
+)
 def test_gate_rejects_wrong_variant(op_name, variant, message, device):
     op = get_op(op_name)
     result = check(op, _wrong(op_name, "wrong", variant), Case((9, 200), layout="row_strided"), seed=1, device=device)

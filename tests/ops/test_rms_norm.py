@@ -13,14 +13,26 @@ from kerneltrial.trial.gate import check
 
 @pytest.mark.parametrize(
     "n,expected",
-    [(300, ("rows", 4, 4)), (1024, ("rows", 2, 4)), (2048, ("rows", 1, 4)), (4096, ("rows", 1, 4)),
-     (5120, ("rows", 1, 8)), (14336, ("rows", 1, 8)), (16384, ("rows", 1, 8)), (16385, ("wide", None, None))],
+    [
+        (300, ("rows", 4, 4)),
+        (1024, ("rows", 2, 4)),
+        (2048, ("rows", 1, 4)),
+        (4096, ("rows", 1, 4)),
+        (5120, ("rows", 1, 8)),
+        (14336, ("rows", 1, 8)),
+        (16384, ("rows", 1, 8)),
+        (16385, ("wide", None, None)),
+    ],
 )
 @pytest.mark.parametrize("round_before_weight", [True, False])
 def test_dispatcher_rules(monkeypatch, n, expected, round_before_weight):
     """(kernel, rows per step, warps): narrow rows packed to PACK_TO elements, 4 or 8 warps."""
     routed = []
-    monkeypatch.setattr(rn, "rms_norm_rows", lambda x, *a, block_rows, num_warps, **k: routed.append(("rows", block_rows, num_warps)) or x)
+    monkeypatch.setattr(
+        rn,
+        "rms_norm_rows",
+        lambda x, *a, block_rows, num_warps, **k: routed.append(("rows", block_rows, num_warps)) or x,
+    )
     monkeypatch.setattr(rn, "rms_norm_wide", lambda x, *a, **k: routed.append(("wide", None, None)) or x)
     rn.rms_norm_auto(torch.zeros(2, n), torch.ones(n), 1e-6, round_before_weight)
     assert routed == [expected]

@@ -24,6 +24,7 @@ def grids(monkeypatch):
     """The grid of every launch of either kernel, recorded as it happens."""
     seen: list[tuple[int, ...]] = []
     for kernel in (sg._sigmoid_gate_row_tiles, sg._sigmoid_gate_flat):
+
         def spy(*args, grid, _original=kernel.run, **kwargs):
             seen.append(tuple(grid))
             return _original(*args, grid=grid, **kwargs)
@@ -107,6 +108,7 @@ def test_bytes_moved_per_form(op):
 
 # ---- deliberately wrong kernels the gate must reject ----------------------------------
 
+
 def skips_last_element(x, gate):
     y = torch.empty_like(x)
     sg._sigmoid_gate_flat[(1,)](x, gate, y, x.numel() - 1, BLOCK=1024, ROW_GATE=False, ROW_WIDTH=1)
@@ -122,11 +124,14 @@ def writes_into_its_input(x, gate):
     return x.clone()
 
 
-@pytest.mark.parametrize("wrong,form,message", [
-    (skips_last_element, "contiguous", "NaN element(s)"),
-    (gates_with_the_next_row, "row_gate", "differs from the reference"),
-    (writes_into_its_input, "contiguous", "modified its input(s) x"),
-])
+@pytest.mark.parametrize(
+    "wrong,form,message",
+    [
+        (skips_last_element, "contiguous", "NaN element(s)"),
+        (gates_with_the_next_row, "row_gate", "differs from the reference"),
+        (writes_into_its_input, "contiguous", "modified its input(s) x"),
+    ],
+)
 def test_gate_rejects_wrong_kernels(op, wrong, form, message, device):
     result = check(op, as_impl(wrong.__name__, wrong), Case((4, 300), layout=form), seed=0, device=device)
     assert not result.passed and message in result.message

@@ -87,7 +87,7 @@ def test_grid_stride_loop_covers_every_row_and_tile(op, name, launches, monkeypa
 def test_row_strided_input_is_read_in_place(op, launches, device):
     x = op.make_inputs(Case((2, 3, 200), layout="row_strided"), 0, device)["x"]
     sam.silu_and_mul_auto(x)
-    (_, args), = launches
+    ((_, args),) = launches
     assert args[0].data_ptr() == x.data_ptr() and args[4] == x.stride(-2) > 200
 
 
@@ -114,11 +114,14 @@ def test_bytes_moved_reads_2d_and_writes_d_per_row(op):
 
 # ---- deliberately wrong kernels the gate must reject ----------------------------------
 
+
 def skips_last_row(x):
     rows = x.reshape(-1, x.shape[-1])
     n, d = rows.shape[0], rows.shape[1] // 2
     y = torch.empty((n, d), dtype=x.dtype, device=x.device)
-    sam._silu_and_mul_tiles[(1,)](rows, y, n - 1, d, rows.stride(0), y.stride(0), BLOCK_ROWS=1, BLOCK_D=launch.next_pow2(d))
+    sam._silu_and_mul_tiles[(1,)](
+        rows, y, n - 1, d, rows.stride(0), y.stride(0), BLOCK_ROWS=1, BLOCK_D=launch.next_pow2(d)
+    )
     return y
 
 
@@ -131,15 +134,20 @@ def writes_into_its_input(x):
     rows = x.reshape(-1, x.shape[-1])
     n, d = rows.shape[0], rows.shape[1] // 2
     up = rows[:, d:]
-    sam._silu_and_mul_tiles[(n,)](rows, up, n, d, rows.stride(0), up.stride(0), BLOCK_ROWS=1, BLOCK_D=launch.next_pow2(d))
+    sam._silu_and_mul_tiles[(n,)](
+        rows, up, n, d, rows.stride(0), up.stride(0), BLOCK_ROWS=1, BLOCK_D=launch.next_pow2(d)
+    )
     return up.clone()
 
 
-@pytest.mark.parametrize("wrong,message", [
-    (skips_last_row, "NaN element(s)"),
-    (swaps_gate_and_up, "differs from the reference"),
-    (writes_into_its_input, "modified its input(s) x"),
-])
+@pytest.mark.parametrize(
+    "wrong,message",
+    [
+        (skips_last_row, "NaN element(s)"),
+        (swaps_gate_and_up, "differs from the reference"),
+        (writes_into_its_input, "modified its input(s) x"),
+    ],
+)
 def test_gate_rejects_wrong_kernels(op, wrong, message, device):
     result = check(op, as_impl(wrong.__name__, wrong), Case((4, 200)), seed=0, device=device)
     assert not result.passed and message in result.message

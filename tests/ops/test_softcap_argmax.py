@@ -61,10 +61,10 @@ def test_make_inputs_plants_ties_saturation_and_special_rows(seed):
 
 
 TIE_POSITIONS = [
-    (3, 4, 9000),          # neighbours in one chunk and lane group, plus a later chunk
-    (4100, 12, 8200),      # the first tie comes after a later-listed one: order is by index
-    (1030, 1031, 19999),   # two spans of a 1024-chunk split; the last element
-    (0, 8192, 16384),      # the first element; same lane of successive 8192-chunks
+    (3, 4, 9000),  # neighbours in one chunk and lane group, plus a later chunk
+    (4100, 12, 8200),  # the first tie comes after a later-listed one: order is by index
+    (1030, 1031, 19999),  # two spans of a 1024-chunk split; the last element
+    (0, 8192, 16384),  # the first element; same lane of successive 8192-chunks
 ]
 
 
@@ -111,7 +111,7 @@ def test_launch_grid_stays_within_max_grid(monkeypatch):
 
     def recording(n_items: int, cap: int | None = None) -> tuple[int]:
         grids.append(bounded(n_items, cap)[0])
-        return grids[-1],
+        return (grids[-1],)
 
     monkeypatch.setattr(launch, "MAX_GRID", 3)
     monkeypatch.setattr(launch, "bounded_grid", recording)
@@ -129,11 +129,16 @@ def test_spans_cover_the_row_exactly(n, parts, chunk):
     assert (n_parts - 1) * span < n <= n_parts * span
 
 
-@pytest.mark.parametrize("rows,n,geometry", [
-    (1, 262144, sa.STREAMS[0]), (64, 262144, sa.STREAMS[0]),  # spans of 4096 and 32768 (in 4096-chunks): short
-    (128, 262144, sa.STREAMS[1]), (256, 262144, sa.STREAMS[1]),  # one wave of 65536-131072 spans
-    (2048, 130560, sa.STREAMS[0]),  # four rows per program slot: more than one wave
-])
+@pytest.mark.parametrize(
+    "rows,n,geometry",
+    [
+        (1, 262144, sa.STREAMS[0]),
+        (64, 262144, sa.STREAMS[0]),  # spans of 4096 and 32768 (in 4096-chunks): short
+        (128, 262144, sa.STREAMS[1]),
+        (256, 262144, sa.STREAMS[1]),  # one wave of 65536-131072 spans
+        (2048, 130560, sa.STREAMS[0]),  # four rows per program slot: more than one wave
+    ],
+)
 def test_dispatcher_stream_geometry(rows, n, geometry):
     assert sa.choose_stream(rows, n) == geometry
 
@@ -196,7 +201,10 @@ def planted_rows(seed: int, n: int = 40000) -> tuple[torch.Tensor, list[int]]:
         want.append(min(positions))
     shift = seed % 7  # a different answer on every call
     pairs = [  # (earlier position, its logit, later position, its logit); row 5: one 16384-span
-        (8000, low, 30000, high), (9000, high, 31000, low), (2000, low, 12000, high)]
+        (8000, low, 30000, high),
+        (9000, high, 31000, low),
+        (2000, low, 12000, high),
+    ]
     for row, (a, first, b, second) in enumerate(pairs, start=3):
         logits[row, a + shift], logits[row, b + shift] = first, second
         want.append(a + shift)
@@ -257,4 +265,6 @@ def test_dispatcher_streams_every_wide_row_count(monkeypatch):
     for rows in (1, 63, 64, 300):
         sa.softcap_row_argmax(torch.zeros(rows, wide), 30.0)
     assert asked == [(r, wide) for r in (1, 63, 64, 300)]
-    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [(1024 * r, 7, 99) for r in (1, 63, 64, 300)]
+    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [
+        (1024 * r, 7, 99) for r in (1, 63, 64, 300)
+    ]

@@ -36,7 +36,9 @@ def fused_qkv(shape, seed, device, poison_others=False):
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k = zq.qkv_slices(shape, torch.bfloat16, gen, device)
     fused_shape = (*shape[:-2], 3, *shape[-2:])
-    fused = q.as_strided(fused_shape, torch.empty(fused_shape).stride(), q.storage_offset())  # Q is the fused tensor's start
+    fused = q.as_strided(
+        fused_shape, torch.empty(fused_shape).stride(), q.storage_offset()
+    )  # Q is the fused tensor's start
     if poison_others:
         fused.select(-3, 0).fill_(math.nan)
         fused.select(-3, 2).fill_(math.nan)
@@ -154,11 +156,13 @@ def test_bytes_moved_and_gpu_panel():
 
 # ---- deliberately wrong kernels the gate must reject --------------------------------------
 
+
 def raw_launch(x, w, y, n_rows, token_stride, eps=1e-5):
     """Launch the packed kernel with explicit geometry, bypassing the wrapper's checks."""
     heads, d = x.shape[-2:]
     zq._qk_norm[(triton.cdiv(max(n_rows, 1), 8),)](
-        x, w, y, n_rows, token_stride, d, d, eps, HEADS=heads, BLOCK_ROWS=8, BLOCK_D=d, num_warps=4)
+        x, w, y, n_rows, token_stride, d, d, eps, HEADS=heads, BLOCK_ROWS=8, BLOCK_D=d, num_warps=4
+    )
     return y
 
 
@@ -177,11 +181,14 @@ def writes_into_input(x, w, eps=1e-5):
     return x.clone()
 
 
-@pytest.mark.parametrize("fn,layout,message", [
-    (assumes_contiguous, "qkv_slice", "differs from the reference"),
-    (skips_last_row, "qkv_slice", "NaN element(s)"),
-    (writes_into_input, "contiguous", "modified its input(s) x"),
-])
+@pytest.mark.parametrize(
+    "fn,layout,message",
+    [
+        (assumes_contiguous, "qkv_slice", "differs from the reference"),
+        (skips_last_row, "qkv_slice", "NaN element(s)"),
+        (writes_into_input, "contiguous", "modified its input(s) x"),
+    ],
+)
 def test_gate_rejects_wrong_kernels(fn, layout, message, device):
     op = get_op(zq.OP)
     impl = Impl(op=zq.OP, name=fn.__name__, kind="user", loader=lambda: fn)

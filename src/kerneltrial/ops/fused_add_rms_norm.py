@@ -79,8 +79,18 @@ def _add(x_ptrs, r_ptrs, mask):
 
 @triton.jit
 def _fused_add_rms_norm_rows(
-    X, R, W, n_rows, x_stride_vecs, r_stride_vecs, n_vecs, eps,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, VEC: tl.constexpr,
+    X,
+    R,
+    W,
+    n_rows,
+    x_stride_vecs,
+    r_stride_vecs,
+    n_vecs,
+    eps,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GEMMA: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     N, x_stride, r_stride = n_vecs * VEC, x_stride_vecs * VEC, r_stride_vecs * VEC
     cols = tl.arange(0, BLOCK_N)
@@ -100,8 +110,17 @@ def _fused_add_rms_norm_rows(
 
 @triton.jit
 def _fused_add_rms_norm_wide(
-    X, R, W, n_rows, x_stride_vecs, r_stride_vecs, n_vecs, eps,
-    BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, VEC: tl.constexpr,
+    X,
+    R,
+    W,
+    n_rows,
+    x_stride_vecs,
+    r_stride_vecs,
+    n_vecs,
+    eps,
+    BLOCK_N: tl.constexpr,
+    GEMMA: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     N, x_stride, r_stride = n_vecs * VEC, x_stride_vecs * VEC, r_stride_vecs * VEC
     cols = tl.arange(0, BLOCK_N)
@@ -122,6 +141,7 @@ def _fused_add_rms_norm_wide(
 
 
 # ---- launches ---------------------------------------------------------------------------
+
 
 def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     """`t` [..., N] as a [rows, N] view with unit stride in N, or ValueError (never a copy)."""
@@ -156,8 +176,14 @@ def vector_width(x: torch.Tensor, *rows: torch.Tensor) -> int:
 
 
 def fused_add_rms_norm_rows(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-    block_rows: int = 1, num_warps: int | None = None, max_programs: int | None = None,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    gemma: bool,
+    block_rows: int = 1,
+    num_warps: int | None = None,
+    max_programs: int | None = None,
     vectorise: bool = True,
 ) -> None:
     """Launch `_fused_add_rms_norm_rows`: `block_rows` rows per step; `max_programs` caps the
@@ -170,21 +196,43 @@ def fused_add_rms_norm_rows(
     n_steps = triton.cdiv(n_rows, block_rows)
     grid = launch.bounded_grid(min(n_steps, max_programs or n_steps))
     _fused_add_rms_norm_rows[grid](
-        xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
-        BLOCK_ROWS=block_rows, BLOCK_N=block_n, GEMMA=gemma, VEC=vec,
+        xr,
+        rr,
+        weight,
+        n_rows,
+        xr.stride(0) // vec,
+        rr.stride(0) // vec,
+        n // vec,
+        eps,
+        BLOCK_ROWS=block_rows,
+        BLOCK_N=block_n,
+        GEMMA=gemma,
+        VEC=vec,
         num_warps=num_warps or launch.row_warps(block_n * block_rows),
     )
 
 
-def fused_add_rms_norm_wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+def fused_add_rms_norm_wide(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+) -> None:
     """Launch `_fused_add_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
     xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
     n_rows, n = xr.shape
     vec = vector_width(x, xr, rr)
     block_n = min(WIDE_CHUNK, launch.next_pow2(n))
     _fused_add_rms_norm_wide[launch.bounded_grid(n_rows)](
-        xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
-        BLOCK_N=block_n, GEMMA=gemma, VEC=vec, num_warps=launch.row_warps(block_n),
+        xr,
+        rr,
+        weight,
+        n_rows,
+        xr.stride(0) // vec,
+        rr.stride(0) // vec,
+        n // vec,
+        eps,
+        BLOCK_N=block_n,
+        GEMMA=gemma,
+        VEC=vec,
+        num_warps=launch.row_warps(block_n),
     )
 
 
@@ -193,7 +241,9 @@ def choose_rows_per_step(n: int) -> int:
     return max(1, min(MAX_ROWS_PER_STEP, STEP_ELEMENTS // launch.next_pow2(n)))
 
 
-def fused_add_rms_norm_auto(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+def fused_add_rms_norm_auto(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+) -> None:
     """The exported entry point: rows wider than WIDE_THRESHOLD go to the wide kernel; the rest
     to the rows kernel with `choose_rows_per_step` rows per step and launch.row_warps warps."""
     n = x.shape[-1]
@@ -204,6 +254,7 @@ def fused_add_rms_norm_auto(x: torch.Tensor, residual: torch.Tensor, weight: tor
 
 
 # ---- semantics --------------------------------------------------------------------------
+
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     """x and residual at offsets, zero, tiny and eps-scale in the same rows of both (so
@@ -218,31 +269,41 @@ def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     return {"x": x, "residual": residual, "weight": weight, "eps": inp.eps_for(seed, 1e-6)}
 
 
-def reference_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     s = (x.float() + residual.float()).to(x.dtype)
     sf = s.float()
     normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return normed * weight, s
 
 
-def reference_gemma(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_gemma(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     s = (x.float() + residual.float()).to(x.dtype)
     sf = s.float()
     return (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype), s
 
 
-def _oracle(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _oracle(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64: the exact sum for residual; x normalises the stored (dtype-rounded) sum."""
     stored = (x.double() + residual.double()).to(x.dtype).double()
     normed = stored * torch.rsqrt(stored.pow(2).mean(-1, keepdim=True) + eps)
     return normed * (offset + weight.double()), x.double() + residual.double()
 
 
-def oracle(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _oracle(x, residual, weight, eps, 0.0)
 
 
-def oracle_gemma(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle_gemma(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _oracle(x, residual, weight, eps, 1.0)
 
 
@@ -267,16 +328,28 @@ def bytes_moved(case: Case) -> int:
 
 
 SMALL = (  # (2, 3, 200): a width that is neither a power of two nor a multiple of 128
-    Case((1, 64)), Case((5, 5120)), Case((11, 1536)), Case((2, 3, 200)), Case((2, 20000)),
+    Case((1, 64)),
+    Case((5, 5120)),
+    Case((11, 1536)),
+    Case((2, 3, 200)),
+    Case((2, 20000)),
 )
 GPU = (
-    Case((1, 2048)), Case((64, 2048)), Case((2048, 2048)), Case((4096, 2048)), Case((16384, 2048)),
-    Case((4096, 4096)), Case((4096, 5120)), Case((4096, 8192)), Case((1000, 3000)),
+    Case((1, 2048)),
+    Case((64, 2048)),
+    Case((2048, 2048)),
+    Case((4096, 2048)),
+    Case((16384, 2048)),
+    Case((4096, 4096)),
+    Case((4096, 5120)),
+    Case((4096, 8192)),
+    Case((1000, 3000)),
     Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
 )
 
 
 # ---- peers ------------------------------------------------------------------------------
+
 
 def liger_in_place(casting_mode: int, offset: float) -> Callable[[object], Callable[..., None]]:
     """Adapter for Liger-Kernel 0.8.5's `_fused_add_rms_norm_forward_kernel`, launched as its
@@ -295,9 +368,25 @@ def liger_in_place(casting_mode: int, offset: float) -> Callable[[object], Calla
             block, warps = calculate_settings(n)
             rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
             kernel[(n_rows,)](  # type: ignore[index]
-                xr, xr.stride(0), rr, rr.stride(0), xr, xr.stride(0), rr, rr.stride(0),
-                weight, weight.stride(0), rstd, rstd.stride(0), n, eps, offset, casting_mode,
-                BLOCK_SIZE=block, num_warps=warps, num_stages=2,
+                xr,
+                xr.stride(0),
+                rr,
+                rr.stride(0),
+                xr,
+                xr.stride(0),
+                rr,
+                rr.stride(0),
+                weight,
+                weight.stride(0),
+                rstd,
+                rstd.stride(0),
+                n,
+                eps,
+                offset,
+                casting_mode,
+                BLOCK_SIZE=block,
+                num_warps=warps,
+                num_stages=2,
             )
 
         return run
@@ -317,19 +406,41 @@ def flaggems_in_place(fn: Callable[..., object]) -> Callable[..., None]:
     return run
 
 
-def _register(name: str, signature: str, doc: str, reference: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-              oracle_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], eager: Callable[..., None], gemma: bool) -> None:
-    register_op(Operator(
-        name=name, signature=signature, doc=doc, layouts=LAYOUTS, make_inputs=make_inputs,
-        reference=reference, oracle=oracle_fn, bytes_moved=bytes_moved,
-        small_cases=SMALL, gpu_cases=GPU, inplace=("x", "residual"),
-    ))
+def _register(
+    name: str,
+    signature: str,
+    doc: str,
+    reference: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    oracle_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    eager: Callable[..., None],
+    gemma: bool,
+) -> None:
+    register_op(
+        Operator(
+            name=name,
+            signature=signature,
+            doc=doc,
+            layouts=LAYOUTS,
+            make_inputs=make_inputs,
+            reference=reference,
+            oracle=oracle_fn,
+            bytes_moved=bytes_moved,
+            small_cases=SMALL,
+            gpu_cases=GPU,
+            inplace=("x", "residual"),
+        )
+    )
 
-    def rows(block_rows: int = 1, num_warps: int | None = None,
-             max_programs: Callable[[torch.device], int] | None = None, vectorise: bool = True) -> Callable[..., None]:
+    def rows(
+        block_rows: int = 1,
+        num_warps: int | None = None,
+        max_programs: Callable[[torch.device], int] | None = None,
+        vectorise: bool = True,
+    ) -> Callable[..., None]:
         def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
             cap = max_programs(x.device) if max_programs else None
             fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows, num_warps, cap, vectorise)
+
         return run
 
     def wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
@@ -340,27 +451,54 @@ def _register(name: str, signature: str, doc: str, reference: Callable[..., tupl
 
     register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(rows(vectorise=False))
     for block_rows, warps in PACKINGS:
-        register_impl(name, f"packed_r{block_rows}_w{warps}", doc=f"{block_rows} rows per step, {warps} warps")(rows(block_rows, warps))
+        register_impl(name, f"packed_r{block_rows}_w{warps}", doc=f"{block_rows} rows per step, {warps} warps")(
+            rows(block_rows, warps)
+        )
     for warps in ROW_WARPS:
         register_impl(name, f"row_w{warps}", doc=f"one row per step, {warps} warps")(rows(1, warps))
     register_impl(name, "persistent", doc=f"one row per step, {PERSISTENT_WAVES} programs per SM looping over rows")(
-        rows(max_programs=lambda device: PERSISTENT_WAVES * sm_count(device)))
+        rows(max_programs=lambda device: PERSISTENT_WAVES * sm_count(device))
+    )
     register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(wide)
     register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(auto)
 
     register_peers(
-        name, eager,
-        liger=liger_loader("liger_kernel.ops.fused_add_rms_norm", "_fused_add_rms_norm_forward_kernel",
-                           liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0)),
+        name,
+        eager,
+        liger=liger_loader(
+            "liger_kernel.ops.fused_add_rms_norm",
+            "_fused_add_rms_norm_forward_kernel",
+            liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0),
+        ),
     )
     if not gemma:  # FlagGems 5.0.2 has no Gemma (1 + w) fused add
-        add_impl(Impl(op=name, name="flaggems", kind="peer", loader=flaggems_loader("fused_add_rms_norm", flaggems_in_place),
-                      doc="FlagGems (contiguous only: it writes into .contiguous() copies)", layouts=("contiguous",)))
+        add_impl(
+            Impl(
+                op=name,
+                name="flaggems",
+                kind="peer",
+                loader=flaggems_loader("fused_add_rms_norm", flaggems_in_place),
+                doc="FlagGems (contiguous only: it writes into .contiguous() copies)",
+                layouts=("contiguous",),
+            )
+        )
 
 
-_register("fused_add_rmsnorm", "fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
-          "in place: residual = x + residual; x = rmsnorm(residual), bf16 rounding before the weight",
-          reference_fused_add_rmsnorm, oracle, eager_fused_add_rmsnorm, gemma=False)
-_register("gemma_fused_add_rmsnorm", "gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
-          "in place: residual = x + residual; x = rmsnorm(residual) * (1 + w), fp32 to the store",
-          reference_gemma, oracle_gemma, eager_gemma, gemma=True)
+_register(
+    "fused_add_rmsnorm",
+    "fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
+    "in place: residual = x + residual; x = rmsnorm(residual), bf16 rounding before the weight",
+    reference_fused_add_rmsnorm,
+    oracle,
+    eager_fused_add_rmsnorm,
+    gemma=False,
+)
+_register(
+    "gemma_fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
+    "in place: residual = x + residual; x = rmsnorm(residual) * (1 + w), fp32 to the store",
+    reference_gemma,
+    oracle_gemma,
+    eager_gemma,
+    gemma=True,
+)

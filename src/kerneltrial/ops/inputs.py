@@ -48,7 +48,9 @@ def generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def randn(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+def randn(
+    shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: torch.device, scale: float = 1.0
+) -> torch.Tensor:
     """Standard normal values (times `scale`) rounded to `dtype`: a contiguous tensor of
     `shape` at a storage offset of OFFSET_BYTES into a random buffer (see the module doc)."""
     offset = OFFSET_BYTES // dtype.itemsize
@@ -56,7 +58,14 @@ def randn(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, devi
     return buffer[offset:].view(shape)
 
 
-def with_layout(shape: tuple[int, ...], layout: str, dtype: torch.dtype, gen: torch.Generator, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+def with_layout(
+    shape: tuple[int, ...],
+    layout: str,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    device: torch.device,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """A random tensor of `shape` in `contiguous` or `row_strided` layout (at an offset)."""
     if layout == "contiguous":
         return randn(shape, dtype, gen, device, scale)

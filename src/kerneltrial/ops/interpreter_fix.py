@@ -16,8 +16,8 @@ import torch
 
 def patch() -> None:
     """Idempotently route the interpreter's float32 -> bfloat16 conversion through torch."""
-    from triton.runtime import interpreter
     import triton.language as tl
+    from triton.runtime import interpreter
 
     original = interpreter._convert_float
     if getattr(original, "kerneltrial_patched", False):

@@ -81,7 +81,15 @@ def register_peers(
     """Register the peers of `op`: eager torch code, its torch.compile, and the libraries' kernels."""
     add_impl(Impl(op=op, name="torch_eager", kind="peer", loader=lambda: eager, doc="torch eager formula"))
     if compile_eager:
-        add_impl(Impl(op=op, name="torch_compile", kind="peer", loader=compiled(eager), doc="torch.compile of the eager formula"))
+        add_impl(
+            Impl(
+                op=op,
+                name="torch_compile",
+                kind="peer",
+                loader=compiled(eager),
+                doc="torch.compile of the eager formula",
+            )
+        )
     if liger is not None:
         add_impl(Impl(op=op, name="liger", kind="peer", loader=liger, doc="Liger-Kernel"))
     if flaggems is not None:

@@ -137,7 +137,7 @@ class Operator:
     inplace: tuple[str, ...] = ()
     exact: bool = False  # integer outputs compared exactly (e.g. argmax indices)
     contiguous_outputs: bool = False  # the interface returns contiguous tensors (the gate checks it)
-    shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or 
+    shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or "" when the shape is fine
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     impls: dict[str, Impl] = field(default_factory=dict)
 
@@ -150,8 +150,7 @@ class Operator:
         if isinstance(returned, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in returned):
             return tuple(returned)
         raise TypeError(
-            f"{self.name}: an implementation returned {type(returned).__name__}; "
-            f"expected a tensor ({self.signature})"
+            f"{self.name}: an implementation returned {type(returned).__name__}; expected a tensor ({self.signature})"
         )
 
     def validate(self, case: Case) -> None:
@@ -194,7 +193,16 @@ def register_impl(
     """Decorator: register `fn` as implementation `name` of operator `op`."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        add_impl(Impl(op=op, name=name, kind=kind, loader=lambda: fn, doc=doc or (fn.__doc__ or "").strip().split("\n")[0], layouts=layouts))
+        add_impl(
+            Impl(
+                op=op,
+                name=name,
+                kind=kind,
+                loader=lambda: fn,
+                doc=doc or (fn.__doc__ or "").strip().split("\n")[0],
+                layouts=layouts,
+            )
+        )
         return fn
 
     return decorate
@@ -244,7 +252,9 @@ def load_user_module(spec: str) -> list[Impl]:
     for op in _OPERATORS.values():
         fn = getattr(module, op.name, None)
         if callable(fn):  # loading the same module again replaces its arms
-            op.impls[f"user:{stem}"] = Impl(op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}")
+            op.impls[f"user:{stem}"] = Impl(
+                op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}"
+            )
     added = [i for op in _OPERATORS.values() for n, i in op.impls.items() if before.get((op.name, n)) is not i]
     if not added:
         raise RegistryError(

@@ -56,8 +56,17 @@ def apply_weight(normed, w, out_dtype: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.con
 
 @triton.jit
 def _rms_norm_rows(
-    X, W, Y, n_rows, x_stride, y_stride, N, eps,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+    X,
+    W,
+    Y,
+    n_rows,
+    x_stride,
+    y_stride,
+    N,
+    eps,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -77,8 +86,16 @@ def _rms_norm_rows(
 
 @triton.jit
 def _rms_norm_wide(
-    X, W, Y, n_rows, x_stride, y_stride, N, eps,
-    BLOCK_N: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.constexpr,
+    X,
+    W,
+    Y,
+    n_rows,
+    x_stride,
+    y_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    ROUND_BEFORE_WEIGHT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -93,10 +110,19 @@ def _rms_norm_wide(
             mask = start + cols < N
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
             w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(y_row + start + cols, apply_weight(x * rstd, w, Y.dtype.element_ty, ROUND_BEFORE_WEIGHT), mask=mask)
+            tl.store(
+                y_row + start + cols, apply_weight(x * rstd, w, Y.dtype.element_ty, ROUND_BEFORE_WEIGHT), mask=mask
+            )
 
 
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
+def rms_norm_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    round_before_weight: bool,
+    block_rows: int = 1,
+    num_warps: int | None = None,
+) -> torch.Tensor:
     """Launch `_rms_norm_rows`: `block_rows` rows per step (1 = the control geometry)."""
     rows = launch.as_rows(x)
     n_rows, n = rows.shape
@@ -104,23 +130,47 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
     block_n = launch.next_pow2(n)
     grid = launch.bounded_grid(triton.cdiv(n_rows, block_rows))
     _rms_norm_rows[grid](
-        rows, weight, y, n_rows, rows.stride(0), y.stride(0), n, eps,
-        BLOCK_ROWS=block_rows, BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight,
+        rows,
+        weight,
+        y,
+        n_rows,
+        rows.stride(0),
+        y.stride(0),
+        n,
+        eps,
+        BLOCK_ROWS=block_rows,
+        BLOCK_N=block_n,
+        ROUND_BEFORE_WEIGHT=round_before_weight,
         num_warps=num_warps or launch.row_warps(block_n * block_rows),
     )
     return y.view(x.shape)
 
 
-def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool,
-                  chunk: int = WIDE_CHUNK, num_warps: int | None = None) -> torch.Tensor:
+def rms_norm_wide(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    round_before_weight: bool,
+    chunk: int = WIDE_CHUNK,
+    num_warps: int | None = None,
+) -> torch.Tensor:
     """Launch `_rms_norm_wide`: one row per step, in `chunk`-element chunks."""
     rows = launch.as_rows(x)
     n_rows, n = rows.shape
     y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
     block_n = min(chunk, launch.next_pow2(n))
     _rms_norm_wide[launch.bounded_grid(n_rows)](
-        rows, weight, y, n_rows, rows.stride(0), y.stride(0), n, eps,
-        BLOCK_N=block_n, ROUND_BEFORE_WEIGHT=round_before_weight, num_warps=num_warps or launch.row_warps(block_n),
+        rows,
+        weight,
+        y,
+        n_rows,
+        rows.stride(0),
+        y.stride(0),
+        n,
+        eps,
+        BLOCK_N=block_n,
+        ROUND_BEFORE_WEIGHT=round_before_weight,
+        num_warps=num_warps or launch.row_warps(block_n),
     )
     return y.view(x.shape)
 
@@ -137,6 +187,7 @@ def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
 
 
 # ---- semantics --------------------------------------------------------------------------
+
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     """x at an offset, with a zero, a tiny and an eps-scale row; eps 1e-6 or 1e-5 by seed
@@ -171,43 +222,93 @@ def bytes_moved(case: Case) -> int:
 
 
 SMALL = (  # (2, 3, 200): a width that is neither a power of two nor a multiple of 128
-    Case((1, 64)), Case((7, 5120)), Case((33, 1536)), Case((2, 3, 200)), Case((4, 20000)),
+    Case((1, 64)),
+    Case((7, 5120)),
+    Case((33, 1536)),
+    Case((2, 3, 200)),
+    Case((4, 20000)),
 )
 GPU = (
-    Case((1, 2048)), Case((64, 2048)), Case((4096, 2048)), Case((16384, 2048)),
-    Case((4096, 4096)), Case((4096, 5120)), Case((4096, 8192)), Case((2048, 14336)),
-    Case((65536, 2048)), Case((1000, 3000)),
+    Case((1, 2048)),
+    Case((64, 2048)),
+    Case((4096, 2048)),
+    Case((16384, 2048)),
+    Case((4096, 4096)),
+    Case((4096, 5120)),
+    Case((4096, 8192)),
+    Case((2048, 14336)),
+    Case((65536, 2048)),
+    Case((1000, 3000)),
     Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
 )
 
 
-def _register(name: str, signature: str, doc: str, reference, round_before_weight: bool, dtypes: tuple[str, ...]) -> None:
+def _register(
+    name: str, signature: str, doc: str, reference, round_before_weight: bool, dtypes: tuple[str, ...]
+) -> None:
     extra_small = tuple(Case(c.shape, "float32") for c in SMALL[:3]) if "float32" in dtypes else ()
     extra_gpu = tuple(Case(c.shape, "float32") for c in GPU[2:5]) if "float32" in dtypes else ()
-    register_op(Operator(
-        name=name, signature=signature, doc=doc, layouts=LAYOUTS, make_inputs=make_inputs,
-        reference=reference, oracle=oracle, bytes_moved=bytes_moved, dtypes=dtypes,
-        small_cases=SMALL + extra_small, gpu_cases=GPU + extra_gpu,
-    ))
+    register_op(
+        Operator(
+            name=name,
+            signature=signature,
+            doc=doc,
+            layouts=LAYOUTS,
+            make_inputs=make_inputs,
+            reference=reference,
+            oracle=oracle,
+            bytes_moved=bytes_moved,
+            dtypes=dtypes,
+            small_cases=SMALL + extra_small,
+            gpu_cases=GPU + extra_gpu,
+        )
+    )
     rbw = round_before_weight
-    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(partial(rms_norm_rows, round_before_weight=rbw))
+    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(
+        partial(rms_norm_rows, round_before_weight=rbw)
+    )
     for rows, warps in PACKINGS:
         register_impl(name, f"packed_r{rows}_w{warps}", doc=f"{rows} rows per step, {warps} warps")(
-            partial(rms_norm_rows, round_before_weight=rbw, block_rows=rows, num_warps=warps))
-    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(partial(rms_norm_wide, round_before_weight=rbw))
-    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(partial(rms_norm_auto, round_before_weight=rbw))
+            partial(rms_norm_rows, round_before_weight=rbw, block_rows=rows, num_warps=warps)
+        )
+    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(
+        partial(rms_norm_wide, round_before_weight=rbw)
+    )
+    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(
+        partial(rms_norm_auto, round_before_weight=rbw)
+    )
 
     def eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         return reference(x, weight, eps)[0]
 
     casting = "llama" if rbw else "gemma"
     register_peers(
-        name, eager,
-        liger=liger_loader("liger_kernel.ops.rms_norm", "LigerRMSNormFunction",
-                           lambda f: lambda x, w, eps=1e-6: f.apply(x, w, eps, 0.0, casting, False)),
-        flaggems=flaggems_loader("rms_norm", lambda f: lambda x, w, eps=1e-6: f(x, [x.shape[-1]], w, eps)) if rbw else None,
+        name,
+        eager,
+        liger=liger_loader(
+            "liger_kernel.ops.rms_norm",
+            "LigerRMSNormFunction",
+            lambda f: lambda x, w, eps=1e-6: f.apply(x, w, eps, 0.0, casting, False),
+        ),
+        flaggems=flaggems_loader("rms_norm", lambda f: lambda x, w, eps=1e-6: f(x, [x.shape[-1]], w, eps))
+        if rbw
+        else None,
     )
 
 
-_register("rmsnorm", "rmsnorm(x, weight, eps=1e-6) -> Tensor", __doc__.split("\n")[2].strip(), reference_rmsnorm, True, ("bfloat16",))
-_register("rmsnorm_fp32", "rmsnorm_fp32(x, weight, eps=1e-6) -> Tensor", __doc__.split("\n")[3].strip(), reference_rmsnorm_fp32, False, ("bfloat16", "float32"))
+_register(
+    "rmsnorm",
+    "rmsnorm(x, weight, eps=1e-6) -> Tensor",
+    __doc__.split("\n")[2].strip(),
+    reference_rmsnorm,
+    True,
+    ("bfloat16",),
+)
+_register(
+    "rmsnorm_fp32",
+    "rmsnorm_fp32(x, weight, eps=1e-6) -> Tensor",
+    __doc__.split("\n")[3].strip(),
+    reference_rmsnorm_fp32,
+    False,
+    ("bfloat16", "float32"),
+)

@@ -88,10 +88,14 @@ def is_row_gate(x: torch.Tensor, gate: torch.Tensor) -> bool:
         return False
     if gate.shape == (*x.shape[:-1], 1):
         return True
-    raise ValueError(f"sigmoid_gate_mul: gate must have x's shape {tuple(x.shape)} or {(*x.shape[:-1], 1)}; got {tuple(gate.shape)}")
+    raise ValueError(
+        f"sigmoid_gate_mul: gate must have x's shape {tuple(x.shape)} or {(*x.shape[:-1], 1)}; got {tuple(gate.shape)}"
+    )
 
 
-def sigmoid_gate_row_tiles(x: torch.Tensor, gate: torch.Tensor, block_d: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+def sigmoid_gate_row_tiles(
+    x: torch.Tensor, gate: torch.Tensor, block_d: int | None = None, num_warps: int | None = None
+) -> torch.Tensor:
     """Launch `_sigmoid_gate_row_tiles`; defaults give the control (one whole row per program).
 
     `block_d` is capped at next_pow2(D) (None: the whole row); `num_warps` None picks
@@ -105,7 +109,13 @@ def sigmoid_gate_row_tiles(x: torch.Tensor, gate: torch.Tensor, block_d: int | N
     block_d = min(block_d or launch.next_pow2(d), launch.next_pow2(d))
     items = n_rows * triton.cdiv(d, block_d)
     _sigmoid_gate_row_tiles[launch.bounded_grid(items, launch.MAX_GRID)](
-        x, gate, y, n_rows, d, BLOCK_D=block_d, ROW_GATE=row_gate,
+        x,
+        gate,
+        y,
+        n_rows,
+        d,
+        BLOCK_D=block_d,
+        ROW_GATE=row_gate,
         num_warps=num_warps or launch.row_warps(block_d),
     )
     return y
@@ -120,8 +130,14 @@ def sigmoid_gate_flat(x: torch.Tensor, gate: torch.Tensor, block: int, num_warps
     x, gate = x.contiguous(), gate.contiguous()
     y = torch.empty_like(x)
     _sigmoid_gate_flat[launch.bounded_grid(triton.cdiv(x.numel(), block), launch.MAX_GRID)](
-        x, gate, y, x.numel(), BLOCK=block, ROW_GATE=row_gate,
-        ROW_WIDTH=x.shape[-1] if row_gate else 1, num_warps=num_warps,
+        x,
+        gate,
+        y,
+        x.numel(),
+        BLOCK=block,
+        ROW_GATE=row_gate,
+        ROW_WIDTH=x.shape[-1] if row_gate else 1,
+        num_warps=num_warps,
     )
     return y
 
@@ -136,6 +152,7 @@ def sigmoid_gate_auto(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 # ---- semantics --------------------------------------------------------------------------
+
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     """x ~ N(0, 1); gate ~ N(0, 3^2) so sigmoid spans nearly (0, 1); gate [..., 1] for row_gate.
@@ -171,28 +188,55 @@ def bytes_moved(case: Case) -> int:
 
 
 SMALL = (  # 1000, 200 and 3: widths that are neither powers of two nor multiples of 128
-    Case((1, 64)), Case((3, 1000)), Case((7, 5120)), Case((4, 1536)), Case((2, 3, 200)), Case((5, 3)),
+    Case((1, 64)),
+    Case((3, 1000)),
+    Case((7, 5120)),
+    Case((4, 1536)),
+    Case((2, 3, 200)),
+    Case((5, 3)),
 )
 GPU = (
-    Case((4096, 4096)), Case((4096, 2048)), Case((16384, 2048)), Case((64, 2048)),
-    Case((1, 2048)), Case((2048, 14336)), Case((1000, 3000)),
+    Case((4096, 4096)),
+    Case((4096, 2048)),
+    Case((16384, 2048)),
+    Case((64, 2048)),
+    Case((1, 2048)),
+    Case((2048, 14336)),
+    Case((1000, 3000)),
     Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
 )
 
-register_op(Operator(
-    name=NAME, signature="sigmoid_gate_mul(x, gate) -> Tensor", doc=__doc__.split("\n")[0],
-    layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
-    bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU,
-))
+register_op(
+    Operator(
+        name=NAME,
+        signature="sigmoid_gate_mul(x, gate) -> Tensor",
+        doc=__doc__.split("\n")[0],
+        layouts=LAYOUTS,
+        make_inputs=make_inputs,
+        reference=reference,
+        oracle=oracle,
+        bytes_moved=bytes_moved,
+        small_cases=SMALL,
+        gpu_cases=GPU,
+    )
+)
 
 register_impl(NAME, "control", kind="control", doc="one row per program, next-pow2 block")(sigmoid_gate_row_tiles)
 for _block, _warps in FLAT_TILES:
-    register_impl(NAME, f"tile{_block}_w{_warps}", doc=f"flat {_block}-element tiles, {_warps} warps; row gates gathered per element")(
-        partial(sigmoid_gate_flat, block=_block, num_warps=_warps))
+    register_impl(
+        NAME,
+        f"tile{_block}_w{_warps}",
+        doc=f"flat {_block}-element tiles, {_warps} warps; row gates gathered per element",
+    )(partial(sigmoid_gate_flat, block=_block, num_warps=_warps))
 for _block, _warps in ROW_TILES:
-    register_impl(NAME, f"rowtile{_block}_w{_warps}", doc=f"rows split into {_block}-column tiles, {_warps} warps; one gate load per tile")(
-        partial(sigmoid_gate_row_tiles, block_d=_block, num_warps=_warps))
-register_impl(NAME, "kerneltrial", doc="row tiles for wide row gates, else flat tiles (exported entry point)")(sigmoid_gate_auto)
+    register_impl(
+        NAME,
+        f"rowtile{_block}_w{_warps}",
+        doc=f"rows split into {_block}-column tiles, {_warps} warps; one gate load per tile",
+    )(partial(sigmoid_gate_row_tiles, block_d=_block, num_warps=_warps))
+register_impl(NAME, "kerneltrial", doc="row tiles for wide row gates, else flat tiles (exported entry point)")(
+    sigmoid_gate_auto
+)
 
 
 def _eager(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

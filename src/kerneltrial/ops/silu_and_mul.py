@@ -52,8 +52,14 @@ DISPATCH_WARPS = 4
 
 @triton.jit
 def _silu_and_mul_tiles(
-    X, Y, n_rows, d, x_stride, y_stride,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    X,
+    Y,
+    n_rows,
+    d,
+    x_stride,
+    y_stride,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     n_col_tiles = tl.cdiv(d, BLOCK_D)
     n_items = tl.cdiv(n_rows, BLOCK_ROWS) * n_col_tiles
@@ -70,7 +76,9 @@ def _silu_and_mul_tiles(
         tl.store(Y + rows[:, None] * y_stride + cols[None, :], (silu * b).to(Y.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_tiles(x: torch.Tensor, block_rows: int = 1, block_d: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+def silu_and_mul_tiles(
+    x: torch.Tensor, block_rows: int = 1, block_d: int | None = None, num_warps: int | None = None
+) -> torch.Tensor:
     """Launch `_silu_and_mul_tiles`; defaults give the control (one whole row per program).
 
     `block_d` is capped at next_pow2(d) (None: the whole row); `num_warps` None picks
@@ -84,8 +92,14 @@ def silu_and_mul_tiles(x: torch.Tensor, block_rows: int = 1, block_d: int | None
     block_d = min(block_d or launch.next_pow2(d), launch.next_pow2(d))
     items = triton.cdiv(n_rows, block_rows) * triton.cdiv(d, block_d)
     _silu_and_mul_tiles[launch.bounded_grid(items, launch.MAX_GRID)](
-        rows, y, n_rows, d, rows.stride(0), y.stride(0),
-        BLOCK_ROWS=block_rows, BLOCK_D=block_d,
+        rows,
+        y,
+        n_rows,
+        d,
+        rows.stride(0),
+        y.stride(0),
+        BLOCK_ROWS=block_rows,
+        BLOCK_D=block_d,
         num_warps=num_warps or launch.row_warps(block_rows * block_d),
     )
     return y.view(*x.shape[:-1], d)
@@ -112,6 +126,7 @@ def silu_and_mul_auto(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- semantics --------------------------------------------------------------------------
+
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     """x at an offset, with a zero and a tiny row (the coverage inputs.py describes; a
@@ -141,31 +156,58 @@ def bytes_moved(case: Case) -> int:
 
 
 SMALL = (  # (3, 10) and (2, 3, 200): d = 5 and 100, neither a power of two nor a multiple of 128
-    Case((1, 128)), Case((3, 10)), Case((5, 3072)), Case((2, 10240)), Case((2, 3, 200)),
+    Case((1, 128)),
+    Case((3, 10)),
+    Case((5, 3072)),
+    Case((2, 10240)),
+    Case((2, 3, 200)),
 )
 GPU = (
-    Case((1, 12288)), Case((64, 12288)), Case((2048, 12288)), Case((4096, 12288)),
-    Case((16384, 12288)), Case((65536, 12288)), Case((4096, 28672)),
+    Case((1, 12288)),
+    Case((64, 12288)),
+    Case((2048, 12288)),
+    Case((4096, 12288)),
+    Case((16384, 12288)),
+    Case((65536, 12288)),
+    Case((4096, 28672)),
     # coverage: d = 5000 (a partial last tile; no multiple of 128), and rows past the 65535
     # grid limit at d = 40
-    Case((1000, 10000)), Case((70001, 80)),
+    Case((1000, 10000)),
+    Case((70001, 80)),
 )
 
-register_op(Operator(
-    name=NAME, signature="silu_and_mul(x) -> Tensor", doc=__doc__.split("\n")[0],
-    layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
-    bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU,
-    shape_rule=lambda shape: "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)",
-))
+register_op(
+    Operator(
+        name=NAME,
+        signature="silu_and_mul(x) -> Tensor",
+        doc=__doc__.split("\n")[0],
+        layouts=LAYOUTS,
+        make_inputs=make_inputs,
+        reference=reference,
+        oracle=oracle,
+        bytes_moved=bytes_moved,
+        small_cases=SMALL,
+        gpu_cases=GPU,
+        shape_rule=lambda shape: (
+            "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)"
+        ),
+    )
+)
 
 register_impl(NAME, "control", kind="control", doc="one row per program, next-pow2 block")(silu_and_mul_tiles)
 for _rows, _warps in PACKINGS:
-    register_impl(NAME, f"packed_r{_rows}_w{_warps}", doc=f"up to {_rows} rows per step ({PACK_ELEMENTS} elements at most), {_warps} warps")(
-        partial(silu_and_mul_packed, most_rows=_rows, num_warps=_warps))
+    register_impl(
+        NAME,
+        f"packed_r{_rows}_w{_warps}",
+        doc=f"up to {_rows} rows per step ({PACK_ELEMENTS} elements at most), {_warps} warps",
+    )(partial(silu_and_mul_packed, most_rows=_rows, num_warps=_warps))
 for _block, _warps in TILES:
     register_impl(NAME, f"tile{_block}_w{_warps}", doc=f"rows split into {_block}-column tiles, {_warps} warps")(
-        partial(silu_and_mul_tiles, block_d=_block, num_warps=_warps))
-register_impl(NAME, "kerneltrial", doc="packed narrow rows, 2048-column tiles for wide rows (exported entry point)")(silu_and_mul_auto)
+        partial(silu_and_mul_tiles, block_d=_block, num_warps=_warps)
+    )
+register_impl(NAME, "kerneltrial", doc="packed narrow rows, 2048-column tiles for wide rows (exported entry point)")(
+    silu_and_mul_auto
+)
 
 
 def _eager(x: torch.Tensor) -> torch.Tensor:
@@ -174,7 +216,7 @@ def _eager(x: torch.Tensor) -> torch.Tensor:
 
 def _halves(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """FlagGems takes the gate and up halves as two tensors; its pointwise kernels accept strided views."""
-    return lambda x: fn(x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:])
+    return lambda x: fn(x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :])
 
 
 # Liger: the fused gate-up function reads both halves of one [..., 2d] buffer (its
@@ -182,7 +224,8 @@ def _halves(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callabl
 # tensors first). Its `ensure_contiguous` copies a row_strided input before the kernel:
 # the cost a Liger user pays for that layout, measured as such.
 register_peers(
-    NAME, _eager,
+    NAME,
+    _eager,
     liger=liger_loader("liger_kernel.ops.swiglu", "LigerFusedGateUpSiLUMulFunction", lambda f: lambda x: f.apply(x)),
     flaggems=flaggems_loader("silu_and_mul", _halves),
 )

@@ -112,8 +112,15 @@ def softcap(x, cap, inv_cap):
 
 @triton.jit
 def _argmax_rows(
-    X, OUT, n_rows, stride, N, cap, inv_cap,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    X,
+    OUT,
+    n_rows,
+    stride,
+    N,
+    cap,
+    inv_cap,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     n_steps = tl.cdiv(n_rows, BLOCK_ROWS)
@@ -137,8 +144,19 @@ def _argmax_rows(
 
 @triton.jit
 def _argmax_spans(
-    X, VAL, IDX, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
-    BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
+    X,
+    VAL,
+    IDX,
+    OUT,
+    n_rows,
+    stride,
+    N,
+    span,
+    n_parts,
+    cap,
+    inv_cap,
+    BLOCK_N: tl.constexpr,
+    PARTIALS: tl.constexpr,
 ):
     for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
         row = item // n_parts
@@ -214,8 +232,21 @@ def _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P
 
 @triton.jit
 def _argmax_stream(
-    X, VAL, IDX, CNT, OUT, n_rows, stride, N, span, n_parts, cap, inv_cap,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MERGE: tl.constexpr,
+    X,
+    VAL,
+    IDX,
+    CNT,
+    OUT,
+    n_rows,
+    stride,
+    N,
+    span,
+    n_parts,
+    cap,
+    inv_cap,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    MERGE: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     for item in range(tl.program_id(0), n_rows * n_parts, tl.num_programs(0)):
@@ -252,8 +283,16 @@ def argmax_rows(logits: torch.Tensor, cap: float, block_rows: int = 1, num_warps
     limit = CONTROL_BLOCK if block_rows == 1 else max(1, PACK_ELEMENTS // block_rows)
     block_n = min(launch.next_pow2(n), limit)
     _argmax_rows[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-        rows, out, n_rows, rows.stride(0), n, cap, 1.0 / cap,
-        BLOCK_ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps or launch.row_warps(block_n * block_rows),
+        rows,
+        out,
+        n_rows,
+        rows.stride(0),
+        n,
+        cap,
+        1.0 / cap,
+        BLOCK_ROWS=block_rows,
+        BLOCK_N=block_n,
+        num_warps=num_warps or launch.row_warps(block_n * block_rows),
     )
     return out.view(logits.shape[:-1])
 
@@ -293,24 +332,52 @@ def spans(logits: torch.Tensor, parts: int, chunk: int) -> Spans:
     n_parts, span, chunk = span_geometry(n, parts, chunk)
     partials = n_rows * n_parts if n_parts > 1 else 1
     device = logits.device
-    return Spans(rows, n_parts, span, chunk, torch.empty(n_rows, dtype=torch.int64, device=device),
-                 torch.empty(partials, dtype=torch.float32, device=device), torch.empty(partials, dtype=torch.int32, device=device))
+    return Spans(
+        rows,
+        n_parts,
+        span,
+        chunk,
+        torch.empty(n_rows, dtype=torch.int64, device=device),
+        torch.empty(partials, dtype=torch.float32, device=device),
+        torch.empty(partials, dtype=torch.int32, device=device),
+    )
 
 
-def argmax_split(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8) -> torch.Tensor:
+def argmax_split(
+    logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8
+) -> torch.Tensor:
     """Launch `_argmax_spans` with up to `parts` spans per row, then `_merge_parts` if > 1."""
     s = spans(logits, parts, chunk)
     n_rows, n = s.rows.shape
     partials = s.n_parts > 1
     _argmax_spans[launch.bounded_grid(s.items)](
-        s.rows, s.val, s.idx, s.out, n_rows, s.rows.stride(0), n, s.span, s.n_parts, cap, 1.0 / cap,
-        BLOCK_N=s.chunk, PARTIALS=partials, num_warps=num_warps,
+        s.rows,
+        s.val,
+        s.idx,
+        s.out,
+        n_rows,
+        s.rows.stride(0),
+        n,
+        s.span,
+        s.n_parts,
+        cap,
+        1.0 / cap,
+        BLOCK_N=s.chunk,
+        PARTIALS=partials,
+        num_warps=num_warps,
     )
     if partials:
         block_p = launch.next_pow2(s.n_parts)
         block_rows = max(1, min(64, 4096 // block_p))
         _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-            s.val, s.idx, s.out, n_rows, s.n_parts, BLOCK_ROWS=block_rows, BLOCK_P=block_p, num_warps=4,
+            s.val,
+            s.idx,
+            s.out,
+            n_rows,
+            s.n_parts,
+            BLOCK_ROWS=block_rows,
+            BLOCK_P=block_p,
+            num_warps=4,
         )
     return s.out.view(logits.shape[:-1])
 
@@ -337,8 +404,9 @@ def stream_parts(n_rows: int, programs: int) -> int:
     return max(1, programs // n_rows)
 
 
-def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8,
-                  programs: int | None = None) -> torch.Tensor:
+def argmax_stream(
+    logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8, programs: int | None = None
+) -> torch.Tensor:
     """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
     as keep the grid near `programs` work items), merged in the same launch by the last span."""
     n_rows = logits.shape[:-1].numel()
@@ -348,8 +416,22 @@ def argmax_stream(logits: torch.Tensor, cap: float, parts: int = 1, chunk: int =
     merge = s.n_parts > 1
     cnt = merge_counters(n_rows, logits.device) if merge else s.idx
     _argmax_stream[launch.bounded_grid(s.items)](
-        s.rows, s.val, s.idx, cnt, s.out, n_rows, s.rows.stride(0), s.rows.shape[1], s.span, s.n_parts, cap, 1.0 / cap,
-        BLOCK_N=s.chunk, BLOCK_P=launch.next_pow2(s.n_parts), MERGE=merge, num_warps=num_warps,
+        s.rows,
+        s.val,
+        s.idx,
+        cnt,
+        s.out,
+        n_rows,
+        s.rows.stride(0),
+        s.rows.shape[1],
+        s.span,
+        s.n_parts,
+        cap,
+        1.0 / cap,
+        BLOCK_N=s.chunk,
+        BLOCK_P=launch.next_pow2(s.n_parts),
+        MERGE=merge,
+        num_warps=num_warps,
     )
     return s.out.view(logits.shape[:-1])
 
@@ -376,6 +458,7 @@ def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 # ---- semantics --------------------------------------------------------------------------
+
 
 def plant_ties(logits: torch.Tensor, gen: torch.Generator) -> None:
     """Copy each row's maximum to a random position in each half of the row, so every row
@@ -455,34 +538,57 @@ def bytes_moved(case: Case) -> int:
 
 # 1500, 37, 12289 and 40000: widths that are neither powers of two nor multiples of 128
 SMALL = (Case((1, 5120)), Case((3, 1500)), Case((5, 37)), Case((2, 12289)), Case((1, 40000)))
-GPU = tuple(Case((rows, vocab)) for vocab in (256000, 262144) for rows in (1, 2, 4, 16, 64, 256)) + tuple(
-    Case((rows, 130560)) for rows in (1, 64, 2048)  # MiniCPM5-2B vocabulary
-) + (
-    Case((64, 50257)),  # coverage: a vocabulary that is no multiple of 128 (GPT-2's), several spans per row
-    Case((70001, 40)),  # coverage: rows past the 65535 grid limit
+GPU = (
+    tuple(Case((rows, vocab)) for vocab in (256000, 262144) for rows in (1, 2, 4, 16, 64, 256))
+    + tuple(
+        Case((rows, 130560))
+        for rows in (1, 64, 2048)  # MiniCPM5-2B vocabulary
+    )
+    + (
+        Case((64, 50257)),  # coverage: a vocabulary that is no multiple of 128 (GPT-2's), several spans per row
+        Case((70001, 40)),  # coverage: rows past the 65535 grid limit
+    )
 )
 
-register_op(Operator(
-    name=NAME, signature="softcap_row_argmax(logits, cap) -> int64 Tensor [rows]",
-    doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
-    layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle,
-    bytes_moved=bytes_moved, small_cases=SMALL, gpu_cases=GPU, exact=True,
-    shape_rule=lambda shape: "" if len(shape) == 2 and shape[-1] >= 2 else "must be [rows, vocab] with vocab >= 2 (ties are planted in both halves)",
-))
+register_op(
+    Operator(
+        name=NAME,
+        signature="softcap_row_argmax(logits, cap) -> int64 Tensor [rows]",
+        doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
+        layouts=LAYOUTS,
+        make_inputs=make_inputs,
+        reference=reference,
+        oracle=oracle,
+        bytes_moved=bytes_moved,
+        small_cases=SMALL,
+        gpu_cases=GPU,
+        exact=True,
+        shape_rule=lambda shape: (
+            ""
+            if len(shape) == 2 and shape[-1] >= 2
+            else "must be [rows, vocab] with vocab >= 2 (ties are planted in both halves)"
+        ),
+    )
+)
 register_impl(NAME, "control", kind="control", doc=f"one row per program, chunks of <= {CONTROL_BLOCK}")(argmax_rows)
 for _rows, _warps in PACKINGS:
     register_impl(NAME, f"packed_r{_rows}_w{_warps}", doc=f"{_rows} rows per step, {_warps} warps")(
-        partial(argmax_rows, block_rows=_rows, num_warps=_warps))
+        partial(argmax_rows, block_rows=_rows, num_warps=_warps)
+    )
 for _chunk, _warps in ROWS_SKIP:
-    register_impl(NAME, f"rows_skip_c{_chunk}_w{_warps}", doc=f"one span per row, {_chunk}-chunks, tanh only on new raw maxima")(
-        partial(argmax_split, parts=1, chunk=_chunk, num_warps=_warps))
+    register_impl(
+        NAME, f"rows_skip_c{_chunk}_w{_warps}", doc=f"one span per row, {_chunk}-chunks, tanh only on new raw maxima"
+    )(partial(argmax_split, parts=1, chunk=_chunk, num_warps=_warps))
 for _parts, _chunk, _warps in SPLITS:
-    register_impl(NAME, f"split_p{_parts}_c{_chunk}_w{_warps}", doc=f"up to {_parts} spans per row, then an exact merge")(
-        partial(argmax_split, parts=_parts, chunk=_chunk, num_warps=_warps))
+    register_impl(
+        NAME, f"split_p{_parts}_c{_chunk}_w{_warps}", doc=f"up to {_parts} spans per row, then an exact merge"
+    )(partial(argmax_split, parts=_parts, chunk=_chunk, num_warps=_warps))
 for _chunk, _warps, _programs in STREAMS:
-    register_impl(NAME, f"stream_c{_chunk}_w{_warps}",
-                  doc=f"one launch, ~{_programs} span items, {_chunk}-chunks prefetched, last span merges")(
-        partial(argmax_stream, chunk=_chunk, num_warps=_warps, programs=_programs))
+    register_impl(
+        NAME,
+        f"stream_c{_chunk}_w{_warps}",
+        doc=f"one launch, ~{_programs} span items, {_chunk}-chunks prefetched, last span merges",
+    )(partial(argmax_stream, chunk=_chunk, num_warps=_warps, programs=_programs))
 register_impl(NAME, "kerneltrial", doc="dispatch by shape (exported entry point)")(softcap_row_argmax)
 
 

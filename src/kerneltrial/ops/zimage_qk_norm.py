@@ -56,8 +56,17 @@ EPS = 1e-5
 
 @triton.jit
 def _normalize_rows(
-    X, W, Y, n_rows, token_stride, head_stride, D, eps,
-    HEADS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    X,
+    W,
+    Y,
+    n_rows,
+    token_stride,
+    head_stride,
+    D,
+    eps,
+    HEADS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Grid-stride loop over axis 0: each step normalises BLOCK_ROWS (token, head) rows."""
     cols = tl.arange(0, BLOCK_D)
@@ -78,16 +87,39 @@ def _normalize_rows(
 
 @triton.jit
 def _qk_norm(
-    X, W, Y, n_rows, token_stride, head_stride, D, eps,
-    HEADS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    X,
+    W,
+    Y,
+    n_rows,
+    token_stride,
+    head_stride,
+    D,
+    eps,
+    HEADS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     _normalize_rows(X, W, Y, n_rows, token_stride, head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit
 def _qk_norm_pair(
-    Q, K, WQ, WK, QY, KY, n_rows, q_token_stride, q_head_stride, k_token_stride, k_head_stride, D, eps,
-    HEADS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q,
+    K,
+    WQ,
+    WK,
+    QY,
+    KY,
+    n_rows,
+    q_token_stride,
+    q_head_stride,
+    k_token_stride,
+    k_head_stride,
+    D,
+    eps,
+    HEADS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     if tl.program_id(1) == 0:
         _normalize_rows(Q, WQ, QY, n_rows, q_token_stride, q_head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
@@ -96,6 +128,7 @@ def _qk_norm_pair(
 
 
 # ---- launches ---------------------------------------------------------------------------
+
 
 def token_head_view(x: torch.Tensor) -> torch.Tensor:
     """`x` [..., H, D] as [tokens, H, D] with unit stride along D.
@@ -124,8 +157,12 @@ def _programs(n_steps: int, max_programs: int | None) -> int:
 
 
 def qk_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = EPS,
-    block_rows: int = 1, num_warps: int | None = None, max_programs: int | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = EPS,
+    block_rows: int = 1,
+    num_warps: int | None = None,
+    max_programs: int | None = None,
 ) -> torch.Tensor:
     """Launch `_qk_norm`: `block_rows` rows per step (1 = the control geometry)."""
     xv = token_head_view(x)
@@ -133,15 +170,30 @@ def qk_norm(
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grid = (_programs(triton.cdiv(n_rows, block_rows), max_programs),)
     _qk_norm[grid](
-        xv, weight, y, n_rows, xv.stride(0), xv.stride(1), x.shape[-1], eps,
-        HEADS=heads, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=warps,
+        xv,
+        weight,
+        y,
+        n_rows,
+        xv.stride(0),
+        xv.stride(1),
+        x.shape[-1],
+        eps,
+        HEADS=heads,
+        BLOCK_ROWS=block_rows,
+        BLOCK_D=block_d,
+        num_warps=warps,
     )
     return y
 
 
 def qk_norm_pair(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS,
-    block_rows: int = 1, num_warps: int | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = EPS,
+    block_rows: int = 1,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch `_qk_norm_pair` once for Q and K of the same shape: grid (steps, 2)."""
     if q.shape != k.shape:
@@ -152,9 +204,23 @@ def qk_norm_pair(
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     grid = (_programs(triton.cdiv(n_rows, block_rows), None), 2)
     _qk_norm_pair[grid](
-        qv, kv, q_weight, k_weight, q_out, k_out, n_rows,
-        qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), q.shape[-1], eps,
-        HEADS=heads, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=warps,
+        qv,
+        kv,
+        q_weight,
+        k_weight,
+        q_out,
+        k_out,
+        n_rows,
+        qv.stride(0),
+        qv.stride(1),
+        kv.stride(0),
+        kv.stride(1),
+        q.shape[-1],
+        eps,
+        HEADS=heads,
+        BLOCK_ROWS=block_rows,
+        BLOCK_D=block_d,
+        num_warps=warps,
     )
     return q_out, k_out
 
@@ -173,7 +239,11 @@ def zimage_qk_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -
 
 
 def zimage_qk_rmsnorm_qk(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = EPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exported one-launch Q+K entry point: DISPATCH_PACKING rows per step."""
     rows, warps = DISPATCH_PACKING
@@ -181,7 +251,11 @@ def zimage_qk_rmsnorm_qk(
 
 
 def qk_norm_two_launches(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = EPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two launches of `zimage_qk_rmsnorm`: what the single launch must beat."""
     return zimage_qk_rmsnorm(q, weight=q_weight, eps=eps), zimage_qk_rmsnorm(k, weight=k_weight, eps=eps)
@@ -189,7 +263,10 @@ def qk_norm_two_launches(
 
 # ---- semantics --------------------------------------------------------------------------
 
-def qkv_slices(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+
+def qkv_slices(
+    shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Q and K of shape [..., H, D], views into one random fused QKV tensor [..., 3*H*D]."""
     *lead, heads, d = shape
     fused = inp.randn((*lead, 3 * heads * d), dtype, gen, device).view(*lead, 3, heads, d)
@@ -248,15 +325,21 @@ def oracle(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> tuple[tor
     return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double(),)
 
 
-def eager_pair(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     return eager(q, q_weight, eps), eager(k, k_weight, eps)
 
 
-def reference_pair(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     return eager_pair(q, k, q_weight, k_weight, eps)
 
 
-def oracle_pair(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     return oracle(q, q_weight, eps) + oracle(k, k_weight, eps)
 
 
@@ -275,8 +358,10 @@ def bytes_moved_pair(case: Case) -> int:
 SMALL = (Case((1, 1, 128)), Case((5, 30, 128)), Case((3, 7, 80)), Case((2, 3, 4, 128)))
 # Z-Image's shapes, then coverage: a head_dim that is neither a power of two nor a multiple of
 # 128 (96, as Phi-3), with more (token, head) rows than the 65535 grid limit.
-GPU = tuple(Case((tokens, 30, 128), layout=layout) for tokens in (256, 1024, 4096, 16384, 32768, 131072) for layout in LAYOUTS) + tuple(
-    Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
+GPU = tuple(
+    Case((tokens, 30, 128), layout=layout) for tokens in (256, 1024, 4096, 16384, 32768, 131072) for layout in LAYOUTS
+) + tuple(Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
+
 
 def qk_norm_persistent(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """16 rows per step, 8 warps, on a persistent grid of `persistent_programs` programs."""
@@ -284,33 +369,64 @@ def qk_norm_persistent(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) 
 
 
 def _register() -> None:
-    register_op(Operator(
-        name=OP, signature="zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor", doc=__doc__.split("\n")[3].strip(),
-        layouts=LAYOUTS, make_inputs=make_inputs, reference=reference, oracle=oracle, bytes_moved=bytes_moved,
-        small_cases=SMALL, gpu_cases=GPU, contiguous_outputs=True,
-        shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
-    ))
+    register_op(
+        Operator(
+            name=OP,
+            signature="zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor",
+            doc=__doc__.split("\n")[3].strip(),
+            layouts=LAYOUTS,
+            make_inputs=make_inputs,
+            reference=reference,
+            oracle=oracle,
+            bytes_moved=bytes_moved,
+            small_cases=SMALL,
+            gpu_cases=GPU,
+            contiguous_outputs=True,
+            shape_rule=lambda shape: (
+                "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
+            ),
+        )
+    )
     register_impl(OP, "control", kind="control", doc="one row per program, next-pow2 block")(qk_norm)
     for rows, warps in PACKINGS:
         register_impl(OP, f"packed_r{rows}_w{warps}", doc=f"{rows} rows per step, {warps} warps")(
-            partial(qk_norm, block_rows=rows, num_warps=warps))
-    register_impl(OP, "persistent_r16_w8", doc=f"16 rows per step, 8 warps, {PROGRAMS_PER_SM} programs per SM")(qk_norm_persistent)
+            partial(qk_norm, block_rows=rows, num_warps=warps)
+        )
+    register_impl(OP, "persistent_r16_w8", doc=f"16 rows per step, 8 warps, {PROGRAMS_PER_SM} programs per SM")(
+        qk_norm_persistent
+    )
     register_impl(OP, "kerneltrial", doc="packed rows chosen by row count (exported entry point)")(zimage_qk_rmsnorm)
     register_peers(OP, eager)
 
-    register_op(Operator(
-        name=PAIR_OP, signature="zimage_qk_rmsnorm_pair(q, k, q_weight, k_weight, eps=1e-5) -> (Tensor, Tensor)",
-        doc="Q and K normalised in one launch", layouts=LAYOUTS, make_inputs=make_pair_inputs,
-        reference=reference_pair, oracle=oracle_pair, bytes_moved=bytes_moved_pair, small_cases=SMALL, gpu_cases=GPU,
-        contiguous_outputs=True,
-        shape_rule=lambda shape: "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)",
-    ))
+    register_op(
+        Operator(
+            name=PAIR_OP,
+            signature="zimage_qk_rmsnorm_pair(q, k, q_weight, k_weight, eps=1e-5) -> (Tensor, Tensor)",
+            doc="Q and K normalised in one launch",
+            layouts=LAYOUTS,
+            make_inputs=make_pair_inputs,
+            reference=reference_pair,
+            oracle=oracle_pair,
+            bytes_moved=bytes_moved_pair,
+            small_cases=SMALL,
+            gpu_cases=GPU,
+            contiguous_outputs=True,
+            shape_rule=lambda shape: (
+                "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
+            ),
+        )
+    )
     register_impl(PAIR_OP, "control", kind="control", doc="one launch, one row per program")(qk_norm_pair)
     for rows, warps in PACKINGS:
         register_impl(PAIR_OP, f"packed_r{rows}_w{warps}", doc=f"one launch, {rows} rows per step, {warps} warps")(
-            partial(qk_norm_pair, block_rows=rows, num_warps=warps))
-    register_impl(PAIR_OP, "two_launches", doc="zimage_qk_rmsnorm dispatcher called for Q, then K")(qk_norm_two_launches)
-    register_impl(PAIR_OP, "kerneltrial", doc="one launch, packed rows chosen by row count (exported entry point)")(zimage_qk_rmsnorm_qk)
+            partial(qk_norm_pair, block_rows=rows, num_warps=warps)
+        )
+    register_impl(PAIR_OP, "two_launches", doc="zimage_qk_rmsnorm dispatcher called for Q, then K")(
+        qk_norm_two_launches
+    )
+    register_impl(PAIR_OP, "kerneltrial", doc="one launch, packed rows chosen by row count (exported entry point)")(
+        zimage_qk_rmsnorm_qk
+    )
     register_peers(PAIR_OP, eager_pair)
 
 
