@@ -67,8 +67,19 @@ def test_compare_shows_both_runs(tmp_path: Path) -> None:
         write_summary(path)
     text = compare_runs(a, b)
     assert f"| `{C1}` | `ctrl` | 1.000 | 2.000 | 2.000 |" in text
-    assert f"| `{C1}` | `fast` | 0.800 | 0.500 | 0.625 |" in text
+    assert f"| `{C1}` | `fast` | 0.800 | 0.500 | 0.625 | 1.250 [" in text  # speedup with its CI
     assert f"Only in A: case `{C2}`" in text and f"Only in B: case `{C3}`" in text
+
+
+def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:
+    a, b = write_run_dir(tmp_path / "a"), write_run_dir(tmp_path / "b")
+    for path in (a, b):
+        write_summary(path)
+    summary = json.loads((b / "summary.json").read_text())
+    summary["op"] = "silu_and_mul"
+    (b / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RunDirError, match="compare two runs of the same operator"):
+        compare_runs(a, b)
 
 
 def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Typer]) -> None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis.report import load_summary, us_cell
+from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.analysis.report import load_summary, operator_name, speedup_cell, us_cell
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class ComparedRow:
     median_b_ns: float | None
     verdict_a: str
     verdict_b: str
+    speedup_a: str  # speedup over the run's control with its CI, or "–"
+    speedup_b: str
 
     @property
     def ratio(self) -> float | None:
@@ -54,6 +57,8 @@ def compared_rows(a: dict[str, Any], b: dict[str, Any]) -> list[ComparedRow]:
             cases_b[case["case"]][arm]["median_ns_per_call"],
             verdict_of(entry, arm == a["control"]),
             verdict_of(cases_b[case["case"]][arm], arm == b["control"]),
+            speedup_cell(entry),
+            speedup_cell(cases_b[case["case"]][arm]),
         )
         for case in a["cases"]
         if case["case"] in cases_b
@@ -76,21 +81,28 @@ def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
 
 
 def compare_runs(a: Path, b: Path) -> str:
-    """A markdown comparison of run directories `a` and `b` (both need summary.json)."""
+    """A markdown comparison of run directories `a` and `b` (both need summary.json) of one
+    operator; RunDirError for runs of two operators (their cases cannot mean the same)."""
     summary_a, summary_b = load_summary(Path(a)), load_summary(Path(b))
+    op_a, op_b = operator_name(Path(a), summary_a), operator_name(Path(b), summary_b)
+    if op_a != op_b:
+        raise RunDirError(f"{a} is a run of {op_a}, {b} of {op_b}: compare two runs of the same operator")
     lines = [f"A: `{a}` ({summary_a['label']})", f"B: `{b}` ({summary_b['label']})", ""]
     if summary_a["is_gpu"] != summary_b["is_gpu"] or summary_a["backend"] != summary_b["backend"]:
         lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
     if summary_a["protocol_sha256"] != summary_b["protocol_sha256"]:
         lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
     lines += [
-        "| case | arm | median A µs | median B µs | B/A | verdict A | verdict B |",
-        "|---|---|---|---|---|---|---|",
+        "| case | arm | median A µs | median B µs | B/A | speedup A [CI] | speedup B [CI] | verdict A | verdict B |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in compared_rows(summary_a, summary_b):
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
         medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"
-        lines.append(f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {row.verdict_a} | {row.verdict_b} |")
+        speedups = f"{row.speedup_a} | {row.speedup_b}"
+        lines.append(
+            f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {speedups} | {row.verdict_a} | {row.verdict_b} |"
+        )
     for label, notes in (("Only in A", _only_in(summary_a, summary_b)), ("Only in B", _only_in(summary_b, summary_a))):
         if notes:
             lines += ["", f"{label}: " + ", ".join(notes)]
