@@ -312,3 +312,34 @@ def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run:
 
 def rows_of(run: Path) -> list[dict]:
     return rows(run / "timed_checks.jsonl")
+
+
+def test_check_stops_a_kernel_that_never_returns():
+    import subprocess
+    import sys
+
+    module = PLANTED / "never_returns.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kerneltrial.cli",
+            "check",
+            "rmsnorm",
+            "--impl-module",
+            str(module),
+            "--impl",
+            "user:never_returns",
+            "--shape",
+            "4x64",
+            "--seeds",
+            "1",
+            "--timeout",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "user:never_returns seed 0 did not return within 3 s" in done.stderr

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,40 @@ def one_line_errors(fn: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+T = TypeVar("T")
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """`work()`, or, when it has not returned after `seconds` (a kernel that never returns),
+    one error line and the end of the process with exit code 1: a hung call cannot be
+    interrupted from Python, and waiting for it forever helps no one."""
+    done: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(work())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        err.print(
+            f"error: {what} did not return within {seconds:g} s (a kernel that never returns?); stopping",
+            style="red",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.stderr.flush()
+        os._exit(1)
+    if failure:
+        raise failure[0]
+    return done[0]
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -164,11 +199,17 @@ def check(
             help="Require output bit-identical to the official formula (the float64 oracle keeps its tolerance).",
         ),
     ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="Seconds one check may take; a kernel that never returns ends the command with exit 1."
+        ),
+    ] = 600.0,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
-    from the official formula. Exit 1 on any failure."""
+    from the official formula. Exit 1 on any failure or a check that outlasts --timeout."""
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
@@ -210,7 +251,14 @@ def check(
                     bar.advance(task)
                     if not i.available or not i.supports(case):
                         continue
-                    results = [run_check(operator, i, case, s, device, exact=exact) for s in range(seeds)]
+                    results = [
+                        within(
+                            timeout,
+                            f"{operator.name} {case.id} arm {i.name} seed {s}",
+                            lambda o=operator, i=i, case=case, s=s: run_check(o, i, case, s, device, exact=exact),
+                        )
+                        for s in range(seeds)
+                    ]
                     rows += [r.row() | {"op": operator.name} for r in results]
                     bad = [r for r in results if not r.passed]
                     failures += len(bad)
