@@ -343,3 +343,17 @@ def test_check_stops_a_kernel_that_never_returns():
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "user:never_returns seed 0 did not return within 3 s" in done.stderr
+
+
+def test_a_units_value_sets_keep_the_seeds_scalar_arguments():
+    """Fresh tensors per call, but eps stays the (case, seed)'s: a compiled peer or a captured
+    graph must not see another eps inside a timed sample."""
+    from kerneltrial.trial import timed
+
+    op, case = get_op("rmsnorm"), Case((4, 64))
+    for seed in (0, 1):
+        eps = op.make_inputs(case, seed, torch.device("cpu"))["eps"]
+        unit = timed.Unit.draw(op, case, seed, 0, 4, torch.device("cpu"))
+        assert {values["eps"] for values in unit.pool} == {eps}
+        assert len({values["x"].sum().item() for values in unit.pool}) == 4  # the tensors are fresh
+    assert op.make_inputs(case, 0, torch.device("cpu"))["eps"] != op.make_inputs(case, 1, torch.device("cpu"))["eps"]
