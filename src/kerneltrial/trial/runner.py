@@ -481,7 +481,7 @@ def build_plan(
     timer: Timer,
     arms: list[Impl],
     cases: list[Case],
-    timed: dict[str, list[Impl]],
+    timed_arms: dict[str, list[Impl]],
     digest: str,
     delay: Delay,
     device: torch.device,
@@ -515,7 +515,7 @@ def build_plan(
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
     }
     for c in cases:
-        calls = plan_calls(p, op, timer, c, timed[c.id][0], device) if timed[c.id] else 0
+        calls = plan_calls(p, op, timer, c, timed_arms[c.id][0], device) if timed_arms[c.id] else 0
         plan["cases"].append(
             {
                 "case": c.id,
@@ -526,7 +526,7 @@ def build_plan(
                 "calls": calls,
                 "rounds": p.rounds,
             }
-            | size_delay(p, op, timer, c, timed[c.id], delay, device)
+            | size_delay(p, op, timer, c, timed_arms[c.id], delay, device)
         )
     if any(a.kind == "calibration" for a in arms):
         plan["calibration"] = {
@@ -573,7 +573,7 @@ def run_trial(
     delay.measure_rate()
     passed = run_correctness(run, op, arms, cases, p.seeds, device, progress, exact=p.exact)
     run_ceilings(run, timer, device)
-    timed = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
+    timed_arms = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
     if run.plan.exists():
         plan = json.loads(run.plan.read_text())
         if plan.get("checks") != CHECKS_VERSION:
@@ -584,10 +584,10 @@ def run_trial(
     else:
         frozen = json.loads(run.provenance.read_text()).get("freeze")
         plan = build_plan(
-            p, op, timer, arms, cases, timed, digest, delay, device, frozen["frozen_at"] if frozen else None
+            p, op, timer, arms, cases, timed_arms, digest, delay, device, frozen["frozen_at"] if frozen else None
         )
         write_json(run.plan, plan)
-    run_rounds(run, p, op, timer, plan, timed, device, delay, progress)
+    run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = json.loads(run.provenance.read_text())
