@@ -197,7 +197,9 @@ def test_module_and_rule_work_alone_from_a_zip(tmp_path):
         "print(m.rule().choose(90, 128, 'contiguous'))\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", code, str(archive)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(archive)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "block_rows=16, num_warps=8" in done.stdout
 

@@ -374,9 +374,7 @@ def derive_rule(run_dirs: list[Path], out: Path) -> DerivedRule:
     runs are cited by their path relative to `out`'s folder."""
     if out.exists():
         raise DeriveError(f"{out} exists; a rule is never overwritten: choose another --out or remove it")
-    runs = tuple(
-        read_run(d, Path(os.path.relpath(d.resolve(), out.resolve().parent)).as_posix()) for d in run_dirs
-    )
+    runs = tuple(read_run(d, Path(os.path.relpath(d.resolve(), out.resolve().parent)).as_posix()) for d in run_dirs)
     rule = derive(runs)
     out.write_text(to_toml(rule))
     return rule
