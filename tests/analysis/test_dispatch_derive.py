@@ -56,7 +56,9 @@ def test_rule_has_row_thresholds_citing_cases_runs_and_speedups(tmp_path):
     rule = tomllib.loads(out.read_text())
 
     assert rule["schema"] == "kerneltrial.dispatch-rule/1"
-    assert rule["runs"] == [{"path": "../runs/explore", "summary_sha256": sha(explore / "summary.json"), "seeds": [0, 1]}]
+    assert rule["runs"] == [
+        {"path": "../runs/explore", "summary_sha256": sha(explore / "summary.json"), "seeds": [0, 1]}
+    ]
     branches = [(b["width"], b["layout"], b["min_rows"], b["arm"]) for b in rule["branches"]]
     assert branches == [(64, "*", 0, "small"), (64, "*", 3, "big")]
     assert [c["case"] for c in rule["branches"][0]["cases"]] == CASES[:2]

@@ -10,15 +10,25 @@ Then the cross-run table (analysis/replicates.py) is written to DIR.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import kerneltrial
 from kerneltrial.analysis.replicates import ReplicateTable, cross_run, write_table
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import RunError
 
 GATE_FAILED = 1  # `run` exits 1 when no candidate passed the gate: a result, not an error
+
+
+def same_code_env() -> dict[str, str]:
+    """The environment with this process's kerneltrial first on the path: every replicate runs
+    the code this command runs (not another installed copy)."""
+    source = str(Path(kerneltrial.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": source if not path else f"{source}{os.pathsep}{path}"}
 
 
 def run_replicates(protocol: Path, n: int, out: Path) -> ReplicateTable:
@@ -42,7 +52,7 @@ def run_replicates(protocol: Path, n: int, out: Path) -> ReplicateTable:
         if run_dir.exists() and any(run_dir.iterdir()):
             command.append("--resume")
         print(f"replicate {i} of {n}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        done = subprocess.run(command, stdout=sys.stderr)  # its lines stay visible; stdout is the table
+        done = subprocess.run(command, env=same_code_env())  # its output passes through
         if done.returncode not in (0, GATE_FAILED):
             raise RunError(f"replicate {name} failed (exit {done.returncode}); its error is printed above")
     table = cross_run(out, names)
