@@ -2,13 +2,15 @@
 
 Command groups live next to the code they drive: analysis commands in
 `analysis/cli.py`, serving commands in `serving/cli.py`, kernel commands in
-`trial/cli.py`. This module only mounts them.
+`trial/cli.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow_cli.py`.
+This module only mounts them.
 """
 
 from __future__ import annotations
 
 import typer
 
+from kerneltrial import workflow_cli
 from kerneltrial.analysis import cli as analysis_cli
 from kerneltrial.serving import cli as serving_cli
 from kerneltrial.trial import cli as trial_cli
@@ -42,6 +44,7 @@ def main(
 
 trial_cli.mount(app)
 analysis_cli.mount(app)
+workflow_cli.mount(app)
 app.add_typer(serving_cli.app, name="serve", help="Serving trials: launch vLLM, benchmark, A/B, MATH-500 accuracy.")
 
 if __name__ == "__main__":

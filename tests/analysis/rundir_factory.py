@@ -52,6 +52,7 @@ def default_per_call(case: str, arm: str, seed: int, rnd: int) -> float:
 
 @dataclass
 class RunSpec:
+    op: str = "rmsnorm"
     cases: list[str] = field(default_factory=lambda: [C1, C2])
     arms: list[dict] = field(
         default_factory=lambda: [
@@ -157,7 +158,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         cases.append(case)
     plan = {
         "protocol_sha256": sha,
-        "op": "rmsnorm",
+        "op": spec.op,
         "backend": spec.backend,
         "is_gpu": spec.is_gpu,
         "l2": spec.l2,
@@ -299,7 +300,7 @@ def protocol_of(spec: RunSpec) -> dict:
     control = next(a["name"] for a in spec.arms if a["kind"] == "control")
     protocol: dict = {
         "name": "synthetic",
-        "op": "rmsnorm",
+        "op": spec.op,
         "control": control,
         "candidates": [a["name"] for a in spec.arms if a["name"] != control],
         "seeds": spec.seeds,

@@ -14,6 +14,8 @@ import pytest
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
 
 import kerneltrial.analysis.integrity as integrity_module
+import kerneltrial.analysis.links as links_module
+import kerneltrial.analysis.replicates as replicates_module
 import kerneltrial.analysis.verify as verify_module
 from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.summary import write_summary
@@ -127,7 +129,7 @@ def test_serving_runs_are_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not result.ok and "ttft p50 differs" in result.failures[0].detail
 
 
-@pytest.mark.parametrize("module", [verify_module, integrity_module])
+@pytest.mark.parametrize("module", [verify_module, integrity_module, links_module, replicates_module])
 def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -139,7 +141,13 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
     }
     assert not [name for name in imported if "stats" in name or "summary" in name or "pandas" in name]
     analysis = {name for name in imported if name.startswith("kerneltrial.analysis")}
-    assert analysis <= {"kerneltrial.analysis.integrity", "kerneltrial.analysis.errors.RunDirError"}
+    assert analysis <= {
+        "kerneltrial.analysis.integrity",
+        "kerneltrial.analysis.links",
+        "kerneltrial.analysis.replicates.table_problems",
+        "kerneltrial.analysis.errors.RunDirError",
+    }
+    assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 
 
 def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 import triton
 
-from kerneltrial.ops import launch
 from kerneltrial.ops import zimage_qk_norm as zq
+from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
 
@@ -54,7 +54,7 @@ def weight(d, device, seed=1):
 def test_token_head_view_reads_fused_qkv_in_place(shape, device):
     _, q, k = fused_qkv(shape, 0, device)
     for x in (q, k):
-        view = zq.token_head_view(x)
+        view = module.token_head_view(x)
         assert view.data_ptr() == x.data_ptr()
         assert view.stride() == (3 * shape[-2] * 128, 128, 1)
 
@@ -92,19 +92,19 @@ def test_edge_shapes_pass_the_gate(shape, layout, device):
 
 
 def test_more_than_65535_rows_through_a_packed_kernel(device, monkeypatch):
-    recorder = LaunchRecorder(zq._qk_norm)
-    monkeypatch.setattr(zq, "_qk_norm", recorder)
+    recorder = LaunchRecorder(module._qk_norm)
+    monkeypatch.setattr(module, "_qk_norm", recorder)
     _, _, k = fused_qkv((2185, 30, 128), 11, device)  # 65550 rows
     w = weight(128, device)
-    y = zq.qk_norm(k, w, block_rows=2048, num_warps=8)
+    y = module.qk_norm(k, w, block_rows=2048, num_warps=8)
     torch.testing.assert_close(y, zq.eager(k, w), **BF16)
     assert recorder.grids == [(triton.cdiv(2185 * 30, 2048),)]
 
 
 def test_grid_stride_loop_covers_every_row_when_the_grid_is_capped(device, monkeypatch):
-    monkeypatch.setattr(launch, "MAX_GRID", 3)
-    single, pair = LaunchRecorder(zq._qk_norm), LaunchRecorder(zq._qk_norm_pair)
-    monkeypatch.setattr(zq, "_qk_norm", single)
+    monkeypatch.setattr(module, "MAX_GRID", 3)
+    single, pair = LaunchRecorder(module._qk_norm), LaunchRecorder(zq._qk_norm_pair)
+    monkeypatch.setattr(module, "_qk_norm", single)
     monkeypatch.setattr(zq, "_qk_norm_pair", pair)
     _, q, k = fused_qkv((4, 30, 128), 13, device)
     wq, wk = weight(128, device, 2), weight(128, device, 3)
@@ -123,9 +123,9 @@ def test_grid_stride_loop_covers_every_row_when_the_grid_is_capped(device, monke
 def test_pair_is_one_launch_equal_to_two_single_launches(device, monkeypatch):
     _, q, k = fused_qkv((9, 30, 128), 17, device)
     wq, wk = weight(128, device, 4), weight(128, device, 5)
-    expected = zq.qk_norm(q, wq, block_rows=8, num_warps=4), zq.qk_norm(k, wk, block_rows=8, num_warps=4)
-    single, pair = LaunchRecorder(zq._qk_norm), LaunchRecorder(zq._qk_norm_pair)
-    monkeypatch.setattr(zq, "_qk_norm", single)
+    expected = module.qk_norm(q, wq, block_rows=8, num_warps=4), module.qk_norm(k, wk, block_rows=8, num_warps=4)
+    single, pair = LaunchRecorder(module._qk_norm), LaunchRecorder(zq._qk_norm_pair)
+    monkeypatch.setattr(module, "_qk_norm", single)
     monkeypatch.setattr(zq, "_qk_norm_pair", pair)
     q_out, k_out = zq.zimage_qk_rmsnorm_qk(q, k, wq, wk)
     assert (len(pair.grids), len(single.grids)) == (1, 0)
@@ -139,9 +139,69 @@ def test_pair_rejects_q_and_k_of_different_shapes(device):
         zq.zimage_qk_rmsnorm_qk(q, q[:1], q[0, 0], q[0, 0])
 
 
-def test_dispatcher_uses_the_packing_the_h200_trials_chose():
-    assert zq.DISPATCH_PACKING == (16, 8)
-    assert zq.DISPATCH_PACKING in zq.PACKINGS
+def test_dispatcher_reads_the_committed_rule_derived_from_the_h200_trial():
+    """The committed rule (from results/h200/zimage_qk_rmsnorm-t2) picks 16 rows per step, 8 warps,
+    for Z-Image's width at every row count, and every arm it can name is a registered arm."""
+    rule = module.rule()
+    for rows in (1, 7680, 30720, 3932160):
+        for layout in zq.LAYOUTS:
+            assert rule.choose(rows, 128, layout) == module.GEOMETRIES["packed_r16_w8"]
+    text = module.rule_path().read_text()
+    assert 'path = "../../../results/h200/zimage_qk_rmsnorm-t2"' in text
+    assert set(module.GEOMETRIES) <= set(get_op(zq.OP).impls)
+
+
+def test_dispatcher_follows_a_rule_with_thresholds(device, monkeypatch):
+    rule = module.parse_rule(
+        'schema = "kerneltrial.dispatch-rule/1"\ndefault = "control"\n'
+        '[[branches]]\nwidth = 128\nlayout = "*"\nmin_rows = 0\narm = "packed_r4_w4"\n'
+        '[[branches]]\nwidth = 128\nlayout = "*"\nmin_rows = 100\narm = "persistent_r16_w8"\n',
+        "test rule",
+    )
+    assert rule.choose(99, 128, "contiguous") == module.GEOMETRIES["packed_r4_w4"]
+    assert rule.choose(100, 128, "qkv_slice") == module.GEOMETRIES["persistent_r16_w8"]
+    assert rule.choose(100, 96, "contiguous") == module.GEOMETRIES["control"]
+    monkeypatch.setattr(module, "rule", lambda: rule)
+    recorder = LaunchRecorder(module._qk_norm)
+    monkeypatch.setattr(module, "_qk_norm", recorder)
+    w = weight(128, device)
+    for tokens in (3, 4):  # 90 rows, then 120 rows
+        x = torch.randn((tokens, 30, 128), device=device).to(torch.bfloat16)
+        torch.testing.assert_close(module.zimage_qk_rmsnorm(x, w), zq.eager(x, w), **BF16)
+    assert recorder.grids == [(triton.cdiv(90, 4),), (min(triton.cdiv(120, 16), module.INTERPRETER_PROGRAMS),)]
+
+
+def test_a_rule_naming_an_unknown_arm_is_refused():
+    with pytest.raises(ValueError, match="arm 'packed_r32_w8' has no geometry here"):
+        module.parse_rule('schema = "kerneltrial.dispatch-rule/1"\ndefault = "packed_r32_w8"\n', "bad rule")
+
+
+def test_module_and_rule_work_alone_from_a_zip(tmp_path):
+    """The submission form: the module and its rule in a ZIP, imported by a fresh interpreter
+    that has no kerneltrial on its path."""
+    import subprocess
+    import sys
+    import zipfile
+
+    archive = tmp_path / "submission.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(module.__file__, "zimage_qk_rmsnorm.py")
+        z.write(module.rule_path(), "zimage_qk_rmsnorm.rule.toml")
+    code = (
+        "import os, sys; os.environ['TRITON_INTERPRET'] = '1'; sys.path[:0] = [sys.argv[1]]\n"
+        "import torch, zimage_qk_rmsnorm as m\n"
+        "assert 'kerneltrial' not in sys.modules and '.zip' in m.__file__\n"
+        "x = torch.randn(3, 30, 128).to(torch.bfloat16); w = torch.randn(128).to(torch.bfloat16)\n"
+        "ref = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(w.dtype) * w)\n"
+        "y = m.zimage_qk_rmsnorm(x, w); assert (y.float() - ref.float()).abs().max() < 0.1\n"
+        "print(m.rule().choose(90, 128, 'contiguous'))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(archive)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "block_rows=16, num_warps=8" in done.stdout
 
 
 def test_bytes_moved_and_gpu_panel():
@@ -160,7 +220,7 @@ def test_bytes_moved_and_gpu_panel():
 def raw_launch(x, w, y, n_rows, token_stride, eps=1e-5):
     """Launch the packed kernel with explicit geometry, bypassing the wrapper's checks."""
     heads, d = x.shape[-2:]
-    zq._qk_norm[(triton.cdiv(max(n_rows, 1), 8),)](
+    module._qk_norm[(triton.cdiv(max(n_rows, 1), 8),)](
         x, w, y, n_rows, token_stride, d, d, eps, HEADS=heads, BLOCK_ROWS=8, BLOCK_D=d, num_warps=4
     )
     return y

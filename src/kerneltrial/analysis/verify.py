@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import integrity
+from kerneltrial.analysis import integrity, links
 from kerneltrial.analysis.errors import RunDirError
 
 REL_TOL = 1e-9
@@ -477,6 +477,8 @@ def verify_run_dir(run_dir: Path) -> VerifyResult:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
+    if (run_dir / "replicates.json").is_file():
+        return _verify_replicates(run_dir)
     provenance = _read_json(run_dir, "provenance.json")
     kind = provenance.get("kind")
     if kind == "serving":
@@ -484,6 +486,19 @@ def verify_run_dir(run_dir: Path) -> VerifyResult:
     if kind != "kernel":
         raise RunDirError(f"{run_dir / 'provenance.json'}: kind {kind!r} is neither 'kernel' nor 'serving'")
     return _verify_kernel(run_dir, provenance)
+
+
+def _verify_replicates(root: Path) -> VerifyResult:
+    """A replicate directory: every run verified (its checks prefixed with the run's name),
+    then the cross-run table recomputed from their summaries (analysis/replicates.py)."""
+    from kerneltrial.analysis.replicates import table_problems
+
+    result = VerifyResult(root)
+    for name in json.loads((root / "replicates.json").read_text())["runs"]:
+        for check in verify_run_dir(root / name).checks:
+            result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
+    result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    return result
 
 
 def _verify_serving(run_dir: Path) -> VerifyResult:
@@ -524,6 +539,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         f"{', '.join(inputs)} hash as recorded in summary.json",
     )
     _check_protocol(run_dir, plan, result)
+    _check_confirmation(run_dir, provenance, plan, result)
     outcome = _correctness_outcome(plan, correctness, result)
     timed = None
     if contract.checked:
@@ -752,7 +768,7 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
     ]
     if "op" in plan and "op" in protocol:
         pairs.append(("op", plan["op"], protocol["op"]))
-    if "order_seed" in plan:
+    if "order_seed" in plan and not plan.get("order_seed_override"):  # replicates override it (`run --order-seed`)
         pairs.append(("order_seed", plan["order_seed"], protocol.get("order_seed", 0)))
     if "exact" in plan:
         pairs.append(("exact", plan["exact"], protocol["exact"]))
@@ -778,6 +794,35 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
         "plan matches protocol",
         problems,
         f"arms, {len(cases)} case ids, seeds, rounds, tie band, gate, bootstrap and L2 as protocol.toml says",
+    )
+
+
+def _check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[str, Any], result: VerifyResult) -> None:
+    """A confirmation run (protocol.toml phase "confirmation"): its links (provenance.json
+    `confirmation`, relative to the run directory) resolve to the digests recorded, and no
+    linked run used one of its seeds. Other runs get no such lines."""
+    try:
+        phase = tomllib.loads((run_dir / "protocol.toml").read_text()).get("phase", "exploratory")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return  # "plan matches protocol" already fails it
+    if phase != "confirmation":
+        return
+    record = provenance.get("confirmation")
+    if not isinstance(record, dict):
+        result.add("confirmation links", ["provenance.json has no `confirmation` links"], "")
+        return
+    found = links.Links.from_record(record)
+    result.add(
+        "confirmation links",
+        links.link_problems(found, run_dir),
+        f"the rule and {len(found.runs)} derived-from run(s) hash as recorded",
+    )
+    seeds = [int(s) for s in plan.get("seeds", [])]
+    missing = [r.path for r in found.runs if r.path not in links.used_seeds(found, run_dir)]
+    result.add(
+        "confirmation seeds fresh",
+        links.seed_problems(found, run_dir, seeds) + [f"{path}/plan.json cannot be read" for path in missing],
+        f"seeds {seeds} were used by no derived-from run",
     )
 
 

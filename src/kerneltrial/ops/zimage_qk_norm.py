@@ -14,14 +14,10 @@
 Bytes moved: read x (tokens*H*D elements) and the weight (D), write y (tokens*H*D);
 the pair operator moves that twice.
 
-Kernel geometry: every (token, head) pair is one D-wide row, rows = tokens*H, row r is
-token r // H, head r % H (H a compile-time constant, so the division is a multiply).
-A step normalises BLOCK_ROWS rows held in registers as a [BLOCK_ROWS, next_pow2(D)] block
-(contiguous along D: 16-byte vector accesses); BLOCK_ROWS=1 is the control (one row per
-program), BLOCK_ROWS>1 packs rows, since a 128-wide bf16 row is only 256 bytes.
-Programs walk the steps with a grid-stride loop over a bounded grid (launch.MAX_GRID);
-the persistent candidate caps the grid at a few programs per SM instead. The pair kernel
-adds a second grid axis of size 2: axis 1 selects Q or K.
+Kernels: the single-tensor kernel, its launcher and the exported dispatcher live in
+ops/zimage_qk_rmsnorm.py (the self-contained submission module, with its rule file); this
+module registers the operator, its arms (one per geometry of that module) and the pair
+operator, whose kernel adds a second grid axis of size 2: axis 1 selects Q or K.
 """
 
 from __future__ import annotations
@@ -33,73 +29,15 @@ import triton
 import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
-from kerneltrial.ops import launch
+from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.ops.peers import register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
-from kerneltrial.ops.rms_norm import apply_weight
+from kerneltrial.ops.zimage_qk_rmsnorm import EPS, Geometry, normalize_rows, token_head_view, zimage_qk_rmsnorm
 
 OP = "zimage_qk_rmsnorm"
 PAIR_OP = "zimage_qk_rmsnorm_pair"
 LAYOUTS = ("contiguous", "qkv_slice")
 QKV_INDEX = {"q": 0, "k": 1}  # position of Q and K in the fused [..., 3, H, D] tensor
-PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
-# The dispatchers' packing (rows per step, warps). Data, not a guess: in the H200 trials
-# (results/h200/zimage_qk_rmsnorm and zimage_qk_rmsnorm_pair, cold L2) 16 rows per step with
-# 8 warps was the fastest packing or within 1.3% of it at every size from 256 to 131072
-# tokens in both layouts, while the earlier rule (fewer rows per step below 1024 steps)
-# lost up to 30% at 256-4096 tokens.
-DISPATCH_PACKING = (16, 8)
-PROGRAMS_PER_SM = 8  # grid of the persistent candidate on a GPU (8 x 8 warps fill an SM)
-INTERPRETER_PROGRAMS = 4  # grid of the persistent candidate in the interpreter (no SMs)
-EPS = 1e-5
-
-
-@triton.jit
-def _normalize_rows(
-    X,
-    W,
-    Y,
-    n_rows,
-    token_stride,
-    head_stride,
-    D,
-    eps,
-    HEADS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Grid-stride loop over axis 0: each step normalises BLOCK_ROWS (token, head) rows."""
-    cols = tl.arange(0, BLOCK_D)
-    col_mask = cols < D
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    for step in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_ROWS), tl.num_programs(0)):
-        rows = step * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        token = rows // HEADS
-        head = rows - token * HEADS
-        src = token.to(tl.int64) * token_stride + head * head_stride
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        x = tl.load(X + src[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-        y = apply_weight(x * rstd[:, None], w, Y.dtype.element_ty, True)
-        dst = rows.to(tl.int64) * D
-        tl.store(Y + dst[:, None] + cols[None, :], y, mask=mask)
-
-
-@triton.jit
-def _qk_norm(
-    X,
-    W,
-    Y,
-    n_rows,
-    token_stride,
-    head_stride,
-    D,
-    eps,
-    HEADS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    _normalize_rows(X, W, Y, n_rows, token_stride, head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit
@@ -122,68 +60,12 @@ def _qk_norm_pair(
     BLOCK_D: tl.constexpr,
 ):
     if tl.program_id(1) == 0:
-        _normalize_rows(Q, WQ, QY, n_rows, q_token_stride, q_head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
+        normalize_rows(Q, WQ, QY, n_rows, q_token_stride, q_head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
     else:
-        _normalize_rows(K, WK, KY, n_rows, k_token_stride, k_head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
+        normalize_rows(K, WK, KY, n_rows, k_token_stride, k_head_stride, D, eps, HEADS, BLOCK_ROWS, BLOCK_D)
 
 
 # ---- launches ---------------------------------------------------------------------------
-
-
-def token_head_view(x: torch.Tensor) -> torch.Tensor:
-    """`x` [..., H, D] as [tokens, H, D] with unit stride along D.
-
-    A view of the same memory (no copy) whenever the leading dimensions flatten to one
-    token stride: contiguous tensors and Q/K/V slices of a fused QKV tensor. Other layouts
-    (a non-unit stride along D, leading dimensions that do not flatten) are copied.
-    """
-    view = x.reshape(-1, *x.shape[-2:])
-    return view if view.stride(-1) == 1 else view.contiguous()
-
-
-def _geometry(x: torch.Tensor, block_rows: int, num_warps: int | None) -> tuple[int, int, int, int]:
-    """(n_rows, heads, BLOCK_D, warps) of a launch over `x`'s (token, head) rows."""
-    n_rows = x.numel() // x.shape[-1]
-    if n_rows >= 2**31:
-        raise ValueError(f"{n_rows} rows exceed the kernels' int32 row index")
-    block_d = launch.next_pow2(x.shape[-1])
-    return n_rows, x.shape[-2], block_d, num_warps or launch.row_warps(block_d * block_rows)
-
-
-def _programs(n_steps: int, max_programs: int | None) -> int:
-    """Programs along axis 0: one per step, capped by launch.MAX_GRID (read at call time)."""
-    cap = launch.MAX_GRID if max_programs is None else min(max_programs, launch.MAX_GRID)
-    return launch.bounded_grid(n_steps, cap)[0]
-
-
-def qk_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = EPS,
-    block_rows: int = 1,
-    num_warps: int | None = None,
-    max_programs: int | None = None,
-) -> torch.Tensor:
-    """Launch `_qk_norm`: `block_rows` rows per step (1 = the control geometry)."""
-    xv = token_head_view(x)
-    n_rows, heads, block_d, warps = _geometry(x, block_rows, num_warps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    grid = (_programs(triton.cdiv(n_rows, block_rows), max_programs),)
-    _qk_norm[grid](
-        xv,
-        weight,
-        y,
-        n_rows,
-        xv.stride(0),
-        xv.stride(1),
-        x.shape[-1],
-        eps,
-        HEADS=heads,
-        BLOCK_ROWS=block_rows,
-        BLOCK_D=block_d,
-        num_warps=warps,
-    )
-    return y
 
 
 def qk_norm_pair(
@@ -194,15 +76,16 @@ def qk_norm_pair(
     eps: float = EPS,
     block_rows: int = 1,
     num_warps: int | None = None,
+    max_programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch `_qk_norm_pair` once for Q and K of the same shape: grid (steps, 2)."""
     if q.shape != k.shape:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same shape")
     qv, kv = token_head_view(q), token_head_view(k)
-    n_rows, heads, block_d, warps = _geometry(q, block_rows, num_warps)
+    n_rows, heads, block_d, warps = module.launch_shape(q, block_rows, num_warps)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    grid = (_programs(triton.cdiv(n_rows, block_rows), None), 2)
+    grid = (module.programs(triton.cdiv(n_rows, block_rows), max_programs), 2)
     _qk_norm_pair[grid](
         qv,
         kv,
@@ -225,19 +108,6 @@ def qk_norm_pair(
     return q_out, k_out
 
 
-def persistent_programs(device: torch.device) -> int:
-    """Grid of the persistent candidate: PROGRAMS_PER_SM per SM on a GPU."""
-    if device.type == "cuda":
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_PROGRAMS
-
-
-def zimage_qk_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """The exported entry point: DISPATCH_PACKING rows per step."""
-    rows, warps = DISPATCH_PACKING
-    return qk_norm(x, weight, eps, block_rows=rows, num_warps=warps)
-
-
 def zimage_qk_rmsnorm_qk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -245,9 +115,28 @@ def zimage_qk_rmsnorm_qk(
     k_weight: torch.Tensor,
     eps: float = EPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exported one-launch Q+K entry point: DISPATCH_PACKING rows per step."""
-    rows, warps = DISPATCH_PACKING
-    return qk_norm_pair(q, k, q_weight, k_weight, eps, block_rows=rows, num_warps=warps)
+    """Exported one-launch Q+K entry point: the geometry the single operator's rule picks for Q
+    (the pair kernel walks each tensor's rows as the single kernel does)."""
+    return launch_pair(q, k, q_weight, k_weight, eps, geometry=module.rule().choose(*dispatch_key(q)))
+
+
+def dispatch_key(x: torch.Tensor) -> tuple[int, int, str]:
+    """(rows, width, layout): the shape features the rule reads."""
+    return x.numel() // x.shape[-1], x.shape[-1], module.layout_of(x)
+
+
+def launch_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = EPS,
+    *,
+    geometry: Geometry,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qk_norm_pair` with one of the module's geometries."""
+    cap = module.persistent_programs(q.device) if geometry.persistent else None
+    return qk_norm_pair(q, k, q_weight, k_weight, eps, geometry.block_rows, geometry.num_warps, cap)
 
 
 def qk_norm_two_launches(
@@ -363,9 +252,12 @@ GPU = tuple(
 ) + tuple(Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
 
 
-def qk_norm_persistent(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """16 rows per step, 8 warps, on a persistent grid of `persistent_programs` programs."""
-    return qk_norm(x, weight, eps, block_rows=16, num_warps=8, max_programs=persistent_programs(x.device))
+def describe(geometry: Geometry) -> str:
+    if geometry.block_rows == 1:
+        return "one row per program, next-pow2 block"
+    warps = f"{geometry.num_warps} warps" if geometry.num_warps else "warps by block size"
+    grid = f", {module.PROGRAMS_PER_SM} programs per SM" if geometry.persistent else ""
+    return f"{geometry.block_rows} rows per step, {warps}{grid}"
 
 
 def _register() -> None:
@@ -387,15 +279,15 @@ def _register() -> None:
             ),
         )
     )
-    register_impl(OP, "control", kind="control", doc="one row per program, next-pow2 block")(qk_norm)
-    for rows, warps in PACKINGS:
-        register_impl(OP, f"packed_r{rows}_w{warps}", doc=f"{rows} rows per step, {warps} warps")(
-            partial(qk_norm, block_rows=rows, num_warps=warps)
+    for name, geometry in module.GEOMETRIES.items():
+        register_impl(OP, name, kind="control" if name == "control" else "candidate", doc=describe(geometry))(
+            partial(module.launch_geometry, geometry=geometry)
         )
-    register_impl(OP, "persistent_r16_w8", doc=f"16 rows per step, 8 warps, {PROGRAMS_PER_SM} programs per SM")(
-        qk_norm_persistent
-    )
-    register_impl(OP, "kerneltrial", doc="packed rows chosen by row count (exported entry point)")(zimage_qk_rmsnorm)
+    register_impl(
+        OP,
+        "kerneltrial",
+        doc=f"geometry by rows, width and layout from {module.rule_path().name} (exported entry point)",
+    )(zimage_qk_rmsnorm)
     register_peers(OP, eager)
 
     register_op(
@@ -416,17 +308,20 @@ def _register() -> None:
             ),
         )
     )
-    register_impl(PAIR_OP, "control", kind="control", doc="one launch, one row per program")(qk_norm_pair)
-    for rows, warps in PACKINGS:
-        register_impl(PAIR_OP, f"packed_r{rows}_w{warps}", doc=f"one launch, {rows} rows per step, {warps} warps")(
-            partial(qk_norm_pair, block_rows=rows, num_warps=warps)
-        )
+    for name, geometry in module.GEOMETRIES.items():
+        if not geometry.persistent:  # the pair panel's trials measured the packed geometries only
+            register_impl(
+                PAIR_OP,
+                name,
+                kind="control" if name == "control" else "candidate",
+                doc=f"one launch, {describe(geometry)}",
+            )(partial(launch_pair, geometry=geometry))
     register_impl(PAIR_OP, "two_launches", doc="zimage_qk_rmsnorm dispatcher called for Q, then K")(
         qk_norm_two_launches
     )
-    register_impl(PAIR_OP, "kerneltrial", doc="one launch, packed rows chosen by row count (exported entry point)")(
-        zimage_qk_rmsnorm_qk
-    )
+    register_impl(
+        PAIR_OP, "kerneltrial", doc="one launch, geometry from the single operator's rule (exported entry point)"
+    )(zimage_qk_rmsnorm_qk)
     register_peers(PAIR_OP, eager_pair)
 
 

@@ -380,6 +380,10 @@ def run(
     resume: Annotated[
         bool, typer.Option(help="Continue a killed run in --out without losing or repeating rows.")
     ] = False,
+    order_seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the round order instead of the protocol's (replicates); recorded in plan.json."),
+    ] = None,
 ) -> None:
     """Run a trial: correctness gate, ceilings, interleaved timing rounds (every sample's last
     call checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
@@ -397,7 +401,7 @@ def run(
                 )
 
     with progress_bar() as bar:
-        root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce)
+        root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed)
     summary = json.loads((root / "summary.json").read_text())
     console.print(f"run directory: {root}", soft_wrap=True)
     console.print(f"timing: {summary.get('label', '')}", soft_wrap=True)

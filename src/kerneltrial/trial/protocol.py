@@ -53,6 +53,25 @@ class CaseSpec(BaseModel):
         return Case(tuple(self.shape), self.dtype, self.layout)
 
 
+class RuleLink(BaseModel):
+    """The dispatch rule a confirmation confirms: its path (relative to the protocol's folder) and sha256."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    sha256: str
+
+
+class RunLink(BaseModel):
+    """A run the confirmed rule was derived from: path (relative to the protocol's folder) and digests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    summary_sha256: str
+    manifest_sha256: str | None = None  # runs from before manifests have none
+
+
 class Protocol(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +84,9 @@ class Protocol(BaseModel):
     cases: list[CaseSpec] = Field(min_length=1)
     seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
     exploratory_seeds: list[int] = []
+    # A confirmation's links (written by `kerneltrial protocol confirm`; `run` checks them).
+    rule: RuleLink | None = None
+    derived_from: list[RunLink] = []
     rounds: int = Field(default=7, ge=2)
     warmup: int = Field(default=3, ge=1)
     calls_per_sample: int | Literal["auto"] = "auto"

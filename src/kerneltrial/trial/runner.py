@@ -28,12 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from kerneltrial.analysis.links import Links
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
+from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
@@ -148,9 +150,12 @@ def module_hashes(p: proto.Protocol, protocol_path: Path) -> dict[str, str]:
     return hashes
 
 
-def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> tuple[RunDir, str]:
+def prepare(
+    out: Path, protocol_path: Path, p: proto.Protocol, resume: bool, links: Links | None = None
+) -> tuple[RunDir, str]:
     """Create or reopen the run directory; refuse to overwrite, to mix protocols, kernel
-    files or devices. A new run records the freeze record and the user modules' hashes."""
+    files or devices. A new run records the freeze record, the user modules' hashes and a
+    confirmation's links (`confirmation`, paths relative to the run directory)."""
     run = RunDir(out)
     digest = proto.sha256_of(protocol_path)
     modules = module_hashes(p, protocol_path)
@@ -188,6 +193,8 @@ def prepare(out: Path, protocol_path: Path, p: proto.Protocol, resume: bool) -> 
     provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
     record = provenance.collect(Path(__file__).resolve().parents[3], digest, source=source)
     record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
+    if links is not None:
+        record["confirmation"] = links.rebased(protocol_path.resolve().parent, out).record()
     write_json(run.provenance, record)
     return run, digest
 
@@ -415,7 +422,7 @@ def run_rounds(
                 for round_index in todo:
                     unit = timed.Unit.draw(op, case, seed, round_index, calls, device)
                     order = round_order(
-                        p.order_seed, case_index, seed, round_index, present(case, names, (seed, round_index))
+                        plan["order_seed"], case_index, seed, round_index, present(case, names, (seed, round_index))
                     )
                     graph = timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
                     for position, name in enumerate(order):
@@ -486,8 +493,10 @@ def build_plan(
     delay: Delay,
     device: torch.device,
     frozen_at: str | None,
+    order_seed: int | None = None,
 ) -> dict[str, Any]:
-    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md)."""
+    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md). `order_seed`
+    overrides the protocol's (replicates: `order_seed_override` true in plan.json)."""
     plan: dict[str, Any] = {
         "protocol_sha256": digest,
         "op": op.name,
@@ -499,7 +508,8 @@ def build_plan(
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
         "timing_label": label(timer),
         "l2": p.l2,
-        "order_seed": p.order_seed,
+        "order_seed": p.order_seed if order_seed is None else order_seed,
+        **({"order_seed_override": True} if order_seed is not None else {}),
         "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
         "cases": [],
         "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
@@ -543,12 +553,15 @@ def run_trial(
     resume: bool = False,
     progress: Any = None,
     announce: Callable[[list[Impl]], None] | None = None,
+    order_seed: int | None = None,
 ) -> Path:
     """Run the trial `protocol_path` describes into `out`; return the run directory.
-    `announce` sees the resolved arms before any work (the CLI lists unavailable ones)."""
+    `announce` sees the resolved arms before any work (the CLI lists unavailable ones);
+    `order_seed` replaces the protocol's seed of the round order (recorded in plan.json)."""
     from kerneltrial.analysis.summary import write_summary
 
     p = proto.load(protocol_path)
+    links = check_confirmation(protocol_path, p)
     load_modules(p, protocol_path)
     op = get_op(p.op)
     device = launch.device()
@@ -567,7 +580,7 @@ def run_trial(
     timer = make_timer(p.backend, p.l2)
     if resume and sealed_on_resume(out):
         return out
-    run, digest = prepare(out, protocol_path, p, resume)
+    run, digest = prepare(out, protocol_path, p, resume, links)
     progress = progress or _NoProgress()
 
     delay.measure_rate()
@@ -581,10 +594,22 @@ def run_trial(
                 f"{out} was started by a kerneltrial without timed checks (plan.json checks "
                 f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run"
             )
+        if order_seed is not None and order_seed != plan["order_seed"]:
+            raise RunError(f"{out} was started with order seed {plan['order_seed']}; resume it with that seed")
     else:
         frozen = json.loads(run.provenance.read_text()).get("freeze")
         plan = build_plan(
-            p, op, timer, arms, cases, timed_arms, digest, delay, device, frozen["frozen_at"] if frozen else None
+            p,
+            op,
+            timer,
+            arms,
+            cases,
+            timed_arms,
+            digest,
+            delay,
+            device,
+            frozen["frozen_at"] if frozen else None,
+            order_seed,
         )
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)

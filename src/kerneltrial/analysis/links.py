@@ -1,0 +1,109 @@
+"""A confirmation's links: the rule it confirms and the runs that rule was derived from.
+
+A link is a path and the sha256 it had when the confirmation was written. It resolves when
+the file (rule) or run directory (summary.json, manifest.json when recorded) exists and
+hashes as recorded. Seeds are fresh when no linked run's plan.json lists any of them.
+`run` checks the protocol's links before any work (paths relative to the protocol's folder);
+the run records them in provenance.json `confirmation` (paths relative to the run directory)
+and `verify` checks them again from there. Imports neither trial/ nor ops/ (verify uses it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Link:
+    path: str  # relative to `base` when checked
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RunLink:
+    path: str
+    summary_sha256: str
+    manifest_sha256: str | None
+
+
+@dataclass(frozen=True)
+class Links:
+    rule: Link
+    runs: tuple[RunLink, ...]
+
+    @staticmethod
+    def from_record(record: dict[str, Any]) -> Links:
+        """From provenance.json `confirmation` (or the protocol's `rule` / `derived_from`)."""
+        rule = record["rule"]
+        runs = tuple(RunLink(r["path"], r["summary_sha256"], r.get("manifest_sha256")) for r in record["derived_from"])
+        return Links(Link(rule["path"], rule["sha256"]), runs)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rule": {"path": self.rule.path, "sha256": self.rule.sha256},
+            "derived_from": [
+                {"path": r.path, "summary_sha256": r.summary_sha256}
+                | ({"manifest_sha256": r.manifest_sha256} if r.manifest_sha256 else {})
+                for r in self.runs
+            ],
+        }
+
+    def rebased(self, old: Path, new: Path) -> Links:
+        """The same links with paths relative to `new` instead of `old` (both folders)."""
+
+        def move(path: str) -> str:
+            return Path(os.path.relpath((old / path).resolve(), new.resolve())).as_posix()
+
+        return Links(
+            Link(move(self.rule.path), self.rule.sha256),
+            tuple(RunLink(move(r.path), r.summary_sha256, r.manifest_sha256) for r in self.runs),
+        )
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_problem(what: str, path: Path, recorded: str) -> str | None:
+    if not path.is_file():
+        return f"{what} {path} does not exist"
+    actual = sha256_of(path)
+    if actual != recorded:
+        return f"{what} {path} hashes to {actual[:12]}..., the link records {recorded[:12]}... (changed since)"
+    return None
+
+
+def link_problems(links: Links, base: Path) -> list[str]:
+    """Every link that does not resolve to what it recorded, one message each."""
+    problems = [_digest_problem("rule", base / links.rule.path, links.rule.sha256)]
+    for run in links.runs:
+        root = base / run.path
+        problems.append(_digest_problem("run summary", root / "summary.json", run.summary_sha256))
+        if run.manifest_sha256:
+            problems.append(_digest_problem("run manifest", root / "manifest.json", run.manifest_sha256))
+    return [p for p in problems if p]
+
+
+def used_seeds(links: Links, base: Path) -> dict[str, list[int]]:
+    """Seeds each linked run used (its plan.json), by link path; unreadable runs are left out."""
+    used = {}
+    for run in links.runs:
+        plan = base / run.path / "plan.json"
+        if plan.is_file():
+            used[run.path] = [int(s) for s in json.loads(plan.read_text()).get("seeds", [])]
+    return used
+
+
+def seed_problems(links: Links, base: Path, seeds: list[int]) -> list[str]:
+    """A message per linked run whose plan.json lists one of `seeds`."""
+    problems = []
+    for path, used in used_seeds(links, base).items():
+        reused = sorted(set(seeds) & set(used))
+        if reused:
+            problems.append(f"seeds {reused} were used by the linked run {path}; a confirmation takes fresh seeds")
+    return problems

@@ -1,0 +1,158 @@
+"""The cross-run table of replicates: N runs of one frozen protocol (`kerneltrial replicate`).
+
+Read only from each run's summary.json (verified run by run). Per (case, candidate): each
+run's verdict, speedup and CI; `wins` = the runs whose verdict is `win`; between-run spread
+of the speedup (max - min, and the sample standard deviation over runs) next to the mean
+within-run CI width (ci_high - ci_low), so one sees whether runs differ by more than each run
+says it is uncertain. Per candidate: each run's preregistered gate, and the stricter Track 1
+gate `every_case_every_run`: a win on every case in every run.
+
+A replicate directory holds run-1..N, replicates.json (this table) and replicates.md.
+`verify DIR` verifies each run and recomputes the table (`verify_replicates`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.analysis.errors import RunDirError
+
+SCHEMA = "kerneltrial.replicates/1"
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    case: str
+    arm: str
+    verdicts: list[str | None]  # per run; None: not timed against the control there
+    speedups: list[float | None]
+    ci_low: list[float | None]
+    ci_high: list[float | None]
+    wins: int
+    between_run_range: float | None  # max - min of the speedups (None unless every run has one)
+    between_run_sd: float | None
+    within_run_ci_width: float | None  # mean over runs of ci_high - ci_low
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    arm: str
+    gate_passed: list[bool]  # each run's preregistered gate
+    every_case_every_run: bool
+
+
+@dataclass(frozen=True)
+class ReplicateTable:
+    protocol_sha256: str
+    runs: list[str]  # run directory names, relative to the replicate directory
+    order_seeds: list[int | None]
+    cases: list[CaseRow]
+    arms: list[ArmRow]
+
+    def record(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise RunDirError(f"{run_dir}: missing summary.json; a replicate run did not finish")
+    return json.loads(path.read_text())
+
+
+def cross_run(root: Path, runs: list[str]) -> ReplicateTable:
+    """The table over `root`/run for each name in `runs` (same protocol required)."""
+    summaries = [_summary(root / name) for name in runs]
+    plans = [json.loads((root / name / "plan.json").read_text()) for name in runs]
+    digests = {s["protocol_sha256"] for s in summaries}
+    if len(digests) != 1:
+        raise RunDirError(f"{root}: the runs ran different protocols ({sorted(digests)}); replicates share one")
+    control = summaries[0]["control"]
+    rows: list[CaseRow] = []
+    arms = [a["name"] for a in summaries[0]["arms"] if a["name"] != control]
+    for index, entry in enumerate(summaries[0]["cases"]):
+        for arm in arms:
+            figures = [s["cases"][index]["arms"].get(arm, {}) for s in summaries]
+            speedups = [f.get("speedup") for f in figures]
+            lows, highs = [f.get("ci_low") for f in figures], [f.get("ci_high") for f in figures]
+            known = [v for v in speedups if v is not None]
+            widths = [h - lo for lo, h in zip(lows, highs, strict=True) if lo is not None and h is not None]
+            complete = len(known) == len(runs)
+            rows.append(
+                CaseRow(
+                    case=entry["case"],
+                    arm=arm,
+                    verdicts=[f.get("verdict") for f in figures],
+                    speedups=speedups,
+                    ci_low=lows,
+                    ci_high=highs,
+                    wins=sum(f.get("verdict") == "win" for f in figures),
+                    between_run_range=max(known) - min(known) if complete else None,
+                    between_run_sd=statistics.stdev(known) if complete and len(known) > 1 else None,
+                    within_run_ci_width=statistics.fmean(widths) if widths else None,
+                )
+            )
+    arm_rows = [
+        ArmRow(
+            arm=arm,
+            gate_passed=[arm in s["gate"].get("passed_arms", []) for s in summaries],
+            every_case_every_run=all(r.wins == len(runs) for r in rows if r.arm == arm),
+        )
+        for arm in arms
+    ]
+    return ReplicateTable(digests.pop(), runs, [p.get("order_seed") for p in plans], rows, arm_rows)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def to_markdown(table: ReplicateTable) -> str:
+    n = len(table.runs)
+    lines = [
+        f"# Replicates: {n} runs of protocol {table.protocol_sha256[:12]}...",
+        "",
+        f"Order seeds {table.order_seeds}. Between-run spread of the speedup (range, sd) next to the mean within-run CI width.",
+        "",
+        "| case | arm | verdicts | wins | speedups | between-run range | between-run sd | within-run CI width |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.cases:
+        verdicts = " / ".join(v or "n/a" for v in r.verdicts)
+        speedups = " / ".join(_fmt(s) for s in r.speedups)
+        lines.append(
+            f"| {r.case} | {r.arm} | {verdicts} | {r.wins} of {n} | {speedups} | {_fmt(r.between_run_range)} "
+            f"| {_fmt(r.between_run_sd)} | {_fmt(r.within_run_ci_width)} |"
+        )
+    lines.append("")
+    for a in table.arms:
+        strict = "PASSED" if a.every_case_every_run else "FAILED"
+        lines.append(
+            f"- {a.arm}: preregistered gate passed in {sum(a.gate_passed)} of {n} runs; "
+            f"win on every case in every run: {strict}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_table(root: Path, table: ReplicateTable) -> None:
+    (root / "replicates.json").write_text(json.dumps(table.record(), indent=2) + "\n")
+    (root / "replicates.md").write_text(to_markdown(table))
+
+
+def table_problems(root: Path) -> list[str]:
+    """replicates.json against the table recomputed from the runs' summaries; distinct order seeds."""
+    recorded = json.loads((root / "replicates.json").read_text())
+    if recorded.get("schema") != SCHEMA:
+        return [f"replicates.json schema {recorded.get('schema')!r} is not {SCHEMA!r}"]
+    table = cross_run(root, list(recorded["runs"]))
+    problems = []
+    if table.record() != recorded:
+        changed = [k for k, v in table.record().items() if recorded.get(k) != v]
+        problems.append(f"replicates.json differs from the table recomputed from the runs in: {', '.join(changed)}")
+    if len(set(table.order_seeds)) != len(table.order_seeds):
+        problems.append(f"order seeds {table.order_seeds} repeat: the runs are not independent replicates")
+    return problems

@@ -1,0 +1,94 @@
+"""The Track 1 workflow's commands: `dispatch derive`, `protocol confirm`, `replicate`.
+
+Exploration -> a rule derived from the runs -> one frozen confirmation of the dispatcher on
+fresh seeds, linked to those runs by digest -> N independent replicates of it. Thin: each
+command parses, calls the library (imported inside it: `kerneltrial --help` stays torch-free)
+and prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kerneltrial.trial.cli import console, one_line_errors
+
+dispatch_app = typer.Typer(help="Shape dispatch rules derived from trials.", no_args_is_help=True)
+
+
+@dispatch_app.command("derive")
+@one_line_errors
+def derive(
+    runs: Annotated[list[Path], typer.Argument(help="Exploratory run directories of one operator on one device.")],
+    out: Annotated[Path, typer.Option(help="The rule file to write (TOML), e.g. next to the dispatcher module.")],
+) -> None:
+    """Per case the fastest eligible geometry (control or concrete candidate, timed and checked),
+    reduced to ordered row-count thresholds per width (and layout where the layouts disagree);
+    every branch cites its cases, runs (summary sha256) and predicted speedups with CIs."""
+    from kerneltrial.analysis.dispatch import derive_rule
+
+    rule = derive_rule(runs, out)
+    for branch in rule.branches:
+        cases = ", ".join(c.case for c in branch.cases)
+        console.print(
+            f"width {branch.width} layout {branch.layout} rows >= {branch.min_rows}: {branch.arm}  ({cases})",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    console.print(f"other widths: {rule.default}; wrote {out}", highlight=False, markup=False, soft_wrap=True)
+
+
+@one_line_errors
+def confirm(
+    rule: Annotated[Path, typer.Argument(help="The rule file the dispatcher module loads (from `dispatch derive`).")],
+    module: Annotated[Path, typer.Option(help="The dispatcher module (a .py file whose rule is RULE).")],
+    out: Annotated[Path, typer.Option(help="Where to write the confirmation protocol (TOML).")],
+    seeds: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated fresh seeds; default: as many as the first run's, above every seed used."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Protocol name (default: <op>-confirmation).")] = None,
+) -> None:
+    """Write a confirmation protocol: the dispatcher module as its one candidate, the control,
+    the derived-from runs' cases and settings (gate included), fresh seeds, and the sha256 of
+    the rule and of each run it was derived from. Review it, then freeze it."""
+    from kerneltrial.trial.confirm import write_confirmation
+
+    seed_list = None
+    if seeds is not None:
+        try:
+            seed_list = [int(s) for s in seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 3,4,5") from None
+    write_confirmation(rule, module, out, seeds=seed_list, name=name)
+    console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}", soft_wrap=True)
+
+
+@one_line_errors
+def replicate(
+    protocol: Annotated[Path, typer.Argument(help="A frozen protocol.")],
+    runs: Annotated[int, typer.Option("--runs", min=2, help="Independent runs (fresh processes, order seeds 1..N).")],
+    out: Annotated[Path, typer.Option(help="Directory for run-1..N, replicates.json and replicates.md.")],
+) -> None:
+    """Run one frozen protocol N times, each in a fresh process with its own order seed, then
+    summarise across runs: per case each run's verdict, wins in k of N, the stricter gate
+    'win on every case in every run', and between-run spread next to the within-run CIs.
+    Exit 0 when some candidate passed that stricter gate, 1 when none did."""
+    from kerneltrial.trial.replicate import run_replicates
+
+    table = run_replicates(protocol, runs, out)
+    console.print((out / "replicates.md").read_text(), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"next: kerneltrial verify {out}", soft_wrap=True)
+    if not any(arm.every_case_every_run for arm in table.arms):
+        raise typer.Exit(1)
+
+
+def mount(app: typer.Typer) -> None:
+    from kerneltrial.trial.cli import protocol_app
+
+    app.add_typer(dispatch_app, name="dispatch")
+    protocol_app.command("confirm")(confirm)
+    app.command("replicate")(replicate)

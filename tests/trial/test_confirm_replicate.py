@@ -1,0 +1,177 @@
+"""Confirmation and replicates: a derived dispatcher confirmed on fresh seeds, linked by digest to
+the runs it came from; `run` refuses reused seeds, broken links and unfrozen confirmations;
+`replicate` runs it twice (fresh processes, distinct order seeds); `verify` checks it all and
+catches a linked run edited afterwards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from kerneltrial.analysis.dispatch import derive_rule, sha256_file
+from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.cli import app
+from kerneltrial.ops import zimage_qk_rmsnorm as module
+from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.confirm import write_confirmation
+from tests.analysis.rundir_factory import RunSpec, write_checked_run
+
+CASE = "2x3x128/contiguous/bfloat16"
+ARMS = [
+    {"name": name, "kind": "control" if name == "control" else "candidate", "available": True, "reason": None}
+    for name in ("control", "packed_r4_w4", "packed_r16_w8")
+]
+cli = CliRunner()
+
+
+def explore_settings(protocol: dict) -> None:
+    protocol.update(calls_per_sample=1, warmup=1)  # what the confirmation copies: tiny on a CPU
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> dict[str, Path]:
+    """An exploratory run of zimage_qk_rmsnorm (synthetic, seeds 0 and 1), the dispatcher module
+    copied with the rule derived from that run, and the confirmation protocol written for it."""
+    spec = RunSpec(
+        op="zimage_qk_rmsnorm",
+        cases=[CASE],
+        arms=ARMS,
+        seeds=[0, 1],
+        rounds=2,
+        l2="hot",
+        resamples=200,
+        failures=set(),
+        gate="no_loss",
+        per_call=lambda case, arm, seed, rnd: {"control": 1000.0, "packed_r4_w4": 800.0}.get(arm, 600.0) + rnd,
+        protocol_edit=explore_settings,
+    )
+    explore = write_checked_run(tmp_path / "results" / "explore", spec)
+    kernel = tmp_path / "submission" / "zimage_qk_rmsnorm.py"
+    kernel.parent.mkdir()
+    shutil.copyfile(module.__file__, kernel)
+    rule = kernel.with_name("zimage_qk_rmsnorm.rule.toml")
+    derive_rule([explore], rule)
+    confirm = tmp_path / "confirm.toml"
+    write_confirmation(rule, kernel, confirm, seeds=[2])
+    return {"explore": explore, "module": kernel, "rule": rule, "confirm": confirm, "root": tmp_path}
+
+
+def rewrite(path: Path, **fields: object) -> None:
+    path.write_text(tomli_w.dumps({**tomllib.loads(path.read_text()), **fields}))
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = cli.invoke(app, list(args), terminal_width=400)
+    return result.exit_code, result.output
+
+
+def test_confirmation_protocol_has_one_candidate_fresh_seeds_and_links(chain):
+    p = tomllib.loads(chain["confirm"].read_text())
+    assert p["phase"] == "confirmation" and p["op"] == "zimage_qk_rmsnorm"
+    assert p["candidates"] == ["user:zimage_qk_rmsnorm"] and p["control"] == "control"
+    assert p["impl_modules"] == ["submission/zimage_qk_rmsnorm.py"]
+    assert (p["seeds"], p["exploratory_seeds"]) == ([2], [0, 1])
+    assert [c["shape"] for c in p["cases"]] == [[2, 3, 128]]
+    assert (p["gate"], p["rounds"], p["calls_per_sample"]) == ("no_loss", 2, 1)
+    assert p["rule"] == {"path": "submission/zimage_qk_rmsnorm.rule.toml", "sha256": sha256_file(chain["rule"])}
+    assert p["derived_from"] == [
+        {
+            "path": "results/explore",
+            "summary_sha256": sha256_file(chain["explore"] / "summary.json"),
+            "manifest_sha256": sha256_file(chain["explore"] / "manifest.json"),
+        }
+    ]
+    default = chain["root"] / "default.toml"
+    write_confirmation(chain["rule"], chain["module"], default)
+    assert tomllib.loads(default.read_text())["seeds"] == [2, 3]  # as many as the run used, above them
+
+
+def test_run_refuses_an_unfrozen_confirmation(chain):
+    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert code == 2 and "must be frozen first" in output
+
+
+def test_run_refuses_a_confirmation_reusing_a_seed(chain):
+    """The protocol claims exploratory seed 0 only and takes seed 1, which the linked run used."""
+    rewrite(chain["confirm"], seeds=[1], exploratory_seeds=[0])
+    proto.freeze(chain["confirm"])
+    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert code == 2, output
+    assert "seeds [1] were used by the linked run results/explore; a confirmation takes fresh seeds" in output
+    assert not (chain["root"] / "run").exists()
+
+
+@pytest.mark.parametrize("edit", ["summary", "rule", "missing run", "other rule"])
+def test_run_refuses_links_that_do_not_resolve(chain, edit):
+    if edit == "summary":
+        summary = chain["explore"] / "summary.json"
+        summary.write_text(summary.read_text().replace('"tie_band": 0.02', '"tie_band": 0.03'))
+        expected = "run summary"
+    elif edit == "rule":
+        chain["rule"].write_text(chain["rule"].read_text() + "\n# edited\n")
+        expected = "rule"
+    elif edit == "missing run":
+        shutil.rmtree(chain["explore"])
+        expected = "does not exist"
+    else:
+        rewrite(chain["confirm"], impl_modules=["other/zimage_qk_rmsnorm.py"])
+        expected = "is not the rule of the one dispatcher module"
+    proto.freeze(chain["confirm"])
+    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert code == 2 and expected in output, output
+
+
+def test_confirm_refuses_a_rule_the_module_does_not_load(chain):
+    other = chain["root"] / "other.rule.toml"
+    shutil.copyfile(chain["rule"], other)
+    code, output = run_cli(
+        "protocol", "confirm", str(other), "--module", str(chain["module"]), "--out", str(chain["root"] / "c2.toml")
+    )
+    assert code == 2 and "confirm the rule the module loads" in output
+
+
+@pytest.mark.slow
+def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
+    code, output = run_cli("protocol", "freeze", str(chain["confirm"]))
+    assert code == 0, output
+    out = chain["root"] / "replicates"
+    code, output = run_cli("replicate", str(chain["confirm"]), "--runs", "2", "--out", str(out))
+    assert code in (0, 1), output
+    table = json.loads((out / "replicates.json").read_text())
+    assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2]
+    (row,) = table["cases"]
+    assert (row["case"], row["arm"]) == (CASE, "user:zimage_qk_rmsnorm")
+    assert len(row["verdicts"]) == 2 and row["wins"] == sum(v == "win" for v in row["verdicts"])
+    assert row["between_run_range"] is not None and row["within_run_ci_width"] is not None
+    (arm,) = table["arms"]
+    assert arm["every_case_every_run"] == (row["wins"] == 2)
+    assert "wins" in (out / "replicates.md").read_text() and "win on every case in every run" in output
+    for name in ("run-1", "run-2"):
+        plan = json.loads((out / name / "plan.json").read_text())
+        assert plan["order_seed_override"] is True
+        record = json.loads((out / name / "provenance.json").read_text())["confirmation"]
+        assert record["rule"]["path"] == "../../submission/zimage_qk_rmsnorm.rule.toml"
+        assert "user:zimage_qk_rmsnorm" in [a["name"] for a in plan["arms"]]
+
+    result = verify_run_dir(out)
+    assert result.ok, [c for c in result.failures]
+    names = [c.name for c in result.checks]
+    assert "run-1: confirmation links" in names and "run-2: confirmation seeds fresh" in names
+    assert "cross-run table" in names
+
+    summary = chain["explore"] / "summary.json"  # planted: the exploration edited after the confirmation
+    summary.write_text(summary.read_text().replace('"tie_band": 0.02', '"tie_band": 0.03'))
+    failed = {c.name: c.detail for c in verify_run_dir(out).failures}
+    assert set(failed) == {"run-1: confirmation links", "run-2: confirmation links"}
+    assert "changed since" in failed["run-1: confirmation links"]
+    code, output = run_cli("verify", str(out))
+    assert code == 1 and "VERIFY FAILED" in output
+
+    (out / "replicates.json").write_text((out / "replicates.json").read_text().replace('"wins": ', '"wins": 1'))
+    assert "cross-run table" in {c.name for c in verify_run_dir(out).failures}
