@@ -34,6 +34,7 @@ from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
+from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
@@ -543,9 +544,23 @@ def run_trial(
     resume: bool = False,
     progress: Any = None,
     announce: Callable[[list[Impl]], None] | None = None,
+    target: Target | None = None,
 ) -> Path:
     """Run the trial `protocol_path` describes into `out`; return the run directory.
-    `announce` sees the resolved arms before any work (the CLI lists unavailable ones)."""
+    `announce` sees the resolved arms before any work (the CLI lists unavailable ones).
+    `target`: every Triton launch is checked against its grid limits (plan.json records it)."""
+    with targeting(target):
+        return _run_trial(protocol_path, out, resume, progress, announce, target)
+
+
+def _run_trial(
+    protocol_path: Path,
+    out: Path,
+    resume: bool,
+    progress: Any,
+    announce: Callable[[list[Impl]], None] | None,
+    target: Target | None,
+) -> Path:
     from kerneltrial.analysis.summary import write_summary
 
     p = proto.load(protocol_path)
@@ -581,11 +596,14 @@ def run_trial(
                 f"{out} was started by a kerneltrial without timed checks (plan.json checks "
                 f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run"
             )
+        if plan.get("target") != (target.record() if target else None):
+            started = (plan.get("target") or {}).get("name", "(none)")
+            raise RunError(f"{out} was started with --target {started}; resume it with the same --target")
     else:
         frozen = json.loads(run.provenance.read_text()).get("freeze")
         plan = build_plan(
             p, op, timer, arms, cases, timed_arms, digest, delay, device, frozen["frozen_at"] if frozen else None
-        )
+        ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
 
