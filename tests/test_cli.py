@@ -44,6 +44,8 @@ def test_ops_lists_the_eight_operators_and_peer_availability():
         ["performance"],
         ["protocol", "new"],
         ["protocol", "freeze"],
+        ["package"],
+        ["inspect"],
         ["serve", "bench"],
         ["serve", "trial"],
         ["serve", "accuracy"],
