@@ -159,13 +159,16 @@ def targeting(target: Target | None) -> Iterator[None]:
         return
     if _session is not None:
         raise RuntimeError(f"target {_session.target.name} is already active; targets do not nest")
-    originals = [(owner, name, owner.__dict__[name], wrap) for owner, name, wrap in _launchers()]
-    for owner, name, original, wrap in originals:
-        setattr(owner, name, wrap(original))
+    originals = [(owner, name, owner.__dict__.get(name), wrap) for owner, name, wrap in _launchers()]
+    for owner, name, _, wrap in originals:
+        setattr(owner, name, wrap(getattr(owner, name)))
     _session = _Session(target)
     try:
         yield
     finally:
         for owner, name, original, _ in originals:
-            setattr(owner, name, original)
+            if original is None:  # inherited: drop the wrapper, the base class's method shows again
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         _session = None
