@@ -47,6 +47,8 @@ def test_ops_lists_the_eight_operators_and_peer_availability():
         ["protocol", "confirm"],
         ["dispatch", "derive"],
         ["replicate"],
+        ["package"],
+        ["inspect"],
         ["serve", "bench"],
         ["serve", "trial"],
         ["serve", "accuracy"],

@@ -13,6 +13,7 @@ import typer
 from kerneltrial import workflow_cli
 from kerneltrial.analysis import cli as analysis_cli
 from kerneltrial.serving import cli as serving_cli
+from kerneltrial.submission import cli as submission_cli
 from kerneltrial.trial import cli as trial_cli
 
 app = typer.Typer(
@@ -45,6 +46,7 @@ def main(
 trial_cli.mount(app)
 analysis_cli.mount(app)
 workflow_cli.mount(app)
+submission_cli.mount(app)
 app.add_typer(serving_cli.app, name="serve", help="Serving trials: launch vLLM, benchmark, A/B, MATH-500 accuracy.")
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from kerneltrial.trial.targets import TARGETS
+
 console = Console(emoji=False)  # ":boom:" in an arm name stays text
 err = Console(stderr=True, emoji=False)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,6 +44,10 @@ def one_line_errors(fn: F) -> F:
 
 
 T = TypeVar("T")
+TARGET_OPTION = typer.Option(
+    "--target",
+    help=f"Fail every Triton launch whose grid exceeds this target's limits ({', '.join(TARGETS)}).",
+)
 
 
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:
@@ -205,6 +211,7 @@ def check(
             min=0.1, help="Seconds one check may take; a kernel that never returns ends the command with exit 1."
         ),
     ] = 600.0,
+    target: Annotated[str | None, TARGET_OPTION] = None,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
@@ -213,7 +220,9 @@ def check(
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.targets import get_target, targeting
 
+    profile = get_target(target) if target else None
     for spec in impl_module or []:
         load_user_module(spec)
     if all_ == (op is not None):
@@ -223,12 +232,16 @@ def check(
     use_gpu_panel = panel == "gpu" or (panel == "auto" and device.type == "cuda")
     if panel not in ("auto", "small", "gpu"):
         raise ValueError(f"unknown panel {panel!r}; use small, gpu or auto")
-    table = Table(title=f"correctness on {device.type}" + (" (Triton interpreter)" if launch.interpreted() else ""))
+    table = Table(
+        title=f"correctness on {device.type}"
+        + (" (Triton interpreter)" if launch.interpreted() else "")
+        + (f", launches checked against {profile.name}" if profile else "")
+    )
     for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
         table.add_column(column)
     failures = 0
     rows: list[dict[str, Any]] = []
-    with progress_bar() as bar:
+    with progress_bar() as bar, targeting(profile):
         for operator in operators:
             if shape:
                 cases = [
@@ -384,11 +397,15 @@ def run(
         int | None,
         typer.Option(help="Seed of the round order instead of the protocol's (replicates); recorded in plan.json."),
     ] = None,
+    target: Annotated[str | None, TARGET_OPTION] = None,
 ) -> None:
-    """Run a trial: correctness gate, ceilings, interleaved timing rounds (every sample's last
-    call checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
+    """Run a trial: correctness gate, ceilings, interleaved timing rounds (a random
+    call of every sample checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
     1 when none did, 2 on bad input."""
     from kerneltrial.trial.runner import run_trial
+    from kerneltrial.trial.targets import get_target
+
+    profile = get_target(target) if target else None
 
     def announce(arms: list[Any]) -> None:
         for arm in arms:
@@ -401,7 +418,9 @@ def run(
                 )
 
     with progress_bar() as bar:
-        root = run_trial(protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed)
+        root = run_trial(
+            protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed, target=profile
+        )
     summary = json.loads((root / "summary.json").read_text())
     console.print(f"run directory: {root}", soft_wrap=True)
     console.print(f"timing: {summary.get('label', '')}", soft_wrap=True)

@@ -25,6 +25,8 @@ One check = one (case, seed, arm):
    (memoisation keyed on pointers or shapes). Results are read after synchronising only
    the current stream, so work left unsynchronised on a side stream shows up as wrong.
 The runner applies steps 5 and 6 to a timed call of every sample too (`timed.TimedArm`).
+With a target active (`check`/`run --target`), a Triton launch over its grid limits fails
+the check with the kernel's name and grid (`targets`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs, Tolerance
-from kerneltrial.trial import guard
+from kerneltrial.trial import guard, targets
 
 # Upper edges of the ulp histogram bins (distance from the reference in ulps of the output
 # dtype): exactly 0, (0, 1], (1, 2], (2, 4], (4, 16], and a last bin for everything above.
@@ -392,6 +394,7 @@ def check(
     fn = impl.resolve()
     if fn is None:
         return result(None, f"unavailable: {impl.reason}")
+    launches = targets.seen()  # an over-limit launch fails the check even if the arm caught the error
     try:
         values = op.make_inputs(case, seed, device)
         reference, oracle = expected(op, values)
@@ -404,7 +407,8 @@ def check(
         if not message and thorough:
             message = aliasing(op, got, inputs.inputs, reference) or repeated(op, fn, case, seed, device, got, exact)
     except Exception as exc:  # an arm may fail in any way; the gate records it
-        return result(None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raised = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return result(None, targets.first_since(launches) or raised)
     finally:
         settle(device)
-    return result(diff, message, hist)
+    return result(diff, targets.first_since(launches) or message, hist)

@@ -36,6 +36,7 @@ from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
+from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
@@ -554,10 +555,25 @@ def run_trial(
     progress: Any = None,
     announce: Callable[[list[Impl]], None] | None = None,
     order_seed: int | None = None,
+    target: Target | None = None,
 ) -> Path:
     """Run the trial `protocol_path` describes into `out`; return the run directory.
     `announce` sees the resolved arms before any work (the CLI lists unavailable ones);
-    `order_seed` replaces the protocol's seed of the round order (recorded in plan.json)."""
+    `order_seed` replaces the protocol's seed of the round order (recorded in plan.json);
+    `target`: every Triton launch is checked against its grid limits (plan.json records it)."""
+    with targeting(target):
+        return _run_trial(protocol_path, out, resume, progress, announce, order_seed, target)
+
+
+def _run_trial(
+    protocol_path: Path,
+    out: Path,
+    resume: bool,
+    progress: Any,
+    announce: Callable[[list[Impl]], None] | None,
+    order_seed: int | None,
+    target: Target | None,
+) -> Path:
     from kerneltrial.analysis.summary import write_summary
 
     p = proto.load(protocol_path)
@@ -596,6 +612,9 @@ def run_trial(
             )
         if order_seed is not None and order_seed != plan["order_seed"]:
             raise RunError(f"{out} was started with order seed {plan['order_seed']}; resume it with that seed")
+        if plan.get("target") != (target.record() if target else None):
+            started = (plan.get("target") or {}).get("name", "(none)")
+            raise RunError(f"{out} was started with --target {started}; resume it with the same --target")
     else:
         frozen = json.loads(run.provenance.read_text()).get("freeze")
         plan = build_plan(
@@ -610,7 +629,7 @@ def run_trial(
             device,
             frozen["frozen_at"] if frozen else None,
             order_seed,
-        )
+        ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
 

@@ -1,0 +1,91 @@
+"""Submission commands: `package` (build and check a submission archive) and `inspect`
+(re-check one without importing it). Heavy imports happen inside the commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kerneltrial.trial.cli import TARGET_OPTION
+
+
+def _refuse(message: str, code: int) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+def package(
+    op: Annotated[str, typer.Argument(help="Operator the module implements (see `kerneltrial ops`).")],
+    module: Annotated[Path, typer.Argument(help="The module (.py) whose top-level function OP is the entry point.")],
+    out: Annotated[Path, typer.Option(help="The archive to write (.zip); its receipt goes beside it.")],
+    data: Annotated[list[Path] | None, typer.Option(help="A data file the module reads, packed beside it.")] = None,
+    confirmed: Annotated[
+        list[Path] | None,
+        typer.Option(help="A run directory that tested MODULE: its recorded module sha256 must match these bytes."),
+    ] = None,
+    target: Annotated[str | None, TARGET_OPTION] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds the interface check may take.")] = 1800.0,
+) -> None:
+    """Build a submission archive (MODULE at the top level, data files beside it, deterministic
+    bytes) and its receipt, after checking that MODULE is the confirmed code (--confirmed), that
+    the archive passes `inspect`, and that it imports in a fresh interpreter with exactly one
+    entry point OP of the operator's signature that passes the correctness gate (with the launch
+    limits of --target). Exit 1 when refused, naming why."""
+    from kerneltrial.ops.registry import RegistryError
+    from kerneltrial.submission.package import PackageError
+    from kerneltrial.submission.package import package as build_package
+    from kerneltrial.submission.receipt import receipt_path
+
+    try:
+        receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout)
+    except (RegistryError, ValueError) as exc:
+        raise _refuse(f"error: {exc}", 2) from None
+    except PackageError as exc:
+        raise _refuse(f"refused: {exc}", 1) from None
+    check = receipt.interface_check
+    typer.echo(
+        f"packaged {out} (sha256 {receipt.archive.sha256}, {len(receipt.files)} file(s)); receipt {receipt_path(out)}\n"
+        f"interface check passed on {check.device}: {check.checks} gate checks"
+        + (f", every launch within the {check.target} limits" if check.target else "")
+        + (f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}" if receipt.tested_in else "")
+    )
+
+
+def inspect(
+    archive: Annotated[Path, typer.Argument(help="A submission archive (.zip).")],
+    op: Annotated[str | None, typer.Option(help="The operator it must implement (default: the receipt's).")] = None,
+    receipt: Annotated[Path | None, typer.Option(help="A receipt the archive must match.")] = None,
+) -> None:
+    """Re-check a submission archive without importing it: no path traversal, absolute path,
+    link, duplicate or oversized entry; one module with a top-level function named after the
+    operator, of its signature, and no other entry point; the receipt, if given, matches.
+    Exit 0 when accepted, 1 when rejected (one line says why), 2 on bad input."""
+    from pydantic import ValidationError
+
+    from kerneltrial.ops.registry import all_ops
+    from kerneltrial.submission.archive import Rejected, inspect_archive
+    from kerneltrial.submission.receipt import Receipt
+
+    if not archive.is_file():
+        raise _refuse(f"error: {archive} is not a file", 2)
+    try:
+        recorded = Receipt.read(receipt) if receipt else None
+    except (OSError, ValidationError) as exc:
+        raise _refuse(f"error: {receipt} is not a kerneltrial receipt: {str(exc).splitlines()[0]}", 2) from None
+    try:
+        found = inspect_archive(
+            archive.read_bytes(), archive.name, {o.name: o.signature for o in all_ops()}, op, recorded
+        )
+    except Rejected as exc:
+        raise _refuse(f"rejected {archive}: {exc}", 1) from None
+    typer.echo(
+        f"accepted {archive}: entry point {found.op} in {found.module}, {len(found.files)} file(s), "
+        f"sha256 {found.archive.sha256}" + (", matches its receipt" if recorded else "")
+    )
+
+
+def mount(app: typer.Typer) -> None:
+    app.command("package")(package)
+    app.command("inspect")(inspect)

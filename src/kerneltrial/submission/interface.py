@@ -1,0 +1,116 @@
+"""The interface a submission's entry point must match: the parameters of the operator's
+registry `signature` (e.g. `zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor`), by name, in
+order, with the same defaults, and nothing else. The Track 1 workflow's package that every
+chip rejected had an entry point that did not match the interface; this is that check.
+
+Parameters are read from source with `ast` (`inspect` of an archive imports nothing) or from
+a live function (the interface check, after importing the archive in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["positional", "*args", "keyword-only", "**kwargs"]
+
+
+class NotLiteral:
+    """A default written as an expression `ast.literal_eval` cannot read (a name, a call)."""
+
+    def __repr__(self) -> str:
+        return "<not a literal>"
+
+
+NOT_LITERAL = NotLiteral()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: its name, kind and default (`text` as written, `value` as read)."""
+
+    name: str
+    kind: Kind = "positional"
+    has_default: bool = False
+    value: Any = None
+    text: str = ""
+
+    def __str__(self) -> str:
+        prefix = {"positional": "", "*args": "*", "keyword-only": "", "**kwargs": "**"}[self.kind]
+        return f"{prefix}{self.name}" + (f"={self.text}" if self.has_default else "")
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return NOT_LITERAL
+
+
+def params_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Param]:
+    """The parameters of a `def`, read from its syntax tree."""
+    a = node.args
+    positional = [*a.posonlyargs, *a.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    params = [
+        Param(p.arg, "positional") if d is None else Param(p.arg, "positional", True, _literal(d), ast.unparse(d))
+        for p, d in zip(positional, defaults, strict=True)
+    ]
+    if a.vararg:
+        params.append(Param(a.vararg.arg, "*args"))
+    for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        params.append(
+            Param(p.arg, "keyword-only")
+            if d is None
+            else Param(p.arg, "keyword-only", True, _literal(d), ast.unparse(d))
+        )
+    if a.kwarg:
+        params.append(Param(a.kwarg.arg, "**kwargs"))
+    return params
+
+
+def params_of_callable(fn: Callable[..., Any]) -> list[Param]:
+    """The parameters of a live function (`inspect.signature`)."""
+    kinds: dict[Any, Kind] = {
+        inspect.Parameter.POSITIONAL_ONLY: "positional",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.VAR_POSITIONAL: "*args",
+        inspect.Parameter.KEYWORD_ONLY: "keyword-only",
+        inspect.Parameter.VAR_KEYWORD: "**kwargs",
+    }
+    return [
+        Param(p.name, kinds[p.kind], p.default is not p.empty, p.default, repr(p.default))
+        for p in inspect.signature(fn).parameters.values()
+    ]
+
+
+def declared(signature: str) -> tuple[str, list[Param]]:
+    """The head (`op(x, weight, eps=1e-5)`) and parameters of a registry signature."""
+    head = signature[: signature.index(")") + 1]
+    node = ast.parse(f"def {head}: pass").body[0]
+    assert isinstance(node, ast.FunctionDef)
+    return head, params_of_def(node)
+
+
+def mismatch(signature: str, got: list[Param]) -> str:
+    """Why an entry point with parameters `got` does not match `signature`, or ''."""
+    head, expected = declared(signature)
+    name = head[: head.index("(")]
+    written = f"{name}({', '.join(map(str, got))})"
+    extra = [p for p in got if p.kind != "positional"]
+    if extra:
+        return f"{written} takes {extra[0]} ({extra[0].kind}); the interface is {head}: take exactly its parameters"
+    if [p.name for p in got] != [p.name for p in expected]:
+        return (
+            f"{written} does not match the interface {head}: take parameters "
+            f"{', '.join(p.name for p in expected)} in that order"
+        )
+    for want, have in zip(expected, got, strict=True):
+        if want.has_default and not have.has_default:
+            return f"parameter {have.name} of {written} has no default; the interface is {head}"
+        if want.has_default and (have.value is NOT_LITERAL or have.value != want.value):
+            return f"parameter {have.name} of {written} has another default than the interface {head}"
+    return ""

@@ -1,0 +1,292 @@
+"""Submission archives (issue 12, package): the layout, the receipt, the identity check against a
+confirmed run, the interface check in a fresh interpreter, and `inspect`'s rejections."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import stat
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneltrial.cli import app
+from kerneltrial.ops.registry import all_ops
+from kerneltrial.submission.archive import (
+    FIXED_TIME,
+    MAX_ENTRIES,
+    MAX_ENTRY_BYTES,
+    MAX_TOTAL_BYTES,
+    Rejected,
+    build,
+    inspect_archive,
+)
+from kerneltrial.submission.receipt import Receipt
+from tests.conftest import REPO
+
+GOOD = REPO / "tests" / "fixtures" / "good_rmsnorm.py"
+PLANTED = REPO / "tests" / "fixtures" / "planted"
+OPERATORS = {o.name: o.signature for o in all_ops()}
+runner = CliRunner()
+
+# A module that reads a data file beside it at import, as the derived dispatchers read their rule.
+RULED = '''"""rmsnorm whose epsilon floor comes from the rule file beside it."""
+import tomllib
+from pathlib import Path
+
+import torch
+
+RULE = tomllib.loads(Path(__file__).with_suffix(".rule.toml").read_text())
+
+
+def rmsnorm(x, weight, eps=1e-6):
+    xf = x.float()
+    eps = max(eps, RULE["eps_floor"])
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+'''
+
+
+def invoke(*args: str | Path) -> tuple[int, str]:
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def zip_of(*entries: tuple[str, bytes] | zipfile.ZipInfo, payloads: dict[str, bytes] | None = None) -> bytes:
+    """A hand-made archive (the hostile shapes `build` never writes)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate entry written on purpose
+        for entry in entries:
+            if isinstance(entry, zipfile.ZipInfo):
+                archive.writestr(entry, (payloads or {}).get(entry.filename, b""))
+            else:
+                archive.writestr(*entry)
+    return buffer.getvalue()
+
+
+def info(name: str, mode: int) -> zipfile.ZipInfo:
+    i = zipfile.ZipInfo(name)
+    i.create_system = 3
+    i.external_attr = mode << 16
+    return i
+
+
+def rejection(data: bytes, op: str | None = "rmsnorm", receipt: Receipt | None = None) -> str:
+    with pytest.raises(Rejected) as caught:
+        inspect_archive(data, "s.zip", OPERATORS, op, receipt)
+    return str(caught.value)
+
+
+GOOD_SOURCE = GOOD.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (zip_of(("../good_rmsnorm.py", GOOD_SOURCE)), "entry '../good_rmsnorm.py' climbs out of the archive"),
+        (zip_of(("a/../../x.py", GOOD_SOURCE)), "climbs out of the archive (path traversal"),
+        (zip_of(("/good_rmsnorm.py", GOOD_SOURCE)), "is an absolute path"),
+        (zip_of(("C:/good_rmsnorm.py", GOOD_SOURCE)), "is an absolute path"),
+        (zip_of(("a\\good_rmsnorm.py", GOOD_SOURCE)), "NUL or backslash"),
+        (
+            zip_of(info("good_rmsnorm.py", stat.S_IFLNK | 0o777), payloads={"good_rmsnorm.py": b"/etc/passwd"}),
+            "is a symbolic link",
+        ),
+        (zip_of(("good_rmsnorm.py", GOOD_SOURCE), ("lib/", b"")), "entry 'lib/' is a directory"),
+        (
+            zip_of(info("good_rmsnorm.py", stat.S_IFIFO | 0o644), payloads={"good_rmsnorm.py": GOOD_SOURCE}),
+            "is not a regular file (mode 0o10644)",
+        ),
+        (zip_of(("good_rmsnorm.py", GOOD_SOURCE), ("lib/x.toml", b"")), "is not at the top level"),
+        (
+            zip_of(("good_rmsnorm.py", GOOD_SOURCE), ("good_rmsnorm.py", b"def rmsnorm(x, weight, eps=1e-6): pass")),
+            "entry 'good_rmsnorm.py' appears twice",
+        ),
+        (
+            zip_of(("good_rmsnorm.py", GOOD_SOURCE), ("big.bin", bytes(MAX_ENTRY_BYTES + 1))),
+            f"entry 'big.bin' holds {MAX_ENTRY_BYTES + 1} bytes; at most {MAX_ENTRY_BYTES}",
+        ),
+        (
+            zip_of(("good_rmsnorm.py", GOOD_SOURCE), *((f"d{i}.bin", bytes(MAX_ENTRY_BYTES)) for i in range(4))),
+            f"at most {MAX_TOTAL_BYTES}",
+        ),
+        (
+            zip_of(("good_rmsnorm.py", GOOD_SOURCE), *((f"d{i}", b"") for i in range(MAX_ENTRIES))),
+            f"{MAX_ENTRIES + 1} entries; at most {MAX_ENTRIES}",
+        ),
+        (b"PK not really", "not a ZIP archive"),
+        (zip_of(("rule.toml", b"")), "holds 0 Python modules"),
+        (zip_of(("a.py", GOOD_SOURCE), ("b.py", GOOD_SOURCE)), "holds 2 Python modules (a.py, b.py)"),
+        (zip_of(("good-rmsnorm.py", GOOD_SOURCE)), "good-rmsnorm.py cannot be imported by its name"),
+        (zip_of(("m.py", b"def rmsnorm(x, weight, eps=1e-6)\n")), "m.py does not parse"),
+        (
+            zip_of(("m.py", b"def rms_norm(x, weight, eps=1e-6):\n    return x\n")),
+            "no entry point: m.py has no top-level function rmsnorm (its top-level functions: rms_norm); "
+            "name the entry point rmsnorm",
+        ),
+        (
+            zip_of(("m.py", GOOD_SOURCE + b"\ndef silu_and_mul(x):\n    return x\n")),
+            "m.py also defines silu_and_mul, named after another operator: a second entry point",
+        ),
+        (
+            zip_of(("m.py", b"def rmsnorm(input, weight, eps=1e-6):\n    return input\n")),
+            "entry point: rmsnorm(input, weight, eps=1e-06) does not match the interface rmsnorm(x, weight, eps=1e-6)",
+        ),
+        (
+            zip_of(("m.py", b"def rmsnorm(x, weight, eps):\n    return x\n")),
+            "parameter eps of rmsnorm(x, weight, eps) has no default; the interface is rmsnorm(x, weight, eps=1e-6)",
+        ),
+        (
+            zip_of(("m.py", b"def rmsnorm(x, weight, eps=1e-5):\n    return x\n")),
+            "parameter eps of rmsnorm(x, weight, eps=1e-05) has another default than the interface rmsnorm(x, weight, eps=1e-6)",
+        ),
+        (zip_of(("m.py", b"def rmsnorm(*args):\n    return args[0]\n")), "rmsnorm(*args) takes *args (*args)"),
+        (
+            zip_of(("m.py", b"from kerneltrial.ops.launch import MAX_GRID\n" + GOOD_SOURCE)),
+            "m.py imports kerneltrial, which the target does not have",
+        ),
+    ],
+)
+def test_inspect_rejects_each_unsafe_or_misnamed_archive_with_its_reason(data, reason):
+    assert reason in rejection(data)
+
+
+def test_inspect_finds_the_operator_when_none_is_named():
+    found = inspect_archive(zip_of(("good_rmsnorm.py", GOOD_SOURCE)), "s.zip", OPERATORS)
+    assert (found.op, found.module) == ("rmsnorm", "good_rmsnorm.py")
+    assert "exactly one top-level function named after an operator; found none" in rejection(
+        zip_of(("m.py", b"def f(x):\n    return x\n")), op=None
+    )
+
+
+def test_the_archive_is_deterministic_sorted_and_flat():
+    files = {"z.rule.toml": b"eps_floor = 0.0\n", "good_rmsnorm.py": GOOD_SOURCE}
+    data = build(files)
+    assert data == build(dict(reversed(files.items())))
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        infos = archive.infolist()
+    assert [i.filename for i in infos] == ["good_rmsnorm.py", "z.rule.toml"]
+    assert {(i.date_time, i.external_attr >> 16, i.compress_type) for i in infos} == {
+        (FIXED_TIME, 0o100644, zipfile.ZIP_STORED)
+    }
+
+
+def test_the_cli_inspect_exits_1_with_one_line_and_0_when_accepted(tmp_path):
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(zip_of(("../good_rmsnorm.py", GOOD_SOURCE)))
+    code, output = invoke("inspect", bad)
+    assert (
+        code == 1
+        and output.strip()
+        == f"rejected {bad}: entry '../good_rmsnorm.py' climbs out of the archive (path traversal with '..')"
+    )
+    misnamed = tmp_path / "misnamed.zip"
+    misnamed.write_bytes(build({"m.py": b"def rms_norm(x, weight, eps=1e-6):\n    return x\n"}))
+    code, output = invoke("inspect", misnamed, "--op", "rmsnorm")
+    assert code == 1 and "no entry point: m.py has no top-level function rmsnorm" in output
+    good = tmp_path / "good.zip"
+    good.write_bytes(build({"good_rmsnorm.py": GOOD_SOURCE}))
+    code, output = invoke("inspect", good)
+    assert code == 0 and output.startswith(f"accepted {good}: entry point rmsnorm in good_rmsnorm.py")
+    assert invoke("inspect", tmp_path / "absent.zip")[0] == 2
+
+
+def confirmed_run(run: Path, modules: dict[str, str], op: str = "rmsnorm") -> Path:
+    """A minimal run directory: what the runner records of the user modules it loaded."""
+    run.mkdir()
+    (run / "provenance.json").write_text(json.dumps({"impl_modules": modules}))
+    (run / "plan.json").write_text(json.dumps({"op": op}))
+    return run
+
+
+def test_package_refuses_code_that_differs_from_the_confirmed_module(tmp_path):
+    digest = hashlib.sha256(GOOD_SOURCE).hexdigest()
+    recorded = "0" * 64
+    run = confirmed_run(tmp_path / "a", {"../kernels/good_rmsnorm.py": recorded})
+    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", run)
+    assert code == 1, output
+    assert f"has sha256 {digest}, but {run} tested ../kernels/good_rmsnorm.py with sha256 {recorded}" in output
+    assert not (tmp_path / "s.zip").exists() and not (tmp_path / "s.receipt.json").exists()
+    other = confirmed_run(tmp_path / "b", {"other.py": digest})
+    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", other)
+    assert code == 1 and "ran no module named good_rmsnorm.py (its user modules: other.py)" in output
+    wrong_op = confirmed_run(tmp_path / "c", {}, op="silu_and_mul")
+    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", wrong_op)
+    assert code == 1 and "is a run of silu_and_mul, not rmsnorm" in output
+
+
+def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def rms_norm(x, weight, eps=1e-6):\n    return x\n")
+    code, output = invoke("package", "rmsnorm", module, "--out", tmp_path / "s.zip")
+    assert (
+        code == 1
+        and "refused: the archive would be rejected: no entry point: m.py has no top-level function rmsnorm" in output
+    )
+
+
+@pytest.mark.slow
+def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
+    """The happy path: identity, layout, interface check in a fresh interpreter, receipt; then the
+    receipt catches an archive whose code was changed afterwards."""
+    module, rule = tmp_path / "ruled_rmsnorm.py", tmp_path / "ruled_rmsnorm.rule.toml"
+    module.write_text(RULED)
+    rule.write_text("eps_floor = 0.0\n")
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    run = confirmed_run(tmp_path / "confirm-run", {"ruled_rmsnorm.py": digest})
+    out = tmp_path / "ship" / "submission.zip"
+    code, output = invoke(
+        "package", "rmsnorm", module, "--out", out, "--data", rule, "--confirmed", run, "--target", "ascend"
+    )
+    assert code == 0, output
+    assert "interface check passed on cpu: 20 gate checks, every launch within the ascend limits" in output
+    receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
+    assert receipt.op == "rmsnorm" and receipt.signature == "rmsnorm(x, weight, eps=1e-6) -> Tensor"
+    assert [(f.name, f.size) for f in receipt.files] == [
+        ("ruled_rmsnorm.py", len(RULED)),
+        ("ruled_rmsnorm.rule.toml", len("eps_floor = 0.0\n")),
+    ]
+    assert receipt.archive.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert receipt.tested_in[0].run_dir == "../confirm-run" and receipt.tested_in[0].module_sha256 == digest
+    assert receipt.interface_check.target == "ascend" and receipt.kerneltrial_version
+    receipt_file = tmp_path / "ship" / "submission.receipt.json"
+    assert invoke("inspect", out, "--receipt", receipt_file)[0] == 0
+    tampered = tmp_path / "tampered.zip"
+    tampered.write_bytes(build({"ruled_rmsnorm.py": RULED.encode() + b"# edited\n", rule.name: rule.read_bytes()}))
+    code, output = invoke("inspect", tampered, "--receipt", receipt_file)
+    assert code == 1 and "receipt mismatch: ruled_rmsnorm.py has sha256" in output, output
+    code, output = invoke("package", "rmsnorm", module, "--out", out)
+    assert code == 1 and "exists; a package is never overwritten" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "args", "reason"),
+    [
+        ("ruled", [], "ruled_rmsnorm.py failed to import from the unpacked archive: FileNotFoundError"),
+        ("wrong", [], "interface check failed: gate: 1x64/contiguous/bfloat16 seed 0: output has 1 NaN element(s)"),
+        (
+            "huge_grid",
+            ["--target", "ascend"],
+            "interface check failed: gate: 1x64/contiguous/bfloat16 seed 0: kernel _one_program_per_item "
+            "launched grid (70000,), over the ascend limit",
+        ),
+    ],
+)
+def test_the_interface_check_refuses_what_fails_in_a_fresh_interpreter(tmp_path, module, args, reason):
+    """A data file left out (the module reads it at import), a wrong kernel, a grid Ascend rejects."""
+    path = {
+        "ruled": tmp_path / "ruled_rmsnorm.py",
+        "wrong": REPO / "tests" / "fixtures" / "wrong_rmsnorm.py",
+        "huge_grid": PLANTED / "huge_grid.py",
+    }[module]
+    if module == "ruled":
+        path.write_text(RULED)
+        (tmp_path / "ruled_rmsnorm.rule.toml").write_text("eps_floor = 0.0\n")  # beside it, but not packed
+    code, output = invoke("package", "rmsnorm", path, "--out", tmp_path / "s.zip", *args)
+    assert code == 1 and reason in output, output
+    assert not (tmp_path / "s.zip").exists()
