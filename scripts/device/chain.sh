@@ -23,6 +23,6 @@ kt package $op src/kerneltrial/ops/$op.py --data src/kerneltrial/ops/$op.rule.to
   --out submissions/$op.zip > $OUT/logs/package.log 2>&1; echo "package: rc=$?"; tail -3 $OUT/logs/package.log
 kt inspect submissions/$op.zip --op $op --receipt submissions/$op.receipt.json; echo "inspect: rc=$?"; pack
 for target in ascend nvidia; do
-  kt check rmsnorm --module tests/fixtures/planted/huge_grid.py --target $target --shape 4x64 > $OUT/logs/huge_grid-$target.log 2>&1
+  kt check rmsnorm --impl-module tests/fixtures/planted/huge_grid.py --target $target --shape 4x64 > $OUT/logs/huge_grid-$target.log 2>&1
   echo "planted huge_grid, --target $target: rc=$? $(grep -m1 -i 'grid' $OUT/logs/huge_grid-$target.log)"
 done
