@@ -155,6 +155,17 @@ def test_inspect_rejects_each_unsafe_or_misnamed_archive_with_its_reason(data, r
     assert reason in rejection(data)
 
 
+def test_a_default_naming_a_module_constant_is_read_as_its_literal():
+    """`eps=EPS` with `EPS = 1e-6` at the top level is the interface's default (our dispatcher
+    modules write it so); a constant of another value, or one bound twice, is not."""
+    ok = b"EPS = 1e-6\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
+    assert inspect_archive(zip_of(("m.py", ok)), "s.zip", OPERATORS).op == "rmsnorm"
+    wrong = b"EPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
+    assert "parameter eps of rmsnorm(x, weight, eps=EPS) has another default" in rejection(zip_of(("m.py", wrong)))
+    rebound = b"EPS = 1e-6\nEPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
+    assert "has another default" in rejection(zip_of(("m.py", rebound)))
+
+
 def test_inspect_finds_the_operator_when_none_is_named():
     found = inspect_archive(zip_of(("good_rmsnorm.py", GOOD_SOURCE)), "s.zip", OPERATORS)
     assert (found.op, found.module) == ("rmsnorm", "good_rmsnorm.py")

@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kerneltrial.submission.interface import mismatch, params_of_def
+from kerneltrial.submission.interface import mismatch, module_constants, params_of_def
 from kerneltrial.submission.receipt import FileRecord, Receipt
 
 # A kernel module is tens of KB (the largest in kerneltrial/ops is 27 KB), a dispatch rule a few
@@ -134,7 +134,7 @@ def _entry_point(module: str, source: bytes, operators: Mapping[str, str], op: s
             f"{module} also defines {others[0]}, named after another operator: a second entry point; "
             "rename it (a leading underscore keeps it private)"
         )
-    problem = mismatch(operators[op], params_of_def(defs[op]))
+    problem = mismatch(operators[op], params_of_def(defs[op], module_constants(tree)))
     if problem:
         raise Rejected(f"entry point: {problem}")
     for node in ast.walk(tree):

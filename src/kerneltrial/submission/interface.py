@@ -43,20 +43,38 @@ class Param:
         return f"{prefix}{self.name}" + (f"={self.text}" if self.has_default else "")
 
 
-def _literal(node: ast.expr) -> Any:
+def _literal(node: ast.expr, constants: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Name) and node.id in constants:
+        return constants[node.id]
     try:
         return ast.literal_eval(node)
     except ValueError:
         return NOT_LITERAL
 
 
-def params_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Param]:
-    """The parameters of a `def`, read from its syntax tree."""
+def module_constants(tree: ast.Module) -> dict[str, Any]:
+    """Top-level names bound once to a literal (`EPS = 1e-5`): a default may name one, as the
+    live function's default is then that literal."""
+    values: dict[str, list[Any]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values.setdefault(node.targets[0].id, []).append(_literal(node.value, {}))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            values.setdefault(node.target.id, []).append(_literal(node.value, {}))
+    return {name: v[0] for name, v in values.items() if len(v) == 1 and v[0] is not NOT_LITERAL}
+
+
+def params_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef, constants: dict[str, Any] | None = None) -> list[Param]:
+    """The parameters of a `def`, read from its syntax tree; `constants` resolves defaults that
+    name a module-level literal (see `module_constants`)."""
+    constants = constants or {}
     a = node.args
     positional = [*a.posonlyargs, *a.args]
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
     params = [
-        Param(p.arg, "positional") if d is None else Param(p.arg, "positional", True, _literal(d), ast.unparse(d))
+        Param(p.arg, "positional")
+        if d is None
+        else Param(p.arg, "positional", True, _literal(d, constants), ast.unparse(d))
         for p, d in zip(positional, defaults, strict=True)
     ]
     if a.vararg:
@@ -65,7 +83,7 @@ def params_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Param]:
         params.append(
             Param(p.arg, "keyword-only")
             if d is None
-            else Param(p.arg, "keyword-only", True, _literal(d), ast.unparse(d))
+            else Param(p.arg, "keyword-only", True, _literal(d, constants), ast.unparse(d))
         )
     if a.kwarg:
         params.append(Param(a.kwarg.arg, "**kwargs"))
