@@ -22,7 +22,7 @@ def test_committed_run_verifies(run):
 
 def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
     """PERFORMANCE.md is never edited by hand: regenerate it with
-    `kerneltrial performance results/h200/*/ --out PERFORMANCE.md`."""
+    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md`."""
     from kerneltrial.analysis.report import write_performance_md
 
     runs = sorted(p for p in (REPO / "results" / "h200").iterdir() if (p / "summary.json").is_file())

@@ -28,9 +28,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from kerneltrial import __version__
 
-        typer.echo(f"kerneltrial {version('kerneltrial')}")
+        typer.echo(f"kerneltrial {__version__}")
         raise typer.Exit()
 
 

@@ -21,9 +21,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 
+from kerneltrial import __version__
 from kerneltrial.submission.archive import Rejected, build, inspect_archive
 from kerneltrial.submission.probe import ProbeResult
 from kerneltrial.submission.receipt import InterfaceRecord, Receipt, RunRecord, receipt_path
@@ -149,7 +149,7 @@ def package(
         op=op,
         signature=operator.signature,
         module=inspection.module,
-        kerneltrial_version=version("kerneltrial"),
+        kerneltrial_version=__version__,
         archive=inspection.archive,
         files=list(inspection.files),
         tested_in=tested,
