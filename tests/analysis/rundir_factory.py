@@ -37,7 +37,7 @@ import numpy as np
 import tomli_w
 
 from kerneltrial.analysis.summary import write_summary
-from kerneltrial.trial.provenance import source_digest
+from kerneltrial.rundir.provenance import source_digest
 
 C1, C2, C3, C4 = (f"{rows}x64/contiguous/bfloat16" for rows in (1, 2, 3, 4))
 

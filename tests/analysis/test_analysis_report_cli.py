@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,13 +11,16 @@ import types
 from pathlib import Path
 
 import pytest
+import typer
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
+from typer.testing import CliRunner
 
 import kerneltrial.analysis.integrity as integrity_module
 import kerneltrial.analysis.verify as verify_module
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 
 def _failed(run_dir: Path) -> dict[str, str]:
@@ -116,15 +119,24 @@ def test_not_a_run_dir_is_an_input_error(tmp_path: Path) -> None:
         verify_run_dir(tmp_path)
 
 
-def test_serving_runs_are_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     fake = types.ModuleType("kerneltrial.serving.verify")
     fake.verify_serving_run = lambda path: [] if path == tmp_path else ["wrong path"]
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
-    assert verify_run_dir(tmp_path).ok
+    app = typer.Typer(pretty_exceptions_enable=False)
+    mount(app)
+    passed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    assert passed.exit_code == 0 and "ok   serving run: every serving figure matches" in passed.output
     fake.verify_serving_run = lambda path: ["ttft p50 differs", "row 3 missing"]
-    result = verify_run_dir(tmp_path)
-    assert not result.ok and "ttft p50 differs" in result.failures[0].detail
+    failed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    assert failed.exit_code == 1 and "FAIL serving run: ttft p50 differs; row 3 missing" in failed.output
+
+
+def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
+    (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
+    with pytest.raises(RunDirError, match="a serving run directory, not a kernel one"):
+        verify_run_dir(tmp_path)
 
 
 @pytest.mark.parametrize("module", [verify_module, integrity_module])
@@ -139,7 +151,7 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
     }
     assert not [name for name in imported if "stats" in name or "summary" in name or "pandas" in name]
     analysis = {name for name in imported if name.startswith("kerneltrial.analysis")}
-    assert analysis <= {"kerneltrial.analysis.integrity", "kerneltrial.analysis.errors.RunDirError"}
+    assert analysis <= {"kerneltrial.analysis.integrity"}
 
 
 def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:

@@ -38,10 +38,10 @@ from typer.testing import CliRunner
 from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import write_performance_md, write_report
 from kerneltrial.analysis.summary import build_summary, write_summary
 from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 CHEAT = {"name": "cheat", "kind": "candidate", "available": True, "reason": None}
 GPU = {"is_gpu": True, "backend": "cuda-events"}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import load_summary, operator_name, speedup_cell, us_cell
+from kerneltrial.rundir.errors import RunDirError
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
 
 SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"

@@ -6,7 +6,7 @@ Two kinds of arm, named after an existing arm ARM:
 - `slow:ARM` — ARM followed by `Delay`, extra device work sized per case to
   `injected_slowdown` of ARM's time: it should be called a loss.
 `kerneltrial calibrate PROTOCOL` runs the control against both with the protocol's
-settings (`calibration_protocol`); another protocol's `calibration_run` names such a run,
+settings (`calibration_protocol`, run by `runner.calibrate`); another protocol's `calibration_run` names such a run,
 and `require_calibration` refuses to run until it passed on the same operator and device.
 """
 
@@ -167,15 +167,3 @@ def calibration_protocol(protocol_path: Path) -> str:
     text = tomli_w.dumps(data)
     proto.parse(text, f"calibration of {protocol_path}")
     return text
-
-
-def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
-    """A/A calibration with the protocol's settings: writes `<out>.protocol.toml` and runs it."""
-    from kerneltrial.trial.runner import run_trial
-
-    derived = out.with_name(out.name + ".protocol.toml")
-    text = calibration_protocol(protocol_path)
-    if derived.exists() and derived.read_text() != text:
-        raise CalibrationError(f"{derived} exists with other content; choose another --out")
-    derived.write_text(text)
-    return run_trial(derived, out, resume=resume, progress=progress)
