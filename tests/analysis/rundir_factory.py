@@ -123,8 +123,11 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     provenance = {
         "kind": "kernel",
         "protocol_sha256": sha,
-        "device": "cpu",
         "versions": {"python": "3.11"},
+        "device": {"gpu": None, "cpu": "x86_64"},
+        "triton_interpreter": True,
+        "clocks_at_start": None,
+        "hostname": "factory",
         "git": {"commit": "abc123", "dirty": False},
         "argv": ["kerneltrial", "run"],
         "started_at": "2025-01-01T00:00:00Z",

@@ -322,7 +322,7 @@ class Summary(Document):
     backend: str
     is_gpu: bool
     l2: str
-    op: str
+    op: str | None  # None: a plan without `op`; the protocol names the operator
     label: str
     control: str
     tie_band: float

@@ -12,7 +12,6 @@ and `require_calibration` refuses to run until it passed on the same operator an
 
 from __future__ import annotations
 
-import json
 import time
 import tomllib
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Operator
+from kerneltrial.rundir.documents import read_provenance, read_summary
+from kerneltrial.rundir.layout import SUMMARY
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.timing import Timer
 
@@ -132,19 +133,19 @@ def require_calibration(p: proto.Protocol, protocol_path: Path, device_name: str
     if p.calibration_run is None:
         return
     run = protocol_path.parent / p.calibration_run
-    if not (run / "summary.json").exists():
+    if not (run / SUMMARY).exists():
         raise CalibrationError(
             f"calibration_run {p.calibration_run!r}: no summary.json in {run}; run `kerneltrial calibrate` first"
         )
-    summary = json.loads((run / "summary.json").read_text())
-    calibration = summary.get("calibration")
-    if not calibration or not calibration.get("passed"):
+    summary = read_summary(run)
+    calibration = summary.calibration
+    if calibration is None or not calibration.passed:
         raise CalibrationError(
-            f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does"
+            f"calibration_run {p.calibration_run!r} did not pass ({calibration.sentence if calibration else 'no calibration section'}); this run does not report until it does"
         )
-    if summary.get("op") not in (None, p.op):
-        raise CalibrationError(f"calibration_run {p.calibration_run!r} calibrated {summary.get('op')!r}, not {p.op!r}")
-    calibrated_on = json.loads((run / "provenance.json").read_text()).get("device", {}).get("gpu")
+    if summary.op not in (None, p.op):
+        raise CalibrationError(f"calibration_run {p.calibration_run!r} calibrated {summary.op!r}, not {p.op!r}")
+    calibrated_on = read_provenance(run).device.gpu
     if calibrated_on != device_name:
         raise CalibrationError(
             f"calibration_run {p.calibration_run!r} ran on {calibrated_on or 'a CPU'}, this run is on {device_name or 'a CPU'}; calibrate here first"
