@@ -53,7 +53,7 @@ def test_performance_md_covers_each_run(tmp_path: Path) -> None:
     text = out.read_text()
     assert "## rmsnorm: `run_a`" in text and "## rmsnorm: `run_b`" in text
     assert "gate `no_loss`: passed by `fast`" in text
-    assert "device: cpu" in text and "versions: python 3.11" in text
+    assert "device: gpu None, cpu x86_64" in text and "versions: python 3.11" in text
     assert text.count(f"| `{C2}` | `fast` | 1.60 | 1.250 [") == 2
 
 

@@ -683,7 +683,7 @@ def test_old_reports_take_the_freeze_from_provenance(run_dir: Path) -> None:
     report = write_report(run_dir).read_text()
     assert "FROZEN" not in report and "frozen at" not in report and "wins/ties/losses" in report
     provenance = json.loads((run_dir / "provenance.json").read_text())
-    (run_dir / "provenance.json").write_text(json.dumps(provenance | {"freeze": None}))
+    (run_dir / "provenance.json").write_text(json.dumps(provenance | {"freeze": None, "impl_modules": {}}))
     assert "- **NOT FROZEN**" in write_report(run_dir).read_text()
 
 

@@ -157,8 +157,8 @@ def test_later_versions_read_as_written() -> None:
 def test_readers_refuse_unknown_versions_and_bad_fields(tmp_path: Path) -> None:
     run = _copy(CHECKED, tmp_path)
     summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps(summary | {"schema": "kerneltrial.summary/1"}))
-    with pytest.raises(RunDirError, match="schema 'kerneltrial.summary/1'; reports read kerneltrial.summary/3"):
+    (run / "summary.json").write_text(json.dumps(summary | {"schema": "kerneltrial.summary/0"}))
+    with pytest.raises(RunDirError, match="schema 'kerneltrial.summary/0'; reports read kerneltrial.summary/1"):
         read_summary(run)
     summary["cases"][0]["arms"]["control"]["n_samples"] = "many"
     (run / "summary.json").write_text(json.dumps(summary))
@@ -171,3 +171,26 @@ def test_readers_refuse_unknown_versions_and_bad_fields(tmp_path: Path) -> None:
     (run / "provenance.json").write_text("[]")
     with pytest.raises(RunDirError, match="not a JSON object"):
         read_provenance(run)
+
+
+def test_summary1_and_summary2_are_adapted(tmp_path: Path) -> None:
+    run = _copy(CALIBRATION_FIRST, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    slow = [name for name, figures in summary["calibration"]["arms"].items() if figures["kind"] == "slow"]
+    for name in slow:  # what summary/2 lacked
+        for key in ("realized_slowdown", "realized_min", "realized_max", "power_at_nominal"):
+            del summary["calibration"]["arms"][name][key]
+    (run / "summary.json").write_text(json.dumps(summary | {"schema": "kerneltrial.summary/2"}))
+    second = read_summary(run)
+    assert second.records_spreads and second.calibration is not None
+    assert all(second.calibration.arms[n].realized_min is None for n in slow)
+    for key in ("clocks", "noise_rule", "calibration"):  # what summary/1 lacked
+        del summary[key]
+    for case in summary["cases"]:
+        del case["rounds"], case["injected_delay_ns"]
+        for entry in case["arms"].values():
+            del entry["throttled_samples"], entry["spread"]
+    (run / "summary.json").write_text(json.dumps(summary | {"schema": "kerneltrial.summary/1"}))
+    first = read_summary(run)
+    assert not first.records_spreads and first.clocks is None and first.calibration is None
+    assert all(case.rounds is None for case in first.cases)

@@ -130,8 +130,12 @@ def _spread_cell(entry: ArmFigures) -> str:
 
 
 def case_table(summary: Summary) -> list[str]:
-    """One row per (case, arm), every arm including failed and unavailable ones; the throttled
-    column only when some sample was throttled."""
+    """One row per (case, arm), every arm including failed and unavailable ones.
+
+    The spread column (p90 - p10 over the median, run to run) appears when the summary has
+    spreads (not summary/1); the throttled column only when some sample was throttled.
+    """
+    with_spread = summary.records_spreads
     with_throttled = any(e.throttled_samples for c in summary.cases for e in c.arms.values())
     rows = []
     for case in summary.cases:
@@ -144,20 +148,23 @@ def case_table(summary: Summary) -> list[str]:
                 _status_cell(entry, name == summary.control),
                 _rate(entry.gbps),
                 _rate(entry.pct_of_copy_ceiling),
-                _spread_cell(entry),
             ]
+            if with_spread:
+                row.append(_spread_cell(entry))
             if with_throttled:
                 row.append(f"{entry.throttled_samples} of {entry.n_samples}" if entry.n_samples else "–")
             rows.append(row)
     confidence = int(round(100 * summary.bootstrap.confidence))
     header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
-    header += ["spread p10–p90"] + ["throttled samples"] * with_throttled
+    header += ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
     return _table(header, rows)
 
 
-def clocks_line(summary: Summary) -> str:
-    """The clock bullet of a run."""
+def clocks_line(summary: Summary) -> str | None:
+    """The clock bullet of a run; None for a summary/1 without clock figures."""
     clocks = summary.clocks
+    if clocks is None:
+        return None
     if not clocks.samples_with_clock:
         return "- clocks: no SM clock recorded per sample (no NVML); throttling not checked"
     threshold = (
@@ -175,10 +182,11 @@ def rounds_line(summary: Summary) -> str | None:
     """Rounds per case when they differ between cases or a noise rule is preregistered."""
     rounds = {c.case: c.rounds for c in summary.cases}
     rule = summary.noise_rule
-    if len(set(rounds.values())) <= 1 and rule.target_ci_width is None:
+    target = rule.target_ci_width if rule else None
+    if None in rounds.values() or (len(set(rounds.values())) <= 1 and target is None):
         return None
     text = "- rounds per case: " + ", ".join(f"`{case}` {n}" for case, n in rounds.items())
-    if rule.target_ci_width is not None:
+    if rule is not None and rule.target_ci_width is not None:
         text += (
             f" (noise rule: rounds added until the CI width is at most {rule.target_ci_width:g}, "
             f"up to {rule.max_rounds} rounds or {rule.time_budget_s} s)"
@@ -500,8 +508,7 @@ def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
         f"tie band ±{summary.tie_band:g}",
         *[line for line in (freeze_line(run_dir, summary),) if line],
         _ceilings_line(summary.ceilings),
-        clocks_line(summary),
-        *[line for line in (rounds_line(summary),) if line],
+        *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *checks_lines(summary),
         *_provenance_lines(_provenance(run_dir)),
         f"- gate `{summary.gate.rule}`: passed by {_names(summary.gate.passed_arms) or 'no arm'}",

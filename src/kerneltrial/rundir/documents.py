@@ -9,8 +9,8 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
 - provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
   them, and with the lead-check counts (`lead`).
-- summary.json: `kerneltrial.summary/3` and `/4` (timed checks). Earlier summaries are read by
-  verify only; `read_summary` refuses them by name.
+- summary.json: `kerneltrial.summary/3` and `/4` (timed checks); `/1` (before clocks, spreads,
+  per-case rounds and calibration) and `/2` (before the realized slowdown) are still read.
 
 `kerneltrial verify` reads the same files as raw JSON on purpose: it must report a malformed
 document field by field, where these readers refuse it whole.
@@ -27,6 +27,8 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PLAN, PROVENANCE, SUMMARY
 
+SUMMARY_V1 = "kerneltrial.summary/1"
+SUMMARY_V2 = "kerneltrial.summary/2"
 SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
 
@@ -99,8 +101,8 @@ class Plan(Document):
     order_seed: int | None  # None: a run from before the seeded round order was recorded
     arms: list[PlanArm]
     cases: list[PlanCase]
-    clocks: PlanClocks
-    noise_rule: NoiseRule
+    clocks: PlanClocks | None = None  # None: a plan from before clock readings
+    noise_rule: NoiseRule | None = None  # None: a plan from before the noise rule
     seeds: list[int]
     rounds: int
     tie_band: float
@@ -206,7 +208,7 @@ class ArmFigures(Document):
     gbps: float | None
     pct_of_copy_ceiling: float | None
     throttled_samples: int
-    spread: float | None
+    spread: float | None  # None: not timed (or a summary/1)
     messages: list[str]
     reason: str | None
 
@@ -218,8 +220,8 @@ class SummaryCase(Document):
     dtype: str
     bytes: int
     calls: int
-    rounds: int
-    units_planned: int
+    rounds: int | None  # None in summary/1
+    units_planned: int | None
     injected_delay_ns: float | None
     arms: dict[str, ArmFigures]
 
@@ -328,9 +330,9 @@ class Summary(Document):
     tie_band: float
     bootstrap: Bootstrap
     arms: list[PlanArm]
-    noise_rule: NoiseRule
+    noise_rule: NoiseRule | None  # None: the plan has no noise rule (or a summary/1)
     ceilings: Ceilings
-    clocks: Clocks
+    clocks: Clocks | None  # None in summary/1
     cases: list[SummaryCase]
     aggregates: dict[str, Aggregate]
     gate: Gate
@@ -341,6 +343,11 @@ class Summary(Document):
     timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
     warnings: list[str]
     inputs_sha256: dict[str, str]
+
+    @property
+    def records_spreads(self) -> bool:
+        """Whether per-arm spreads were computed (from summary/2 on; summary/1 has none)."""
+        return self.schema_ != SUMMARY_V1
 
     def compared_arms(self) -> list[str]:
         """Available arms other than the control, in plan order."""
@@ -368,7 +375,30 @@ def _summary_v3(data: dict[str, Any]) -> dict[str, Any]:
     return adapted
 
 
-SUMMARY_ADAPTERS = {SUMMARY_V3: _summary_v3, SUMMARY_V4: lambda data: data}
+def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
+    cases = [
+        {"rounds": None, "units_planned": None, "injected_delay_ns": None, **case}
+        | {"arms": {name: {"throttled_samples": 0, "spread": None, **e} for name, e in case["arms"].items()}}
+        for case in data["cases"]
+    ]
+    return {"clocks": None, "noise_rule": None, **data, "cases": cases}
+
+
+def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/2: slowed calibration arms without the realized slowdown."""
+    if not data.get("calibration"):
+        return data
+    unknown = {"realized_slowdown": {}, "realized_min": None, "realized_max": None, "power_at_nominal": None}
+    arms = {
+        name: unknown | figures if figures["kind"] == "slow" else figures
+        for name, figures in data["calibration"]["arms"].items()
+    }
+    return {**data, "calibration": {**data["calibration"], "arms": arms}}
+
+
+# each version's adapter, applied from the document's version on (summary/1 passes all three)
+SUMMARY_ADAPTERS = {SUMMARY_V1: _summary_v1, SUMMARY_V2: _summary_v2, SUMMARY_V3: _summary_v3, SUMMARY_V4: None}
 
 
 def read_summary(run_dir: Path) -> Summary:
@@ -380,13 +410,16 @@ def read_summary(run_dir: Path) -> Summary:
             f"{run_dir}: no {SUMMARY}; write it first (the runner does, or analysis.summary.write_summary)"
         )
     data = _document(run_dir, SUMMARY)
-    adapter = SUMMARY_ADAPTERS.get(data.get("schema"))
-    if adapter is None:
+    versions = list(SUMMARY_ADAPTERS)
+    if data.get("schema") not in versions:
         raise RunDirError(
-            f"{run_dir / SUMMARY}: schema {data.get('schema')!r}; reports read {', '.join(SUMMARY_ADAPTERS)} "
+            f"{run_dir / SUMMARY}: schema {data.get('schema')!r}; reports read {', '.join(versions)} "
             "(rewrite it with analysis.summary.write_summary(run_dir, overwrite=True))"
         )
-    return _validate(Summary, adapter(data), run_dir / SUMMARY)
+    for version in versions[versions.index(data["schema"]) :]:
+        adapter = SUMMARY_ADAPTERS[version]
+        data = adapter(data) if adapter else data
+    return _validate(Summary, data, run_dir / SUMMARY)
 
 
 # ---------------------------------------------------------------- reading
