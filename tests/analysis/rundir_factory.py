@@ -37,7 +37,7 @@ import numpy as np
 import tomli_w
 
 from kerneltrial.analysis.summary import write_summary
-from kerneltrial.trial.provenance import source_digest
+from kerneltrial.rundir.provenance import source_digest
 
 C1, C2, C3, C4 = (f"{rows}x64/contiguous/bfloat16" for rows in (1, 2, 3, 4))
 
@@ -124,8 +124,11 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     provenance = {
         "kind": "kernel",
         "protocol_sha256": sha,
-        "device": "cpu",
         "versions": {"python": "3.11"},
+        "device": {"gpu": None, "cpu": "x86_64"},
+        "triton_interpreter": True,
+        "clocks_at_start": None,
+        "hostname": "factory",
         "git": {"commit": "abc123", "dirty": False},
         "argv": ["kerneltrial", "run"],
         "started_at": "2025-01-01T00:00:00Z",

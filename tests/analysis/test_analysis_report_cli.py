@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -53,7 +53,7 @@ def test_performance_md_covers_each_run(tmp_path: Path) -> None:
     text = out.read_text()
     assert "## rmsnorm: `run_a`" in text and "## rmsnorm: `run_b`" in text
     assert "gate `no_loss`: passed by `fast`" in text
-    assert "device: cpu" in text and "versions: python 3.11" in text
+    assert "device: gpu None, cpu x86_64" in text and "versions: python 3.11" in text
     assert text.count(f"| `{C2}` | `fast` | 1.60 | 1.250 [") == 2
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rundir_factory import C1, RunSpec, write_run_dir
 
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.summary import build_summary, write_summary
+from kerneltrial.rundir.errors import RunDirError
 
 COPY_CEILING = 8e6 / 4200  # median of the copy rates 8e6/4000 ... 8e6/4400
 

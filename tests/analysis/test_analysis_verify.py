@@ -11,15 +11,18 @@ import types
 from pathlib import Path
 
 import pytest
+import typer
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
+from typer.testing import CliRunner
 
 import kerneltrial.analysis.integrity as integrity_module
 import kerneltrial.analysis.links as links_module
 import kerneltrial.analysis.replicates as replicates_module
 import kerneltrial.analysis.verify as verify_module
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 
 def _failed(run_dir: Path) -> dict[str, str]:
@@ -118,15 +121,24 @@ def test_not_a_run_dir_is_an_input_error(tmp_path: Path) -> None:
         verify_run_dir(tmp_path)
 
 
-def test_serving_runs_are_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     fake = types.ModuleType("kerneltrial.serving.verify")
     fake.verify_serving_run = lambda path: [] if path == tmp_path else ["wrong path"]
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
-    assert verify_run_dir(tmp_path).ok
+    app = typer.Typer(pretty_exceptions_enable=False)
+    mount(app)
+    passed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    assert passed.exit_code == 0 and "ok   serving run: every serving figure matches" in passed.output
     fake.verify_serving_run = lambda path: ["ttft p50 differs", "row 3 missing"]
-    result = verify_run_dir(tmp_path)
-    assert not result.ok and "ttft p50 differs" in result.failures[0].detail
+    failed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    assert failed.exit_code == 1 and "FAIL serving run: ttft p50 differs; row 3 missing" in failed.output
+
+
+def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
+    (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
+    with pytest.raises(RunDirError, match="a serving run directory, not a kernel one"):
+        verify_run_dir(tmp_path)
 
 
 @pytest.mark.parametrize("module", [verify_module, integrity_module, links_module, replicates_module])
@@ -145,7 +157,6 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
         "kerneltrial.analysis.integrity",
         "kerneltrial.analysis.links",
         "kerneltrial.analysis.replicates.table_problems",
-        "kerneltrial.analysis.errors.RunDirError",
     }
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 

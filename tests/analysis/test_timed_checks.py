@@ -38,10 +38,10 @@ from typer.testing import CliRunner
 from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
-from kerneltrial.analysis.errors import RunDirError
 from kerneltrial.analysis.report import write_performance_md, write_report
 from kerneltrial.analysis.summary import build_summary, write_summary
 from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
+from kerneltrial.rundir.errors import RunDirError
 
 CHEAT = {"name": "cheat", "kind": "candidate", "available": True, "reason": None}
 GPU = {"is_gpu": True, "backend": "cuda-events"}
@@ -683,7 +683,7 @@ def test_old_reports_take_the_freeze_from_provenance(run_dir: Path) -> None:
     report = write_report(run_dir).read_text()
     assert "FROZEN" not in report and "frozen at" not in report and "wins/ties/losses" in report
     provenance = json.loads((run_dir / "provenance.json").read_text())
-    (run_dir / "provenance.json").write_text(json.dumps(provenance | {"freeze": None}))
+    (run_dir / "provenance.json").write_text(json.dumps(provenance | {"freeze": None, "impl_modules": {}}))
     assert "- **NOT FROZEN**" in write_report(run_dir).read_text()
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kerneltrial.analysis.verify import verify_run_dir
-from kerneltrial.trial.calibration import CalibrationError, calibrate
-from kerneltrial.trial.runner import run_trial
+from kerneltrial.trial.calibration import CalibrationError
+from kerneltrial.trial.runner import calibrate, run_trial
 
 BASE = """
 name = "cal"

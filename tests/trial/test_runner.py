@@ -15,6 +15,7 @@ import pytest
 
 from kerneltrial.analysis.report import write_report
 from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import timing
 from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
@@ -117,7 +118,7 @@ def test_provenance_records_freeze_and_module_hashes(tmp_path):
     proto.freeze(protocol)
     run = run_trial(protocol, tmp_path / "run")
     record = json.loads((run / "provenance.json").read_text())
-    assert record["freeze"]["sha256"] == proto.sha256_of(protocol)
+    assert record["freeze"]["sha256"] == sha256_file(protocol)
     [(spec, digest)] = record["impl_modules"].items()
     assert spec.endswith("wrong_rmsnorm.py") and len(digest) == 64
 
@@ -151,7 +152,7 @@ def test_resume_after_the_summary_was_written_finishes(tmp_path):
 def test_a_declared_source_commit_wins_over_a_stale_git(monkeypatch, tmp_path):
     """A tree copied to a GPU machine may carry the .git of an earlier commit: the sender's
     KERNELTRIAL_SOURCE_COMMIT is recorded as the commit, git's own view beside it."""
-    from kerneltrial.trial import provenance
+    from kerneltrial.rundir import provenance
 
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.delenv("KERNELTRIAL_SOURCE_COMMIT", raising=False)
@@ -166,7 +167,7 @@ def test_a_declared_source_commit_wins_over_a_stale_git(monkeypatch, tmp_path):
 
 
 def test_source_digest_changes_with_any_package_file(tmp_path):
-    from kerneltrial.trial import provenance
+    from kerneltrial.rundir import provenance
 
     (tmp_path / "a.py").write_text("x = 1\n")
     (tmp_path / "sub").mkdir()

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.layout import kind_of
+
+if TYPE_CHECKING:
+    from kerneltrial.analysis.verify import VerifyResult
 
 T = TypeVar("T")
 
@@ -34,17 +38,28 @@ def _or_exit(action: Callable[[], T]) -> T:
         raise typer.Exit(2) from None
 
 
+def _verify_one(run_dir: Path) -> VerifyResult:
+    """The kernel or the serving verifier, by the run directory's kind."""
+    from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
+
+    if kind_of(run_dir) == "kernel":
+        return verify_run_dir(run_dir)
+    from kerneltrial.serving.verify import verify_serving_run
+
+    result = VerifyResult(run_dir)
+    result.add("serving run", verify_serving_run(run_dir), "every serving figure matches")
+    return result
+
+
 def verify(run_dirs: RunDirs) -> None:
     """Recompute every figure of each run directory from its raw rows and compare with summary.json.
 
     Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
     and a final line; exits 1 if any check fails, 2 on bad input.
     """
-    from kerneltrial.analysis.verify import verify_run_dir  # imported here: `--help` stays fast
-
     failed = False
     for run_dir in run_dirs:
-        result = _or_exit(lambda: verify_run_dir(run_dir))  # noqa: B023 (called at once, inside the loop)
+        result = _or_exit(lambda: _verify_one(run_dir))  # noqa: B023 (called at once, inside the loop)
         for check in result.checks:
             mark = "FAIL" if not check.ok else "ok  " if check.applicable else "n/a "
             typer.echo(f"{mark} {check.name}: {check.detail}")

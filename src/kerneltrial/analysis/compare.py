@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from kerneltrial.analysis.errors import RunDirError
-from kerneltrial.analysis.report import load_summary, operator_name, speedup_cell, us_cell
+from kerneltrial.analysis.report import operator_name, speedup_cell, us_cell
+from kerneltrial.rundir.documents import ArmFigures, Summary, read_summary
+from kerneltrial.rundir.errors import RunDirError
 
 
 @dataclass(frozen=True)
@@ -35,39 +35,39 @@ class ComparedRow:
         return self.median_b_ns / self.median_a_ns
 
 
-def _medians(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    return {c["case"]: {arm: e["median_ns_per_call"] for arm, e in c["arms"].items()} for c in summary["cases"]}
+def _medians(summary: Summary) -> dict[str, dict[str, float | None]]:
+    return {c.case: {arm: e.median_ns_per_call for arm, e in c.arms.items()} for c in summary.cases}
 
 
-def verdict_of(entry: dict[str, Any], is_control: bool) -> str:
+def verdict_of(entry: ArmFigures, is_control: bool) -> str:
     """The verdict of a timed arm ("control" for the control), else its status."""
-    if entry["status"] != "timed":
-        return entry["status"]
-    return "control" if is_control else entry["verdict"] or "–"
+    if entry.status != "timed":
+        return entry.status
+    return "control" if is_control else entry.verdict or "–"
 
 
-def compared_rows(a: dict[str, Any], b: dict[str, Any]) -> list[ComparedRow]:
+def compared_rows(a: Summary, b: Summary) -> list[ComparedRow]:
     """Rows for every (case, arm) present in both runs, in A's order."""
-    cases_b = {c["case"]: c["arms"] for c in b["cases"]}
+    cases_b = {c.case: c.arms for c in b.cases}
     return [
         ComparedRow(
-            case["case"],
+            case.case,
             arm,
-            entry["median_ns_per_call"],
-            cases_b[case["case"]][arm]["median_ns_per_call"],
-            verdict_of(entry, arm == a["control"]),
-            verdict_of(cases_b[case["case"]][arm], arm == b["control"]),
+            entry.median_ns_per_call,
+            cases_b[case.case][arm].median_ns_per_call,
+            verdict_of(entry, arm == a.control),
+            verdict_of(cases_b[case.case][arm], arm == b.control),
             speedup_cell(entry),
-            speedup_cell(cases_b[case["case"]][arm]),
+            speedup_cell(cases_b[case.case][arm]),
         )
-        for case in a["cases"]
-        if case["case"] in cases_b
-        for arm, entry in case["arms"].items()
-        if arm in cases_b[case["case"]]
+        for case in a.cases
+        if case.case in cases_b
+        for arm, entry in case.arms.items()
+        if arm in cases_b[case.case]
     ]
 
 
-def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+def _only_in(first: Summary, second: Summary) -> list[str]:
     medians_first, medians_second = _medians(first), _medians(second)
     notes = [f"case `{case}`" for case in medians_first if case not in medians_second]
     notes += [
@@ -83,14 +83,14 @@ def _only_in(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
 def compare_runs(a: Path, b: Path) -> str:
     """A markdown comparison of run directories `a` and `b` (both need summary.json) of one
     operator; RunDirError for runs of two operators (their cases cannot mean the same)."""
-    summary_a, summary_b = load_summary(Path(a)), load_summary(Path(b))
+    summary_a, summary_b = read_summary(Path(a)), read_summary(Path(b))
     op_a, op_b = operator_name(Path(a), summary_a), operator_name(Path(b), summary_b)
     if op_a != op_b:
         raise RunDirError(f"{a} is a run of {op_a}, {b} of {op_b}: compare two runs of the same operator")
-    lines = [f"A: `{a}` ({summary_a['label']})", f"B: `{b}` ({summary_b['label']})", ""]
-    if summary_a["is_gpu"] != summary_b["is_gpu"] or summary_a["backend"] != summary_b["backend"]:
+    lines = [f"A: `{a}` ({summary_a.label})", f"B: `{b}` ({summary_b.label})", ""]
+    if summary_a.is_gpu != summary_b.is_gpu or summary_a.backend != summary_b.backend:
         lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
-    if summary_a["protocol_sha256"] != summary_b["protocol_sha256"]:
+    if summary_a.protocol_sha256 != summary_b.protocol_sha256:
         lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
     lines += [
         "| case | arm | median A µs | median B µs | B/A | speedup A [CI] | speedup B [CI] | verdict A | verdict B |",

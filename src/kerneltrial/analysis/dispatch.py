@@ -8,7 +8,6 @@ for that case. Pure functions over typed records; reading run directories is `re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -19,7 +18,8 @@ from typing import Any
 
 import tomli_w
 
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.hashing import sha256_file
 
 RULE_SCHEMA = "kerneltrial.dispatch-rule/1"  # the dispatcher module checks the same string
 ANY_LAYOUT = "*"
@@ -146,10 +146,6 @@ class DerivedRule:
 
 
 # ---- reading ------------------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def superseded_by(run_dir: Path) -> str | None:

@@ -23,19 +23,16 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-MANIFEST = "manifest.json"
+from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import MANIFEST, SOURCE_ARCHIVE
+
 MANIFEST_SCHEMA = "kerneltrial.manifest/1"
-SOURCE_ARCHIVE = "source.tar.gz"
 PACKAGE_PREFIX = "kerneltrial/"
 # files a person or `kerneltrial report` may add after the run; everything else must be in the manifest
 ADDED_AFTER_RUN = ("report.md", "ERRATA.md")
 ADDED_AFTER_RUN_SUFFIX = ".png"
 REQUIRED_VERSIONS = ("python", "torch", "triton")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _added_after_run(relative: str) -> bool:
@@ -62,9 +59,9 @@ def manifest_problems(run_dir: Path) -> list[str]:
             problems.append(f"{MANIFEST} lists {relative!r}, which is not a file inside the run directory")
         elif not (run_dir / relative).is_file():
             problems.append(f"{relative} is listed in {MANIFEST} but does not exist")
-        elif _sha256(run_dir / relative) != recorded:
+        elif sha256_file(run_dir / relative) != recorded:
             problems.append(
-                f"{relative} hashes to {_sha256(run_dir / relative)[:12]}..., {MANIFEST} recorded "
+                f"{relative} hashes to {sha256_file(run_dir / relative)[:12]}..., {MANIFEST} recorded "
                 f"{str(recorded)[:12]}...: the file changed after the run"
             )
     present = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
@@ -107,7 +104,7 @@ def archive_source_digest(path: Path) -> str:
         raise ArchiveError(f"not a readable .tar.gz ({error})") from error
     if not members:
         raise ArchiveError("it holds no .py file")
-    digest = hashlib.sha256()
+    digest = hashlib.sha256()  # written out, not rundir.hashing.digest_of: verify recomputes the runner's digest
     for relative in sorted(members, key=lambda r: PurePosixPath(r).parts):
         digest.update(relative.encode() + b"\0" + members[relative] + b"\0")
     return digest.hexdigest()

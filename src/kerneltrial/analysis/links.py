@@ -10,12 +10,13 @@ and `verify` checks them again from there. Imports neither trial/ nor ops/ (veri
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kerneltrial.rundir.hashing import sha256_file
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,10 @@ class Links:
         )
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _digest_problem(what: str, path: Path, recorded: str) -> str | None:
     if not path.is_file():
         return f"{what} {path} does not exist"
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != recorded:
         return f"{what} {path} hashes to {actual[:12]}..., the link records {recorded[:12]}... (changed since)"
     return None

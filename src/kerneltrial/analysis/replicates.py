@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
 
 SCHEMA = "kerneltrial.replicates/1"
 

@@ -16,9 +16,9 @@ with the cases failed while timed or implausible, and each arm's ulp histogram.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,23 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.documents import (
+    AACalibration,
+    ArmFigures,
+    Ceilings,
+    Provenance,
+    SlowCalibration,
+    Summary,
+    SummaryCase,
+    read_provenance,
+    read_summary,
+)
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
 
 SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"
 CEILING_PNG = "ceiling.png"
-ERRATA = "ERRATA.md"
 SUPERSEDED = "Superseded by:"
 REASON = "Reason:"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
@@ -45,20 +56,9 @@ SCOPE = (
 # ---------------------------------------------------------------- loading
 
 
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "summary.json"
-    if not Path(run_dir).is_dir():
-        raise RunDirError(f"{run_dir}: not a directory")
-    if not path.is_file():
-        raise RunDirError(
-            f"{run_dir}: no summary.json; write it first (the runner does, or analysis.summary.write_summary)"
-        )
-    return json.loads(path.read_text())
-
-
-def _provenance(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "provenance.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+def _provenance(run_dir: Path) -> Provenance | None:
+    """The run's provenance.json, or None when it has none."""
+    return read_provenance(Path(run_dir)) if (Path(run_dir) / PROVENANCE).is_file() else None
 
 
 def errata(run_dir: Path) -> str | None:
@@ -79,18 +79,13 @@ def superseded_by(run_dir: Path) -> str | None:
     return _errata_field(run_dir, SUPERSEDED)
 
 
-def operator_name(run_dir: Path, summary: dict[str, Any]) -> str:
+def operator_name(run_dir: Path, summary: Summary) -> str:
     """summary's `op`, else the protocol's `op`/`operator` key, else the directory name."""
-    if summary.get("op"):
-        return str(summary["op"])
-    path = Path(run_dir) / "protocol.toml"
+    if summary.op:
+        return summary.op
+    path = Path(run_dir) / PROTOCOL
     protocol = tomllib.loads(path.read_text()) if path.is_file() else {}
     return str(protocol.get("op") or protocol.get("operator") or Path(run_dir).name)
-
-
-def compared_arms(summary: dict[str, Any]) -> list[str]:
-    """Available arms other than the control, in plan order."""
-    return [a["name"] for a in summary["arms"] if a["available"] and a["name"] != summary["control"]]
 
 
 # ---------------------------------------------------------------- formatting
@@ -105,24 +100,24 @@ def _rate(value: float | None) -> str:
     return "–" if value is None else format(value, ",.1f" if abs(value) >= 10 else ".3g")
 
 
-def speedup_cell(entry: dict[str, Any]) -> str:
-    if entry["speedup"] is None:
+def speedup_cell(entry: ArmFigures) -> str:
+    if entry.speedup is None or entry.ci_low is None or entry.ci_high is None:
         return "–"
-    return f"{entry['speedup']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]"
+    return f"{entry.speedup:.3f} [{entry.ci_low:.3f}, {entry.ci_high:.3f}]"
 
 
-def _status_cell(entry: dict[str, Any], is_control: bool) -> str:
-    if entry["status"] == "failed correctness":
-        return "**failed correctness**: " + "; ".join(entry["messages"])
-    if entry["status"] == "failed while timed":  # one row per failed sample: the first, and how many
-        messages = entry["messages"]
+def _status_cell(entry: ArmFigures, is_control: bool) -> str:
+    if entry.status == "failed correctness":
+        return "**failed correctness**: " + "; ".join(entry.messages)
+    if entry.status == "failed while timed":  # one row per failed sample: the first, and how many
+        messages = entry.messages
         more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
         return f"**failed while timed** in {len(messages)} sample(s): {messages[0]}{more}"
-    if entry["status"] == "implausible":
-        return "**implausible**: " + entry["reason"].removeprefix("implausible: ")
-    if entry["status"] in ("unavailable", "not timed"):
-        return f"{entry['status']}: {entry['reason']}"
-    return "control" if is_control else (entry["verdict"] or "no control timing")
+    if entry.status == "implausible":
+        return "**implausible**: " + (entry.reason or "").removeprefix("implausible: ")
+    if entry.status in ("unavailable", "not timed"):
+        return f"{entry.status}: {entry.reason}"
+    return "control" if is_control else (entry.verdict or "no control timing")
 
 
 def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
@@ -130,120 +125,113 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
-def _spread_cell(entry: dict[str, Any]) -> str:
-    return "–" if entry.get("spread") is None else f"{100 * entry['spread']:.1f}%"
+def _spread_cell(entry: ArmFigures) -> str:
+    return "–" if entry.spread is None else f"{100 * entry.spread:.1f}%"
 
 
-def _any_throttled(summary: dict[str, Any]) -> bool:
-    return any(e.get("throttled_samples") for c in summary["cases"] for e in c["arms"].values())
-
-
-def case_table(summary: dict[str, Any]) -> list[str]:
+def case_table(summary: Summary) -> list[str]:
     """One row per (case, arm), every arm including failed and unavailable ones.
 
     The spread column (p90 - p10 over the median, run to run) appears when the summary has
-    spreads (schema 2); the throttled column only when some sample was throttled.
+    spreads (not summary/1); the throttled column only when some sample was throttled.
     """
-    with_spread = any("spread" in e for c in summary["cases"] for e in c["arms"].values())
-    with_throttled = _any_throttled(summary)
+    with_spread = summary.records_spreads
+    with_throttled = any(e.throttled_samples for c in summary.cases for e in c.arms.values())
     rows = []
-    for case in summary["cases"]:
-        for name, entry in case["arms"].items():
+    for case in summary.cases:
+        for name, entry in case.arms.items():
             row = [
-                f"`{case['case']}`",
+                f"`{case.case}`",
                 f"`{name}`",
-                us_cell(entry["median_ns_per_call"], ",.2f"),
+                us_cell(entry.median_ns_per_call, ",.2f"),
                 speedup_cell(entry),
-                _status_cell(entry, name == summary["control"]),
-                _rate(entry["gbps"]),
-                _rate(entry["pct_of_copy_ceiling"]),
+                _status_cell(entry, name == summary.control),
+                _rate(entry.gbps),
+                _rate(entry.pct_of_copy_ceiling),
             ]
             if with_spread:
                 row.append(_spread_cell(entry))
             if with_throttled:
-                row.append(f"{entry['throttled_samples']} of {entry['n_samples']}" if entry["n_samples"] else "–")
+                row.append(f"{entry.throttled_samples} of {entry.n_samples}" if entry.n_samples else "–")
             rows.append(row)
-    confidence = int(round(100 * summary["bootstrap"]["confidence"]))
+    confidence = int(round(100 * summary.bootstrap.confidence))
     header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
     header += ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
     return _table(header, rows)
 
 
-def clocks_line(summary: dict[str, Any]) -> str | None:
-    """The clock bullet of a run; None for a schema-1 summary without clock figures."""
-    clocks = summary.get("clocks")
+def clocks_line(summary: Summary) -> str | None:
+    """The clock bullet of a run; None for a summary/1 without clock figures."""
+    clocks = summary.clocks
     if clocks is None:
         return None
-    if not clocks["samples_with_clock"]:
+    if not clocks.samples_with_clock:
         return "- clocks: no SM clock recorded per sample (no NVML); throttling not checked"
     threshold = (
         "no maximum SM clock known, throttling not checked"
-        if clocks["threshold_mhz"] is None
+        if clocks.threshold_mhz is None
         else (
-            f"{clocks['throttled_samples']} throttled (SM clock below {clocks['threshold_mhz']:g} MHz = "
-            f"{clocks['throttle_fraction']:g} x max {clocks['max_sm_mhz']} MHz)"
+            f"{clocks.throttled_samples} throttled (SM clock below {clocks.threshold_mhz:g} MHz = "
+            f"{clocks.throttle_fraction:g} x max {clocks.max_sm_mhz} MHz)"
         )
     )
-    return f"- clocks: {clocks['samples_with_clock']} samples with an SM clock reading; {threshold}"
+    return f"- clocks: {clocks.samples_with_clock} samples with an SM clock reading; {threshold}"
 
 
-def rounds_line(summary: dict[str, Any]) -> str | None:
+def rounds_line(summary: Summary) -> str | None:
     """Rounds per case when they differ between cases or a noise rule is preregistered."""
-    rounds = {c["case"]: c.get("rounds") for c in summary["cases"]}
-    rule = summary.get("noise_rule") or {}
-    if None in rounds.values() or (len(set(rounds.values())) <= 1 and rule.get("target_ci_width") is None):
+    rounds = {c.case: c.rounds for c in summary.cases}
+    rule = summary.noise_rule
+    target = rule.target_ci_width if rule else None
+    if None in rounds.values() or (len(set(rounds.values())) <= 1 and target is None):
         return None
     text = "- rounds per case: " + ", ".join(f"`{case}` {n}" for case, n in rounds.items())
-    if rule.get("target_ci_width") is not None:
+    if rule is not None and rule.target_ci_width is not None:
         text += (
-            f" (noise rule: rounds added until the CI width is at most {rule['target_ci_width']:g}, "
-            f"up to {rule.get('max_rounds')} rounds or {rule.get('time_budget_s')} s)"
+            f" (noise rule: rounds added until the CI width is at most {rule.target_ci_width:g}, "
+            f"up to {rule.max_rounds} rounds or {rule.time_budget_s} s)"
         )
     return text
 
 
-def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
+def calibration_lines(summary: Summary, h: str) -> list[str]:
     """The calibration section: A/A false-positive rates and the power to see an injected slowdown."""
-    calibration = summary.get("calibration")
-    if not calibration:
+    calibration = summary.calibration
+    if calibration is None:
         return []
     rows = [
         [
             f"`{name}`",
             "A/A copy",
-            f"`{f['base']}`",
+            f"`{f.base}`",
             _aa_verdicts(f),
-            _num(f["false_positive_rate"], ".2f"),
-            f"≤ {calibration['max_false_positive_rate']:g}",
-            _num(f["mean_ci_width"], ".4f"),
+            _num(f.false_positive_rate, ".2f"),
+            f"≤ {calibration.max_false_positive_rate:g}",
+            _num(f.mean_ci_width, ".4f"),
         ]
-        for name, f in calibration["arms"].items()
-        if f["kind"] == "aa"
+        for name, f in calibration.arms.items()
+        if isinstance(f, AACalibration)
     ]
-    delay = f"+{100 * calibration['injected_slowdown']:g}% delay"
+    delay = f"+{100 * calibration.injected_slowdown:g}% delay"
     rows += [
         [
             f"`{name}`",
             delay + _realized_note(f),
-            f"`{f['base']}`",
-            f"{f['losses']} of {f['n_cases']} loss",
-            _num(f["power"], ".2f"),
-            f"≥ {calibration['min_power']:g}",
+            f"`{f.base}`",
+            f"{f.losses} of {f.n_cases} loss",
+            _num(f.power, ".2f"),
+            f"≥ {calibration.min_power:g}",
             "–",
         ]
-        for name, f in calibration["arms"].items()
-        if f["kind"] == "slow"
+        for name, f in calibration.arms.items()
+        if isinstance(f, SlowCalibration)
     ]
-    delays = [
-        f"`{c['case']}` {c['injected_delay_ns']:,.1f} ns"
-        for c in summary["cases"]
-        if c.get("injected_delay_ns") is not None
-    ]
+    delays = [f"`{c.case}` {c.injected_delay_ns:,.1f} ns" for c in summary.cases if c.injected_delay_ns is not None]
     lines = [
         "",
-        f"{h}# Calibration: {'passed' if calibration['passed'] else '**FAILED**'}",
+        f"{h}# Calibration: {'passed' if calibration.passed else '**FAILED**'}",
         "",
-        calibration["sentence"],
+        calibration.sentence,
         "",
         *_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows),
     ]
@@ -252,49 +240,39 @@ def calibration_lines(summary: dict[str, Any], h: str) -> list[str]:
     return lines
 
 
-def _aa_verdicts(figures: dict[str, Any]) -> str:
-    """An A/A arm's claimed differences: `not_tie` before schema 4, wins or losses and inconclusive from it."""
-    if "false_positives" not in figures:
-        return f"{figures['not_tie']} of {figures['n_cases']} not tie"
-    return f"{figures['false_positives']} of {figures['n_cases']} win or loss, {figures['inconclusive']} inconclusive"
+def _aa_verdicts(figures: AACalibration) -> str:
+    """An A/A arm's claimed differences: wins or losses and inconclusive (summary/3, without an
+    inconclusive verdict: "not tie", its name then)."""
+    if figures.inconclusive is None:
+        return f"{figures.false_positives} of {figures.n_cases} not tie"
+    return f"{figures.false_positives} of {figures.n_cases} win or loss, {figures.inconclusive} inconclusive"
 
 
-def _realized_note(figures: dict[str, Any]) -> str:
-    """The slowdown a slowed arm really had, when the summary records it (schema 3)."""
-    if figures.get("realized_min") is None:
+def _realized_note(figures: SlowCalibration) -> str:
+    """The slowdown a slowed arm really had, when the summary records it."""
+    if figures.realized_min is None or figures.realized_max is None:
         return ""
-    return f" ({100 * figures['realized_min']:.1f}–{100 * figures['realized_max']:.1f}% realized)"
+    return f" ({100 * figures.realized_min:.1f}–{100 * figures.realized_max:.1f}% realized)"
 
 
-def _checked(summary: dict[str, Any]) -> bool:
-    """A schema-4 summary: timed checks, plausibility and the inconclusive verdict."""
-    return "timed_checks" in summary
-
-
-def aggregate_table(summary: dict[str, Any]) -> list[str]:
-    """One row per compared arm; a schema-4 summary adds inconclusive verdicts (W/T/L/I) and the
-    cases failed while timed or implausible."""
-    checked = _checked(summary)
+def aggregate_table(summary: Summary) -> list[str]:
+    """One row per compared arm; a run with timed checks adds inconclusive verdicts (W/T/L/I)
+    and the cases failed while timed or implausible."""
+    checked = summary.timed_checks is not None
     rows = []
-    for name in compared_arms(summary):
-        agg = summary["aggregates"][name]
-        gate = summary["gate"]["arms"][name]
-        ci = (
-            "–"
-            if agg["geomean"] is None
-            else f"{agg['geomean']:.3f} [{agg['geomean_ci_low']:.3f}, {agg['geomean_ci_high']:.3f}]"
-        )
-        worst = "–" if agg["worst"] is None else f"{agg['worst']:.3f} (`{agg['worst_case']}`)"
-        verdict = "pass" if gate["passed"] else "FAIL: " + "; ".join(gate["reasons"])
-        counts = [agg["wins"], agg["ties"], agg["losses"]] + ([agg["inconclusive"]] if checked else [])
-        disqualified = [agg["failed_correctness"]] + (
-            [agg["failed_while_timed"], agg["implausible"]] if checked else []
-        )
+    for name in summary.compared_arms():
+        agg = summary.aggregates[name]
+        gate = summary.gate.arms[name]
+        ci = "–" if agg.geomean is None else f"{agg.geomean:.3f} [{agg.geomean_ci_low:.3f}, {agg.geomean_ci_high:.3f}]"
+        worst = "–" if agg.worst is None else f"{agg.worst:.3f} (`{agg.worst_case}`)"
+        verdict = "pass" if gate.passed else "FAIL: " + "; ".join(gate.reasons)
+        counts = [agg.wins, agg.ties, agg.losses] + ([agg.inconclusive] if checked else [])
+        disqualified = [agg.failed_correctness] + ([agg.failed_while_timed, agg.implausible] if checked else [])
         rows.append(
             [
                 f"`{name}`",
                 ci,
-                _num(agg["mean"], ".3f"),
+                _num(agg.mean, ".3f"),
                 worst,
                 "/".join(map(str, counts)),
                 *map(str, disqualified),
@@ -309,15 +287,15 @@ def aggregate_table(summary: dict[str, Any]) -> list[str]:
         "W/T/L/I" if checked else "wins/ties/losses",
         "failed correctness",
     ] + ["failed while timed", "implausible"] * checked
-    return _table([*header, f"gate `{summary['gate']['rule']}`"], rows)
+    return _table([*header, f"gate `{summary.gate.rule}`"], rows)
 
 
-def ulp_table(summary: dict[str, Any], h: str) -> list[str]:
+def ulp_table(summary: Summary, h: str) -> list[str]:
     """How far each arm's outputs were from the official formula, over all its correctness checks."""
     rows = [
-        [f"`{name}`", *(f"{n:,}" for n in agg["ulp_hist"])]
-        for name, agg in summary["aggregates"].items()
-        if agg.get("ulp_hist") is not None
+        [f"`{name}`", *(f"{n:,}" for n in agg.ulp_hist)]
+        for name, agg in summary.aggregates.items()
+        if agg.ulp_hist is not None
     ]
     if not rows:
         return []
@@ -329,54 +307,54 @@ def ulp_table(summary: dict[str, Any], h: str) -> list[str]:
     ]
 
 
-def freeze_line(run_dir: Path, summary: dict[str, Any]) -> str | None:
-    """When the protocol was frozen, or a loud line that it was not: summary `frozen_at` (schema 4),
-    else the provenance freeze record of an older run; None when neither says."""
-    if "frozen_at" in summary:
-        frozen_at = summary["frozen_at"]
+def freeze_line(run_dir: Path, summary: Summary) -> str | None:
+    """When the protocol was frozen, or a loud line that it was not: summary `frozen_at` (runs
+    with timed checks), else the provenance freeze record of an older run; None when neither says."""
+    if summary.timed_checks is not None:
+        frozen_at = summary.frozen_at
     else:
         provenance = _provenance(run_dir)
-        if "freeze" not in provenance:
+        if provenance is None or not provenance.records_freeze:
             return None
-        frozen_at = (provenance["freeze"] or {}).get("frozen_at")
+        frozen_at = provenance.freeze.frozen_at if provenance.freeze else None
     if frozen_at is None:
         return "- **NOT FROZEN**: the protocol was not frozen before the run: its settings were not preregistered"
     return f"- protocol frozen at {frozen_at}"
 
 
-def checks_lines(summary: dict[str, Any]) -> list[str]:
-    """Timed checks, exactness and plausibility limits of a schema-4 summary (none before)."""
-    if not _checked(summary):
+def checks_lines(summary: Summary) -> list[str]:
+    """Timed checks, exactness and plausibility limits of a run with timed checks (none before)."""
+    counts, rule = summary.timed_checks, summary.plausibility
+    if counts is None or rule is None:
         return []
-    counts = summary["timed_checks"]
     lines = [
-        f"- timed checks: {counts['rows']:,} timing samples, the last call of each checked on fresh values; {counts['failed']} failed"
+        f"- timed checks: {counts.rows:,} timing samples, the last call of each checked on fresh values; {counts.failed} failed"
     ]
-    if summary.get("exact"):
+    if summary.exact:
         lines.append("- exact: outputs must equal the reference bit for bit")
-    rule = summary["plausibility"]
-    if not rule["applied"]:
+    if not rule.applied:
         return [*lines, "- plausibility: not judged (not a GPU run timed with CUDA events)"]
     limits = []
-    if rule["bandwidth_limit_gbps"] is not None:
+    if rule.bandwidth_limit_gbps is not None:
         limits.append(
-            f"above {_rate(rule['bandwidth_limit_gbps'])} GB/s ({100 * rule['bandwidth_margin']:g}% over "
-            "the best ceiling)"
+            f"above {_rate(rule.bandwidth_limit_gbps)} GB/s ({100 * rule.bandwidth_margin:g}% over the best ceiling)"
         )
-    if rule["time_limit_ns"] is not None:
+    if rule.time_limit_ns is not None:
         limits.append(
-            f"below {rule['time_limit_ns']:,.0f} ns per call ({rule['launch_floor_fraction']:g} x the launch floor)"
+            f"below {rule.time_limit_ns:,.0f} ns per call ({rule.launch_floor_fraction:g} x the launch floor)"
         )
     return [*lines, "- plausibility: implausible " + (" or ".join(limits) if limits else "(no limit measured)")]
 
 
-def _ceilings_line(ceilings: dict[str, Any]) -> str:
+def _ceilings_line(ceilings: Ceilings) -> str:
     line = (
-        f"- ceilings: copy {_rate(ceilings['copy_gbps'])} GB/s, read {_rate(ceilings['read_gbps'])} GB/s "
-        f"(medians of {ceilings['copy_samples']} and {ceilings['read_samples']} samples)"
+        f"- ceilings: copy {_rate(ceilings.copy_gbps)} GB/s, read {_rate(ceilings.read_gbps)} GB/s "
+        f"(medians of {ceilings.copy_samples} and {ceilings.read_samples} samples)"
     )
-    if ceilings.get("launch_floor_ns") is not None:
-        line += f", launch floor {ceilings['launch_floor_ns']:,.0f} ns (median of {ceilings['launch_samples']} empty launches)"
+    if ceilings.launch_floor_ns is not None:
+        line += (
+            f", launch floor {ceilings.launch_floor_ns:,.0f} ns (median of {ceilings.launch_samples} empty launches)"
+        )
     return line
 
 
@@ -385,20 +363,20 @@ def us_cell(ns: float | None, spec: str) -> str:
     return _num(None if ns is None else ns / 1000.0, spec)
 
 
-def banner(summary: dict[str, Any]) -> str:
+def banner(summary: Summary) -> str:
     """The timing label; loud when the run is not GPU performance."""
-    return summary["label"] if summary["is_gpu"] else f"**{summary['label']}**"
+    return summary.label if summary.is_gpu else f"**{summary.label}**"
 
 
-def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
-    lines = []
-    if provenance.get("device"):
-        lines.append(f"- device: {_compact(provenance['device'])}")
-    if provenance.get("versions"):
-        lines.append(f"- versions: {_compact(provenance['versions'])}")
-    if provenance.get("git"):
-        lines.append(f"- git: {_compact(provenance['git'])}")
-    return lines
+def _provenance_lines(provenance: Provenance | None) -> list[str]:
+    """Device, versions and git as recorded (the fields the run wrote, in its order)."""
+    if provenance is None:
+        return []
+    return [
+        f"- device: {_compact(provenance.device.model_dump(exclude_unset=True))}",
+        f"- versions: {_compact(provenance.versions)}",
+        f"- git: {_compact(provenance.git.model_dump(exclude_unset=True))}",
+    ]
 
 
 def _names(names: list[str]) -> str:
@@ -414,8 +392,8 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------- figures
 
 
-def _title(summary: dict[str, Any], text: str) -> str:
-    return text if summary["is_gpu"] else f"{text}\n({summary['label']})"
+def _title(summary: Summary, text: str) -> str:
+    return text if summary.is_gpu else f"{text}\n({summary.label})"
 
 
 def _save(fig: Figure, ax: Any, path: Path) -> Path:
@@ -426,11 +404,11 @@ def _save(fig: Figure, ax: Any, path: Path) -> Path:
     return path
 
 
-def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
+def plot_speedups(summary: Summary, path: Path) -> Path:
     """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
-    arms = compared_arms(summary)
-    cases = [c["case"] for c in summary["cases"]]
-    band = summary["tie_band"]
+    arms = summary.compared_arms()
+    cases = [c.case for c in summary.cases]
+    band = summary.tie_band
     fig = Figure(figsize=(max(6.0, 1.2 * len(cases) * max(1, len(arms)) ** 0.5 + 2), 4.5))
     ax = fig.subplots()
     ax.axhspan(1 - band, 1 + band, color="0.85", label=f"tie band ±{band:g}")
@@ -440,15 +418,15 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
         offset = (j - (len(arms) - 1) / 2) * width
         xs, ys, lows, highs = [], [], [], []
         disqualified: dict[str, list[float]] = {}
-        for i, case in enumerate(summary["cases"]):
-            entry = case["arms"][name]
-            if entry["speedup"] is not None:
+        for i, case in enumerate(summary.cases):
+            entry = case.arms[name]
+            if entry.speedup is not None and entry.ci_low is not None and entry.ci_high is not None:
                 xs.append(i + offset)
-                ys.append(entry["speedup"])
-                lows.append(entry["speedup"] - entry["ci_low"])
-                highs.append(entry["ci_high"] - entry["speedup"])
-            elif entry["status"] in DISQUALIFIED_MARKERS:
-                disqualified.setdefault(entry["status"], []).append(i + offset)
+                ys.append(entry.speedup)
+                lows.append(entry.speedup - entry.ci_low)
+                highs.append(entry.ci_high - entry.speedup)
+            elif entry.status in DISQUALIFIED_MARKERS:
+                disqualified.setdefault(entry.status, []).append(i + offset)
         line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
         for status, where in disqualified.items():
             ax.scatter(
@@ -460,15 +438,15 @@ def plot_speedups(summary: dict[str, Any], path: Path) -> Path:
                 label=f"{name}: {status}",
             )
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
-    ax.set_ylabel(f"speedup vs {summary['control']} (×)")
+    ax.set_ylabel(f"speedup vs {summary.control} (×)")
     ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
     return _save(fig, ax, path)
 
 
-def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
-    """Stacked wins / ties / losses / failed correctness per arm (schema 4: also inconclusive,
-    failed while timed and implausible)."""
-    arms = compared_arms(summary)
+def plot_verdicts(summary: Summary, path: Path) -> Path:
+    """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
+    inconclusive, failed while timed and implausible)."""
+    arms = summary.compared_arms()
     fig = Figure(figsize=(max(5.0, 1.2 * len(arms) + 2), 4))
     ax = fig.subplots()
     bottom = [0] * len(arms)
@@ -481,9 +459,10 @@ def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
         ("failed_while_timed", "failed while timed", "tab:purple"),
         ("implausible", "implausible", "tab:orange"),
     ]
-    recorded = {key for agg in summary["aggregates"].values() for key in agg}
-    for key, label, color in (bar for bar in bars if bar[0] in recorded):
-        counts = [summary["aggregates"][name][key] for name in arms]
+    for key, label, color in bars:
+        counts = [getattr(summary.aggregates[name], key) for name in arms]
+        if None in counts:  # a count the summary's version did not keep
+            continue
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.set_ylabel("cases")
@@ -491,20 +470,20 @@ def plot_verdicts(summary: dict[str, Any], path: Path) -> Path:
     return _save(fig, ax, path)
 
 
-def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
+def plot_ceiling(summary: Summary, path: Path) -> Path:
     """% of the copy ceiling per case and arm (control included)."""
-    arms = [a["name"] for a in summary["arms"] if a["available"]]
-    cases = [c["case"] for c in summary["cases"]]
+    arms = [a.name for a in summary.arms if a.available]
+    cases = [c.case for c in summary.cases]
     fig = Figure(figsize=(max(6.0, 0.5 * len(cases) * len(arms) + 2), 4))
     ax = fig.subplots()
     width = 0.8 / max(1, len(arms))
     for j, name in enumerate(arms):
-        values = [c["arms"][name]["pct_of_copy_ceiling"] or 0.0 for c in summary["cases"]]
+        values = [c.arms[name].pct_of_copy_ceiling or 0.0 for c in summary.cases]
         ax.bar([i + (j - (len(arms) - 1) / 2) * width for i in range(len(cases))], values, width, label=name)
     ax.axhline(100.0, color="black", linewidth=1)
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel("% of copy ceiling")
-    copy = summary["ceilings"]["copy_gbps"]
+    copy = summary.ceilings.copy_gbps
     ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)"))
     return _save(fig, ax, path)
 
@@ -512,10 +491,9 @@ def plot_ceiling(summary: dict[str, Any], path: Path) -> Path:
 # ---------------------------------------------------------------- documents
 
 
-def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[str]:
+def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
     """The markdown body shared by report.md and PERFORMANCE.md for one run."""
     h = "#" * level
-    ceilings = summary["ceilings"]
     corrections = errata(run_dir)
     lines = [
         f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`",
@@ -525,15 +503,15 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         *([f"{h}# Errata", "", corrections, ""] if corrections else []),
         SCOPE,
         "",
-        f"- protocol sha256: `{summary['protocol_sha256']}`",
-        f"- backend `{summary['backend']}`, L2 `{summary['l2']}`, control `{summary['control']}`, "
-        f"tie band ±{summary['tie_band']:g}",
+        f"- protocol sha256: `{summary.protocol_sha256}`",
+        f"- backend `{summary.backend}`, L2 `{summary.l2}`, control `{summary.control}`, "
+        f"tie band ±{summary.tie_band:g}",
         *[line for line in (freeze_line(run_dir, summary),) if line],
-        _ceilings_line(ceilings),
+        _ceilings_line(summary.ceilings),
         *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *checks_lines(summary),
         *_provenance_lines(_provenance(run_dir)),
-        f"- gate `{summary['gate']['rule']}`: passed by {_names(summary['gate']['passed_arms']) or 'no arm'}",
+        f"- gate `{summary.gate.rule}`: passed by {_names(summary.gate.passed_arms) or 'no arm'}",
         "",
         f"{h}# Per arm",
         "",
@@ -545,18 +523,18 @@ def run_section(run_dir: Path, summary: dict[str, Any], level: int = 1) -> list[
         "",
         *case_table(summary),
     ]
-    unavailable = [a for a in summary["arms"] if not a["available"]]
+    unavailable = [a for a in summary.arms if not a.available]
     if unavailable:
-        lines += ["", "Unavailable arms: " + "; ".join(f"`{a['name']}` ({a['reason']})" for a in unavailable)]
-    if summary["warnings"]:
-        lines += ["", f"{h}# Warnings", "", *(f"- {w}" for w in summary["warnings"])]
+        lines += ["", "Unavailable arms: " + "; ".join(f"`{a.name}` ({a.reason})" for a in unavailable)]
+    if summary.warnings:
+        lines += ["", f"{h}# Warnings", "", *(f"- {w}" for w in summary.warnings)]
     return lines
 
 
 def write_report(run_dir: Path) -> Path:
     """Write report.md and its PNG figures into the run directory; returns report.md's path."""
     run_dir = Path(run_dir)
-    summary = load_summary(run_dir)
+    summary = read_summary(run_dir)
     plot_speedups(summary, run_dir / SPEEDUP_PNG)
     plot_verdicts(summary, run_dir / VERDICTS_PNG)
     plot_ceiling(summary, run_dir / CEILING_PNG)
@@ -572,7 +550,7 @@ def write_report(run_dir: Path) -> Path:
         "",
         "Figures are drawn from summary.json; `kerneltrial verify` rebuilds every figure from the raw rows.",
     ]
-    path = run_dir / "report.md"
+    path = run_dir / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -580,29 +558,33 @@ def write_report(run_dir: Path) -> Path:
 OURS = "kerneltrial"  # the exported entry point of every operator
 
 
-def best_peer_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per case: our entry point's median against the fastest timed peer's (ratio > 1: ours faster)."""
+@dataclass(frozen=True)
+class PeerRow:
+    """One case: our entry point's median against the fastest timed peer's."""
+
+    case: str
+    ours: float
+    peer: str
+    peer_ns: float
+    pct: float | None  # our % of the copy ceiling
+
+    @property
+    def ratio(self) -> float:
+        """The peer's median over ours: > 1, ours is faster."""
+        return self.peer_ns / self.ours
+
+
+def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
+    """Per case: our entry point's median against the fastest timed peer's."""
     rows = []
-    for case in summary["cases"]:
-        arms = case["arms"]
-        ours = arms.get(OURS, {}).get("median_ns_per_call")
+    for case in cases:
+        ours = case.arms[OURS] if OURS in case.arms else None
         peers = {
-            name: e["median_ns_per_call"]
-            for name, e in arms.items()
-            if e.get("kind") == "peer" and e.get("median_ns_per_call")
+            name: e.median_ns_per_call for name, e in case.arms.items() if e.kind == "peer" and e.median_ns_per_call
         }
-        if ours and peers:
+        if ours is not None and ours.median_ns_per_call and peers:
             best = min(peers, key=peers.__getitem__)
-            rows.append(
-                {
-                    "case": case["case"],
-                    "ours": ours,
-                    "peer": best,
-                    "peer_ns": peers[best],
-                    "ratio": peers[best] / ours,
-                    "pct": arms[OURS].get("pct_of_copy_ceiling"),
-                }
-            )
+            rows.append(PeerRow(case.case, ours.median_ns_per_call, best, peers[best], ours.pct_of_copy_ceiling))
     return rows
 
 
@@ -610,15 +592,15 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
     """One line per run: our entry point against the best installed peer, case by case."""
     body = []
     for run_dir in run_dirs:
-        summary = load_summary(run_dir)
-        rows = best_peer_rows(summary)
+        summary = read_summary(run_dir)
+        rows = best_peer_rows(summary.cases)
         if not rows:
             continue
-        ratios = [r["ratio"] for r in rows]
+        ratios = [r.ratio for r in rows]
         geomean = float(np.exp(np.mean(np.log(ratios))))
-        worst = min(rows, key=lambda r: r["ratio"])
-        largest = max(summary["cases"], key=lambda c: c["bytes"])
-        pct = largest["arms"].get(OURS, {}).get("pct_of_copy_ceiling")
+        worst = min(rows, key=lambda r: r.ratio)
+        largest = max(summary.cases, key=lambda c: c.bytes)
+        pct = largest.arms[OURS].pct_of_copy_ceiling if OURS in largest.arms else None
         mark = " (errata)" if errata(run_dir) else ""
         run = f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`){mark}"
         body.append(
@@ -626,8 +608,8 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
                 run,
                 str(len(rows)),
                 f"{geomean:.3f}",
-                f"{worst['ratio']:.3f} (`{worst['case']}` vs `{worst['peer']}`)",
-                _num(pct, ".1f") + f" (`{largest['case']}`)",
+                f"{worst.ratio:.3f} (`{worst.case}` vs `{worst.peer}`)",
+                _num(pct, ".1f") + f" (`{largest.case}`)",
             ]
         )
     if not body:
@@ -668,9 +650,11 @@ def check_successors(run_dirs: list[Path]) -> None:
 def wall_seconds(run_dir: Path) -> float | None:
     """Seconds from provenance.json started_at to finished_at (None when either is missing)."""
     record = _provenance(run_dir)
+    if record is None or record.finished_at is None:
+        return None
     try:
-        started, finished = (datetime.fromisoformat(record[k]) for k in ("started_at", "finished_at"))
-    except (KeyError, TypeError, ValueError):
+        started, finished = datetime.fromisoformat(record.started_at), datetime.fromisoformat(record.finished_at)
+    except ValueError:
         return None
     return (finished - started).total_seconds()
 
@@ -680,14 +664,15 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
     successor's (what a change of method, e.g. the timed checks, costs per panel)."""
     body = []
     for run_dir in earlier:
-        started = str(_provenance(run_dir).get("started_at", "-"))[:16]
+        provenance = _provenance(run_dir)
+        started = provenance.started_at[:16] if provenance else "-"
         successor = superseded_by(run_dir)
         mine, theirs = wall_seconds(run_dir), wall_seconds(by_name[successor]) if successor in by_name else None
         ratio = f"{theirs / mine:.2f}" if mine and theirs else "-"
         body.append(
             [
                 f"`{Path(run_dir).name}`",
-                f"`{operator_name(run_dir, load_summary(run_dir))}`",
+                f"`{operator_name(run_dir, read_summary(run_dir))}`",
                 f"`{successor}`",
                 _errata_field(run_dir, REASON) or "-",
                 started,
@@ -720,7 +705,7 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     current = [d for d in run_dirs if superseded_by(d) is None]
     earlier = [d for d in run_dirs if superseded_by(d) is not None]
     check_successors(run_dirs)
-    sections = [run_section(d, load_summary(d), level=2) for d in current]
+    sections = [run_section(d, read_summary(d), level=2) for d in current]
     lines = [
         "# Performance",
         "",

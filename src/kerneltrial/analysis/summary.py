@@ -58,8 +58,6 @@ Schema `kerneltrial.summary/4` (plan.json `"checks": 1`) adds, over schema 3:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +66,10 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial.analysis import stats
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json, read_jsonl, write_json
+from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
+from kerneltrial.rundir.layout import INPUT_FILES, TIMED_CHECKS
 
 SCHEMA_V3 = "kerneltrial.summary/3"
 SCHEMA = "kerneltrial.summary/4"
@@ -82,14 +83,12 @@ FAILED_WHILE_TIMED = "failed while timed"
 IMPLAUSIBLE = "implausible"
 NOT_COMPARED = "not compared with the control"  # timed, but the control has no timing in the case
 
-TIMED_CHECKS = "timed_checks.jsonl"
 UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
 NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
-INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
 
 
 @dataclass(frozen=True)
@@ -114,10 +113,6 @@ class RunFiles:
     timings: pd.DataFrame
     ceilings: pd.DataFrame
     timed_checks: list[TimedCheck] | None = None  # None: the run has no timed_checks.jsonl
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def timing_label(backend: str, is_gpu: bool) -> str:
@@ -152,9 +147,8 @@ def load_run(run_dir: Path) -> RunFiles:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     protocol_bytes = _require(run_dir, "protocol.toml").read_bytes()
-    plan = json.loads(_require(run_dir, "plan.json").read_text())
-    correctness_path = _require(run_dir, "correctness.jsonl")
-    correctness = [json.loads(line) for line in correctness_path.read_text().splitlines() if line.strip()]
+    plan = read_json(_require(run_dir, "plan.json"))
+    correctness = read_jsonl(_require(run_dir, "correctness.jsonl"))
     timings_path = _require(run_dir, "timings.csv")
     timings = _read_csv(timings_path, TIMING_COLUMNS, {"case": str, "arm": str})
     for column in CLOCK_COLUMNS:
@@ -166,16 +160,13 @@ def load_run(run_dir: Path) -> RunFiles:
             raise RunDirError(f"{timings_path}: column {column} is not MHz or empty ({error})") from error
     ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
     timed_checks = _timed_checks(run_dir / TIMED_CHECKS) if (run_dir / TIMED_CHECKS).is_file() else None
-    return RunFiles(plan, hashlib.sha256(protocol_bytes).hexdigest(), correctness, timings, ceilings, timed_checks)
+    return RunFiles(plan, sha256_bytes(protocol_bytes), correctness, timings, ceilings, timed_checks)
 
 
 def _timed_checks(path: Path) -> list[TimedCheck]:
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row in enumerate(read_jsonl(path), start=1):
         try:
-            row = json.loads(line)
             rows.append(
                 TimedCheck(
                     str(row["case"]),
@@ -186,9 +177,9 @@ def _timed_checks(path: Path) -> list[TimedCheck]:
                     str(row.get("message") or ""),
                 )
             )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise RunDirError(
-                f"{path}:{number}: not a timed-check row ({error!r}); expected the fields case, "
+                f"{path}: row {number}: not a timed-check row ({error!r}); expected the fields case, "
                 "seed, round, arm, values_seed, passed, max_abs, max_rel, ulp, message"
             ) from error
     return rows
@@ -826,7 +817,7 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         "gate": gate,
         **schema.top_level_fields(warnings),
         "warnings": warnings,
-        "inputs_sha256": {name: _sha256(run_dir / name) for name in schema.input_files},
+        "inputs_sha256": {name: sha256_file(run_dir / name) for name in schema.input_files},
     }
     if calibration is not None:
         summary["calibration"] = calibration
@@ -840,7 +831,5 @@ def write_summary(run_dir: Path, overwrite: bool = False) -> Path:
     if path.exists() and not overwrite:
         raise RunDirError(f"{path} already exists; a finished run directory is not overwritten (pass overwrite=True)")
     summary = build_summary(run_dir)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, summary)
     return path

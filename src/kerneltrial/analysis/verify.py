@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import hashlib
 import json
 import math
 import re
@@ -45,7 +44,10 @@ from typing import Any
 import numpy as np
 
 from kerneltrial.analysis import integrity, links
-from kerneltrial.analysis.errors import RunDirError
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json, read_jsonl
+from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import INPUT_FILES, MANIFEST, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -100,8 +102,6 @@ PROTOCOL_DEFAULTS = {
 }
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}
-INPUT_FILES = ("plan.json", "correctness.jsonl", "timings.csv", "ceilings.csv")
-TIMED_CHECKS = "timed_checks.jsonl"
 AGGREGATE_FIELDS = (
     "n_cases",
     "geomean",
@@ -210,13 +210,7 @@ class VerifyResult:
 
 
 def _read_json(run_dir: Path, name: str) -> Any:
-    path = run_dir / name
-    if not path.is_file():
-        raise RunDirError(f"{run_dir}: missing {name}; not a complete run directory")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise RunDirError(f"{path}: not valid JSON ({error})") from error
+    return read_json(run_dir / name)
 
 
 def _read_csv_rows(run_dir: Path, name: str, header: list[str]) -> list[dict[str, str]]:
@@ -473,19 +467,15 @@ def _diff(where: str, recorded: dict[str, Any], recomputed: dict[str, Any], fiel
 
 
 def verify_run_dir(run_dir: Path) -> VerifyResult:
-    """Recompute every figure of a run directory and compare; see VerifyResult.checks."""
+    """Recompute every figure of a kernel run directory and compare; see VerifyResult.checks.
+    A serving run directory is serving/verify.py's (the CLI picks by `rundir.layout.kind_of`)."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir}: not a directory")
     if (run_dir / "replicates.json").is_file():
         return _verify_replicates(run_dir)
-    provenance = _read_json(run_dir, "provenance.json")
-    kind = provenance.get("kind")
-    if kind == "serving":
-        return _verify_serving(run_dir)
+    kind = kind_of(run_dir)
     if kind != "kernel":
-        raise RunDirError(f"{run_dir / 'provenance.json'}: kind {kind!r} is neither 'kernel' nor 'serving'")
-    return _verify_kernel(run_dir, provenance)
+        raise RunDirError(f"{run_dir}: a {kind} run directory, not a kernel one; check it with `kerneltrial verify`")
+    return _verify_kernel(run_dir, _read_json(run_dir, "provenance.json"))
 
 
 def _verify_replicates(root: Path) -> VerifyResult:
@@ -494,19 +484,10 @@ def _verify_replicates(root: Path) -> VerifyResult:
     from kerneltrial.analysis.replicates import table_problems
 
     result = VerifyResult(root)
-    for name in json.loads((root / "replicates.json").read_text())["runs"]:
+    for name in read_json(root / "replicates.json")["runs"]:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
-    return result
-
-
-def _verify_serving(run_dir: Path) -> VerifyResult:
-    from kerneltrial.serving.verify import verify_serving_run
-
-    result = VerifyResult(run_dir)
-    problems = verify_serving_run(run_dir)
-    result.add("serving run", list(problems), "every serving figure matches")
     return result
 
 
@@ -517,7 +498,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     result = VerifyResult(run_dir)
     plan = _read_json(run_dir, "plan.json")
     summary = _read_json(run_dir, "summary.json")
-    digest = hashlib.sha256((run_dir / "protocol.toml").read_bytes()).hexdigest()
+    digest = sha256_file(run_dir / "protocol.toml")
     for name, document in (("provenance.json", provenance), ("plan.json", plan), ("summary.json", summary)):
         recorded = document.get("protocol_sha256")
         result.add(
@@ -527,9 +508,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         )
 
     samples = _samples(run_dir)
-    correctness = [
-        json.loads(line) for line in (run_dir / "correctness.jsonl").read_text().splitlines() if line.strip()
-    ]
+    correctness = read_jsonl(run_dir / "correctness.jsonl")
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
     contract = _check_schema(plan, summary, samples, result)
     inputs = (*INPUT_FILES, TIMED_CHECKS) if contract.checked else INPUT_FILES
@@ -674,7 +653,7 @@ def _check_integrity(
     result.add(
         "manifest",
         integrity.manifest_problems(run_dir),
-        f"every file hashes as {integrity.MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md",
+        f"every file hashes as {MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md",
     )
     result.add(
         "provenance",
@@ -684,7 +663,7 @@ def _check_integrity(
     result.add(
         "source archive",
         integrity.source_problems(run_dir, provenance),
-        f"{integrity.SOURCE_ARCHIVE} digests to git.source_sha256",
+        f"{SOURCE_ARCHIVE} digests to git.source_sha256",
     )
     frozen = plan.get("frozen_at")
     result.add(
@@ -951,7 +930,7 @@ def _changed_inputs(run_dir: Path, recorded: dict[str, str], names: tuple[str, .
         if not (run_dir / name).is_file():
             problems.append(f"{name} is missing")
             continue
-        digest = hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+        digest = sha256_file(run_dir / name)
         if digest != recorded.get(name):
             problems.append(f"{name} hashes to {digest[:12]}..., summary.json recorded {recorded.get(name)}")
     return problems

@@ -175,7 +175,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 def _execute(
     proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
 ) -> None:
-    from kerneltrial.serving.trial import RunDirError, run_protocol  # here: `--help` stays fast
+    from kerneltrial.rundir.errors import RunDirError
+    from kerneltrial.serving.trial import run_protocol  # here: `--help` stays fast
 
     try:
         proto = parse_protocol(proto_text, base_dir)

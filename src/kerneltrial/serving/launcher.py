@@ -90,30 +90,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def gpu_info() -> list[dict[str, str]] | None:
-    """nvidia-smi's view of the GPUs, or None where there is no nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    fields = "name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit,pci.bus_id"
-    try:
-        out = subprocess.run(
-            [exe, f"--query-gpu={fields}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [{"error": str(e)}]
-    keys = fields.split(",")
-    return [
-        dict(zip(keys, (c.strip() for c in line.split(",")), strict=False))
-        for line in out.stdout.splitlines()
-        if line.strip()
-    ]
-
-
 _VERSIONS_SNIPPET = r"""
 import json, importlib.metadata as m
 out = {}

@@ -15,10 +15,6 @@ Run directory (see docs/serving.md):
 
 from __future__ import annotations
 
-import csv
-import datetime as _dt
-import hashlib
-import json
 import os
 import platform
 import random
@@ -30,6 +26,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.rundir import layout
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
+from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
+from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
@@ -43,15 +44,14 @@ from kerneltrial.serving.launcher import (
     LaunchError,
     Server,
     ServerSpec,
-    gpu_info,
     operator_env,
     probe_versions,
     python_for,
 )
 from kerneltrial.serving.protocol import Arm, Protocol
-from kerneltrial.trial import provenance
 
 Event = Callable[..., None]
+GPU_FIELDS = ("name", "driver_version", "memory.total", "clocks.max.sm", "clocks.sm", "power.limit", "pci.bus_id")
 REQUEST_FIELDS = [
     "launch",
     "arm",
@@ -71,34 +71,6 @@ REQUEST_FIELDS = [
 ]
 
 
-class RunDirError(RuntimeError):
-    pass
-
-
-def sha256_bytes(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-def sha256_file(p: Path) -> str:
-    return sha256_bytes(p.read_bytes())
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, default=str) + "\n")
-        fh.flush()
-
-
 def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
     """(round, position, arm name): each round runs every arm once in a seeded random order."""
     rng = random.Random(seed)
@@ -116,7 +88,7 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
             f"run directory {out} already holds files; a run directory is never overwritten, pick a new --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "protocol.toml").write_bytes(protocol_bytes)
+    (out / layout.PROTOCOL).write_bytes(protocol_bytes)
     return sha256_bytes(protocol_bytes)
 
 
@@ -254,7 +226,7 @@ def run_protocol(
         "accuracy": asdict(proto.accuracy) if proto.accuracy else None,
         "acceptance": {"noise_band": proto.noise_band, "ttft_ratio_max": proto.ttft_ratio_max},
     }
-    write_json(out / "plan.json", plan)
+    write_json(out / layout.PLAN, plan)
     prov: dict[str, Any] = {
         "kind": "serving",
         "protocol_sha256": sha,
@@ -265,20 +237,19 @@ def run_protocol(
         "hostname": socket.gethostname(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "git": provenance.git_state(Path(__file__).resolve().parents[3]),
-        "gpu": gpu_info(),
+        "git": git_state(),
+        "gpu": nvidia_smi(GPU_FIELDS, units=True),
         "client": {"vllm": vllm, "versions": probe_versions(python_for(vllm))},
         "server_versions": {},
         "environment": operator_env(os.environ),
         "timings": {},
     }
-    write_json(out / "provenance.json", prov)
+    write_json(out / layout.PROVENANCE, prov)
     runs: list[dict[str, Any]] = []
     acc: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
-    req_path = out / "requests.csv"
-    with open(req_path, "w", newline="") as fh:
-        csv.DictWriter(fh, REQUEST_FIELDS).writeheader()
+    with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
+        pass  # the header, before any run: an empty table says no request was made
     total = len(order) * len(proto.cases) * proto.repeats
     emit("start", total=total)
     t_all = time.monotonic()
@@ -306,7 +277,7 @@ def run_protocol(
                         proto.ready_timeout_s,
                         proto.stop_grace_s,
                     )
-                    server = Server(spec, out / "launches" / tag / "server.log")
+                    server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log")
                     base_url = spec.base_url
                     ctx = server
                     emit("launch", launch=launch, arm=name, argv=argv_x)
@@ -317,7 +288,7 @@ def run_protocol(
                     if proto.accuracy is not None and name not in acc:
                         emit("accuracy", arm=name)
                         t_acc = time.monotonic()
-                        res = run_accuracy(base_url, proto.model_id, proto.accuracy, out / "accuracy" / name)
+                        res = run_accuracy(base_url, proto.model_id, proto.accuracy, out / layout.ACCURACY_DIR / name)
                         if server is not None:
                             server.check_alive("the accuracy run")
                         acc[name] = {
@@ -350,7 +321,7 @@ def run_protocol(
                 if server is not None:
                     row.update({k: v for k, v in server.record.items()})
                     row["timings"] = dict(server.timings)
-                append_jsonl(out / "launches.jsonl", row)
+                append_jsonl(out / layout.LAUNCHES, row)
         prov["status"] = "finished"
     except KeyboardInterrupt:
         prov["status"] = "interrupted"
@@ -362,10 +333,10 @@ def run_protocol(
     finally:
         prov["finished_at"] = now()
         prov["timings"]["total_s"] = time.monotonic() - t_all
-        write_json(out / "provenance.json", prov)
+        write_json(out / layout.PROVENANCE, prov)
         if prov["status"] != "interrupted":
             summary = summarise(proto, runs, acc, sha, failures)
-            write_json(out / "summary.json", summary)
+            write_json(out / layout.SUMMARY, summary)
             emit("done", summary=summary)
     return summary
 
@@ -394,7 +365,7 @@ def _bench_launch(
     for case in proto.cases:
         for k in range(proto.repeats):
             seed = proto.seed + k
-            rdir = out / "raw" / tag / case.id
+            rdir = out / layout.RAW_DIR / tag / case.id
             argv = bench_argv(
                 vllm, base_url, proto.model_id, proto.tokenizer, case, rdir, f"run{k}.json", seed, proto.percentiles
             )
@@ -416,7 +387,7 @@ def _bench_launch(
                 if (rdir / f"run{k}.json").is_file():
                     row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
                 runs.append(row)
-                append_jsonl(out / "runs.jsonl", row)
+                append_jsonl(out / layout.RUNS, row)
                 raise
             row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
             row["wall_s"] = time.monotonic() - t0
@@ -429,9 +400,9 @@ def _bench_launch(
                 row["status"] = "ok"
             row.update(m)
             runs.append(row)
-            append_jsonl(out / "runs.jsonl", row)
-            with open(out / "requests.csv", "a", newline="") as fh:
-                w = csv.DictWriter(fh, REQUEST_FIELDS)
+            append_jsonl(out / layout.RUNS, row)
+            with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS) as append:
                 for rq in request_rows(raw):
-                    w.writerow({"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq})
+                    cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
+                    append([cells.get(field, "") for field in REQUEST_FIELDS])
             emit("ran", row=row)

@@ -8,12 +8,15 @@ everything matched.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json, read_jsonl
+from kerneltrial.rundir.hashing import sha256_file
 
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
@@ -90,16 +93,12 @@ def _wilson(k: int, n: int, conf: float) -> tuple[float, float]:
 
 
 def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    rows = []
-    if not path.is_file():
-        return rows
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                problems.append(f"{path.name} line {n} is not JSON")
-    return rows
+    """The rows of a JSON-lines file; a line that is not JSON becomes a problem (and no rows)."""
+    try:
+        return read_jsonl(path)
+    except RunDirError as error:
+        problems.append(str(error))
+        return []
 
 
 def verify_serving_run(path: Path) -> list[str]:
@@ -109,10 +108,10 @@ def verify_serving_run(path: Path) -> list[str]:
     missing = [f for f in need if not (path / f).is_file()]
     if missing:
         return [f"missing file(s): {', '.join(missing)}"]
-    sha = hashlib.sha256((path / "protocol.toml").read_bytes()).hexdigest()
-    prov = json.loads((path / "provenance.json").read_text())
-    plan = json.loads((path / "plan.json").read_text())
-    summary = json.loads((path / "summary.json").read_text())
+    sha = sha256_file(path / "protocol.toml")
+    prov = read_json(path / "provenance.json")
+    plan = read_json(path / "plan.json")
+    summary = read_json(path / "summary.json")
     if prov.get("kind") != "serving":
         problems.append(f"provenance.json kind is {prov.get('kind')!r}, not 'serving'")
     for name, doc in (("provenance.json", prov), ("plan.json", plan), ("summary.json", summary)):
@@ -130,7 +129,7 @@ def verify_serving_run(path: Path) -> list[str]:
             if r.get("status") == "ok":
                 problems.append(f"{where}: raw file {r.get('raw')} missing")
             continue
-        if r.get("raw_sha256") != hashlib.sha256(rawp.read_bytes()).hexdigest():
+        if r.get("raw_sha256") != sha256_file(rawp):
             problems.append(f"{where}: raw file {r.get('raw')} sha256 differs from runs.jsonl")
         if "completed" not in r:
             continue

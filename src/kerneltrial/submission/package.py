@@ -14,7 +14,6 @@ Only then are the archive and its receipt (`receipt.Receipt`) written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kerneltrial import __version__
+from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.submission.archive import Rejected, build, inspect_archive
 from kerneltrial.submission.probe import ProbeResult
 from kerneltrial.submission.receipt import InterfaceRecord, Receipt, RunRecord, receipt_path
@@ -68,7 +68,7 @@ def confirmed_run(run_dir: Path, module: Path, digest: str, op: str, receipt_fol
     return RunRecord(
         run_dir=Path(os.path.relpath(run_dir.resolve(), receipt_folder.resolve())).as_posix(),
         module_sha256=digest,
-        manifest_sha256=hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None,
+        manifest_sha256=sha256_file(manifest) if manifest.is_file() else None,
     )
 
 
@@ -133,7 +133,7 @@ def package(
         files[path.name] = path.read_bytes()
     if module.suffix != ".py":
         raise PackageError(f"{module} is not a Python module (.py)")
-    digest = hashlib.sha256(files[module.name]).hexdigest()
+    digest = sha256_bytes(files[module.name])
     tested = [confirmed_run(run, module, digest, op, out.parent) for run in confirmed]
     archive = build(files)
     try:

@@ -6,13 +6,12 @@ Two kinds of arm, named after an existing arm ARM:
 - `slow:ARM` — ARM followed by `Delay`, extra device work sized per case to
   `injected_slowdown` of ARM's time: it should be called a loss.
 `kerneltrial calibrate PROTOCOL` runs the control against both with the protocol's
-settings (`calibration_protocol`); another protocol's `calibration_run` names such a run,
+settings (`calibration_protocol`, run by `runner.calibrate`); another protocol's `calibration_run` names such a run,
 and `require_calibration` refuses to run until it passed on the same operator and device.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import tomllib
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Operator
+from kerneltrial.rundir.documents import read_provenance, read_summary
+from kerneltrial.rundir.layout import SUMMARY
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.timing import Timer
 
@@ -132,19 +133,19 @@ def require_calibration(p: proto.Protocol, protocol_path: Path, device_name: str
     if p.calibration_run is None:
         return
     run = protocol_path.parent / p.calibration_run
-    if not (run / "summary.json").exists():
+    if not (run / SUMMARY).exists():
         raise CalibrationError(
             f"calibration_run {p.calibration_run!r}: no summary.json in {run}; run `kerneltrial calibrate` first"
         )
-    summary = json.loads((run / "summary.json").read_text())
-    calibration = summary.get("calibration")
-    if not calibration or not calibration.get("passed"):
+    summary = read_summary(run)
+    calibration = summary.calibration
+    if calibration is None or not calibration.passed:
         raise CalibrationError(
-            f"calibration_run {p.calibration_run!r} did not pass ({(calibration or {}).get('sentence', 'no calibration section')}); this run does not report until it does"
+            f"calibration_run {p.calibration_run!r} did not pass ({calibration.sentence if calibration else 'no calibration section'}); this run does not report until it does"
         )
-    if summary.get("op") not in (None, p.op):
-        raise CalibrationError(f"calibration_run {p.calibration_run!r} calibrated {summary.get('op')!r}, not {p.op!r}")
-    calibrated_on = json.loads((run / "provenance.json").read_text()).get("device", {}).get("gpu")
+    if summary.op not in (None, p.op):
+        raise CalibrationError(f"calibration_run {p.calibration_run!r} calibrated {summary.op!r}, not {p.op!r}")
+    calibrated_on = read_provenance(run).device.gpu
     if calibrated_on != device_name:
         raise CalibrationError(
             f"calibration_run {p.calibration_run!r} ran on {calibrated_on or 'a CPU'}, this run is on {device_name or 'a CPU'}; calibrate here first"
@@ -167,15 +168,3 @@ def calibration_protocol(protocol_path: Path) -> str:
     text = tomli_w.dumps(data)
     proto.parse(text, f"calibration of {protocol_path}")
     return text
-
-
-def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
-    """A/A calibration with the protocol's settings: writes `<out>.protocol.toml` and runs it."""
-    from kerneltrial.trial.runner import run_trial
-
-    derived = out.with_name(out.name + ".protocol.toml")
-    text = calibration_protocol(protocol_path)
-    if derived.exists() and derived.read_text() != text:
-        raise CalibrationError(f"{derived} exists with other content; choose another --out")
-    derived.write_text(text)
-    return run_trial(derived, out, resume=resume, progress=progress)

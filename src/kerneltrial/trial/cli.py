@@ -455,7 +455,7 @@ def calibrate(
     injected delay (protocol `injected_slowdown`, default 3%), with the protocol's settings.
     Reports the false-positive rate of win/loss verdicts, CI widths and the power to see the
     slowdown. Name the result in another protocol's `calibration_run` to require it."""
-    from kerneltrial.trial.calibration import calibrate as run_calibration
+    from kerneltrial.trial.runner import calibrate as run_calibration
 
     with progress_bar() as bar:
         root = run_calibration(protocol, out, resume=resume, progress=bar)

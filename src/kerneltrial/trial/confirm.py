@@ -15,8 +15,9 @@ import os
 import tomllib
 from pathlib import Path
 
-from kerneltrial.analysis.links import Link, Links, RunLink, link_problems, seed_problems, sha256_of
+from kerneltrial.analysis.links import Link, Links, RunLink, link_problems, seed_problems
 from kerneltrial.ops.registry import Case
+from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import protocol as proto
 
 # Settings a confirmation takes from the first run it confirms: what was measured is measured
@@ -69,7 +70,7 @@ def write_confirmation(
     if not runs:
         raise proto.ProtocolError(f"{rule} cites no runs; a confirmation confirms a rule derived from runs")
     for run, recorded in runs:
-        if not (run / "summary.json").is_file() or sha256_of(run / "summary.json") != recorded:
+        if not (run / "summary.json").is_file() or sha256_file(run / "summary.json") != recorded:
             raise proto.ProtocolError(
                 f"{run}/summary.json is missing or no longer hashes as {rule} cites it ({recorded[:12]}...)"
             )
@@ -83,12 +84,12 @@ def write_confirmation(
             cases.setdefault(case.id, case)
     folder = out.resolve().parent
     links = Links(
-        Link(_relative(rule, folder), sha256_of(rule)),
+        Link(_relative(rule, folder), sha256_file(rule)),
         tuple(
             RunLink(
                 _relative(run, folder),
                 recorded,
-                sha256_of(run / "manifest.json") if (run / "manifest.json").is_file() else None,
+                sha256_file(run / "manifest.json") if (run / "manifest.json").is_file() else None,
             )
             for run, recorded in runs
         ),

@@ -11,10 +11,8 @@ candidate chosen beforehand, and use seeds disjoint from the exploratory phase's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tomllib
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +20,8 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kerneltrial.ops.registry import DTYPES, Case
+from kerneltrial.rundir.files import now
+from kerneltrial.rundir.hashing import sha256_file
 
 
 class ProtocolError(ValueError):
@@ -166,10 +166,6 @@ class Protocol(BaseModel):
         return [self.control, *self.candidates]
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def freeze_path(path: Path) -> Path:
     return path.with_name(path.name + ".freeze.json")
 
@@ -199,7 +195,7 @@ def load(path: Path) -> Protocol:
     record = freeze_path(path)
     if record.exists():
         frozen = json.loads(record.read_text())
-        if frozen["sha256"] != sha256_of(path):
+        if frozen["sha256"] != sha256_file(path):
             raise ProtocolError(
                 f"{path} changed after it was frozen at {frozen['frozen_at']} "
                 f"(sha256 {frozen['sha256'][:12]}...); restore it or write a new protocol"
@@ -223,7 +219,7 @@ def freeze(path: Path) -> dict[str, str]:
     """Validate `path` and record its sha256 and the time; refuse to re-freeze a changed file."""
     parse(path.read_text(), str(path))
     record = freeze_path(path)
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if record.exists():
         frozen = json.loads(record.read_text())
         if frozen["sha256"] != digest:
@@ -231,7 +227,7 @@ def freeze(path: Path) -> dict[str, str]:
                 f"{path} was frozen with another content at {frozen['frozen_at']}; a frozen protocol is never re-frozen"
             )
         return frozen
-    frozen = {"sha256": digest, "frozen_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    frozen = {"sha256": digest, "frozen_at": now()}
     record.write_text(json.dumps(frozen, indent=2) + "\n")
     return frozen
 

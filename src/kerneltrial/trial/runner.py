@@ -16,12 +16,9 @@ A finished run directory is never overwritten.
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +28,29 @@ import torch
 from kerneltrial.analysis.links import Links
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
+from kerneltrial.rundir import provenance as source_provenance
+from kerneltrial.rundir.files import (
+    csv_appender,
+    jsonl_appender,
+    now,
+    read_csv,
+    read_json,
+    read_jsonl,
+    trim_partial_line,
+    write_json,
+)
+from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import RunDir
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
-from kerneltrial.trial.calibration import Delay, calibration_arm, require_calibration, size_delay
+from kerneltrial.trial.calibration import (
+    CalibrationError,
+    Delay,
+    calibration_arm,
+    calibration_protocol,
+    require_calibration,
+    size_delay,
+)
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.targets import Target, targeting
@@ -49,93 +66,6 @@ class RunError(RuntimeError):
     """The run cannot start or continue; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class RunDir:
-    """The files of a kernel run directory (docs/DESIGN.md, "Run directory")."""
-
-    root: Path
-
-    @property
-    def protocol(self) -> Path:
-        return self.root / "protocol.toml"
-
-    @property
-    def provenance(self) -> Path:
-        return self.root / "provenance.json"
-
-    @property
-    def plan(self) -> Path:
-        return self.root / "plan.json"
-
-    @property
-    def correctness(self) -> Path:
-        return self.root / "correctness.jsonl"
-
-    @property
-    def ceilings(self) -> Path:
-        return self.root / "ceilings.csv"
-
-    @property
-    def timings(self) -> Path:
-        return self.root / "timings.csv"
-
-    @property
-    def timed_checks(self) -> Path:
-        return self.root / "timed_checks.jsonl"
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
-
-    @property
-    def source(self) -> Path:
-        return self.root / "source.tar.gz"
-
-
-def trim_partial_line(path: Path) -> None:
-    """Drop a last line a killed process left half-written."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
-@contextmanager
-def csv_appender(path: Path, columns: list[str]) -> Iterator[Any]:
-    new = not path.exists() or path.stat().st_size == 0
-    with path.open("a", newline="") as handle:
-        writer = csv.writer(handle)
-        if new:
-            writer.writerow(columns)
-            handle.flush()
-
-        def append(row: list[Any]) -> None:
-            writer.writerow(row)
-            handle.flush()
-
-        yield append
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
-
-
 def module_hashes(p: proto.Protocol, protocol_path: Path) -> dict[str, str]:
     """sha256 of each user kernel file the protocol loads (dotted modules: of their file)."""
     import importlib.util
@@ -147,7 +77,7 @@ def module_hashes(p: proto.Protocol, protocol_path: Path) -> dict[str, str]:
         if not path.is_file():
             found = importlib.util.find_spec(spec)
             path = Path(found.origin) if found and found.origin else path
-        hashes[spec] = proto.sha256_of(path) if path.is_file() else "unknown"
+        hashes[spec] = sha256_file(path) if path.is_file() else "unknown"
     return hashes
 
 
@@ -158,17 +88,17 @@ def prepare(
     files or devices. A new run records the freeze record, the user modules' hashes and a
     confirmation's links (`confirmation`, paths relative to the run directory)."""
     run = RunDir(out)
-    digest = proto.sha256_of(protocol_path)
+    digest = sha256_file(protocol_path)
     modules = module_hashes(p, protocol_path)
     if out.exists() and any(out.iterdir()):
-        record = json.loads(run.provenance.read_text()) if run.provenance.exists() else {}
+        record = read_json(run.provenance) if run.provenance.exists() else {}
         if record.get("finished_at"):
             raise RunError(
                 f"{out} holds a finished run; a finished run directory is never overwritten: choose another --out"
             )
         if not resume:
             raise RunError(f"{out} holds an unfinished run; continue it with --resume or choose another --out")
-        if not run.protocol.exists() or proto.sha256_of(run.protocol) != digest:
+        if not run.protocol.exists() or sha256_file(run.protocol) != digest:
             raise RunError(f"{out} was started with another protocol; --resume needs the same protocol file")
         if record.get("impl_modules", {}) != modules:
             raise RunError(
@@ -180,7 +110,7 @@ def prepare(
                 f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there"
             )
         started_with = record.get("git", {}).get("source_sha256")
-        if started_with != provenance.source_digest():
+        if started_with != source_provenance.source_digest():
             raise RunError(
                 f"{out} was started by other kerneltrial code (source sha256 {str(started_with)[:12]}..., "
                 f"commit {record.get('git', {}).get('commit')}); resume it with that code or start a new run"
@@ -190,9 +120,9 @@ def prepare(
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(protocol_path, run.protocol)
-    source = provenance.source_files()  # read once: the archive and the recorded digest agree
-    provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
-    record = provenance.collect(Path(__file__).resolve().parents[3], digest, source=source)
+    source = source_provenance.source_files()  # read once: the archive and the recorded digest agree
+    source_provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
+    record = provenance.collect(digest, source)
     record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
     if links is not None:
         record["confirmation"] = links.rebased(protocol_path.resolve().parent, out).record()
@@ -206,7 +136,7 @@ def sealed_on_resume(out: Path) -> bool:
     run = RunDir(out)
     if not run.provenance.exists() or run.manifest.exists():
         return False
-    if not json.loads(run.provenance.read_text()).get("finished_at"):
+    if not read_json(run.provenance).get("finished_at"):
         return False
     write_manifest(run)
     return True
@@ -257,15 +187,14 @@ def run_correctness(
     """Gate every (case, seed, arm); returns whether each (case, arm) passed every seed."""
     done = {(r["case"], r["seed"], r["arm"]): r for r in read_jsonl(run.correctness)}
     task = progress.add_task("correctness", total=len(cases) * len(seeds) * len(arms))
-    with run.correctness.open("a") as handle:
+    with jsonl_appender(run.correctness) as append:
         for case in cases:
             for seed in seeds:
                 for impl in arms:
                     key = (case.id, seed, impl.name)
                     if key not in done and impl.available and impl.supports(case):
                         done[key] = gate.check(op, impl, case, seed, device, exact=exact).row()
-                        handle.write(json.dumps(done[key]) + "\n")
-                        handle.flush()
+                        append(done[key])
                     progress.advance(task)
     return {
         (case.id, impl.name): impl.available
@@ -375,11 +304,10 @@ def run_rounds(
     task = progress.add_task("timing", total=total, completed=len(done))
     clocks = ClockReader.open(timer.is_gpu)
     started = time.monotonic()
-    with csv_appender(run.timings, TIMING_COLUMNS) as append, run.timed_checks.open("a") as checks:
+    with csv_appender(run.timings, TIMING_COLUMNS) as append, jsonl_appender(run.timed_checks) as append_check:
 
         def record(check: timed.TimedCheck) -> None:
-            checks.write(json.dumps(check.row()) + "\n")
-            checks.flush()
+            append_check(check.row())
             done.add((check.case, check.seed, check.round, check.arm))
             if check.message.startswith(timed.RAISED):
                 dropped[(check.case, check.arm)] = (check.seed, check.round)
@@ -604,7 +532,7 @@ def _run_trial(
     run_ceilings(run, timer, device)
     timed_arms = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
     if run.plan.exists():
-        plan = json.loads(run.plan.read_text())
+        plan = read_json(run.plan)
         if plan.get("checks") != CHECKS_VERSION:
             raise RunError(
                 f"{out} was started by a kerneltrial without timed checks (plan.json checks "
@@ -616,7 +544,7 @@ def _run_trial(
             started = (plan.get("target") or {}).get("name", "(none)")
             raise RunError(f"{out} was started with --target {started}; resume it with the same --target")
     else:
-        frozen = json.loads(run.provenance.read_text()).get("freeze")
+        frozen = read_json(run.provenance).get("freeze")
         plan = build_plan(
             p,
             op,
@@ -634,10 +562,10 @@ def _run_trial(
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
-    record = json.loads(run.provenance.read_text())
+    record = read_json(run.provenance)
     record.update(
-        finished_at=provenance.now(),
-        clocks_at_end=provenance.clocks(),
+        finished_at=now(),
+        clocks_at_end=source_provenance.clocks(),
         lead={
             "samples_retaken": timer.retaken,
             "samples_kept_behind": timer.kept_behind,
@@ -650,10 +578,21 @@ def _run_trial(
     return run.root
 
 
+def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:
+    """A/A calibration with the protocol's settings: writes `<out>.protocol.toml` and runs it
+    (here, not in calibration.py: the runner uses calibration's arms, so the arrow goes one way)."""
+    derived = out.with_name(out.name + ".protocol.toml")
+    text = calibration_protocol(protocol_path)
+    if derived.exists() and derived.read_text() != text:
+        raise CalibrationError(f"{derived} exists with other content; choose another --out")
+    derived.write_text(text)
+    return run_trial(derived, out, resume=resume, progress=progress)
+
+
 def write_manifest(run: RunDir) -> None:
     """manifest.json, written last: the sha256 of every file of the run directory."""
     files = {
-        path.relative_to(run.root).as_posix(): proto.sha256_of(path)
+        path.relative_to(run.root).as_posix(): sha256_file(path)
         for path in sorted(run.root.rglob("*"))
         if path.is_file() and path != run.manifest
     }

@@ -1,0 +1,441 @@
+"""Typed, frozen readers of a kernel run's plan.json, provenance.json and summary.json.
+
+Each reader validates the newest shape of its document; a document written by an older
+kerneltrial passes through one adapter for its version, which fills what that version did not
+record, so that readers never ask which version they hold. The versions, as committed under
+results/ (docs/DESIGN.md, "Run directory: exact format"):
+
+- plan.json: without `order_seed` (the first runs), with it, and with the timed-check contract
+  (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
+- provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
+  them, and with the lead-check counts (`lead`).
+- summary.json: `kerneltrial.summary/3` and `/4` (timed checks); `/1` (before clocks, spreads,
+  per-case rounds and calibration) and `/2` (before the realized slowdown) are still read.
+
+`kerneltrial verify` reads the same files as raw JSON on purpose: it must report a malformed
+document field by field, where these readers refuse it whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.layout import PLAN, PROVENANCE, SUMMARY
+
+SUMMARY_V1 = "kerneltrial.summary/1"
+SUMMARY_V2 = "kerneltrial.summary/2"
+SUMMARY_V3 = "kerneltrial.summary/3"
+SUMMARY_V4 = "kerneltrial.summary/4"
+
+
+class Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+DocumentT = TypeVar("DocumentT", bound=Document)
+
+
+# ---------------------------------------------------------------- plan.json
+
+
+class PlanArm(Document):
+    name: str
+    kind: str  # control, candidate, peer, user, calibration
+    available: bool
+    reason: str | None
+
+
+class PlanCase(Document):
+    case: str
+    shape: list[int]
+    layout: str
+    dtype: str
+    bytes: int
+    calls: int
+    rounds: int | None = None
+    injected_delay_ns: float | None = None
+    delay_overhead_ns: float | None = None
+    delay_spin_ns: float | None = None
+
+
+class Bootstrap(Document):
+    resamples: int
+    seed: int
+    confidence: float
+
+
+class PlanClocks(Document):
+    max_sm_mhz: int | None
+    throttle_fraction: float
+
+
+class NoiseRule(Document):
+    target_ci_width: float | None
+    max_rounds: int
+    time_budget_s: float
+
+
+class CalibrationRule(Document):
+    injected_slowdown: float
+    max_false_positive_rate: float
+    min_power: float
+
+
+class PlausibilityRule(Document):
+    bandwidth_margin: float
+    launch_floor_fraction: float
+
+
+class Plan(Document):
+    protocol_sha256: str
+    op: str
+    backend: str
+    is_gpu: bool
+    timing_label: str
+    l2: str
+    order_seed: int | None  # None: a run from before the seeded round order was recorded
+    arms: list[PlanArm]
+    cases: list[PlanCase]
+    clocks: PlanClocks | None = None  # None: a plan from before clock readings
+    noise_rule: NoiseRule | None = None  # None: a plan from before the noise rule
+    seeds: list[int]
+    rounds: int
+    tie_band: float
+    gate: str
+    bootstrap: Bootstrap
+    calibration: CalibrationRule | None = None  # calibration runs only
+    checks: int  # the timed-check contract: 0 before timed checks, then 1 or 2
+    exact: bool
+    plausibility: PlausibilityRule | None  # None before timed checks
+    frozen_at: str | None  # None: not frozen, or a run from before timed checks
+
+
+def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
+    """Runs before issue 10: no timed checks, no exactness or plausibility, frozen_at not recorded."""
+    return {"order_seed": None, **data, "checks": 0, "exact": False, "plausibility": None, "frozen_at": None}
+
+
+def read_plan(run_dir: Path) -> Plan:
+    data = _document(run_dir, PLAN)
+    return _validate(Plan, data if "checks" in data else _plan_before_timed_checks(data), run_dir / PLAN)
+
+
+# ---------------------------------------------------------------- provenance.json
+
+
+class Device(Document):
+    gpu: str | None
+    cpu: str | None = None
+    sm_count: int | None = None
+    l2_bytes: int | None = None
+    memory_bytes: int | None = None
+    capability: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+
+
+class Git(Document):
+    commit: str | None
+    dirty: bool | None
+    source_sha256: str | None = None  # absent in the earliest runs
+    source: str | None = None  # "KERNELTRIAL_SOURCE_COMMIT" when the sender declared the commit
+    git_head: str | None = None
+    git_dirty: bool | None = None
+
+
+class Freeze(Document):
+    sha256: str
+    frozen_at: str
+
+
+class Lead(Document):
+    samples_retaken: int
+    final_cycles_per_call: float
+    samples_kept_behind: int | None = None  # None: counted since the -t1 runs only
+    sessions: Literal["all", "last"] | None = None
+
+
+class Provenance(Document):
+    kind: Literal["kernel"]
+    protocol_sha256: str
+    versions: dict[str, str | None]
+    device: Device
+    triton_interpreter: bool
+    clocks_at_start: dict[str, str] | None
+    clocks_at_end: dict[str, str] | None = None  # None until the run finished
+    hostname: str
+    git: Git
+    argv: list[str]
+    started_at: str
+    finished_at: str | None
+    records_freeze: bool  # False: a run from before the freeze record (`freeze` then says nothing)
+    freeze: Freeze | None  # None: the protocol was not frozen
+    impl_modules: dict[str, str]  # sha256 of each user kernel file
+    lead: Lead | None = None  # None: before the lead check, or not finished
+
+
+def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
+    """Runs before the freeze record and the kernel-module hashes."""
+    return {**data, "records_freeze": False, "freeze": None, "impl_modules": {}}
+
+
+def read_provenance(run_dir: Path) -> Provenance:
+    data = _document(run_dir, PROVENANCE)
+    data = {**data, "records_freeze": True} if "freeze" in data else _provenance_before_freeze(data)
+    return _validate(Provenance, data, run_dir / PROVENANCE)
+
+
+# ---------------------------------------------------------------- summary.json
+
+
+class ArmFigures(Document):
+    """One arm in one case."""
+
+    kind: str
+    status: str  # timed, failed correctness, failed while timed, implausible, unavailable, not timed, ...
+    median_ns_per_call: float | None
+    n_samples: int
+    ci_units: int | None
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str | None
+    gbps: float | None
+    pct_of_copy_ceiling: float | None
+    throttled_samples: int
+    spread: float | None  # None: not timed (or a summary/1)
+    messages: list[str]
+    reason: str | None
+
+
+class SummaryCase(Document):
+    case: str
+    shape: list[int]
+    layout: str
+    dtype: str
+    bytes: int
+    calls: int
+    rounds: int | None  # None in summary/1
+    units_planned: int | None
+    injected_delay_ns: float | None
+    arms: dict[str, ArmFigures]
+
+
+class Aggregate(Document):
+    n_cases: int
+    geomean: float | None
+    geomean_ci_low: float | None
+    geomean_ci_high: float | None
+    mean: float | None
+    worst: float | None
+    worst_case: str | None
+    wins: int
+    ties: int
+    losses: int
+    failed_correctness: int
+    # None before timed checks (summary/3 had no inconclusive verdict, nothing failed while timed
+    # and nothing was judged implausible)
+    inconclusive: int | None
+    failed_while_timed: int | None
+    implausible: int | None
+    ulp_hist: list[int] | None
+
+
+class GateArm(Document):
+    passed: bool
+    reasons: list[str]
+
+
+class Gate(Document):
+    rule: str
+    arms: dict[str, GateArm]
+    passed_arms: list[str]
+
+
+class Ceilings(Document):
+    copy_gbps: float | None
+    copy_samples: int
+    read_gbps: float | None
+    read_samples: int
+    launch_floor_ns: float | None = None  # runs with timed checks measure the launch floor
+    launch_samples: int | None = None
+
+
+class Clocks(Document):
+    max_sm_mhz: int | None
+    throttle_fraction: float
+    threshold_mhz: float | None
+    samples_with_clock: int
+    throttled_samples: int
+
+
+class AACalibration(Document):
+    kind: Literal["aa"]
+    base: str
+    n_cases: int
+    false_positives: int  # win or loss verdicts (summary/3: `not_tie`, the same count)
+    inconclusive: int | None  # None in summary/3, which had no inconclusive verdict
+    false_positive_rate: float | None
+    mean_ci_width: float | None
+
+
+class SlowCalibration(Document):
+    kind: Literal["slow"]
+    base: str
+    n_cases: int
+    losses: int
+    power: float | None
+    realized_slowdown: dict[str, float]
+    realized_min: float | None
+    realized_max: float | None
+    power_at_nominal: float | None
+
+
+class Calibration(Document):
+    injected_slowdown: float
+    max_false_positive_rate: float
+    min_power: float
+    arms: dict[str, AACalibration | SlowCalibration]
+    passed: bool
+    sentence: str
+
+
+class SummaryPlausibility(Document):
+    bandwidth_margin: float
+    launch_floor_fraction: float
+    applied: bool
+    bandwidth_limit_gbps: float | None
+    time_limit_ns: float | None
+
+
+class TimedCheckCounts(Document):
+    rows: int
+    failed: int
+
+
+class Summary(Document):
+    schema_: str = Field(alias="schema")
+    protocol_sha256: str
+    backend: str
+    is_gpu: bool
+    l2: str
+    op: str | None  # None: a plan without `op`; the protocol names the operator
+    label: str
+    control: str
+    tie_band: float
+    bootstrap: Bootstrap
+    arms: list[PlanArm]
+    noise_rule: NoiseRule | None  # None: the plan has no noise rule (or a summary/1)
+    ceilings: Ceilings
+    clocks: Clocks | None  # None in summary/1
+    cases: list[SummaryCase]
+    aggregates: dict[str, Aggregate]
+    gate: Gate
+    calibration: Calibration | None = None  # calibration runs only
+    exact: bool
+    frozen_at: str | None  # None: not frozen (summary/3: not recorded; see provenance.json)
+    plausibility: SummaryPlausibility | None  # None before timed checks
+    timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
+    warnings: list[str]
+    inputs_sha256: dict[str, str]
+
+    @property
+    def records_spreads(self) -> bool:
+        """Whether per-arm spreads were computed (from summary/2 on; summary/1 has none)."""
+        return self.schema_ != SUMMARY_V1
+
+    def compared_arms(self) -> list[str]:
+        """Available arms other than the control, in plan order."""
+        return [a.name for a in self.arms if a.available and a.name != self.control]
+
+
+def _summary_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/3: no timed checks, no inconclusive verdict; A/A arms counted `not_tie`."""
+    nothing = {"inconclusive": None, "failed_while_timed": None, "implausible": None, "ulp_hist": None}
+    adapted = {
+        **data,
+        "aggregates": {name: {**figures, **nothing} for name, figures in data["aggregates"].items()},
+        "exact": False,
+        "frozen_at": None,
+        "plausibility": None,
+        "timed_checks": None,
+    }
+    if data.get("calibration"):
+        arms = {
+            name: {key: value for key, value in figures.items() if key != "not_tie"}
+            | ({"false_positives": figures["not_tie"], "inconclusive": None} if figures["kind"] == "aa" else {})
+            for name, figures in data["calibration"]["arms"].items()
+        }
+        adapted["calibration"] = {**data["calibration"], "arms": arms}
+    return adapted
+
+
+def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
+    cases = [
+        {"rounds": None, "units_planned": None, "injected_delay_ns": None, **case}
+        | {"arms": {name: {"throttled_samples": 0, "spread": None, **e} for name, e in case["arms"].items()}}
+        for case in data["cases"]
+    ]
+    return {"clocks": None, "noise_rule": None, **data, "cases": cases}
+
+
+def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/2: slowed calibration arms without the realized slowdown."""
+    if not data.get("calibration"):
+        return data
+    unknown = {"realized_slowdown": {}, "realized_min": None, "realized_max": None, "power_at_nominal": None}
+    arms = {
+        name: unknown | figures if figures["kind"] == "slow" else figures
+        for name, figures in data["calibration"]["arms"].items()
+    }
+    return {**data, "calibration": {**data["calibration"], "arms": arms}}
+
+
+# each version's adapter, applied from the document's version on (summary/1 passes all three)
+SUMMARY_ADAPTERS = {SUMMARY_V1: _summary_v1, SUMMARY_V2: _summary_v2, SUMMARY_V3: _summary_v3, SUMMARY_V4: None}
+
+
+def read_summary(run_dir: Path) -> Summary:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory")
+    if not (run_dir / SUMMARY).is_file():
+        raise RunDirError(
+            f"{run_dir}: no {SUMMARY}; write it first (the runner does, or analysis.summary.write_summary)"
+        )
+    data = _document(run_dir, SUMMARY)
+    versions = list(SUMMARY_ADAPTERS)
+    if data.get("schema") not in versions:
+        raise RunDirError(
+            f"{run_dir / SUMMARY}: schema {data.get('schema')!r}; reports read {', '.join(versions)} "
+            "(rewrite it with analysis.summary.write_summary(run_dir, overwrite=True))"
+        )
+    for version in versions[versions.index(data["schema"]) :]:
+        adapter = SUMMARY_ADAPTERS[version]
+        data = adapter(data) if adapter else data
+    return _validate(Summary, data, run_dir / SUMMARY)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _document(run_dir: Path, name: str) -> dict[str, Any]:
+    data = read_json(Path(run_dir) / name)
+    if not isinstance(data, dict):
+        raise RunDirError(f"{Path(run_dir) / name}: not a JSON object")
+    return data
+
+
+def _validate(model: type[DocumentT], data: dict[str, Any], path: Path) -> DocumentT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "document"
+        raise RunDirError(f"{path}: {where}: {first['msg']} ({error.error_count()} problem(s) in all)") from error

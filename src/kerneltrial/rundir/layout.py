@@ -1,0 +1,110 @@
+"""The files of kernel and serving run directories (docs/DESIGN.md, "Run directory: exact
+format"; docs/serving.md), and `kind_of`, which tells the two apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json
+
+Kind = Literal["kernel", "serving"]
+
+# both kinds
+PROTOCOL = "protocol.toml"
+PROVENANCE = "provenance.json"
+PLAN = "plan.json"
+SUMMARY = "summary.json"
+
+# kernel run directories
+CORRECTNESS = "correctness.jsonl"
+CEILINGS = "ceilings.csv"
+TIMINGS = "timings.csv"
+TIMED_CHECKS = "timed_checks.jsonl"
+MANIFEST = "manifest.json"
+SOURCE_ARCHIVE = "source.tar.gz"
+REPORT = "report.md"
+ERRATA = "ERRATA.md"
+INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
+
+# serving run directories
+LAUNCHES = "launches.jsonl"
+RUNS = "runs.jsonl"
+REQUESTS = "requests.csv"
+ACCURACY_DIR = "accuracy"
+RAW_DIR = "raw"
+LAUNCH_DIR = "launches"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of a kernel run directory."""
+
+    root: Path
+
+    @property
+    def protocol(self) -> Path:
+        return self.root / PROTOCOL
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / PROVENANCE
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN
+
+    @property
+    def correctness(self) -> Path:
+        return self.root / CORRECTNESS
+
+    @property
+    def ceilings(self) -> Path:
+        return self.root / CEILINGS
+
+    @property
+    def timings(self) -> Path:
+        return self.root / TIMINGS
+
+    @property
+    def timed_checks(self) -> Path:
+        return self.root / TIMED_CHECKS
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def source(self) -> Path:
+        return self.root / SOURCE_ARCHIVE
+
+
+def kind_of(run_dir: Path) -> Kind:
+    """ "kernel" or "serving": provenance.json's `kind`. Every committed run records it; for a
+    provenance.json without one, the raw files tell (timings.csv: kernel; runs.jsonl or
+    launches.jsonl: serving). RunDirError when the directory, provenance.json or any sign
+    of either kind is missing, or the kind is another word."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory")
+    path = run_dir / PROVENANCE
+    record = read_json(path)
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if kind in ("kernel", "serving"):
+        return kind
+    if kind is not None:
+        raise RunDirError(f"{path}: kind {kind!r} is neither 'kernel' nor 'serving'")
+    kernel = (run_dir / TIMINGS).is_file()
+    serving = (run_dir / RUNS).is_file() or (run_dir / LAUNCHES).is_file()
+    if kernel != serving:
+        return "kernel" if kernel else "serving"
+    raise RunDirError(
+        f"{path} has no kind and the directory holds {'both' if kernel else 'neither'} {TIMINGS} (kernel) "
+        f'{"and" if kernel else "nor"} {RUNS}/{LAUNCHES} (serving); add "kind": "kernel" or "serving" to it'
+    )

@@ -1,0 +1,208 @@
+"""The import graph of src/kerneltrial: no circle, no upward arrow, `rundir` on the ground floor.
+
+The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
+
+    floor 0  rundir                      the run directory; imports nothing of kerneltrial
+    floor 1  ops, analysis, serving      each imports only floor 0, never each other
+    floor 2  trial                       the kernel runner: ops, analysis and rundir
+    floor 3  the command line            kerneltrial/cli.py, every */cli.py, serving/__main__.py
+
+A module may import its own group (a package, or all command-line modules together) and any
+group on a lower floor; nothing else. The graph holds every import, at module level and inside
+functions (a lazy import is still an arrow), and no two modules may import each other through
+any chain. `rundir` imports no torch, numpy, pandas or matplotlib, so that every command can
+read a run directory without them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kerneltrial"
+LAYERS = {"kerneltrial": 0, "rundir": 0, "ops": 1, "analysis": 1, "serving": 1, "trial": 2, "cli": 3}
+CLI_MODULES = {"kerneltrial.cli", "kerneltrial.serving.__main__"}
+HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
+
+Graph = dict[str, set[str]]
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str], root: Path = PACKAGE) -> set[str]:
+    """Every name `path` imports, anywhere in the file; kerneltrial names resolved to the module
+    they load (`from kerneltrial.ops import launch` is kerneltrial.ops.launch)."""
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])]
+                )
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return found
+
+
+def import_graph(root: Path = PACKAGE) -> Graph:
+    """module -> the kerneltrial modules it imports (external imports are dropped here)."""
+    files = sorted(root.rglob("*.py"))
+    modules = {module_name(path, root) for path in files}
+    graph: Graph = {}
+    for path in files:
+        name = module_name(path, root)
+        graph[name] = {target for target in imports_of(path, modules, root) if target in modules} - {name}
+    return graph
+
+
+def group_of(module: str) -> str:
+    if module in CLI_MODULES or module.endswith(".cli"):
+        return "cli"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def upward_arrows(graph: Graph, layers: dict[str, int] = LAYERS) -> list[str]:
+    """`a -> b` for each import of a group other than a's own that is not on a lower floor."""
+    wrong = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            mine, theirs = group_of(source), group_of(target)
+            if mine != theirs and layers[theirs] >= layers[mine]:
+                wrong.append(f"{source} (floor {layers[mine]}) -> {target} (floor {layers[theirs]})")
+    return wrong
+
+
+# ---------------------------------------------------------------- the tree
+
+
+def test_every_package_has_a_floor() -> None:
+    assert {group_of(module) for module in import_graph()} <= set(LAYERS)
+
+
+def test_no_circle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_no_upward_arrow() -> None:
+    assert upward_arrows(import_graph()) == []
+
+
+def test_rundir_is_the_ground_floor() -> None:
+    graph = import_graph()
+    rundir = [module for module in graph if group_of(module) == "rundir"]
+    assert rundir, "no rundir modules found"
+    assert {(m, t) for m in rundir for t in graph[m] if group_of(t) != "rundir"} == set()
+    heavy = {
+        (path.name, name)
+        for path in (PACKAGE / "rundir").glob("*.py")
+        for name in imports_of(path, set())
+        if name.split(".")[0] in HEAVY
+    }
+    assert heavy == set()
+
+
+def test_rundir_loads_without_heavy_packages() -> None:
+    code = (
+        "import sys, kerneltrial.rundir.documents, kerneltrial.rundir.files, kerneltrial.rundir.layout, "
+        "kerneltrial.rundir.provenance; print(sorted(m for m in " + repr(HEAVY) + " if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- the checker itself
+
+
+def test_the_checker_finds_a_planted_circle() -> None:
+    planted = {
+        "kerneltrial.trial.a": {"kerneltrial.trial.b"},
+        "kerneltrial.trial.b": {"kerneltrial.trial.c"},
+        "kerneltrial.trial.c": {"kerneltrial.trial.a"},
+        "kerneltrial.trial.d": {"kerneltrial.trial.a"},
+    }
+    assert cycles(planted) == [["kerneltrial.trial.a", "kerneltrial.trial.b", "kerneltrial.trial.c"]]
+    assert cycles({"kerneltrial.trial.a": {"kerneltrial.trial.b"}, "kerneltrial.trial.b": set()}) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("kerneltrial.analysis.verify", "kerneltrial.serving.verify"),  # same floor, another group
+        ("kerneltrial.rundir.files", "kerneltrial.analysis.summary"),  # the ground floor reaching up
+        ("kerneltrial.serving.trial", "kerneltrial.trial.provenance"),  # floor 1 -> floor 2
+        ("kerneltrial.trial.runner", "kerneltrial.analysis.cli"),  # into the command line
+    ],
+)
+def test_the_checker_finds_a_planted_upward_arrow(source: str, target: str) -> None:
+    assert upward_arrows({source: {target}, target: set()}) == [
+        f"{source} (floor {LAYERS[group_of(source)]}) -> {target} (floor {LAYERS[group_of(target)]})"
+    ]
+
+
+def test_the_checker_allows_downward_and_sideways_within_a_group() -> None:
+    graph = {
+        "kerneltrial.cli": {"kerneltrial.analysis.cli", "kerneltrial.trial.cli"},
+        "kerneltrial.analysis.cli": {"kerneltrial.serving.verify", "kerneltrial.rundir.layout"},
+        "kerneltrial.trial.runner": {"kerneltrial.analysis.summary", "kerneltrial.trial.gate"},
+        "kerneltrial.analysis.summary": {"kerneltrial.analysis.stats", "kerneltrial.rundir.files"},
+    }
+    assert upward_arrows(graph) == []
+
+
+def test_the_graph_resolves_function_level_imports(tmp_path: Path) -> None:
+    root = tmp_path / "kerneltrial"
+    (root / "trial").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "trial" / "__init__.py").write_text("")
+    (root / "trial" / "a.py").write_text("def f():\n    from kerneltrial.trial import b\n")
+    (root / "trial" / "b.py").write_text("from kerneltrial.trial.a import f\n")
+    graph = import_graph(root)
+    assert graph["kerneltrial.trial.a"] == {"kerneltrial.trial.b"}
+    assert cycles(graph) == [["kerneltrial.trial.a", "kerneltrial.trial.b"]]
