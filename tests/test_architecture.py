@@ -5,7 +5,9 @@ The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
     floor 0  rundir                      the run directory; imports nothing of kerneltrial
     floor 1  ops, analysis, serving      each imports only floor 0, never each other
     floor 2  trial                       the kernel runner: ops, analysis and rundir
-    floor 3  the command line            kerneltrial/cli.py, every */cli.py, serving/__main__.py
+    floor 3  submission                  package and inspect: archives checked with trial's gate
+    floor 4  the command line            kerneltrial/cli.py, workflow_cli.py, every */cli.py,
+                                         serving/__main__.py
 
 A module may import its own group (a package, or all command-line modules together) and any
 group on a lower floor; nothing else. The graph holds every import, at module level and inside
@@ -24,8 +26,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kerneltrial"
-LAYERS = {"kerneltrial": 0, "rundir": 0, "ops": 1, "analysis": 1, "serving": 1, "trial": 2, "cli": 3}
-CLI_MODULES = {"kerneltrial.cli", "kerneltrial.serving.__main__"}
+LAYERS = {"kerneltrial": 0, "rundir": 0, "ops": 1, "analysis": 1, "serving": 1, "trial": 2, "submission": 3, "cli": 4}
+CLI_MODULES = {"kerneltrial.cli", "kerneltrial.workflow_cli", "kerneltrial.serving.__main__"}
 HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
 
 Graph = dict[str, set[str]]

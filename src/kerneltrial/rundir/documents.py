@@ -91,6 +91,11 @@ class PlausibilityRule(Document):
     launch_floor_fraction: float
 
 
+class PlanTarget(Document):
+    name: str
+    max_grid: list[int]  # programs allowed per grid dimension
+
+
 class Plan(Document):
     protocol_sha256: str
     op: str
@@ -113,6 +118,8 @@ class Plan(Document):
     exact: bool
     plausibility: PlausibilityRule | None  # None before timed checks
     frozen_at: str | None  # None: not frozen, or a run from before timed checks
+    order_seed_override: bool = False  # True: `run --order-seed` replaced the protocol's (replicates)
+    target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +167,22 @@ class Lead(Document):
     sessions: Literal["all", "last"] | None = None
 
 
+class Link(Document):
+    path: str  # relative to the run directory
+    sha256: str
+
+
+class RunLink(Document):
+    path: str  # relative to the run directory
+    summary_sha256: str
+    manifest_sha256: str | None
+
+
+class Confirmation(Document):
+    rule: Link
+    derived_from: list[RunLink]
+
+
 class Provenance(Document):
     kind: Literal["kernel"]
     protocol_sha256: str
@@ -177,6 +200,7 @@ class Provenance(Document):
     freeze: Freeze | None  # None: the protocol was not frozen
     impl_modules: dict[str, str]  # sha256 of each user kernel file
     lead: Lead | None = None  # None: before the lead check, or not finished
+    confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
 
 
 def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
