@@ -72,6 +72,18 @@ def _type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def _bounds(info: FieldInfo) -> str:
+    """The field's constraints (Field(ge=..., min_length=...)) as text: ">= 2", "> 0, < 1", "non-empty"."""
+    parts = []
+    for m in info.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if (bound := getattr(m, attr, None)) is not None:
+                parts.append(f"{sign} {bound}")
+        if (n := getattr(m, "min_length", None)) is not None:
+            parts.append("non-empty" if n == 1 else f"at least {n} items")
+    return ", ".join(parts)
+
+
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -104,9 +116,13 @@ def render(model: type[BaseModel], title: str, intro: str, table: str = "", dept
     lines = [f"{'#' * depth} {title}", "", intro, "", "| key | type | default | description |", "|---|---|---|---|"]
     sections: list[str] = []
     for name, info in model.model_fields.items():
+        # a field whose Python type is not what the TOML holds names the latter (bench.cases: lists -> Case)
         hint = info.json_schema_extra.get("toml_type") if isinstance(info.json_schema_extra, dict) else None
         kind = str(hint) if hint else _type(info.annotation)
-        lines.append(f"| `{name}` | {_cell(kind)} | {_cell(_default(info))} | {_cell(info.description or '')} |")
+        bounds = _bounds(info)
+        lines.append(
+            f"| `{name}` | {_cell(f'{kind}, {bounds}' if bounds else kind)} | {_cell(_default(info))} | {_cell(info.description or '')} |"
+        )
         sub = nested_model(info.annotation)
         if sub is not None:
             path = f"{table}.{name}" if table else name
