@@ -268,7 +268,8 @@ def _describe(error: ValidationError) -> str:
         return f"{where} is missing; add it ({what})"
     if first["type"] == "extra_forbidden":
         parent = field_at(Protocol, loc[:-1])
-        keys = list((nested_model(parent.annotation) if parent else Protocol).model_fields)  # type: ignore[union-attr]
+        table = (nested_model(parent.annotation) if parent else None) or Protocol
+        keys = list(table.model_fields)
         near = difflib.get_close_matches(str(loc[-1]), keys, n=1)
         return f"{where} is not a protocol key; " + (
             f"did you mean {near[0]}?" if near else f"use one of {', '.join(keys)}"
