@@ -2,10 +2,10 @@
 
 The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
 
-    floor 0  rundir                      the run directory; imports nothing of kerneltrial
+    floor 0  rundir, model_fields        the run directory; pydantic field walking; import nothing of kerneltrial
     floor 1  ops, analysis, serving      each imports only floor 0, never each other
     floor 2  trial                       the kernel runner: ops, analysis and rundir
-    floor 3  submission                  package and inspect: archives checked with trial's gate
+    floor 3  submission, protocol_keys   package and inspect (trial's gate on an archive); the protocol reference
     floor 4  the command line            kerneltrial/cli.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
@@ -26,7 +26,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kerneltrial"
-LAYERS = {"kerneltrial": 0, "rundir": 0, "ops": 1, "analysis": 1, "serving": 1, "trial": 2, "submission": 3, "cli": 4}
+LAYERS = {
+    "kerneltrial": 0,
+    "rundir": 0,
+    "model_fields": 0,
+    "ops": 1,
+    "analysis": 1,
+    "serving": 1,
+    "trial": 2,
+    "submission": 3,
+    "protocol_keys": 3,
+    "cli": 4,
+}
 CLI_MODULES = {"kerneltrial.cli", "kerneltrial.workflow_cli", "kerneltrial.serving.__main__"}
 HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
 

@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from kerneltrial.serving.metrics import wilson_interval
 
@@ -28,20 +30,48 @@ class AccuracyError(RuntimeError):
     """Bad input or a broken pipeline; the message names the fix."""
 
 
-@dataclass
-class AccuracySpec:
-    data: str
-    level: str | None = "Level 3"
-    limit: int | None = None
-    api: str = "chat"  # "chat" -> /v1/chat/completions, "completions" -> /v1/completions
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_tokens: int = 4096
-    concurrency: int = 16
-    gate: float = 0.95
-    confidence: float = 0.95
-    seed: int = 0
-    request_timeout_s: float = 1800.0
+class AccuracySpec(BaseModel):
+    """The [accuracy] table of a serving protocol, or `serve accuracy`'s options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    data: str = Field(
+        description="MATH-500 test.jsonl (problem, answer, level, subject, unique_id; a relative path is taken "
+        "from the protocol's folder), or hf:HuggingFaceH4/MATH-500 to load from the hub (needs `datasets`)."
+    )
+    level: str | None = Field(default="Level 3", description="Only problems of this level ('Level 3' or 3).")
+    limit: int | None = Field(
+        default=None, ge=1, description="Only the first N problems after the level filter; unset: all."
+    )
+    api: Literal["chat", "completions"] = Field(
+        default="chat",
+        description="chat: /v1/chat/completions (instruct models); completions: /v1/completions (base models).",
+    )
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    top_p: float = Field(
+        default=0.95, gt=0, le=1, description="Nucleus sampling: smallest token set of this probability."
+    )
+    max_tokens: int = Field(default=4096, ge=1, description="Generation budget per problem, tokens.")
+    concurrency: int = Field(default=16, ge=1, description="Requests in flight at once.")
+    gate: float = Field(default=0.95, ge=0, le=1, description="Passes when accuracy >= this and no request failed.")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence level of the Wilson interval reported.")
+    seed: int = Field(default=0, description="Sampling seed of problem i: seed + i.")
+    request_timeout_s: float = Field(default=1800.0, gt=0, description="Seconds one request may take.")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _level_number(cls, level: Any) -> Any:
+        return str(level) if isinstance(level, int) and not isinstance(level, bool) else level
+
+    @field_validator("data")
+    @classmethod
+    def _from_protocol_folder(cls, data: str, info: ValidationInfo) -> str:
+        if not data:
+            raise ValueError("must not be empty; point it at MATH-500 test.jsonl")
+        base: Path | None = (info.context or {}).get("base_dir")
+        if base is not None and not data.startswith(HF_PREFIX) and not Path(data).is_absolute():
+            return str((base / data).resolve())
+        return data
 
 
 @dataclass
@@ -118,16 +148,26 @@ def build_prompt(problem: str) -> str:
     return PROMPT.format(problem=problem)
 
 
+def load_grader() -> ModuleType:
+    """math-verify, imported on use: it is the optional dependency kerneltrial[serve]."""
+    try:
+        import math_verify  # type: ignore[import-untyped]
+    except ImportError:
+        raise AccuracyError(
+            "grading MATH-500 needs math-verify, which is not installed: pip install 'kerneltrial[serve]'"
+        ) from None
+    return math_verify
+
+
 def grade(response: str, reference: str) -> tuple[list[str], bool]:
     """(extracted answers, correct) with math-verify; the gold is parsed as \\boxed{reference}."""
-    from math_verify import parse, verify
-
+    mv = load_grader()
     try:
-        gold = parse("\\boxed{" + reference + "}")
+        gold = mv.parse("\\boxed{" + reference + "}")
         if not gold:
-            gold = parse("$" + reference + "$")
-        pred = parse(response)
-        ok = bool(pred) and bool(verify(gold, pred))
+            gold = mv.parse("$" + reference + "$")
+        pred = mv.parse(response)
+        ok = bool(pred) and bool(mv.verify(gold, pred))
     except Exception:  # math-verify raises on pathological input: count as wrong, keep the text
         return [], False
     return [str(p) for p in pred[:2]], ok
@@ -143,9 +183,7 @@ def request_body(spec: AccuracySpec, model_id: str, prompt: str, index: int) -> 
     }
     if spec.api == "chat":
         return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}]}
-    if spec.api == "completions":
-        return "/v1/completions", {**common, "prompt": prompt}
-    raise AccuracyError(f"unknown api {spec.api!r}; use 'chat' or 'completions'")
+    return "/v1/completions", {**common, "prompt": prompt}
 
 
 async def _query_all(
@@ -215,6 +253,7 @@ def run_accuracy(
 ) -> dict[str, Any]:
     """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary."""
     problems = load_problems(spec.data, spec.level, spec.limit)
+    load_grader()  # before the first request, not at the first graded answer
     out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
     fh = open(records_path, "a", encoding="utf-8")
@@ -233,6 +272,6 @@ def run_accuracy(
         records = asyncio.run(_query_all(base_url, model_id, problems, spec, graded))
     finally:
         fh.close()
-    result = {"spec": asdict(spec), "base_url": base_url, "model_id": model_id, **summarise(records, spec)}
+    result = {"spec": spec.model_dump(), "base_url": base_url, "model_id": model_id, **summarise(records, spec)}
     (out_dir / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -176,16 +176,17 @@ def _execute(
     proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
 ) -> None:
     from kerneltrial.rundir.errors import RunDirError
+    from kerneltrial.serving.accuracy import AccuracyError, load_grader
     from kerneltrial.serving.trial import run_protocol  # here: `--help` stays fast
 
     try:
         proto = parse_protocol(proto_text, base_dir)
         if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
-            if proto.tokenizer in (None, proto.model):
-                proto.tokenizer = model
-            proto.model = model
+            proto = proto.with_model(model)
+        if proto.accuracy is not None:
+            load_grader()  # before the first launch, not an hour later at the first graded answer
         vllm = resolve_vllm(vllm_opt)
-    except (ProtocolError, BenchError) as e:
+    except (ProtocolError, BenchError, AccuracyError) as e:
         fail(str(e))
     install_sigterm_as_interrupt()
     display = Display(enabled=not quiet)
@@ -378,6 +379,7 @@ def accuracy(
     )
     try:
         acc_mod.load_problems(spec.data, spec.level, spec.limit)
+        acc_mod.load_grader()
     except acc_mod.AccuracyError as e:
         fail(str(e))
     run_dir = out_dir or default_out("accuracy")

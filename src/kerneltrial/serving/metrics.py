@@ -132,16 +132,10 @@ def pooled_mean(groups: Sequence[Mapping[str, float]], key: str) -> float:
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials (closed form, z from scipy)."""
+    """Wilson score interval for k successes in n trials (scipy's, no continuity correction); (0, 1) for n = 0."""
     if n <= 0:
         return (0.0, 1.0)
-    from scipy.stats import norm
+    from scipy.stats import binomtest  # here: importing metrics stays light
 
-    z = float(norm.ppf(0.5 + confidence / 2))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: no rounding residue
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return (lo, hi)
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))

@@ -7,93 +7,240 @@
     [server]
     model_id = "minicpm5-2b"   # must be listed by /v1/models
     model = "/path/to/model"   # fills {model} in argv; default tokenizer
-    host = "127.0.0.1"
     port = 8000                # fills {port} in argv
-    ready_timeout_s = 900
     [bench]
     cases = [[4096, 1024, 64, 256], [16384, 1024, 64, 128]]
-    timeout_s = 3600
     [acceptance]
     noise_band = 0.01          # candidate total tok/s must gain more than this, every case
     ttft_ratio_max = 1.01      # candidate mean TTFT <= baseline x this, every case
     [accuracy]                 # optional: MATH-500 gate on the candidate (every arm is measured)
     data = "../shared/data/math500/test.jsonl"
-    level = "Level 3"
-    max_tokens = 4096
-    gate = 0.95
     [[arms]]
     name = "baseline"
     role = "baseline"
     argv = ["vllm", "serve", "{model}", "--port", "{port}", "--served-model-name", "minicpm5-2b"]
     env = { VLLM_PLUGINS = "" }
-    [[arms]]
-    name = "flaggems"
-    role = "candidate"
-    argv = [...]
-    env = { USE_FLAGGEMS = "1", VLLM_FL_OPS = "rms_norm" }
 
-An arm without argv benchmarks an already running server at `server.base_url`.
-Relative paths in [accuracy].data and server.model are taken from the protocol's folder.
+An arm without argv benchmarks an already running server at `server.base_url`. Relative
+paths in [accuracy].data and server.model are taken from the protocol's folder. Every key,
+its type, default and meaning: docs/PROTOCOL_KEYS.md (generated from these models).
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from kerneltrial.model_fields import field_at, nested_model
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
+
+PLACEHOLDERS = ("{port}", "{host}", "{model}", "{model_id}")
+_PLACEHOLDER = re.compile(r"\{\w+\}")  # `{word}` only: a JSON argument such as '{"level": 3}' is left alone
 
 
 class ProtocolError(ValueError):
     """The protocol is malformed; the message names the field and the fix."""
 
 
-@dataclass
-class Arm:
-    name: str
-    role: str = "arm"  # baseline | candidate | arm
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+# strict: TOML values are typed, so a string where a number belongs (or true for 1) is a mistake to name,
+# not to coerce (an int is still accepted for a float).
+_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Arm(BaseModel):
+    model_config = _CONFIG
+
+    name: str = Field(description="Arm name: letters, digits, - and _; unique in the protocol.")
+    role: Literal["baseline", "candidate", "arm"] = Field(
+        default="arm",
+        description="baseline and candidate (at most one each) are compared by [acceptance]; arm is measured only.",
+    )
+    argv: list[str] = Field(
+        default=[],
+        description="Server command as an argv list (never a shell string); {port}, {host}, {model} and "
+        "{model_id} are filled in. Empty: benchmark the running server at server.base_url.",
+    )
+    env: dict[str, str] = Field(default={}, description="Environment variables added for this arm's server.")
+
+    @field_validator("name")
+    @classmethod
+    def _word(cls, name: str) -> str:
+        if not name or not name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"must be a non-empty word (letters, digits, - and _), got {name!r}")
+        return name
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _not_a_shell_string(cls, argv: Any) -> Any:
+        if isinstance(argv, str):
+            raise ValueError(f'must be an argv list such as ["vllm", "serve", ...], never a shell string, got {argv!r}')
+        return argv
+
+    @field_validator("argv")
+    @classmethod
+    def _known_placeholders(cls, argv: list[str]) -> list[str]:
+        for a in argv:
+            for ph in _PLACEHOLDER.findall(a):
+                if ph not in PLACEHOLDERS:
+                    raise ValueError(f"unknown placeholder {ph} in {a!r}; use one of {', '.join(PLACEHOLDERS)}")
+        return argv
 
     @property
     def external(self) -> bool:
         return not self.argv
 
 
-@dataclass
-class Protocol:
-    name: str
-    arms: list[Arm]
-    cases: list[Case]
-    model_id: str
-    model: str | None = None
-    tokenizer: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    base_url: str | None = None
-    ready_timeout_s: float = 900.0
-    stop_grace_s: float = 30.0
-    seed: int = 0
-    rounds: int = 1
-    repeats: int = 4
-    bench_timeout_s: float = 3600.0
-    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    noise_band: float = 0.01
-    ttft_ratio_max: float = 1.01
-    accuracy: AccuracySpec | None = None
+class Server(BaseModel):
+    model_config = _CONFIG
+
+    model_id: str = Field(
+        min_length=1, description="Model id the server serves: /v1/models must list it before any load is sent."
+    )
+    model: str | None = Field(
+        default=None,
+        description="Model path or hub id: fills {model} in argv, default tokenizer; a relative path that exists "
+        "is taken from the protocol's folder; `serve trial --model` overrides it.",
+    )
+    tokenizer: str | None = Field(default=None, description="Tokenizer for `vllm bench serve`; unset: server.model.")
+    host: str = Field(default="127.0.0.1", description="Address of the launched server; fills {host} in argv.")
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="Port of the launched server (must be free); fills {port} in argv."
+    )
+    base_url: str | None = Field(
+        default=None, description="URL of an already running server (an arm without argv); unset: http://host:port."
+    )
+    ready_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a launched server has to list model_id at /v1/models."
+    )
+    stop_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds the server's process group has to exit after SIGINT before SIGTERM (then SIGKILL).",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _from_protocol_folder(cls, model: str | None, info: ValidationInfo) -> str | None:
+        base: Path | None = (info.context or {}).get("base_dir")
+        if model and base is not None and not Path(model).is_absolute() and (base / model).exists():
+            return str((base / model).resolve())
+        return model
+
+    @property
+    def effective_tokenizer(self) -> str | None:
+        return self.tokenizer or self.model
+
+
+class Bench(BaseModel):
+    model_config = _CONFIG
+
+    cases: list[Case] = Field(
+        description="Throughput cases, each [input_len, output_len, concurrency, num_requests] of positive integers.",
+        json_schema_extra={"toml_type": "list of [int, int, int, int]"},
+    )
+    timeout_s: float = Field(
+        default=3600.0, gt=0, description="Seconds one `vllm bench serve` run may take before it is stopped."
+    )
+    percentiles: tuple[float, ...] = Field(
+        default=DEFAULT_PERCENTILES,
+        min_length=1,
+        description="Percentiles (0-100) of TTFT, TPOT, ITL and end-to-end latency recorded per run.",
+    )
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _cases(cls, value: Any) -> list[Case]:
+        return parse_cases(value)
+
+    @field_validator("percentiles", mode="before")
+    @classmethod
+    def _as_tuple(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("percentiles")
+    @classmethod
+    def _in_range(cls, pcts: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [p for p in pcts if not 0 <= p <= 100]
+        if bad:
+            raise ValueError(f"percentiles are between 0 and 100, got {bad[0]}")
+        return pcts
+
+
+class Acceptance(BaseModel):
+    model_config = _CONFIG
+
+    noise_band: float = Field(
+        default=0.01,
+        ge=0,
+        description="The candidate's total tok/s must exceed the baseline's by more than this fraction, in every case.",
+    )
+    ttft_ratio_max: float = Field(
+        default=1.01,
+        gt=0,
+        description="The candidate's mean TTFT must be at most the baseline's times this, in every case.",
+    )
+
+
+class Protocol(BaseModel):
+    model_config = _CONFIG
+
+    name: str = Field(default="serving-trial", min_length=1, description="Trial name, recorded in the run directory.")
+    seed: int = Field(default=0, description="Seeds the launch order; run k of every case uses bench seed seed + k.")
+    rounds: int = Field(
+        default=1, ge=1, description="Launches per arm: each round launches every arm once, fresh, in a seeded order."
+    )
+    repeats: int = Field(
+        default=4, description="Runs of each case per launch; the first is the warm-up and is dropped (>= 2)."
+    )
+    server: Server = Field(description="How the server is reached, started and stopped.")
+    bench: Bench = Field(description="The throughput cases and how each run is measured.")
+    acceptance: Acceptance = Field(
+        default=Acceptance(), description="Preregistered acceptance of the candidate against the baseline."
+    )
+    accuracy: AccuracySpec | None = Field(
+        default=None,
+        description="Optional MATH-500 gate: every arm is measured once, the candidate must pass.",
+    )
+    arms: list[Arm] = Field(description="Server configurations, each launched fresh in every round.")
+
+    @field_validator("repeats")
+    @classmethod
+    def _warmup(cls, repeats: int) -> int:
+        if repeats < 2:
+            raise ValueError(f"must be >= 2, got {repeats}: the first run of each case is the warm-up and is dropped")
+        return repeats
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_rules(cls, arms: list[Arm]) -> list[Arm]:
+        if not arms:
+            raise ValueError("no [[arms]]; add at least one arm with name and argv")
+        names = [a.name for a in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names repeat in {names}; give each arm its own name")
+        for role in ("baseline", "candidate"):
+            if sum(a.role == role for a in arms) > 1:
+                raise ValueError(f"more than one arm has role {role}; keep one")
+        if any(a.external for a in arms) and len(arms) > 1:
+            raise ValueError("an arm without argv (running server) is only allowed alone; give every arm an argv")
+        return arms
 
     def arm(self, role: str) -> Arm | None:
         return next((a for a in self.arms if a.role == role), None)
 
     def url(self) -> str:
-        return self.base_url or f"http://{self.host}:{self.port}"
+        return self.server.base_url or f"http://{self.server.host}:{self.server.port}"
 
     def expand(self, arm: Arm) -> list[str]:
-        subs = {"{port}": str(self.port), "{host}": self.host, "{model}": self.model or "", "{model_id}": self.model_id}
+        s = self.server
+        subs = {"{port}": str(s.port), "{host}": s.host, "{model}": s.model or "", "{model_id}": s.model_id}
         out = []
         for a in arm.argv:
             for k, v in subs.items():
@@ -101,15 +248,36 @@ class Protocol:
             out.append(a)
         return out
 
+    def with_model(self, model: str) -> Protocol:
+        """This protocol with server.model replaced (`serve trial --model`); a tokenizer that followed the
+        model (unset or equal to it) follows the new one."""
+        s = self.server
+        tokenizer = None if s.tokenizer in (None, s.model) else s.tokenizer
+        return self.model_copy(update={"server": s.model_copy(update={"model": model, "tokenizer": tokenizer})})
 
-def _get(table: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str, default: Any = None) -> Any:
-    if key not in table:
-        return default
-    val = table[key]
-    if not isinstance(val, typ) or isinstance(val, bool) and typ is not bool:
-        names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-        raise ProtocolError(f"{where}.{key} must be {names}, got {val!r}")
-    return val
+
+def _describe(error: ValidationError) -> str:
+    """One line: the key, the bad value and the fix (pydantic's first error)."""
+    # a misspelt key also reads as a missing one: name the misspelling, it carries the fix
+    first = sorted(error.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = first["loc"]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "protocol"
+    if first["type"] == "missing":
+        info = field_at(Protocol, loc)
+        what = info.description.rstrip(".") if info and info.description else "see docs/PROTOCOL_KEYS.md"
+        return f"{where} is missing; add it ({what})"
+    if first["type"] == "extra_forbidden":
+        parent = field_at(Protocol, loc[:-1])
+        table = (nested_model(parent.annotation) if parent else None) or Protocol
+        keys = list(table.model_fields)
+        near = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        return f"{where} is not a protocol key; " + (
+            f"did you mean {near[0]}?" if near else f"use one of {', '.join(keys)}"
+        )
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error":  # our validators' messages name the value and the fix
+        return f"{where}: {msg}"
+    return f"{where}: {msg[0].lower()}{msg[1:]}, got {first['input']!r}"
 
 
 def parse_protocol(text: str, base_dir: Path | None = None) -> Protocol:
@@ -117,93 +285,10 @@ def parse_protocol(text: str, base_dir: Path | None = None) -> Protocol:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProtocolError(f"protocol is not valid TOML ({e}); fix the syntax") from None
-    base = base_dir or Path(".")
-    server = _get(doc, "server", dict, "protocol", {})
-    bench = _get(doc, "bench", dict, "protocol", {})
-    acc = _get(doc, "acceptance", dict, "protocol", {})
-    model_id = _get(server, "model_id", str, "server")
-    if not model_id:
-        raise ProtocolError("server.model_id is missing; set it to the id /v1/models must list")
     try:
-        cases = parse_cases(_get(bench, "cases", list, "bench"))
-    except ValueError as e:
-        raise ProtocolError(f"bench.cases: {e}") from None
-    arms_raw = _get(doc, "arms", list, "protocol", [])
-    if not arms_raw:
-        raise ProtocolError("no [[arms]]; add at least one arm with name and argv")
-    arms: list[Arm] = []
-    for i, a in enumerate(arms_raw):
-        where = f"arms[{i}]"
-        if not isinstance(a, dict):
-            raise ProtocolError(f"{where} must be a table")
-        name = _get(a, "name", str, where)
-        if not name or not name.replace("-", "").replace("_", "").isalnum():
-            raise ProtocolError(f"{where}.name must be a non-empty word (letters, digits, - and _)")
-        role = _get(a, "role", str, where, "arm")
-        if role not in ("baseline", "candidate", "arm"):
-            raise ProtocolError(f"{where}.role must be baseline, candidate or arm, got {role!r}")
-        argv = _get(a, "argv", list, where, [])
-        if not all(isinstance(x, str) for x in argv):
-            raise ProtocolError(f"{where}.argv must be a list of strings (an argv list, never a shell string)")
-        env = _get(a, "env", dict, where, {})
-        arms.append(Arm(name, role, list(argv), {str(k): str(v) for k, v in env.items()}))
-    names = [a.name for a in arms]
-    if len(set(names)) != len(names):
-        raise ProtocolError("arm names repeat; give each arm its own name")
-    for role in ("baseline", "candidate"):
-        if sum(a.role == role for a in arms) > 1:
-            raise ProtocolError(f"more than one arm has role {role}; keep one")
-    p = Protocol(
-        name=_get(doc, "name", str, "protocol", "serving-trial"),
-        arms=arms,
-        cases=cases,
-        model_id=model_id,
-        model=_get(server, "model", str, "server"),
-        tokenizer=_get(server, "tokenizer", str, "server"),
-        host=_get(server, "host", str, "server", "127.0.0.1"),
-        port=_get(server, "port", int, "server", 8000),
-        base_url=_get(server, "base_url", str, "server"),
-        ready_timeout_s=float(_get(server, "ready_timeout_s", (int, float), "server", 900.0)),
-        stop_grace_s=float(_get(server, "stop_grace_s", (int, float), "server", 30.0)),
-        seed=_get(doc, "seed", int, "protocol", 0),
-        rounds=_get(doc, "rounds", int, "protocol", 1),
-        repeats=_get(doc, "repeats", int, "protocol", 4),
-        bench_timeout_s=float(_get(bench, "timeout_s", (int, float), "bench", 3600.0)),
-        percentiles=tuple(float(x) for x in _get(bench, "percentiles", list, "bench", list(DEFAULT_PERCENTILES))),
-        noise_band=float(_get(acc, "noise_band", (int, float), "acceptance", 0.01)),
-        ttft_ratio_max=float(_get(acc, "ttft_ratio_max", (int, float), "acceptance", 1.01)),
-    )
-    if p.repeats < 2:
-        raise ProtocolError("repeats must be >= 2: the first run of each case is the warm-up and is dropped")
-    if p.rounds < 1:
-        raise ProtocolError("rounds must be >= 1")
-    if any(a.external for a in arms) and len(arms) > 1:
-        raise ProtocolError("an arm without argv (running server) is only allowed alone; give every arm an argv")
-    if p.model and not Path(p.model).is_absolute() and (base / p.model).exists():
-        p.model = str((base / p.model).resolve())
-    if p.tokenizer is None:
-        p.tokenizer = p.model
-    if "accuracy" in doc:
-        a = _get(doc, "accuracy", dict, "protocol")
-        data = _get(a, "data", str, "accuracy")
-        if not data:
-            raise ProtocolError("accuracy.data is missing; point it at MATH-500 test.jsonl")
-        if not data.startswith("hf:") and not Path(data).is_absolute():
-            data = str((base / data).resolve())
-        spec = AccuracySpec(data=data)
-        for key in ("level", "api"):
-            if key in a:
-                setattr(spec, key, str(a[key]))
-        for key in ("limit", "max_tokens", "concurrency", "seed"):
-            if key in a:
-                setattr(spec, key, _get(a, key, int, "accuracy"))
-        for key in ("temperature", "top_p", "gate", "confidence", "request_timeout_s"):
-            if key in a:
-                setattr(spec, key, float(_get(a, key, (int, float), "accuracy")))
-        if spec.api not in ("chat", "completions"):
-            raise ProtocolError("accuracy.api must be 'chat' or 'completions'")
-        p.accuracy = spec
-    return p
+        return Protocol.model_validate(doc, context={"base_dir": base_dir or Path(".")})
+    except ValidationError as e:
+        raise ProtocolError(_describe(e)) from None
 
 
 def load_protocol(path: Path) -> tuple[Protocol, bytes]:

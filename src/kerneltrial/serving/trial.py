@@ -22,7 +22,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +98,7 @@ def summarise(
     results: dict[str, dict[str, Any]] = {}
     for arm in proto.arms:
         results[arm.name] = {}
-        for case in proto.cases:
+        for case in proto.bench.cases:
             rows = [r for r in runs if r["arm"] == arm.name and r["case"] == case.id]
             failed = [r for r in rows if r["status"] != "ok"]
             launches = sorted({r["launch"] for r in rows})
@@ -131,7 +130,7 @@ def summarise(
             "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches",
         },
         "arms": [a.name for a in proto.arms],
-        "cases": [case_dict(c) for c in proto.cases],
+        "cases": [case_dict(c) for c in proto.bench.cases],
         "results": results,
         "accuracy": acc,
         "acceptance": acceptance(proto, results, acc),
@@ -149,13 +148,13 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
     out: dict[str, Any] = {
         "baseline": base.name,
         "candidate": cand.name,
-        "noise_band": proto.noise_band,
-        "ttft_ratio_max": proto.ttft_ratio_max,
+        "noise_band": proto.acceptance.noise_band,
+        "ttft_ratio_max": proto.acceptance.ttft_ratio_max,
         "cases": {},
         "reasons": [],
     }
     accepted = True
-    for case in proto.cases:
+    for case in proto.bench.cases:
         b, c = results[base.name][case.id], results[cand.name][case.id]
         if b["status"] != "ok" or c["status"] != "ok":
             out["cases"][case.id] = {"status": "FAILED"}
@@ -164,7 +163,7 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
             continue
         gain = c["total_token_throughput"] / b["total_token_throughput"] - 1.0
         ratio = c["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else float("inf")
-        t_ok, l_ok = gain > proto.noise_band, ratio <= proto.ttft_ratio_max
+        t_ok, l_ok = gain > proto.acceptance.noise_band, ratio <= proto.acceptance.ttft_ratio_max
         out["cases"][case.id] = {
             "status": "ok",
             "gain": gain,
@@ -174,10 +173,10 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
         }
         if not t_ok:
             out["reasons"].append(
-                f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.noise_band:.2%}"
+                f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.acceptance.noise_band:.2%}"
             )
         if not l_ok:
-            out["reasons"].append(f"{case.id}: mean TTFT ratio {ratio:.4f} above {proto.ttft_ratio_max}")
+            out["reasons"].append(f"{case.id}: mean TTFT ratio {ratio:.4f} above {proto.acceptance.ttft_ratio_max}")
         accepted = accepted and t_ok and l_ok
     if proto.accuracy is not None:
         a = acc.get(cand.name)
@@ -211,20 +210,20 @@ def run_protocol(
     arms = {a.name: a for a in proto.arms}
     plan = {
         "protocol_sha256": sha,
-        "arms": [asdict(a) | {"argv_expanded": proto.expand(a)} for a in proto.arms],
-        "cases": [case_dict(c) for c in proto.cases],
+        "arms": [a.model_dump() | {"argv_expanded": proto.expand(a)} for a in proto.arms],
+        "cases": [case_dict(c) for c in proto.bench.cases],
         "rounds": proto.rounds,
         "repeats": proto.repeats,
         "seed": proto.seed,
         "bench_seeds": [proto.seed + k for k in range(proto.repeats)],
         "launches": [{"launch": i, "round": r, "position": p, "arm": n} for i, (r, p, n) in enumerate(order)],
         "warmup": {"drop_first": 1},
-        "percentiles": list(proto.percentiles),
-        "model_id": proto.model_id,
-        "tokenizer": proto.tokenizer,
+        "percentiles": list(proto.bench.percentiles),
+        "model_id": proto.server.model_id,
+        "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
-        "accuracy": asdict(proto.accuracy) if proto.accuracy else None,
-        "acceptance": {"noise_band": proto.noise_band, "ttft_ratio_max": proto.ttft_ratio_max},
+        "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
+        "acceptance": {"noise_band": proto.acceptance.noise_band, "ttft_ratio_max": proto.acceptance.ttft_ratio_max},
     }
     write_json(out / layout.PLAN, plan)
     prov: dict[str, Any] = {
@@ -250,7 +249,7 @@ def run_protocol(
     failures: list[str] = []
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
-    total = len(order) * len(proto.cases) * proto.repeats
+    total = len(order) * len(proto.bench.cases) * proto.repeats
     emit("start", total=total)
     t_all = time.monotonic()
     try:
@@ -270,12 +269,12 @@ def run_protocol(
                         prov["server_versions"][name] = probe_versions(python_for(argv_x[0]))
                     spec = ServerSpec(
                         argv_x,
-                        proto.model_id,
-                        proto.host,
-                        proto.port,
+                        proto.server.model_id,
+                        proto.server.host,
+                        proto.server.port,
                         arm.env,
-                        proto.ready_timeout_s,
-                        proto.stop_grace_s,
+                        proto.server.ready_timeout_s,
+                        proto.server.stop_grace_s,
                     )
                     server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log")
                     base_url = spec.base_url
@@ -288,7 +287,9 @@ def run_protocol(
                     if proto.accuracy is not None and name not in acc:
                         emit("accuracy", arm=name)
                         t_acc = time.monotonic()
-                        res = run_accuracy(base_url, proto.model_id, proto.accuracy, out / layout.ACCURACY_DIR / name)
+                        res = run_accuracy(
+                            base_url, proto.server.model_id, proto.accuracy, out / layout.ACCURACY_DIR / name
+                        )
                         if server is not None:
                             server.check_alive("the accuracy run")
                         acc[name] = {
@@ -362,12 +363,20 @@ def _bench_launch(
     failures: list[str],
     emit: Event,
 ) -> None:
-    for case in proto.cases:
+    for case in proto.bench.cases:
         for k in range(proto.repeats):
             seed = proto.seed + k
             rdir = out / layout.RAW_DIR / tag / case.id
             argv = bench_argv(
-                vllm, base_url, proto.model_id, proto.tokenizer, case, rdir, f"run{k}.json", seed, proto.percentiles
+                vllm,
+                base_url,
+                proto.server.model_id,
+                proto.server.effective_tokenizer,
+                case,
+                rdir,
+                f"run{k}.json",
+                seed,
+                proto.bench.percentiles,
             )
             emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
             t0 = time.monotonic()
@@ -381,7 +390,7 @@ def _bench_launch(
                 "raw": str((rdir / f"run{k}.json").relative_to(out)),
             }
             try:
-                raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench_timeout_s, server)
+                raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
             except (LaunchError, BenchError) as e:
                 row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
                 if (rdir / f"run{k}.json").is_file():
@@ -391,7 +400,7 @@ def _bench_launch(
                 raise
             row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
             row["wall_s"] = time.monotonic() - t0
-            m = metrics.run_metrics(raw, proto.percentiles)
+            m = metrics.run_metrics(raw, proto.bench.percentiles)
             if m["completed"] != case.num_requests:
                 row["status"] = "FAILED"
                 row["reason"] = f"completed {m['completed']} of {case.num_requests} requests"

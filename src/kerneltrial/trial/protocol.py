@@ -31,9 +31,14 @@ class ProtocolError(ValueError):
 class CaseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    shape: list[int] = Field(min_length=1)
-    layout: str = "contiguous"
-    dtype: str = "bfloat16"
+    shape: list[int] = Field(
+        min_length=1, description="Input shape, positive dimensions (the operator defines each, e.g. [rows, hidden])."
+    )
+    layout: str = Field(
+        default="contiguous",
+        description="Memory layout of the inputs, one of the operator's (e.g. contiguous, row_strided, qkv_slice).",
+    )
+    dtype: str = Field(default="bfloat16", description=f"Input dtype: {', '.join(DTYPES)}.")
 
     @field_validator("shape")
     @classmethod
@@ -58,8 +63,8 @@ class RuleLink(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    sha256: str
+    path: str = Field(description="The rule file, relative to the protocol's folder.")
+    sha256: str = Field(description="sha256 of the rule file's bytes.")
 
 
 class RunLink(BaseModel):
@@ -67,58 +72,159 @@ class RunLink(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    summary_sha256: str
-    manifest_sha256: str | None = None  # runs from before manifests have none
+    path: str = Field(description="The run directory, relative to the protocol's folder.")
+    summary_sha256: str = Field(description="sha256 of the run's summary.json.")
+    manifest_sha256: str | None = Field(
+        default=None, description="sha256 of the run's manifest.json (runs from before manifests have none)."
+    )
 
 
 class Protocol(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
-    op: str
-    phase: Literal["exploratory", "confirmation"] = "exploratory"
-    control: str = "control"
-    candidates: list[str] = Field(min_length=1)
-    impl_modules: list[str] = []
-    cases: list[CaseSpec] = Field(min_length=1)
-    seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
-    exploratory_seeds: list[int] = []
-    # A confirmation's links (written by `kerneltrial protocol confirm`; `run` checks them).
-    rule: RuleLink | None = None
-    derived_from: list[RunLink] = []
-    rounds: int = Field(default=7, ge=2)
-    warmup: int = Field(default=3, ge=1)
-    calls_per_sample: int | Literal["auto"] = "auto"
-    target_sample_us: float = Field(default=200.0, gt=0)
-    l2: Literal["cold", "hot"] = "cold"
-    backend: Literal["auto", "cuda-events", "cuda-graph", "host-clock"] = "auto"
-    tie_band: float = Field(default=0.02, ge=0, lt=1)
-    gate: str = "no_loss"
-    bootstrap_resamples: int = Field(default=2000, ge=100)
-    bootstrap_seed: int = 20261129
-    confidence: float = Field(default=0.95, gt=0, lt=1)
-    order_seed: int = 0
+    name: str = Field(min_length=1, description="Trial name, recorded in the run directory.")
+    op: str = Field(description="Operator to time (`kerneltrial ops` lists them).")
+    phase: Literal["exploratory", "confirmation"] = Field(
+        default="exploratory",
+        description="A confirmation must be frozen, name one candidate chosen beforehand and use seeds disjoint from exploratory_seeds.",
+    )
+    control: str = Field(
+        default="control",
+        description="The arm every speedup is measured against (speedup = median control time / median arm time).",
+    )
+    candidates: list[str] = Field(
+        min_length=1,
+        description="Arms compared with the control: implementations, peers, user:MODULE, or aa:ARM / slow:ARM in a calibration.",
+    )
+    impl_modules: list[str] = Field(
+        default=[],
+        description="User kernel modules to load: a .py path (relative to the protocol's folder) or a dotted module; each adds the arm user:MODULE.",
+    )
+    cases: list[CaseSpec] = Field(
+        min_length=1, description="The problems to check and time, one [[cases]] table each; a case id is listed once."
+    )
+    seeds: list[int] = Field(
+        default=[0, 1, 2],
+        min_length=1,
+        description="Input seeds: each seed's fresh random inputs are checked, then timed over every round.",
+    )
+    exploratory_seeds: list[int] = Field(
+        default=[], description="Confirmation only: the seeds the exploratory phase used (seeds must avoid them)."
+    )
+    rule: RuleLink | None = Field(
+        default=None,
+        description="Confirmation only: the dispatch rule it confirms, {path (relative to the protocol's folder), sha256}; written by `kerneltrial protocol confirm`, checked by run and verify.",
+    )
+    derived_from: list[RunLink] = Field(
+        default=[],
+        description="Confirmation only: the exploratory runs the rule was derived from, [{path, summary_sha256, manifest_sha256}]; run refuses seeds they used and links that no longer resolve.",
+    )
+    rounds: int = Field(
+        default=7,
+        ge=2,
+        description="Rounds per case and seed; each round times every arm once, in a seeded random order.",
+    )
+    warmup: int = Field(
+        default=3, ge=1, description="Untimed calls of an arm before it is timed, and before calls_per_sample is sized."
+    )
+    calls_per_sample: int | Literal["auto"] = Field(
+        default="auto",
+        description="Calls per timed sample (each on fresh values), or auto: sized on the control so a sample lasts about target_sample_us.",
+    )
+    target_sample_us: float = Field(
+        default=200.0, gt=0, description='Sample length calls_per_sample = "auto" aims at, microseconds.'
+    )
+    l2: Literal["cold", "hot"] = Field(
+        default="cold",
+        description="cold: a buffer larger than L2 is written before every call (published figures); hot: the call's values stay in L2.",
+    )
+    backend: Literal["auto", "cuda-events", "cuda-graph", "host-clock"] = Field(
+        default="auto",
+        description='Timer; auto: CUDA events on a GPU, else the host clock (interpreter, not GPU performance); cuda-graph needs l2 = "hot".',
+    )
+    tie_band: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="Verdicts: win when the speedup CI is above 1 + tie_band, loss when below 1 - tie_band, tie when inside.",
+    )
+    gate: str = Field(
+        default="no_loss",
+        description='Decision rule per candidate: no_loss, geomean>=X, or both joined by " and "; any correctness failure fails it.',
+    )
+    bootstrap_resamples: int = Field(
+        default=2000, ge=100, description="Resamples of the paired bootstrap behind every confidence interval."
+    )
+    bootstrap_seed: int = Field(
+        default=20261129, description="Seed of the bootstrap resampling (verify redraws the same resamples)."
+    )
+    confidence: float = Field(
+        default=0.95, gt=0, lt=1, description="Confidence level of every interval (speedups, geometric means)."
+    )
+    order_seed: int = Field(default=0, description="Seed of the arm order within each round.")
     # Noise control (issue: a noisy machine must not fake a win).
-    throttle_fraction: float = Field(default=0.9, gt=0, le=1)
-    target_ci_width: float | None = Field(default=None, gt=0)
-    max_rounds: int = Field(default=50, ge=2)
-    time_budget_s: float = Field(default=600.0, gt=0)
+    throttle_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="GPU: a sample whose SM clock is below this fraction of the maximum is counted as throttled.",
+    )
+    target_ci_width: float | None = Field(
+        default=None,
+        gt=0,
+        description="Noise rule: add rounds to a case until every speedup CI is narrower (high - low) than this, within max_rounds and time_budget_s; unset: fixed rounds.",
+    )
+    max_rounds: int = Field(
+        default=50, ge=2, description="Most rounds a case reaches under target_ci_width (>= rounds)."
+    )
+    time_budget_s: float = Field(
+        default=600.0, gt=0, description="Seconds of timing after which target_ci_width adds no more rounds."
+    )
     # Calibration: `aa:ARM` arms (an A/A copy) and `slow:ARM` arms (ARM plus this injected delay).
-    injected_slowdown: float = Field(default=0.03, gt=0, lt=1)
-    max_false_positive_rate: float = Field(default=0.05, ge=0, le=1)
-    min_power: float = Field(default=0.9, ge=0, le=1)
-    calibration_run: str | None = None
+    injected_slowdown: float = Field(
+        default=0.03,
+        gt=0,
+        lt=1,
+        description="Calibration: the delay a slow:ARM arm adds to each call, as a fraction of the arm's time.",
+    )
+    max_false_positive_rate: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Calibration passes when each aa: arm has a verdict other than tie in at most this fraction of cases.",
+    )
+    min_power: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Calibration passes when each slow: arm is a loss in at least this fraction of cases.",
+    )
+    calibration_run: str | None = Field(
+        default=None,
+        description="Run directory (relative to the protocol's folder) of a passed `kerneltrial calibrate` of this operator on this device; run refuses to start otherwise.",
+    )
     # Checks: bit-identical outputs to the reference; physical plausibility of timed arms.
-    exact: bool = False
+    exact: bool = Field(
+        default=False,
+        description="Outputs must equal the official torch formula bit for bit, in the gate and every timed sample.",
+    )
     # An arm above the best ceiling (copy or read) of its run by more than this fraction is
     # implausible: the highest honest figure of the committed H200 runs was 104.2% of the
     # copy ceiling (results/h200/silu_and_mul-s2, 65536x12288, liger).
-    bandwidth_margin: float = Field(default=0.15, gt=0)
+    bandwidth_margin: float = Field(
+        default=0.15,
+        gt=0,
+        description="GPU: an arm above the run's best copy/read ceiling by more than this fraction is implausible (fails the gate).",
+    )
     # An arm faster per call than this fraction of an empty kernel launch did not launch its
     # work (a convention; the fastest honest kernel committed, 4.06 us at 1x2048 in
     # results/h200/sigmoid_gate_mul-r2, is well above an empty launch).
-    launch_floor_fraction: float = Field(default=0.5, gt=0, le=1)
+    launch_floor_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="GPU: an arm faster per call than this fraction of an empty kernel launch is implausible (fails the gate).",
+    )
 
     @field_validator("gate")
     @classmethod
