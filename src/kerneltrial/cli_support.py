@@ -23,12 +23,13 @@ markup), so `[...]` in an option's help survives.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from typer import _click
@@ -64,9 +65,19 @@ class CliError(Exception):
         self.code = code
 
 
-def print_error(message: str) -> None:
-    """One line on stderr: `error: ...` (newlines folded: one line is what a log grep finds)."""
-    print("error: " + " ".join(message.split()), file=sys.stderr, flush=True)
+def _say(code: ExitCode, message: str) -> None:
+    """One line on stderr (newlines folded: one line is what a log grep finds); `error: ...`
+    except for an interruption, which is what the user asked for."""
+    prefix = "" if code == ExitCode.INTERRUPTED else "error: "
+    print(prefix + " ".join(message.split()), file=sys.stderr, flush=True)
+
+
+def exit_now(code: ExitCode, message: str) -> NoReturn:
+    """The error path's line, then the end of the process without clean-up: for a thread that
+    cannot be stopped (a kernel that never returns), whose interpreter shutdown would hang or
+    abort."""
+    _say(code, message)
+    os._exit(code)
 
 
 def _is_kerneltrials(exc: BaseException) -> bool:
@@ -100,10 +111,7 @@ def _one_path() -> Iterator[None]:
         if found is None:
             raise
         code, message = found
-        if code == ExitCode.INTERRUPTED:  # not an error: what the user asked for
-            print(" ".join(message.split()), file=sys.stderr, flush=True)
-        else:
-            print_error(message)
+        _say(code, message)
         raise typer.Exit(code) from None
 
 

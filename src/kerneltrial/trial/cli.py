@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from kerneltrial import cli_records as records
-from kerneltrial.cli_support import CliError, ExitCode, console, emit_json, print_error, sub_app
+from kerneltrial.cli_support import CliError, ExitCode, console, emit_json, exit_now, sub_app
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -27,22 +27,34 @@ JSON_HELP = "Print one JSON document on stdout (schema in its `schema` field); h
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     """`work()`, or, when it has not returned after `seconds` (a kernel that never returns),
     one error line and the end of the process with exit code 1 (a check failed): a hung call
-    cannot be interrupted from Python, and waiting for it forever helps no one."""
+    cannot be interrupted from Python, and waiting for it forever helps no one. Ctrl-C while
+    it runs ends the process the same way, with exit code 130."""
     done: list[T] = []
     failure: list[BaseException] = []
+    finished = threading.Event()  # not Thread.is_alive: a join interrupted by Ctrl-C marks a live thread stopped (3.11)
 
     def run() -> None:
         try:
             done.append(work())
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
+        finally:
+            finished.set()
 
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        print_error(f"{what} did not return within {seconds:g} s (a kernel that never returns?); stopping")
-        os._exit(ExitCode.FAILED)
+    deadline = time.monotonic() + seconds
+    try:
+        threading.Thread(target=run, daemon=True).start()
+        # short waits: a Ctrl-C the kernel delivers to another thread wakes no long wait in this one
+        while not finished.wait(0.1) and time.monotonic() < deadline:
+            pass
+    except KeyboardInterrupt:
+        if not finished.is_set():  # a live worker aborts the interpreter's shutdown: end here
+            exit_now(ExitCode.INTERRUPTED, "interrupted")
+        raise
+    if not finished.is_set():
+        exit_now(
+            ExitCode.FAILED, f"{what} did not return within {seconds:g} s (a kernel that never returns?); stopping"
+        )
     if failure:
         raise failure[0]
     return done[0]
