@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,30 @@ def test_help_keeps_bracketed_text():
     text = " ".join(result.output.split())
     assert "JSON list [[input_len, output_len, concurrency, num_requests], ...]" in text
     assert f"env {VLLM_ENV}" in text  # the help names the variable bench reads
+
+
+@pytest.mark.slow
+def test_sigint_ends_a_run_with_130_and_keeps_its_rows(tmp_path: Path):
+    protocol = tmp_path / "p.toml"
+    protocol.write_text(PROTOCOL.format(module=FIXTURES / "wrong_rmsnorm.py").replace("rounds = 2", "rounds = 40"))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerneltrial.cli", "run", str(protocol), "--out", str(run)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        timings = run / "timings.csv"
+        while time.monotonic() < deadline and not (timings.is_file() and len(timings.read_text().splitlines()) > 5):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert len(timings.read_text().splitlines()) > 5  # the rows measured so far stay for --resume

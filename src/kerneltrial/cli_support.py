@@ -7,7 +7,7 @@ Exit codes (shown in `kerneltrial --help`, the README and docs/DESIGN.md):
        trial was REJECTED, a correctness check failed or outlasted its timeout
   2    bad input: usage errors, missing or malformed files, protocols, run directories,
        unknown operators or arms
-  130  interrupted (Ctrl-C or SIGTERM): the data written so far stays as the runner left it
+  130  interrupted (Ctrl-C; SIGTERM too in `serve`): data written so far stays as the runner left it
 
 Every error prints one line to stderr, `error: <what is wrong and how to fix it>`, never a
 traceback (a traceback means a bug in kerneltrial). Commands raise `CliError` for their own

@@ -143,6 +143,8 @@ def progress_bar() -> Progress | LineProgress:
 
 def ops() -> None:
     """List the operators, their implementations, and which peers are available here."""
+    from rich.markup import escape
+
     from kerneltrial.ops.launch import interpreted
     from kerneltrial.ops.registry import all_ops
 
@@ -154,7 +156,7 @@ def ops() -> None:
         ours = [i.name for i in impls if i.available and i.kind in ("control", "candidate")]
         others = [f"{i.name} ({i.kind})" for i in impls if i.available and i.kind not in ("control", "candidate")]
         missing = [f"{i.name} ({i.reason})" for i in impls if not i.available]
-        out.print(f"[bold]{op.signature}[/bold]  layouts: {', '.join(op.layouts)}", highlight=False)
+        out.print(f"[bold]{escape(op.signature)}[/bold]  layouts: {', '.join(op.layouts)}")
         out.print(f"  ours: {', '.join(ours)}", highlight=False, markup=False, soft_wrap=True)
         if others:
             out.print(f"  peers and user arms: {', '.join(others)}", highlight=False, markup=False, soft_wrap=True)
