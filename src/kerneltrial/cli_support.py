@@ -32,8 +32,12 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from typer import _click
 from typer.core import TyperGroup
+
+try:  # recent typer vendors click; earlier versions depend on it
+    from typer._click.exceptions import UsageError
+except ImportError:
+    from click.exceptions import UsageError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -90,9 +94,9 @@ def exit_code_of(exc: BaseException) -> tuple[ExitCode, str] | None:
         return exc.code, str(exc)
     if isinstance(exc, KeyboardInterrupt):
         return ExitCode.INTERRUPTED, "interrupted"
-    if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
-        return None  # click prints the help
-    if isinstance(exc, _click.exceptions.UsageError):
+    if type(exc).__name__ == "NoArgsIsHelpError":  # (click >= 8.2) it prints the help; typer tests the name too
+        return None
+    if isinstance(exc, UsageError):
         where = exc.ctx.command_path if exc.ctx is not None else "kerneltrial"
         return ExitCode.BAD_INPUT, f"{exc.format_message()} (see `{where} --help`)"
     if isinstance(exc, (ValueError, OSError)) or _is_kerneltrials(exc):
@@ -118,11 +122,11 @@ def _one_path() -> Iterator[None]:
 class Group(TyperGroup):
     """The root group: every error raised while a command parses or runs takes the one path."""
 
-    def make_context(self, *args: Any, **kwargs: Any) -> _click.Context:
+    def make_context(self, *args: Any, **kwargs: Any) -> typer.Context:
         with _one_path():
             return super().make_context(*args, **kwargs)
 
-    def invoke(self, ctx: _click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         with _one_path():
             return super().invoke(ctx)
 
