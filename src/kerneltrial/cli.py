@@ -2,27 +2,27 @@
 
 Command groups live next to the code they drive: analysis commands in
 `analysis/cli.py`, serving commands in `serving/cli.py`, kernel commands in
-`trial/cli.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow_cli.py`.
-This module only mounts them.
+`trial/cli.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow_cli.py`,
+package and inspect in `submission/cli.py`. This module only mounts them. Errors, exit codes
+and output width follow `cli_support` (one error path for every command).
 """
 
 from __future__ import annotations
 
 import typer
 
-from kerneltrial import workflow_cli
+from kerneltrial import cli_support, workflow_cli
 from kerneltrial.analysis import cli as analysis_cli
 from kerneltrial.serving import cli as serving_cli
 from kerneltrial.submission import cli as submission_cli
 from kerneltrial.trial import cli as trial_cli
 
-app = typer.Typer(
+app = cli_support.app(
     help=(
         "Controlled trials for GPU kernels and LLM serving: correctness before timing, "
         "interleaved rounds, raw data kept, every figure rebuilt on a CPU by `verify`."
     ),
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
+    epilog=cli_support.EXIT_CODES_HELP,
 )
 
 

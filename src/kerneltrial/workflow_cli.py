@@ -13,13 +13,13 @@ from typing import Annotated
 
 import typer
 
-from kerneltrial.trial.cli import console, one_line_errors
+from kerneltrial.cli_support import ExitCode, console, sub_app
+from kerneltrial.rundir.layout import REPLICATES_MD
 
-dispatch_app = typer.Typer(help="Shape dispatch rules derived from trials.", no_args_is_help=True)
+dispatch_app = sub_app("Shape dispatch rules derived from trials.")
 
 
 @dispatch_app.command("derive")
-@one_line_errors
 def derive(
     runs: Annotated[list[Path], typer.Argument(help="Exploratory run directories of one operator on one device.")],
     out: Annotated[Path, typer.Option(help="The rule file to write (TOML), e.g. next to the dispatcher module.")],
@@ -32,16 +32,15 @@ def derive(
     rule = derive_rule(runs, out)
     for branch in rule.branches:
         cases = ", ".join(c.case for c in branch.cases)
-        console.print(
+        console().print(
             f"width {branch.width} layout {branch.layout} rows >= {branch.min_rows}: {branch.arm}  ({cases})",
             highlight=False,
             markup=False,
             soft_wrap=True,
         )
-    console.print(f"other widths: {rule.default}; wrote {out}", highlight=False, markup=False, soft_wrap=True)
+    console().print(f"other widths: {rule.default}; wrote {out}", highlight=False, markup=False, soft_wrap=True)
 
 
-@one_line_errors
 def confirm(
     rule: Annotated[Path, typer.Argument(help="The rule file the dispatcher module loads (from `dispatch derive`).")],
     module: Annotated[Path, typer.Option(help="The dispatcher module (a .py file whose rule is RULE).")],
@@ -64,10 +63,9 @@ def confirm(
         except ValueError:
             raise ValueError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 3,4,5") from None
     write_confirmation(rule, module, out, seeds=seed_list, name=name)
-    console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}", soft_wrap=True)
+    console().print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}", soft_wrap=True)
 
 
-@one_line_errors
 def replicate(
     protocol: Annotated[Path, typer.Argument(help="A frozen protocol.")],
     runs: Annotated[int, typer.Option("--runs", min=2, help="Independent runs (fresh processes, order seeds 1..N).")],
@@ -80,10 +78,10 @@ def replicate(
     from kerneltrial.trial.replicate import run_replicates
 
     table = run_replicates(protocol, runs, out)
-    console.print((out / "replicates.md").read_text(), highlight=False, markup=False, soft_wrap=True)
-    console.print(f"next: kerneltrial verify {out}", soft_wrap=True)
+    console().print((out / REPLICATES_MD).read_text(), highlight=False, markup=False, soft_wrap=True)
+    console().print(f"next: kerneltrial verify {out}", soft_wrap=True)
     if not any(arm.every_case_every_run for arm in table.arms):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def mount(app: typer.Typer) -> None:

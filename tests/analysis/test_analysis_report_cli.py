@@ -10,6 +10,7 @@ import typer
 from rundir_factory import C1, C2, C3, RunSpec, write_run_dir
 from typer.testing import CliRunner
 
+from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
@@ -22,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def cli() -> tuple[CliRunner, typer.Typer]:
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = cli_support.app(help="the analysis commands alone")  # the one error path, as in `kerneltrial`
     mount(app)
     return CliRunner(), app
 

@@ -154,7 +154,7 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
     proto.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # every run completed, but the candidate is REJECTED: a failed verdict
     assert (out / "protocol.toml").read_bytes() == proto.read_bytes()
     summary = json.loads((out / "summary.json").read_text())
     acc = summary["acceptance"]

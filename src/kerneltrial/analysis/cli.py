@@ -1,48 +1,40 @@
 """Analysis commands (verify, report, compare, performance), mounted on the main app.
 
-Thin: parse arguments, call the library, print. Bad input (a missing directory, a
-directory that is not a run directory) prints one `error:` line and exits 2; a run that
-fails verification exits 1.
+Thin: parse arguments, call the library, print. Errors and exit codes follow
+`cli_support`: bad input (a missing directory, a directory that is not a run directory)
+is one `error:` line and exit 2; a run that fails verification exits 1.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kerneltrial.rundir.errors import RunDirError
+from kerneltrial import cli_records as records
+from kerneltrial.cli_support import ExitCode, emit_json
 from kerneltrial.rundir.layout import kind_of
 
 if TYPE_CHECKING:
     from kerneltrial.analysis.verify import VerifyResult
 
-T = TypeVar("T")
-
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory with summary.json.")]
-
-
-def _or_exit(action: Callable[[], T]) -> T:
-    """Run `action`; bad input becomes one error line and exit code 2, not a traceback."""
-    try:
-        return action()
-    except (RunDirError, OSError, json.JSONDecodeError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
-    except KeyError as error:
-        typer.echo(f"error: malformed run directory: missing field {error}", err=True)
-        raise typer.Exit(2) from None
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON document on stdout (schema in its `schema` field); human output goes to stderr."
+    ),
+]
 
 
 def _verify_one(run_dir: Path) -> VerifyResult:
-    """The kernel or the serving verifier, by the run directory's kind."""
+    """The kernel verifier (kernel and replicate directories) or the serving one, by the
+    directory's kind (`rundir.layout.kind_of`)."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
 
-    if kind_of(run_dir) == "kernel":
+    if kind_of(run_dir) != "serving":
         return verify_run_dir(run_dir)
     from kerneltrial.serving.verify import verify_serving_run
 
@@ -51,54 +43,92 @@ def _verify_one(run_dir: Path) -> VerifyResult:
     return result
 
 
-def verify(run_dirs: RunDirs) -> None:
+def verify(run_dirs: RunDirs, json_: Json = False) -> None:
     """Recompute every figure of each run directory from its raw rows and compare with summary.json.
 
     Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
     and a final line; exits 1 if any check fails, 2 on bad input.
     """
-    failed = False
+    runs: list[records.VerifiedRun] = []
     for run_dir in run_dirs:
-        result = _or_exit(lambda: _verify_one(run_dir))  # noqa: B023 (called at once, inside the loop)
-        for check in result.checks:
+        result = _verify_one(run_dir)
+        checks = [records.VerifyCheck(c.name, c.ok, c.applicable, c.detail) for c in result.checks]
+        runs.append(records.VerifiedRun(str(run_dir), result.ok, checks))
+        for check in checks:
             mark = "FAIL" if not check.ok else "ok  " if check.applicable else "n/a "
-            typer.echo(f"{mark} {check.name}: {check.detail}")
-        bad = len(result.failures)
-        skipped = sum(not check.applicable for check in result.checks)
+            typer.echo(f"{mark} {check.name}: {check.detail}", err=json_)
+        bad = sum(not check.ok for check in checks)
+        skipped = sum(not check.applicable for check in checks)
         if bad:
-            typer.echo(f"VERIFY FAILED: {bad} of {len(result.checks)} checks failed in {run_dir}")
+            typer.echo(f"VERIFY FAILED: {bad} of {len(checks)} checks failed in {run_dir}", err=json_)
         else:
             typer.echo(
-                f"verified: all {len(result.checks) - skipped} checks passed in {run_dir}"
-                + (f" ({skipped} not applicable to this run)" if skipped else "")
+                f"verified: all {len(checks) - skipped} checks passed in {run_dir}"
+                + (f" ({skipped} not applicable to this run)" if skipped else ""),
+                err=json_,
             )
-        failed = failed or bad > 0
-    if failed:
-        raise typer.Exit(1)
+    ok = all(run.ok for run in runs)
+    if json_:
+        emit_json(records.VerifyResult(ok=ok, runs=runs))
+    if not ok:
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json."""
     from kerneltrial.analysis.report import write_report
 
-    typer.echo(f"wrote {_or_exit(lambda: write_report(run_dir))}")
+    typer.echo(f"wrote {write_report(run_dir)}")
 
 
-def compare(run_a: RunDir, run_b: RunDir) -> None:
-    """Show the same cases of two runs side by side: median in A, median in B, ratio B/A."""
-    from kerneltrial.analysis.compare import compare_runs
+def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
+    """Show the same cases of two runs of one operator side by side: median in A, median in B,
+    ratio B/A, each run's speedup over its control with the CI, and each run's verdict."""
+    from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
-    typer.echo(_or_exit(lambda: compare_runs(run_a, run_b)), nl=False)
+    if not json_:
+        typer.echo(compare_runs(run_a, run_b), nl=False)
+        return
+    compared = comparison(run_a, run_b)
+
+    def speedup(s: Speedup | None) -> records.Speedup | None:
+        return None if s is None else records.Speedup(s.value, s.ci_low, s.ci_high)
+
+    emit_json(
+        records.CompareResult(
+            run_a=str(run_a),
+            run_b=str(run_b),
+            timing_a=compared.label_a,
+            timing_b=compared.label_b,
+            notes=compared.notes,
+            rows=[
+                records.ComparedArm(
+                    r.case,
+                    r.arm,
+                    r.median_a_ns,
+                    r.median_b_ns,
+                    r.ratio,
+                    speedup(r.speedup_a),
+                    speedup(r.speedup_b),
+                    r.verdict_a,
+                    r.verdict_b,
+                )
+                for r in compared.rows
+            ],
+            only_in_a=compared.only_in_a,
+            only_in_b=compared.only_in_b,
+        )
+    )
 
 
 def performance(
     run_dirs: RunDirs,
     out: Annotated[Path, typer.Option("--out", help="Markdown file to write.")] = Path("PERFORMANCE.md"),
 ) -> None:
-    """Render one markdown file (e.g. PERFORMANCE.md) from several run directories' summaries."""
+    """Render several run directories' summaries as one markdown file, such as PERFORMANCE.md."""
     from kerneltrial.analysis.report import write_performance_md
 
-    typer.echo(f"wrote {_or_exit(lambda: write_performance_md(run_dirs, out))}")
+    typer.echo(f"wrote {write_performance_md(run_dirs, out)}")
 
 
 def mount(app: typer.Typer) -> None:

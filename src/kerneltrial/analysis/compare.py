@@ -18,6 +18,21 @@ from kerneltrial.rundir.errors import RunDirError
 
 
 @dataclass(frozen=True)
+class Speedup:
+    """A timed arm's speedup over its run's control, with the CI."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+
+    @staticmethod
+    def of(entry: ArmFigures) -> Speedup | None:
+        if entry.speedup is None or entry.ci_low is None or entry.ci_high is None:
+            return None
+        return Speedup(entry.speedup, entry.ci_low, entry.ci_high)
+
+
+@dataclass(frozen=True)
 class ComparedRow:
     case: str
     arm: str
@@ -25,8 +40,10 @@ class ComparedRow:
     median_b_ns: float | None
     verdict_a: str
     verdict_b: str
-    speedup_a: str  # speedup over the run's control with its CI, or "–"
-    speedup_b: str
+    speedup_a: Speedup | None
+    speedup_b: Speedup | None
+    text_a: str  # the speedup with its CI as the report writes it, or "–"
+    text_b: str
 
     @property
     def ratio(self) -> float | None:
@@ -57,6 +74,8 @@ def compared_rows(a: Summary, b: Summary) -> list[ComparedRow]:
             cases_b[case.case][arm].median_ns_per_call,
             verdict_of(entry, arm == a.control),
             verdict_of(cases_b[case.case][arm], arm == b.control),
+            Speedup.of(entry),
+            Speedup.of(cases_b[case.case][arm]),
             speedup_cell(entry),
             speedup_cell(cases_b[case.case][arm]),
         )
@@ -80,30 +99,56 @@ def _only_in(first: Summary, second: Summary) -> list[str]:
     return notes
 
 
-def compare_runs(a: Path, b: Path) -> str:
-    """A markdown comparison of run directories `a` and `b` (both need summary.json) of one
-    operator; RunDirError for runs of two operators (their cases cannot mean the same)."""
+@dataclass(frozen=True)
+class Comparison:
+    label_a: str
+    label_b: str
+    notes: list[str]  # different timing backends or protocols
+    rows: list[ComparedRow]
+    only_in_a: list[str]
+    only_in_b: list[str]
+
+
+def comparison(a: Path, b: Path) -> Comparison:
+    """Run directories `a` and `b` (both need summary.json) of one operator side by side;
+    RunDirError for runs of two operators (their cases cannot mean the same)."""
     summary_a, summary_b = read_summary(Path(a)), read_summary(Path(b))
     op_a, op_b = operator_name(Path(a), summary_a), operator_name(Path(b), summary_b)
     if op_a != op_b:
         raise RunDirError(f"{a} is a run of {op_a}, {b} of {op_b}: compare two runs of the same operator")
-    lines = [f"A: `{a}` ({summary_a.label})", f"B: `{b}` ({summary_b.label})", ""]
+    notes = []
     if summary_a.is_gpu != summary_b.is_gpu or summary_a.backend != summary_b.backend:
-        lines += ["**Warning: the runs used different timing backends; their times are not comparable.**", ""]
+        notes.append("**Warning: the runs used different timing backends; their times are not comparable.**")
     if summary_a.protocol_sha256 != summary_b.protocol_sha256:
-        lines += ["Note: the runs follow different protocols (protocol_sha256 differs).", ""]
+        notes.append("Note: the runs follow different protocols (protocol_sha256 differs).")
+    return Comparison(
+        summary_a.label,
+        summary_b.label,
+        notes,
+        compared_rows(summary_a, summary_b),
+        _only_in(summary_a, summary_b),
+        _only_in(summary_b, summary_a),
+    )
+
+
+def compare_runs(a: Path, b: Path) -> str:
+    """The markdown comparison of `a` and `b` (see `comparison`)."""
+    compared = comparison(a, b)
+    lines = [f"A: `{a}` ({compared.label_a})", f"B: `{b}` ({compared.label_b})", ""]
+    for note in compared.notes:
+        lines += [note, ""]
     lines += [
         "| case | arm | median A µs | median B µs | B/A | speedup A [CI] | speedup B [CI] | verdict A | verdict B |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in compared_rows(summary_a, summary_b):
+    for row in compared.rows:
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
         medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"
-        speedups = f"{row.speedup_a} | {row.speedup_b}"
+        speedups = f"{row.text_a} | {row.text_b}"
         lines.append(
             f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {speedups} | {row.verdict_a} | {row.verdict_b} |"
         )
-    for label, notes in (("Only in A", _only_in(summary_a, summary_b)), ("Only in B", _only_in(summary_b, summary_a))):
+    for label, notes in (("Only in A", compared.only_in_a), ("Only in B", compared.only_in_b)):
         if notes:
             lines += ["", f"{label}: " + ", ".join(notes)]
     return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.layout import REPLICATES, REPLICATES_MD
 
 SCHEMA = "kerneltrial.replicates/1"
 
@@ -139,13 +140,13 @@ def to_markdown(table: ReplicateTable) -> str:
 
 
 def write_table(root: Path, table: ReplicateTable) -> None:
-    (root / "replicates.json").write_text(json.dumps(table.record(), indent=2) + "\n")
-    (root / "replicates.md").write_text(to_markdown(table))
+    (root / REPLICATES).write_text(json.dumps(table.record(), indent=2) + "\n")
+    (root / REPLICATES_MD).write_text(to_markdown(table))
 
 
 def table_problems(root: Path) -> list[str]:
     """replicates.json against the table recomputed from the runs' summaries; distinct order seeds."""
-    recorded = json.loads((root / "replicates.json").read_text())
+    recorded = json.loads((root / REPLICATES).read_text())
     if recorded.get("schema") != SCHEMA:
         return [f"replicates.json schema {recorded.get('schema')!r} is not {SCHEMA!r}"]
     table = cross_run(root, list(recorded["runs"]))

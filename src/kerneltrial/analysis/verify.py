@@ -47,7 +47,7 @@ from kerneltrial.analysis import integrity, links
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import INPUT_FILES, MANIFEST, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
+from kerneltrial.rundir.layout import INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -470,9 +470,9 @@ def verify_run_dir(run_dir: Path) -> VerifyResult:
     """Recompute every figure of a kernel run directory and compare; see VerifyResult.checks.
     A serving run directory is serving/verify.py's (the CLI picks by `rundir.layout.kind_of`)."""
     run_dir = Path(run_dir)
-    if (run_dir / "replicates.json").is_file():
-        return _verify_replicates(run_dir)
     kind = kind_of(run_dir)
+    if kind == "replicates":
+        return _verify_replicates(run_dir)
     if kind != "kernel":
         raise RunDirError(f"{run_dir}: a {kind} run directory, not a kernel one; check it with `kerneltrial verify`")
     return _verify_kernel(run_dir, _read_json(run_dir, "provenance.json"))
@@ -484,7 +484,7 @@ def _verify_replicates(root: Path) -> VerifyResult:
     from kerneltrial.analysis.replicates import table_problems
 
     result = VerifyResult(root)
-    for name in read_json(root / "replicates.json")["runs"]:
+    for name in read_json(root / REPLICATES)["runs"]:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")

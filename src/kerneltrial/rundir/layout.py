@@ -10,7 +10,7 @@ from typing import Literal
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 
-Kind = Literal["kernel", "serving"]
+Kind = Literal["kernel", "serving", "replicates"]
 
 # both kinds
 PROTOCOL = "protocol.toml"
@@ -27,6 +27,9 @@ MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
 REPORT = "report.md"
 ERRATA = "ERRATA.md"
+# A replicate directory (`kerneltrial replicate`): run-1..N, each a kernel run directory, and the cross-run table.
+REPLICATES = "replicates.json"
+REPLICATES_MD = "replicates.md"
 INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
 
 # serving run directories
@@ -86,13 +89,16 @@ class RunDir:
 
 
 def kind_of(run_dir: Path) -> Kind:
-    """ "kernel" or "serving": provenance.json's `kind`. Every committed run records it; for a
+    """ "replicates" for a replicate directory (it holds replicates.json), else "kernel" or
+    "serving": provenance.json's `kind`. Every committed run records it; for a
     provenance.json without one, the raw files tell (timings.csv: kernel; runs.jsonl or
     launches.jsonl: serving). RunDirError when the directory, provenance.json or any sign
     of either kind is missing, or the kind is another word."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
+    if (run_dir / REPLICATES).is_file():
+        return "replicates"
     path = run_dir / PROVENANCE
     record = read_json(path)
     kind = record.get("kind") if isinstance(record, dict) else None

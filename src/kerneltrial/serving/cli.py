@@ -1,4 +1,8 @@
-"""`kerneltrial serve ...`: launch, bench, trial, accuracy. Thin: parse, call, print."""
+"""`kerneltrial serve ...`: launch, bench, trial, accuracy. Thin: parse, call, print.
+
+Errors and exit codes follow `cli_support`. The serving modules (httpx, numpy) are imported
+inside the commands: `--help` and usage errors stay fast.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +11,26 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from kerneltrial.serving.bench import VLLM_ENV, BenchError, parse_cases, resolve_vllm
-from kerneltrial.serving.launcher import (
-    LaunchError,
-    Server,
-    ServerSpec,
-    install_sigterm_as_interrupt,
-    list_models,
-)
-from kerneltrial.serving.presets import PRESETS, get_preset
-from kerneltrial.serving.protocol import ProtocolError, load_protocol, parse_protocol
+from kerneltrial import cli_support
+from kerneltrial.cli_support import CliError, ExitCode, console
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-app = typer.Typer(
+VLLM_HELP = "`vllm` executable for the benchmark client (env KERNELTRIAL_VLLM; default: vllm on PATH)."
+app = cli_support.app(
     help=(
         "Serving trials on an OpenAI-compatible server (vLLM): launch with fail-fast gates, "
         "throughput cases through `vllm bench serve`, interleaved A/B trials with preregistered "
         "acceptance, and a MATH-500 accuracy gate. Server commands go after `--` as an argv list."
     ),
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
+    epilog=cli_support.EXIT_CODES_HELP,
 )
-err = Console(stderr=True)
-out = Console()
-
-
-def fail(msg: str, code: int = 2) -> NoReturn:
-    err.print("error: " + msg, markup=False, highlight=False, soft_wrap=True, style="bold red")
-    raise typer.Exit(code)
 
 
 def default_out(kind: str) -> Path:
@@ -60,7 +49,7 @@ def _argv_value(argv: list[str], flag: str) -> str | None:
 def server_from_argv(argv: list[str], model_id: str | None, port: int | None) -> tuple[list[str], str, int]:
     """Fill {port}; find the model id (--served-model-name, --model, `serve MODEL`) and port."""
     if not argv:
-        fail("no server command; put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
+        raise CliError("no server command; put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
     p = port or int(_argv_value(argv, "--port") or 8000)
     argv = [a.replace("{port}", str(p)) for a in argv]
     if model_id is None:
@@ -68,7 +57,7 @@ def server_from_argv(argv: list[str], model_id: str | None, port: int | None) ->
         if model_id is None and "serve" in argv and argv.index("serve") + 1 < len(argv):
             model_id = argv[argv.index("serve") + 1]
     if not model_id:
-        fail("cannot tell the model id the server will list; pass --model-id")
+        raise CliError("cannot tell the model id the server will list; pass --model-id")
     return argv, model_id, p
 
 
@@ -84,12 +73,14 @@ class Display:
         if not self.enabled:
             return
         if kind == "start":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self.progress = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=err,
+                console=console(stderr=True),
                 transient=False,
             )
             self.progress.start()
@@ -106,7 +97,9 @@ class Display:
             r = kw["row"]
             self.progress.advance(self.task)
             if r["status"] != "ok":
-                self.progress.console.print(f"[red]FAILED[/] {r['arm']} {r['case']} run {r['run']}: {r.get('reason')}")
+                self.progress.console.print(
+                    f"FAILED {r['arm']} {r['case']} run {r['run']}: {r.get('reason')}", markup=False, style="red"
+                )
         elif kind == "accuracy":
             self.progress.update(self.task, description=f"accuracy {kw['arm']}")
         elif kind == "done":
@@ -119,6 +112,10 @@ class Display:
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
     t = Table(title=f"serving summary ({summary['warmup']['rule']})")
     for col in (
         "arm",
@@ -147,13 +144,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                     "mean_e2el_ms",
                 )
             ]
-            t.add_row(arm, cid, e["status"], *cells)
+            t.add_row(escape(arm), escape(cid), e["status"], *cells)
     out.print(t)
     for arm, a in (summary.get("accuracy") or {}).items():
         out.print(
             f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
             f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']}: "
-            f"{'passed' if a['passed'] else 'FAILED'}"
+            f"{'passed' if a['passed'] else 'FAILED'}",
+            markup=False,
         )
     acc = summary.get("acceptance")
     if acc:
@@ -161,49 +159,55 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             if c.get("status") == "ok":
                 out.print(
                     f"{cid}: total tok/s gain {c['gain']:+.2%} (band {acc['noise_band']:.2%}), "
-                    f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})"
+                    f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})",
+                    markup=False,
                 )
         verdict = "[green]ACCEPTED[/]" if acc["accepted"] else "[red]REJECTED[/]"
-        out.print(f"candidate {acc['candidate']} vs baseline {acc['baseline']}: {verdict}")
+        out.print(f"candidate {escape(acc['candidate'])} vs baseline {escape(acc['baseline'])}: {verdict}")
         for r in acc["reasons"]:
             out.print(f"  - {r}", markup=False)
     for f in summary.get("failures", []):
         out.print(f"failure: {f}", markup=False, style="red")
-    out.print(f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))")
+    out.print(
+        f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _execute(
     proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
 ) -> None:
-    from kerneltrial.rundir.errors import RunDirError
-    from kerneltrial.serving.accuracy import AccuracyError, load_grader
-    from kerneltrial.serving.trial import run_protocol  # here: `--help` stays fast
+    """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was REJECTED."""
+    from kerneltrial.serving.accuracy import load_grader
+    from kerneltrial.serving.bench import BenchError, resolve_vllm
+    from kerneltrial.serving.launcher import LaunchError, install_sigterm_as_interrupt
+    from kerneltrial.serving.protocol import parse_protocol
+    from kerneltrial.serving.trial import run_protocol
 
-    try:
-        proto = parse_protocol(proto_text, base_dir)
-        if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
-            proto = proto.with_model(model)
-        if proto.accuracy is not None:
-            load_grader()  # before the first launch, not an hour later at the first graded answer
-        vllm = resolve_vllm(vllm_opt)
-    except (ProtocolError, BenchError, AccuracyError) as e:
-        fail(str(e))
+    proto = parse_protocol(proto_text, base_dir)
+    if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
+        proto = proto.with_model(model)
+    if proto.accuracy is not None:
+        load_grader()  # before the first launch, not an hour later at the first graded answer
+    vllm = resolve_vllm(vllm_opt)
     install_sigterm_as_interrupt()
     display = Display(enabled=not quiet)
     try:
         summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display)
-    except RunDirError as e:
-        fail(str(e))
-    except (LaunchError, BenchError) as e:
-        display.stop()
-        fail(f"{e} (raw data kept in {run_dir})", code=1)
+    except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
+        raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
+        raise CliError(
+            f"interrupted; the server was stopped and the raw data kept in {run_dir}", ExitCode.INTERRUPTED
+        ) from None
+    finally:
         display.stop()
-        fail(f"interrupted; the server was stopped and the raw data kept in {run_dir}", code=130)
-    display.stop()
     print_summary(summary, run_dir)
     if summary["status"] != "ok":
-        fail(f"some runs failed (see summary.json in {run_dir})", code=1)
+        raise CliError(f"some runs failed (see summary.json in {run_dir})", ExitCode.FAILED)
+    if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
+        raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED) and its reasons are printed above
 
 
 @app.command(context_settings=EXTRA)
@@ -219,7 +223,9 @@ def bench(
         None, "--base-url", help="Benchmark an already running server, e.g. http://127.0.0.1:8000."
     ),
     launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, benchmark, stop it."),
-    preset: str = typer.Option(None, "--preset", help=f"Built-in set-up: {', '.join(PRESETS)} (needs --model)."),
+    preset: str = typer.Option(
+        None, "--preset", help="Built-in set-up, e.g. minicpm5-2b (needs --model); an unknown name lists them."
+    ),
     model: str = typer.Option(None, "--model", help="Model path (preset launches) and default tokenizer."),
     model_id: str = typer.Option(
         None, "--model-id", help="Model id the server lists in /v1/models (default: guessed)."
@@ -230,9 +236,7 @@ def bench(
     port: int = typer.Option(
         None, "--port", help="Port of the launched server (default: --port in its argv, else 8000)."
     ),
-    vllm: str = typer.Option(
-        None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV}; default: vllm on PATH)."
-    ),
+    vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     ready_timeout: float = typer.Option(
         900.0, "--ready-timeout", help="Seconds to wait for /v1/models to list the model."
     ),
@@ -248,26 +252,24 @@ def bench(
       kerneltrial serve bench --preset minicpm5-2b --model /models/MiniCPM5-2B\n
       kerneltrial serve bench --launch --cases '[[512,128,8,32]]' -- vllm serve /models/m --port 8000
     """
+    from kerneltrial.serving.bench import VLLM_ENV, parse_cases, resolve_vllm
+    from kerneltrial.serving.launcher import list_models
+    from kerneltrial.serving.presets import get_preset
+
     server_argv = list(ctx.args)
     modes = sum([bool(base_url), launch, bool(preset)])
     if modes != 1:
-        fail("choose exactly one of --base-url URL, --launch -- <server argv>, --preset NAME")
+        raise CliError("choose exactly one of --base-url URL, --launch -- <server argv>, --preset NAME")
     if server_argv and not launch:
-        fail(f"unexpected arguments {server_argv[:3]}; a server argv after `--` needs --launch")
+        raise CliError(f"unexpected arguments {server_argv[:3]}; a server argv after `--` needs --launch")
     table: dict[str, Any] = {"name": "bench", "seed": seed, "rounds": 1, "repeats": repeats}
     server: dict[str, Any] = {"ready_timeout_s": ready_timeout}
     arm: dict[str, Any] = {"name": "server", "role": "arm"}
-    try:
-        case_list = parse_cases(cases) if cases else None
-    except ValueError as e:
-        fail(str(e))
+    case_list = parse_cases(cases) if cases else None
     if preset:
-        try:
-            pr = get_preset(preset)
-        except ValueError as e:
-            fail(str(e))
+        pr = get_preset(preset)
         if not model:
-            fail(f"preset {preset} needs --model PATH (the model is not bundled)")
+            raise CliError(f"preset {preset} needs --model PATH (the model is not bundled)")
         exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
         p = port or 8000
         arm["argv"] = pr.argv(exe, model, p)
@@ -284,16 +286,18 @@ def bench(
         try:
             status, ids = list_models(base_url)
         except Exception as e:  # noqa: BLE001 - any transport error is the same advice
-            fail(f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?")
+            raise CliError(
+                f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?"
+            ) from None
         if not 200 <= status < 300:
-            fail(f"{base_url}/v1/models answered HTTP {status}; is the server ready?")
+            raise CliError(f"{base_url}/v1/models answered HTTP {status}; is the server ready?")
         if model_id and model_id not in ids:
-            fail(f"server lists {ids}, not {model_id!r}; fix --model-id")
+            raise CliError(f"server lists {ids}, not {model_id!r}; fix --model-id")
         server.update(model_id=model_id or (ids[0] if ids else ""), base_url=base_url.rstrip("/"))
         if model:
             server["model"] = model
     if not case_list:
-        fail("no cases; pass --cases '[[input_len, output_len, concurrency, num_requests]]' or a --preset")
+        raise CliError("no cases; pass --cases '[[input_len, output_len, concurrency, num_requests]]' or a --preset")
     if tokenizer:
         server["tokenizer"] = tokenizer
     table["server"] = server
@@ -311,7 +315,7 @@ def trial(
         ..., help="TOML protocol: arms (argv + env), cases, acceptance, optional accuracy."
     ),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
-    vllm: str = typer.Option(None, "--vllm", help=f"`vllm` executable for the benchmark client (env {VLLM_ENV})."),
+    vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -319,15 +323,13 @@ def trial(
 
     Accepted when, in every case, the candidate's total tok/s gain exceeds the noise band
     (default 1%), its mean TTFT is <= baseline x 1.01, and (if [accuracy] is set) it passes
-    the MATH-500 gate. The exit code is 0 only when every run completed; the verdict is in
-    summary.json and on screen.
+    the MATH-500 gate. Exit 0 when every run completed and the candidate was ACCEPTED, 1 when a
+    run failed or it was REJECTED (the verdict and its reasons are in summary.json and on screen).
     """
-    try:
-        _, raw = load_protocol(protocol)
-        text = raw.decode("utf-8")
-    except ProtocolError as e:
-        fail(str(e))
-    _execute(text, protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
+    from kerneltrial.serving.protocol import load_protocol
+
+    _, raw = load_protocol(protocol)
+    _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
 
 
 @app.command(context_settings=EXTRA)
@@ -358,12 +360,13 @@ def accuracy(
 ) -> None:
     """MATH-500 accuracy gate: per-problem records, accuracy with a Wilson 95% CI, gate >= 0.95."""
     if bool(base_url) == launch:
-        fail("choose one of --base-url URL or --launch -- <server argv>")
+        raise CliError("choose one of --base-url URL or --launch -- <server argv>")
     if not data:
-        fail("pass --data PATH to MATH-500 test.jsonl (or --data hf:HuggingFaceH4/MATH-500 when online)")
+        raise CliError("pass --data PATH to MATH-500 test.jsonl (or --data hf:HuggingFaceH4/MATH-500 when online)")
     if api not in ("chat", "completions"):
-        fail(f"--api {api!r} is not chat or completions")
-    from kerneltrial.serving import accuracy as acc_mod  # here: `--help` stays fast
+        raise CliError(f"--api {api!r} is not chat or completions")
+    from kerneltrial.serving import accuracy as acc_mod
+    from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, install_sigterm_as_interrupt, list_models
 
     spec = acc_mod.AccuracySpec(
         data=data,
@@ -377,14 +380,11 @@ def accuracy(
         gate=gate,
         seed=seed,
     )
-    try:
-        acc_mod.load_problems(spec.data, spec.level, spec.limit)
-        acc_mod.load_grader()
-    except acc_mod.AccuracyError as e:
-        fail(str(e))
+    acc_mod.load_problems(spec.data, spec.level, spec.limit)
+    acc_mod.load_grader()
     run_dir = out_dir or default_out("accuracy")
     if run_dir.exists() and any(run_dir.iterdir()):
-        fail(f"{run_dir} already holds files; pick a new --out")
+        raise CliError(f"{run_dir} already holds files; pick a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     install_sigterm_as_interrupt()
     try:
@@ -399,26 +399,30 @@ def accuracy(
                 try:
                     _, ids = list_models(base_url)
                 except Exception as e:  # noqa: BLE001
-                    fail(f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?")
+                    raise CliError(
+                        f"no answer from {base_url}/v1/models ({type(e).__name__}); is the server running?"
+                    ) from None
                 if not ids:
-                    fail(f"{base_url}/v1/models lists no model; pass --model-id")
+                    raise CliError(f"{base_url}/v1/models lists no model; pass --model-id")
                 model_id = ids[0]
             res = acc_mod.run_accuracy(base_url.rstrip("/"), model_id, spec, run_dir)
     except LaunchError as e:
-        fail(f"{e} (records kept in {run_dir})", code=1)
-    except acc_mod.AccuracyError as e:
-        fail(str(e))
+        raise CliError(f"{e} (records kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
-        fail(f"interrupted; the server was stopped and the records kept in {run_dir}", code=130)
+        raise CliError(
+            f"interrupted; the server was stopped and the records kept in {run_dir}", ExitCode.INTERRUPTED
+        ) from None
+    out = console()
     out.print(
         f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
         f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
         f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate}: "
-        f"{'passed' if res['passed'] else 'FAILED'}"
+        f"{'passed' if res['passed'] else 'FAILED'}",
+        soft_wrap=True,
     )
-    out.print(f"records: {run_dir / 'records.jsonl'}  (pandas: read_json(path, lines=True))")
+    out.print(f"records: {run_dir / 'records.jsonl'}  (pandas: read_json(path, lines=True))", soft_wrap=True)
     if not res["passed"]:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command("launch", context_settings=EXTRA)
@@ -433,12 +437,15 @@ def launch_cmd(
     """Start the server given after `--`, check the gates (port, alive, ready, model id), stop it."""
     import time
 
+    from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, install_sigterm_as_interrupt
+
     argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
     run_dir = out_dir or default_out("launch")
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
     install_sigterm_as_interrupt()
     srv = Server(spec, run_dir / "server.log")
+    out = console()
     try:
         with srv:
             out.print(f"ready in {srv.timings['ready_s']:.1f} s at {spec.base_url} serving {mid!r}")
@@ -447,9 +454,9 @@ def launch_cmd(
                 srv.check_alive("the hold")
                 time.sleep(0.5)
     except LaunchError as e:
-        fail(str(e), code=1)
+        raise CliError(str(e), ExitCode.FAILED) from None
     except KeyboardInterrupt:
-        fail("interrupted; the server was stopped", code=130)
+        raise CliError("interrupted; the server was stopped", ExitCode.INTERRUPTED) from None
     finally:
         (run_dir / "launch.json").write_text(
             json.dumps({"record": srv.record, "timings": srv.timings}, indent=2, default=str)

@@ -8,12 +8,8 @@ from typing import Annotated
 
 import typer
 
+from kerneltrial.cli_support import CliError, ExitCode
 from kerneltrial.trial.cli import TARGET_OPTION
-
-
-def _refuse(message: str, code: int) -> typer.Exit:
-    typer.echo(message, err=True)
-    return typer.Exit(code)
 
 
 def package(
@@ -33,17 +29,14 @@ def package(
     the archive passes `inspect`, and that it imports in a fresh interpreter with exactly one
     entry point OP of the operator's signature that passes the correctness gate (with the launch
     limits of --target). Exit 1 when refused, naming why."""
-    from kerneltrial.ops.registry import RegistryError
     from kerneltrial.submission.package import PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
 
     try:
         receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout)
-    except (RegistryError, ValueError) as exc:
-        raise _refuse(f"error: {exc}", 2) from None
     except PackageError as exc:
-        raise _refuse(f"refused: {exc}", 1) from None
+        raise CliError(f"refused: {exc}", ExitCode.FAILED) from None
     check = receipt.interface_check
     typer.echo(
         f"packaged {out} (sha256 {receipt.archive.sha256}, {len(receipt.files)} file(s)); receipt {receipt_path(out)}\n"
@@ -69,17 +62,17 @@ def inspect(
     from kerneltrial.submission.receipt import Receipt
 
     if not archive.is_file():
-        raise _refuse(f"error: {archive} is not a file", 2)
+        raise CliError(f"{archive} is not a file")
     try:
         recorded = Receipt.read(receipt) if receipt else None
     except (OSError, ValidationError) as exc:
-        raise _refuse(f"error: {receipt} is not a kerneltrial receipt: {str(exc).splitlines()[0]}", 2) from None
+        raise CliError(f"{receipt} is not a kerneltrial receipt: {str(exc).splitlines()[0]}") from None
     try:
         found = inspect_archive(
             archive.read_bytes(), archive.name, {o.name: o.signature for o in all_ops()}, op, recorded
         )
     except Rejected as exc:
-        raise _refuse(f"rejected {archive}: {exc}", 1) from None
+        raise CliError(f"rejected {archive}: {exc}", ExitCode.FAILED) from None
     typer.echo(
         f"accepted {archive}: entry point {found.op} in {found.module}, {len(found.files)} file(s), "
         f"sha256 {found.archive.sha256}" + (", matches its receipt" if recorded else "")

@@ -2,80 +2,64 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
+from kerneltrial import cli_records as records
+from kerneltrial.cli_support import CliError, ExitCode, console, emit_json, exit_now, sub_app
 from kerneltrial.trial.targets import TARGETS
 
-console = Console(emoji=False)  # ":boom:" in an arm name stays text
-err = Console(stderr=True, emoji=False)
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def one_line_errors(fn: F) -> F:
-    """Turn the library's expected errors into one line on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from kerneltrial.ops.registry import RegistryError
-        from kerneltrial.trial.calibration import CalibrationError
-        from kerneltrial.trial.protocol import ProtocolError
-        from kerneltrial.trial.runner import RunError
-
-        try:
-            return fn(*args, **kwargs)
-        except (RegistryError, ProtocolError, RunError, CalibrationError, ValueError, FileNotFoundError) as exc:
-            err.print(f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
-
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 T = TypeVar("T")
 TARGET_OPTION = typer.Option(
     "--target",
     help=f"Fail every Triton launch whose grid exceeds this target's limits ({', '.join(TARGETS)}).",
 )
+JSON_HELP = "Print one JSON document on stdout (schema in its `schema` field); human output goes to stderr."
 
 
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     """`work()`, or, when it has not returned after `seconds` (a kernel that never returns),
-    one error line and the end of the process with exit code 1: a hung call cannot be
-    interrupted from Python, and waiting for it forever helps no one."""
+    one error line and the end of the process with exit code 1 (a check failed): a hung call
+    cannot be interrupted from Python, and waiting for it forever helps no one. Ctrl-C while
+    it runs ends the process the same way, with exit code 130."""
     done: list[T] = []
     failure: list[BaseException] = []
+    finished = threading.Event()  # not Thread.is_alive: a join interrupted by Ctrl-C marks a live thread stopped (3.11)
 
     def run() -> None:
         try:
             done.append(work())
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
+        finally:
+            finished.set()
 
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        err.print(
-            f"error: {what} did not return within {seconds:g} s (a kernel that never returns?); stopping",
-            style="red",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
+    deadline = time.monotonic() + seconds
+    try:
+        threading.Thread(target=run, daemon=True).start()
+        # short waits: a Ctrl-C the kernel delivers to another thread wakes no long wait in this one
+        while not finished.wait(0.1) and time.monotonic() < deadline:
+            pass
+    except KeyboardInterrupt:
+        if not finished.is_set():  # a live worker aborts the interpreter's shutdown: end here
+            exit_now(ExitCode.INTERRUPTED, "interrupted")
+        raise
+    if not finished.is_set():
+        exit_now(
+            ExitCode.FAILED, f"{what} did not return within {seconds:g} s (a kernel that never returns?); stopping"
         )
-        sys.stderr.flush()
-        os._exit(1)
     if failure:
         raise failure[0]
     return done[0]
@@ -85,9 +69,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(s) for s in text.lower().split("x"))
     except ValueError:
-        raise ValueError(f"malformed shape {text!r}; write dimensions joined by 'x', e.g. 4096x2048") from None
+        raise CliError(f"malformed shape {text!r}; write dimensions joined by 'x', e.g. 4096x2048") from None
     if not shape or any(s <= 0 for s in shape):
-        raise ValueError(f"malformed shape {text!r}; every dimension must be a positive integer")
+        raise CliError(f"malformed shape {text!r}; every dimension must be a positive integer")
     return shape
 
 
@@ -139,6 +123,16 @@ class LineProgress:
 
 def progress_bar() -> Progress | LineProgress:
     """A live bar on a terminal; plain lines in logs and pipes (a bar prints nothing there)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    err = console(stderr=True)
     if not err.is_terminal:
         return LineProgress()
     return Progress(
@@ -152,28 +146,29 @@ def progress_bar() -> Progress | LineProgress:
     )
 
 
-@one_line_errors
 def ops() -> None:
     """List the operators, their implementations, and which peers are available here."""
+    from rich.markup import escape
+
     from kerneltrial.ops.launch import interpreted
     from kerneltrial.ops.registry import all_ops
 
+    out = console()
     if interpreted():
-        console.print("[yellow]No GPU visible: kernels run through the Triton interpreter.[/yellow]")
+        out.print("[yellow]No GPU visible: kernels run through the Triton interpreter.[/yellow]")
     for op in all_ops():
         impls = list(op.impls.values())
         ours = [i.name for i in impls if i.available and i.kind in ("control", "candidate")]
         others = [f"{i.name} ({i.kind})" for i in impls if i.available and i.kind not in ("control", "candidate")]
         missing = [f"{i.name} ({i.reason})" for i in impls if not i.available]
-        console.print(f"[bold]{op.signature}[/bold]  layouts: {', '.join(op.layouts)}", highlight=False)
-        console.print(f"  ours: {', '.join(ours)}", highlight=False, markup=False, soft_wrap=True)
+        out.print(f"[bold]{escape(op.signature)}[/bold]  layouts: {', '.join(op.layouts)}")
+        out.print(f"  ours: {', '.join(ours)}", highlight=False, markup=False, soft_wrap=True)
         if others:
-            console.print(f"  peers and user arms: {', '.join(others)}", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"  peers and user arms: {', '.join(others)}", highlight=False, markup=False, soft_wrap=True)
         if missing:
-            console.print(f"  unavailable here: {'; '.join(missing)}", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"  unavailable here: {'; '.join(missing)}", highlight=False, markup=False, soft_wrap=True)
 
 
-@one_line_errors
 def check(
     op: Annotated[str | None, typer.Argument(help="Operator name (see `kerneltrial ops`).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every operator.")] = False,
@@ -212,26 +207,31 @@ def check(
         ),
     ] = 600.0,
     target: Annotated[str | None, TARGET_OPTION] = None,
+    json_: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
     from the official formula. Exit 1 on any failure or a check that outlasts --timeout."""
+    from rich.markup import escape
+    from rich.table import Table
+
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
     from kerneltrial.trial.targets import get_target, targeting
 
     profile = get_target(target) if target else None
+    out = console(stderr=json_)
     for spec in impl_module or []:
         load_user_module(spec)
     if all_ == (op is not None):
-        raise ValueError("name one operator or pass --all (see `kerneltrial ops`)")
+        raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
     operators = all_ops() if all_ else [get_op(op)]
     device = launch.device()
     use_gpu_panel = panel == "gpu" or (panel == "auto" and device.type == "cuda")
     if panel not in ("auto", "small", "gpu"):
-        raise ValueError(f"unknown panel {panel!r}; use small, gpu or auto")
+        raise CliError(f"unknown panel {panel!r}; use small, gpu or auto")
     table = Table(
         title=f"correctness on {device.type}"
         + (" (Triton interpreter)" if launch.interpreted() else "")
@@ -239,8 +239,7 @@ def check(
     )
     for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
         table.add_column(column)
-    failures = 0
-    rows: list[dict[str, Any]] = []
+    calls: list[records.CheckedCall] = []
     with progress_bar() as bar, targeting(profile):
         for operator in operators:
             if shape:
@@ -272,16 +271,15 @@ def check(
                         )
                         for s in range(seeds)
                     ]
-                    rows += [r.row() | {"op": operator.name} for r in results]
+                    calls += [records.CheckedCall(op=operator.name, **r.row()) for r in results]
                     bad = [r for r in results if not r.passed]
-                    failures += len(bad)
                     worst = max(results, key=lambda r: (not r.passed, r.max_rel))
-                    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {bad[0].message}"
+                    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {escape(bad[0].message)}"
                     hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
                     table.add_row(
-                        operator.name,
-                        case.id,
-                        i.name,
+                        escape(operator.name),
+                        escape(case.id),
+                        escape(i.name),
                         str(seeds),
                         status,
                         f"{worst.max_abs:.3g}",
@@ -289,22 +287,34 @@ def check(
                         f"{worst.ulp:.3g}",
                         "/".join(map(str, hist)),
                     )
-    console.print(table)
+    out.print(table)
     if jsonl:
-        jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     skipped = sorted({f"{o.name}/{i.name}: {i.reason}" for o in operators for i in o.impls.values() if not i.available})
     for line in skipped:
-        console.print(f"skipped {line}", highlight=False, markup=False, soft_wrap=True)
-    console.print(f"{len(rows) - failures} passed, {failures} failed")
-    if failures:
-        raise typer.Exit(1)
+        out.print(f"skipped {line}", markup=False, soft_wrap=True)
+    failed = [c for c in calls if not c.passed]
+    out.print(f"{len(calls) - len(failed)} passed, {len(failed)} failed")
+    if json_:
+        emit_json(
+            records.CheckResult(
+                device=device.type,
+                interpreted=launch.interpreted(),
+                passed=len(calls) - len(failed),
+                failed=len(failed),
+                failing_arms=list(dict.fromkeys(f"{c.op}/{c.arm}" for c in failed)),
+                checks=calls,
+                skipped=skipped,
+            )
+        )
+    if failed:
+        raise typer.Exit(ExitCode.FAILED)
 
 
-protocol_app = typer.Typer(help="Write and freeze preregistered protocols.", no_args_is_help=True)
+protocol_app = sub_app("Write and freeze preregistered protocols.")
 
 
 @protocol_app.command("new")
-@one_line_errors
 def protocol_new(
     op: Annotated[str, typer.Argument(help="Operator name.")],
     out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
@@ -332,6 +342,7 @@ def protocol_new(
     from kerneltrial.ops.registry import Case, get_op, load_user_module
     from kerneltrial.trial import protocol as proto
 
+    human, err = console(), console(stderr=True)
     operator = get_op(op)
     user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec) if impl.op == op]
     # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
@@ -341,7 +352,7 @@ def protocol_new(
     ]
     candidate = list(dict.fromkeys([*(candidate or []), *user_arms]))
     if not candidate:
-        raise ValueError("name at least one --candidate or an --impl-module that defines the operator")
+        raise CliError("name at least one --candidate or an --impl-module that defines the operator")
     for c in candidate:
         operator.impl(c)
     layouts = layout or ["contiguous"]
@@ -351,6 +362,7 @@ def protocol_new(
             "No GPU visible: writing the operator's small CPU panel (the GPU panel would take hours in the "
             "Triton interpreter); pass --shape for other cases.",
             soft_wrap=True,
+            markup=False,
         )
     panel = operator.gpu_cases if gpu else operator.small_cases
     cases = (
@@ -361,18 +373,17 @@ def protocol_new(
     try:
         seed_list = [int(s) for s in seeds.split(",")]
     except ValueError:
-        raise ValueError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 0,1,2") from None
+        raise CliError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 0,1,2") from None
     if out.exists():
-        raise ValueError(f"{out} exists; protocols are never overwritten: choose another --out")
+        raise CliError(f"{out} exists; protocols are never overwritten: choose another --out")
     extra: dict[str, object] = {"impl_modules": modules} if modules else {}
     out.write_text(
         proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate, **extra)
     )
-    console.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}")
+    human.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}", markup=False, soft_wrap=True)
 
 
 @protocol_app.command("freeze")
-@one_line_errors
 def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
     """Record the protocol's sha256 and the time; `run` refuses it once changed. A protocol
     whose arms do not exist here or whose control is not a control is refused."""
@@ -380,13 +391,12 @@ def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML fil
     from kerneltrial.trial.runner import check_arms
 
     if not file.is_file():
-        raise ValueError(f"protocol file {file} does not exist")
+        raise CliError(f"protocol file {file} does not exist")
     check_arms(file, proto.parse(file.read_text(), str(file)))
     record = proto.freeze(file)
-    console.print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}")
+    console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 
 
-@one_line_errors
 def run(
     protocol: Annotated[Path, typer.Argument(help="Protocol TOML file.")],
     out: Annotated[Path, typer.Option(help="Run directory to create (or to continue with --resume).")],
@@ -398,21 +408,25 @@ def run(
         typer.Option(help="Seed of the round order instead of the protocol's (replicates); recorded in plan.json."),
     ] = None,
     target: Annotated[str | None, TARGET_OPTION] = None,
+    json_: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Run a trial: correctness gate, ceilings, interleaved timing rounds (a random
-    call of every sample checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
-    1 when none did, 2 on bad input."""
+    """Run a trial: correctness gate, ceilings, interleaved timing rounds (a random call of every
+    sample checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
+    1 when none did, 2 on bad input, 130 when interrupted (rows kept; continue with --resume)."""
     from kerneltrial.trial.runner import run_trial
     from kerneltrial.trial.targets import get_target
 
     profile = get_target(target) if target else None
 
+    human, err = console(stderr=json_), console(stderr=True)
+    unavailable: list[records.UnavailableArm] = []
+
     def announce(arms: list[Any]) -> None:
         for arm in arms:
             if not arm.available:
+                unavailable.append(records.UnavailableArm(arm.name, arm.reason))
                 err.print(
                     f"arm {arm.name} is unavailable here and will not be timed: {arm.reason}",
-                    highlight=False,
                     soft_wrap=True,
                     markup=False,
                 )
@@ -422,30 +436,35 @@ def run(
             protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed, target=profile
         )
     summary = json.loads((root / "summary.json").read_text())
-    console.print(f"run directory: {root}", soft_wrap=True)
-    console.print(f"timing: {summary.get('label', '')}", soft_wrap=True)
     gate = summary.get("gate", {})
-    for name, verdict in gate.get("arms", {}).items():
-        if not verdict.get("passed"):
-            console.print(
-                f"gate failed by {name}: {'; '.join(verdict.get('reasons', []))}",
-                highlight=False,
-                soft_wrap=True,
-                markup=False,
-            )
-    passed = gate.get("passed_arms", [])
-    console.print(
+    verdicts = [
+        records.ArmVerdict(name, bool(verdict.get("passed")), list(verdict.get("reasons", [])))
+        for name, verdict in gate.get("arms", {}).items()
+    ]
+    passed = list(gate.get("passed_arms", []))
+    lines = [f"run directory: {root}", f"timing: {summary.get('label', '')}"]
+    lines += [f"gate failed by {v.arm}: {'; '.join(v.reasons)}" for v in verdicts if not v.passed]
+    lines += [
         f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}",
-        highlight=False,
-        soft_wrap=True,
-        markup=False,
-    )
-    console.print(f"next: kerneltrial verify {root} && kerneltrial report {root}", soft_wrap=True)
+        f"next: kerneltrial verify {root} && kerneltrial report {root}",
+    ]
+    for line in lines:
+        human.print(line, soft_wrap=True, markup=False)
+    if json_:
+        emit_json(
+            records.RunResult(
+                run_dir=str(root),
+                timing=str(summary.get("label", "")),
+                gate_rule=str(gate.get("rule")),
+                passed_arms=passed,
+                arms=verdicts,
+                unavailable_arms=unavailable,
+            )
+        )
     if not passed:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
-@one_line_errors
 def calibrate(
     protocol: Annotated[Path, typer.Argument(help="The protocol whose settings to calibrate (its control is used).")],
     out: Annotated[Path, typer.Option(help="Run directory of the calibration (its protocol is written beside it).")],
@@ -460,10 +479,11 @@ def calibrate(
     with progress_bar() as bar:
         root = run_calibration(protocol, out, resume=resume, progress=bar)
     calibration = json.loads((root / "summary.json").read_text()).get("calibration", {})
-    console.print(f"run directory: {root}")
-    console.print(calibration.get("sentence", json.dumps(calibration)), highlight=False, markup=False, soft_wrap=True)
+    human = console()
+    human.print(f"run directory: {root}", markup=False, soft_wrap=True)
+    human.print(calibration.get("sentence", json.dumps(calibration)), markup=False, soft_wrap=True)
     if not calibration.get("passed"):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 DEMO_PROTOCOL = """\
@@ -488,7 +508,6 @@ shape = {shape_b}
 """
 
 
-@one_line_errors
 def demo(
     out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo"),
 ) -> None:
@@ -502,9 +521,10 @@ def demo(
     from kerneltrial.ops import launch
     from kerneltrial.trial.runner import run_trial
 
+    human = console()
     gpu = launch.device().type == "cuda"
     if not gpu:
-        console.print(
+        human.print(
             "[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
             "Times below describe the interpreter, NOT GPU performance.[/yellow]"
         )
@@ -525,18 +545,19 @@ def demo(
     report = write_report(root)
     summary = json.loads((root / "summary.json").read_text())
     checks = [json.loads(line) for line in (root / "correctness.jsonl").read_text().splitlines()]
-    console.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
+    human.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
     for arm, agg in summary.get("aggregates", {}).items():
         geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
-        console.print(
+        human.print(
             f"  {arm}: geomean speedup {geomean} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L/"
             f"{agg.get('inconclusive', 0)}I",
             soft_wrap=True,
+            markup=False,
         )
-    console.print(f"timing: {summary.get('label', '')}")
-    console.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}")
+    human.print(f"timing: {summary.get('label', '')}", soft_wrap=True, markup=False)
+    human.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}", soft_wrap=True, markup=False)
     if not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def mount(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import kerneltrial
 from kerneltrial.analysis.replicates import ReplicateTable, cross_run, write_table
+from kerneltrial.rundir.layout import REPLICATES
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import RunError
 
@@ -38,7 +39,7 @@ def run_replicates(protocol: Path, n: int, out: Path) -> ReplicateTable:
         raise proto.ProtocolError(
             f"{protocol}: replicates run a frozen protocol: kerneltrial protocol freeze {protocol}"
         )
-    if (out / "replicates.json").exists():
+    if (out / REPLICATES).exists():
         raise RunError(f"{out} holds finished replicates; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     names = [f"run-{i}" for i in range(1, n + 1)]

@@ -1,0 +1,118 @@
+"""The `--json` documents of `check`, `run`, `verify` and `compare`: one per command.
+
+Each is printed alone on stdout (human output goes to stderr) and names itself in `schema`
+("kerneltrial.<command>-result/<version>"); a change that breaks a reader bumps the version.
+Exit codes are those of the plain command. These are the CLI's contract with scripts, kept
+apart from the library's internal types so that those can change without breaking readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CheckedCall:
+    """One correctness check (as in correctness.jsonl, with the operator)."""
+
+    op: str
+    case: str
+    seed: int
+    arm: str
+    passed: bool
+    max_abs: float
+    max_rel: float
+    ulp: float
+    message: str
+    ulp_hist: list[int]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    schema: str = field(default="kerneltrial.check-result/1", init=False)
+    device: str
+    interpreted: bool  # Triton interpreter on the CPU
+    passed: int
+    failed: int
+    failing_arms: list[str]  # "op/arm" of every arm with a failed check
+    checks: list[CheckedCall]
+    skipped: list[str]  # "op/arm: reason" for arms unavailable here
+
+
+@dataclass(frozen=True)
+class ArmVerdict:
+    arm: str
+    passed: bool
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class UnavailableArm:
+    arm: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    schema: str = field(default="kerneltrial.run-result/1", init=False)
+    run_dir: str
+    timing: str  # what the times are (GPU events, or the interpreter on a host clock)
+    gate_rule: str
+    passed_arms: list[str]
+    arms: list[ArmVerdict]
+    unavailable_arms: list[UnavailableArm]
+
+
+@dataclass(frozen=True)
+class VerifyCheck:
+    name: str
+    ok: bool
+    applicable: bool  # False: the run is too old to have what this check needs
+    detail: str
+
+
+@dataclass(frozen=True)
+class VerifiedRun:
+    run_dir: str
+    ok: bool
+    checks: list[VerifyCheck]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    schema: str = field(default="kerneltrial.verify-result/1", init=False)
+    ok: bool
+    runs: list[VerifiedRun]
+
+
+@dataclass(frozen=True)
+class Speedup:
+    value: float
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class ComparedArm:
+    case: str
+    arm: str
+    median_a_ns: float | None
+    median_b_ns: float | None
+    ratio_b_over_a: float | None
+    speedup_a: Speedup | None  # over run A's control, with its CI
+    speedup_b: Speedup | None
+    verdict_a: str
+    verdict_b: str
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    schema: str = field(default="kerneltrial.compare-result/1", init=False)
+    run_a: str
+    run_b: str
+    timing_a: str
+    timing_b: str
+    notes: list[str]
+    rows: list[ComparedArm]
+    only_in_a: list[str]
+    only_in_b: list[str]

@@ -1,0 +1,163 @@
+"""The one error path and output rules of every `kerneltrial` command (torch-free, cheap to import).
+
+Exit codes (shown in `kerneltrial --help`, the README and docs/DESIGN.md):
+
+  0    ok
+  1    a verdict or check failed: the gate passed no arm, verify found problems, a serving
+       trial was REJECTED, a correctness check failed or outlasted its timeout
+  2    bad input: usage errors, missing or malformed files, protocols, run directories,
+       unknown operators or arms
+  130  interrupted (Ctrl-C; SIGTERM too in `serve`): data written so far stays as the runner left it
+
+Every error prints one line to stderr, `error: <what is wrong and how to fix it>`, never a
+traceback (a traceback means a bug in kerneltrial). Commands raise `CliError` for their own
+errors; the library's errors (ValueError, OSError, and the classes kerneltrial defines) are
+bad input unless the command translates them. `app()` puts the path on the root group, so a
+command mounted anywhere under it cannot miss it.
+
+Output: when stdout or stderr is not a terminal (a pipe, a log), Rich consoles are wide
+enough that no table or line is cut or wrapped at 80 columns; help text is plain (no Rich
+markup), so `[...]` in an option's help survives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+try:  # recent typer vendors click; earlier versions depend on it
+    from typer._click.exceptions import UsageError
+except ImportError:
+    from click.exceptions import UsageError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from rich.console import Console
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    INTERRUPTED = 130
+
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok; 1 a verdict or check failed (gate passed no arm, verify found problems, "
+    "serving trial REJECTED, check failed); 2 bad input (usage, files, protocol, run directory); "
+    "130 interrupted (data written so far is kept)."
+)
+
+# Wide enough for any table row or message we print; Rich cuts or wraps at its width (80 off a terminal).
+PIPE_WIDTH = 10_000
+
+
+class CliError(Exception):
+    """An expected failure: printed as one `error:` line, the process exits with `code`."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.BAD_INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _say(code: ExitCode, message: str) -> None:
+    """One line on stderr (newlines folded: one line is what a log grep finds); `error: ...`
+    except for an interruption, which is what the user asked for."""
+    prefix = "" if code == ExitCode.INTERRUPTED else "error: "
+    print(prefix + " ".join(message.split()), file=sys.stderr, flush=True)
+
+
+def exit_now(code: ExitCode, message: str) -> NoReturn:
+    """The error path's line, then the end of the process without clean-up: for a thread that
+    cannot be stopped (a kernel that never returns), whose interpreter shutdown would hang or
+    abort."""
+    _say(code, message)
+    os._exit(code)
+
+
+def _is_kerneltrials(exc: BaseException) -> bool:
+    return any(cls.__module__.startswith("kerneltrial.") for cls in type(exc).__mro__)
+
+
+def exit_code_of(exc: BaseException) -> tuple[ExitCode, str] | None:
+    """The exit code and message for an expected exception; None for a bug (a traceback)."""
+    if isinstance(exc, CliError):
+        return exc.code, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED, "interrupted"
+    if type(exc).__name__ == "NoArgsIsHelpError":  # (click >= 8.2) it prints the help; typer tests the name too
+        return None
+    if isinstance(exc, UsageError):
+        where = exc.ctx.command_path if exc.ctx is not None else "kerneltrial"
+        return ExitCode.BAD_INPUT, f"{exc.format_message()} (see `{where} --help`)"
+    if isinstance(exc, (ValueError, OSError)) or _is_kerneltrials(exc):
+        return ExitCode.BAD_INPUT, str(exc) or type(exc).__name__
+    return None
+
+
+@contextmanager
+def _one_path() -> Iterator[None]:
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except (Exception, KeyboardInterrupt) as exc:
+        found = exit_code_of(exc)
+        if found is None:
+            raise
+        code, message = found
+        _say(code, message)
+        raise typer.Exit(code) from None
+
+
+class Group(TyperGroup):
+    """The root group: every error raised while a command parses or runs takes the one path."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> typer.Context:
+        with _one_path():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        with _one_path():
+            return super().invoke(ctx)
+
+
+def app(help: str, epilog: str | None = None) -> typer.Typer:
+    """A Typer app with the one error path and plain help (Rich markup would eat `[...]`)."""
+    return typer.Typer(
+        cls=Group,
+        help=help,
+        epilog=epilog,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+
+
+def sub_app(help: str) -> typer.Typer:
+    """A command group mounted under an `app`: plain help; errors reach the root's path."""
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+
+
+def console(stderr: bool = False) -> Console:
+    """A Rich console for stdout (or stderr) that never cuts output off a terminal."""
+    from rich.console import Console
+
+    probe = Console(stderr=stderr)
+    width = None if probe.is_terminal else PIPE_WIDTH
+    return Console(stderr=stderr, emoji=False, highlight=False, width=width)  # ":boom:" in an arm name stays text
+
+
+def emit_json(record: DataclassInstance) -> None:
+    """The command's one JSON document on stdout (human output went to stderr)."""
+    sys.stdout.write(json.dumps(asdict(record), indent=2) + "\n")
+    sys.stdout.flush()
