@@ -6,7 +6,7 @@ The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
     floor 1  ops, analysis, serving      each imports only floor 0, never each other
     floor 2  trial                       the kernel runner: ops, analysis and rundir
     floor 3  submission, protocol_keys   package and inspect (trial's gate on an archive); the protocol reference
-    floor 4  the command line            kerneltrial/cli.py, workflow_cli.py, every */cli.py,
+    floor 4  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
 A module may import its own group (a package, or all command-line modules together) and any
@@ -38,7 +38,13 @@ LAYERS = {
     "protocol_keys": 3,
     "cli": 4,
 }
-CLI_MODULES = {"kerneltrial.cli", "kerneltrial.workflow_cli", "kerneltrial.serving.__main__"}
+CLI_MODULES = {
+    "kerneltrial.cli",
+    "kerneltrial.cli_support",
+    "kerneltrial.cli_records",
+    "kerneltrial.workflow_cli",
+    "kerneltrial.serving.__main__",
+}
 HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
 
 Graph = dict[str, set[str]]

@@ -193,7 +193,7 @@ def test_the_cli_inspect_exits_1_with_one_line_and_0_when_accepted(tmp_path):
     assert (
         code == 1
         and output.strip()
-        == f"rejected {bad}: entry '../good_rmsnorm.py' climbs out of the archive (path traversal with '..')"
+        == f"error: rejected {bad}: entry '../good_rmsnorm.py' climbs out of the archive (path traversal with '..')"
     )
     misnamed = tmp_path / "misnamed.zip"
     misnamed.write_bytes(build({"m.py": b"def rms_norm(x, weight, eps=1e-6):\n    return x\n"}))
