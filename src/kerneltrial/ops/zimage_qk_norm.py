@@ -44,7 +44,7 @@ LAYOUTS = ("contiguous", "qkv_slice")
 QKV_INDEX = {"q": 0, "k": 1}  # position of Q and K in the fused [..., 3, H, D] tensor
 PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
 # The dispatchers' packing (rows per step, warps). Data, not a guess: in the H200 trials
-# (results/h200/zimage_qk_rmsnorm and zimage_qk_rmsnorm_pair, cold L2) 16 rows per step with
+# (results/archive/h200/zimage_qk_rmsnorm and zimage_qk_rmsnorm_pair, cold L2) 16 rows per step with
 # 8 warps was the fastest packing or within 1.3% of it at every size from 256 to 131072
 # tokens in both layouts, while the earlier rule (fewer rows per step below 1024 steps)
 # lost up to 30% at 256-4096 tokens.
