@@ -1,7 +1,7 @@
 """Shared test set-up: kernels run through the Triton interpreter on a CPU (kerneltrial.ops sets it),
 and every test starts from, and leaves behind, the same global operator registry."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from kerneltrial.ops import launch, registry
 from kerneltrial.ops.registry import Impl, Operator
 
 REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = pytest.StashKey[list[str]]()
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,24 @@ def _registry_restored() -> Iterator[None]:
 @pytest.fixture
 def device():
     return launch.device()
+
+
+@pytest.fixture
+def report_benchmark(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    """Report a measured time in seconds, never assert it (machines and their load differ): one of
+    the test's user_properties (what `--junitxml` writes) and a line in the terminal summary's
+    "benchmarks" section. Not the record_property fixture: it warns under the default xunit2."""
+
+    def report(name: str, seconds: float) -> None:
+        request.node.user_properties.append((name, seconds))
+        request.config.stash.setdefault(BENCHMARKS, []).append(f"{request.node.nodeid}: {name} {seconds:.3f} s")
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(BENCHMARKS, [])
+    if lines:
+        terminalreporter.section("benchmarks (reported, not asserted)")
+        for line in lines:
+            terminalreporter.write_line(line)
