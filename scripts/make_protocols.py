@@ -160,7 +160,7 @@ CALIBRATION = dict(
 
 # Power at a true 3%: the slowed arm's delay is a separate spin kernel, and its launch gap
 # (~2 us, measured and subtracted, but never below zero) makes the realised slowdown of a
-# 5-30 us kernel 5-38% (results/h200/calibration-r2). Kernels of >= ~70 us realise 3.0-3.2%.
+# 5-30 us kernel 5-38% (results/archive/h200/calibration-r2). Kernels of >= ~70 us realise 3.0-3.2%.
 CALIBRATION_LARGE = dict(
     name="rmsnorm-aa-large",
     candidates=["packed_r4_w4"],

@@ -1,15 +1,74 @@
-"""Shared test set-up: kernels run through the Triton interpreter on a CPU (kerneltrial.ops sets it)."""
+"""Shared test set-up: kernels run through the Triton interpreter on a CPU (kerneltrial.ops sets it),
+and every test starts from, and leaves behind, the same global operator registry."""
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import kerneltrial.ops  # noqa: F401  (selects the interpreter before any kernel is defined)
-from kerneltrial.ops import launch
+from kerneltrial.ops import launch, registry
+from kerneltrial.ops.registry import Impl, Operator
 
 REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = pytest.StashKey[list[str]]()
+
+
+@dataclass(frozen=True)
+class RegistrySnapshot:
+    """The registered operators, in order, each with a copy of its implementations at snapshot time."""
+
+    entries: tuple[tuple[Operator, dict[str, Impl]], ...]
+
+
+def snapshot_registry() -> RegistrySnapshot:
+    # Built-in operator modules register once, at import: load them before the snapshot, or a
+    # restore would drop the arms of a module first imported during the test, for good.
+    registry.load_builtin_ops()
+    return RegistrySnapshot(tuple((op, dict(op.impls)) for op in registry._OPERATORS.values()))
+
+
+def restore_registry(snapshot: RegistrySnapshot) -> None:
+    """Put back exactly the snapshot's operators and implementations (the same objects: modules
+    that hold an Operator keep seeing the registered one)."""
+    registry._OPERATORS.clear()
+    for op, impls in snapshot.entries:
+        op.impls.clear()
+        op.impls.update(impls)
+        registry._OPERATORS[op.name] = op
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored() -> Iterator[None]:
+    """A test that registers an operator or an arm (user modules, planted kernels, protocols with
+    impl_modules run in-process) must not leak it into the next test."""
+    snapshot = snapshot_registry()
+    yield
+    restore_registry(snapshot)
 
 
 @pytest.fixture
 def device():
     return launch.device()
+
+
+@pytest.fixture
+def report_benchmark(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    """Report a measured time in seconds, never assert it (machines and their load differ): one of
+    the test's user_properties (what `--junitxml` writes) and a line in the terminal summary's
+    "benchmarks" section. Not the record_property fixture: it warns under the default xunit2."""
+
+    def report(name: str, seconds: float) -> None:
+        request.node.user_properties.append((name, seconds))
+        request.config.stash.setdefault(BENCHMARKS, []).append(f"{request.node.nodeid}: {name} {seconds:.3f} s")
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(BENCHMARKS, [])
+    if lines:
+        terminalreporter.section("benchmarks (reported, not asserted)")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,13 +1,33 @@
-"""Every committed run directory under results/ verifies from its raw rows (as `kerneltrial verify` does)."""
+"""Every committed run directory under results/ verifies from its raw rows (as `kerneltrial verify` does),
+superseded runs live under results/archive/, and PERFORMANCE.md is what the current runs generate."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kerneltrial.analysis.report import superseded_by
 from kerneltrial.analysis.verify import verify_run_dir
 from tests.conftest import REPO
 
-RUNS = sorted(p.parent for p in (REPO / "results").rglob("provenance.json"))
+RESULTS = REPO / "results"
+ARCHIVE = "archive"
+RUNS = sorted(p.parent for p in RESULTS.rglob("provenance.json"))
+
+
+def misplaced_runs(results: Path) -> list[str]:
+    """Run directories on the wrong side of results/archive/: a superseded run (its ERRATA.md says
+    `Superseded by:`) outside it, or a current run inside it."""
+    wrong = []
+    for run in sorted(p.parent for p in results.rglob("provenance.json")):
+        rel = run.relative_to(results)
+        archived = rel.parts[0] == ARCHIVE
+        if superseded_by(run) is None and archived:
+            wrong.append(f"{rel}: current but under {ARCHIVE}/")
+        elif superseded_by(run) is not None and not archived:
+            wrong.append(f"{rel}: superseded but outside {ARCHIVE}/")
+    return wrong
 
 
 def test_there_is_committed_evidence():
@@ -20,12 +40,36 @@ def test_committed_run_verifies(run):
     assert result.ok, [c for c in result.checks if not c.ok]
 
 
+def test_superseded_runs_are_archived():
+    """`git mv results/X results/archive/X` a run once its ERRATA.md says `Superseded by:`."""
+    assert misplaced_runs(RESULTS) == []
+    assert any(r.relative_to(RESULTS).parts[0] == ARCHIVE for r in RUNS), "the archive check ran on no archived run"
+
+
+def test_misplaced_runs_catches_both_directions(tmp_path):
+    def run(rel: str, errata: str | None = None) -> None:
+        path = tmp_path / rel
+        path.mkdir(parents=True)
+        (path / "provenance.json").write_text("{}")
+        if errata is not None:
+            (path / "ERRATA.md").write_text(errata)
+
+    run("h200/new")
+    run("h200/old", "Superseded by: `new`\n")
+    run("archive/h200/older", "Superseded by: `new`\n")
+    run("archive/h200/stray")
+    assert misplaced_runs(tmp_path) == [
+        "archive/h200/stray: current but under archive/",
+        "h200/old: superseded but outside archive/",
+    ]
+
+
 def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
     """PERFORMANCE.md is never edited by hand: regenerate it with
-    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md`."""
+    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (results/archive/ is not read)."""
     from kerneltrial.analysis.report import write_performance_md
 
-    runs = sorted(p for p in (REPO / "results" / "h200").iterdir() if (p / "summary.json").is_file())
+    runs = sorted(p for p in (RESULTS / "h200").iterdir() if (p / "summary.json").is_file())
     generated = write_performance_md(runs, tmp_path / "PERFORMANCE.md").read_text()
     assert generated == (REPO / "PERFORMANCE.md").read_text()
 

@@ -524,7 +524,7 @@ def test_verify_requires_the_never_nominal_warning(tmp_path: Path) -> None:
 
 
 def _as_schema_2(summary: dict[str, Any]) -> None:
-    """What a summary written before the realized slowdown looked like (e.g. results/h200/calibration)."""
+    """What a summary written before the realized slowdown looked like (e.g. results/archive/h200/calibration)."""
     summary["schema"] = "kerneltrial.summary/2"
     for figures in summary.get("calibration", {}).get("arms", {}).values():
         for key in ("realized_slowdown", "realized_min", "realized_max", "power_at_nominal"):
@@ -540,8 +540,8 @@ def test_schema_2_summary_verifies_without_realized_slowdown(tmp_path: Path) -> 
 
 
 def test_committed_calibration_realized_slowdown() -> None:
-    """results/h200/calibration: realized = the committed per-case medians' ratio - 1, never near 3%."""
-    run = Path(__file__).resolve().parents[2] / "results" / "h200" / "calibration"
+    """results/archive/h200/calibration: realized = the committed per-case medians' ratio - 1, never near 3%."""
+    run = Path(__file__).resolve().parents[2] / "results" / "archive" / "h200" / "calibration"
     committed = _summary(run)
     summary = build_summary(run)
     slow = summary["calibration"]["arms"]["slow:control"]

@@ -8,6 +8,7 @@ import json
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,9 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 
 
-def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:
+def test_verify_2000_rows_benchmark(tmp_path: Path, report_benchmark: Callable[[str, float], None]) -> None:
+    """Times verify on 2,000 rows and reports it (about 0.25 s on an idle core); a time limit would
+    fail on a loaded or slow machine without anything being wrong, so only the result is asserted."""
     spec = RunSpec(
         cases=[C1, C2, C3, C4], seeds=[0, 1, 2, 3], rounds=25, resamples=10_000, failures=set()
     )  # 4 cases x 5 timed arms x 4 seeds x 25 rounds = 2,000 rows
@@ -175,7 +178,7 @@ def test_verify_2000_rows_is_fast(tmp_path: Path) -> None:
     result = verify_run_dir(path)
     elapsed = time.perf_counter() - start
     assert result.ok, result.failures
-    assert elapsed < 1.5, f"verify of 2,000 rows took {elapsed:.2f} s (budget 2 s; ~0.25 s on an idle core)"
+    report_benchmark("verify_2000_rows_s", elapsed)
 
 
 def test_flipped_gate_verdict_fails(run_dir: Path) -> None:

@@ -36,6 +36,43 @@ def protocol(tmp_path: Path, rounds: int = 6, extra: str = "") -> Path:
     return path
 
 
+# The calibration tests time a control whose duration a busy CPU barely changes: plain-torch
+# rmsnorm (microseconds), then a 40 ms sleep. With the Triton interpreter's control (pure CPU work)
+# the 90% delay was sized from seven calls at 0.12-0.26 s, while the same calls took 0.33-0.68 s once
+# other test runs shared the two cores; the delay is a wall-clock spin that load does not stretch,
+# so it shrank against the control and a loaded machine turned the loss into a tie (or
+# inconclusive). A sleep and the spin both end by the wall clock: load adds only scheduler wake-up
+# latency (milliseconds) against a ~36 ms effect; measured under a load average of 8 on 2 cores,
+# the slowed arm's CI stayed below 0.63 (loss needs < 0.95) and the A/A copy was never called
+# different. The module registers its function as a control arm (a run's control must be one);
+# the autouse registry fixture (tests/conftest.py) removes it after the test.
+STEADY_MODULE = """
+import time
+
+import torch
+
+from kerneltrial.ops.registry import register_impl
+
+
+@register_impl("rmsnorm", "steady", kind="control")
+def steady(x, weight, eps=1e-6):
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    time.sleep(0.04)
+    return out
+"""
+
+
+def steady_protocol(tmp_path: Path) -> Path:
+    """The base protocol with the sleeping control `steady` (see STEADY_MODULE)."""
+    module = tmp_path / "steady.py"
+    module.write_text(STEADY_MODULE)
+    path = tmp_path / "steady.toml"
+    extra = f"impl_modules = [{str(module)!r}]\n"
+    path.write_text(BASE.format(rounds=6, extra=extra).replace('control = "control"', 'control = "steady"'))
+    return path
+
+
 def rows(run: Path) -> list[dict[str, str]]:
     with (run / "timings.csv").open() as handle:
         return list(csv.DictReader(handle))
@@ -43,19 +80,22 @@ def rows(run: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_calibration_runs_aa_copy_and_slowed_control(tmp_path):
-    run = calibrate(protocol(tmp_path), tmp_path / "cal")
+    run = calibrate(steady_protocol(tmp_path), tmp_path / "cal")
     assert (tmp_path / "cal.protocol.toml").exists()
     plan = json.loads((run / "plan.json").read_text())
-    assert [a["name"] for a in plan["arms"]] == ["control", "aa:control", "slow:control"]
-    assert plan["cases"][0]["injected_delay_ns"] > 0
+    assert [a["name"] for a in plan["arms"]] == ["steady", "aa:steady", "slow:steady"]
+    spin_ns = plan["cases"][0]["delay_spin_ns"]
+    assert spin_ns > 0.01e9  # 90% of a >= 40 ms call less the empty delay's cost (32-43 ms under load)
+    # Deterministic whatever the load: the spin ends by the wall clock, so every slowed sample holds it.
+    slowed = [r for r in rows(run) if r["arm"] == "slow:steady"]
+    assert len(slowed) == 2 * 6 and all(int(r["ns"]) / int(r["calls"]) >= spin_ns for r in slowed)
     summary = json.loads((run / "summary.json").read_text())
     case = summary["cases"][0]["arms"]
-    # A 90% injected slowdown is seen as a loss; the A/A copy is compared like any arm.
-    assert case["slow:control"]["verdict"] == "loss"
-    assert case["aa:control"]["status"] == "timed"
-    assert case["aa:control"]["n_samples"] == case["control"]["n_samples"] == 2 * 6
-    calibration = summary["calibration"]
-    assert calibration["arms"]["slow:control"]["power"] == 1.0
+    # A 90% injected slowdown of the steady control is seen as a loss; the A/A copy is compared like any arm.
+    assert case["slow:steady"]["verdict"] == "loss"
+    assert case["aa:steady"]["status"] == "timed"
+    assert case["aa:steady"]["n_samples"] == case["steady"]["n_samples"] == 2 * 6
+    assert summary["calibration"]["arms"]["slow:steady"]["power"] == 1.0
     assert verify_run_dir(run).ok
 
 
@@ -88,13 +128,12 @@ def test_timings_carry_clock_columns(tmp_path):
 
 
 def test_calibration_of_another_operator_is_refused(tmp_path):
-    run = calibrate(protocol(tmp_path), tmp_path / "cal")
+    run = calibrate(steady_protocol(tmp_path), tmp_path / "cal")
     other = tmp_path / "other.toml"
     other.write_text(
         BASE.format(rounds=2, extra='calibration_run = "cal"\n').replace('op = "rmsnorm"', 'op = "rmsnorm_fp32"')
     )
-    summary = json.loads((run / "summary.json").read_text())
-    if not summary["calibration"]["passed"]:
-        pytest.skip("the CPU calibration itself did not pass on this loaded machine")
+    calibration = json.loads((run / "summary.json").read_text())["calibration"]
+    assert calibration["passed"], calibration["sentence"]  # the steady control: no longer at the mercy of load
     with pytest.raises(Exception, match="calibrated 'rmsnorm', not 'rmsnorm_fp32'"):
         run_trial(other, tmp_path / "run")

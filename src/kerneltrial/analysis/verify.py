@@ -73,10 +73,10 @@ CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.
 # plausibility defaults the runner writes into plan.json (docs/DESIGN.md, Statistics):
 PLAUSIBILITY_DEFAULTS = {
     # the highest honest figure in the committed H200 runs is 104.2% of the copy ceiling
-    # (results/h200/silu_and_mul-s2, 65536x12288, liger): 15% above the best ceiling is not real work
+    # (results/archive/h200/silu_and_mul-s2, 65536x12288, liger): 15% above the best ceiling is not real work
     "bandwidth_margin": 0.15,
     # a stated convention: the fastest honest kernel in the committed runs (4.06 us,
-    # results/h200/sigmoid_gate_mul-r2, 1x2048) is far above half an empty launch
+    # results/archive/h200/sigmoid_gate_mul-r2, 1x2048) is far above half an empty launch
     "launch_floor_fraction": 0.5,
 }
 # protocol.toml keys that plan.json copies, with the protocol's defaults

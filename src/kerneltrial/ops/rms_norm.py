@@ -39,7 +39,7 @@ WIDE_THRESHOLD = 16384
 # above. Leads (scripts/device/sweep.py, cold L2, both modes): 4 warps one row per step
 # matched or beat packed steps of 4096 elements at 2048 columns (13.3 vs 13.8 us at
 # 4096x2048, 36.2 vs 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and 14336
-# columns (32.7 vs 33.4) and tied at 8192 and 16384. Trials: results/h200/rmsnorm-s2,
+# columns (32.7 vs 33.4) and tied at 8192 and 16384. Trials: results/archive/h200/rmsnorm-s2,
 # rmsnorm_fp32-s2, rmsnorm_fp32-wide-rows-r3. Below 2048 columns no width was measured:
 # packing to PACK_TO keeps the 2048-element step the trials measured.
 DISPATCH_WARPS = (4, 8)

@@ -45,8 +45,8 @@ PACKINGS = ((4, 4), (16, 4))  # (most rows per step, warps) of the packed candid
 TILES = ((1024, 4), (2048, 4), (2048, 8))  # (BLOCK_D, warps) of the column-tiled candidates
 DISPATCH_TILE = 2048  # the dispatcher tiles rows wider than this; narrower rows are packed
 # Warps of the dispatcher's tiles (16 bf16 per thread and tensor: two 16-byte loads). Data:
-# results/h200/silu_and_mul measured tile2048_w8 (then the rule) 3-7% behind torch.compile
-# at 2048-4096 tokens; results/h200/silu_and_mul-s2 measures tile2048_w4 as this rule.
+# results/archive/h200/silu_and_mul measured tile2048_w8 (then the rule) 3-7% behind torch.compile
+# at 2048-4096 tokens; results/archive/h200/silu_and_mul-s2 measures tile2048_w4 as this rule.
 DISPATCH_WARPS = 4
 
 

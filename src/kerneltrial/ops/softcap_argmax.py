@@ -88,7 +88,7 @@ MAX_PARTS = 1024  # the merge reads every partial of a row in one block
 # cold L2, two machines): 2048/4/528 was fastest or within 3% from 1 to 64 rows (6.5-6.9 us
 # at 1 x 262144, 23.1 us at 64) and at 2048 x 130560 (150 us against 165 for 4096/4/528 and
 # 187 for 8192/8/264, the previous rule); 4096/4/528 at 256 x 262144 (52.7 against 58.2).
-# Trial: results/h200/softcap_row_argmax-r4.
+# Trial: results/archive/h200/softcap_row_argmax-r4.
 STREAMS = ((2048, 4, 528), (4096, 4, 528), (8192, 8, 264))
 # Spans from LONG_SPAN elements take STREAMS[1]: measured spans were 32768 (64 rows, a tie)
 # and 131072 (256 rows, STREAMS[1] 10% faster); 65536 (128 rows) was not measured.

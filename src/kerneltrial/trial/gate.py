@@ -258,7 +258,7 @@ def settle(device: torch.device) -> None:
     """Wait for every stream of the device before the next arm or check: work an arm left on a
     side stream must not run into another arm's time, nor write into memory that the caching
     allocator has handed to another tensor meanwhile (a planted side-stream arm corrupted the
-    honest arms' checks before this: results/h200-planted/rmsnorm-cheats, first attempt)."""
+    honest arms' checks before this: results/archive/h200-planted/rmsnorm-cheats-r1)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -12,7 +12,7 @@
   with a lead twice as long (`next_lead`), and the longer lead is kept for later samples;
   a sample that still falls behind at the longest lead (LEAD_CYCLES_MAX) is kept and counted.
   Without this check, arms with a heavy Python wrapper showed a second, slow mode of
-  2-4x their kernel time (results/h200/softcap_row_argmax-r3, docs/NOTES.md).
+  2-4x their kernel time (results/archive/h200/softcap_row_argmax-r3, docs/NOTES.md).
 - `cuda-graph`: the `calls` calls captured once into a CUDA graph, its replay timed with
   events: launch overhead removed, hot L2. Reported as such.
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
