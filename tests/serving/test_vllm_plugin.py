@@ -2,7 +2,10 @@
 
 Needs `bash .ci/serving-setup.sh`, which installs kerneltrial into that venv (skips otherwise).
 The server processes run our Triton kernels through the interpreter: TRITON_INTERPRET=1 is in
-every arm's environment (E0 too, so the arms differ in operator selection only).
+every arm's environment (E0 too, so the arms differ in operator selection only), and so is
+VLLM_DISABLE_COMPILE_CACHE=1: vLLM keys its compiled-model cache on the model and config, not
+on plugins, and an E1 launch was seen looking up the artifact E0 had just saved (had it
+loaded, E1 would have run E0's graph, without our ops).
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def serve_and_query(make, env: dict[str, str], log_dir: Path, tmp_path: Path, ta
 @pytest.mark.slow
 def test_real_server_e0_serves_none_of_ours_e1_serves_rms_norm(vllm_server_cmd, tmp_path):
     make, env, _ = vllm_server_cmd
-    base = {**env, "TRITON_INTERPRET": "1"}
+    base = {**env, "TRITON_INTERPRET": "1", "VLLM_DISABLE_COMPILE_CACHE": "1"}
     arms = {"E0": {}, "E1": {"KERNELTRIAL_VLLM_OPS": "rms_norm"}}
     verdicts = {}
     for tag, extra in arms.items():
@@ -128,7 +131,17 @@ def test_real_server_with_a_bad_kernels_module_does_not_serve(vllm_server_cmd, t
     log = tmp_path / "dispatch"
     with pytest.raises(LaunchError):
         serve_and_query(
-            make, {**env, "TRITON_INTERPRET": "1", **arm, "KERNELTRIAL_DISPATCH_LOG": str(log)}, log, tmp_path, "bad"
+            make,
+            {
+                **env,
+                "TRITON_INTERPRET": "1",
+                "VLLM_DISABLE_COMPILE_CACHE": "1",
+                **arm,
+                "KERNELTRIAL_DISPATCH_LOG": str(log),
+            },
+            log,
+            tmp_path,
+            "bad",
         )
     v = check_launch(log, arm)
     assert not v.valid and "failed to load" in v.reason and "no_such_module.kernels" in v.reason, v.reason
