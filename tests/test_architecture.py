@@ -3,10 +3,12 @@
 The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
 
     floor 0  rundir, model_fields        the run directory; pydantic field walking; import nothing of kerneltrial
-    floor 1  ops, analysis, serving      each imports only floor 0, never each other
-    floor 2  trial                       the kernel runner: ops, analysis and rundir
-    floor 3  submission, protocol_keys   package and inspect (trial's gate on an archive); the protocol reference
-    floor 4  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
+    floor 1  ops, analysis               each imports only floor 0, never the other
+    floor 2  trial, plugins              the kernel runner (ops, analysis, rundir); vLLM plugins serving ops
+    floor 3  serving, submission         serving trials (dispatch proof reads the plugins' records);
+                                         package and inspect (trial's gate on an archive)
+    floor 4  protocol_keys               the protocol reference, from the kernel and serving protocol models
+    floor 5  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
 A module may import its own group (a package, or all command-line modules together) and any
@@ -32,11 +34,12 @@ LAYERS = {
     "model_fields": 0,
     "ops": 1,
     "analysis": 1,
-    "serving": 1,
     "trial": 2,
+    "plugins": 2,
+    "serving": 3,
     "submission": 3,
-    "protocol_keys": 3,
-    "cli": 4,
+    "protocol_keys": 4,
+    "cli": 5,
 }
 CLI_MODULES = {
     "kerneltrial.cli",
@@ -195,7 +198,7 @@ def test_the_checker_finds_a_planted_circle() -> None:
     [
         ("kerneltrial.analysis.verify", "kerneltrial.serving.verify"),  # same floor, another group
         ("kerneltrial.rundir.files", "kerneltrial.analysis.summary"),  # the ground floor reaching up
-        ("kerneltrial.serving.trial", "kerneltrial.trial.provenance"),  # floor 1 -> floor 2
+        ("kerneltrial.ops.rms_norm", "kerneltrial.trial.runner"),  # floor 1 -> floor 2
         ("kerneltrial.trial.runner", "kerneltrial.analysis.cli"),  # into the command line
     ],
 )

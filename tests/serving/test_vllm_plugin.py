@@ -1,0 +1,147 @@
+"""kerneltrial's plain-vLLM plugin (entry point vllm.general_plugins) inside the CPU vLLM venv.
+
+Needs `bash .ci/serving-setup.sh`, which installs kerneltrial into that venv (skips otherwise).
+The server processes run our Triton kernels through the interpreter: TRITON_INTERPRET=1 is in
+every arm's environment (E0 too, so the arms differ in operator selection only), and so is
+VLLM_DISABLE_COMPILE_CACHE=1: vLLM keys its compiled-model cache on the model and config, not
+on plugins, and an E1 launch was seen looking up the artifact E0 had just saved (had it
+loaded, E1 would have run E0's graph, without our ops).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kerneltrial.plugins import OURS
+from kerneltrial.serving.dispatch_proof import check_launch
+from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, free_port
+from tests.serving.conftest import vllm_venv
+
+pytestmark = pytest.mark.serving
+
+UNIT = r"""
+import importlib.metadata as md, json, sys, torch
+from vllm.config import VllmConfig, set_current_vllm_config
+eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "kerneltrial"]
+if not eps:
+    sys.exit(3)
+eps[0].load()()
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+with set_current_vllm_config(VllmConfig()):
+    norm, act = RMSNorm(200, eps=1e-5, dtype=torch.bfloat16), SiluAndMul()
+torch.manual_seed(0)
+norm.weight.data.normal_()
+x, r, g = torch.randn(5, 200, dtype=torch.bfloat16), torch.randn(5, 200, dtype=torch.bfloat16), torch.randn(5, 400, dtype=torch.bfloat16)
+out, res = norm(x.clone(), r.clone())
+ref_out, ref_res = norm.forward_native(x.clone(), r.clone())
+err = lambda a, b: float((a.float() - b.float()).abs().max())
+print(json.dumps({
+    "norm": type(norm).__name__, "act": type(act).__name__,
+    "rms_norm": err(norm(x), norm.forward_native(x)),
+    "fused_out": err(out, ref_out), "fused_res": err(res, ref_res),
+    "silu_and_mul": err(act(g), SiluAndMul.forward_native(g)),
+}))
+"""
+
+
+def run_unit(env: dict[str, str], tmp_path: Path) -> dict[str, object]:
+    python = vllm_venv() / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(f"no vLLM venv at {vllm_venv()} (run bash .ci/serving-setup.sh)")
+    p = subprocess.run(
+        [str(python), "-c", UNIT],
+        env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "VLLM_TARGET_DEVICE": "cpu", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    if p.returncode == 3:
+        pytest.skip("kerneltrial is not installed in the vLLM venv (run bash .ci/serving-setup.sh)")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_oot_layers_replace_vllm_and_match_its_native_forward(tmp_path):
+    log = tmp_path / "log"
+    got = run_unit({"KERNELTRIAL_VLLM_OPS": "rms_norm,silu_and_mul", "KERNELTRIAL_DISPATCH_LOG": str(log)}, tmp_path)
+    assert got["norm"] == "KerneltrialRMSNorm" and got["act"] == "KerneltrialSiluAndMul"
+    assert got["rms_norm"] == 0.0 and got["silu_and_mul"] == 0.0 and got["fused_res"] == 0.0
+    # vLLM normalises the fp32 sum, our kernel the stored bf16 sum (as vLLM's CUDA kernel does)
+    assert got["fused_out"] <= 0.07
+    v = check_launch(log, {"KERNELTRIAL_VLLM_OPS": "rms_norm,silu_and_mul"})
+    assert v.valid, v.reason
+    assert {(s.op, s.impl, s.calls) for s in v.served} == {
+        ("rms_norm", OURS, 1),
+        ("fused_add_rms_norm", OURS, 1),
+        ("silu_and_mul", OURS, 1),
+    }
+
+
+def test_oot_plugin_is_off_by_default(tmp_path):
+    got = run_unit({"KERNELTRIAL_DISPATCH_LOG": str(tmp_path / "log")}, tmp_path)
+    assert got["norm"] == "RMSNorm" and got["act"] == "SiluAndMul"
+    v = check_launch(tmp_path / "log", {})
+    assert v.valid and v.served == () and v.processes == 1
+
+
+def serve_and_query(make, env: dict[str, str], log_dir: Path, tmp_path: Path, tag: str) -> None:
+    port = free_port()
+    spec = ServerSpec(make(port), "tiny", port=port, env=env, ready_timeout_s=600)
+    with Server(spec, tmp_path / f"{tag}-server.log") as srv:
+        r = httpx.post(
+            srv.spec.base_url + "/v1/completions",
+            json={"model": "tiny", "prompt": "one two three", "max_tokens": 4, "ignore_eos": True},
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.slow
+def test_real_server_e0_serves_none_of_ours_e1_serves_rms_norm(vllm_server_cmd, tmp_path):
+    make, env, _ = vllm_server_cmd
+    base = {**env, "TRITON_INTERPRET": "1", "VLLM_DISABLE_COMPILE_CACHE": "1"}
+    arms = {"E0": {}, "E1": {"KERNELTRIAL_VLLM_OPS": "rms_norm"}}
+    verdicts = {}
+    for tag, extra in arms.items():
+        log = tmp_path / tag / "dispatch"
+        serve_and_query(make, {**base, **extra, "KERNELTRIAL_DISPATCH_LOG": str(log)}, log, tmp_path, tag)
+        verdicts[tag] = check_launch(log, extra)
+    e0, e1 = verdicts["E0"], verdicts["E1"]
+    assert e0.valid and e0.processes >= 1 and e0.served == (), e0
+    assert e1.valid, e1.reason
+    calls = {(s.op, s.impl): s.calls for s in e1.served}
+    assert calls.get(("rms_norm", OURS), 0) > 0 and calls.get(("fused_add_rms_norm", OURS), 0) > 0, calls
+    assert set(calls) == {("rms_norm", OURS), ("fused_add_rms_norm", OURS)}  # silu_and_mul stayed vLLM's
+    # E0's records read under E1's selection: the swapped kernel served nothing there
+    assert not check_launch(tmp_path / "E0" / "dispatch", arms["E1"]).valid
+
+
+def test_real_server_with_a_bad_kernels_module_does_not_serve(vllm_server_cmd, tmp_path):
+    """A plugin that fails to load stops the server; it never serves the baseline as E1."""
+    make, env, _ = vllm_server_cmd
+    arm = {"KERNELTRIAL_VLLM_OPS": "rms_norm", "KERNELTRIAL_KERNELS": "no_such_module.kernels"}
+    log = tmp_path / "dispatch"
+    with pytest.raises(LaunchError):
+        serve_and_query(
+            make,
+            {
+                **env,
+                "TRITON_INTERPRET": "1",
+                "VLLM_DISABLE_COMPILE_CACHE": "1",
+                **arm,
+                "KERNELTRIAL_DISPATCH_LOG": str(log),
+            },
+            log,
+            tmp_path,
+            "bad",
+        )
+    v = check_launch(log, arm)
+    assert not v.valid and "failed to load" in v.reason and "no_such_module.kernels" in v.reason, v.reason
