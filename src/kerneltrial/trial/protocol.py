@@ -210,7 +210,7 @@ class Protocol(BaseModel):
     )
     # An arm above the best ceiling (copy or read) of its run by more than this fraction is
     # implausible: the highest honest figure of the committed H200 runs was 104.2% of the
-    # copy ceiling (results/h200/silu_and_mul-s2, 65536x12288, liger).
+    # copy ceiling (results/archive/h200/silu_and_mul-s2, 65536x12288, liger).
     bandwidth_margin: float = Field(
         default=0.15,
         gt=0,
@@ -218,7 +218,7 @@ class Protocol(BaseModel):
     )
     # An arm faster per call than this fraction of an empty kernel launch did not launch its
     # work (a convention; the fastest honest kernel committed, 4.06 us at 1x2048 in
-    # results/h200/sigmoid_gate_mul-r2, is well above an empty launch).
+    # results/archive/h200/sigmoid_gate_mul-r2, is well above an empty launch).
     launch_floor_fraction: float = Field(
         default=0.5,
         gt=0,
