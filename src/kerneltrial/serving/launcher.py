@@ -47,7 +47,11 @@ class ServerSpec:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """Nothing listens on (host, port). SO_REUSEADDR, as the server itself (uvicorn) binds:
+    a port held only by TIME_WAIT connections (vLLM closing an idle keep-alive connection
+    leaves them for up to 60 s) is free to serve on, and must not stop the next launch."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
