@@ -508,6 +508,13 @@ shape = {shape_b}
 """
 
 
+def fresh_run_dir(out: Path) -> Path:
+    """The first of out/run, out/run-2, out/run-3, ... that does not exist (`out` is created):
+    a repeated demo takes a fresh directory and never overwrites an earlier one."""
+    out.mkdir(parents=True, exist_ok=True)
+    return next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
+
+
 def demo(
     out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo"),
 ) -> None:
@@ -528,9 +535,8 @@ def demo(
             "[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
             "Times below describe the interpreter, NOT GPU performance.[/yellow]"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    run_dir = next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
-    protocol_file = out / f"{run_dir.name}.protocol.toml"  # a repeated demo takes a fresh directory, never overwriting
+    run_dir = fresh_run_dir(out)
+    protocol_file = out / f"{run_dir.name}.protocol.toml"
     protocol_file.write_text(
         DEMO_PROTOCOL.format(
             calls='"auto"' if gpu else 1,
