@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from kerneltrial.plugins import KERNELS_ENV, OPS_ENV, OURS
 from kerneltrial.serving.cli import app
-from kerneltrial.serving.protocol import ProtocolError, load_protocol, parse_protocol
+from kerneltrial.serving.dispatch_proof import intended_ops
+from kerneltrial.serving.protocol import (
+    OPERATOR_SELECTION_ENV,
+    ProtocolError,
+    load_protocol,
+    non_operator_difference,
+    parse_protocol,
+)
 from kerneltrial.serving.trial import launch_order
 
 from .conftest import REPO
@@ -203,3 +212,109 @@ def test_preset_argv():
     p = get_preset("minicpm5-2b")
     argv = p.argv("vllm", "/m", 8123)
     assert argv[:3] == ["vllm", "serve", "/m"] and "8123" in argv and "minicpm5-2b" in argv
+
+
+ARGV = '["srv", "--port", "{port}"]'
+
+
+@pytest.mark.parametrize(
+    "argv_b, env_b, msg",
+    [
+        # planted: each non-operator difference is refused, naming the arm, the field and both values
+        ('["srv", "--port", "{port}", "--max-model-len", "8192"]', "", "in argv --max-model-len: '8192' in b, absent"),
+        ('["srv", "--port", "{port}", "--dtype=float16"]', "", "in argv --dtype: 'float16' in b, absent in a"),
+        ('["srv", "--port", "{port}", "--quantization", "fp8"]', "", "in argv --quantization: 'fp8' in b"),
+        ('["srv", "--port", "{port}", "--speculative-config", "{}"]', "", "in argv --speculative-config: '{}'"),
+        ('["srv", "--port", "{port}", "--enforce-eager"]', "", "in argv --enforce-eager: 'set' in b, absent in a"),
+        ('["srv", "--port", "{port}", "--max-num-seqs", "8"]', "", "in argv --max-num-seqs: '8' in b"),
+        ('["srv2", "--port", "{port}"]', "", "in argv: 'srv2' in b, 'srv' in a"),
+        ('["srv", "--port", "{port}", "--port", "1"]', "", "in argv --port: '{port}; 1' in b, '{port}' in a"),
+        (
+            ARGV,
+            'VLLM_ATTENTION_BACKEND = "FLASH_ATTN"',
+            "in env VLLM_ATTENTION_BACKEND: 'FLASH_ATTN' in b, absent in a",
+        ),
+        (ARGV, 'VLLM_PLUGINS = ""', "in env VLLM_PLUGINS: '' in b, absent in a"),
+        (ARGV, 'KERNELTRIAL_DISPATCH_LOG = "/tmp/x"', "in env KERNELTRIAL_DISPATCH_LOG"),
+    ],
+)
+def test_arms_that_differ_beyond_operator_selection_are_refused(argv_b, env_b, msg):
+    text = BASE.replace(
+        'env = { USE_FLAGGEMS = "1" }', "env = { " + ", ".join(filter(None, ['USE_FLAGGEMS = "1"', env_b])) + " }"
+    )
+    text = text.replace(f'role = "candidate"\nargv = {ARGV}', f'role = "candidate"\nargv = {argv_b}')
+    assert text != BASE
+    with pytest.raises(ProtocolError, match=re.escape(msg)) as info:
+        parse_protocol(text)
+    assert str(info.value).startswith("arms: arm b differs from arm a in ") and "\n" not in str(info.value)
+    assert "arms may differ only in operator-selection variables (KERNELTRIAL_KERNELS" in str(info.value)
+
+
+def test_the_difference_is_named_against_the_baseline_whatever_the_order():
+    text = BASE.replace(
+        'argv = ["srv", "--port", "{port}"]\n[[arms]]', 'argv = ["srv", "--port", "{port}", "-q"]\n[[arms]]'
+    )
+    moved = text.replace('role = "baseline"', 'role = "arm"').replace('role = "candidate"', 'role = "baseline"')
+    with pytest.raises(ProtocolError, match="arm a differs from arm b in argv -q: 'set' in a, absent in b"):
+        parse_protocol(moved)
+    reordered = BASE.replace('"{port}"]\n[[arms]]', '"{port}", "-q", "-v"]\n[[arms]]').replace(
+        '"{port}"]\nenv', '"{port}", "-v", "-q"]\nenv'
+    )
+    with pytest.raises(ProtocolError, match="in argv order: 'srv --port {port} -v -q' in b, 'srv --port {port} -q -v'"):
+        parse_protocol(reordered)
+
+
+def test_every_operator_selection_variable_may_differ():
+    env = ", ".join(f'{k} = "x"' for k in sorted(OPERATOR_SELECTION_ENV))
+    p = parse_protocol(BASE.replace('env = { USE_FLAGGEMS = "1" }', "env = { " + env + " }"))
+    assert p.arms[1].selection == dict.fromkeys(OPERATOR_SELECTION_ENV, "x") and p.arms[0].selection == {}
+    assert non_operator_difference(p.arms[0], p.arms[1]) is None
+    # equal values of other variables are fine; a value that differs is not
+    same = BASE.replace("[[arms]]\n", '[[arms]]\nenv = { OMP_NUM_THREADS = "4" }\n', 1)
+    same = same.replace('env = { USE_FLAGGEMS = "1" }', 'env = { USE_FLAGGEMS = "1", OMP_NUM_THREADS = "4" }')
+    assert parse_protocol(same).arms[1].env["OMP_NUM_THREADS"] == "4"
+    with pytest.raises(ProtocolError, match="in env OMP_NUM_THREADS: '8' in b, '4' in a"):
+        parse_protocol(
+            same.replace('OMP_NUM_THREADS = "4" }\nrole = "c', "XX").replace(
+                'USE_FLAGGEMS = "1", OMP_NUM_THREADS = "4"', 'USE_FLAGGEMS = "1", OMP_NUM_THREADS = "8"'
+            )
+        )
+
+
+def test_operator_selection_variables_are_read_by_their_plugins():
+    """The vllm-plugin-FL names are string literals of the snapshot's source (read with os.environ.get,
+    or through a constant such as discovery.py's PLUGIN_MODULES_ENV); the rest are kerneltrial's."""
+    from tests.plugins.conftest import snapshot_dir
+
+    source = "\n".join(p.read_text() for p in (snapshot_dir() / "vllm_fl").rglob("*.py"))
+    literals = set(re.findall(r"""["']([A-Z][A-Z0-9_]+)["']""", source))
+    assert sorted(OPERATOR_SELECTION_ENV - {OPS_ENV, KERNELS_ENV} - literals) == []
+    # planted: the whitelist name the FlagGems protocol first shipped with is read by nobody
+    assert "VLLM_FL_FLAGGEMS_WHITELIST" not in literals
+
+
+T2 = REPO / "protocols" / "serving" / "minicpm5-2b-t2.toml"
+
+
+def test_track2_protocol_states_e0_to_e3_differing_only_in_operator_selection():
+    p, _ = load_protocol(T2)
+    assert [(a.name, a.role) for a in p.arms] == [("E0", "baseline"), ("E1", "arm"), ("E2", "arm"), ("E3", "candidate")]
+    assert [c.as_list() for c in p.bench.cases] == [[4096, 1024, 64, 256], [16384, 1024, 64, 128]]
+    assert (p.repeats, p.rounds) == (4, 3)  # R=4 with run 0 dropped; three launches per arm
+    assert (p.acceptance.noise_band, p.acceptance.ttft_ratio_max) == (0.01, 1.01)
+    assert p.accuracy is not None and (p.accuracy.level, p.accuracy.gate) == ("Level 3", 0.95)
+    e0 = p.arms[0]
+    for arm in p.arms:
+        assert arm.argv == e0.argv and arm.env["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+        assert {k: v for k, v in arm.env.items() if k not in arm.selection} == {
+            k: v for k, v in e0.env.items() if k not in e0.selection
+        }
+        assert non_operator_difference(e0, arm) is None
+    # what each arm swaps in, as the dispatch proof reads it
+    assert [sorted(intended_ops(a.env)) for a in p.arms] == [
+        [],
+        ["rms_norm"],
+        ["silu_and_mul"],
+        ["rms_norm", "silu_and_mul"],
+    ]
+    assert all(set(intended_ops(a.env).values()) <= {OURS} for a in p.arms)

@@ -143,7 +143,7 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
         "limit = 2",
         "max_tokens = 16",
     ]
-    for name, role, extra in (("baseline", "baseline", {}), ("candidate", "candidate", {"VLLM_KT_ARM": "candidate"})):
+    for name, role, extra in (("baseline", "baseline", {}), ("candidate", "candidate", {"VLLM_FL_PREFER": "vendor"})):
         lines += [
             "[[arms]]",
             f'name = "{name}"',
@@ -167,7 +167,7 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
         assert L["status"] == "ok" and L["group_gone"] and L["signals_sent"][0] == "SIGINT"
         assert (out / L["log"]).is_file() or (tmp_path / L["log"]).is_file() or L["log"]
     cand = next(L for L in launches if L["arm"] == "candidate")
-    assert cand["operator_env"]["VLLM_KT_ARM"] == "candidate"
+    assert cand["operator_env"]["VLLM_FL_PREFER"] == "vendor"
     plan = json.loads((out / "plan.json").read_text())
     assert [x["arm"] for x in plan["launches"]] == [L["arm"] for L in launches]
     assert set(summary["accuracy"]) == {"baseline", "candidate"}

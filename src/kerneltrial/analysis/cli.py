@@ -75,7 +75,13 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
 
 
 def report(run_dir: RunDir) -> None:
-    """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json."""
+    """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
+    the serving report, by the directory's kind)."""
+    if kind_of(run_dir) == "serving":
+        from kerneltrial.serving.report import write_serving_report
+
+        typer.echo(f"wrote {write_serving_report(run_dir)}")
+        return
     from kerneltrial.analysis.report import write_report
 
     typer.echo(f"wrote {write_report(run_dir)}")

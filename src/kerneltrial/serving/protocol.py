@@ -21,6 +21,12 @@
     argv = ["vllm", "serve", "{model}", "--port", "{port}", "--served-model-name", "minicpm5-2b"]
     env = { VLLM_PLUGINS = "" }
 
+Arms may differ only in operator selection: their argv must be identical, and their env may
+differ only in OPERATOR_SELECTION_ENV (the variables kerneltrial's plugins and vllm-plugin-FL
+read to choose implementations); any other difference (model, dtype, max-model-len, scheduler
+settings, quantisation, speculative decoding, another variable) is refused, naming the arm, the
+field and both values, so that a measured difference is the operators' (issue 13).
+
 An arm without argv benchmarks an already running server at `server.base_url`. Relative
 paths in [accuracy].data and server.model are taken from the protocol's folder. Every key,
 its type, default and meaning: docs/PROTOCOL_KEYS.md (generated from these models).
@@ -37,12 +43,41 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from kerneltrial.model_fields import field_at, nested_model
+from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
 
 PLACEHOLDERS = ("{port}", "{host}", "{model}", "{model_id}")
 _PLACEHOLDER = re.compile(r"\{\w+\}")  # `{word}` only: a JSON argument such as '{"level": 3}' is left alone
+
+
+# The variables that choose operator implementations, and nothing else: kerneltrial's plugins
+# (kerneltrial/plugins/__init__.py) and vllm-plugin-FL's dispatch policy and FlagGems switches, as
+# its source reads them (vllm_fl/dispatch/policy.py, dispatch/config/utils.py, dispatch/discovery.py,
+# dispatch/manager.py, utils.py, envs.py; tests/serving/test_protocol.py checks the names against
+# the source snapshot). Logging, IO dumps and platform overrides are not here: they must be equal.
+OPERATOR_SELECTION_ENV = frozenset(
+    {
+        OPS_ENV,
+        KERNELS_ENV,
+        "VLLM_FL_PER_OP",
+        "VLLM_FL_PREFER",
+        "VLLM_FL_PREFER_ENABLED",
+        "VLLM_FL_STRICT",
+        "VLLM_FL_ALLOW_VENDORS",
+        "VLLM_FL_DENY_VENDORS",
+        "VLLM_FL_CONFIG",
+        "VLLM_FL_OP_CONFIG",
+        "VLLM_FL_PLUGIN_MODULES",
+        "VLLM_FL_FLAGOS_WHITELIST",
+        "VLLM_FL_FLAGOS_BLACKLIST",
+        "VLLM_FL_OOT_ENABLED",
+        "VLLM_FL_OOT_WHITELIST",
+        "VLLM_FL_OOT_BLACKLIST",
+        "USE_FLAGGEMS",
+    }
+)
 
 
 class ProtocolError(ValueError):
@@ -95,6 +130,54 @@ class Arm(BaseModel):
     @property
     def external(self) -> bool:
         return not self.argv
+
+    @property
+    def selection(self) -> dict[str, str]:
+        """The arm's operator-selection variables (OPERATOR_SELECTION_ENV), the only env it may differ in."""
+        return {k: v for k, v in self.env.items() if k in OPERATOR_SELECTION_ENV}
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not token[1].isdigit() and token[1] != "."
+
+
+def _argv_fields(argv: list[str]) -> dict[str, list[str]]:
+    """argv as field -> values: "argv" for the leading words, "argv --opt" for each option
+    (`--opt=v` and `--opt v` alike; a repeated option collects its values; a bare flag is "set")."""
+    fields: dict[str, list[str]] = {"argv": [""]}
+    key = "argv"
+    for token in argv:
+        if _is_option(token):
+            name, _, value = token.partition("=")
+            key = f"argv {name}"
+            fields.setdefault(key, []).append(value)
+        else:
+            fields[key][-1] = f"{fields[key][-1]} {token}".lstrip()
+    return {k: [v or "set" for v in vs] if k != "argv" else vs for k, vs in fields.items()}
+
+
+def non_operator_difference(ref: Arm, arm: Arm) -> str | None:
+    """The first difference of `arm` from `ref` outside operator selection, as one line naming the
+    arm, the field and both values; None when they differ only in OPERATOR_SELECTION_ENV."""
+
+    def shown(values: list[str] | str | None) -> str:
+        if values is None:
+            return "absent"
+        return repr(values if isinstance(values, str) else "; ".join(values))
+
+    a, b = _argv_fields(arm.argv), _argv_fields(ref.argv)
+    diffs = [(f, a.get(f), b.get(f)) for f in dict.fromkeys([*b, *a]) if a.get(f) != b.get(f)]
+    if not diffs and arm.argv != ref.argv:
+        diffs = [("argv order", " ".join(arm.argv), " ".join(ref.argv))]
+    env_keys = sorted((set(arm.env) | set(ref.env)) - OPERATOR_SELECTION_ENV)
+    diffs += [(f"env {k}", arm.env.get(k), ref.env.get(k)) for k in env_keys if arm.env.get(k) != ref.env.get(k)]
+    if not diffs:
+        return None
+    field, mine, theirs = diffs[0]
+    return (
+        f"arm {arm.name} differs from arm {ref.name} in {field}: {shown(mine)} in {arm.name}, {shown(theirs)} in "
+        f"{ref.name}; arms may differ only in operator-selection variables ({', '.join(sorted(OPERATOR_SELECTION_ENV))})"
+    )
 
 
 class Server(BaseModel):
@@ -230,6 +313,10 @@ class Protocol(BaseModel):
                 raise ValueError(f"more than one arm has role {role}; keep one")
         if any(a.external for a in arms) and len(arms) > 1:
             raise ValueError("an arm without argv (running server) is only allowed alone; give every arm an argv")
+        ref = next((a for a in arms if a.role == "baseline"), arms[0])
+        for arm in arms:
+            if (diff := non_operator_difference(ref, arm)) is not None:
+                raise ValueError(diff)
         return arms
 
     def arm(self, role: str) -> Arm | None:
