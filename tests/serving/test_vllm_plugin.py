@@ -20,6 +20,9 @@ import pytest
 from kerneltrial.plugins import OURS
 from kerneltrial.serving.dispatch_proof import check_launch
 from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, free_port
+from kerneltrial.serving.protocol import parse_protocol
+from kerneltrial.serving.trial import run_protocol
+from kerneltrial.serving.verify import verify_serving_run
 from tests.serving.conftest import vllm_venv
 
 pytestmark = pytest.mark.serving
@@ -145,3 +148,54 @@ def test_real_server_with_a_bad_kernels_module_does_not_serve(vllm_server_cmd, t
         )
     v = check_launch(log, arm)
     assert not v.valid and "failed to load" in v.reason and "no_such_module.kernels" in v.reason, v.reason
+
+
+@pytest.mark.slow
+def test_trial_e0_e1_records_the_proof_of_dispatch_and_verify_checks_it(vllm_server_cmd, vllm_client, tmp_path):
+    """`run_protocol` with E0 and E1 (RMSNorm swapped in): ours served calls in E1 only, verify
+    passes, and a dispatch record edited afterwards fails verify."""
+    make, env, model = vllm_server_cmd
+    base = {**env, "TRITON_INTERPRET": "1"}  # VLLM_DISABLE_COMPILE_CACHE=1: the trial sets it
+    lines = [
+        'name = "tiny-e0-e1"',
+        "seed = 0",
+        "rounds = 1",
+        "repeats = 2",
+        "[server]",
+        'model_id = "tiny"',
+        f"port = {free_port()}",
+        f"tokenizer = {json.dumps(model)}",
+        "ready_timeout_s = 600",
+        "[bench]",
+        "cases = [[32, 4, 2, 2]]",
+    ]
+    for name, role, extra in (("E0", "baseline", {}), ("E1", "candidate", {"KERNELTRIAL_VLLM_OPS": "rms_norm"})):
+        lines += [
+            "[[arms]]",
+            f'name = "{name}"',
+            f'role = "{role}"',
+            f"argv = {json.dumps(make('{port}'))}",
+            "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**base, **extra}.items()) + " }",
+        ]
+    text = "\n".join(lines) + "\n"
+    out = tmp_path / "run"
+    summary = run_protocol(parse_protocol(text), text.encode(), out, vllm_client, argv=["test"])
+    assert summary["failures"] == [], summary["failures"]
+    rows = {r["arm"]: r for r in map(json.loads, (out / "launches.jsonl").read_text().splitlines())}
+    e0, e1 = rows["E0"]["dispatch"], rows["E1"]["dispatch"]
+    assert rows["E1"]["env_set"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+    assert e0["valid"] and e0["processes"] >= 1 and e0["counts"] == [], e0
+    assert e1["valid"] and e1["intended"] == {"rms_norm": OURS}, e1
+    calls = {(c["op"], c["impl"]): c["calls"] for c in e1["counts"]}
+    assert set(calls) == {("rms_norm", OURS), ("fused_add_rms_norm", OURS)} and min(calls.values()) > 0, calls
+    assert summary["dispatch"]["E0"]["valid"] is True and summary["dispatch"]["E1"]["valid"] is True
+    assert summary["acceptance"]["dispatch_ok"] is True
+    assert verify_serving_run(out) == []
+    # tampering: E1's calls edited to 0 in its records
+    for rec in (out / e1["dir"]).glob("dispatch-*.json"):
+        raw = json.loads(rec.read_text())
+        raw["counts"] = [{**c, "calls": 0} for c in raw["counts"]]
+        rec.write_text(json.dumps(raw))
+    problems = verify_serving_run(out)
+    assert any("dispatch verdict valid=True, recomputed False" in p for p in problems), problems
+    assert any("summary dispatch E1: valid=True, recomputed False" in p for p in problems), problems

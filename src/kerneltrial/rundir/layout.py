@@ -39,6 +39,7 @@ REQUESTS = "requests.csv"
 ACCURACY_DIR = "accuracy"
 RAW_DIR = "raw"
 LAUNCH_DIR = "launches"
+DISPATCH_DIR = "dispatch"  # launches/NN-ARM/dispatch: the plugins' call records (dispatch-PID.json)
 
 
 @dataclass(frozen=True)

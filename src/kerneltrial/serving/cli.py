@@ -153,6 +153,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             f"{'passed' if a['passed'] else 'FAILED'}",
             markup=False,
         )
+    for arm, d in (summary.get("dispatch") or {}).items():
+        shown = {True: "valid", False: "INVALID", None: "not applicable"}[d["valid"]]
+        out.print(f"dispatch proof {arm}: {shown} ({d['reason']})", markup=False)
     acc = summary.get("acceptance")
     if acc:
         for cid, c in acc["cases"].items():
@@ -205,7 +208,9 @@ def _execute(
         display.stop()
     print_summary(summary, run_dir)
     if summary["status"] != "ok":
-        raise CliError(f"some runs failed (see summary.json in {run_dir})", ExitCode.FAILED)
+        raise CliError(
+            f"a run or a dispatch proof failed (see the failures above and summary.json in {run_dir})", ExitCode.FAILED
+        )
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED) and its reasons are printed above
 

@@ -4,8 +4,9 @@ Run directory (see docs/serving.md):
     protocol.toml      byte copy of the protocol; sha256 in provenance/plan/summary
     provenance.json    kind "serving", versions, GPU, argv, client, timings, status
     plan.json          arms, cases, launch order, seeds, warm-up rule
-    launches.jsonl     one row per launch (command, env, versions, timings, exit), appended
+    launches.jsonl     one row per launch (command, env, timings, exit, dispatch verdict), appended
     launches/NN-ARM/server.log
+    launches/NN-ARM/dispatch/dispatch-PID.json   the plugins' call records (proof of dispatch)
     raw/NN-ARM/CASE/runK.json + runK.log   the `vllm bench serve --save-detailed` result
     runs.jsonl         one row per run (status, raw file + sha256, figures), appended
     requests.csv       one row per request of every run, appended
@@ -21,10 +22,12 @@ import random
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.plugins import LOG_ENV
 from kerneltrial.rundir import layout
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
@@ -39,6 +42,7 @@ from kerneltrial.serving.bench import (
     request_rows,
     run_bench,
 )
+from kerneltrial.serving.dispatch_proof import Served, check_launch
 from kerneltrial.serving.launcher import (
     LaunchError,
     Server,
@@ -50,6 +54,9 @@ from kerneltrial.serving.launcher import (
 from kerneltrial.serving.protocol import Arm, Protocol
 
 Event = Callable[..., None]
+# vLLM keys its compiled-model cache on model and config, not on plugins: without this an E1
+# launch can load the graph E0 saved and serve it without our ops (docs/serving.md).
+COMPILE_CACHE_ENV = "VLLM_DISABLE_COMPILE_CACHE"
 GPU_FIELDS = ("name", "driver_version", "memory.total", "clocks.max.sm", "clocks.sm", "power.limit", "pci.bus_id")
 REQUEST_FIELDS = [
     "launch",
@@ -81,6 +88,70 @@ def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int
     return order
 
 
+@dataclass(frozen=True)
+class LaunchProof:
+    """One launch's dispatch verdict, as launches.jsonl stores it under `dispatch`."""
+
+    launch: int
+    arm: str
+    dir: str  # the records' folder, relative to the run directory
+    valid: bool
+    reason: str
+    intended: dict[str, str]  # dispatch op -> implementation the arm selects (empty: baseline)
+    processes: int  # server processes that left a record
+    counts: tuple[Served, ...]  # calls per kernel-level op and implementation, over the processes
+    files: dict[str, str]  # record file name -> sha256
+
+
+def dispatch_dir(out: Path, tag: str) -> Path:
+    return out / layout.LAUNCH_DIR / tag / layout.DISPATCH_DIR
+
+
+def server_env(arm: Arm, records: Path) -> dict[str, str]:
+    """The arm's environment plus where the plugins write their call records, and no compile
+    cache unless the arm sets it (see COMPILE_CACHE_ENV)."""
+    return {COMPILE_CACHE_ENV: "1", **arm.env, LOG_ENV: str(records.resolve())}
+
+
+def prove_launch(out: Path, launch: int, tag: str, arm: Arm) -> LaunchProof:
+    """The verdict on a stopped launch's call records (every process has written its last)."""
+    records = dispatch_dir(out, tag)
+    v = check_launch(records, arm.env)
+    files = {p.name: sha256_file(p) for p in sorted(records.glob("dispatch-*.json"))}
+    rel = str(records.relative_to(out))
+    return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, files)
+
+
+def dispatch_summary(proto: Protocol, proofs: list[LaunchProof]) -> dict[str, dict[str, Any]]:
+    """Per arm: valid only if every launch of it was (None for an external server: no records)."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm in proto.arms:
+        mine = [p for p in proofs if p.arm == arm.name]
+        totals: dict[tuple[str, str], list[int]] = {}
+        for p in mine:
+            for c in p.counts:
+                t = totals.setdefault((c.op, c.impl), [0, 0])
+                t[0] += c.calls
+                t[1] += c.errors
+        bad = [p for p in mine if not p.valid]
+        valid: bool | None
+        if arm.external:
+            valid, reason = None, "external server: not launched by the trial, no dispatch records"
+        elif not mine:
+            valid, reason = False, "not launched"
+        elif bad:
+            valid, reason = False, f"launch {bad[0].launch}: {bad[0].reason}"
+        else:
+            valid, reason = True, f"all {len(mine)} launch(es) valid"
+        out[arm.name] = {
+            "valid": valid,
+            "reason": reason,
+            "launches": [p.launch for p in mine],
+            "counts": [asdict(Served(op, impl, n, e)) for (op, impl), (n, e) in sorted(totals.items())],
+        }
+    return out
+
+
 def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     if out.exists() and any(out.iterdir()):
         raise RunDirError(
@@ -92,9 +163,14 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
 
 
 def summarise(
-    proto: Protocol, runs: list[dict[str, Any]], acc: dict[str, dict[str, Any]], sha: str, failures: list[str]
+    proto: Protocol,
+    runs: list[dict[str, Any]],
+    acc: dict[str, dict[str, Any]],
+    sha: str,
+    failures: list[str],
+    proofs: list[LaunchProof],
 ) -> dict[str, Any]:
-    """Every figure of the report, from the run rows and accuracy summaries."""
+    """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts."""
     results: dict[str, dict[str, Any]] = {}
     for arm in proto.arms:
         results[arm.name] = {}
@@ -122,6 +198,7 @@ def summarise(
                 if all(k in g for g in per_launch):
                     entry[k] = metrics.pooled_mean(per_launch, k)
             results[arm.name][case.id] = entry
+    dispatch = dispatch_summary(proto, proofs)
     summary: dict[str, Any] = {
         "kind": "serving",
         "protocol_sha256": sha,
@@ -133,7 +210,8 @@ def summarise(
         "cases": [case_dict(c) for c in proto.bench.cases],
         "results": results,
         "accuracy": acc,
-        "acceptance": acceptance(proto, results, acc),
+        "dispatch": dispatch,
+        "acceptance": acceptance(proto, results, acc, dispatch),
         "failures": failures,
     }
     ok = not failures and all(e["status"] == "ok" for a in results.values() for e in a.values())
@@ -141,7 +219,12 @@ def summarise(
     return summary
 
 
-def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def acceptance(
+    proto: Protocol,
+    results: dict[str, Any],
+    acc: dict[str, dict[str, Any]],
+    dispatch: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any] | None:
     base, cand = proto.arm("baseline"), proto.arm("candidate")
     if base is None or cand is None:
         return None
@@ -188,7 +271,15 @@ def acceptance(proto: Protocol, results: dict[str, Any], acc: dict[str, dict[str
         accepted = accepted and a_ok
     else:
         out["accuracy_ok"] = None
-    out["accepted"] = accepted
+    # an arm that did not demonstrably run its operators is not the arm it claims to be: a
+    # candidate whose kernel served no call, or a baseline that ran ours, compares nothing
+    invalid = [
+        (role, a.name) for role, a in (("baseline", base), ("candidate", cand)) if dispatch[a.name]["valid"] is False
+    ]
+    for role, name in invalid:
+        out["reasons"].append(f"{role} {name}: dispatch proof invalid ({dispatch[name]['reason']})")
+    out["dispatch_ok"] = not invalid
+    out["accepted"] = accepted and not invalid
     return out
 
 
@@ -224,6 +315,7 @@ def run_protocol(
         "base_url": proto.url(),
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
         "acceptance": {"noise_band": proto.acceptance.noise_band, "ttft_ratio_max": proto.acceptance.ttft_ratio_max},
+        "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
     }
     write_json(out / layout.PLAN, plan)
     prov: dict[str, Any] = {
@@ -247,8 +339,10 @@ def run_protocol(
     runs: list[dict[str, Any]] = []
     acc: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
+    proofs: list[LaunchProof] = []
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
+    (out / layout.RUNS).touch()  # likewise: a trial whose first launch failed still has its (empty) run table
     total = len(order) * len(proto.bench.cases) * proto.repeats
     emit("start", total=total)
     t_all = time.monotonic()
@@ -259,6 +353,7 @@ def run_protocol(
             row: dict[str, Any] = {"launch": launch, "round": rnd, "position": pos, "arm": name, "status": "running"}
             t0 = time.monotonic()
             server: Server | None = None
+            proof: LaunchProof | None = None
             try:
                 if arm.external:
                     base_url = proto.url()
@@ -272,7 +367,7 @@ def run_protocol(
                         proto.server.model_id,
                         proto.server.host,
                         proto.server.port,
-                        arm.env,
+                        server_env(arm, dispatch_dir(out, tag)),
                         proto.server.ready_timeout_s,
                         proto.server.stop_grace_s,
                     )
@@ -308,11 +403,17 @@ def run_protocol(
                             )
                         }
                         row["accuracy_s"] = time.monotonic() - t_acc
+                if server is not None:  # stopped: its processes have written their last records
+                    proof = prove_launch(out, launch, tag, arm)
                 row["status"] = "ok"
             except (LaunchError, BenchError) as e:
                 row["status"] = "error"
                 row["error"] = str(e)
                 failures.append(f"launch {launch} ({name}): {e}")
+                if server is not None:
+                    proof = prove_launch(out, launch, tag, arm)
+                    if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
+                        raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
                 raise
             except KeyboardInterrupt:
                 row["status"] = "interrupted"
@@ -322,6 +423,11 @@ def run_protocol(
                 if server is not None:
                     row.update({k: v for k, v in server.record.items()})
                     row["timings"] = dict(server.timings)
+                if proof is not None:
+                    proofs.append(proof)
+                    row["dispatch"] = asdict(proof)
+                    if not proof.valid:
+                        failures.append(f"launch {launch} ({name}): dispatch proof invalid: {proof.reason}")
                 append_jsonl(out / layout.LAUNCHES, row)
         prov["status"] = "finished"
     except KeyboardInterrupt:
@@ -336,7 +442,7 @@ def run_protocol(
         prov["timings"]["total_s"] = time.monotonic() - t_all
         write_json(out / layout.PROVENANCE, prov)
         if prov["status"] != "interrupted":
-            summary = summarise(proto, runs, acc, sha, failures)
+            summary = summarise(proto, runs, acc, sha, failures, proofs)
             write_json(out / layout.SUMMARY, summary)
             emit("done", summary=summary)
     return summary

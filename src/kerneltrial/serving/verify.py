@@ -2,7 +2,8 @@
 
 Recomputes every figure of summary.json from the raw `vllm bench serve` JSON files and the
 accuracy records, with its own arithmetic (it does not import metrics.py, trial.py or
-accuracy.py), and checks the protocol hash and the raw files' sha256. An empty list means
+accuracy.py), checks the protocol hash and the raw files' sha256, and decides each launch's
+proof of dispatch again from its call records (verify_dispatch.py). An empty list means
 everything matched.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.serving.verify_dispatch import check_dispatch
 
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
@@ -219,6 +221,9 @@ def verify_serving_run(path: Path) -> list[str]:
             if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
                 problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
 
+    launches = _read_jsonl(path / "launches.jsonl", problems)
+    dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
+
     # acceptance verdict
     acc_rule = summary.get("acceptance")
     names = {arm["role"]: arm["name"] for arm in plan["arms"]}
@@ -245,6 +250,10 @@ def verify_serving_run(path: Path) -> list[str]:
                 verdict = verdict and gain > band and ratio <= tmax
             if acc_plan is not None:
                 verdict = verdict and bool(acc_sum.get(names["candidate"], {}).get("passed"))
+            # an invalid dispatch proof of either compared arm is never ACCEPTED (docs/serving.md)
+            verdict = verdict and all(
+                dispatch_valid.get(names[role]) is not False for role in ("baseline", "candidate")
+            )
             if bool(acc_rule.get("accepted")) != verdict:
                 problems.append(f"acceptance verdict {acc_rule.get('accepted')}, recomputed {verdict}")
     return problems

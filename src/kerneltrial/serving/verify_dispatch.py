@@ -1,0 +1,167 @@
+"""verify's check of the proof of dispatch in a serving run directory.
+
+Rereads every launch's call records (launches/NN-ARM/dispatch/dispatch-PID.json), rehashes
+them, and decides again from the arm's environment in plan.json whether the launch ran what
+the arm selects; then compares with the verdicts in launches.jsonl (`dispatch`) and
+summary.json (`dispatch`). The decision is written out here from the rules in
+docs/serving.md ("Kernels inside the served model"), not imported from dispatch_proof.py or
+the plugins: a bug in the writer's rule must show up as a disagreement, not be repeated.
+Run directories from before the proof existed (no `dispatch` in plan, summary or any
+launch row) are not applicable: nothing is checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.rundir.hashing import sha256_file
+
+# The documented format: variables, labels and the operators each dispatch op runs.
+OPS_ENV, KERNELS_ENV, FL_PER_OP_ENV = "KERNELTRIAL_VLLM_OPS", "KERNELTRIAL_KERNELS", "VLLM_FL_PER_OP"
+LOG_ENV, COMPILE_CACHE_ENV = "KERNELTRIAL_DISPATCH_LOG", "VLLM_DISABLE_COMPILE_CACHE"
+OUR_MODULE, OUR_LABEL, FALLBACK_LABEL = "kerneltrial.plugins.kernels", "kerneltrial", "vllm-native"
+FL_SELECTORS = ("vendor:kerneltrial", "impl:vendor.kerneltrial")
+DISPATCH_OP_OF = {"rms_norm": "rms_norm", "fused_add_rms_norm": "rms_norm", "silu_and_mul": "silu_and_mul"}
+
+Counts = dict[tuple[str, str], tuple[int, int]]  # (kernel op, implementation) -> (calls, errors)
+
+
+@dataclass
+class Recount:
+    """verify's own verdict on one launch: `broken` lists every rule the records break."""
+
+    broken: list[str] = field(default_factory=list)
+    intended: dict[str, str] = field(default_factory=dict)
+    processes: int = 0
+    counts: Counts = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return not self.broken
+
+
+def intended(env: Mapping[str, str]) -> dict[str, str]:
+    """Dispatch op -> implementation label the environment selects; ValueError on an unknown op."""
+    module = env.get(KERNELS_ENV, "").strip() or OUR_MODULE
+    label = OUR_LABEL if module == OUR_MODULE else module
+    ops = {x.strip() for x in env.get(OPS_ENV, "").split(",") if x.strip()}
+    unknown = ops - set(DISPATCH_OP_OF.values())
+    if unknown:
+        raise ValueError(f"{OPS_ENV} names unknown op(s) {sorted(unknown)}")
+    for part in env.get(FL_PER_OP_ENV, "").split(";"):
+        op, _, order = part.partition("=")
+        tokens = [t.strip() for t in order.split("|") if t.strip()]
+        if op.strip() in DISPATCH_OP_OF.values() and tokens and tokens[0] in FL_SELECTORS:
+            ops.add(op.strip())
+    return {op: label for op in sorted(ops)}
+
+
+def recount(directory: Path, env: Mapping[str, str]) -> Recount:
+    files = sorted(directory.glob("dispatch-*.json")) if directory.is_dir() else []
+    out = Recount(files={f.name: sha256_file(f) for f in files})
+    try:
+        out.intended = intended(env)
+    except ValueError as e:
+        out.broken.append(str(e))
+        return out
+    loads: list[dict[str, Any]] = []
+    for f in files:
+        try:
+            raw = json.loads(f.read_text())
+            if raw["schema"] != 1:
+                raise ValueError(f"schema {raw['schema']!r}")
+            loads += [{"plugin": str(x["plugin"]), "error": x["error"]} for x in raw["loads"]]
+            for c in raw["counts"]:
+                n, e = out.counts.get((str(c["op"]), str(c["impl"])), (0, 0))
+                out.counts[(str(c["op"]), str(c["impl"]))] = (n + int(c["calls"]), e + int(c["errors"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            out.broken.append(f"{f.name} is not a dispatch record ({e!r})")
+            out.counts = {}
+            return out
+    out.processes = len(files)
+    out.broken += [f"plugin {x['plugin']} failed to load: {x['error']}" for x in loads if x["error"]]
+    if out.intended and not files:
+        out.broken.append("no dispatch records although the arm selects kerneltrial kernels")
+    for (op, impl), (n, e) in sorted(out.counts.items()):
+        if impl == FALLBACK_LABEL:
+            out.broken.append(f"{op}: {n} layer(s) fell back to vLLM's own code")
+        if e:
+            out.broken.append(f"{op}: {e} call(s) of {impl} raised")
+        if n and out.intended.get(DISPATCH_OP_OF.get(op, op)) != impl:
+            out.broken.append(f"{op}: {n} call(s) of {impl}, which the arm does not select")
+    for op, label in out.intended.items():
+        if not sum(n for (o, i), (n, _) in out.counts.items() if i == label and DISPATCH_OP_OF.get(o) == op):
+            out.broken.append(f"{op}: the selected {label} served no call")
+    return out
+
+
+def _counts_of(rows: Any) -> Counts:
+    return {(str(r["op"]), str(r["impl"])): (int(r["calls"]), int(r["errors"])) for r in rows or []}
+
+
+def check_dispatch(
+    path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], problems: list[str]
+) -> dict[str, bool | None]:
+    """Append the dispatch problems; return each arm's recomputed validity (empty: not applicable)."""
+    if not ("dispatch" in plan or "dispatch" in summary or any("dispatch" in r for r in launches)):
+        return {}
+    arms = {a["name"]: a for a in plan["arms"]}
+    by_launch = {r.get("launch"): r for r in launches}
+    per_arm: dict[str, list[Recount]] = {name: [] for name in arms}
+    for entry in plan["launches"]:
+        i, name = entry["launch"], entry["arm"]
+        row = by_launch.get(i)
+        if not arms[name]["argv"] or row is None:  # an external server, or the trial stopped before
+            continue
+        where = f"launch {i} ({name})"
+        got = row.get("dispatch")
+        if not isinstance(got, dict):
+            problems.append(f"{where}: launches.jsonl has no dispatch verdict")
+            continue
+        rel = f"launches/{i:02d}-{name}/dispatch"
+        r = recount(path / rel, arms[name].get("env", {}))
+        per_arm[name].append(r)
+        if got.get("dir") != rel:
+            problems.append(f"{where}: dispatch dir {got.get('dir')!r}, expected {rel!r}")
+        if got.get("files") != r.files:
+            problems.append(f"{where}: dispatch record files or their sha256 differ from launches.jsonl")
+        if got.get("valid") != r.valid:
+            why = "; ".join(r.broken) or "no rule broken"
+            problems.append(f"{where}: dispatch verdict valid={got.get('valid')}, recomputed {r.valid} ({why})")
+        if got.get("processes") != r.processes:
+            problems.append(f"{where}: dispatch processes {got.get('processes')}, recounted {r.processes}")
+        if _counts_of(got.get("counts")) != r.counts:
+            problems.append(f"{where}: dispatch counts {got.get('counts')} differ from the records' {r.counts}")
+        if got.get("intended") != r.intended:
+            problems.append(f"{where}: dispatch intended {got.get('intended')}, recomputed {r.intended}")
+        env = row.get("env_set", {})
+        if Path(env.get(LOG_ENV, "")).parts[-3:] != Path(rel).parts:
+            problems.append(f"{where}: the server's {LOG_ENV} {env.get(LOG_ENV)!r} is not {rel}")
+        if env.get(COMPILE_CACHE_ENV) != arms[name].get("env", {}).get(COMPILE_CACHE_ENV, "1"):
+            problems.append(f"{where}: the server ran with {COMPILE_CACHE_ENV}={env.get(COMPILE_CACHE_ENV)!r}")
+    validity: dict[str, bool | None] = {}
+    recorded = summary.get("dispatch") or {}
+    for name, arm in arms.items():
+        rs = per_arm[name]
+        validity[name] = None if not arm["argv"] else bool(rs) and all(r.valid for r in rs)
+        total: Counts = {}
+        for r in rs:
+            for k, (n, e) in r.counts.items():
+                n0, e0 = total.get(k, (0, 0))
+                total[k] = (n0 + n, e0 + e)
+        s = recorded.get(name)
+        if not isinstance(s, dict):
+            problems.append(f"summary.json has no dispatch entry for arm {name}")
+            continue
+        if s.get("valid") != validity[name]:
+            problems.append(f"summary dispatch {name}: valid={s.get('valid')}, recomputed {validity[name]}")
+        if _counts_of(s.get("counts")) != total:
+            problems.append(f"summary dispatch {name}: counts {s.get('counts')} differ from the records' {total}")
+    if any(v is False for v in validity.values()) and summary.get("status") == "ok":
+        problems.append("summary status ok although an arm's dispatch proof is invalid")
+    return validity
