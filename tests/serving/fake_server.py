@@ -7,7 +7,9 @@
 with code 3. /v1/completions streams max_tokens chunks like vLLM (and a usage chunk);
 /v1/chat/completions answers --answer. --die-after N: the process exits (code 9) when the
 N-th completion request arrives. --spawn-child starts a sleeping child in the same process
-group (to check that the whole group is stopped).
+group (to check that the whole group is stopped). With KERNELTRIAL_DISPATCH_LOG set (the
+trial sets it) it writes the call record kerneltrial's vLLM plugin would write for the ops
+KERNELTRIAL_VLLM_OPS selects (the only import outside the standard library).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 ARGS: argparse.Namespace
 COUNT = 0
@@ -93,6 +96,23 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+def write_dispatch_record() -> None:
+    """What a server with kerneltrial's vLLM plugin leaves in KERNELTRIAL_DISPATCH_LOG: the
+    plugin loaded for the operators the arm selects (KERNELTRIAL_VLLM_OPS), each of their
+    kernels served by ours. Nothing when the arm selects none (a baseline)."""
+    from kerneltrial.plugins import DISPATCH_OPS, LOG_ENV, OPS_ENV, OUR_KERNELS, OURS, parse_ops
+    from kerneltrial.plugins.records import OpCount, PluginLoad, ProcessRecord
+
+    ops = parse_ops(os.environ.get(OPS_ENV, ""))
+    if not ops or not os.environ.get(LOG_ENV):
+        return
+    counts = tuple(OpCount(k, OURS, 8, 0) for op in ops for k in DISPATCH_OPS[op])
+    record = ProcessRecord(os.getpid(), time.time(), (PluginLoad("vllm_oot", OUR_KERNELS, ops),), counts)
+    directory = Path(os.environ[LOG_ENV])
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"dispatch-{os.getpid()}.json").write_text(record.to_json())
+
+
 def main() -> None:
     global ARGS
     ap = argparse.ArgumentParser()
@@ -114,6 +134,7 @@ def main() -> None:
         sys.exit(3)
     if ARGS.ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    write_dispatch_record()
     if ARGS.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

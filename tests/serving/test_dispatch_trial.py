@@ -32,7 +32,8 @@ CASE = "in32-out8-c2-n4"
 # its failure and raises (vLLM does not catch it, so the server exits before it is ready). It
 # fails here on the bad kernels module, or (without vLLM in this venv) on importing vLLM.
 REGISTER = "from kerneltrial.plugins.vllm_oot import register; register()"
-BAD_E1 = {"TRITON_INTERPRET": "1", "KERNELTRIAL_VLLM_OPS": "rms_norm", "KERNELTRIAL_KERNELS": "no_such_module.kernels"}
+SHARED = {"TRITON_INTERPRET": "1"}  # every arm: arms may differ only in operator selection
+BAD_E1 = {"KERNELTRIAL_VLLM_OPS": "rms_norm", "KERNELTRIAL_KERNELS": "no_such_module.kernels"}
 
 
 def protocol(e1_env: dict[str, str], seed: int = 0, port: int = 8000) -> tuple[Protocol, str]:
@@ -48,7 +49,7 @@ def protocol(e1_env: dict[str, str], seed: int = 0, port: int = 8000) -> tuple[P
         "[bench]",
         "cases = [[32, 8, 2, 4]]",
     ]
-    for name, role, env in (("E0", "baseline", {}), ("E1", "candidate", e1_env)):
+    for name, role, env in (("E0", "baseline", SHARED), ("E1", "candidate", {**SHARED, **e1_env})):
         lines += [
             "[[arms]]",
             f'name = "{name}"',

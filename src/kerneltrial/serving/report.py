@@ -489,8 +489,8 @@ def acceptance_lines(run: ServingRun) -> list[str]:
     if recorded is not None:
         out += [
             "",
-            f"The trial's own verdict (summary.json, {recorded.candidate} against {recorded.baseline}, without the "
-            f"dispatch proof): {'ACCEPTED' if recorded.accepted else 'REJECTED'}.",
+            f"The trial's own verdict (summary.json, {recorded.candidate} against {recorded.baseline}): "
+            f"{'ACCEPTED' if recorded.accepted else 'REJECTED'}.",
         ]
     for arm in others:
         parts = parts_of(run, arm)
