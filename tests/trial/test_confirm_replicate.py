@@ -15,12 +15,14 @@ import tomli_w
 from typer.testing import CliRunner
 
 from kerneltrial.analysis.dispatch import derive_rule, sha256_file
+from kerneltrial.analysis.links import Links
+from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.cli import app
 from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.trial import protocol as proto
-from kerneltrial.trial.confirm import write_confirmation
-from tests.analysis.rundir_factory import RunSpec, write_checked_run
+from kerneltrial.trial.confirm import check_confirmation, write_confirmation
+from tests.analysis.rundir_factory import RunSpec, seal, write_checked_run, write_run_dir
 
 CASE = "2x3x128/contiguous/bfloat16"
 ARMS = [
@@ -60,6 +62,41 @@ def chain(tmp_path: Path) -> dict[str, Path]:
     confirm = tmp_path / "confirm.toml"
     write_confirmation(rule, kernel, confirm, seeds=[2])
     return {"explore": explore, "module": kernel, "rule": rule, "confirm": confirm, "root": tmp_path}
+
+
+def confirmation_run(chain: dict[str, Path], name: str = "confirmation-run", passed: bool = True) -> Path:
+    """A finished, verifiable synthetic run of the chain's confirmation protocol (seed 2), written
+    as the runner writes one: provenance records the module's sha256 and the links rebased to
+    the run directory. The one candidate wins (`passed`) or loses to the control."""
+    arm = "user:zimage_qk_rmsnorm"
+    confirm = tomllib.loads(chain["confirm"].read_text())
+    spec = RunSpec(
+        op="zimage_qk_rmsnorm",
+        cases=[CASE],
+        arms=[ARMS[0], {"name": arm, "kind": "candidate", "available": True, "reason": None}],
+        seeds=[2],
+        rounds=2,
+        l2="hot",
+        resamples=200,
+        failures=set(),
+        gate="no_loss",
+        per_call=lambda case, a, seed, rnd: (600.0 if passed else 1500.0) + rnd if a == arm else 1000.0 + rnd,
+        protocol_edit=lambda protocol: protocol.update(
+            {key: confirm[key] for key in ("phase", "impl_modules", "exploratory_seeds", "rule", "derived_from")}
+        ),
+        checks=1,
+    )
+    run = chain["root"] / "results" / name
+    write_run_dir(run, spec)
+    links = Links.from_record(confirm)
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance |= {
+        "impl_modules": {"submission/zimage_qk_rmsnorm.py": sha256_file(chain["module"])},
+        "confirmation": links.rebased(chain["root"], run).record(),
+    }
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    write_summary(run)
+    return seal(run)
 
 
 def rewrite(path: Path, **fields: object) -> None:
@@ -125,6 +162,68 @@ def test_run_refuses_links_that_do_not_resolve(chain, edit):
     proto.freeze(chain["confirm"])
     code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
     assert code == 2 and expected in output, output
+
+
+@pytest.mark.parametrize("edit", ["plan edited", "plan missing"])
+def test_run_refuses_a_linked_plan_that_does_not_hash_as_its_summary(chain, edit):
+    """Seed freshness rests on the linked run's summary.json (hashed by the link), not on an
+    unhashed plan.json: an edited plan cannot hide seed 1, a missing one is not skipped."""
+    plan = chain["explore"] / "plan.json"
+    if edit == "plan edited":
+        plan.write_text(json.dumps(json.loads(plan.read_text()) | {"seeds": [0]}))  # hides seed 1
+        expected = "plan.json hashes to"
+    else:
+        plan.unlink()
+        expected = "has no plan.json; its seeds cannot be checked"
+    rewrite(chain["confirm"], seeds=[1], exploratory_seeds=[0])
+    proto.freeze(chain["confirm"])
+    with pytest.raises(proto.ProtocolError, match=expected):
+        check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
+    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert code == 2 and expected in output, output
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"candidates": ["packed_r16_w8"]}, "so its one candidate is user:zimage_qk_rmsnorm"),
+        (
+            {"impl_modules": ["submission/zimage_qk_rmsnorm.py", "kerneltrial.ops.rms_norm"]},
+            "a confirmation loads exactly one user module",
+        ),
+    ],
+)
+def test_run_refuses_a_confirmation_of_another_arm_than_the_linked_dispatcher(chain, fields, expected):
+    rewrite(chain["confirm"], **fields)
+    proto.freeze(chain["confirm"])
+    with pytest.raises(proto.ProtocolError, match=expected):
+        check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
+
+
+def test_verify_checks_the_confirmation_candidate_and_the_linked_plan(chain):
+    """verify repeats run's refusals on a finished confirmation run: a linked plan.json edited
+    or removed afterwards, a second user module beside the dispatcher."""
+    run = confirmation_run(chain)
+    assert verify_run_dir(run).ok
+    plan = chain["explore"] / "plan.json"
+    original = plan.read_text()
+    plan.write_text(json.dumps(json.loads(original) | {"seeds": [0]}))
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert set(failed) == {"confirmation seeds fresh"} and "plan.json hashes to" in failed["confirmation seeds fresh"]
+    plan.unlink()
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert "has no plan.json; its seeds cannot be checked" in failed["confirmation seeds fresh"]
+    plan.write_text(original)
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance["impl_modules"]["kerneltrial.ops.rms_norm"] = "0" * 64
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    seal(run)
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert set(failed) == {"confirmation candidate"}, failed
+    assert (
+        "a confirmation has one user module, its `user:<stem>` arm as the one candidate"
+        in failed["confirmation candidate"]
+    )
 
 
 def test_confirm_refuses_a_rule_the_module_does_not_load(chain):
