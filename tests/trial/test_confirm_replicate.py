@@ -8,99 +8,23 @@ from __future__ import annotations
 import json
 import shutil
 import tomllib
-from pathlib import Path
 
 import pytest
-import tomli_w
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.dispatch import derive_rule, sha256_file
-from kerneltrial.analysis.links import Links
-from kerneltrial.analysis.summary import write_summary
+from kerneltrial.analysis.dispatch import sha256_file
+from kerneltrial.analysis.replicates import cross_run, table_problems, write_table
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.cli import app
-from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.confirm import check_confirmation, write_confirmation
-from tests.analysis.rundir_factory import RunSpec, seal, write_checked_run, write_run_dir
+from tests.analysis.rundir_factory import seal
+from tests.conftest import REPO
+from tests.trial import confirmation_chain
+from tests.trial.confirmation_chain import CASE, confirmation_run, rewrite
 
-CASE = "2x3x128/contiguous/bfloat16"
-ARMS = [
-    {"name": name, "kind": "control" if name == "control" else "candidate", "available": True, "reason": None}
-    for name in ("control", "packed_r4_w4", "packed_r16_w8")
-]
+chain = confirmation_chain.chain  # the fixture
 cli = CliRunner()
-
-
-def explore_settings(protocol: dict) -> None:
-    protocol.update(calls_per_sample=1, warmup=1)  # what the confirmation copies: tiny on a CPU
-
-
-@pytest.fixture
-def chain(tmp_path: Path) -> dict[str, Path]:
-    """An exploratory run of zimage_qk_rmsnorm (synthetic, seeds 0 and 1), the dispatcher module
-    copied with the rule derived from that run, and the confirmation protocol written for it."""
-    spec = RunSpec(
-        op="zimage_qk_rmsnorm",
-        cases=[CASE],
-        arms=ARMS,
-        seeds=[0, 1],
-        rounds=2,
-        l2="hot",
-        resamples=200,
-        failures=set(),
-        gate="no_loss",
-        per_call=lambda case, arm, seed, rnd: {"control": 1000.0, "packed_r4_w4": 800.0}.get(arm, 600.0) + rnd,
-        protocol_edit=explore_settings,
-    )
-    explore = write_checked_run(tmp_path / "results" / "explore", spec)
-    kernel = tmp_path / "submission" / "zimage_qk_rmsnorm.py"
-    kernel.parent.mkdir()
-    shutil.copyfile(module.__file__, kernel)
-    rule = kernel.with_name("zimage_qk_rmsnorm.rule.toml")
-    derive_rule([explore], rule)
-    confirm = tmp_path / "confirm.toml"
-    write_confirmation(rule, kernel, confirm, seeds=[2])
-    return {"explore": explore, "module": kernel, "rule": rule, "confirm": confirm, "root": tmp_path}
-
-
-def confirmation_run(chain: dict[str, Path], name: str = "confirmation-run", passed: bool = True) -> Path:
-    """A finished, verifiable synthetic run of the chain's confirmation protocol (seed 2), written
-    as the runner writes one: provenance records the module's sha256 and the links rebased to
-    the run directory. The one candidate wins (`passed`) or loses to the control."""
-    arm = "user:zimage_qk_rmsnorm"
-    confirm = tomllib.loads(chain["confirm"].read_text())
-    spec = RunSpec(
-        op="zimage_qk_rmsnorm",
-        cases=[CASE],
-        arms=[ARMS[0], {"name": arm, "kind": "candidate", "available": True, "reason": None}],
-        seeds=[2],
-        rounds=2,
-        l2="hot",
-        resamples=200,
-        failures=set(),
-        gate="no_loss",
-        per_call=lambda case, a, seed, rnd: (600.0 if passed else 1500.0) + rnd if a == arm else 1000.0 + rnd,
-        protocol_edit=lambda protocol: protocol.update(
-            {key: confirm[key] for key in ("phase", "impl_modules", "exploratory_seeds", "rule", "derived_from")}
-        ),
-        checks=1,
-    )
-    run = chain["root"] / "results" / name
-    write_run_dir(run, spec)
-    links = Links.from_record(confirm)
-    provenance = json.loads((run / "provenance.json").read_text())
-    provenance |= {
-        "impl_modules": {"submission/zimage_qk_rmsnorm.py": sha256_file(chain["module"])},
-        "confirmation": links.rebased(chain["root"], run).record(),
-    }
-    (run / "provenance.json").write_text(json.dumps(provenance))
-    write_summary(run)
-    return seal(run)
-
-
-def rewrite(path: Path, **fields: object) -> None:
-    path.write_text(tomli_w.dumps({**tomllib.loads(path.read_text()), **fields}))
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -243,7 +167,7 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
     code, output = run_cli("replicate", str(chain["confirm"]), "--runs", "2", "--out", str(out))
     assert code in (0, 1), output
     table = json.loads((out / "replicates.json").read_text())
-    assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2]
+    assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2] and table["requested_runs"] == 2
     (row,) = table["cases"]
     assert (row["case"], row["arm"]) == (CASE, "user:zimage_qk_rmsnorm")
     assert len(row["verdicts"]) == 2 and row["wins"] == sum(v == "win" for v in row["verdicts"])
@@ -274,3 +198,30 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
 
     (out / "replicates.json").write_text((out / "replicates.json").read_text().replace('"wins": ', '"wins": 1'))
     assert "cross-run table" in {c.name for c in verify_run_dir(out).failures}
+
+
+COMMITTED_REPLICATES = REPO / "results" / "h200" / "zimage_qk_rmsnorm-confirm-replicates"
+
+
+@pytest.mark.parametrize("plant", ["none", "gap", "run left out"])
+def test_a_replicate_table_cannot_leave_a_run_out(tmp_path, plant):
+    """The committed table (replicates/1, N from the run directories) checks out; a table made
+    after dropping run-2 (run-3 renamed into the gap: order seeds 1, 3) or one that leaves run-3
+    on disk outside it is caught."""
+    root = tmp_path / "reps"
+    shutil.copytree(COMMITTED_REPLICATES, root)
+    if plant == "gap":
+        shutil.rmtree(root / "run-2")
+        (root / "run-3").rename(root / "run-2")
+        write_table(root, cross_run(root, 2))
+        expected = "order seeds [1, 3] are not [1, 2]"
+    elif plant == "run left out":
+        (root / "run-3").rename(tmp_path / "aside")
+        write_table(root, cross_run(root, 2))
+        (tmp_path / "aside").rename(root / "run-3")
+        expected = "covers runs ['run-1', 'run-2'] of 2 requested, the directory holds ['run-1', 'run-2', 'run-3']"
+    problems = table_problems(root)
+    if plant == "none":
+        assert problems == []
+    else:
+        assert len(problems) == 1 and expected in problems[0], problems
