@@ -163,15 +163,59 @@ def test_a_default_naming_a_module_constant_is_read_as_its_literal():
     """`eps=EPS` with `EPS = 1e-6` at the top level is the interface's default (our dispatcher
     modules write it so); a constant of another value, or one bound twice, is not."""
     ok = b"EPS = 1e-6\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
-    assert inspect_archive(zip_of(("m.py", ok)), "s.zip", OPERATORS).op == "rmsnorm"
+    assert inspect_archive(build({"m.py": ok}), "s.zip", OPERATORS).op == "rmsnorm"
     wrong = b"EPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
     assert "parameter eps of rmsnorm(x, weight, eps=EPS) has another default" in rejection(zip_of(("m.py", wrong)))
     rebound = b"EPS = 1e-6\nEPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
     assert "has another default" in rejection(zip_of(("m.py", rebound)))
 
 
+def _prepended() -> bytes:
+    """A ZIP holding sneaky.py in front of a good archive: Python reads only the central
+    directory at the end, a streaming (local-header) reader lists sneaky.py too."""
+    return zip_of(("sneaky.py", b"import os\n")) + build({"good_rmsnorm.py": GOOD_SOURCE})
+
+
+def _commented() -> bytes:
+    buffer = io.BytesIO(build({"good_rmsnorm.py": GOOD_SOURCE}))
+    with zipfile.ZipFile(buffer, "a") as archive:
+        archive.comment = b"hello"
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (_prepended(), "not the archive `kerneltrial package` builds from its entries"),
+        (_commented(), "not the archive `kerneltrial package` builds from its entries"),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "helper.pyc": b"x"}), "entry 'helper.pyc' is not a data file"),
+        (
+            build({"good_rmsnorm.py": GOOD_SOURCE, "helper.cpython-311-x86_64-linux-gnu.so": b"x"}),
+            "entry 'helper.cpython-311-x86_64-linux-gnu.so' is not a data file",
+        ),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "helper.pyd": b"x"}), "entry 'helper.pyd' is not a data file"),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "A.txt": b"", "a.txt": b""}), "differ only in case"),
+        (
+            build({"m.py": b"async def rmsnorm(x, weight, eps=1e-6):\n    return x\n"}),
+            "entry point rmsnorm is `async def`",
+        ),
+        (build({"m.py": GOOD_SOURCE + b"\nrmsnorm = print\n"}), "binds rmsnorm 2 times at the top level"),
+        (
+            build({"m.py": GOOD_SOURCE + b"\nzimage_qk_rmsnorm = rmsnorm\n"}),
+            "also defines zimage_qk_rmsnorm, named after another operator",
+        ),
+    ],
+    ids=["prepended", "comment", "pyc", "so", "pyd", "case", "async", "rebound", "alias"],
+)
+def test_inspect_rejects_what_another_reader_or_importer_would_see_differently(data, reason):
+    assert reason in rejection(data, op="rmsnorm")
+    assert (
+        inspect_archive(build({"good_rmsnorm.py": GOOD_SOURCE, "r.rule.toml": b""}), "s.zip", OPERATORS).op == "rmsnorm"
+    )
+
+
 def test_inspect_finds_the_operator_when_none_is_named():
-    found = inspect_archive(zip_of(("good_rmsnorm.py", GOOD_SOURCE)), "s.zip", OPERATORS)
+    found = inspect_archive(build({"good_rmsnorm.py": GOOD_SOURCE}), "s.zip", OPERATORS)
     assert (found.op, found.module) == ("rmsnorm", "good_rmsnorm.py")
     assert "exactly one top-level function named after an operator; found none" in rejection(
         zip_of(("m.py", b"def f(x):\n    return x\n")), op=None
