@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
+import re
 import stat
 import warnings
 import zipfile
@@ -25,13 +25,17 @@ from kerneltrial.submission.archive import (
     build,
     inspect_archive,
 )
-from kerneltrial.submission.receipt import Receipt
+from kerneltrial.submission.package import confirmed_run
+from kerneltrial.submission.receipt import FileRecord, Receipt
 from tests.conftest import REPO
+from tests.trial import confirmation_chain
+from tests.trial.confirmation_chain import confirmation_run
 
 GOOD = REPO / "tests" / "fixtures" / "good_rmsnorm.py"
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 OPERATORS = {o.name: o.signature for o in all_ops()}
 runner = CliRunner()
+chain = confirmation_chain.chain  # the fixture
 
 # A module that reads a data file beside it at import, as the derived dispatchers read their rule.
 RULED = '''"""rmsnorm whose epsilon floor comes from the rule file beside it."""
@@ -159,15 +163,59 @@ def test_a_default_naming_a_module_constant_is_read_as_its_literal():
     """`eps=EPS` with `EPS = 1e-6` at the top level is the interface's default (our dispatcher
     modules write it so); a constant of another value, or one bound twice, is not."""
     ok = b"EPS = 1e-6\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
-    assert inspect_archive(zip_of(("m.py", ok)), "s.zip", OPERATORS).op == "rmsnorm"
+    assert inspect_archive(build({"m.py": ok}), "s.zip", OPERATORS).op == "rmsnorm"
     wrong = b"EPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
     assert "parameter eps of rmsnorm(x, weight, eps=EPS) has another default" in rejection(zip_of(("m.py", wrong)))
     rebound = b"EPS = 1e-6\nEPS = 1e-5\n\ndef rmsnorm(x, weight, eps=EPS):\n    return x\n"
     assert "has another default" in rejection(zip_of(("m.py", rebound)))
 
 
+def _prepended() -> bytes:
+    """A ZIP holding sneaky.py in front of a good archive: Python reads only the central
+    directory at the end, a streaming (local-header) reader lists sneaky.py too."""
+    return zip_of(("sneaky.py", b"import os\n")) + build({"good_rmsnorm.py": GOOD_SOURCE})
+
+
+def _commented() -> bytes:
+    buffer = io.BytesIO(build({"good_rmsnorm.py": GOOD_SOURCE}))
+    with zipfile.ZipFile(buffer, "a") as archive:
+        archive.comment = b"hello"
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (_prepended(), "not the archive `kerneltrial package` builds from its entries"),
+        (_commented(), "not the archive `kerneltrial package` builds from its entries"),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "helper.pyc": b"x"}), "entry 'helper.pyc' is not a data file"),
+        (
+            build({"good_rmsnorm.py": GOOD_SOURCE, "helper.cpython-311-x86_64-linux-gnu.so": b"x"}),
+            "entry 'helper.cpython-311-x86_64-linux-gnu.so' is not a data file",
+        ),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "helper.pyd": b"x"}), "entry 'helper.pyd' is not a data file"),
+        (build({"good_rmsnorm.py": GOOD_SOURCE, "A.txt": b"", "a.txt": b""}), "differ only in case"),
+        (
+            build({"m.py": b"async def rmsnorm(x, weight, eps=1e-6):\n    return x\n"}),
+            "entry point rmsnorm is `async def`",
+        ),
+        (build({"m.py": GOOD_SOURCE + b"\nrmsnorm = print\n"}), "binds rmsnorm 2 times at the top level"),
+        (
+            build({"m.py": GOOD_SOURCE + b"\nzimage_qk_rmsnorm = rmsnorm\n"}),
+            "also defines zimage_qk_rmsnorm, named after another operator",
+        ),
+    ],
+    ids=["prepended", "comment", "pyc", "so", "pyd", "case", "async", "rebound", "alias"],
+)
+def test_inspect_rejects_what_another_reader_or_importer_would_see_differently(data, reason):
+    assert reason in rejection(data, op="rmsnorm")
+    assert (
+        inspect_archive(build({"good_rmsnorm.py": GOOD_SOURCE, "r.rule.toml": b""}), "s.zip", OPERATORS).op == "rmsnorm"
+    )
+
+
 def test_inspect_finds_the_operator_when_none_is_named():
-    found = inspect_archive(zip_of(("good_rmsnorm.py", GOOD_SOURCE)), "s.zip", OPERATORS)
+    found = inspect_archive(build({"good_rmsnorm.py": GOOD_SOURCE}), "s.zip", OPERATORS)
     assert (found.op, found.module) == ("rmsnorm", "good_rmsnorm.py")
     assert "exactly one top-level function named after an operator; found none" in rejection(
         zip_of(("m.py", b"def f(x):\n    return x\n")), op=None
@@ -206,28 +254,68 @@ def test_the_cli_inspect_exits_1_with_one_line_and_0_when_accepted(tmp_path):
     assert invoke("inspect", tmp_path / "absent.zip")[0] == 2
 
 
-def confirmed_run(run: Path, modules: dict[str, str], op: str = "rmsnorm") -> Path:
-    """A minimal run directory: what the runner records of the user modules it loaded."""
-    run.mkdir()
-    (run / "provenance.json").write_text(json.dumps({"impl_modules": modules}))
-    (run / "plan.json").write_text(json.dumps({"op": op}))
-    return run
+def test_package_refuses_what_its_confirmation_run_did_not_confirm(chain, tmp_path):
+    """--confirmed takes a finished confirmation run that verifies and passed the module's arm,
+    of these very module and rule bytes; anything else is refused (exit 1) before packaging."""
+    module, rule = chain["module"], chain["rule"]
+    run = confirmation_run(chain)
+    out = tmp_path / "s.zip"
+
+    def refused(*args: str | Path, module: Path = module, data: Path | None = rule) -> str:
+        code, output = invoke(
+            "package", "zimage_qk_rmsnorm", module, "--out", out, *args, *(["--data", data] if data else [])
+        )
+        assert code == 1 and not out.exists(), output
+        return output
+
+    swapped = tmp_path / "swap" / rule.name  # every branch and the default pick the control
+    swapped.parent.mkdir()
+    swapped.write_text(re.sub(r'(?m)^(default|arm) = ".*"$', r'\1 = "control"', rule.read_text()))
+    assert swapped.read_bytes() != rule.read_bytes()
+    assert "the archived rule is not the rule that run confirmed" in refused("--confirmed", run, data=swapped)
+    assert f"pack it: --data {rule.name}" in refused("--confirmed", run, data=None)
+    edited = tmp_path / "edit" / module.name
+    edited.parent.mkdir()
+    edited.write_bytes(module.read_bytes() + b"# edited\n")
+    assert "the archived code is not the code that run confirmed" in refused("--confirmed", run, module=edited)
+    assert "is an exploratory run without confirmation links" in refused("--confirmed", chain["explore"])
+    lost = confirmation_run(chain, "lost", passed=False)
+    assert "user:zimage_qk_rmsnorm did not pass the gate (no_loss)" in refused("--confirmed", lost)
+    unverified = confirmation_run(chain, "unverified")
+    summary = unverified / "summary.json"
+    summary.write_text(summary.read_text().replace('"tie_band": 0.02', '"tie_band": 0.03'))
+    assert f"{unverified} does not verify (" in refused("--confirmed", unverified)
+    (unverified / "summary.json").unlink()
+    assert "did not finish (no summary.json)" in refused("--confirmed", unverified)
 
 
-def test_package_refuses_code_that_differs_from_the_confirmed_module(tmp_path):
-    digest = hashlib.sha256(GOOD_SOURCE).hexdigest()
-    recorded = "0" * 64
-    run = confirmed_run(tmp_path / "a", {"../kernels/good_rmsnorm.py": recorded})
-    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", run)
-    assert code == 1, output
-    assert f"has sha256 {digest}, but {run} tested ../kernels/good_rmsnorm.py with sha256 {recorded}" in output
-    assert not (tmp_path / "s.zip").exists() and not (tmp_path / "s.receipt.json").exists()
-    other = confirmed_run(tmp_path / "b", {"other.py": digest})
-    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", other)
-    assert code == 1 and "ran no module named good_rmsnorm.py (its user modules: other.py)" in output
-    wrong_op = confirmed_run(tmp_path / "c", {}, op="silu_and_mul")
-    code, output = invoke("package", "rmsnorm", GOOD, "--out", tmp_path / "s.zip", "--confirmed", wrong_op)
-    assert code == 1 and "is a run of silu_and_mul, not rmsnorm" in output
+def test_the_confirmed_run_record_names_phase_gate_and_rule(chain, tmp_path):
+    run = confirmation_run(chain)
+    packed = {p.name: p.read_bytes() for p in (chain["module"], chain["rule"])}
+    record = confirmed_run(run, chain["module"], packed, "zimage_qk_rmsnorm", tmp_path / "ship")
+    assert (record.phase, record.arm, record.gate, record.gate_passed) == (
+        "confirmation",
+        "user:zimage_qk_rmsnorm",
+        "no_loss",
+        True,
+    )
+    assert record.rule == FileRecord.of(chain["rule"].name, packed[chain["rule"].name])
+    assert record.module_sha256 == hashlib.sha256(packed[chain["module"].name]).hexdigest()
+    assert record.run_dir == "../results/confirmation-run"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["absent.py", "--out", "s.zip"], "absent.py is not a file"),
+        ([GOOD, "--out", "s.tar"], "must end in .zip"),
+        ([GOOD, "--out", "s.zip", "--confirmed", "absent-run"], "is not a run directory"),
+    ],
+)
+def test_package_exits_2_on_bad_input(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, output = invoke("package", "rmsnorm", *args)
+    assert code == 2 and message in output, output
 
 
 def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
@@ -247,12 +335,8 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     module, rule = tmp_path / "ruled_rmsnorm.py", tmp_path / "ruled_rmsnorm.rule.toml"
     module.write_text(RULED)
     rule.write_text("eps_floor = 0.0\n")
-    digest = hashlib.sha256(module.read_bytes()).hexdigest()
-    run = confirmed_run(tmp_path / "confirm-run", {"ruled_rmsnorm.py": digest})
     out = tmp_path / "ship" / "submission.zip"
-    code, output = invoke(
-        "package", "rmsnorm", module, "--out", out, "--data", rule, "--confirmed", run, "--target", "ascend"
-    )
+    code, output = invoke("package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend")
     assert code == 0, output
     assert "interface check passed on cpu: 20 gate checks, every launch within the ascend limits" in output
     receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
@@ -262,7 +346,7 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
         ("ruled_rmsnorm.rule.toml", len("eps_floor = 0.0\n")),
     ]
     assert receipt.archive.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
-    assert receipt.tested_in[0].run_dir == "../confirm-run" and receipt.tested_in[0].module_sha256 == digest
+    assert receipt.tested_in == []
     assert receipt.interface_check.target == "ascend" and receipt.kerneltrial_version
     receipt_file = tmp_path / "ship" / "submission.receipt.json"
     assert invoke("inspect", out, "--receipt", receipt_file)[0] == 0
@@ -271,7 +355,7 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     code, output = invoke("inspect", tampered, "--receipt", receipt_file)
     assert code == 1 and "receipt mismatch: ruled_rmsnorm.py has sha256" in output, output
     code, output = invoke("package", "rmsnorm", module, "--out", out)
-    assert code == 1 and "exists; a package is never overwritten" in output
+    assert code == 2 and "exists; a package is never overwritten" in output
 
 
 @pytest.mark.slow

@@ -8,62 +8,23 @@ from __future__ import annotations
 import json
 import shutil
 import tomllib
-from pathlib import Path
 
 import pytest
-import tomli_w
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.dispatch import derive_rule, sha256_file
+from kerneltrial.analysis.dispatch import sha256_file
+from kerneltrial.analysis.replicates import cross_run, table_problems, write_table
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.cli import app
-from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.trial import protocol as proto
-from kerneltrial.trial.confirm import write_confirmation
-from tests.analysis.rundir_factory import RunSpec, write_checked_run
+from kerneltrial.trial.confirm import check_confirmation, write_confirmation
+from tests.analysis.rundir_factory import seal
+from tests.conftest import REPO
+from tests.trial import confirmation_chain
+from tests.trial.confirmation_chain import CASE, confirmation_run, rewrite
 
-CASE = "2x3x128/contiguous/bfloat16"
-ARMS = [
-    {"name": name, "kind": "control" if name == "control" else "candidate", "available": True, "reason": None}
-    for name in ("control", "packed_r4_w4", "packed_r16_w8")
-]
+chain = confirmation_chain.chain  # the fixture
 cli = CliRunner()
-
-
-def explore_settings(protocol: dict) -> None:
-    protocol.update(calls_per_sample=1, warmup=1)  # what the confirmation copies: tiny on a CPU
-
-
-@pytest.fixture
-def chain(tmp_path: Path) -> dict[str, Path]:
-    """An exploratory run of zimage_qk_rmsnorm (synthetic, seeds 0 and 1), the dispatcher module
-    copied with the rule derived from that run, and the confirmation protocol written for it."""
-    spec = RunSpec(
-        op="zimage_qk_rmsnorm",
-        cases=[CASE],
-        arms=ARMS,
-        seeds=[0, 1],
-        rounds=2,
-        l2="hot",
-        resamples=200,
-        failures=set(),
-        gate="no_loss",
-        per_call=lambda case, arm, seed, rnd: {"control": 1000.0, "packed_r4_w4": 800.0}.get(arm, 600.0) + rnd,
-        protocol_edit=explore_settings,
-    )
-    explore = write_checked_run(tmp_path / "results" / "explore", spec)
-    kernel = tmp_path / "submission" / "zimage_qk_rmsnorm.py"
-    kernel.parent.mkdir()
-    shutil.copyfile(module.__file__, kernel)
-    rule = kernel.with_name("zimage_qk_rmsnorm.rule.toml")
-    derive_rule([explore], rule)
-    confirm = tmp_path / "confirm.toml"
-    write_confirmation(rule, kernel, confirm, seeds=[2])
-    return {"explore": explore, "module": kernel, "rule": rule, "confirm": confirm, "root": tmp_path}
-
-
-def rewrite(path: Path, **fields: object) -> None:
-    path.write_text(tomli_w.dumps({**tomllib.loads(path.read_text()), **fields}))
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -127,6 +88,68 @@ def test_run_refuses_links_that_do_not_resolve(chain, edit):
     assert code == 2 and expected in output, output
 
 
+@pytest.mark.parametrize("edit", ["plan edited", "plan missing"])
+def test_run_refuses_a_linked_plan_that_does_not_hash_as_its_summary(chain, edit):
+    """Seed freshness rests on the linked run's summary.json (hashed by the link), not on an
+    unhashed plan.json: an edited plan cannot hide seed 1, a missing one is not skipped."""
+    plan = chain["explore"] / "plan.json"
+    if edit == "plan edited":
+        plan.write_text(json.dumps(json.loads(plan.read_text()) | {"seeds": [0]}))  # hides seed 1
+        expected = "plan.json hashes to"
+    else:
+        plan.unlink()
+        expected = "has no plan.json; its seeds cannot be checked"
+    rewrite(chain["confirm"], seeds=[1], exploratory_seeds=[0])
+    proto.freeze(chain["confirm"])
+    with pytest.raises(proto.ProtocolError, match=expected):
+        check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
+    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert code == 2 and expected in output, output
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"candidates": ["packed_r16_w8"]}, "so its one candidate is user:zimage_qk_rmsnorm"),
+        (
+            {"impl_modules": ["submission/zimage_qk_rmsnorm.py", "kerneltrial.ops.rms_norm"]},
+            "a confirmation loads exactly one user module",
+        ),
+    ],
+)
+def test_run_refuses_a_confirmation_of_another_arm_than_the_linked_dispatcher(chain, fields, expected):
+    rewrite(chain["confirm"], **fields)
+    proto.freeze(chain["confirm"])
+    with pytest.raises(proto.ProtocolError, match=expected):
+        check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
+
+
+def test_verify_checks_the_confirmation_candidate_and_the_linked_plan(chain):
+    """verify repeats run's refusals on a finished confirmation run: a linked plan.json edited
+    or removed afterwards, a second user module beside the dispatcher."""
+    run = confirmation_run(chain)
+    assert verify_run_dir(run).ok
+    plan = chain["explore"] / "plan.json"
+    original = plan.read_text()
+    plan.write_text(json.dumps(json.loads(original) | {"seeds": [0]}))
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert set(failed) == {"confirmation seeds fresh"} and "plan.json hashes to" in failed["confirmation seeds fresh"]
+    plan.unlink()
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert "has no plan.json; its seeds cannot be checked" in failed["confirmation seeds fresh"]
+    plan.write_text(original)
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance["impl_modules"]["kerneltrial.ops.rms_norm"] = "0" * 64
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    seal(run)
+    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    assert set(failed) == {"confirmation candidate"}, failed
+    assert (
+        "a confirmation has one user module, its `user:<stem>` arm as the one candidate"
+        in failed["confirmation candidate"]
+    )
+
+
 def test_confirm_refuses_a_rule_the_module_does_not_load(chain):
     other = chain["root"] / "other.rule.toml"
     shutil.copyfile(chain["rule"], other)
@@ -144,7 +167,7 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
     code, output = run_cli("replicate", str(chain["confirm"]), "--runs", "2", "--out", str(out))
     assert code in (0, 1), output
     table = json.loads((out / "replicates.json").read_text())
-    assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2]
+    assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2] and table["requested_runs"] == 2
     (row,) = table["cases"]
     assert (row["case"], row["arm"]) == (CASE, "user:zimage_qk_rmsnorm")
     assert len(row["verdicts"]) == 2 and row["wins"] == sum(v == "win" for v in row["verdicts"])
@@ -175,3 +198,30 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
 
     (out / "replicates.json").write_text((out / "replicates.json").read_text().replace('"wins": ', '"wins": 1'))
     assert "cross-run table" in {c.name for c in verify_run_dir(out).failures}
+
+
+COMMITTED_REPLICATES = REPO / "results" / "h200" / "zimage_qk_rmsnorm-confirm-replicates"
+
+
+@pytest.mark.parametrize("plant", ["none", "gap", "run left out"])
+def test_a_replicate_table_cannot_leave_a_run_out(tmp_path, plant):
+    """The committed table (replicates/1, N from the run directories) checks out; a table made
+    after dropping run-2 (run-3 renamed into the gap: order seeds 1, 3) or one that leaves run-3
+    on disk outside it is caught."""
+    root = tmp_path / "reps"
+    shutil.copytree(COMMITTED_REPLICATES, root)
+    if plant == "gap":
+        shutil.rmtree(root / "run-2")
+        (root / "run-3").rename(root / "run-2")
+        write_table(root, cross_run(root, 2))
+        expected = "order seeds [1, 3] are not [1, 2]"
+    elif plant == "run left out":
+        (root / "run-3").rename(tmp_path / "aside")
+        write_table(root, cross_run(root, 2))
+        (tmp_path / "aside").rename(root / "run-3")
+        expected = "covers runs ['run-1', 'run-2'] of 2 requested, the directory holds ['run-1', 'run-2', 'run-3']"
+    problems = table_problems(root)
+    if plant == "none":
+        assert problems == []
+    else:
+        assert len(problems) == 1 and expected in problems[0], problems

@@ -2,7 +2,8 @@
 
 A link is a path and the sha256 it had when the confirmation was written. It resolves when
 the file (rule) or run directory (summary.json, manifest.json when recorded) exists and
-hashes as recorded. Seeds are fresh when no linked run's plan.json lists any of them.
+hashes as recorded. Seeds are fresh when no linked run's plan.json lists any of them; that
+plan.json must hash as the run's (linked) summary.json records it.
 `run` checks the protocol's links before any work (paths relative to the protocol's folder);
 the run records them in provenance.json `confirmation` (paths relative to the run directory)
 and `verify` checks them again from there. Imports neither trial/ nor ops/ (verify uses it).
@@ -86,21 +87,39 @@ def link_problems(links: Links, base: Path) -> list[str]:
     return [p for p in problems if p]
 
 
-def used_seeds(links: Links, base: Path) -> dict[str, list[int]]:
-    """Seeds each linked run used (its plan.json), by link path; unreadable runs are left out."""
-    used = {}
-    for run in links.runs:
-        plan = base / run.path / "plan.json"
-        if plan.is_file():
-            used[run.path] = [int(s) for s in json.loads(plan.read_text()).get("seeds", [])]
-    return used
+def _plan_of(root: Path, link_path: str) -> tuple[list[int] | None, str]:
+    """The seeds in `root`/plan.json, or None and why they cannot be trusted. plan.json is not
+    linked itself: it must hash as the run's summary.json (which the link hashes) records it in
+    `inputs_sha256`, so an edited plan cannot hide a reused seed."""
+    plan = root / "plan.json"
+    if not plan.is_file():
+        return None, f"the linked run {link_path} has no plan.json; its seeds cannot be checked"
+    summary = root / "summary.json"
+    recorded = json.loads(summary.read_text()).get("inputs_sha256", {}).get("plan.json") if summary.is_file() else None
+    if recorded is None:
+        return (
+            None,
+            f"the linked run {link_path}: summary.json records no plan.json sha256; its seeds cannot be checked",
+        )
+    actual = sha256_file(plan)
+    if actual != recorded:
+        return None, (
+            f"the linked run {link_path}: plan.json hashes to {actual[:12]}..., its summary.json records "
+            f"{recorded[:12]}... (edited since the run)"
+        )
+    return [int(s) for s in json.loads(plan.read_text()).get("seeds", [])], ""
 
 
 def seed_problems(links: Links, base: Path, seeds: list[int]) -> list[str]:
-    """A message per linked run whose plan.json lists one of `seeds`."""
+    """A message per linked run whose plan.json lists one of `seeds`, is missing, or does not
+    hash as its summary.json records (both `run` and `verify` refuse those)."""
     problems = []
-    for path, used in used_seeds(links, base).items():
+    for run in links.runs:
+        used, problem = _plan_of(base / run.path, run.path)
+        if used is None:
+            problems.append(problem)
+            continue
         reused = sorted(set(seeds) & set(used))
         if reused:
-            problems.append(f"seeds {reused} were used by the linked run {path}; a confirmation takes fresh seeds")
+            problems.append(f"seeds {reused} were used by the linked run {run.path}; a confirmation takes fresh seeds")
     return problems

@@ -7,14 +7,17 @@ within-run CI width (ci_high - ci_low), so one sees whether runs differ by more 
 says it is uncertain. Per candidate: each run's preregistered gate, and the stricter Track 1
 gate `every_case_every_run`: a win on every case in every run.
 
-A replicate directory holds run-1..N, replicates.json (this table) and replicates.md.
-`verify DIR` verifies each run and recomputes the table (`verify_replicates`).
+A replicate directory holds run-1..N, replicates.json (this table, with N: `requested_runs`)
+and replicates.md. `verify DIR` verifies each run and recomputes the table (`table_problems`):
+the table covers run-1..N, every run-* directory present is one of them, and the order seeds
+are the protocol's + 1..N, so no run can be left out of the table unnoticed.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,9 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import REPLICATES, REPLICATES_MD
 
-SCHEMA = "kerneltrial.replicates/1"
+SCHEMA = "kerneltrial.replicates/2"
+# replicates/1 tables did not record N: verify takes it from the run directories present.
+SCHEMA_1 = "kerneltrial.replicates/1"
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ class ArmRow:
 @dataclass(frozen=True)
 class ReplicateTable:
     protocol_sha256: str
-    runs: list[str]  # run directory names, relative to the replicate directory
+    requested_runs: int  # N, as `kerneltrial replicate --runs N` was asked
+    runs: list[str]  # run-1..N, relative to the replicate directory
     order_seeds: list[int | None]
     cases: list[CaseRow]
     arms: list[ArmRow]
@@ -65,8 +71,14 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def cross_run(root: Path, runs: list[str]) -> ReplicateTable:
-    """The table over `root`/run for each name in `runs` (same protocol required)."""
+def run_names(n: int) -> list[str]:
+    """The run directories of `n` replicates: run-1..n."""
+    return [f"run-{i}" for i in range(1, n + 1)]
+
+
+def cross_run(root: Path, n: int) -> ReplicateTable:
+    """The table over `root`/run-1..n (same protocol required)."""
+    runs = run_names(n)
     summaries = [_summary(root / name) for name in runs]
     plans = [json.loads((root / name / "plan.json").read_text()) for name in runs]
     digests = {s["protocol_sha256"] for s in summaries}
@@ -105,7 +117,7 @@ def cross_run(root: Path, runs: list[str]) -> ReplicateTable:
         )
         for arm in arms
     ]
-    return ReplicateTable(digests.pop(), runs, [p.get("order_seed") for p in plans], rows, arm_rows)
+    return ReplicateTable(digests.pop(), n, runs, [p.get("order_seed") for p in plans], rows, arm_rows)
 
 
 def _fmt(value: float | None) -> str:
@@ -145,15 +157,34 @@ def write_table(root: Path, table: ReplicateTable) -> None:
 
 
 def table_problems(root: Path) -> list[str]:
-    """replicates.json against the table recomputed from the runs' summaries; distinct order seeds."""
+    """replicates.json against the table recomputed from the runs' summaries, after checking
+    that it covers every run-* directory present (run-1..N) and that the order seeds are the
+    protocol's + 1..N: a table cannot drop a run it does not like."""
     recorded = json.loads((root / REPLICATES).read_text())
-    if recorded.get("schema") != SCHEMA:
-        return [f"replicates.json schema {recorded.get('schema')!r} is not {SCHEMA!r}"]
-    table = cross_run(root, list(recorded["runs"]))
+    schema = recorded.get("schema")
+    if schema not in (SCHEMA, SCHEMA_1):
+        return [f"replicates.json schema {schema!r} is not {SCHEMA!r}"]
+    present = sorted(d.name for d in root.glob("run-*") if d.is_dir())
+    n = recorded["requested_runs"] if schema == SCHEMA else len(present)
+    expected = run_names(n)
+    if present != sorted(expected) or recorded.get("runs") != expected:
+        return [
+            f"replicates.json covers runs {recorded.get('runs')} of {n} requested, the directory holds {present}: "
+            f"a table covers every replicate run-1..run-{n}, none left out"
+        ]
+    table = cross_run(root, n)
+    recomputed = table.record()
+    if schema == SCHEMA_1:
+        recomputed = {k: v for k, v in recomputed.items() if k != "requested_runs"} | {"schema": SCHEMA_1}
     problems = []
-    if table.record() != recorded:
-        changed = [k for k, v in table.record().items() if recorded.get(k) != v]
+    if recomputed != recorded:
+        changed = [k for k, v in recomputed.items() if recorded.get(k) != v]
         problems.append(f"replicates.json differs from the table recomputed from the runs in: {', '.join(changed)}")
-    if len(set(table.order_seeds)) != len(table.order_seeds):
-        problems.append(f"order seeds {table.order_seeds} repeat: the runs are not independent replicates")
+    base = tomllib.loads((root / expected[0] / "protocol.toml").read_text()).get("order_seed", 0)
+    seeds = [base + i for i in range(1, n + 1)]
+    if table.order_seeds != seeds:
+        problems.append(
+            f"order seeds {table.order_seeds} are not {seeds} (the protocol's {base} + 1..{n}): "
+            "replicate i runs with order seed protocol + i, so a gap or repeat means a run was swapped or left out"
+        )
     return problems

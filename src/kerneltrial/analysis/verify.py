@@ -778,13 +778,15 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
 
 def _check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[str, Any], result: VerifyResult) -> None:
     """A confirmation run (protocol.toml phase "confirmation"): its links (provenance.json
-    `confirmation`, relative to the run directory) resolve to the digests recorded, and no
-    linked run used one of its seeds. Other runs get no such lines."""
+    `confirmation`, relative to the run directory) resolve to the digests recorded, its one
+    candidate is the `user:<stem>` arm of its one user module, whose rule is the linked one,
+    and no linked run used one of its seeds (by a plan.json that hashes as that run's
+    summary.json records it). Other runs get no such lines."""
     try:
-        phase = tomllib.loads((run_dir / "protocol.toml").read_text()).get("phase", "exploratory")
+        protocol = tomllib.loads((run_dir / "protocol.toml").read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         return  # "plan matches protocol" already fails it
-    if phase != "confirmation":
+    if protocol.get("phase", "exploratory") != "confirmation":
         return
     record = provenance.get("confirmation")
     if not isinstance(record, dict):
@@ -796,12 +798,24 @@ def _check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[st
         links.link_problems(found, run_dir),
         f"the rule and {len(found.runs)} derived-from run(s) hash as recorded",
     )
+    modules = list(provenance.get("impl_modules") or {})
+    stem = Path(modules[0]).stem if len(modules) == 1 and modules[0].endswith(".py") else None
+    candidates = protocol.get("candidates", [])
+    result.add(
+        "confirmation candidate",
+        []
+        if stem is not None and candidates == [f"user:{stem}"] and Path(found.rule.path).name == f"{stem}.rule.toml"
+        else [
+            f"candidates {candidates} with user modules {modules} and rule {found.rule.path}: a confirmation "
+            "has one user module, its `user:<stem>` arm as the one candidate, and links that module's rule"
+        ],
+        f"the one candidate user:{stem} is the dispatcher whose rule is linked",
+    )
     seeds = [int(s) for s in plan.get("seeds", [])]
-    missing = [r.path for r in found.runs if r.path not in links.used_seeds(found, run_dir)]
     result.add(
         "confirmation seeds fresh",
-        links.seed_problems(found, run_dir, seeds) + [f"{path}/plan.json cannot be read" for path in missing],
-        f"seeds {seeds} were used by no derived-from run",
+        links.seed_problems(found, run_dir, seeds),
+        f"seeds {seeds} were used by no derived-from run (its plan.json as its summary.json records it)",
     )
 
 

@@ -27,6 +27,9 @@ MAX_TOTAL_BYTES = 16 << 20
 # Every entry's timestamp: the earliest a ZIP can hold, so the same files always give the same bytes.
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 FILE_MODE = 0o100644  # a regular file, rw-r--r--
+# What a data file may be: text formats a module reads. Anything else (.pyc, .so, .pyd, .pth, a
+# zip) could be imported or executed beside the one inspected module, so it is refused.
+DATA_SUFFIXES = (".toml", ".json", ".txt", ".md", ".csv")
 
 
 class Rejected(Exception):
@@ -108,6 +111,21 @@ def _read_entries(data: bytes) -> dict[str, bytes]:
             raise Rejected(f"an entry cannot be read: {exc}") from None
 
 
+def _top_level_names(tree: ast.Module) -> list[str]:
+    """Every name the module's top level binds, once per binding: defs and classes, assignment
+    targets (`OP = other` is an alias entry point), imports (`import x as OP`)."""
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [alias.asname or alias.name.split(".")[0] for alias in node.names]
+    return names
+
+
 def _entry_point(module: str, source: bytes, operators: Mapping[str, str], op: str | None) -> str:
     """The operator the module's entry point implements, after checking it (see `inspect_archive`)."""
     try:
@@ -115,7 +133,8 @@ def _entry_point(module: str, source: bytes, operators: Mapping[str, str], op: s
     except (SyntaxError, UnicodeDecodeError) as exc:
         raise Rejected(f"{module} does not parse: {exc}") from None
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    named = [name for name in defs if name in operators]
+    bound = _top_level_names(tree)
+    named = sorted({name for name in bound if name in operators})
     if op is None:
         if len(named) != 1:
             found = ", ".join(named) or f"none (its top-level functions: {', '.join(defs) or 'none'})"
@@ -127,6 +146,13 @@ def _entry_point(module: str, source: bytes, operators: Mapping[str, str], op: s
         raise Rejected(
             f"no entry point: {module} has no top-level function {op} (its top-level functions: "
             f"{', '.join(defs) or 'none'}); name the entry point {op}"
+        )
+    if isinstance(defs[op], ast.AsyncFunctionDef):
+        raise Rejected(f"entry point {op} is `async def`; the target calls it as a plain function: `def {op}`")
+    if bound.count(op) != 1:
+        raise Rejected(
+            f"{module} binds {op} {bound.count(op)} times at the top level (a def and an assignment, import or "
+            "second def): the function inspected may not be the one called; bind it once"
         )
     others = [name for name in named if name != op]
     if others:
@@ -173,13 +199,25 @@ def inspect_archive(
     data: bytes, name: str, operators: Mapping[str, str], op: str | None = None, receipt: Receipt | None = None
 ) -> Inspection:
     """Re-check an archive without importing it: a flat set of small regular files (no path
-    traversal, absolute path, link, directory or duplicate), exactly one importable module, a
-    top-level `def OP` (OP given, from the receipt, or the one operator the module names)
+    traversal, absolute path, link, directory or duplicate), byte for byte the archive `build`
+    makes of them (nothing a local-header reader would see differently), names distinct when
+    case is ignored, exactly one importable module and otherwise only data files
+    (`DATA_SUFFIXES`), a top-level `def OP` bound once (OP given, from the receipt, or the one
+    operator the module names)
     whose parameters match `operators[OP]` (a registry signature), no top-level function named
     after another operator, no import of kerneltrial; the receipt, when given, must describe
     these bytes. Raises `Rejected` with a one-line reason."""
     entries = _read_entries(data)
+    folded = sorted(n.casefold() for n in entries)
+    if len(set(folded)) != len(folded):
+        raise Rejected("two entries differ only in case; they collide on a case-insensitive file system")
     modules = sorted(n for n in entries if n.endswith(".py"))
+    code = sorted(n for n in entries if not n.endswith((".py", *DATA_SUFFIXES)))
+    if code:
+        raise Rejected(
+            f"entry {code[0]!r} is not a data file ({', '.join(DATA_SUFFIXES)}): compiled or other code beside "
+            "the module would run uninspected; pack the module's source and text data only"
+        )
     if len(modules) != 1:
         raise Rejected(
             f"the archive holds {len(modules)} Python modules ({', '.join(modules) or 'none'}); "
@@ -189,6 +227,13 @@ def inspect_archive(
     if not module[:-3].isidentifier():
         raise Rejected(f"{module} cannot be imported by its name; name the file like a Python identifier")
     op = _entry_point(module, entries[module], operators, op or (receipt.op if receipt else None))
+    # last, so a hand-made archive gets the more specific reasons above first
+    if build(entries) != data:
+        raise Rejected(
+            "not the archive `kerneltrial package` builds from its entries (extra bytes before or after it, "
+            "a comment, compression, other times, modes or extra fields): other unzip tools may read it "
+            "differently; rebuild it with kerneltrial package"
+        )
     inspection = Inspection(
         op, module, tuple(FileRecord.of(n, entries[n]) for n in sorted(entries)), FileRecord.of(name, data)
     )

@@ -19,7 +19,10 @@ def package(
     data: Annotated[list[Path] | None, typer.Option(help="A data file the module reads, packed beside it.")] = None,
     confirmed: Annotated[
         list[Path] | None,
-        typer.Option(help="A run directory that tested MODULE: its recorded module sha256 must match these bytes."),
+        typer.Option(
+            help="A finished confirmation run that passed MODULE's arm and verifies; its recorded module "
+            "and rule sha256 must match the packed bytes."
+        ),
     ] = None,
     target: Annotated[str | None, TARGET_OPTION] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds the interface check may take.")] = 1800.0,
@@ -28,13 +31,16 @@ def package(
     bytes) and its receipt, after checking that MODULE is the confirmed code (--confirmed), that
     the archive passes `inspect`, and that it imports in a fresh interpreter with exactly one
     entry point OP of the operator's signature that passes the correctness gate (with the launch
-    limits of --target). Exit 1 when refused, naming why."""
-    from kerneltrial.submission.package import PackageError
+    limits of --target). Exit 1 when refused, naming why; 2 on bad input (a missing file, an
+    --out that is not a .zip, a --confirmed path that is no run directory)."""
+    from kerneltrial.submission.package import BadInput, PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
 
     try:
         receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout)
+    except BadInput as exc:
+        raise CliError(str(exc), ExitCode.BAD_INPUT) from None
     except PackageError as exc:
         raise CliError(f"refused: {exc}", ExitCode.FAILED) from None
     check = receipt.interface_check

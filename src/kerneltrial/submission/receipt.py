@@ -5,13 +5,17 @@ kerneltrial checked it, where it was tested, and the interface check it passed.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-RECEIPT_SCHEMA = "kerneltrial.receipt/1"
+from kerneltrial.rundir.hashing import sha256_bytes
+
+RECEIPT_SCHEMA = "kerneltrial.receipt/2"
+# receipt/1 (before package checked the run's phase, gate, verify and rule) is still read: its
+# run records lack the fields below marked "receipt/2".
+RECEIPT_SCHEMA_1 = "kerneltrial.receipt/1"
 
 
 class FileRecord(BaseModel):
@@ -23,17 +27,24 @@ class FileRecord(BaseModel):
 
     @classmethod
     def of(cls, name: str, data: bytes) -> FileRecord:
-        return cls(name=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        return cls(name=name, sha256=sha256_bytes(data), size=len(data))
 
 
 class RunRecord(BaseModel):
-    """A run directory the module was tested in, and the module digest that run recorded."""
+    """A confirmation run the module was tested in: the module digest that run recorded, the
+    run's phase and gate outcome for the module's arm, and the packed rule file it confirmed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_dir: str  # relative to the receipt's folder
     module_sha256: str
     manifest_sha256: str | None  # the run's manifest.json (every file of the run), None if it has none
+    # receipt/2 (None only in receipt/1 receipts)
+    phase: Literal["confirmation"] | None = None
+    arm: str | None = None  # the module's arm, user:<stem>
+    gate: str | None = None  # the run's preregistered gate rule
+    gate_passed: bool | None = None  # the arm among the run's summary.json gate passed_arms
+    rule: FileRecord | None = None  # the packed rule file, as the run's confirmation links it
 
 
 class InterfaceRecord(BaseModel):
@@ -49,7 +60,7 @@ class InterfaceRecord(BaseModel):
 class Receipt(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["kerneltrial.receipt/1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
+    schema_id: Literal["kerneltrial.receipt/2", "kerneltrial.receipt/1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
     op: str
     signature: str
     module: str
@@ -58,6 +69,14 @@ class Receipt(BaseModel):
     files: list[FileRecord]
     tested_in: list[RunRecord]
     interface_check: InterfaceRecord
+
+    @model_validator(mode="after")
+    def _complete_run_records(self) -> Receipt:
+        if self.schema_id == RECEIPT_SCHEMA:
+            for run in self.tested_in:
+                if None in (run.phase, run.arm, run.gate, run.gate_passed, run.rule):
+                    raise ValueError(f"{RECEIPT_SCHEMA}: tested_in {run.run_dir} lacks phase, arm, gate or rule")
+        return self
 
     def write(self, path: Path) -> None:
         path.write_text(self.model_dump_json(by_alias=True, indent=2) + "\n")

@@ -5,7 +5,8 @@ candidate (the dispatcher module as a user arm, in `impl_modules`), the control 
 of the runs the rule was derived from, those runs' settings (the preregistered gate
 included), seeds none of them used, and links (analysis/links.py): the rule's sha256 and each
 run's summary.json (and manifest.json) sha256. `check_confirmation` is what `run` asks before
-any work: links present and resolving, the rule the one the module loads, seeds fresh.
+any work: links present and resolving, the rule the one the module loads, that module's arm
+the one candidate, seeds fresh.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def write_confirmation(
 def check_confirmation(protocol_path: Path, p: proto.Protocol) -> Links | None:
     """The links of a confirmation (None for an exploratory protocol), refused with one line
     naming every problem when they are missing, do not resolve, point to another rule than
-    the module's, or when a seed was used by a linked run."""
+    the module's, when the one candidate is not that module's arm, or when a seed was used by
+    a linked run (or a linked run's plan.json is missing or no longer hashes as its summary)."""
     if p.phase != "confirmation":
         return None
     if p.rule is None or not p.derived_from:
@@ -125,9 +127,20 @@ def check_confirmation(protocol_path: Path, p: proto.Protocol) -> Links | None:
     links = Links.from_record({"rule": p.rule.model_dump(), "derived_from": [r.model_dump() for r in p.derived_from]})
     base = protocol_path.resolve().parent
     problems = link_problems(links, base)
-    modules = [base / m for m in p.impl_modules if m.endswith(".py")]
-    if len(modules) != 1 or rule_of(modules[0]).resolve() != (base / links.rule.path).resolve():
-        problems.append(f"rule {links.rule.path} is not the rule of the one dispatcher module in impl_modules")
+    # every entry counts (a dotted module too): a second user module would ride along unconfirmed
+    if len(p.impl_modules) != 1 or not p.impl_modules[0].endswith(".py"):
+        problems.append(
+            f"impl_modules {p.impl_modules}: a confirmation loads exactly one user module, the dispatcher (.py)"
+        )
+    else:
+        module = base / p.impl_modules[0]
+        if rule_of(module).resolve() != (base / links.rule.path).resolve():
+            problems.append(f"rule {links.rule.path} is not the rule of the one dispatcher module in impl_modules")
+        if p.candidates != [f"user:{module.stem}"]:
+            problems.append(
+                f"candidates {p.candidates}: a confirmation confirms the dispatcher it links, "
+                f"so its one candidate is user:{module.stem}"
+            )
     problems += seed_problems(links, base, p.seeds)
     if problems:
         raise proto.ProtocolError(f"{protocol_path}: {'; '.join(problems)}")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import kerneltrial
-from kerneltrial.analysis.replicates import ReplicateTable, cross_run, write_table
+from kerneltrial.analysis.replicates import ReplicateTable, cross_run, run_names, write_table
 from kerneltrial.rundir.layout import REPLICATES
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import RunError
@@ -41,8 +41,13 @@ def run_replicates(protocol: Path, n: int, out: Path) -> ReplicateTable:
         )
     if (out / REPLICATES).exists():
         raise RunError(f"{out} holds finished replicates; choose another --out")
+    names = run_names(n)
+    extra = sorted({d.name for d in out.glob("run-*")} - set(names))
+    if extra:
+        raise RunError(
+            f"{out} holds {', '.join(extra)}, beyond the {n} runs asked for; every run goes into the table: choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    names = [f"run-{i}" for i in range(1, n + 1)]
     for i, name in enumerate(names, start=1):
         run_dir = out / name
         provenance = run_dir / "provenance.json"
@@ -56,6 +61,6 @@ def run_replicates(protocol: Path, n: int, out: Path) -> ReplicateTable:
         done = subprocess.run(command, env=same_code_env())  # its output passes through
         if done.returncode not in (0, GATE_FAILED):
             raise RunError(f"replicate {name} failed (exit {done.returncode}); its error is printed above")
-    table = cross_run(out, names)
+    table = cross_run(out, n)
     write_table(out, table)
     return table
