@@ -119,3 +119,20 @@ def test_committed_submission_is_the_confirmed_code(archive):
         assert module_sha in recorded.values(), f"{run.run_dir} did not test these bytes"
         assert run.manifest_sha256 == hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
         assert verify_run_dir(run_dir).ok
+
+
+def test_the_committed_rule_is_what_dispatch_derive_gives(tmp_path):
+    """src/kerneltrial/ops/zimage_qk_rmsnorm.rule.toml is derived, not typed: `dispatch derive`
+    from the run it cites gives the same rule, up to the run's path (relative to the rule)."""
+    import os
+
+    from kerneltrial.analysis.dispatch import derive_rule
+
+    committed = REPO / "src" / "kerneltrial" / "ops" / "zimage_qk_rmsnorm.rule.toml"
+    run = RESULTS / "h200" / "zimage_qk_rmsnorm-t2"
+    out = tmp_path / "rule.toml"
+    derive_rule([run], out)
+    cited_here = Path(os.path.relpath(run, tmp_path)).as_posix()
+    cited_there = Path(os.path.relpath(run, committed.parent)).as_posix()
+    assert cited_here in out.read_text()
+    assert out.read_text().replace(cited_here, cited_there) == committed.read_text()
