@@ -17,11 +17,11 @@ from tests.conftest import REPO
 RESULTS = REPO / "results"
 RUNS = sorted(path.parent for path in RESULTS.rglob("summary.json"))
 # one committed run of each document version (tests/rundir keeps them apart)
-FIRST = RESULTS / "h200" / "fused_add_rmsnorm"  # no order_seed, no freeze record, summary/3
-CALIBRATION_FIRST = RESULTS / "h200" / "calibration"  # the same, with a calibration section
-FROZEN = RESULTS / "h200" / "rmsnorm-r2"  # order_seed and the freeze record
-LEAD = RESULTS / "h200" / "fused_add_rmsnorm-s2"  # the lead-check counts
-CHECKED = RESULTS / "h200-planted" / "rmsnorm-cheats-r1"  # timed checks: plan checks, summary/4
+FIRST = RESULTS / "archive" / "h200" / "fused_add_rmsnorm"  # no order_seed, no freeze record, summary/3
+CALIBRATION_FIRST = RESULTS / "archive" / "h200" / "calibration"  # the same, with a calibration section
+FROZEN = RESULTS / "archive" / "h200" / "rmsnorm-r2"  # order_seed and the freeze record
+LEAD = RESULTS / "archive" / "h200" / "fused_add_rmsnorm-s2"  # the lead-check counts
+CHECKED = RESULTS / "archive" / "h200-planted" / "rmsnorm-cheats-r1"  # timed checks: plan checks, summary/4
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:
