@@ -1,6 +1,7 @@
 """Shared test set-up: kernels run through the Triton interpreter on a CPU (kerneltrial.ops sets it),
 and every test starts from, and leaves behind, the same global operator registry."""
 
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +73,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.section("benchmarks (reported, not asserted)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shell starts background jobs with SIGINT ignored, and children inherit an ignored
+    signal through exec: the tests that interrupt a kerneltrial subprocess (exit 130, servers
+    stopped) would then test nothing. Caught signals revert to the default in a child, so
+    catching SIGINT here gives every subprocess the normal Ctrl-C behaviour."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
