@@ -119,6 +119,11 @@ def test_committed_submission_is_the_confirmed_code(archive):
         assert module_sha in recorded.values(), f"{run.run_dir} did not test these bytes"
         assert run.manifest_sha256 == hashlib.sha256((run_dir / "manifest.json").read_bytes()).hexdigest()
         assert verify_run_dir(run_dir).ok
+        # receipt/2: a passed confirmation of this module with this very rule file
+        provenance = json.loads((run_dir / "provenance.json").read_text())
+        assert run.phase == "confirmation" and run.gate_passed and run.rule is not None
+        assert run.rule.sha256 == hashlib.sha256(archived[run.rule.name]).hexdigest()
+        assert run.rule.sha256 == provenance["confirmation"]["rule"]["sha256"]
 
 
 def test_the_committed_rule_is_what_dispatch_derive_gives(tmp_path):
