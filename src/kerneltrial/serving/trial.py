@@ -34,7 +34,7 @@ from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
-from kerneltrial.serving.accuracy import run_accuracy
+from kerneltrial.serving.accuracy import load_problems, run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
     bench_argv,
@@ -296,6 +296,8 @@ def run_protocol(
     Raises LaunchError / BenchError (after writing what was measured) or KeyboardInterrupt.
     """
     emit: Event = event or (lambda *a, **k: None)
+    if proto.accuracy is not None:  # read now: a missing or malformed data file is bad input before
+        load_problems(proto.accuracy.data, proto.accuracy.level, proto.accuracy.limit)  # anything runs
     sha = prepare_dir(out, protocol_bytes)
     order = launch_order(proto.arms, proto.rounds, proto.seed)
     arms = {a.name: a for a in proto.arms}
