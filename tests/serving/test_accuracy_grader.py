@@ -104,3 +104,18 @@ def test_missing_math_verify_names_the_extra(monkeypatch, tmp_path):
     r = runner.invoke(app, ["trial", str(proto), "--vllm", sys.executable, "--out", str(tmp_path / "run")])
     assert r.exit_code == 2 and extra in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "run").exists()
+
+
+def test_the_gate_needs_the_full_level_or_a_preregistered_n(math500_path):
+    """Issue 14: one correct answer used to pass a 0.95 gate. Without `limit` the gate needs the
+    whole Level 3 set (105, as the file has); with `limit = N` it needs N and says so."""
+    full = A.load_problems(str(math500_path), "Level 3")
+    assert A.FULL_SET_SIZE["Level 3"] == len(full)
+    one = [A.Record(0, "u0", "Level 3", "s", "1", "p", correct=True)]
+    open_ended = A.summarise(one, A.AccuracySpec(data=str(math500_path)))
+    assert not open_ended["passed"] and open_ended["required_n"] == 105
+    assert open_ended["n_rule"] == "the full Level 3 set (105 problems)"
+    preregistered = A.summarise(one, A.AccuracySpec(data=str(math500_path), limit=1))
+    assert preregistered["passed"] and preregistered["n_rule"].startswith("preregistered n = 1")
+    every_level = A.summarise(one, A.AccuracySpec(data=str(math500_path), level=None))
+    assert not every_level["passed"] and every_level["required_n"] == 500

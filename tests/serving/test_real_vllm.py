@@ -109,7 +109,7 @@ def test_accuracy_end_to_end(server, math500_path, tmp_path):
     )
     # a random-weight model scores ~0: the gate fails (exit 1) but the pipeline ran
     assert r.exit_code == 1, r.output
-    assert "gate 0.95: FAILED" in r.output
+    assert "gate 0.95 on preregistered n = 4 (limit), not the full set: FAILED" in r.output
     recs = pd.read_json(out / "records.jsonl", lines=True)
     assert len(recs) == 4 and (recs["error"] == "").all()
     assert (recs["completion_tokens"] > 0).all() and recs["response"].str.len().gt(0).all()

@@ -24,6 +24,16 @@ from kerneltrial.serving.metrics import wilson_interval
 
 PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HF_PREFIX = "hf:"
+# Problems per level in MATH-500 (HuggingFaceH4/MATH-500 test split, counted in the test.jsonl the
+# tests use; None: every level). Without a preregistered `limit` the gate needs the whole set.
+FULL_SET_SIZE: dict[str | None, int] = {
+    "Level 1": 43,
+    "Level 2": 90,
+    "Level 3": 105,
+    "Level 4": 128,
+    "Level 5": 134,
+    None: 500,
+}
 
 
 class AccuracyError(RuntimeError):
@@ -41,7 +51,10 @@ class AccuracySpec(BaseModel):
     )
     level: str | None = Field(default="Level 3", description="Only problems of this level ('Level 3' or 3).")
     limit: int | None = Field(
-        default=None, ge=1, description="Only the first N problems after the level filter; unset: all."
+        default=None,
+        ge=1,
+        description="Only the first N problems after the level filter, the preregistered n; unset: all, and the "
+        "gate then needs the full MATH-500 set of the level (105 for Level 3).",
     )
     api: Literal["chat", "completions"] = Field(
         default="chat",
@@ -53,7 +66,12 @@ class AccuracySpec(BaseModel):
     )
     max_tokens: int = Field(default=4096, ge=1, description="Generation budget per problem, tokens.")
     concurrency: int = Field(default=16, ge=1, description="Requests in flight at once.")
-    gate: float = Field(default=0.95, ge=0, le=1, description="Passes when accuracy >= this and no request failed.")
+    gate: float = Field(
+        default=0.95,
+        ge=0,
+        le=1,
+        description="Passes when accuracy >= this, no request failed and n reached the preregistered n (limit) or the full set.",
+    )
     confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence level of the Wilson interval reported.")
     seed: int = Field(default=0, description="Sampling seed of problem i: seed + i.")
     request_timeout_s: float = Field(default=1800.0, gt=0, description="Seconds one request may take.")
@@ -224,12 +242,23 @@ async def _query_all(
         return list(await asyncio.gather(*(one(p) for p in problems)))
 
 
+def required_n(spec: AccuracySpec) -> tuple[int | None, str]:
+    """How many graded problems the gate needs, and why: the protocol's preregistered `limit`,
+    else the full MATH-500 set of the level (a gate on fewer problems says nothing)."""
+    if spec.limit is not None:
+        return spec.limit, f"preregistered n = {spec.limit} (limit), not the full set"
+    level = level_label(spec.level) if spec.level else None
+    full = FULL_SET_SIZE.get(level)
+    return full, f"the full {level or 'MATH-500'} set ({full} problems)" if full else "n not checked (unknown level)"
+
+
 def summarise(records: list[Record], spec: AccuracySpec) -> dict[str, Any]:
     n = len(records)
     k = sum(1 for r in records if r.correct)
     errors = sum(1 for r in records if r.error)
     lo, hi = wilson_interval(k, n, spec.confidence)
     acc = k / n if n else 0.0
+    need, rule = required_n(spec)
     return {
         "n": n,
         "correct": k,
@@ -239,7 +268,9 @@ def summarise(records: list[Record], spec: AccuracySpec) -> dict[str, Any]:
         "ci_high": hi,
         "confidence": spec.confidence,
         "gate": spec.gate,
-        "passed": bool(n > 0 and errors == 0 and acc >= spec.gate),
+        "required_n": need,
+        "n_rule": rule,
+        "passed": bool(n > 0 and errors == 0 and acc >= spec.gate and (need is None or n >= need)),
         "truncated": sum(1 for r in records if r.finish_reason == "length"),
     }
 

@@ -149,8 +149,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     for arm, a in (summary.get("accuracy") or {}).items():
         out.print(
             f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
-            f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']}: "
-            f"{'passed' if a['passed'] else 'FAILED'}",
+            f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']} on "
+            f"{a.get('n_rule', 'any n')}: {'passed' if a['passed'] else 'FAILED'}",
             markup=False,
         )
     for arm, d in (summary.get("dispatch") or {}).items():
@@ -421,7 +421,7 @@ def accuracy(
     out.print(
         f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
         f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
-        f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate}: "
+        f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate} on {res['n_rule']}: "
         f"{'passed' if res['passed'] else 'FAILED'}",
         soft_wrap=True,
     )

@@ -400,6 +400,8 @@ def run_protocol(
                                 "ci_high",
                                 "confidence",
                                 "gate",
+                                "required_n",
+                                "n_rule",
                                 "passed",
                                 "truncated",
                             )

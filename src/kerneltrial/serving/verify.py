@@ -83,6 +83,20 @@ def _close(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# MATH-500 problems per level (written out here, apart from serving/accuracy.py: verify does not
+# trust the writer's table). The gate needs the protocol's `limit`, else the whole level.
+_FULL_SET_SIZE = {"1": 43, "2": 90, "3": 105, "4": 128, "5": 134}
+
+
+def _required_n(acc_plan: dict[str, Any]) -> int | None:
+    if acc_plan.get("limit") is not None:
+        return int(acc_plan["limit"])
+    level = acc_plan.get("level")
+    if level is None:
+        return 500
+    return _FULL_SET_SIZE.get(str(level).removeprefix("Level ").strip())
+
+
 def _wilson(k: int, n: int, conf: float) -> tuple[float, float]:
     # scipy's Wilson interval, the one accuracy.py records (through metrics.py): here the interval
     # is not an independent formula any more; what verify checks independently is its inputs,
@@ -208,6 +222,7 @@ def verify_serving_run(path: Path) -> list[str]:
         errs = sum(1 for r in recs if r.get("error"))
         lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
         gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
+        need = _required_n(acc_plan or {}) if "required_n" in s else None  # older runs: any n
         want = {
             "n": n,
             "correct": k,
@@ -215,8 +230,10 @@ def verify_serving_run(path: Path) -> list[str]:
             "accuracy": k / n if n else 0.0,
             "ci_low": lo,
             "ci_high": hi,
-            "passed": bool(n > 0 and errs == 0 and k / n >= gate),
+            "passed": bool(n > 0 and errs == 0 and k / n >= gate and (need is None or n >= need)),
         }
+        if "required_n" in s and s["required_n"] != need:
+            problems.append(f"accuracy {a}: required_n = {s['required_n']}, the protocol gives {need}")
         for key, v in want.items():
             if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
                 problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
