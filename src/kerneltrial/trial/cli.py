@@ -16,6 +16,8 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, console, emit_json, exit_now, sub_app
+from kerneltrial.rundir.files import read_json, read_jsonl
+from kerneltrial.rundir.layout import CORRECTNESS, SUMMARY
 from kerneltrial.trial.targets import TARGETS
 
 if TYPE_CHECKING:
@@ -435,7 +437,7 @@ def run(
         root = run_trial(
             protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed, target=profile
         )
-    summary = json.loads((root / "summary.json").read_text())
+    summary = read_json(root / SUMMARY)
     gate = summary.get("gate", {})
     verdicts = [
         records.ArmVerdict(name, bool(verdict.get("passed")), list(verdict.get("reasons", [])))
@@ -478,7 +480,7 @@ def calibrate(
 
     with progress_bar() as bar:
         root = run_calibration(protocol, out, resume=resume, progress=bar)
-    calibration = json.loads((root / "summary.json").read_text()).get("calibration", {})
+    calibration = read_json(root / SUMMARY).get("calibration", {})
     human = console()
     human.print(f"run directory: {root}", markup=False, soft_wrap=True)
     human.print(calibration.get("sentence", json.dumps(calibration)), markup=False, soft_wrap=True)
@@ -549,8 +551,8 @@ def demo(
         root = run_trial(protocol_file, run_dir, progress=bar)
     result = verify_run_dir(root)
     report = write_report(root)
-    summary = json.loads((root / "summary.json").read_text())
-    checks = [json.loads(line) for line in (root / "correctness.jsonl").read_text().splitlines()]
+    summary = read_json(root / SUMMARY)
+    checks = read_jsonl(root / CORRECTNESS)
     human.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
     for arm, agg in summary.get("aggregates", {}).items():
         geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
