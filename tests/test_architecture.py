@@ -6,7 +6,8 @@ The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
     floor 1  ops, analysis               each imports only floor 0, never the other
     floor 2  trial, plugins              the kernel runner (ops, analysis, rundir); vLLM plugins serving ops
     floor 3  serving, submission         serving trials (dispatch proof reads the plugins' records);
-                                         package and inspect (trial's gate on an archive)
+                                         package and inspect (trial's gate on an archive);
+             model                       whole-model trials (ops' implementations, trial's provenance)
     floor 4  protocol_keys               the protocol reference, from the kernel and serving protocol models
     floor 5  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
@@ -38,6 +39,7 @@ LAYERS = {
     "plugins": 2,
     "serving": 3,
     "submission": 3,
+    "model": 3,
     "protocol_keys": 4,
     "cli": 5,
 }

@@ -30,11 +30,18 @@ Json = Annotated[
 
 
 def _verify_one(run_dir: Path) -> VerifyResult:
-    """The kernel verifier (kernel and replicate directories) or the serving one, by the
-    directory's kind (`rundir.layout.kind_of`)."""
+    """The kernel verifier (kernel and replicate directories), the serving one or the model
+    one, by the directory's kind (`rundir.layout.kind_of`)."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
 
-    if kind_of(run_dir) != "serving":
+    kind = kind_of(run_dir)
+    if kind == "model":
+        from kerneltrial.model.verify import verify_model_run
+
+        result = VerifyResult(run_dir)
+        result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+        return result
+    if kind != "serving":
         return verify_run_dir(run_dir)
     from kerneltrial.serving.verify import verify_serving_run
 
@@ -77,6 +84,11 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
 def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
     the serving report, by the directory's kind)."""
+    if kind_of(run_dir) == "model":
+        from kerneltrial.model.report import write_model_report
+
+        typer.echo(f"wrote {write_model_report(run_dir)}")
+        return
     if kind_of(run_dir) == "serving":
         from kerneltrial.serving.report import write_serving_report
 

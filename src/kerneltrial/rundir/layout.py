@@ -10,7 +10,7 @@ from typing import Literal
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 
-Kind = Literal["kernel", "serving", "replicates"]
+Kind = Literal["kernel", "serving", "model", "replicates"]
 
 # both kinds
 PROTOCOL = "protocol.toml"
@@ -39,6 +39,7 @@ REQUESTS = "requests.csv"
 ACCURACY_DIR = "accuracy"
 RAW_DIR = "raw"
 LAUNCH_DIR = "launches"
+ATTRIBUTION = "attribution.csv"  # model runs: time inside each routed operator of one profiled call
 DISPATCH_DIR = "dispatch"  # launches/NN-ARM/dispatch: the plugins' call records (dispatch-PID.json)
 
 
@@ -90,8 +91,8 @@ class RunDir:
 
 
 def kind_of(run_dir: Path) -> Kind:
-    """ "replicates" for a replicate directory (it holds replicates.json), else "kernel" or
-    "serving": provenance.json's `kind`. Every committed run records it; for a
+    """ "replicates" for a replicate directory (it holds replicates.json), else "kernel",
+    "serving" or "model": provenance.json's `kind`. Every committed run records it; for a
     provenance.json without one, the raw files tell (timings.csv: kernel; runs.jsonl or
     launches.jsonl: serving). RunDirError when the directory, provenance.json or any sign
     of either kind is missing, or the kind is another word."""
@@ -103,10 +104,10 @@ def kind_of(run_dir: Path) -> Kind:
     path = run_dir / PROVENANCE
     record = read_json(path)
     kind = record.get("kind") if isinstance(record, dict) else None
-    if kind in ("kernel", "serving"):
+    if kind in ("kernel", "serving", "model"):
         return kind
     if kind is not None:
-        raise RunDirError(f"{path}: kind {kind!r} is neither 'kernel' nor 'serving'")
+        raise RunDirError(f"{path}: kind {kind!r} is not 'kernel', 'serving' or 'model'")
     kernel = (run_dir / TIMINGS).is_file()
     serving = (run_dir / RUNS).is_file() or (run_dir / LAUNCHES).is_file()
     if kernel != serving:

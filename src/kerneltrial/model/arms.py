@@ -1,0 +1,47 @@
+"""Model arms: which implementation of each replaceable operator an arm runs.
+
+An arm other than `eager` takes its three operators from the operator registry under the
+arm's name, the same implementations the operator trials measure: `kerneltrial` (our
+dispatchers), `torch_eager` (the torch formulas), `torch_compile`, `liger`, `flaggems`.
+`user:PATH.py` loads a user's module (functions named after the operators, as in operator
+trials); an operator it does not define runs the torch formula, and the plan records that.
+An arm missing an implementation is unavailable, with the registry's reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kerneltrial.model.build import OPS, OpTable
+from kerneltrial.ops.registry import get_op, load_user_module
+
+FALLBACK = "torch_eager"  # what a user module's missing operator runs
+
+
+class ArmUnavailable(RuntimeError):
+    """An arm whose implementations cannot run here; the message says which and why."""
+
+
+def op_table(arm: str, base_dir: Path) -> OpTable:
+    """The arm's three implementations, resolved now (so an unavailable one fails early)."""
+    names = dict.fromkeys(OPS, arm)
+    if arm.startswith("user:"):
+        spec = arm.removeprefix("user:")
+        path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
+        added = {impl.op: impl.name for impl in load_user_module(str(path))}
+        names = {op: added.get(op, FALLBACK) for op in OPS}
+    resolved = {}
+    for op, name in names.items():
+        impl = get_op(op).impls.get(name)
+        if impl is None:
+            raise ArmUnavailable(f"arm {arm}: {op} has no implementation {name!r}")
+        fn = impl.resolve()
+        if fn is None:
+            raise ArmUnavailable(f"arm {arm}: {op}/{name} is unavailable: {impl.reason}")
+        resolved[op] = fn
+    return OpTable(
+        rmsnorm=resolved["rmsnorm"],
+        fused_add_rmsnorm=resolved["fused_add_rmsnorm"],
+        silu_and_mul=resolved["silu_and_mul"],
+        sources={op: f"{op}/{name}" for op, name in names.items()},
+    )

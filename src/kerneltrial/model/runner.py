@@ -1,0 +1,332 @@
+"""The model-trial runner: protocol in, run directory out.
+
+Stages, each writing raw rows as it goes:
+1. build the model once (every arm shares its weights) and patch its routers;
+2. correctness, every arm before any timing: last-position logits on fixed prompts against
+   the eager arm, greedy tokens for the stated steps, and the routed call counts per
+   forward pass (the proof that the arm's kernels ran); an arm that fails is not timed;
+3. rounds per case: untimed warm-up calls of every timed arm, then in each round every timed
+   arm once, in a seeded random order; one sample is `calls_per_sample` calls between two
+   device synchronisations, timed by the host clock (what a caller waits for: host and GPU);
+4. attribution: one profiled call per arm and case, the time inside each routed operator
+   and the total (the share the replaceable operators hold bounds any gain from them);
+5. summary.json (model/summary.py), provenance's end, manifest.json.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kerneltrial.model import summary as model_summary
+from kerneltrial.model.arms import ArmUnavailable, op_table
+from kerneltrial.model.build import (
+    OPS,
+    REGION,
+    ModelError,
+    Patched,
+    Router,
+    build_model,
+    greedy,
+    patch,
+    prefill_call,
+    static_cache,
+    step,
+)
+from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, load_protocol
+from kerneltrial.rundir import provenance as source_provenance
+from kerneltrial.rundir.files import csv_appender, jsonl_appender, now, read_json, write_json
+from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
+from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
+from kerneltrial.trial import provenance
+
+TIMING_COLUMNS = ["case", "round", "position", "arm", "calls", "ns"]
+ATTRIBUTION_COLUMNS = ["case", "arm", "region", "ns", "calls"]
+TIMING_LABEL_GPU = "host clock between device synchronisations: what a caller waits for (host and GPU)"
+TIMING_LABEL_CPU = "host clock, Triton interpreter on a CPU: NOT GPU performance"
+Progress = Callable[[str], None]
+Case = Prefill | Decode
+
+
+class ModelRunError(RuntimeError):
+    """The model trial cannot start; the message says why and what to do."""
+
+
+def tokens_per_call(case: Case) -> int:
+    return case.batch * case.tokens if isinstance(case, Prefill) else case.batch
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ids(vocab: int, shape: tuple[int, int], seed: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, shape, generator=generator).to(device)
+
+
+# --- correctness -----------------------------------------------------------------------
+
+
+def check_arm(
+    model: torch.nn.Module,
+    router: Router,
+    arm: str,
+    p: Protocol,
+    patched: Patched,
+    reference: tuple[torch.Tensor, list[torch.Tensor]] | None,
+    prompts: torch.Tensor,
+) -> tuple[dict[str, Any], tuple[torch.Tensor, list[torch.Tensor]]]:
+    """The arm's correctness row, and its greedy tokens and logits (the eager arm's are the reference)."""
+    router.arm = arm
+    router.counts.clear()
+    prefill_call(model, prompts)
+    counts = {op: router.counts[op] for op in OPS}
+    expected = patched.expected_calls(eager=(arm == BASELINE))
+    tokens, logits = greedy(model, prompts, p.correctness.greedy_steps)
+    row: dict[str, Any] = {
+        "arm": arm,
+        "calls_per_forward": counts,
+        "expected_calls_per_forward": expected,
+        "passed": True,
+        "message": "",
+    }
+    problems = []
+    if counts != expected:
+        problems.append(
+            f"routed calls per forward {counts} differ from the model's {expected}: the arm's operators did not all run"
+        )
+    if reference is not None:
+        ref_tokens, ref_logits = reference
+        scale = float(ref_logits[0].float().abs().max())
+        rel = float((logits[0].float() - ref_logits[0].float()).abs().max()) / max(scale, 1e-30)
+        row["logits_rel_diff"] = rel
+        if rel > p.correctness.logits_tol:
+            problems.append(f"last-position logits differ from eager by {rel:.3g} of their max (limit {p.correctness.logits_tol})")
+        row |= greedy_agreement(tokens, ref_tokens, ref_logits, p.correctness.logits_tol)
+        if row["first_divergence"] is not None and not row["first_divergence"]["near_tie"]:
+            d = row["first_divergence"]
+            problems.append(
+                f"greedy tokens diverge from eager at step {d['step']} (prompt {d['prompt']}: {d['token']} vs {d['reference']}) "
+                f"where eager's top-two margin {d['margin']:.3g} is not a near-tie"
+            )
+    if problems:
+        row["passed"] = False
+        row["message"] = "; ".join(problems)
+    return row, (tokens, logits)
+
+
+def greedy_agreement(
+    tokens: torch.Tensor, ref_tokens: torch.Tensor, ref_logits: list[torch.Tensor], tol: float
+) -> dict[str, Any]:
+    """Steps of identical greedy tokens and the first divergence (with eager's top-two margin
+    there, relative to its max logit: within `tol` it is a near-tie)."""
+    steps = ref_tokens.shape[1]
+    for k in range(steps):
+        differ = (tokens[:, k] != ref_tokens[:, k]).nonzero()
+        if differ.numel():
+            prompt = int(differ[0, 0])
+            top = ref_logits[k][prompt].float().topk(2).values
+            margin = float(top[0] - top[1]) / max(float(ref_logits[k][prompt].float().abs().max()), 1e-30)
+            return {
+                "greedy_identical_steps": k,
+                "first_divergence": {
+                    "step": k,
+                    "prompt": prompt,
+                    "token": int(tokens[prompt, k]),
+                    "reference": int(ref_tokens[prompt, k]),
+                    "margin": margin,
+                    "near_tie": margin <= tol,
+                },
+            }
+    return {"greedy_identical_steps": steps, "first_divergence": None}
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def case_call(model: torch.nn.Module, case: Case, p: Protocol, index: int, device: torch.device) -> Callable[[], object]:
+    """The timed call of a case: a prefill forward, or one decode step on a filled cache."""
+    vocab = int(model.config.vocab_size)
+    if isinstance(case, Prefill):
+        ids = _ids(vocab, (case.batch, case.tokens), p.seed + 1000 + index, device)
+        return lambda: prefill_call(model, ids)
+    cache = static_cache(model, case.context + 1)
+    step(model, cache, _ids(vocab, (case.batch, case.context), p.seed + 1000 + index, device), 0)
+    token = _ids(vocab, (case.batch, 1), p.seed + 2000 + index, device)
+    return lambda: step(model, cache, token, case.context)
+
+
+def sample_ns(call: Callable[[], object], calls: int, device: torch.device) -> int:
+    _synchronize(device)
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        call()
+    _synchronize(device)
+    return time.perf_counter_ns() - start
+
+
+def round_order(seed: int, case_index: int, round_index: int, arms: list[str]) -> list[str]:
+    """The arms of one round in a seeded random order (verify recomputes it)."""
+    order = list(arms)
+    random.Random(f"{seed}/{case_index}/{round_index}").shuffle(order)
+    return order
+
+
+def attribute(
+    model: torch.nn.Module, router: Router, call: Callable[[], object], device: torch.device
+) -> dict[str, tuple[int, int]]:
+    """region -> (ns, calls) of one profiled call: each routed operator, `total` (the device
+    time of all kernels of the call on a GPU; its host time on a CPU) and `wall` (the call's
+    host time, synchronised)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    router.annotate = True
+    try:
+        call()
+        _synchronize(device)
+        with profile(activities=activities) as prof:
+            wall = sample_ns(call, 1, device)
+    finally:
+        router.annotate = False
+    found: dict[str, tuple[int, int]] = {}
+    device_us = 0.0
+    for event in prof.key_averages():
+        if event.key.startswith(REGION):
+            us = event.device_time_total if gpu else event.cpu_time_total
+            found[event.key.removeprefix(REGION)] = (round(us * 1000), int(event.count))
+        device_us += event.self_device_time_total if gpu else 0.0
+    found["total"] = (round(device_us * 1000) if gpu else wall, 1)
+    found["wall"] = (wall, 1)
+    return found
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def _transformers_version() -> str:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ModelRunError("model trials need transformers: pip install 'kerneltrial[model]'") from exc
+    return transformers.__version__
+
+
+def prepare(out: Path, data: bytes) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise ModelRunError(f"{out} is not empty; a run directory is never overwritten: choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PROTOCOL).write_bytes(data)
+
+
+def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = None) -> Path:
+    """Run the protocol into `out` (a new directory); returns `out`."""
+    say = progress or (lambda _: None)
+    p, data = load_protocol(protocol_path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tables = {}
+    unavailable = {}
+    for arm in p.arms:
+        if arm == BASELINE:
+            continue
+        try:
+            tables[arm] = op_table(arm, protocol_path.parent)
+        except ArmUnavailable as exc:
+            unavailable[arm] = str(exc)
+    prepare(out, data)
+    digest = sha256_bytes(data)
+    source = source_provenance.source_files()
+    record = provenance.collect(digest, source) | {"kind": "model"}
+    record["versions"]["transformers"] = _transformers_version()
+    write_json(out / PROVENANCE, record)
+
+    say(f"building {p.model} ({p.dtype}, {'checkpoint' if p.checkpoint else 'random weights'}) on {device}")
+    model = build_model(p, device)
+    router = Router(tables=tables)
+    patched = patch(model, router)
+    if not patched.norms or not patched.mlps or not patched.layers:
+        raise ModelError(f"found {patched} in the model: nothing to route; is it a Llama-style decoder?")
+
+    prompts = _ids(int(model.config.vocab_size), (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
+    passed: list[str] = []
+    with jsonl_appender(out / CORRECTNESS) as append:
+        reference = None
+        for arm in [BASELINE, *tables]:
+            row, result = check_arm(model, router, arm, p, patched, reference, prompts)
+            if arm == BASELINE:
+                reference = result
+            append(row)
+            say(f"correctness {arm}: {'pass' if row['passed'] else 'FAIL: ' + row['message']}")
+            if row["passed"]:
+                passed.append(arm)
+    if BASELINE not in passed:
+        raise ModelRunError(f"the eager arm failed its own call counts: {patched}; the model's structure is not supported")
+
+    plan = {
+        "protocol_sha256": digest,
+        "model": p.model,
+        "config": model.config.to_dict() if hasattr(model.config, "to_dict") else {},
+        "dtype": p.dtype,
+        "device": str(device),
+        "is_gpu": device.type == "cuda",
+        "timing_label": TIMING_LABEL_GPU if device.type == "cuda" else TIMING_LABEL_CPU,
+        "patched": {"norms": patched.norms, "mlps": patched.mlps, "layers": patched.layers},
+        "arms": [
+            {"name": arm, "sources": tables[arm].sources if arm in tables else {}, "available": arm not in unavailable,
+             "reason": unavailable.get(arm, ""), "timed": arm in passed}
+            for arm in p.arms
+        ],
+        "cases": [
+            {"case": c.id, "phase": "prefill" if isinstance(c, Prefill) else "decode", "batch": c.batch,
+             "tokens_per_call": tokens_per_call(c), **({"tokens": c.tokens} if isinstance(c, Prefill) else {"context": c.context})}
+            for c in p.cases
+        ],
+        "seed": p.seed,
+        "rounds": p.rounds,
+        "warmup": p.warmup,
+        "calls_per_sample": p.calls_per_sample,
+        "tie_band": p.tie_band,
+        "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.seed, "confidence": p.confidence},
+    }
+    write_json(out / PLAN, plan)
+
+    with csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing, csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr:
+        for index, case in enumerate(p.cases):
+            call = case_call(model, case, p, index, device)
+            for arm in passed:
+                router.arm = arm
+                for _ in range(p.warmup):
+                    call()
+            _synchronize(device)
+            for r in range(p.rounds):
+                for position, arm in enumerate(round_order(p.seed, index, r, passed)):
+                    router.arm = arm
+                    timing([case.id, r, position, arm, p.calls_per_sample, sample_ns(call, p.calls_per_sample, device)])
+                say(f"{case.id}: round {r + 1}/{p.rounds}")
+            if p.attribution:
+                for arm in passed:
+                    router.arm = arm
+                    for region, (ns, calls) in attribute(model, router, call, device).items():
+                        attr([case.id, arm, region, ns, calls])
+            del call
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    write_json(out / SUMMARY, model_summary.build(out))
+    record = read_json(out / PROVENANCE) | {"finished_at": now()}
+    write_json(out / PROVENANCE, record)
+    write_manifest(out)
+    return out
+
+
+def write_manifest(out: Path) -> None:
+    files = sorted(f for f in out.rglob("*") if f.is_file() and f.name != MANIFEST)
+    write_json(out / MANIFEST, {str(f.relative_to(out)): sha256_file(f) for f in files})

@@ -1,0 +1,174 @@
+"""The model-trial protocol: which model, which arms, which prefill and decode cases.
+
+A protocol is a TOML file read into frozen pydantic records (`load_protocol`); every key is
+in docs/PROTOCOL_KEYS.md. The model is a built-in preset (a Llama-style config written out
+here) or a local Hugging Face config directory; weights are random (seeded) unless a
+checkpoint directory is given.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True)
+
+# MiniCPM5-2B as a Llama-style decoder (issue 15): 42 layers, hidden 2048, intermediate 6144,
+# 16 query and 2 KV heads of dimension 128, vocabulary 130560, RMSNorm eps 1e-6, untied head.
+PRESETS: dict[str, dict[str, Any]] = {
+    "minicpm5-2b": {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 130560,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+        "hidden_act": "silu",
+    },
+    # A few small layers for CPU tests through the Triton interpreter.
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
+        "hidden_act": "silu",
+    },
+}
+
+BASELINE = "eager"  # the Hugging Face modules, untouched: the reference of every check and ratio
+_ARM = re.compile(r"^(eager|torch_eager|kerneltrial|liger|torch_compile|flaggems|user:[A-Za-z0-9_.\-/]+\.py)$")
+
+
+class ProtocolError(ValueError):
+    """A model protocol that cannot run; the message names the key and the fix."""
+
+
+class Prefill(BaseModel):
+    """One forward pass over `batch` prompts of `tokens` tokens, no cache (last-token logits)."""
+
+    model_config = _CONFIG
+    batch: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+
+    @property
+    def id(self) -> str:
+        return f"prefill-b{self.batch}-t{self.tokens}"
+
+
+class Decode(BaseModel):
+    """One decode step of `batch` sequences after `context` cached tokens (static KV cache)."""
+
+    model_config = _CONFIG
+    batch: int = Field(ge=1)
+    context: int = Field(ge=1)
+
+    @property
+    def id(self) -> str:
+        return f"decode-b{self.batch}-c{self.context}"
+
+
+class Correctness(BaseModel):
+    """The model-level gate every arm passes before it is timed.
+
+    `logits_tol`: max |logits - eager logits| over the prompts' last positions, divided by
+    max |eager logits|. `greedy_steps`: greedy tokens identical to eager's for this many
+    steps; a divergence where eager's top-two margin is within `logits_tol` (relative) is a
+    near-tie, recorded and not a failure (random weights make near-ties common)."""
+
+    model_config = _CONFIG
+    prompts: int = Field(default=2, ge=1)
+    prompt_tokens: int = Field(default=32, ge=1)
+    greedy_steps: int = Field(default=16, ge=0)
+    logits_tol: float = Field(default=0.02, gt=0)
+
+
+class Protocol(BaseModel):
+    model_config = _CONFIG
+    name: str
+    model: str = Field(description="a preset (minicpm5-2b, tiny) or a local Hugging Face config directory")
+    checkpoint: str | None = Field(default=None, description="a local checkpoint directory; random weights when absent")
+    dtype: str = "bfloat16"
+    seed: int = 0
+    rounds: int = Field(default=5, ge=1)
+    warmup: int = Field(default=2, ge=0, description="untimed calls of every arm before a case's rounds")
+    calls_per_sample: int = Field(default=1, ge=1)
+    tie_band: float = Field(default=0.02, ge=0, description="a ratio whose interval lies within 1 +- tie_band is a tie")
+    arms: tuple[str, ...]
+    prefill: tuple[Prefill, ...] = ()
+    decode: tuple[Decode, ...] = ()
+    correctness: Correctness = Correctness()
+    attribution: bool = Field(default=True, description="profile one call per arm and case after the rounds")
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, arms: tuple[str, ...]) -> tuple[str, ...]:
+        for arm in arms:
+            if not _ARM.match(arm):
+                raise ValueError(
+                    f"unknown arm {arm!r}: use eager, torch_eager, kerneltrial, liger, torch_compile, flaggems "
+                    "or user:PATH.py (a module defining rmsnorm, fused_add_rmsnorm and/or silu_and_mul)"
+                )
+        if BASELINE not in arms:
+            raise ValueError(f"arms must include {BASELINE!r}, the untouched model every arm is checked against")
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"arms repeat a name: {list(arms)}")
+        return arms
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, dtype: str) -> str:
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype {dtype!r}: use bfloat16, float16 or float32")
+        return dtype
+
+    @model_validator(mode="after")
+    def _some_case(self) -> Protocol:
+        if not self.prefill and not self.decode:
+            raise ValueError("no cases: add [[prefill]] (batch, tokens) and/or [[decode]] (batch, context) tables")
+        return self
+
+    @property
+    def cases(self) -> list[Prefill | Decode]:
+        return [*self.prefill, *self.decode]
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "protocol"
+    return f"{where}: {first['msg']}"
+
+
+def parse_protocol(text: str) -> Protocol:
+    try:
+        return Protocol.model_validate(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProtocolError(f"not valid TOML: {exc}") from None
+    except ValidationError as exc:
+        raise ProtocolError(_describe(exc)) from None
+
+
+def load_protocol(path: Path) -> tuple[Protocol, bytes]:
+    """The protocol and its bytes (the run directory keeps an exact copy)."""
+    if not path.is_file():
+        raise ProtocolError(f"{path}: no such protocol file")
+    data = path.read_bytes()
+    try:
+        return parse_protocol(data.decode()), data
+    except ProtocolError as exc:
+        raise ProtocolError(f"{path}: {exc}") from None
