@@ -281,7 +281,12 @@ def step(model: torch.nn.Module, cache: Any, ids: torch.Tensor, position: int) -
     with torch.inference_mode():
         extra = rewind(model, cache, position)
         out = model(
-            input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{_cache_keyword(model): cache}, **extra
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{_cache_keyword(model): cache},
+            **extra,
         )
     return out.logits[:, -1]
 

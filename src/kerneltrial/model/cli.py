@@ -12,7 +12,9 @@ import typer
 
 
 def model(
-    protocol: Annotated[Path, typer.Argument(help="A model-trial protocol (TOML; see protocols/minicpm5-2b/model.toml).")],
+    protocol: Annotated[
+        Path, typer.Argument(help="A model-trial protocol (TOML; see protocols/minicpm5-2b/model.toml).")
+    ],
     out: Annotated[Path, typer.Option("--out", help="A new run directory.")],
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:

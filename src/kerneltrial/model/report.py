@@ -53,22 +53,28 @@ def render(run_dir: Path) -> str:
         "",
         "## Correctness (before timing)",
         "",
-        "| arm | passed | calls per forward | logits rel. diff | identical greedy steps | note |",
-        "|---|---|---|---:|---:|---|",
+        "Logits: distance of the prompts' last-position logits to the float32 model (relative to its max "
+        "logit; an arm passes at most `oracle_factor` x eager's own distance) and to eager's.",
+        "",
+        "| arm | passed | calls per forward | to float32 (limit) | to eager | identical greedy steps | note |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     for row in read_jsonl(run_dir / "correctness.jsonl"):
         calls = ", ".join(f"{k} {v}" for k, v in row["calls_per_forward"].items())
         rel = row.get("logits_rel_diff")
+        oracle = row.get("oracle_rel_error")
+        limit = row.get("oracle_rel_error_limit")
+        to_oracle = "" if oracle is None else f"{oracle:.3g}" + ("" if limit is None else f" ({limit:.3g})")
         note = row["message"]
         div = row.get("first_divergence")
         if div and div["near_tie"]:
             note = note or f"near-tie divergence at step {div['step']} (margin {div['margin']:.2g})"
         lines.append(
-            f"| {row['arm']} | {'yes' if row['passed'] else '**no**'} | {calls} | "
+            f"| {row['arm']} | {'yes' if row['passed'] else '**no**'} | {calls} | {to_oracle} | "
             f"{'' if rel is None else f'{rel:.3g}'} | {row.get('greedy_identical_steps', '')} | {note} |"
         )
     for arm, reason in summary["unavailable"].items():
-        lines.append(f"| {arm} | not run | | | | {reason} |")
+        lines.append(f"| {arm} | not run | | | | | {reason} |")
     lines += ["", "## Timing", ""]
     for cid, case in summary["cases"].items():
         lines += case_lines(cid, case)

@@ -15,9 +15,11 @@ Stages, each writing raw rows as it goes:
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ TIMING_COLUMNS = ["case", "round", "position", "arm", "calls", "ns"]
 ATTRIBUTION_COLUMNS = ["case", "arm", "region", "ns", "calls"]
 TIMING_LABEL_GPU = "host clock between device synchronisations: what a caller waits for (host and GPU)"
 TIMING_LABEL_CPU = "host clock, Triton interpreter on a CPU: NOT GPU performance"
+PROFILES = "profiles"  # the profiler's table of each attributed call
 Progress = Callable[[str], None]
 Case = Prefill | Decode
 
@@ -74,26 +77,56 @@ def _ids(vocab: int, shape: tuple[int, int], seed: int, device: torch.device) ->
 # --- correctness -----------------------------------------------------------------------
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| over all prompts' last-position logits."""
+    return float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-30)
+
+
+def oracle_logits(model: torch.nn.Module, prompts: torch.Tensor) -> torch.Tensor:
+    """The prompts' last-position logits of a float32 copy of the (unpatched) model."""
+    exact = copy.deepcopy(model).float()
+    try:
+        return prefill_call(exact, prompts).float()
+    finally:
+        del exact
+        if prompts.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What every arm is checked against: eager's greedy tokens and logits, the oracle's
+    logits and eager's distance to them."""
+
+    tokens: torch.Tensor
+    logits: list[torch.Tensor]
+    oracle: torch.Tensor
+    eager_error: float
+
+
 def check_arm(
     model: torch.nn.Module,
     router: Router,
     arm: str,
     p: Protocol,
     patched: Patched,
-    reference: tuple[torch.Tensor, list[torch.Tensor]] | None,
+    oracle: torch.Tensor,
+    reference: Reference | None,
     prompts: torch.Tensor,
-) -> tuple[dict[str, Any], tuple[torch.Tensor, list[torch.Tensor]]]:
-    """The arm's correctness row, and its greedy tokens and logits (the eager arm's are the reference)."""
+) -> tuple[dict[str, Any], Reference]:
+    """The arm's correctness row, and the reference its result makes (eager's is used)."""
     router.arm = arm
     router.counts.clear()
     prefill_call(model, prompts)
     counts = {op: router.counts[op] for op in OPS}
     expected = patched.expected_calls(eager=(arm == BASELINE))
     tokens, logits = greedy(model, prompts, p.correctness.greedy_steps)
+    error = relative_error(logits[0], oracle)
     row: dict[str, Any] = {
         "arm": arm,
         "calls_per_forward": counts,
         "expected_calls_per_forward": expected,
+        "oracle_rel_error": error,
         "passed": True,
         "message": "",
     }
@@ -103,15 +136,16 @@ def check_arm(
             f"routed calls per forward {counts} differ from the model's {expected}: the arm's operators did not all run"
         )
     if reference is not None:
-        ref_tokens, ref_logits = reference
-        scale = float(ref_logits[0].float().abs().max())
-        rel = float((logits[0].float() - ref_logits[0].float()).abs().max()) / max(scale, 1e-30)
-        row["logits_rel_diff"] = rel
-        if rel > p.correctness.logits_tol:
-            problems.append(f"last-position logits differ from eager by {rel:.3g} of their max (limit {p.correctness.logits_tol})")
-        row |= greedy_agreement(tokens, ref_tokens, ref_logits, p.correctness.logits_tol)
-        if row["first_divergence"] is not None and not row["first_divergence"]["near_tie"]:
-            d = row["first_divergence"]
+        limit = p.correctness.oracle_factor * reference.eager_error
+        row |= {"logits_rel_diff": relative_error(logits[0], reference.logits[0]), "oracle_rel_error_limit": limit}
+        if error > limit:
+            problems.append(
+                f"last-position logits are {error:.3g} of their max from the float32 model, more than "
+                f"{p.correctness.oracle_factor} x eager's {reference.eager_error:.3g}"
+            )
+        row |= greedy_agreement(tokens, reference.tokens, reference.logits, p.correctness.near_tie)
+        d = row["first_divergence"]
+        if d is not None and not d["near_tie"]:
             problems.append(
                 f"greedy tokens diverge from eager at step {d['step']} (prompt {d['prompt']}: {d['token']} vs {d['reference']}) "
                 f"where eager's top-two margin {d['margin']:.3g} is not a near-tie"
@@ -119,7 +153,7 @@ def check_arm(
     if problems:
         row["passed"] = False
         row["message"] = "; ".join(problems)
-    return row, (tokens, logits)
+    return row, Reference(tokens=tokens, logits=logits, oracle=oracle, eager_error=error)
 
 
 def greedy_agreement(
@@ -151,7 +185,9 @@ def greedy_agreement(
 # --- timing ------------------------------------------------------------------------------
 
 
-def case_call(model: torch.nn.Module, case: Case, p: Protocol, index: int, device: torch.device) -> Callable[[], object]:
+def case_call(
+    model: torch.nn.Module, case: Case, p: Protocol, index: int, device: torch.device
+) -> Callable[[], object]:
     """The timed call of a case: a prefill forward, or one decode step on a filled cache."""
     vocab = int(model.config.vocab_size)
     if isinstance(case, Prefill):
@@ -180,11 +216,12 @@ def round_order(seed: int, case_index: int, round_index: int, arms: list[str]) -
 
 
 def attribute(
-    model: torch.nn.Module, router: Router, call: Callable[[], object], device: torch.device
+    model: torch.nn.Module, router: Router, call: Callable[[], object], device: torch.device, table: Path
 ) -> dict[str, tuple[int, int]]:
     """region -> (ns, calls) of one profiled call: each routed operator, `total` (the device
     time of all kernels of the call on a GPU; its host time on a CPU) and `wall` (the call's
-    host time, synchronised)."""
+    host time, synchronised). The profiler's own table of the call (the costliest kernels
+    and ops) goes to `table`, for a reader who asks where the rest of the time went."""
     from torch.profiler import ProfilerActivity, profile
 
     gpu = device.type == "cuda"
@@ -197,13 +234,19 @@ def attribute(
             wall = sample_ns(call, 1, device)
     finally:
         router.annotate = False
+    sort = "self_device_time_total" if gpu else "self_cpu_time_total"
+    table.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=80) + "\n")
+    # Host-side events only: a record_function also leaves a device-side range of the same
+    # name, and counting both doubled every region (results/archive/h200/minicpm5-2b-model-r1).
+    # A host event's device_time_total sums the kernels it and its children launched.
+    host = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
     found: dict[str, tuple[int, int]] = {}
-    device_us = 0.0
-    for event in prof.key_averages():
-        if event.key.startswith(REGION):
+    for event in host:
+        if event.name.startswith(REGION):
+            ns, calls = found.get(event.name.removeprefix(REGION), (0, 0))
             us = event.device_time_total if gpu else event.cpu_time_total
-            found[event.key.removeprefix(REGION)] = (round(us * 1000), int(event.count))
-        device_us += event.self_device_time_total if gpu else 0.0
+            found[event.name.removeprefix(REGION)] = (ns + round(us * 1000), calls + 1)
+    device_us = sum(e.device_time_total for e in host if e.cpu_parent is None) if gpu else 0.0
     found["total"] = (round(device_us * 1000) if gpu else wall, 1)
     found["wall"] = (wall, 1)
     return found
@@ -250,17 +293,18 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
 
     say(f"building {p.model} ({p.dtype}, {'checkpoint' if p.checkpoint else 'random weights'}) on {device}")
     model = build_model(p, device)
+    prompts = _ids(int(model.config.vocab_size), (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
+    oracle = oracle_logits(model, prompts)
     router = Router(tables=tables)
     patched = patch(model, router)
     if not patched.norms or not patched.mlps or not patched.layers:
         raise ModelError(f"found {patched} in the model: nothing to route; is it a Llama-style decoder?")
 
-    prompts = _ids(int(model.config.vocab_size), (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
     passed: list[str] = []
     with jsonl_appender(out / CORRECTNESS) as append:
         reference = None
         for arm in [BASELINE, *tables]:
-            row, result = check_arm(model, router, arm, p, patched, reference, prompts)
+            row, result = check_arm(model, router, arm, p, patched, oracle, reference, prompts)
             if arm == BASELINE:
                 reference = result
             append(row)
@@ -268,7 +312,9 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
             if row["passed"]:
                 passed.append(arm)
     if BASELINE not in passed:
-        raise ModelRunError(f"the eager arm failed its own call counts: {patched}; the model's structure is not supported")
+        raise ModelRunError(
+            f"the eager arm failed its own call counts: {patched}; the model's structure is not supported"
+        )
 
     plan = {
         "protocol_sha256": digest,
@@ -280,13 +326,23 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         "timing_label": TIMING_LABEL_GPU if device.type == "cuda" else TIMING_LABEL_CPU,
         "patched": {"norms": patched.norms, "mlps": patched.mlps, "layers": patched.layers},
         "arms": [
-            {"name": arm, "sources": tables[arm].sources if arm in tables else {}, "available": arm not in unavailable,
-             "reason": unavailable.get(arm, ""), "timed": arm in passed}
+            {
+                "name": arm,
+                "sources": tables[arm].sources if arm in tables else {},
+                "available": arm not in unavailable,
+                "reason": unavailable.get(arm, ""),
+                "timed": arm in passed,
+            }
             for arm in p.arms
         ],
         "cases": [
-            {"case": c.id, "phase": "prefill" if isinstance(c, Prefill) else "decode", "batch": c.batch,
-             "tokens_per_call": tokens_per_call(c), **({"tokens": c.tokens} if isinstance(c, Prefill) else {"context": c.context})}
+            {
+                "case": c.id,
+                "phase": "prefill" if isinstance(c, Prefill) else "decode",
+                "batch": c.batch,
+                "tokens_per_call": tokens_per_call(c),
+                **({"tokens": c.tokens} if isinstance(c, Prefill) else {"context": c.context}),
+            }
             for c in p.cases
         ],
         "seed": p.seed,
@@ -298,7 +354,11 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
     }
     write_json(out / PLAN, plan)
 
-    with csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing, csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr:
+    (out / PROFILES).mkdir()
+    with (
+        csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing,
+        csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr,
+    ):
         for index, case in enumerate(p.cases):
             call = case_call(model, case, p, index, device)
             for arm in passed:
@@ -314,7 +374,8 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
             if p.attribution:
                 for arm in passed:
                     router.arm = arm
-                    for region, (ns, calls) in attribute(model, router, call, device).items():
+                    table = out / PROFILES / f"{case.id}-{arm.replace(':', '_').replace('/', '_')}.txt"
+                    for region, (ns, calls) in attribute(model, router, call, device, table).items():
                         attr([case.id, arm, region, ns, calls])
             del call
             if device.type == "cuda":

@@ -84,16 +84,22 @@ class Decode(BaseModel):
 class Correctness(BaseModel):
     """The model-level gate every arm passes before it is timed.
 
-    `logits_tol`: max |logits - eager logits| over the prompts' last positions, divided by
-    max |eager logits|. `greedy_steps`: greedy tokens identical to eager's for this many
-    steps; a divergence where eager's top-two margin is within `logits_tol` (relative) is a
-    near-tie, recorded and not a failure (random weights make near-ties common)."""
+    Logits: the prompts' last-position logits are compared with the same model computed in
+    float32 (the oracle, as operator trials compare with float64). The eager model's own
+    distance to it, max |eager - oracle| / max |oracle|, is the rounding a correct bf16 model
+    shows; an arm passes when its distance is at most `oracle_factor` times that (42 bf16
+    layers amplify one extra rounding per norm: results/archive/h200/minicpm5-2b-model-r1
+    read 2.5-3.7% from eager for three correct arms). Greedy tokens: identical to eager's for
+    `greedy_steps` steps; a divergence where eager's top-two margin, relative to its max
+    logit, is within `near_tie` is a near-tie, recorded and not a failure (random weights
+    make near-ties common)."""
 
     model_config = _CONFIG
     prompts: int = Field(default=2, ge=1)
     prompt_tokens: int = Field(default=32, ge=1)
     greedy_steps: int = Field(default=16, ge=0)
-    logits_tol: float = Field(default=0.02, gt=0)
+    oracle_factor: float = Field(default=2.0, ge=1)
+    near_tie: float = Field(default=0.01, ge=0)
 
 
 class Protocol(BaseModel):

@@ -84,7 +84,10 @@ def build(run_dir: Path) -> dict[str, Any]:
                     entry[f"vs_{ref}"] = comparison(times[(cid, ref)], samples, rule, plan["tie_band"])
             arms[arm] = entry
         cases[cid] = {"phase": case["phase"], "tokens_per_call": case["tokens_per_call"], "arms": arms}
-    correctness = {row["arm"]: {"passed": row["passed"], "message": row["message"]} for row in read_jsonl(run_dir / "correctness.jsonl")}
+    correctness = {
+        row["arm"]: {"passed": row["passed"], "message": row["message"]}
+        for row in read_jsonl(run_dir / "correctness.jsonl")
+    }
     return {
         "schema": SCHEMA,
         "timing_label": plan["timing_label"],

@@ -70,7 +70,9 @@ def gate(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         if arm["timed"] and (row is None or not row["passed"]):
             problems.append(f"gate: {arm['name']} was timed without a passing correctness row")
         if row is not None and row["passed"] and row["calls_per_forward"] != row["expected_calls_per_forward"]:
-            problems.append(f"gate: {arm['name']} passed with call counts {row['calls_per_forward']} != {row['expected_calls_per_forward']}")
+            problems.append(
+                f"gate: {arm['name']} passed with call counts {row['calls_per_forward']} != {row['expected_calls_per_forward']}"
+            )
         if row is not None and not row["passed"] and arm["timed"]:
             problems.append(f"gate: {arm['name']} failed correctness but was timed")
     return problems
@@ -89,7 +91,9 @@ def rounds(plan: dict[str, Any], timings: list[dict[str, str]]) -> list[str]:
     for row in timings:
         seen[(row["case"], int(row["round"]))].append((int(row["position"]), row["arm"]))
         if int(row["calls"]) != plan["calls_per_sample"]:
-            problems.append(f"rounds: {row['case']} round {row['round']} {row['arm']} has {row['calls']} calls per sample")
+            problems.append(
+                f"rounds: {row['case']} round {row['round']} {row['arm']} has {row['calls']} calls per sample"
+            )
     for index, case in enumerate(plan["cases"]):
         for r in range(plan["rounds"]):
             got = [arm for _, arm in sorted(seen.get((case["case"], r), []))]
@@ -107,7 +111,9 @@ def _speedup_ci(ref: np.ndarray, arm: np.ndarray, resamples: int, seed: int, con
     return float(low), float(high)
 
 
-def figures(plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]) -> list[str]:
+def figures(
+    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]
+) -> list[str]:
     per: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for row in timings:
         per[(row["case"], row["arm"])][int(row["round"])] = int(row["ns"]) / int(row["calls"])
@@ -123,10 +129,14 @@ def figures(plan: dict[str, Any], timings: list[dict[str, str]], attribution: li
             entry = claimed.get(arm)
             samples = per.get((cid, arm))
             if entry is None or not samples:
-                problems.append(f"figures: {cid} {arm} is timed but has {'no summary entry' if samples else 'no samples'}")
+                problems.append(
+                    f"figures: {cid} {arm} is timed but has {'no summary entry' if samples else 'no samples'}"
+                )
                 continue
             med = float(np.median(list(samples.values())))
-            if not _close(entry["median_ns"], med) or not _close(entry["tokens_per_s"], case["tokens_per_call"] * 1e9 / med):
+            if not _close(entry["median_ns"], med) or not _close(
+                entry["tokens_per_s"], case["tokens_per_call"] * 1e9 / med
+            ):
                 problems.append(f"figures: {cid} {arm} median {entry['median_ns']} != recomputed {med}")
             for ref in ("eager", "torch_eager"):
                 key = f"vs_{ref}"
@@ -142,7 +152,9 @@ def figures(plan: dict[str, Any], timings: list[dict[str, str]], attribution: li
                 low, high = _speedup_ci(a, b, boot["resamples"], boot["seed"], boot["confidence"])
                 got = entry[key]
                 if not (_close(got["speedup"], want) and _close(got["ci"][0], low) and _close(got["ci"][1], high)):
-                    problems.append(f"figures: {cid} {arm} {key} {got['speedup']} [{got['ci']}] != recomputed {want} [{low}, {high}]")
+                    problems.append(
+                        f"figures: {cid} {arm} {key} {got['speedup']} [{got['ci']}] != recomputed {want} [{low}, {high}]"
+                    )
             found = dict(regions.get((cid, arm), {}))
             total = found.pop("total", 0)
             found.pop("wall", None)
