@@ -15,6 +15,7 @@ Stages, each writing raw rows as it goes:
 
 from __future__ import annotations
 
+import bisect
 import copy
 import random
 import time
@@ -236,20 +237,45 @@ def attribute(
         router.annotate = False
     sort = "self_device_time_total" if gpu else "self_cpu_time_total"
     table.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=80) + "\n")
-    # Host-side events only: a record_function also leaves a device-side range of the same
-    # name, and counting both doubled every region (results/archive/h200/minicpm5-2b-model-r1).
-    # A host event's device_time_total sums the kernels it and its children launched.
-    host = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
-    found: dict[str, tuple[int, int]] = {}
-    for event in host:
-        if event.name.startswith(REGION):
-            ns, calls = found.get(event.name.removeprefix(REGION), (0, 0))
-            us = event.device_time_total if gpu else event.cpu_time_total
-            found[event.name.removeprefix(REGION)] = (ns + round(us * 1000), calls + 1)
-    device_us = sum(e.device_time_total for e in host if e.cpu_parent is None) if gpu else 0.0
+    found, device_us = (device_regions if gpu else host_regions)(prof.events())
     found["total"] = (round(device_us * 1000) if gpu else wall, 1)
     found["wall"] = (wall, 1)
     return found
+
+
+def host_regions(events: list[Any]) -> tuple[dict[str, tuple[int, int]], float]:
+    """On a CPU: each region's host time (its record_function ranges); no device time."""
+    found: dict[str, tuple[int, int]] = {}
+    for e in events:
+        if e.name.startswith(REGION):
+            ns, calls = found.get(e.name.removeprefix(REGION), (0, 0))
+            found[e.name.removeprefix(REGION)] = (ns + round(e.cpu_time_total * 1000), calls + 1)
+    return found, 0.0
+
+
+def device_regions(events: list[Any]) -> tuple[dict[str, tuple[int, int]], float]:
+    """On a GPU: each region's kernel time and all kernels' time (us), on the device timeline.
+
+    A record_function leaves a device-side range spanning the kernels launched inside it; a
+    kernel belongs to the region whose range holds its start. Counted on the device because
+    the host-side tree misses kernels launched outside ATen (Triton's launcher): the first
+    H200 runs attributed no time to our kernels (results/archive/h200/minicpm5-2b-model-r2)."""
+    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    ranges = sorted(
+        (e.time_range.start, e.time_range.end, e.name.removeprefix(REGION)) for e in device if e.name.startswith(REGION)
+    )
+    starts = [r[0] for r in ranges]
+    kernels = [e for e in device if not e.name.startswith(REGION) and not getattr(e, "is_user_annotation", False)]
+    found: dict[str, tuple[int, int]] = {}
+    for _, _, name in ranges:
+        ns, calls = found.get(name, (0, 0))
+        found[name] = (ns, calls + 1)
+    for k in kernels:
+        i = bisect.bisect_right(starts, k.time_range.start) - 1
+        if i >= 0 and k.time_range.start < ranges[i][1]:
+            ns, calls = found[ranges[i][2]]
+            found[ranges[i][2]] = (ns + round(k.time_range.elapsed_us() * 1000), calls)
+    return found, float(sum(k.time_range.elapsed_us() for k in kernels))
 
 
 # --- the run -----------------------------------------------------------------------------
