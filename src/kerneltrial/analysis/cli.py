@@ -29,7 +29,7 @@ Json = Annotated[
 ]
 
 
-def _verify_one(run_dir: Path) -> VerifyResult:
+def verify_one(run_dir: Path) -> VerifyResult:
     """The kernel verifier (kernel and replicate directories), the serving one or the model
     one, by the directory's kind (`rundir.layout.kind_of`)."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
@@ -58,7 +58,7 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
     """
     runs: list[records.VerifiedRun] = []
     for run_dir in run_dirs:
-        result = _verify_one(run_dir)
+        result = verify_one(run_dir)
         checks = [records.VerifyCheck(c.name, c.ok, c.applicable, c.detail) for c in result.checks]
         runs.append(records.VerifiedRun(str(run_dir), result.ok, checks))
         for check in checks:
@@ -85,7 +85,7 @@ def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
     the serving report, by the directory's kind)."""
     if kind_of(run_dir) == "model":
-        from kerneltrial.model.report import write_model_report
+        from kerneltrial.analysis.model_report import write_model_report
 
         typer.echo(f"wrote {write_model_report(run_dir)}")
         return

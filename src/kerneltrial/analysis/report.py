@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from kerneltrial.analysis.model_report import performance_section
 from kerneltrial.rundir.documents import (
     AACalibration,
     ArmFigures,
@@ -38,7 +39,7 @@ from kerneltrial.rundir.documents import (
     read_summary,
 )
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
+from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT, kind_of
 
 SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"
@@ -704,6 +705,8 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     run_dirs = sorted((Path(d) for d in run_dirs), key=lambda d: d.name)  # one order, whatever the shell's glob gives
     current = [d for d in run_dirs if superseded_by(d) is None]
     earlier = [d for d in run_dirs if superseded_by(d) is not None]
+    models = [d for d in current if kind_of(d) == "model"]
+    current = [d for d in current if d not in models]
     check_successors(run_dirs)
     sections = [run_section(d, read_summary(d), level=2) for d in current]
     lines = [
@@ -717,6 +720,15 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     lines += overview_table(current)
     for section in sections:
         lines += section + [""]
+    if models:
+        lines += [
+            "## Model level",
+            "",
+            "Whole-model trials (`kerneltrial model`): tokens/s of a prefill pass or one decode step per arm.",
+            "",
+        ]
+        for d in models:
+            lines += performance_section(d) + [""]
     if earlier:
         lines += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
     out = Path(out)

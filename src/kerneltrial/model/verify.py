@@ -37,7 +37,11 @@ def _close(a: float | None, b: float | None) -> bool:
 
 def manifest(run: Path) -> list[str]:
     listed: dict[str, str] = read_json(run / "manifest.json")
-    present = {str(f.relative_to(run)) for f in run.rglob("*") if f.is_file()} - {"manifest.json", "report.md"}
+    present = {str(f.relative_to(run)) for f in run.rglob("*") if f.is_file()} - {
+        "manifest.json",
+        "report.md",
+        "ERRATA.md",
+    }
     problems = [f"manifest: {name} is not listed" for name in sorted(present - set(listed))]
     for name, digest in sorted(listed.items()):
         path = run / name

@@ -1,4 +1,5 @@
-"""report.md of a model trial, drawn from its summary.json and plan.json alone."""
+"""Reports of model trials (src/kerneltrial/model), drawn from summary.json and plan.json alone:
+report.md of one run, and its section in PERFORMANCE.md."""
 
 from __future__ import annotations
 
@@ -79,6 +80,25 @@ def render(run_dir: Path) -> str:
     for cid, case in summary["cases"].items():
         lines += case_lines(cid, case)
     return "\n".join(lines)
+
+
+def performance_section(run_dir: Path) -> list[str]:
+    """The run's section in PERFORMANCE.md: its timing tables under the run's name."""
+    plan = read_json(run_dir / "plan.json")
+    summary = read_json(run_dir / "summary.json")
+    lines = [
+        f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model",
+        "",
+        f"Timing: {summary['timing_label']}; {plan['rounds']} interleaved rounds. Arms not timed: "
+        + (", ".join(f"{a} ({why})" for a, why in summary["unavailable"].items()) or "none")
+        + ". Correctness: "
+        + ", ".join(f"{a} {'passed' if c['passed'] else 'FAILED'}" for a, c in summary["correctness"].items())
+        + ".",
+        "",
+    ]
+    for cid, case in summary["cases"].items():
+        lines += ["#" + line if line.startswith("### ") else line for line in case_lines(cid, case)]
+    return lines
 
 
 def write_model_report(run_dir: Path) -> Path:

@@ -1,0 +1,215 @@
+"""Whole-model trials on a tiny Llama through the Triton interpreter: the run, its gate
+(call counts, logits against the float32 model, greedy tokens), verify and the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kerneltrial.analysis.cli import verify_one
+from kerneltrial.analysis.model_report import write_model_report
+from kerneltrial.cli import app
+from kerneltrial.model import build
+from kerneltrial.model.build import Router, patch
+from kerneltrial.model.runner import ModelRunError, greedy_agreement, run_model_trial
+from kerneltrial.model.spec import ProtocolError, parse_protocol
+from kerneltrial.rundir.files import read_json, read_jsonl, write_json
+from kerneltrial.rundir.layout import kind_of
+
+pytest.importorskip("transformers")
+
+PROTOCOL = """
+name = "tiny"
+model = "tiny"
+rounds = 3
+warmup = 1
+arms = [{arms}]
+[[prefill]]
+batch = 1
+tokens = 8
+[[decode]]
+batch = 2
+context = 8
+[correctness]
+prompts = 2
+prompt_tokens = 8
+greedy_steps = 3
+"""
+
+# A user arm whose RMSNorm scales its output by 1.5: plausible-looking, wrong.
+SCALED = """
+import torch
+
+def rmsnorm(x, weight, eps=1e-6):
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return (1.5 * x.float() * torch.rsqrt(v + eps) * weight.float()).to(x.dtype)
+"""
+
+
+def protocol(tmp_path: Path, arms: str) -> Path:
+    path = tmp_path / "model.toml"
+    path.write_text(PROTOCOL.format(arms=arms))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("model")
+    (base / "scaled.py").write_text(SCALED)
+    return run_model_trial(protocol(base, '"eager", "torch_eager", "kerneltrial", "user:scaled.py"'), base / "run")
+
+
+def test_a_tiny_model_runs_end_to_end_and_verifies(tiny_run: Path) -> None:
+    assert kind_of(tiny_run) == "model"
+    rows = {r["arm"]: r for r in read_jsonl(tiny_run / "correctness.jsonl")}
+    # 2 layers: eager routes 2 norms per layer and the final one; the patched arms fuse one per layer
+    assert rows["eager"]["calls_per_forward"] == {"rmsnorm": 5, "fused_add_rmsnorm": 0, "silu_and_mul": 2}
+    assert rows["kerneltrial"]["calls_per_forward"] == {"rmsnorm": 3, "fused_add_rmsnorm": 2, "silu_and_mul": 2}
+    assert rows["kerneltrial"]["passed"] and rows["torch_eager"]["passed"]
+    assert rows["kerneltrial"]["oracle_rel_error"] <= rows["kerneltrial"]["oracle_rel_error_limit"]
+    summary = read_json(tiny_run / "summary.json")
+    case = summary["cases"]["decode-b2-c8"]["arms"]
+    assert set(case) == {"eager", "torch_eager", "kerneltrial"}
+    assert case["kerneltrial"]["samples"] == 3 and "vs_eager" in case["kerneltrial"]
+    assert case["kerneltrial"]["attribution"]["regions_ns"].keys() == {"rmsnorm", "fused_add_rmsnorm", "silu_and_mul"}
+    assert verify_one(tiny_run).ok
+    report = write_model_report(tiny_run).read_text()
+    assert "NOT GPU performance" in report and "| kerneltrial | yes |" in report
+
+
+def test_an_arm_that_changes_the_model_is_caught_and_not_timed(tiny_run: Path) -> None:
+    row = next(r for r in read_jsonl(tiny_run / "correctness.jsonl") if r["arm"].startswith("user:"))
+    assert not row["passed"]
+    assert "from the float32 model" in row["message"]
+    assert "greedy tokens diverge from eager at step" in row["message"]
+    plan = read_json(tiny_run / "plan.json")
+    assert not next(a for a in plan["arms"] if a["name"].startswith("user:"))["timed"]
+    assert all(
+        not arm.startswith("user:") for arm in read_json(tiny_run / "summary.json")["cases"]["prefill-b1-t8"]["arms"]
+    )
+
+
+def test_greedy_divergence_is_a_failure_unless_eager_was_at_a_near_tie() -> None:
+    ref_tokens = torch.tensor([[3, 1, 2]])
+    decided = [
+        torch.tensor([[0.0, 0.0, 0.0, 10.0]]),
+        torch.tensor([[0.0, 9.0, 0.0, 10.0]]),
+        torch.tensor([[0.0, 0.0, 10.0, 9.99]]),
+    ]
+    same = greedy_agreement(ref_tokens.clone(), ref_tokens, decided, tol=0.01)
+    assert same == {"greedy_identical_steps": 3, "first_divergence": None}
+    wide = greedy_agreement(torch.tensor([[3, 3, 2]]), ref_tokens, decided, tol=0.01)
+    assert wide["greedy_identical_steps"] == 1 and not wide["first_divergence"]["near_tie"]  # margin 1 of 10
+    tie = greedy_agreement(torch.tensor([[3, 1, 3]]), ref_tokens, decided, tol=0.01)
+    assert tie["first_divergence"]["step"] == 2 and tie["first_divergence"]["near_tie"]  # margin 0.01 of 10
+
+
+def test_verify_catches_a_shrunk_sample(tiny_run: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(tiny_run, copy)
+    lines = (copy / "timings.csv").read_text().splitlines()
+    case, rnd, pos, arm, calls, ns = lines[1].split(",")
+    lines[1] = ",".join([case, rnd, pos, arm, calls, str(int(ns) // 2)])
+    (copy / "timings.csv").write_text("\n".join(lines) + "\n")
+    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
+    assert any("timings.csv changed" in p for p in problems)
+    # a careful cheater also rewrites the manifest: the recomputed median then disagrees
+    manifest = read_json(copy / "manifest.json")
+    manifest["timings.csv"] = build_sha(copy / "timings.csv")
+    write_json(copy / "manifest.json", manifest)
+    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
+    assert any("figures:" in p for p in problems), problems
+
+
+def test_verify_catches_a_reordered_round(tiny_run: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(tiny_run, copy)
+    lines = (copy / "timings.csv").read_text().splitlines()
+    # swap the arms of the first two samples of round 0 (their positions stay)
+    a, b = lines[1].split(","), lines[2].split(",")
+    a[3], b[3] = b[3], a[3]
+    lines[1], lines[2] = ",".join(a), ",".join(b)
+    (copy / "timings.csv").write_text("\n".join(lines) + "\n")
+    manifest = read_json(copy / "manifest.json")
+    manifest["timings.csv"] = build_sha(copy / "timings.csv")
+    write_json(copy / "manifest.json", manifest)
+    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
+    assert any("the seed gives" in p for p in problems), problems
+
+
+def build_sha(path: Path) -> str:
+    from kerneltrial.rundir.hashing import sha256_file
+
+    return sha256_file(path)
+
+
+def test_a_norm_the_patcher_does_not_recognise_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose final norm is another class runs it unpatched in every arm: the call
+    counts (expected from the config, not from what the patcher found) catch it."""
+    real = build.build_model
+
+    def renamed_final_norm(p, device):  # noqa: ANN001, ANN202
+        model = real(p, device)
+        norm = model.model.norm
+        plain = type("FinalNorm", (torch.nn.Module,), {"forward": lambda self, x: norm.__class__.forward(norm, x)})()
+        model.model.norm = plain
+        return model
+
+    monkeypatch.setattr("kerneltrial.model.runner.build_model", renamed_final_norm)
+    with pytest.raises(ModelRunError, match="does not recognise"):
+        run_model_trial(protocol(tmp_path, '"eager", "kerneltrial"'), tmp_path / "run")
+
+
+def test_a_patched_layer_is_the_same_model(tmp_path: Path) -> None:
+    """torch_eager through the patched structure computes eager's logits (the structure
+    itself changes nothing but the operators)."""
+    p = parse_protocol(PROTOCOL.format(arms='"eager", "torch_eager"'))
+    model = build.build_model(p, torch.device("cpu"))
+    from kerneltrial.model.arms import op_table
+
+    router = Router(tables={"torch_eager": op_table("torch_eager", tmp_path)})
+    found = patch(model, router)
+    assert (found.norms, found.mlps, found.layers) == (5, 2, 2)
+    ids = torch.randint(0, 512, (2, 8), generator=torch.Generator().manual_seed(0))
+    eager = build.prefill_call(model, ids)
+    router.arm = "torch_eager"
+    patched = build.prefill_call(model, ids)
+    assert torch.allclose(eager.float(), patched.float(), rtol=0.05, atol=0.05)
+    # a repeated decode step on one cache gives the same logits (the cache is rewound)
+    cache = build.static_cache(model, 12)
+    build.step(model, cache, ids, 0)
+    first = build.step(model, cache, ids[:, :1], 8)
+    assert torch.equal(first, build.step(model, cache, ids[:, :1], 8))
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ('"kerneltrial"', "must include 'eager'"),
+        ('"eager", "mystery"', "unknown arm 'mystery'"),
+        ('"eager", "eager"', "repeat"),
+    ],
+)
+def test_bad_protocols_name_the_fix(arms: str, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        parse_protocol(PROTOCOL.format(arms=arms))
+
+
+def test_the_command_line_refuses_a_bad_protocol_with_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["model", str(protocol(tmp_path, '"kerneltrial"')), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "must include 'eager'" in result.output
+
+
+def test_the_committed_model_protocol_parses() -> None:
+    from tests.conftest import REPO
+
+    p = parse_protocol((REPO / "protocols/model/minicpm5-2b.toml").read_text())
+    assert {"eager", "kerneltrial", "liger", "torch_compile"} <= set(p.arms)
+    assert {c.id for c in p.decode} >= {"decode-b1-c512", "decode-b64-c512"}
+    assert json.dumps(p.model_dump())  # a plain record
