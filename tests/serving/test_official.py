@@ -135,9 +135,11 @@ def test_extra_arguments_are_appended_and_a_contradiction_needs_an_override():
     argv = p.argv("vllm", "/m", 1, extra=["--max-model-len", "18432"], overrides=["max-model-len"])
     assert argv.count("--max-model-len") == 1 and argv[-2:] == ["--max-model-len", "18432"]
     assert "131072" not in argv
-    assert "--enforce-eager" not in get_preset("minicpm5-2b-iluvatar").argv(
-        "v", "/m", 1, extra=["--enforce-eager=false"], overrides=["--enforce-eager"]
-    )
+    iluvatar = get_preset("minicpm5-2b-iluvatar")
+    with pytest.raises(PresetError, match="--no-enforce-eager contradicts"):  # the negative form sets the flag too
+        iluvatar.argv("v", "/m", 1, extra=["--no-enforce-eager"])
+    argv = iluvatar.argv("v", "/m", 1, extra=["--no-enforce-eager"], overrides=["--enforce-eager"])
+    assert "--enforce-eager" not in argv and argv[-1] == "--no-enforce-eager"
 
 
 @pytest.mark.parametrize(

@@ -101,8 +101,10 @@ class Preset:
 
 
 def _name(token: str) -> str:
-    """--opt=value and --opt_name alike -> --opt-name (vLLM's parser takes - and _ alike)."""
-    return token.partition("=")[0].replace("_", "-")
+    """The flag a token sets: --opt=value, --opt_name and --no-opt all set --opt (vLLM's parser takes
+    - and _ alike, and its boolean flags have a --no- form)."""
+    name = token.partition("=")[0].replace("_", "-")
+    return "--" + name[5:] if name.startswith("--no-") else name
 
 
 def _options(args: Sequence[str]) -> dict[str, list[str]]:
