@@ -215,6 +215,7 @@ def test_launch_preset_runs_the_official_command_and_records_argv_and_env(tmp_pa
     assert served == {"argv": want, "maca": "0"}
     launch = json.loads((out / "launch.json").read_text())["record"]
     assert launch["argv"] == [str(exe), *want] and launch["env_set"] == {"MACA_VISIBLE_DEVICES": "0"}
+    assert launch["operator_env"]["MACA_VISIBLE_DEVICES"] == "0"  # the device selection, in the environment record
 
 
 SERVE_OR_CLIENT = """#!{python}

@@ -21,6 +21,8 @@ from kerneltrial.cli_support import CliError, ExitCode, console
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from kerneltrial.serving.presets import Preset
+
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 VLLM_HELP = "`vllm` executable for the benchmark client (env KERNELTRIAL_VLLM; default: vllm on PATH)."
 PRESET_HELP = (
@@ -338,7 +340,7 @@ def bench(
 
 def _preset_server(
     name: str, model: str | None, port: int | None, vllm: str | None, extra: list[str], overrides: list[str]
-) -> tuple[Any, list[str], int]:
+) -> tuple[Preset, list[str], int]:
     """(preset, full server argv, port) of `--preset NAME` with the extra arguments after `--`."""
     from kerneltrial.serving.bench import VLLM_ENV, resolve_vllm
     from kerneltrial.serving.presets import get_preset
@@ -351,7 +353,7 @@ def _preset_server(
     return pr, pr.argv(exe, model, p, extra=extra, overrides=overrides), p
 
 
-def _preset_header(pr: Any, extra: list[str], overrides: list[str]) -> str:
+def _preset_header(pr: Preset, extra: list[str], overrides: list[str]) -> str:
     """TOML comments naming the preset, its source and any departure: kept in the run's protocol.toml."""
     lines = [f"# preset {pr.name} ({pr.vendor}): {pr.description}", f"# source: {pr.source}"]
     lines += [f"# left out of the source: {o.flag} {o.value} ({o.reason})" for o in pr.omitted]
