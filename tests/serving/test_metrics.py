@@ -41,6 +41,19 @@ def test_run_metrics_hand_computed():
     assert m["mean_e2el_ms"] == pytest.approx(650.0)
 
 
+def test_peak_output_tokens_per_s_hand_computed():
+    # request 0 starts at 0.0: tokens at 0.1, 0.3, 0.5, 1.0; request 1 at 0.5: one token at 0.8; request 2 failed
+    m = metrics.run_metrics(dict(RAW, start_times=[0.0, 0.5, 0.2]))
+    assert m["max_output_tokens_per_s"] == 4.0  # second 0 holds 4 tokens, second 1 one
+    # the buckets start at the earliest successful request: moving the failed one changes nothing
+    assert metrics.run_metrics(dict(RAW, start_times=[0.0, 0.5, -5.0]))["max_output_tokens_per_s"] == 4.0
+    # spread over time, the same tokens make a lower peak
+    assert metrics.run_metrics(dict(RAW, start_times=[0.0, 3.0, 0.0]))["max_output_tokens_per_s"] == 3.0
+    assert "max_output_tokens_per_s" not in metrics.run_metrics(RAW)  # no start_times: left out, not guessed
+    none_ok = dict(RAW, errors=["x", "y", "z"], start_times=[0.0, 0.0, 0.0])
+    assert metrics.run_metrics(none_ok)["max_output_tokens_per_s"] == 0.0
+
+
 def test_empty_latency_lists_are_zero_like_vllm():
     raw = dict(RAW, errors=["x", "y", "z"], latencies=[0.0, 0.0, 0.0], output_lens=[0, 0, 0])
     m = metrics.run_metrics(raw)

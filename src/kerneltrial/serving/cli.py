@@ -21,8 +21,18 @@ from kerneltrial.cli_support import CliError, ExitCode, console
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from kerneltrial.serving.presets import Preset
+
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 VLLM_HELP = "`vllm` executable for the benchmark client (env KERNELTRIAL_VLLM; default: vllm on PATH)."
+PRESET_HELP = (
+    "Built-in official command (minicpm5-2b = NVIDIA, minicpm5-2b-iluvatar, minicpm5-2b-metax; needs --model); "
+    "extra server arguments go after `--`. Sources: docs/serving.md."
+)
+OVERRIDE_HELP = (
+    "Let an extra server argument after `--` replace this flag of the preset (e.g. --override max-model-len); "
+    "without it a flag the preset sets is refused."
+)
 app = cli_support.app(
     help=(
         "Serving trials on an OpenAI-compatible server (vLLM): launch with fail-fast gates, "
@@ -123,6 +133,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         "status",
         "total tok/s",
         "output tok/s",
+        "peak output tok/s",
         "mean TTFT ms",
         "p99 TTFT ms",
         "mean TPOT ms",
@@ -137,6 +148,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 for k in (
                     "total_token_throughput",
                     "output_throughput",
+                    "max_output_tokens_per_s",
                     "mean_ttft_ms",
                     "p99_ttft_ms",
                     "mean_tpot_ms",
@@ -228,9 +240,8 @@ def bench(
         None, "--base-url", help="Benchmark an already running server, e.g. http://127.0.0.1:8000."
     ),
     launch: bool = typer.Option(False, "--launch", help="Start the server given after `--`, benchmark, stop it."),
-    preset: str = typer.Option(
-        None, "--preset", help="Built-in set-up, e.g. minicpm5-2b (needs --model); an unknown name lists them."
-    ),
+    preset: str = typer.Option(None, "--preset", help=PRESET_HELP),
+    override: list[str] = typer.Option([], "--override", help=OVERRIDE_HELP),
     model: str = typer.Option(None, "--model", help="Model path (preset launches) and default tokenizer."),
     model_id: str = typer.Option(
         None, "--model-id", help="Model id the server lists in /v1/models (default: guessed)."
@@ -246,7 +257,12 @@ def bench(
         900.0, "--ready-timeout", help="Seconds to wait for /v1/models to list the model."
     ),
     bench_timeout: float = typer.Option(3600.0, "--bench-timeout", help="Seconds one `vllm bench serve` run may take."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random prompts (run k uses seed + k)."),
+    seeding: str = typer.Option(
+        "official",
+        "--seeding",
+        help="official: every run of a case uses the prompt seed, as the official script does; per_run: run k uses seed + k.",
+    ),
+    seed: int = typer.Option(None, "--seed", help="Prompt seed for `vllm bench serve --seed` (default 0, its own)."),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-bench-TIMESTAMP)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -255,32 +271,38 @@ def bench(
     Examples:\n
       kerneltrial serve bench --base-url http://127.0.0.1:8000 --model-id m --tokenizer /models/m --cases '[[4096,1024,64,256]]'\n
       kerneltrial serve bench --preset minicpm5-2b --model /models/MiniCPM5-2B\n
+      kerneltrial serve bench --preset minicpm5-2b --model /models/MiniCPM5-2B -- --max-num-seqs 64\n
       kerneltrial serve bench --launch --cases '[[512,128,8,32]]' -- vllm serve /models/m --port 8000
     """
-    from kerneltrial.serving.bench import VLLM_ENV, parse_cases, resolve_vllm
+    from kerneltrial.serving.bench import parse_cases
     from kerneltrial.serving.launcher import list_models
-    from kerneltrial.serving.presets import get_preset
 
     server_argv = list(ctx.args)
     modes = sum([bool(base_url), launch, bool(preset)])
     if modes != 1:
         raise CliError("choose exactly one of --base-url URL, --launch -- <server argv>, --preset NAME")
-    if server_argv and not launch:
-        raise CliError(f"unexpected arguments {server_argv[:3]}; a server argv after `--` needs --launch")
-    table: dict[str, Any] = {"name": "bench", "seed": seed, "rounds": 1, "repeats": repeats}
+    if server_argv and not (launch or preset):
+        raise CliError(
+            f"unexpected arguments {server_argv[:3]}; arguments after `--` are a server argv (--launch) "
+            "or extra server arguments (--preset)"
+        )
+    if override and not preset:
+        raise CliError("--override replaces a flag of a --preset; pass --preset NAME")
+    if seeding not in ("official", "per_run"):
+        raise CliError(f"--seeding {seeding!r} is not official or per_run")
+    table: dict[str, Any] = {"name": "bench", "rounds": 1, "repeats": repeats}
     server: dict[str, Any] = {"ready_timeout_s": ready_timeout}
     arm: dict[str, Any] = {"name": "server", "role": "arm"}
     case_list = parse_cases(cases) if cases else None
+    header = ""
     if preset:
-        pr = get_preset(preset)
-        if not model:
-            raise CliError(f"preset {preset} needs --model PATH (the model is not bundled)")
-        exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
-        p = port or 8000
-        arm["argv"] = pr.argv(exe, model, p)
+        if model_id:
+            raise CliError(f"--model-id: preset {preset} serves its own model id; leave --model-id out")
+        pr, arm["argv"], p = _preset_server(preset, model, port, vllm, server_argv, override)
         arm["env"] = dict(pr.env)
-        server.update(model_id=model_id or pr.model_id, port=p, model=model)
+        server.update(model_id=pr.model_id, port=p, model=model)
         case_list = case_list or list(pr.cases)
+        header = _preset_header(pr, server_argv, override)
     elif launch:
         argv, mid, p = server_from_argv(server_argv, model_id, port)
         arm["argv"] = argv
@@ -306,12 +328,40 @@ def bench(
     if tokenizer:
         server["tokenizer"] = tokenizer
     table["server"] = server
-    table["bench"] = {"cases": [c.as_list() for c in case_list], "timeout_s": bench_timeout}
+    table["bench"] = {"cases": [c.as_list() for c in case_list], "timeout_s": bench_timeout, "seeding": seeding}
+    if seed is not None:
+        table["bench"]["seed"] = seed
     table["arms"] = [arm]
     import tomli_w
 
-    text = tomli_w.dumps(table)
+    text = header + tomli_w.dumps(table)
     _execute(text, Path("."), out_dir or default_out("bench"), vllm, quiet)
+
+
+def _preset_server(
+    name: str, model: str | None, port: int | None, vllm: str | None, extra: list[str], overrides: list[str]
+) -> tuple[Preset, list[str], int]:
+    """(preset, full server argv, port) of `--preset NAME` with the extra arguments after `--`."""
+    from kerneltrial.serving.bench import VLLM_ENV, resolve_vllm
+    from kerneltrial.serving.presets import get_preset
+
+    pr = get_preset(name)
+    if not model:
+        raise CliError(f"preset {name} needs --model PATH (the model is not bundled)")
+    exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
+    p = port or 8000
+    return pr, pr.argv(exe, model, p, extra=extra, overrides=overrides), p
+
+
+def _preset_header(pr: Preset, extra: list[str], overrides: list[str]) -> str:
+    """TOML comments naming the preset, its source and any departure: kept in the run's protocol.toml."""
+    lines = [f"# preset {pr.name} ({pr.vendor}): {pr.description}", f"# source: {pr.source}"]
+    lines += [f"# left out of the source: {o.flag} {o.value} ({o.reason})" for o in pr.omitted]
+    if extra:
+        lines.append(f"# extra server arguments: {' '.join(extra)}")
+    if overrides:
+        lines.append(f"# overridden preset flags (a departure from the official command): {', '.join(overrides)}")
+    return "\n".join(lines) + "\n"
 
 
 @app.command()
@@ -438,16 +488,29 @@ def launch_cmd(
     ready_timeout: float = typer.Option(900.0, "--ready-timeout"),
     hold: float = typer.Option(0.0, "--hold", help="Keep the server up this many seconds after it is ready."),
     out_dir: Path = typer.Option(None, "--out", help="Directory for server.log and launch.json."),
+    preset: str = typer.Option(None, "--preset", help=PRESET_HELP),
+    override: list[str] = typer.Option([], "--override", help=OVERRIDE_HELP),
+    model: str = typer.Option(None, "--model", help="Model path (with --preset)."),
+    vllm: str = typer.Option(None, "--vllm", help="`vllm` executable that serves (with --preset; default: on PATH)."),
 ) -> None:
-    """Start the server given after `--`, check the gates (port, alive, ready, model id), stop it."""
+    """Start the server given after `--` (or a --preset), check the gates (port, alive, ready, model id), stop it."""
     import time
 
     from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, install_sigterm_as_interrupt
 
-    argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
+    env: dict[str, str] = {}
+    if preset:
+        if model_id:
+            raise CliError(f"--model-id: preset {preset} serves its own model id; leave --model-id out")
+        pr, argv, p = _preset_server(preset, model, port, vllm, list(ctx.args), override)
+        mid, env = pr.model_id, dict(pr.env)
+    elif override:
+        raise CliError("--override replaces a flag of a --preset; pass --preset NAME")
+    else:
+        argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
     run_dir = out_dir or default_out("launch")
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
+    spec = ServerSpec(argv, mid, port=p, env=env, ready_timeout_s=ready_timeout)
     install_sigterm_as_interrupt()
     srv = Server(spec, run_dir / "server.log")
     out = console()

@@ -24,7 +24,8 @@ from typing import Any, TextIO
 import httpx
 
 OPERATOR_ENV_PREFIXES = ("VLLM_", "FLAGGEMS", "USE_FLAGGEMS", "GEMS_", "TRITON_", "KERNELTRIAL_")
-OPERATOR_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD", "HF_HUB_OFFLINE")
+# MACA_VISIBLE_DEVICES: MetaX's device selection (the minicpm5-2b-metax preset's source exports it)
+OPERATOR_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MACA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD", "HF_HUB_OFFLINE")
 
 
 class LaunchError(RuntimeError):

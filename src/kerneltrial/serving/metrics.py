@@ -14,7 +14,11 @@ Pure functions on plain data, matching vllm/benchmarks/serve.py (vLLM 0.32,
   output_len_i > 1;
 - ITL = all entries of `itls[i]` of successful requests, pooled;
 - for each: mean (numpy.mean), median, std (population, numpy.std), percentiles with
-  numpy.percentile (linear), all x 1000 (ms); an empty list gives 0 (vLLM's `x or 0`).
+  numpy.percentile (linear), all x 1000 (ms); an empty list gives 0 (vLLM's `x or 0`);
+- max_output_tokens_per_s, printed as "Peak output token throughput (tok/s)": the successful
+  requests' tokens (the first at start + ttft, each next one ITL later) counted in one-second
+  buckets from the earliest successful start; the fullest bucket. Needs `start_times`, which
+  `--save-detailed` writes (absent: the figure is left out, never guessed).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
 SUMMARY_KEYS = (
     "total_token_throughput",
     "output_throughput",
+    "max_output_tokens_per_s",
     "request_throughput",
     "mean_ttft_ms",
     "median_ttft_ms",
@@ -83,6 +88,28 @@ def describe_ms(name: str, values: Sequence[float], percentiles: Iterable[float]
     return out
 
 
+def peak_output_tokens_per_s(raw: Mapping[str, Any], ok: Sequence[bool]) -> float:
+    """vLLM's max_output_tokens_per_s (calculate_metrics, serve.py): tokens per one-second bucket, the maximum."""
+    good = [i for i, g in enumerate(ok) if g]
+    if not good:
+        return 0.0
+    starts = [float(raw["start_times"][i]) for i in good]
+    t0 = min(starts)
+    end = max(s + float(raw["latencies"][i]) for s, i in zip(starts, good, strict=True))
+    buckets = np.zeros(int(np.ceil(end - t0)) + 1)
+    for s, i in zip(starts, good, strict=True):
+        t = s + float(raw["ttfts"][i])
+        times = [t]
+        for gap in raw["itls"][i]:
+            t += float(gap)
+            times.append(t)
+        for t in times:
+            b = int(t - t0)
+            if 0 <= b < len(buckets):
+                buckets[b] += 1
+    return float(np.max(buckets))
+
+
 def run_metrics(raw: Mapping[str, Any], percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """Every figure of one bench run, recomputed from its per-request arrays."""
     ok = success_flags(raw)
@@ -106,6 +133,8 @@ def run_metrics(raw: Mapping[str, Any], percentiles: Iterable[float] = DEFAULT_P
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
     }
+    if raw.get("start_times") is not None:
+        out["max_output_tokens_per_s"] = peak_output_tokens_per_s(raw, ok)
     out.update(describe_ms("ttft", ttft, pct))
     out.update(describe_ms("tpot", tpots(raw, ok), pct))
     out.update(describe_ms("itl", itl, pct))

@@ -1,7 +1,7 @@
 """Serving protocol (TOML): arms are server configurations; cases, repeats, acceptance.
 
     name = "minicpm5-2b-flaggems"
-    seed = 0            # launch order and bench seeds
+    seed = 0            # launch order
     rounds = 2          # launches per arm, interleaved A B / B A ... in a seeded order
     repeats = 4         # runs of each case per launch; the first is the warm-up, dropped
     [server]
@@ -10,6 +10,7 @@
     port = 8000                # fills {port} in argv
     [bench]
     cases = [[4096, 1024, 64, 256], [16384, 1024, 64, 128]]
+    seeding = "official"       # every run of a case: prompt seed bench.seed (default 0, vLLM's)
     [acceptance]
     noise_band = 0.01          # candidate total tok/s must gain more than this, every case
     ttft_ratio_max = 1.01      # candidate mean TTFT <= baseline x this, every case
@@ -47,6 +48,11 @@ from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
+
+# `vllm bench serve`'s default --seed (vllm/benchmarks/datasets/datasets.py, add_dataset_parser,
+# vLLM 0.32.0): the seed of every run of the official throughput script, which passes none
+# (vllm-plugin-FL benchmarks/benchmark_throughput_flagos.py).
+VLLM_BENCH_DEFAULT_SEED = 0
 
 PLACEHOLDERS = ("{port}", "{host}", "{model}", "{model_id}")
 _PLACEHOLDER = re.compile(r"\{\w+\}")  # `{word}` only: a JSON argument such as '{"level": 3}' is left alone
@@ -236,6 +242,20 @@ class Bench(BaseModel):
         min_length=1,
         description="Percentiles (0-100) of TTFT, TPOT, ITL and end-to-end latency recorded per run.",
     )
+    seeding: Literal["official", "per_run"] = Field(
+        default="official",
+        description="Prompt seeds of the random dataset: official = every run of a case uses bench.seed, as the "
+        "official throughput script does (it repeats `vllm bench serve` without --seed, so the later runs meet "
+        "prompts the prefix cache has seen); per_run = run k uses bench.seed + k (fresh prompts every run).",
+    )
+    seed: int = Field(
+        default=VLLM_BENCH_DEFAULT_SEED,
+        description="Prompt seed passed to `vllm bench serve --seed`; default 0, the client's own default.",
+    )
+
+    def run_seed(self, run: int) -> int:
+        """The --seed of run `run` (0-based) of every case, by the seeding mode."""
+        return self.seed if self.seeding == "official" else self.seed + run
 
     @field_validator("cases", mode="before")
     @classmethod
@@ -275,7 +295,7 @@ class Protocol(BaseModel):
     model_config = _CONFIG
 
     name: str = Field(default="serving-trial", min_length=1, description="Trial name, recorded in the run directory.")
-    seed: int = Field(default=0, description="Seeds the launch order; run k of every case uses bench seed seed + k.")
+    seed: int = Field(default=0, description="Seeds the launch order (prompt seeds: bench.seed and bench.seeding).")
     rounds: int = Field(
         default=1, ge=1, description="Launches per arm: each round launches every arm once, fresh, in a seeded order."
     )

@@ -308,7 +308,8 @@ def run_protocol(
         "rounds": proto.rounds,
         "repeats": proto.repeats,
         "seed": proto.seed,
-        "bench_seeds": [proto.seed + k for k in range(proto.repeats)],
+        "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
+        "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
         "launches": [{"launch": i, "round": r, "position": p, "arm": n} for i, (r, p, n) in enumerate(order)],
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.bench.percentiles),
@@ -475,7 +476,7 @@ def _bench_launch(
 ) -> None:
     for case in proto.bench.cases:
         for k in range(proto.repeats):
-            seed = proto.seed + k
+            seed = proto.bench.run_seed(k)
             rdir = out / layout.RAW_DIR / tag / case.id
             argv = bench_argv(
                 vllm,
@@ -495,7 +496,9 @@ def _bench_launch(
                 "arm": arm.name,
                 "case": case.id,
                 "run": k,
+                "seeding": proto.bench.seeding,
                 "seed": seed,
+                "client_argv": argv,
                 "num_requests": case.num_requests,
                 "raw": str((rdir / f"run{k}.json").relative_to(out)),
             }
