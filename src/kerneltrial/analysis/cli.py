@@ -29,7 +29,17 @@ Json = Annotated[
 ]
 
 
-def _verify_one(run_dir: Path) -> VerifyResult:
+NoRegrade = Annotated[
+    bool,
+    typer.Option(
+        "--no-regrade",
+        help="Serving runs: trust the stored accuracy grades instead of re-grading every answer (needed when "
+        "math-verify is not installed or is another version than the run's); verify says it did not re-grade.",
+    ),
+]
+
+
+def _verify_one(run_dir: Path, regrade: bool) -> VerifyResult:
     """The kernel verifier (kernel and replicate directories) or the serving one, by the
     directory's kind (`rundir.layout.kind_of`)."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
@@ -39,11 +49,13 @@ def _verify_one(run_dir: Path) -> VerifyResult:
     from kerneltrial.serving.verify import verify_serving_run
 
     result = VerifyResult(run_dir)
-    result.add("serving run", verify_serving_run(run_dir), "every serving figure matches")
+    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
+    if not regrade:
+        result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
     return result
 
 
-def verify(run_dirs: RunDirs, json_: Json = False) -> None:
+def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False) -> None:
     """Recompute every figure of each run directory from its raw rows and compare with summary.json.
 
     Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
@@ -51,7 +63,7 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
     """
     runs: list[records.VerifiedRun] = []
     for run_dir in run_dirs:
-        result = _verify_one(run_dir)
+        result = _verify_one(run_dir, regrade=not no_regrade)
         checks = [records.VerifyCheck(c.name, c.ok, c.applicable, c.detail) for c in result.checks]
         runs.append(records.VerifiedRun(str(run_dir), result.ok, checks))
         for check in checks:
