@@ -341,3 +341,20 @@ def test_each_client_invariant_catches_its_planted_defect() -> None:
     forged = raw | {"total_token_throughput": raw["total_token_throughput"] * 1.1}
     [p] = client_figure_problems(forged, metrics.run_metrics(raw), where)
     assert p.startswith("run X: vLLM's own total_token_throughput in the raw file is ")
+
+
+def test_the_limit_a_forgery_that_reschedules_every_request_passes(run: Path) -> None:
+    """What verify cannot prove (docs/serving.md): every per-request time of A, start times
+    included, scaled together with the duration and every file rewritten is a coherent record
+    of a faster server. Only an independent re-run tells it apart."""
+
+    def rescheduled(raw: dict[str, Any]) -> None:
+        t0 = min(raw["start_times"]) - 0.003
+        raw["start_times"] = [t0 + (s - t0) * 0.8 for s in raw["start_times"]]
+        raw["duration"] *= 0.8
+        raw["latencies"] = [x * 0.8 for x in raw["latencies"]]
+        raw["ttfts"] = [x * 0.8 for x in raw["ttfts"]]
+        raw["itls"] = [[x * 0.8 for x in itl] for itl in raw["itls"]]
+
+    _forge_runs(run, "A", rescheduled)
+    assert verify_serving_run(run) == []

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kerneltrial import cli_records as records
-from kerneltrial.cli_support import ExitCode, emit_json
+from kerneltrial.cli_support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.layout import kind_of
 
 if TYPE_CHECKING:
@@ -99,9 +99,25 @@ def report(run_dir: RunDir) -> None:
     typer.echo(f"wrote {write_report(run_dir)}")
 
 
+def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
+    from kerneltrial.serving.compare import compare_runs, comparison
+
+    if json_:
+        emit_json(comparison(run_a, run_b))
+    else:
+        typer.echo(compare_runs(run_a, run_b), nl=False)
+
+
 def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
-    """Show the same cases of two runs of one operator side by side: median in A, median in B,
-    ratio B/A, each run's speedup over its control with the CI, and each run's verdict."""
+    """Show two runs side by side. Kernel runs of one operator: median in A, median in B, ratio
+    B/A, each run's speedup over its control with the CI, and each run's verdict. Serving runs:
+    per arm and case, total tok/s and mean TTFT over launches with their interval, ratio B/A."""
+    kinds = (kind_of(run_a), kind_of(run_b))
+    if "serving" in kinds:
+        if kinds != ("serving", "serving"):
+            raise CliError(f"{run_a} is a {kinds[0]} run, {run_b} a {kinds[1]} run: compare two runs of one kind")
+        _compare_serving(run_a, run_b, json_)
+        return
     from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
     if not json_:
