@@ -45,9 +45,9 @@ def test_compare_shows_each_arm_and_case_of_two_serving_runs(clean_run: Path, sl
     j = CliRunner().invoke(app, ["compare", "--json", str(clean_run), str(slower_a)])
     assert j.exit_code == 0, j.output
     doc = json.loads(j.stdout)
-    assert doc["schema"] == "kerneltrial.serving-compare/1" and doc["only_in_a"] == doc["only_in_b"] == []
+    assert doc["schema"] == "kerneltrial.serving-compare-result/1" and doc["only_in_a"] == doc["only_in_b"] == []
     row = next(x for x in doc["rows"] if x["arm"] == "A")
-    assert row["throughput_ratio"] == pytest.approx(0.8) and row["throughput_a"]["n"] == 2
+    assert row["throughput_ratio_b_over_a"] == pytest.approx(0.8) and row["total_token_throughput_a"]["launches"] == 2
 
 
 def test_a_serving_run_and_a_kernel_run_are_not_compared(clean_run: Path, tmp_path: Path) -> None:  # noqa: F811

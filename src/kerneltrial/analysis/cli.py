@@ -101,11 +101,40 @@ def report(run_dir: RunDir) -> None:
 
 def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
+    from kerneltrial.serving.report import Interval
 
-    if json_:
-        emit_json(comparison(run_a, run_b))
-    else:
+    if not json_:
         typer.echo(compare_runs(run_a, run_b), nl=False)
+        return
+    compared = comparison(run_a, run_b)
+
+    def interval(i: Interval | None) -> records.LaunchInterval | None:
+        return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
+
+    emit_json(
+        records.ServingCompareResult(
+            run_a=str(run_a),
+            run_b=str(run_b),
+            notes=compared.notes,
+            rows=[
+                records.ComparedServingCase(
+                    r.arm,
+                    r.case,
+                    r.status_a,
+                    r.status_b,
+                    interval(r.throughput_a),
+                    interval(r.throughput_b),
+                    r.throughput_ratio,
+                    interval(r.ttft_ms_a),
+                    interval(r.ttft_ms_b),
+                    r.ttft_ratio,
+                )
+                for r in compared.rows
+            ],
+            only_in_a=compared.only_in_a,
+            only_in_b=compared.only_in_b,
+        )
+    )
 
 
 def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:

@@ -10,7 +10,7 @@ summary.json through report.load_run; nothing is recomputed (that is `verify`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kerneltrial.serving.report import Interval, ServingRun, arm_case, load_run
@@ -32,7 +32,6 @@ class ComparedArmCase:
 
 @dataclass(frozen=True)
 class ServingComparison:
-    schema: str = field(default="kerneltrial.serving-compare/1", init=False)
     run_a: str
     run_b: str
     notes: list[str]
