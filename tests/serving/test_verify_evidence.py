@@ -279,6 +279,16 @@ def test_an_edited_raw_file_contradicts_requests_csv(run: Path) -> None:
     assert all("requests.csv" in p for p in problems), problems
 
 
+def test_requests_csv_rows_must_be_each_request_once(run: Path) -> None:
+    lines = (run / "requests.csv").read_text().splitlines()
+    cells = lines[2].split(",")
+    assert cells[4] == "1"
+    lines[2] = ",".join(cells[:4] + ["0"] + cells[5:])  # request 1's row relabelled as request 0
+    (run / "requests.csv").write_text("\n".join(lines) + "\n")
+    [problem] = verify_serving_run(run)
+    assert problem.endswith("requests.csv rows are not requests 0 to 5 once each")
+
+
 # ---------------------------------------------------------------- launch order
 
 
