@@ -1,4 +1,4 @@
-"""The `--json` documents of `check`, `run`, `verify` and `compare`: one per command.
+"""The `--json` documents of `check`, `run`, `verify` and `compare` (kernel or serving runs): one per command.
 
 Each is printed alone on stdout (human output goes to stderr) and names itself in `schema`
 ("kerneltrial.<command>-result/<version>"); a change that breaks a reader bumps the version.
@@ -114,5 +114,42 @@ class CompareResult:
     timing_b: str
     notes: list[str]
     rows: list[ComparedArm]
+    only_in_a: list[str]
+    only_in_b: list[str]
+
+
+@dataclass(frozen=True)
+class LaunchInterval:
+    """Mean over launches and its 95% Student-t interval across them (None below two launches)."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    launches: int
+
+
+@dataclass(frozen=True)
+class ComparedServingCase:
+    arm: str
+    case: str
+    status_a: str
+    status_b: str
+    total_token_throughput_a: LaunchInterval | None
+    total_token_throughput_b: LaunchInterval | None
+    throughput_ratio_b_over_a: float | None
+    mean_ttft_ms_a: LaunchInterval | None
+    mean_ttft_ms_b: LaunchInterval | None
+    ttft_ratio_b_over_a: float | None
+
+
+@dataclass(frozen=True)
+class ServingCompareResult:
+    """`compare` on two serving run directories."""
+
+    schema: str = field(default="kerneltrial.serving-compare-result/1", init=False)
+    run_a: str
+    run_b: str
+    notes: list[str]
+    rows: list[ComparedServingCase]
     only_in_a: list[str]
     only_in_b: list[str]

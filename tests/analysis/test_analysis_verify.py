@@ -125,13 +125,13 @@ def test_not_a_run_dir_is_an_input_error(tmp_path: Path) -> None:
 def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     fake = types.ModuleType("kerneltrial.serving.verify")
-    fake.verify_serving_run = lambda path: [] if path == tmp_path else ["wrong path"]
+    fake.verify_serving_run = lambda path, regrade: [] if path == tmp_path else ["wrong path"]
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
     app = typer.Typer(pretty_exceptions_enable=False)
     mount(app)
     passed = CliRunner().invoke(app, ["verify", str(tmp_path)])
     assert passed.exit_code == 0 and "ok   serving run: every serving figure matches" in passed.output
-    fake.verify_serving_run = lambda path: ["ttft p50 differs", "row 3 missing"]
+    fake.verify_serving_run = lambda path, regrade: ["ttft p50 differs", "row 3 missing"]
     failed = CliRunner().invoke(app, ["verify", str(tmp_path)])
     assert failed.exit_code == 1 and "FAIL serving run: ttft p50 differs; row 3 missing" in failed.output
 

@@ -74,6 +74,10 @@ def test_accuracy_against_fake_server(tmp_path, port, fake_argv, math500_path):
     assert 0.0 <= res["ci_low"] <= res["accuracy"] <= res["ci_high"] <= 1.0
     assert res["passed"] is False  # far below the 0.95 gate
     assert all(r["response"] == "The answer is \\boxed{42}." for r in recs)
+    # the grader is recorded, so that verify re-grades with the same versions (issue 14)
+    stored = json.loads((tmp_path / "acc" / "accuracy.json").read_text())["grader"]
+    assert res["grader"] == stored == A.grader_version()
+    assert stored["rule"] == A.GRADE_RULE and set(stored) == {"rule", *A.GRADER_PACKAGES}
 
 
 def test_missing_math_verify_names_the_extra(monkeypatch, tmp_path):

@@ -58,6 +58,8 @@ def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: floa
         "ttfts": [ttft] * n,
         "latencies": [ttft + 0.01 * (n_out - 1)] * n,
         "itls": [[0.01] * (n_out - 1)] * n,
+        # one after another, the last ending when the duration does (verify checks the span)
+        "start_times": [100.0 + i * (duration - ttft - 0.01 * (n_out - 1)) / max(n - 1, 1) for i in range(n)],
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(raw))

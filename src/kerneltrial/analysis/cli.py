@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kerneltrial import cli_records as records
-from kerneltrial.cli_support import ExitCode, emit_json
+from kerneltrial.cli_support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.layout import kind_of
 
 if TYPE_CHECKING:
@@ -29,9 +29,20 @@ Json = Annotated[
 ]
 
 
-def verify_one(run_dir: Path) -> VerifyResult:
+NoRegrade = Annotated[
+    bool,
+    typer.Option(
+        "--no-regrade",
+        help="Serving runs: trust the stored accuracy grades instead of re-grading every answer (needed when "
+        "math-verify is not installed or is another version than the run's); verify says it did not re-grade.",
+    ),
+]
+
+
+def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
     """The kernel verifier (kernel and replicate directories), the serving one or the model
-    one, by the directory's kind (`rundir.layout.kind_of`)."""
+    one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
+    every accuracy answer."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
 
     kind = kind_of(run_dir)
@@ -46,11 +57,13 @@ def verify_one(run_dir: Path) -> VerifyResult:
     from kerneltrial.serving.verify import verify_serving_run
 
     result = VerifyResult(run_dir)
-    result.add("serving run", verify_serving_run(run_dir), "every serving figure matches")
+    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
+    if not regrade:
+        result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
     return result
 
 
-def verify(run_dirs: RunDirs, json_: Json = False) -> None:
+def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False) -> None:
     """Recompute every figure of each run directory from its raw rows and compare with summary.json.
 
     Prints one line per check (`ok`, `FAIL`, or `n/a` for a check the run is too old to have)
@@ -58,7 +71,7 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
     """
     runs: list[records.VerifiedRun] = []
     for run_dir in run_dirs:
-        result = verify_one(run_dir)
+        result = verify_one(run_dir, regrade=not no_regrade)
         checks = [records.VerifyCheck(c.name, c.ok, c.applicable, c.detail) for c in result.checks]
         runs.append(records.VerifiedRun(str(run_dir), result.ok, checks))
         for check in checks:
@@ -99,9 +112,54 @@ def report(run_dir: RunDir) -> None:
     typer.echo(f"wrote {write_report(run_dir)}")
 
 
+def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
+    from kerneltrial.serving.compare import compare_runs, comparison
+    from kerneltrial.serving.report import Interval
+
+    if not json_:
+        typer.echo(compare_runs(run_a, run_b), nl=False)
+        return
+    compared = comparison(run_a, run_b)
+
+    def interval(i: Interval | None) -> records.LaunchInterval | None:
+        return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
+
+    emit_json(
+        records.ServingCompareResult(
+            run_a=str(run_a),
+            run_b=str(run_b),
+            notes=compared.notes,
+            rows=[
+                records.ComparedServingCase(
+                    r.arm,
+                    r.case,
+                    r.status_a,
+                    r.status_b,
+                    interval(r.throughput_a),
+                    interval(r.throughput_b),
+                    r.throughput_ratio,
+                    interval(r.ttft_ms_a),
+                    interval(r.ttft_ms_b),
+                    r.ttft_ratio,
+                )
+                for r in compared.rows
+            ],
+            only_in_a=compared.only_in_a,
+            only_in_b=compared.only_in_b,
+        )
+    )
+
+
 def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
-    """Show the same cases of two runs of one operator side by side: median in A, median in B,
-    ratio B/A, each run's speedup over its control with the CI, and each run's verdict."""
+    """Show two runs side by side. Kernel runs of one operator: median in A, median in B, ratio
+    B/A, each run's speedup over its control with the CI, and each run's verdict. Serving runs:
+    per arm and case, total tok/s and mean TTFT over launches with their interval, ratio B/A."""
+    kinds = (kind_of(run_a), kind_of(run_b))
+    if "serving" in kinds:
+        if kinds != ("serving", "serving"):
+            raise CliError(f"{run_a} is a {kinds[0]} run, {run_b} a {kinds[1]} run: compare two runs of one kind")
+        _compare_serving(run_a, run_b, json_)
+        return
     from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
     if not json_:

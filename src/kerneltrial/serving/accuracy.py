@@ -9,6 +9,7 @@ error) is appended to records.jsonl as it is graded.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import time
 from collections.abc import Callable
@@ -34,6 +35,14 @@ FULL_SET_SIZE: dict[str | None, int] = {
     "Level 5": 134,
     None: 500,
 }
+
+
+# What grades an answer, recorded with every accuracy run (accuracy.json, summary.json) so that
+# `verify` re-grades only with the same grader: grade()'s own rule (bump GRADE_RULE when grade()
+# changes how it calls math-verify) and the packages that decide equivalence (math-verify, the
+# LaTeX parser it calls, and sympy, which compares the parsed expressions).
+GRADE_RULE = "kerneltrial.grade/1"
+GRADER_PACKAGES = ("math-verify", "latex2sympy2_extended", "sympy")
 
 
 class AccuracyError(RuntimeError):
@@ -177,6 +186,12 @@ def load_grader() -> ModuleType:
     return math_verify
 
 
+def grader_version() -> dict[str, str]:
+    """The grader that grade() runs here: GRADE_RULE and each of GRADER_PACKAGES' installed version."""
+    load_grader()
+    return {"rule": GRADE_RULE} | {name: importlib.metadata.version(name) for name in GRADER_PACKAGES}
+
+
 def grade(response: str, reference: str) -> tuple[list[str], bool]:
     """(extracted answers, correct) with math-verify; the gold is parsed as \\boxed{reference}."""
     mv = load_grader()
@@ -284,7 +299,7 @@ def run_accuracy(
 ) -> dict[str, Any]:
     """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary."""
     problems = load_problems(spec.data, spec.level, spec.limit)
-    load_grader()  # before the first request, not at the first graded answer
+    grader = grader_version()  # before the first request, not at the first graded answer
     out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
     fh = open(records_path, "a", encoding="utf-8")
@@ -303,6 +318,12 @@ def run_accuracy(
         records = asyncio.run(_query_all(base_url, model_id, problems, spec, graded))
     finally:
         fh.close()
-    result = {"spec": spec.model_dump(), "base_url": base_url, "model_id": model_id, **summarise(records, spec)}
+    result = {
+        "spec": spec.model_dump(),
+        "base_url": base_url,
+        "model_id": model_id,
+        "grader": grader,
+        **summarise(records, spec),
+    }
     (out_dir / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -405,6 +405,7 @@ def run_protocol(
                                 "n_rule",
                                 "passed",
                                 "truncated",
+                                "grader",
                             )
                         }
                         row["accuracy_s"] = time.monotonic() - t_acc

