@@ -30,7 +30,7 @@ Json = Annotated[
 
 
 def _verify_one(run_dir: Path) -> VerifyResult:
-    """The kernel verifier (kernel and replicate directories) or the serving one, by the
+    """The kernel verifier (kernel, replicate and suite directories) or the serving one, by the
     directory's kind (`rundir.layout.kind_of`)."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
 
@@ -76,11 +76,17 @@ def verify(run_dirs: RunDirs, json_: Json = False) -> None:
 
 def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
-    the serving report, by the directory's kind)."""
-    if kind_of(run_dir) == "serving":
+    the serving report, by the directory's kind; a suite: each run's, and one for the suite)."""
+    kind = kind_of(run_dir)
+    if kind == "serving":
         from kerneltrial.serving.report import write_serving_report
 
         typer.echo(f"wrote {write_serving_report(run_dir)}")
+        return
+    if kind == "suite":
+        from kerneltrial.analysis.suite import write_suite_report
+
+        typer.echo(f"wrote {write_suite_report(run_dir)}")
         return
     from kerneltrial.analysis.report import write_report
 
