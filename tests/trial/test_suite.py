@@ -167,6 +167,23 @@ def test_an_interrupted_suite_resumes_without_measuring_finished_runs(tmp_path):
     assert verify_run_dir(out).ok, failed_checks(out)
 
 
+@pytest.mark.slow
+def test_resume_records_a_run_that_ended_after_the_suite_stopped_recording(suite_dir):
+    """Killed between a run's end and the record's update: --resume takes the ended run as it
+    is (`run --resume` would refuse a finished run directory) and runs nothing."""
+    record = json.loads((suite_dir / "suite.json").read_text())
+    record["runs"][1].update(status="running", exit_code=None, finished_at=None)
+    record["finished_at"] = None
+    (suite_dir / "suite.json").write_text(json.dumps(record))
+    before = {p: p.read_bytes() for p in suite_dir.rglob("*") if p.is_file() and p.name != "suite.json"}
+    code, output = run_cli("suite", str(FIXTURE), "--tag", "E0", "--out", str(suite_dir), "--resume")
+    assert code == 0, output
+    assert {p: p.read_bytes() for p in suite_dir.rglob("*") if p.is_file() and p.name != "suite.json"} == before
+    suite = read_suite(suite_dir)
+    assert [(r.status, r.exit_code) for r in suite.runs] == [("finished", 0), ("finished", None)]
+    assert suite.finished_at is not None and verify_run_dir(suite_dir).ok
+
+
 def test_suite_refuses_a_tag_that_is_not_a_word(tmp_path):
     code, output = run_cli("suite", str(FIXTURE), "--tag", "E 0", "--out", str(tmp_path / "s"))
     assert code == 2 and "tag 'E 0' is not one word" in output

@@ -42,7 +42,9 @@ class SuiteRun(Document):
     sha256: str  # of the protocol file when the suite started
     run: str  # the run directory, relative to the suite directory (the protocol file's stem)
     status: Status = "pending"
-    exit_code: int | None = None  # of its last `kerneltrial run`; None before one ended
+    # of its last `kerneltrial run`; None before one ended, or when --resume found the run ended
+    # (manifest.json written) but not recorded (the suite was stopped in between)
+    exit_code: int | None = None
     started_at: str | None = None
     finished_at: str | None = None
 

@@ -24,7 +24,7 @@ from kerneltrial.ops.registry import get_op
 from kerneltrial.rundir.documents import Git
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import SUITE, SUMMARY
+from kerneltrial.rundir.layout import MANIFEST, SUITE, SUMMARY
 from kerneltrial.rundir.provenance import git_state, source_digest
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.replicate import GATE_FAILED, same_code_env
@@ -135,14 +135,17 @@ def run_suite(name: str, tag: str, out: Path, resume: bool = False) -> Suite:
     for index, entry in enumerate(suite.runs):
         if entry.status == "finished":
             continue
-        entry = entry.model_copy(
-            update={"status": "running", "exit_code": None, "started_at": now(), "finished_at": None}
-        )
+        run_dir = out / entry.run
+        if (run_dir / MANIFEST).is_file():  # written last: the run ended, the suite was stopped before recording it
+            suite = _replace(out, suite, index, entry.model_copy(update={"status": "finished", "finished_at": now()}))
+            continue
+        start = {"status": "running", "exit_code": None, "started_at": now(), "finished_at": None}
+        entry = entry.model_copy(update=start)
         suite = _replace(out, suite, index, entry)
-        code = _run_protocol(files[index], out / entry.run)
+        code = _run_protocol(files[index], run_dir)
         if code in (130, -signal.SIGINT):  # the run was interrupted (not by us): so is the suite
             raise KeyboardInterrupt
-        finished = code in (0, GATE_FAILED) and (out / entry.run / SUMMARY).is_file()
+        finished = code in (0, GATE_FAILED) and (run_dir / SUMMARY).is_file()
         update = {"status": "finished" if finished else "failed", "exit_code": code, "finished_at": now()}
         suite = _replace(out, suite, index, entry.model_copy(update=update))
     if suite.complete:
