@@ -15,6 +15,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -39,19 +40,26 @@ def run_cli(*args: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished suite over the two fixture protocols (each test works on a copy)."""
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A finished suite over the two fixture protocols, and its --json document."""
     out = tmp_path_factory.mktemp("suite") / "E0"
-    code, output = run_cli("suite", str(FIXTURE), "--tag", "E0", "--out", str(out))
-    assert code == 0, output
-    return out
+    result = cli.invoke(app, ["suite", str(FIXTURE), "--tag", "E0", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)  # stdout is the document alone (runs print on stderr)
 
 
 @pytest.fixture
-def suite_dir(finished: Path, tmp_path: Path) -> Path:
+def suite_dir(finished: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
+    """A copy of the finished suite for one test to change."""
     copy = tmp_path / "E0"
-    shutil.copytree(finished, copy)
+    shutil.copytree(finished[0], copy)
     return copy
+
+
+def gate_exit(run_dir: Path) -> int:
+    """`run`'s exit: 0 when an arm passed the gate, 1 when none did (either is a finished run;
+    interpreter timings are too noisy to fix which)."""
+    return 0 if json.loads((run_dir / "summary.json").read_text())["gate"]["passed_arms"] else 1
 
 
 def failed_checks(root: Path) -> dict[str, str]:
@@ -64,8 +72,7 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
     assert (suite.name, suite.tag, suite.protocols_dir) == ("suite", "E0", str(FIXTURE))
     assert suite.description == (FIXTURE / "README.md").read_text()
     assert [(r.protocol, r.run, r.status, r.exit_code) for r in suite.runs] == [
-        ("rmsnorm.toml", "rmsnorm", "finished", 0),
-        ("silu_and_mul.toml", "silu_and_mul", "finished", 0),
+        (f"{name}.toml", name, "finished", gate_exit(suite_dir / name)) for name in RUNS
     ]
     assert [r.sha256 for r in suite.runs] == [sha256_file(FIXTURE / f"{name}.toml") for name in RUNS]
     assert suite.started_at <= suite.runs[0].started_at <= suite.runs[1].finished_at <= suite.finished_at
@@ -87,6 +94,27 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
     assert "| `2x64/contiguous/bfloat16` |" in report and "`torch_compile` (torch.compile peers run on a GPU" in report
     assert all((suite_dir / name / "report.md").is_file() for name in RUNS)
     assert verify_run_dir(suite_dir).ok  # reports are not part of the evidence
+
+
+@pytest.mark.slow
+def test_suite_json_names_each_run_and_its_status(finished):
+    out, document = finished
+    assert document == {
+        "schema": "kerneltrial.suite-result/1",
+        "suite_dir": str(out),
+        "name": "suite",
+        "tag": "E0",
+        "complete": True,
+        "runs": [
+            {
+                "protocol": f"{name}.toml",
+                "run_dir": str(out / name),
+                "status": "finished",
+                "exit_code": gate_exit(out / name),
+            }
+            for name in RUNS
+        ],
+    }
 
 
 @pytest.mark.slow
@@ -121,7 +149,7 @@ def test_the_suite_record_must_match_its_runs(suite_dir, plant):
         record["runs"][1]["status"] = "running"
         record["finished_at"] = None
         (suite_dir / "suite.json").write_text(json.dumps(record))
-        expected = "silu_and_mul.toml did not finish (status running, exit 0)"
+        expected = f"silu_and_mul.toml did not finish (status running, exit {record['runs'][1]['exit_code']})"
     failed = failed_checks(suite_dir)
     assert "suite runs" in failed and expected in failed["suite runs"], failed
     assert all(not name.startswith("rmsnorm: ") for name in failed), failed
@@ -180,7 +208,10 @@ def test_resume_records_a_run_that_ended_after_the_suite_stopped_recording(suite
     assert code == 0, output
     assert {p: p.read_bytes() for p in suite_dir.rglob("*") if p.is_file() and p.name != "suite.json"} == before
     suite = read_suite(suite_dir)
-    assert [(r.status, r.exit_code) for r in suite.runs] == [("finished", 0), ("finished", None)]
+    assert [(r.status, r.exit_code) for r in suite.runs] == [
+        ("finished", gate_exit(suite_dir / RUNS[0])),
+        ("finished", None),
+    ]
     assert suite.finished_at is not None and verify_run_dir(suite_dir).ok
 
 
