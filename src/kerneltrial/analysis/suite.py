@@ -24,7 +24,6 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from kerneltrial.analysis.report import overview_table, write_report
 from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
@@ -40,7 +39,8 @@ Status = Literal["pending", "running", "finished", "failed"]
 class SuiteRun(Document):
     protocol: str  # the protocol file's name in the suite's protocol directory
     sha256: str  # of the protocol file when the suite started
-    run: str  # the run directory, relative to the suite directory (the protocol file's stem)
+    # the run directory in the suite directory: the protocol file's stem, one path component
+    run: str = Field(pattern=r"^[^/\\.][^/\\]*$")
     status: Status = "pending"
     # of its last `kerneltrial run`; None before one ended, or when --resume found the run ended
     # (manifest.json written) but not recorded (the suite was stopped in between)
@@ -148,6 +148,8 @@ def run_table(summary: Summary) -> list[str]:
 
 
 def suite_markdown(root: Path) -> str:
+    from kerneltrial.analysis.report import overview_table  # matplotlib: not on verify's path
+
     suite = read_suite(root)
     commit = suite.git.commit or "unknown"
     lines = [f"# Suite `{suite.name}`, tag `{suite.tag}`", ""]
@@ -184,6 +186,8 @@ def suite_markdown(root: Path) -> str:
 
 def write_suite_report(root: Path) -> Path:
     """Each finished run's report.md (and figures), then the suite's report.md; returns its path."""
+    from kerneltrial.analysis.report import write_report
+
     root = Path(root)
     for entry in read_suite(root).runs:
         if entry.status == "finished":

@@ -60,10 +60,9 @@ def protocol_files(directory: Path) -> list[Path]:
     return files
 
 
-def check_tag(tag: str) -> str:
+def check_tag(tag: str) -> None:
     if not TAG.fullmatch(tag):
         raise ValueError(f"tag {tag!r} is not one word; use letters, digits, - and _ (e.g. E0)")
-    return tag
 
 
 def _start(directory: Path, files: list[Path], tag: str, out: Path, resume: bool) -> Suite:
