@@ -1,4 +1,4 @@
-"""The `--json` documents of `check`, `run`, `verify` and `compare` (kernel or serving runs): one per command.
+"""The `--json` documents of `check`, `run`, `verify`, `compare` (kernel or serving runs) and `suite`: one per command.
 
 Each is printed alone on stdout (human output goes to stderr) and names itself in `schema`
 ("kerneltrial.<command>-result/<version>"); a change that breaks a reader bumps the version.
@@ -153,3 +153,21 @@ class ServingCompareResult:
     rows: list[ComparedServingCase]
     only_in_a: list[str]
     only_in_b: list[str]
+
+
+@dataclass(frozen=True)
+class SuiteRunStatus:
+    protocol: str
+    run_dir: str
+    status: str  # finished, failed (or pending / running in a suite that stopped)
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    schema: str = field(default="kerneltrial.suite-result/1", init=False)
+    suite_dir: str
+    name: str
+    tag: str
+    complete: bool  # every protocol ran to a summary (whatever its gate)
+    runs: list[SuiteRunStatus]

@@ -1,7 +1,8 @@
-"""The Track 1 workflow's commands: `dispatch derive`, `protocol confirm`, `replicate`.
+"""The workflow commands: `dispatch derive`, `protocol confirm`, `replicate`, `suite`.
 
-Exploration -> a rule derived from the runs -> one frozen confirmation of the dispatcher on
-fresh seeds, linked to those runs by digest -> N independent replicates of it. Thin: each
+Track 1: exploration -> a rule derived from the runs -> one frozen confirmation of the
+dispatcher on fresh seeds, linked to those runs by digest -> N independent replicates of it.
+A suite runs every protocol of a directory under one tag (a model's micro-ops). Thin: each
 command parses, calls the library (imported inside it: `kerneltrial --help` stays torch-free)
 and prints.
 """
@@ -13,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from kerneltrial.cli_support import ExitCode, console, sub_app
+from kerneltrial import cli_records as records
+from kerneltrial.cli_support import ExitCode, console, emit_json, sub_app
 from kerneltrial.rundir.layout import REPLICATES_MD
 
 dispatch_app = sub_app("Shape dispatch rules derived from trials.")
@@ -84,9 +86,49 @@ def replicate(
         raise typer.Exit(ExitCode.FAILED)
 
 
+def suite(
+    name: Annotated[str, typer.Argument(help="A directory of protocols, or NAME for protocols/NAME.")],
+    tag: Annotated[str, typer.Option(help="The suite's tag, one word (e.g. E0), recorded in suite.json.")],
+    out: Annotated[Path, typer.Option(help="Suite directory: one run directory per protocol, suite.json.")],
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted suite: finished runs are kept.")] = False,
+    json_: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document on stdout; human output goes to stderr.")
+    ] = False,
+) -> None:
+    """Run every protocol of a directory (*.toml, in name order), each as `kerneltrial run` in a
+    fresh process into OUT/<protocol stem>, and record the suite in OUT/suite.json (tag, protocol
+    sha256s, each run's status, times, the code's commit). Exit 0 when every protocol ran to a
+    summary, whatever its gate; 1 when some run failed (the others still ran)."""
+    from kerneltrial.trial.suite import run_suite
+
+    record = run_suite(name, tag, out, resume=resume)
+    human = console(stderr=json_)
+    for entry in record.runs:
+        human.print(
+            f"{entry.protocol}: {entry.status} (exit {entry.exit_code}) -> {out / entry.run}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    human.print(f"next: kerneltrial verify {out} && kerneltrial report {out}", soft_wrap=True, markup=False)
+    if json_:
+        emit_json(
+            records.SuiteResult(
+                suite_dir=str(out),
+                name=record.name,
+                tag=record.tag,
+                complete=record.complete,
+                runs=[records.SuiteRunStatus(r.protocol, str(out / r.run), r.status, r.exit_code) for r in record.runs],
+            )
+        )
+    if not record.complete:
+        raise typer.Exit(ExitCode.FAILED)
+
+
 def mount(app: typer.Typer) -> None:
     from kerneltrial.trial.cli import protocol_app
 
     app.add_typer(dispatch_app, name="dispatch")
     protocol_app.command("confirm")(confirm)
     app.command("replicate")(replicate)
+    app.command("suite")(suite)

@@ -473,6 +473,8 @@ def verify_run_dir(run_dir: Path) -> VerifyResult:
     kind = kind_of(run_dir)
     if kind == "replicates":
         return _verify_replicates(run_dir)
+    if kind == "suite":
+        return _verify_suite(run_dir)
     if kind != "kernel":
         raise RunDirError(f"{run_dir}: a {kind} run directory, not a kernel one; check it with `kerneltrial verify`")
     return _verify_kernel(run_dir, _read_json(run_dir, "provenance.json"))
@@ -488,6 +490,24 @@ def _verify_replicates(root: Path) -> VerifyResult:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    return result
+
+
+def _verify_suite(root: Path) -> VerifyResult:
+    """A suite directory: every run present verified (checks prefixed with the run's name), then
+    the suite record against the directory (analysis/suite.py: every listed protocol ran)."""
+    from kerneltrial.analysis.suite import read_suite, suite_problems
+
+    result = VerifyResult(root)
+    for entry in read_suite(root).runs:
+        if not (root / entry.run).is_dir():
+            continue  # suite_problems names it
+        try:
+            checks = verify_run_dir(root / entry.run).checks
+        except RunDirError as error:  # an unreadable run fails the suite; it does not stop the other runs' checks
+            checks = [Check("run directory", False, str(error))]
+        result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
+    result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
     return result
 
 

@@ -8,6 +8,6 @@ every command, `--help` included, can read and write run directories cheaply.
 - files.py       atomic JSON, flushed JSONL/CSV row appenders and readers, `now()`
 - hashing.py     sha256 of bytes, files and (path, bytes) lists
 - provenance.py  versions, git state, source digest and archive, nvidia-smi queries
-- layout.py      the file names of kernel and serving run directories, `kind_of`
+- layout.py      the file names of kernel, serving, replicate and suite directories, `kind_of`
 - documents.py   typed, frozen readers of plan.json, provenance.json and summary.json
 """

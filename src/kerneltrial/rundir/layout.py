@@ -1,5 +1,6 @@
 """The files of kernel and serving run directories (docs/DESIGN.md, "Run directory: exact
-format"; docs/serving.md), and `kind_of`, which tells the two apart."""
+format"; docs/serving.md), of replicate and suite directories (which hold kernel run
+directories), and `kind_of`, which tells them apart."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Literal
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 
-Kind = Literal["kernel", "serving", "model", "replicates"]
+Kind = Literal["kernel", "serving", "model", "replicates", "suite"]
 
 # both kinds
 PROTOCOL = "protocol.toml"
@@ -30,6 +31,8 @@ ERRATA = "ERRATA.md"
 # A replicate directory (`kerneltrial replicate`): run-1..N, each a kernel run directory, and the cross-run table.
 REPLICATES = "replicates.json"
 REPLICATES_MD = "replicates.md"
+# A suite directory (`kerneltrial suite`): one kernel run directory per protocol of a directory, and the suite record.
+SUITE = "suite.json"
 INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
 
 # serving run directories
@@ -91,8 +94,8 @@ class RunDir:
 
 
 def kind_of(run_dir: Path) -> Kind:
-    """ "replicates" for a replicate directory (it holds replicates.json), else "kernel",
-    "serving" or "model": provenance.json's `kind`. Every committed run records it; for a
+    """ "replicates" for a replicate directory (it holds replicates.json), "suite" for a suite
+    directory (suite.json), else "kernel", "serving" or "model": provenance.json's `kind`. Every committed run records it; for a
     provenance.json without one, the raw files tell (timings.csv: kernel; runs.jsonl or
     launches.jsonl: serving). RunDirError when the directory, provenance.json or any sign
     of either kind is missing, or the kind is another word."""
@@ -101,6 +104,8 @@ def kind_of(run_dir: Path) -> Kind:
         raise RunDirError(f"{run_dir}: not a directory")
     if (run_dir / REPLICATES).is_file():
         return "replicates"
+    if (run_dir / SUITE).is_file():
+        return "suite"
     path = run_dir / PROVENANCE
     record = read_json(path)
     kind = record.get("kind") if isinstance(record, dict) else None
