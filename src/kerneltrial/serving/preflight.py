@@ -3,7 +3,9 @@ missing data file used to surface after the first launch's whole throughput phas
 
 Model and tokenizer: a local path must exist; a value that is not path-like (`name` or
 `org/name`) is a Hugging Face hub id, allowed unless HF_HUB_OFFLINE is set and the id is not in
-the local hub cache (the server could then neither find nor download it).
+the local hub cache (the server could then neither find nor download it). The server sees the
+environment plus its arm's env; the benchmark client (whose tokenizer is server.tokenizer, else
+server.model) runs with HF_HUB_OFFLINE=1 unless the environment sets it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def check_model_ref(key: str, value: str, env: dict[str, str], fix: str) -> None
     if _offline(env) and not _in_hub_cache(value):
         raise PreflightError(
             f"{key} {value!r} is not a local path and not in the Hugging Face cache, and {HF_OFFLINE_ENV} is set "
-            f"(nothing may be downloaded); {fix}, or unset {HF_OFFLINE_ENV}"
+            f"(nothing may be downloaded); {fix}, or set {HF_OFFLINE_ENV}=0 to allow the download"
         )
 
 
@@ -73,8 +75,11 @@ def check_inputs(proto: Protocol, vllm: str) -> None:
     server_env = {**os.environ, **(launched[0].env if launched else {})}
     if s.model:
         check_model_ref("server.model", s.model, server_env, "fix server.model or pass --model PATH")
-    if s.tokenizer:
-        check_model_ref("server.tokenizer", s.tokenizer, dict(os.environ), "fix server.tokenizer")
+    tokenizer = s.effective_tokenizer
+    if tokenizer:  # the benchmark client runs offline unless told otherwise (bench.run_bench)
+        key = "server.tokenizer" if s.tokenizer else "server.model (the benchmark client's tokenizer)"
+        fix = "fix server.tokenizer" if s.tokenizer else "set server.tokenizer to a local path"
+        check_model_ref(key, tokenizer, {HF_OFFLINE_ENV: "1", **os.environ}, fix)
     if launched:
         try:
             wait_for_port(s.host, s.port, s.port_wait_s)
