@@ -27,6 +27,15 @@ def math500() -> Path:
     return REPO.parent / "shared" / "data" / "math500" / "test.jsonl"
 
 
+@pytest.fixture(autouse=True)
+def server_records(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Launched servers' port records (serving/lifecycle.py) go to a folder of the test's own, not
+    the user's state folder; subprocesses inherit it."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state / "kerneltrial" / "servers"
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, group_alive, operator_env
+from kerneltrial.serving.lifecycle import port_is_free, process_alive, read_record
 
 from .conftest import REPO
 
@@ -55,8 +58,8 @@ def test_port_already_taken(tmp_path, port, fake_argv):
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen(1)
-        srv = Server(ServerSpec(fake_argv(port), "tiny", port=port), tmp_path / "server.log")
-        with pytest.raises(LaunchError, match=f"port {port} .* already taken"):
+        srv = Server(ServerSpec(fake_argv(port), "tiny", port=port, port_wait_s=1.0), tmp_path / "server.log")
+        with pytest.raises(LaunchError, match=f"port {port} .* already taken after waiting 1 s: pid {os.getpid()}"):
             with srv:
                 pass
     assert srv.proc is None  # nothing was started
@@ -99,14 +102,19 @@ def test_readiness_timeout_on_503(tmp_path, port, fake_argv):
 
 def test_missing_executable(tmp_path, port):
     srv = Server(ServerSpec(["/nonexistent/vllm", "serve"], "tiny", port=port), tmp_path / "server.log")
-    with pytest.raises(LaunchError, match="cannot start server"):
+    with pytest.raises(LaunchError, match="cannot start server '/nonexistent/vllm': not found"):
         with srv:
             pass
+    assert srv.proc is None
 
 
 def test_operator_env_filter():
     env = {"VLLM_PLUGINS": "fl", "USE_FLAGGEMS": "1", "VLLM_FL_X": "1", "HOME": "/root", "PATH": "/bin"}
     assert operator_env(env) == {"USE_FLAGGEMS": "1", "VLLM_FL_X": "1", "VLLM_PLUGINS": "fl"}
+
+
+def launch_record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "launch.json").read_text())["record"]
 
 
 def _wait_for(path: Path, timeout: float) -> None:
@@ -154,7 +162,7 @@ def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv)
             proc.kill()
     assert proc.returncode == 130, (out, err)
     assert "interrupted; the server was stopped" in err
-    assert not group_alive(server_pid)
+    assert not process_alive(server_pid) and not group_alive(launch_record(tmp_path / "run")["pgid"])
     assert (tmp_path / "run" / "server.log").read_text().strip()
     assert (tmp_path / "run" / "launch.json").is_file()
 
@@ -185,4 +193,99 @@ def test_sigterm_to_kerneltrial_also_cleans_up(tmp_path, port, fake_argv):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, (out, err)
-    assert not group_alive(int(pidfile.read_text()))
+    assert not process_alive(int(pidfile.read_text())) and not group_alive(launch_record(tmp_path / "run")["pgid"])
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not process_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_server_runs_under_a_supervisor_that_passes_its_exit_status_on(tmp_path, port, fake_argv):
+    pidfile = tmp_path / "pid"
+    srv = Server(
+        ServerSpec(fake_argv(port, "--pidfile", str(pidfile)), "tiny", port=port, ready_timeout_s=20),
+        tmp_path / "server.log",
+    )
+    with srv:
+        server_pid = int(pidfile.read_text())
+        assert server_pid != srv.proc.pid and os.getpgid(server_pid) == srv.proc.pid  # in the supervisor's group
+        os.kill(server_pid, signal.SIGKILL)  # the server dies of a signal: so does the supervisor
+        assert _wait_gone(srv.proc.pid, 10) or srv.proc.poll() is not None
+        with pytest.raises(LaunchError, match="server exited with code -9 during the benchmark"):
+            srv.check_alive()
+    _assert_gone(srv)
+
+
+def test_the_port_record_lives_as_long_as_the_server(tmp_path, port, fake_argv, server_records):
+    srv = Server(
+        ServerSpec(fake_argv(port), "tiny", port=port, ready_timeout_s=20), tmp_path / "server.log", run_dir=tmp_path
+    )
+    with srv:
+        rec = read_record(port)
+        assert rec is not None and rec.pid == srv.proc.pid and rec.alive
+        assert rec.run_dir == str(tmp_path) and rec.kerneltrial_pid == os.getpid() and rec.argv == fake_argv(port)
+        assert (server_records / f"port-{port}.json").is_file()
+    assert read_record(port) is None
+
+
+def test_a_server_whose_supervisor_is_killed_gets_sigterm(tmp_path, port, fake_argv):
+    """PR_SET_PDEATHSIG in the server: it does not outlive its supervisor."""
+    pidfile = tmp_path / "pid"
+    srv = Server(
+        ServerSpec(fake_argv(port, "--pidfile", str(pidfile)), "tiny", port=port, ready_timeout_s=20),
+        tmp_path / "server.log",
+    )
+    with srv:
+        server_pid = int(pidfile.read_text())
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        assert _wait_gone(server_pid, 10), "the server outlived its supervisor"
+    _assert_gone(srv)
+
+
+def test_kill_9_of_kerneltrial_stops_the_server_group_and_frees_the_port(tmp_path, port, fake_argv):
+    """The supervisor sees kerneltrial die (it is reparented) and stops the group: SIGINT first."""
+    pidfile = tmp_path / "pid"
+    cmd = [
+        sys.executable,
+        "-m",
+        "kerneltrial.serving",
+        "launch",
+        "--hold",
+        "300",
+        "--out",
+        str(tmp_path / "run"),
+        "--model-id",
+        "tiny",
+        "--",
+        *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(pidfile, 30)
+        server_pid = int(pidfile.read_text())
+        end = time.monotonic() + 30
+        while time.monotonic() < end and port_is_free("127.0.0.1", port):
+            time.sleep(0.2)
+        pgid = os.getpgid(server_pid)
+        assert pgid != proc.pid and group_alive(pgid)
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    end = time.monotonic() + 20
+    while time.monotonic() < end and group_alive(pgid):
+        time.sleep(0.1)
+    survived = group_alive(pgid)
+    if survived:
+        os.killpg(pgid, signal.SIGKILL)  # leave nothing behind when the check fails
+    assert not survived, "the server group outlived kerneltrial"
+    assert port_is_free("127.0.0.1", port)
+    log = (tmp_path / "run" / "server.log").read_text()
+    assert "kerneltrial (pid" in log and "died; stopping the server group" in log
+    assert "SIGINT, shutting down" in log  # stopped as the launcher would, gracefully first

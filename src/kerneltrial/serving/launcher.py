@@ -1,10 +1,13 @@
 """Start a server command in its own process group, gate it, stop it, record what it was.
 
-Gates (each raises LaunchError with a one-line reason): the port must be free before the
-start; the process must stay alive; `/v1/models` must answer HTTP 2xx listing the expected
-model id within the readiness timeout. Stopping sends SIGINT to the server's own process
-group, waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing
-outside that group is signalled.
+Gates (each raises LaunchError with a one-line reason): the executable must exist; the port
+must be free before the start (waited for up to port_wait_s, then the holder is named); the
+process must stay alive; `/v1/models` must answer HTTP 2xx listing the expected model id
+within the readiness timeout. The server runs under supervise.py, the leader of its own
+process group, which stops the group if kerneltrial dies (even by kill -9); while it runs, the
+port's record (lifecycle.py) names it to a later start. Stopping sends SIGINT to the group,
+waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing outside that
+group is signalled.
 """
 
 from __future__ import annotations
@@ -22,6 +25,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+
+from kerneltrial.serving import supervise
+from kerneltrial.serving.lifecycle import (
+    PORT_WAIT_S,
+    PortTaken,
+    forget_server,
+    group_alive,
+    record_server,
+    wait_for_port,
+)
 
 OPERATOR_ENV_PREFIXES = ("VLLM_", "FLAGGEMS", "USE_FLAGGEMS", "GEMS_", "TRITON_", "KERNELTRIAL_")
 # MACA_VISIBLE_DEVICES: MetaX's device selection (the minicpm5-2b-metax preset's source exports it)
@@ -41,25 +54,11 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 900.0
     stop_grace_s: float = 30.0
+    port_wait_s: float = PORT_WAIT_S
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Nothing listens on (host, port). SO_REUSEADDR, as the server itself (uvicorn) binds:
-    a port held only by TIME_WAIT connections (vLLM closing an idle keep-alive connection
-    leaves them for up to 60 s) is free to serve on, and must not stop the next launch."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) != 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,16 +82,6 @@ def list_models(base_url: str, timeout: float = 5.0) -> tuple[int, list[str]]:
         except (ValueError, AttributeError):
             ids = []
     return r.status_code, ids
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _VERSIONS_SNIPPET = r"""
@@ -150,7 +139,7 @@ def python_for(exe: str) -> str | None:
 
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> list[str]:
     """SIGINT the process group, wait; SIGTERM, wait; SIGKILL. Returns the signals sent."""
-    pgid = proc.pid  # start_new_session=True: the leader's pid is the group id
+    pgid = proc.pid  # start_new_session=True: the leader's (the supervisor's) pid is the group id
     sent: list[str] = []
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
         if not group_alive(pgid):
@@ -175,9 +164,12 @@ def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> list[str]:
 class Server:
     """Context manager: start, gate, yield, always stop (also on KeyboardInterrupt)."""
 
-    def __init__(self, spec: ServerSpec, log_path: Path, echo: TextIO | None = None) -> None:
+    def __init__(
+        self, spec: ServerSpec, log_path: Path, echo: TextIO | None = None, run_dir: Path | None = None
+    ) -> None:
         self.spec = spec
         self.log_path = log_path
+        self.run_dir = run_dir or log_path.parent  # named in the port's record
         self.proc: subprocess.Popen[Any] | None = None
         self.timings: dict[str, float] = {}
         self.record: dict[str, Any] = {}
@@ -189,38 +181,38 @@ class Server:
         s = self.spec
         if not s.argv:
             raise LaunchError("the server command is empty; pass it after `--` or use a preset")
-        if not port_is_free(s.host, s.port):
-            raise LaunchError(
-                f"port {s.port} on {s.host} is already taken; stop whatever listens there or pick another --port"
-            )
+        if shutil.which(s.argv[0]) is None:
+            raise LaunchError(f"cannot start server {s.argv[0]!r}: not found or not executable; check the command path")
+        try:
+            wait_for_port(s.host, s.port, s.port_wait_s)
+        except PortTaken as e:
+            raise LaunchError(str(e)) from None
         env = dict(os.environ)
         env.update(s.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
         t0 = time.time()
-        try:
-            self.proc = subprocess.Popen(
-                s.argv,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise LaunchError(f"cannot start server {s.argv[0]!r}: {e.strerror}; check the command path") from e
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", supervise.__file__, str(os.getpid()), str(s.stop_grace_s), "--", *s.argv],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         self.timings["spawned_at"] = t0
         self.record = {
             "argv": list(s.argv),
             "env_set": dict(s.env),
             "operator_env": operator_env(env),
-            "pid": self.proc.pid,
+            "pid": self.proc.pid,  # the supervisor's, the group leader's
             "pgid": self.proc.pid,
             "host": s.host,
             "port": s.port,
             "model_id": s.model_id,
             "log": str(self.log_path),
         }
+        record_server(s.port, s.host, self.proc.pid, self.run_dir, s.argv)
 
     def wait_ready(self) -> None:
         assert self.proc is not None
@@ -269,6 +261,8 @@ class Server:
         self.record["signals_sent"] = stop_group(self.proc, self.spec.stop_grace_s)
         self.record["exit_code"] = self.proc.returncode
         self.record["group_gone"] = not group_alive(self.proc.pid)
+        if self.record["group_gone"]:
+            forget_server(self.spec.port, self.proc.pid)
         self.timings["stop_s"] = time.monotonic() - t0
         if self._log is not None:
             self._log.close()

@@ -47,6 +47,7 @@ from kerneltrial.model_fields import field_at, nested_model
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
+from kerneltrial.serving.lifecycle import PORT_WAIT_S
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
 
 # `vllm bench serve`'s default --seed (vllm/benchmarks/datasets/datasets.py, add_dataset_parser,
@@ -212,6 +213,11 @@ class Server(BaseModel):
         default=30.0,
         ge=0,
         description="Seconds the server's process group has to exit after SIGINT before SIGTERM (then SIGKILL).",
+    )
+    port_wait_s: float = Field(
+        default=PORT_WAIT_S,
+        ge=0,
+        description="Seconds a launch waits for a taken port to be released before it fails, naming what holds it.",
     )
 
     @field_validator("model")

@@ -34,7 +34,7 @@ from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
-from kerneltrial.serving.accuracy import load_problems, run_accuracy
+from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
     bench_argv,
@@ -51,6 +51,7 @@ from kerneltrial.serving.launcher import (
     probe_versions,
     python_for,
 )
+from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
 
 Event = Callable[..., None]
@@ -293,11 +294,13 @@ def run_protocol(
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
 
-    Raises LaunchError / BenchError (after writing what was measured) or KeyboardInterrupt.
+    Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
+    was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
+    "finished", "failed" (with the error) or "interrupted", with the time and the launch it
+    stopped in: a directory still "running" is a run that was killed (verify refuses it).
     """
     emit: Event = event or (lambda *a, **k: None)
-    if proto.accuracy is not None:  # read now: a missing or malformed data file is bad input before
-        load_problems(proto.accuracy.data, proto.accuracy.level, proto.accuracy.limit)  # anything runs
+    check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
     sha = prepare_dir(out, protocol_bytes)
     order = launch_order(proto.arms, proto.rounds, proto.seed)
     arms = {a.name: a for a in proto.arms}
@@ -349,9 +352,11 @@ def run_protocol(
     total = len(order) * len(proto.bench.cases) * proto.repeats
     emit("start", total=total)
     t_all = time.monotonic()
+    summarised = True  # a failure the runner knows (a gate) still gets its summary
     try:
         for launch, (rnd, pos, name) in enumerate(order):
             arm = arms[name]
+            prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
             tag = f"{launch:02d}-{name}"
             row: dict[str, Any] = {"launch": launch, "round": rnd, "position": pos, "arm": name, "status": "running"}
             t0 = time.monotonic()
@@ -373,8 +378,9 @@ def run_protocol(
                         server_env(arm, dispatch_dir(out, tag)),
                         proto.server.ready_timeout_s,
                         proto.server.stop_grace_s,
+                        proto.server.port_wait_s,
                     )
-                    server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log")
+                    server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log", run_dir=out)
                     base_url = spec.base_url
                     ctx = server
                     emit("launch", launch=launch, arm=name, argv=argv_x)
@@ -436,18 +442,25 @@ def run_protocol(
                         failures.append(f"launch {launch} ({name}): dispatch proof invalid: {proof.reason}")
                 append_jsonl(out / layout.LAUNCHES, row)
         prov["status"] = "finished"
-    except KeyboardInterrupt:
+        del prov["stopped_in"]
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
         prov["status"] = "interrupted"
+        summarised = False
         raise
     except (LaunchError, BenchError) as e:
         prov["status"] = "failed"
         prov["error"] = str(e)
         raise
+    except Exception as e:  # anything else: recorded as the failure it is, never left "running"
+        prov["status"] = "failed"
+        prov["error"] = f"{type(e).__name__}: {e}"
+        summarised = False
+        raise
     finally:
         prov["finished_at"] = now()
         prov["timings"]["total_s"] = time.monotonic() - t_all
         write_json(out / layout.PROVENANCE, prov)
-        if prov["status"] != "interrupted":
+        if summarised:
             summary = summarise(proto, runs, acc, sha, failures, proofs)
             write_json(out / layout.SUMMARY, summary)
             emit("done", summary=summary)

@@ -123,10 +123,30 @@ def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         return []
 
 
+def incomplete(prov: dict[str, Any], summarised: bool) -> str | None:
+    """Why a run directory is not finished evidence, from provenance.json's status; None when the
+    run ended ("finished", or "failed" with the failure recorded and summarised)."""
+    status, at, where = prov.get("status"), prov.get("finished_at"), prov.get("stopped_in") or {}
+    launch = f" in launch {where['launch']} ({where['arm']})" if where else ""
+    if status == "interrupted":
+        return f"incomplete run: interrupted at {at}{launch}; it is not evidence, run the trial again"
+    if status == "failed" and not summarised:
+        return f"incomplete run: failed at {at}{launch} ({prov.get('error')}) before its summary was written"
+    if status not in ("finished", "failed") or not at:
+        return (
+            f"incomplete run: provenance.json says status {status!r} with no finished record (finished_at {at}): "
+            "the run was killed (kill -9, a crash, a lost machine) before it finished; run the trial again"
+        )
+    return None
+
+
 def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
     path = Path(path)
     problems: list[str] = []
+    prov_path = path / "provenance.json"
+    if prov_path.is_file() and (why := incomplete(read_json(prov_path), (path / "summary.json").is_file())):
+        return [why]  # before the summary: a killed run's summary may be planted or stale
     need = ["protocol.toml", "provenance.json", "plan.json", "runs.jsonl", "summary.json"]
     missing = [f for f in need if not (path / f).is_file()]
     if missing:
