@@ -4,6 +4,7 @@ with the benchmark client replaced by a synthetic one whose speed depends on the
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from kerneltrial.cli import app
 from kerneltrial.serving import trial
+from kerneltrial.serving.acceptance import case_record
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.report import Interval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
@@ -22,6 +24,7 @@ from .conftest import FAKE
 # arm -> (throughput factor, TTFT factor): E1 gains 5%, E2 is inside the noise band, E3 gains 9%
 # but its TTFT is 3% worse than E0's.
 SPEED = {"E0": (1.0, 1.0), "E1": (1.05, 1.0), "E2": (1.004, 1.0), "E3": (1.09, 1.03)}
+JITTER = 0.0002  # per launch and run: intervals across launches of about +-0.3%, narrower than the 1% band
 
 
 def protocol_text(port: int) -> str:
@@ -46,7 +49,7 @@ def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: floa
     launch, arm = json_path.parent.parent.name.split("-", 1)
     run = int(json_path.stem.removeprefix("run"))
     speed, slow_start = SPEED[arm]
-    jitter = 1 + 0.002 * ((int(launch) * 3 + run) % 4)
+    jitter = 1 + JITTER * ((int(launch) * 3 + run) % 4)
     duration = 2.0 / (speed * jitter)
     ttft = 0.1 * slow_start * jitter
     raw = {
@@ -91,12 +94,18 @@ def test_report_command_renders_a_serving_run(run_dir: Path):
     assert "### in8-out4-c1-n2" in md and "### in16-out4-c2-n4" in md
     # acceptance of every arm against E0: E1 accepted; E2 inside the noise band; E3 slower to first token
     assert "| E1 | no gate | valid | ACCEPTED | - |" in md
-    assert "| E2 | no gate | valid | **REJECTED** | in8-out4-c1-n2: total tok/s gain +0.60% not above" in md
-    assert "| E3 | no gate | valid | **REJECTED** | in8-out4-c1-n2: mean TTFT ratio 1.0310 above 1.01" in md
+    assert "| E1 | E0 | in8-out4-c1-n2 | 2 | +5.00% [+4.73%, +5.27%] | 1.0000 [0.9975, 1.0025] | yes | yes |" in md
+    assert (
+        "| E2 | no gate | valid | **REJECTED** | in8-out4-c1-n2: total tok/s gain +0.42% [+0.17%, +0.68%]: lower "
+        "bound not above the noise band 1.00%" in md
+    )
+    assert (
+        "| E3 | no gate | valid | **REJECTED** | in8-out4-c1-n2: mean TTFT ratio 1.0302 [1.0302, 1.0302]: upper" in md
+    )
     assert "The trial's own verdict (summary.json, E3 against E0): REJECTED." in md
     # E3 against each single arm, and whether they qualified
     assert "### E3: a combination of E1, E2" in md and "(E1 qualified, E2 did not qualify)" in md
-    assert "| E3 | E1 | in8-out4-c1-n2 | +3.81% | 1.0300 | yes | **no** |" in md
+    assert "| E3 | E1 | in8-out4-c1-n2 | 2 | +3.83% [+3.57%, +4.09%] | 1.0302 [1.0276, 1.0328] | yes | **no** |" in md
     # the fake server leaves the call records kerneltrial's plugin would (tests/serving/fake_server.py)
     assert "| E0 | valid | all 2 launch(es) valid | - |" in md
     assert "| E1 | valid | all 2 launch(es) valid | fused_add_rms_norm: 16 calls of kerneltrial; rms_norm: 16" in md
@@ -105,16 +114,27 @@ def test_report_command_renders_a_serving_run(run_dir: Path):
 
 def test_intervals_and_comparisons_follow_the_run_files(run_dir: Path):
     run = load_run(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # the report's verdict of the candidate is the trial's own, figure for figure (one rule: serving/acceptance.py)
+    v = verdict(run, "E3", "E0")
+    recorded = summary["acceptance"]
+    assert (v.verdict, list(v.reasons)) == (recorded["verdict"], recorded["reasons"])
+    assert [case_record(c) for c in v.cases] == list(recorded["cases"].values())
     v = verdict(run, "E1", "E0")
-    summary = json.loads((run_dir / "summary.json").read_text())["results"]
-    for c in v.comparisons:  # the gain is the trial's, from the pooled means in summary.json
-        want = summary["E1"][c.case]["total_token_throughput"] / summary["E0"][c.case]["total_token_throughput"] - 1
+    results = summary["results"]
+    rounds = {L["launch"]: L["round"] for L in json.loads((run_dir / "plan.json").read_text())["launches"]}
+    for c in v.cases:  # the gain is the geometric mean of the per-round ratios of the launches' figures
+        per_round = {
+            arm: {rounds[g["launch"]]: g["total_token_throughput"] for g in results[arm][c.case]["launches"]}
+            for arm in ("E0", "E1")
+        }
+        want = math.prod(per_round["E1"][r] / per_round["E0"][r] for r in (0, 1)) ** 0.5 - 1
         assert c.gain == pytest.approx(want, rel=1e-12) and c.throughput_ok and c.ttft_ok
     assert [a.name for a in parts_of(run, run.plan.arms[3])] == ["E1", "E2"]
     assert parts_of(run, run.plan.arms[1]) == []
-    i = Interval.of([1.0, 2.0, 3.0])
+    i = Interval.of([1.0, 2.0, 3.0], 0.95)
     assert i.mean == 2.0 and i.low == pytest.approx(2 - 4.302653 * (1 / 3**0.5), rel=1e-6)
-    assert Interval.of([5.0]).low is None and Interval.of([5.0]).cell(".1f") == "5.0 (n=1)"
+    assert Interval.of([5.0], 0.95).low is None and Interval.of([5.0], 0.95).cell(".1f") == "5.0 (n=1)"
 
 
 def test_report_shows_accuracy_and_dispatch_when_recorded(run_dir: Path, tmp_path: Path):
@@ -146,7 +166,7 @@ def test_report_shows_accuracy_and_dispatch_when_recorded(run_dir: Path, tmp_pat
     assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
     md = (copy / "report.md").read_text()
     assert "| E1 | passed | valid | ACCEPTED | - |" in md
-    assert "| E2 | passed | **invalid** | **REJECTED** |" in md and "dispatch proof failed: silu_and_mul" in md
+    assert "| E2 | passed | **invalid** | **REJECTED** |" in md and "arm E2: dispatch proof invalid (silu_and_mul" in md
     assert "accuracy not measured below the gate 0.95" in md  # E3 has no accuracy record
     assert "| E0 | 97/100 | 0.970 | 0.920-0.990 (Wilson 95%) | 0 | passed |" in md
     assert "| E1 | valid | ok | rms_norm: 120 calls of kerneltrial |" in md

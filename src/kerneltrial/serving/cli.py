@@ -1,4 +1,4 @@
-"""`kerneltrial serve ...`: launch, bench, trial, accuracy. Thin: parse, call, print.
+"""`kerneltrial serve ...`: launch, bench, trial, calibrate, accuracy. Thin: parse, call, print.
 
 Errors and exit codes follow `cli_support`. The serving modules (httpx, numpy) are imported
 inside the commands: `--help` and usage errors stay fast.
@@ -171,13 +171,20 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     acc = summary.get("acceptance")
     if acc:
         for cid, c in acc["cases"].items():
-            if c.get("status") == "ok":
-                out.print(
-                    f"{cid}: total tok/s gain {c['gain']:+.2%} (band {acc['noise_band']:.2%}), "
-                    f"TTFT ratio {c['ttft_ratio']:.4f} (max {acc['ttft_ratio_max']})",
-                    markup=False,
-                )
-        verdict = "[green]ACCEPTED[/]" if acc["accepted"] else "[red]REJECTED[/]"
+            if c.get("gain") is None:
+                continue
+            gain, ttft = f"{c['gain']:+.2%}", f"{c['ttft_ratio']:.4f}"
+            if c.get("gain_low") is not None:
+                gain += f" [{c['gain_low']:+.2%}, {c['gain_high']:+.2%}]"
+                ttft += f" [{c['ttft_ratio_low']:.4f}, {c['ttft_ratio_high']:.4f}]"
+            out.print(
+                f"{cid}: total tok/s gain {gain} (lower bound must exceed {acc['noise_band']:.2%}), "
+                f"TTFT ratio {ttft} (upper bound at most {acc['ttft_ratio_max']}), "
+                f"{acc.get('confidence', 0.95):.0%} intervals over {c.get('rounds', '?')} launch(es) per arm",
+                markup=False,
+            )
+        shown = acc.get("verdict") or ("ACCEPTED" if acc["accepted"] else "REJECTED")
+        verdict = f"[green]{shown}[/]" if acc["accepted"] else f"[red]{shown}[/]"
         out.print(f"candidate {escape(acc['candidate'])} vs baseline {escape(acc['baseline'])}: {verdict}")
         for r in acc["reasons"]:
             out.print(f"  - {r}", markup=False)
@@ -190,10 +197,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     )
 
 
-def _execute(
+def _run(
     proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
-) -> None:
-    """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was REJECTED."""
+) -> dict[str, Any]:
+    """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
     from kerneltrial.serving.accuracy import load_grader
     from kerneltrial.serving.bench import BenchError, resolve_vllm
     from kerneltrial.serving.launcher import LaunchError, install_sigterm_as_interrupt
@@ -223,8 +230,16 @@ def _execute(
         raise CliError(
             f"a run or a dispatch proof failed (see the failures above and summary.json in {run_dir})", ExitCode.FAILED
         )
+    return summary
+
+
+def _execute(
+    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
+) -> None:
+    """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
+    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model)
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
-        raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED) and its reasons are printed above
+        raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
 
 @app.command(context_settings=EXTRA)
@@ -374,17 +389,56 @@ def trial(
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """A/B trial: fresh launch per arm, interleaved in a seeded order, preregistered acceptance.
+    """A/B trial: fresh launch per arm, in counterbalanced blocks (A B, B A), preregistered acceptance.
 
-    Accepted when, in every case, the candidate's total tok/s gain exceeds the noise band
-    (default 1%), its mean TTFT is <= baseline x 1.01, and (if [accuracy] is set) it passes
-    the MATH-500 gate. Exit 0 when every run completed and the candidate was ACCEPTED, 1 when a
-    run failed or it was REJECTED (the verdict and its reasons are in summary.json and on screen).
+    Accepted when, in every case, the lower bound of the candidate's total tok/s gain (a 95%
+    interval across launches) exceeds the noise band (default 1%), the upper bound of its mean
+    TTFT ratio is <= 1.01, and (if [accuracy] is set) it passes the MATH-500 gate; with one
+    launch per arm the verdict is INCONCLUSIVE. [acceptance] calibration = DIR requires a passed
+    `serve calibrate` first. Exit 0 when every run completed and the candidate was ACCEPTED, 1
+    when a run failed or it was REJECTED or INCONCLUSIVE (verdict and reasons in summary.json and
+    on screen), 2 when the required calibration does not qualify.
     """
+    from kerneltrial.serving.calibration import require_calibration
     from kerneltrial.serving.protocol import load_protocol
 
-    _, raw = load_protocol(protocol)
+    proto, raw = load_protocol(protocol)
+    require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
     _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
+
+
+@app.command()
+def calibrate(
+    protocol: Path = typer.Argument(..., help="TOML protocol whose baseline arm is calibrated."),
+    out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-calibrate-TIMESTAMP)."),
+    launches: int = typer.Option(
+        None, "--launches", help="Launches per arm (default: the protocol's rounds; at least 2, even is best)."
+    ),
+    vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
+    model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """A/A calibration: the baseline arm against itself with the protocol's settings.
+
+    Writes a serving run directory (arms A and A-prime, both the baseline; no accuracy gate)
+    and calibration.json: each case's gain and TTFT-ratio intervals and widths, and the
+    false-acceptance rate (A/A comparisons the acceptance rule accepts, both directions of
+    every case). A trial protocol names the directory in [acceptance] calibration. Exit 0 when
+    the rate is at most max_false_acceptance_rate, 1 when it is not or a run failed.
+    """
+    from kerneltrial.serving.calibration import calibration_protocol, calibration_record, write_calibration
+    from kerneltrial.serving.protocol import load_protocol, parse_protocol
+
+    _, raw = load_protocol(protocol)
+    text = calibration_protocol(raw.decode("utf-8"), launches)
+    run_dir = out_dir or default_out("calibrate")
+    summary = _run(text, protocol.parent, run_dir, vllm, quiet, model)
+    proto = parse_protocol(text, protocol.parent)
+    record = calibration_record(proto.with_model(model) if model else proto, summary)
+    path = write_calibration(run_dir, record)
+    console().print(f"{record.sentence}; {path}", markup=False, soft_wrap=True)
+    if not record.passed:
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command(context_settings=EXTRA)

@@ -12,8 +12,9 @@
     cases = [[4096, 1024, 64, 256], [16384, 1024, 64, 128]]
     seeding = "official"       # every run of a case: prompt seed bench.seed (default 0, vLLM's)
     [acceptance]
-    noise_band = 0.01          # candidate total tok/s must gain more than this, every case
-    ttft_ratio_max = 1.01      # candidate mean TTFT <= baseline x this, every case
+    noise_band = 0.01          # lower bound of the candidate's tok/s gain above this, every case
+    ttft_ratio_max = 1.01      # upper bound of its mean TTFT ratio at most this, every case
+    confidence = 0.95          # of the intervals across launches (serving/acceptance.py)
     [accuracy]                 # optional: MATH-500 gate on the candidate (every arm is measured)
     data = "../shared/data/math500/test.jsonl"
     [[arms]]
@@ -288,12 +289,32 @@ class Acceptance(BaseModel):
     noise_band: float = Field(
         default=0.01,
         ge=0,
-        description="The candidate's total tok/s must exceed the baseline's by more than this fraction, in every case.",
+        description="The lower bound of the candidate's total tok/s gain must exceed this fraction, in every case.",
     )
     ttft_ratio_max: float = Field(
         default=1.01,
         gt=0,
-        description="The candidate's mean TTFT must be at most the baseline's times this, in every case.",
+        description="The upper bound of the candidate's mean TTFT ratio to the baseline must be at most this, in "
+        "every case.",
+    )
+    confidence: float = Field(
+        default=0.95,
+        gt=0,
+        lt=1,
+        description="Confidence of the two-sided intervals across launches (paired Student t on per-round log "
+        "ratios); each bound is a one-sided test at (1 - confidence) / 2.",
+    )
+    calibration: str | None = Field(
+        default=None,
+        description="A `serve calibrate` run directory (relative paths from the protocol's folder) that must have "
+        "passed with the same model, server argv (apart from operator selection) and cases before the first launch.",
+    )
+    max_false_acceptance_rate: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Largest false-acceptance rate (A/A comparisons the rule accepts) a calibration may show: "
+        "`serve calibrate` passes at most this, and a trial requiring a calibration checks it against this.",
     )
 
 

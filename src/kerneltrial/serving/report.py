@@ -6,11 +6,12 @@ the warm-up rule, accuracy, the trial's verdict, the dispatch proof when recorde
 dispatch verdicts when recorded). Nothing is measured here; `kerneltrial verify` rebuilds the
 figures from the raw files.
 
-Intervals are Student-t 95% intervals of the mean: across launches for an arm (the unit the
-protocol replicates), across kept runs for one launch. Acceptance applies the protocol's
-rule (trial.acceptance: gain above the noise band and TTFT ratio at most ttft_ratio_max in
-every case, the accuracy gate when set) to every arm against the baseline, not only to the
-candidate, and adds the dispatch proof: an arm whose proof failed is not accepted. An arm
+Intervals of an arm's figures are Student-t intervals of the mean at the protocol's
+confidence: across launches for an arm (the unit the protocol replicates), across kept runs
+for one launch. Acceptance applies the trial's one rule (serving/acceptance.py: paired
+intervals across launches, the gain's lower bound above the noise band and the TTFT ratio's
+upper bound at most ttft_ratio_max in every case, the accuracy gate when set, valid dispatch
+proofs) to every arm against the baseline, not only to the candidate. An arm
 that swaps in several operators (E3) is also compared with each arm that swaps in a part of
 them (E1, E2), identified by the operators their selection variables select (dispatch_proof).
 """
@@ -24,17 +25,28 @@ from typing import TypeVar
 
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, ValidationError
-from scipy import stats
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROVENANCE, REPORT, RUNS, SUMMARY
+from kerneltrial.serving.acceptance import (
+    ACCEPTED,
+    CaseComparison,
+    Check,
+    LaunchFigure,
+    Rule,
+    Verdict,
+    accuracy_check,
+    compare_case,
+    dispatch_check,
+    judge,
+    t_half_width,
+)
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV
 
 THROUGHPUT_PNG = "throughput.png"
 TTFT_PNG = "ttft.png"
-CONFIDENCE = 0.95
 NOT_RECORDED = "not recorded"
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,6 +81,17 @@ class AcceptanceRule(BaseModel):
     model_config = _READ
     noise_band: float
     ttft_ratio_max: float
+    confidence: float = 0.95  # the default before the key existed
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(self.noise_band, self.ttft_ratio_max, self.confidence)
+
+
+class PlanLaunch(BaseModel):
+    model_config = _READ
+    launch: int
+    round: int
 
 
 class AccuracyPlan(BaseModel):
@@ -83,6 +106,7 @@ class Plan(BaseModel):
     cases: list[PlanCase]
     rounds: int
     repeats: int
+    launches: list[PlanLaunch]
     acceptance: AcceptanceRule
     accuracy: AccuracyPlan | None = None
 
@@ -135,6 +159,7 @@ class TrialVerdict(BaseModel):
     baseline: str
     candidate: str
     accepted: bool
+    verdict: str | None = None  # ACCEPTED, REJECTED or INCONCLUSIVE; absent before intervals
     reasons: list[str] = []
 
 
@@ -221,16 +246,12 @@ class Interval:
     n: int
 
     @classmethod
-    def of(cls, values: list[float], confidence: float = CONFIDENCE) -> Interval:
-        n = len(values)
-        mean = math.fsum(values) / n
-        if n < 2:
-            return cls(mean, None, None, n)
-        sem = stats.sem(values)
-        if sem == 0:
-            return cls(mean, mean, mean, n)
-        low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
-        return cls(mean, float(low), float(high), n)
+    def of(cls, values: list[float], confidence: float) -> Interval:
+        mean = math.fsum(values) / len(values)
+        half = t_half_width(values, confidence)
+        if half is None:
+            return cls(mean, None, None, len(values))
+        return cls(mean, mean - half, mean + half, len(values))
 
     def cell(self, spec: str) -> str:
         if self.low is None or self.high is None:
@@ -255,35 +276,11 @@ class ArmCase:
     launches: tuple[LaunchSpread, ...]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    arm: str
-    against: str
-    case: str
-    gain: float | None  # total tok/s ratio - 1; None when a side failed
-    ttft_ratio: float | None
-    throughput_ok: bool
-    ttft_ok: bool
-
-
-@dataclass(frozen=True)
-class ArmVerdict:
-    arm: str
-    against: str
-    comparisons: tuple[Comparison, ...]
-    accuracy_ok: bool | None  # None: no accuracy gate in the protocol
-    dispatch_ok: bool | None  # None: no dispatch proof recorded
-    reasons: tuple[str, ...]
-
-    @property
-    def accepted(self) -> bool:
-        return not self.reasons
-
-
 def arm_case(run: ServingRun, arm: str, case: str) -> ArmCase:
     result = run.summary.results.get(arm, {}).get(case)
     if result is None or result.status != "ok" or not result.launches:
         return ArmCase(arm, case, result.status if result else "missing", None, None, ())
+    conf = run.plan.acceptance.confidence
     spreads = []
     for fig in result.launches:
         kept = [
@@ -300,55 +297,59 @@ def arm_case(run: ServingRun, arm: str, case: str) -> ArmCase:
         spreads.append(
             LaunchSpread(
                 fig.launch,
-                Interval.of(tput) if tput else Interval(fig.total_token_throughput, None, None, 0),
-                Interval.of(ttft) if ttft else Interval(fig.mean_ttft_ms, None, None, 0),
+                Interval.of(tput, conf) if tput else Interval(fig.total_token_throughput, None, None, 0),
+                Interval.of(ttft, conf) if ttft else Interval(fig.mean_ttft_ms, None, None, 0),
             )
         )
     return ArmCase(
         arm,
         case,
         "ok",
-        Interval.of([f.total_token_throughput for f in result.launches]),
-        Interval.of([f.mean_ttft_ms for f in result.launches]),
+        Interval.of([f.total_token_throughput for f in result.launches], conf),
+        Interval.of([f.mean_ttft_ms for f in result.launches], conf),
         tuple(spreads),
     )
 
 
-def compare(arm: ArmCase, ref: ArmCase, rule: AcceptanceRule) -> Comparison:
-    """trial.acceptance's rule for one case: pooled means, gain above the band, TTFT ratio at most the max."""
-    if arm.throughput is None or ref.throughput is None or arm.ttft_ms is None or ref.ttft_ms is None:
-        return Comparison(arm.arm, ref.arm, arm.case, None, None, False, False)
-    gain = arm.throughput.mean / ref.throughput.mean - 1.0
-    ratio = arm.ttft_ms.mean / ref.ttft_ms.mean if ref.ttft_ms.mean > 0 else math.inf
-    return Comparison(arm.arm, ref.arm, arm.case, gain, ratio, gain > rule.noise_band, ratio <= rule.ttft_ratio_max)
+def launch_figures(run: ServingRun, arm: str, case: str) -> list[LaunchFigure] | None:
+    """An arm's per-launch figures in a case, each with its round (None unless the case is ok)."""
+    result = run.summary.results.get(arm, {}).get(case)
+    if result is None or result.status != "ok" or not result.launches:
+        return None
+    round_of = {L.launch: L.round for L in run.plan.launches}
+    return [LaunchFigure(round_of[f.launch], f.total_token_throughput, f.mean_ttft_ms) for f in result.launches]
 
 
-def verdict(run: ServingRun, arm: str, against: str) -> ArmVerdict:
-    rule = run.plan.acceptance
-    comps = tuple(compare(arm_case(run, arm, c.case), arm_case(run, against, c.case), rule) for c in run.plan.cases)
-    reasons = []
-    for c in comps:
-        if c.gain is None or c.ttft_ratio is None:
-            reasons.append(f"{c.case}: a run failed or is missing")
-            continue
-        if not c.throughput_ok:
-            reasons.append(f"{c.case}: total tok/s gain {c.gain:+.2%} not above the noise band {rule.noise_band:.2%}")
-        if not c.ttft_ok:
-            reasons.append(f"{c.case}: mean TTFT ratio {c.ttft_ratio:.4f} above {rule.ttft_ratio_max}")
-    accuracy_ok = None
-    if run.plan.accuracy is not None:
-        acc = run.summary.accuracy.get(arm)
-        accuracy_ok = bool(acc and acc.passed)
-        if not accuracy_ok:
-            shown = f"{acc.accuracy:.3f} ({acc.errors} errors)" if acc else "not measured"
-            reasons.append(f"accuracy {shown} below the gate {run.plan.accuracy.gate}")
-    dispatch_ok = None
-    if run.summary.dispatch is not None:
-        proof = run.summary.dispatch.get(arm)
-        dispatch_ok = bool(proof and proof.valid)
-        if not dispatch_ok:
-            reasons.append(f"dispatch proof failed: {proof.reason if proof else 'no verdict for this arm'}")
-    return ArmVerdict(arm, against, comps, accuracy_ok, dispatch_ok, tuple(reasons))
+def accuracy_gate(run: ServingRun, arm: str) -> Check | None:
+    """The arm's MATH-500 gate (None: no gate in the protocol)."""
+    if run.plan.accuracy is None:
+        return None
+    acc = run.summary.accuracy.get(arm)
+    return accuracy_check(
+        acc.accuracy if acc else None, acc.errors if acc else 0, bool(acc and acc.passed), run.plan.accuracy.gate
+    )
+
+
+def dispatch_gate(run: ServingRun, arm: str) -> Check | None:
+    """The arm's proof of dispatch (None: not recorded by this run)."""
+    if run.summary.dispatch is None:
+        return None
+    role = next(a.role for a in run.plan.arms if a.name == arm)
+    proof = run.summary.dispatch.get(arm)
+    return dispatch_check(
+        role, arm, proof.valid if proof else False, proof.reason if proof else "no verdict for this arm"
+    )
+
+
+def verdict(run: ServingRun, arm: str, against: str) -> Verdict:
+    """`arm` against `against` by the trial's rule (serving/acceptance.py), from summary.json's per-launch figures."""
+    rule = run.plan.acceptance.rule
+    cases = [
+        compare_case(c.case, launch_figures(run, arm, c.case), launch_figures(run, against, c.case), rule)
+        for c in run.plan.cases
+    ]
+    checks = [accuracy_gate(run, arm), dispatch_gate(run, arm), dispatch_gate(run, against)]
+    return judge(arm, against, cases, [c for c in checks if c is not None], rule)
 
 
 def parts_of(run: ServingRun, combined: PlanArm) -> list[PlanArm]:
@@ -398,8 +399,8 @@ def arms_lines(run: ServingRun) -> list[str]:
         "",
         f"- argv: `{' '.join(first.argv)}`",
         f"- environment: {_env(shared)}",
-        f"- {run.plan.rounds} launch(es) per arm, interleaved; {run.plan.repeats} runs of each case per launch, "
-        "run 0 dropped as warm-up",
+        f"- {run.plan.rounds} launch(es) per arm, in counterbalanced blocks (A B then B A); {run.plan.repeats} runs "
+        "of each case per launch, run 0 dropped as warm-up",
     ]
 
 
@@ -407,7 +408,7 @@ def figures_lines(run: ServingRun) -> list[str]:
     out = [
         "## Throughput and TTFT",
         "",
-        f"Mean with a {CONFIDENCE:.0%} Student-t interval: across launches per arm, across the kept runs within "
+        f"Mean with a {run.plan.acceptance.confidence:.0%} Student-t interval: across launches per arm, across the kept runs within "
         "a launch. Total tok/s counts input and output tokens (vLLM's total_token_throughput).",
     ]
     for case in run.plan.cases:
@@ -437,19 +438,46 @@ def figures_lines(run: ServingRun) -> list[str]:
     return out
 
 
-def _comparison_rows(v: ArmVerdict) -> list[list[str]]:
+COMPARISON_HEADER = [
+    "arm",
+    "against",
+    "case",
+    "launches",
+    "tok/s gain [interval]",
+    "TTFT ratio [interval]",
+    "gain ok",
+    "TTFT ok",
+]
+
+
+def _bounds(c: CaseComparison) -> tuple[str, str]:
+    if c.throughput is None or c.ttft is None:
+        return "-", "-"
+    tput, ttft = c.throughput.interval, c.ttft.interval
+    gain = f"{c.throughput.estimate - 1:+.2%}" + (
+        "" if tput is None else f" [{tput.low - 1:+.2%}, {tput.high - 1:+.2%}]"
+    )
+    ratio = f"{c.ttft.estimate:.4f}" + ("" if ttft is None else f" [{ttft.low:.4f}, {ttft.high:.4f}]")
+    return gain, ratio
+
+
+def _comparison_rows(v: Verdict) -> list[list[str]]:
     return [
         [
             v.arm,
             v.against,
             c.case,
-            "-" if c.gain is None else f"{c.gain:+.2%}",
-            "-" if c.ttft_ratio is None else f"{c.ttft_ratio:.4f}",
+            str(c.throughput.n) if c.throughput else "-",
+            *_bounds(c),
             _yes(c.throughput_ok),
             _yes(c.ttft_ok),
         ]
-        for c in v.comparisons
+        for c in v.cases
     ]
+
+
+def _shown(v: Verdict) -> str:
+    return v.verdict if v.verdict == ACCEPTED else f"**{v.verdict}**"
 
 
 def acceptance_lines(run: ServingRun) -> list[str]:
@@ -463,22 +491,21 @@ def acceptance_lines(run: ServingRun) -> list[str]:
     out = [
         "## Acceptance",
         "",
-        f"Each arm against {base.name}, in every case: total tok/s gain above {rule.noise_band:.2%}, mean TTFT at "
-        f"most {rule.ttft_ratio_max}x{gate}, and a valid dispatch proof when one is recorded.",
+        f"Each arm against {base.name}, in every case, with {rule.confidence:.0%} intervals across launches (paired "
+        f"by round, Student t on the log ratios; serving/acceptance.py): the total tok/s gain's lower bound above "
+        f"{rule.noise_band:.2%}, the mean TTFT ratio's upper bound at most {rule.ttft_ratio_max}{gate}, and a valid "
+        "dispatch proof when one is recorded. Too few launches for an interval is INCONCLUSIVE.",
         "",
-        *_table(
-            ["arm", "against", "case", "tok/s gain", "TTFT ratio", "gain ok", "TTFT ok"],
-            [row for v in verdicts.values() for row in _comparison_rows(v)],
-        ),
+        *_table(COMPARISON_HEADER, [row for v in verdicts.values() for row in _comparison_rows(v)]),
         "",
         *_table(
             ["arm", "accuracy gate", "dispatch proof", "verdict", "reasons"],
             [
                 [
                     v.arm,
-                    "no gate" if v.accuracy_ok is None else _yes(v.accuracy_ok, "passed", "**failed**"),
-                    _yes(v.dispatch_ok, "valid", "**invalid**"),
-                    "ACCEPTED" if v.accepted else "**REJECTED**",
+                    "no gate" if (g := accuracy_gate(run, v.arm)) is None else _yes(g.passed, "passed", "**failed**"),
+                    _yes(None if (d := dispatch_gate(run, v.arm)) is None else d.passed, "valid", "**invalid**"),
+                    _shown(v),
                     "; ".join(v.reasons) or "-",
                 ]
                 for v in verdicts.values()
@@ -487,10 +514,10 @@ def acceptance_lines(run: ServingRun) -> list[str]:
     ]
     recorded = run.summary.acceptance
     if recorded is not None:
+        shown = recorded.verdict or ("ACCEPTED" if recorded.accepted else "REJECTED")
         out += [
             "",
-            f"The trial's own verdict (summary.json, {recorded.candidate} against {recorded.baseline}): "
-            f"{'ACCEPTED' if recorded.accepted else 'REJECTED'}.",
+            f"The trial's own verdict (summary.json, {recorded.candidate} against {recorded.baseline}): {shown}.",
         ]
     for arm in others:
         parts = parts_of(run, arm)
@@ -507,7 +534,7 @@ def acceptance_lines(run: ServingRun) -> list[str]:
             f"({qualified}). Against each single arm, by the same rule:",
             "",
             *_table(
-                ["arm", "against", "case", "tok/s gain", "TTFT ratio", "gain ok", "TTFT ok"],
+                COMPARISON_HEADER,
                 [row for p in parts for row in _comparison_rows(verdict(run, arm.name, p.name))],
             ),
         ]
@@ -606,7 +633,7 @@ def plot_metric(run: ServingRun, metric: str, path: Path) -> Path:
                 fmt="s",
                 color="C0",
                 capsize=4,
-                label=f"mean, {CONFIDENCE:.0%} CI" if x == 0 else None,
+                label=f"mean, {run.plan.acceptance.confidence:.0%} CI" if x == 0 else None,
             )
         ax.set_xticks(range(len(names)), names)
         ax.set_title(case.case, fontsize="small")

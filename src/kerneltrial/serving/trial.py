@@ -34,6 +34,16 @@ from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
+from kerneltrial.serving.acceptance import (
+    METHOD,
+    LaunchFigure,
+    Rule,
+    accuracy_check,
+    case_record,
+    compare_case,
+    dispatch_check,
+    judge,
+)
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
@@ -78,15 +88,35 @@ REQUEST_FIELDS = [
 ]
 
 
+def williams_rows(k: int) -> list[list[int]]:
+    """The k rows of a Williams square: row r is (0, 1, k-1, 2, k-2, ...) + r mod k. Every index
+    is at every position once; for even k each index follows every other once (carry-over
+    balance); for odd k the rows with their reverses (the second half of each block) balance it."""
+    first = [0] + [(j + 1) // 2 if j % 2 else k - j // 2 for j in range(1, k)]
+    return [[(i + r) % k for i in first] for r in range(k)]
+
+
 def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
-    """(round, position, arm name): each round runs every arm once in a seeded random order."""
-    rng = random.Random(seed)
+    """(round, position, arm name): every round launches every arm once, in counterbalanced
+    reversed-pair blocks. Block b is rounds 2b and 2b+1: row b mod k of a Williams square, then
+    the same row reversed (two arms: A B B A, then B A A B). The arms' labels are shuffled once
+    by the seed, so the order is a pure function of (arm names, rounds, seed). Over a complete
+    design (k blocks, 2k rounds) every arm is at every position equally often; within a block
+    every arm's mean position is the same, so a linear drift cancels from each arm's mean."""
+    names = [a.name for a in arms]
+    random.Random(seed).shuffle(names)
+    rows = williams_rows(len(names))
     order = []
     for r in range(rounds):
-        names = [a.name for a in arms]
-        rng.shuffle(names)
-        order += [(r, pos, n) for pos, n in enumerate(names)]
+        block, second = divmod(r, 2)
+        row = [names[i] for i in rows[block % len(names)]]
+        order += [(r, pos, n) for pos, n in enumerate(row[::-1] if second else row)]
     return order
+
+
+def block_of(round_: int) -> int:
+    """The counterbalanced block (launch_order) a round belongs to."""
+    return round_ // 2
 
 
 @dataclass(frozen=True)
@@ -220,68 +250,70 @@ def summarise(
     return summary
 
 
+def acceptance_rule(proto: Protocol) -> Rule:
+    a = proto.acceptance
+    return Rule(a.noise_band, a.ttft_ratio_max, a.confidence)
+
+
+def launch_figures(entry: Mapping[str, Any], rounds: Mapping[int, int]) -> list[LaunchFigure] | None:
+    """The per-launch figures of a summarised (arm, case), each with its round; None unless ok."""
+    if entry["status"] != "ok":
+        return None
+    return [
+        LaunchFigure(rounds[g["launch"]], g["total_token_throughput"], g["mean_ttft_ms"]) for g in entry["launches"]
+    ]
+
+
 def acceptance(
     proto: Protocol,
     results: dict[str, Any],
     acc: dict[str, dict[str, Any]],
     dispatch: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, Any] | None:
+    """The candidate against the baseline by serving/acceptance.py's rule, as summary.json stores it."""
     base, cand = proto.arm("baseline"), proto.arm("candidate")
     if base is None or cand is None:
         return None
-    out: dict[str, Any] = {
-        "baseline": base.name,
-        "candidate": cand.name,
-        "noise_band": proto.acceptance.noise_band,
-        "ttft_ratio_max": proto.acceptance.ttft_ratio_max,
-        "cases": {},
-        "reasons": [],
-    }
-    accepted = True
-    for case in proto.bench.cases:
-        b, c = results[base.name][case.id], results[cand.name][case.id]
-        if b["status"] != "ok" or c["status"] != "ok":
-            out["cases"][case.id] = {"status": "FAILED"}
-            out["reasons"].append(f"{case.id}: a run failed or is missing")
-            accepted = False
-            continue
-        gain = c["total_token_throughput"] / b["total_token_throughput"] - 1.0
-        ratio = c["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else float("inf")
-        t_ok, l_ok = gain > proto.acceptance.noise_band, ratio <= proto.acceptance.ttft_ratio_max
-        out["cases"][case.id] = {
-            "status": "ok",
-            "gain": gain,
-            "throughput_ok": t_ok,
-            "ttft_ratio": ratio,
-            "ttft_ok": l_ok,
-        }
-        if not t_ok:
-            out["reasons"].append(
-                f"{case.id}: total tok/s gain {gain:+.2%} not above the noise band {proto.acceptance.noise_band:.2%}"
-            )
-        if not l_ok:
-            out["reasons"].append(f"{case.id}: mean TTFT ratio {ratio:.4f} above {proto.acceptance.ttft_ratio_max}")
-        accepted = accepted and t_ok and l_ok
+    rule = acceptance_rule(proto)
+    rounds = {i: r for i, (r, _, _) in enumerate(launch_order(proto.arms, proto.rounds, proto.seed))}
+    cases = [
+        compare_case(
+            case.id,
+            launch_figures(results[cand.name][case.id], rounds),
+            launch_figures(results[base.name][case.id], rounds),
+            rule,
+        )
+        for case in proto.bench.cases
+    ]
+    checks = []
+    accuracy_ok: bool | None = None
     if proto.accuracy is not None:
         a = acc.get(cand.name)
-        a_ok = bool(a and a.get("passed"))
-        out["accuracy_ok"] = a_ok
-        if not a_ok:
-            shown = f"{a['accuracy']:.3f} ({a['errors']} errors)" if a else "not measured"
-            out["reasons"].append(f"accuracy {shown} below the gate {proto.accuracy.gate}")
-        accepted = accepted and a_ok
-    else:
-        out["accuracy_ok"] = None
+        accuracy_ok = bool(a and a.get("passed"))
+        checks.append(
+            accuracy_check(a["accuracy"] if a else None, a["errors"] if a else 0, accuracy_ok, proto.accuracy.gate)
+        )
     # an arm that did not demonstrably run its operators is not the arm it claims to be: a
     # candidate whose kernel served no call, or a baseline that ran ours, compares nothing
-    invalid = [
-        (role, a.name) for role, a in (("baseline", base), ("candidate", cand)) if dispatch[a.name]["valid"] is False
+    proofs = [
+        dispatch_check(role, a.name, dispatch[a.name]["valid"], dispatch[a.name]["reason"])
+        for role, a in (("baseline", base), ("candidate", cand))
     ]
-    for role, name in invalid:
-        out["reasons"].append(f"{role} {name}: dispatch proof invalid ({dispatch[name]['reason']})")
-    out["dispatch_ok"] = not invalid
-    out["accepted"] = accepted and not invalid
-    return out
+    v = judge(cand.name, base.name, cases, [*checks, *proofs], rule)
+    return {
+        "baseline": base.name,
+        "candidate": cand.name,
+        "noise_band": rule.noise_band,
+        "ttft_ratio_max": rule.ttft_ratio_max,
+        "confidence": rule.confidence,
+        "method": METHOD,
+        "cases": {c.case: case_record(c) for c in v.cases},
+        "reasons": list(v.reasons),
+        "accuracy_ok": accuracy_ok,
+        "dispatch_ok": all(p.passed for p in proofs),
+        "verdict": v.verdict,
+        "accepted": v.accepted,
+    }
 
 
 def run_protocol(
@@ -313,14 +345,17 @@ def run_protocol(
         "seed": proto.seed,
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
-        "launches": [{"launch": i, "round": r, "position": p, "arm": n} for i, (r, p, n) in enumerate(order)],
+        "launches": [
+            {"launch": i, "round": r, "block": block_of(r), "position": p, "arm": n}
+            for i, (r, p, n) in enumerate(order)
+        ],
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
         "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
-        "acceptance": {"noise_band": proto.acceptance.noise_band, "ttft_ratio_max": proto.acceptance.ttft_ratio_max},
+        "acceptance": proto.acceptance.model_dump(),
         "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
     }
     write_json(out / layout.PLAN, plan)
@@ -358,7 +393,14 @@ def run_protocol(
             arm = arms[name]
             prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
             tag = f"{launch:02d}-{name}"
-            row: dict[str, Any] = {"launch": launch, "round": rnd, "position": pos, "arm": name, "status": "running"}
+            row: dict[str, Any] = {
+                "launch": launch,
+                "round": rnd,
+                "block": block_of(rnd),
+                "position": pos,
+                "arm": name,
+                "status": "running",
+            }
             t0 = time.monotonic()
             server: Server | None = None
             proof: LaunchProof | None = None

@@ -23,6 +23,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
+from kerneltrial.serving.acceptance import Check, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
 
 REL_TOL = 1e-9
@@ -203,6 +204,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     # per (arm, case) summaries: warm-up rule per launch, mean over launches
     res = summary.get("results", {})
     keys_seen: set[str] = set()
+    recomputed_launches: dict[tuple[str, str], list[tuple[int, dict[str, float]]]] = {}  # for acceptance
     for arm in plan["arms"]:
         a = arm["name"]
         for c in plan["cases"]:
@@ -238,6 +240,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
                             recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr
                         ) / len(lr)
                 per_launch.append(recomputed)
+            recomputed_launches[(a, cid)] = list(zip(launches, per_launch, strict=True))
             for k in per_launch[0]:
                 if k in s:
                     keys_seen.add(k)
@@ -281,36 +284,41 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
     dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
-    # acceptance verdict
+    # acceptance verdict: serving/acceptance.py's rule, on the per-launch figures recomputed above
     acc_rule = summary.get("acceptance")
     names = {arm["role"]: arm["name"] for arm in plan["arms"]}
     if "baseline" in names and "candidate" in names:
         if not acc_rule:
             problems.append("summary has no acceptance block although the protocol has baseline and candidate")
         else:
-            band = float(plan["acceptance"]["noise_band"])
-            tmax = float(plan["acceptance"]["ttft_ratio_max"])
-            verdict = True
-            for c in plan["cases"]:
-                b, d = (
-                    res.get(names["baseline"], {}).get(c["case"], {}),
-                    res.get(names["candidate"], {}).get(c["case"], {}),
-                )
-                if b.get("status") != "ok" or d.get("status") != "ok":
-                    verdict = False
-                    continue
-                gain = d["total_token_throughput"] / b["total_token_throughput"] - 1
-                ratio = d["mean_ttft_ms"] / b["mean_ttft_ms"] if b["mean_ttft_ms"] > 0 else math.inf
-                got = acc_rule.get("cases", {}).get(c["case"], {})
-                if not _close(got.get("gain"), gain):
-                    problems.append(f"acceptance {c['case']}: gain {got.get('gain')}, recomputed {gain}")
-                verdict = verdict and gain > band and ratio <= tmax
-            if acc_plan is not None:
-                verdict = verdict and bool(acc_sum.get(names["candidate"], {}).get("passed"))
-            # an invalid dispatch proof of either compared arm is never ACCEPTED (docs/serving.md)
-            verdict = verdict and all(
-                dispatch_valid.get(names[role]) is not False for role in ("baseline", "candidate")
+            rule = Rule(
+                float(plan["acceptance"]["noise_band"]),
+                float(plan["acceptance"]["ttft_ratio_max"]),
+                float(plan["acceptance"].get("confidence", 0.95)),
             )
-            if bool(acc_rule.get("accepted")) != verdict:
-                problems.append(f"acceptance verdict {acc_rule.get('accepted')}, recomputed {verdict}")
+            round_of = {int(L["launch"]): int(L["round"]) for L in plan.get("launches", [])}
+
+            def figures(arm: str, case: str) -> list[LaunchFigure] | None:
+                got = recomputed_launches.get((arm, case))
+                if got is None:
+                    return None
+                return [LaunchFigure(round_of[L], f["total_token_throughput"], f["mean_ttft_ms"]) for L, f in got]
+
+            base, cand = names["baseline"], names["candidate"]
+            cases = [
+                compare_case(c["case"], figures(cand, c["case"]), figures(base, c["case"]), rule) for c in plan["cases"]
+            ]
+            checks = [Check(dispatch_valid.get(names[role]) is not False, role) for role in ("baseline", "candidate")]
+            if acc_plan is not None:
+                checks.append(Check(bool(acc_sum.get(cand, {}).get("passed")), "accuracy"))
+            v = judge(cand, base, cases, checks, rule)
+            for c in cases:
+                got = acc_rule.get("cases", {}).get(c.case, {})
+                for key, want in case_record(c).items():
+                    if not _close(got.get(key), want):
+                        problems.append(f"acceptance {c.case}: {key} {got.get(key)}, recomputed {want}")
+            if bool(acc_rule.get("accepted")) != v.accepted or acc_rule.get("verdict", v.verdict) != v.verdict:
+                problems.append(
+                    f"acceptance verdict {acc_rule.get('verdict', acc_rule.get('accepted'))}, recomputed {v.verdict}"
+                )
     return problems
