@@ -76,6 +76,13 @@ def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
 
 
 REPLICATES = sorted(p.parent for p in (REPO / "results").rglob("replicates.json"))
+SUITES = sorted(p.parent for p in (REPO / "results").rglob("suite.json"))
+
+
+@pytest.mark.parametrize("suite", SUITES, ids=[str(s.relative_to(REPO)) for s in SUITES])
+def test_committed_suites_verify(suite):
+    """Every run of a suite verifies and the suite record holds: every protocol ran, unchanged."""
+    assert verify_one(suite).ok
 SUBMISSIONS = sorted((REPO / "submissions").glob("*.zip"))
 
 
