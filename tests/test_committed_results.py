@@ -83,6 +83,8 @@ SUITES = sorted(p.parent for p in (REPO / "results").rglob("suite.json"))
 def test_committed_suites_verify(suite):
     """Every run of a suite verifies and the suite record holds: every protocol ran, unchanged."""
     assert verify_one(suite).ok
+
+
 SUBMISSIONS = sorted((REPO / "submissions").glob("*.zip"))
 
 

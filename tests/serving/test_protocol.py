@@ -300,7 +300,7 @@ def test_track2_protocol_states_e0_to_e3_differing_only_in_operator_selection():
     p, _ = load_protocol(T2)
     assert [(a.name, a.role) for a in p.arms] == [("E0", "baseline"), ("E1", "arm"), ("E2", "arm"), ("E3", "candidate")]
     assert [c.as_list() for c in p.bench.cases] == [[4096, 1024, 64, 256], [16384, 1024, 64, 128]]
-    assert (p.repeats, p.rounds) == (4, 3)  # R=4 with run 0 dropped; three launches per arm
+    assert (p.repeats, p.rounds) == (4, 4)  # R=4 with run 0 dropped; two counterbalanced blocks of launches
     assert (p.acceptance.noise_band, p.acceptance.ttft_ratio_max) == (0.01, 1.01)
     assert p.accuracy is not None and (p.accuracy.level, p.accuracy.gate) == ("Level 3", 0.95)
     e0 = p.arms[0]

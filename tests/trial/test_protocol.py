@@ -50,7 +50,7 @@ def test_confirmation_names_one_candidate():
 
 
 def test_bad_case_shape_and_toml():
-    with pytest.raises(proto.ProtocolError, match="cases.0.shape"):
+    with pytest.raises(proto.ProtocolError, match="cases\\[0\\]\\.shape"):
         proto.parse(BASE.replace("[4, 64]", "[4, 0]"))
     with pytest.raises(proto.ProtocolError, match="not valid TOML"):
         proto.parse("name = ")

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kerneltrial.model_fields import describe
+
 _CONFIG = ConfigDict(extra="forbid", frozen=True)
 
 # MiniCPM5-2B as a Llama-style decoder (issue 15): 42 layers, hidden 2048, intermediate 6144,
@@ -154,19 +156,13 @@ class Protocol(BaseModel):
         return [*self.prefill, *self.decode]
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "protocol"
-    return f"{where}: {first['msg']}"
-
-
 def parse_protocol(text: str) -> Protocol:
     try:
         return Protocol.model_validate(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise ProtocolError(f"not valid TOML: {exc}") from None
     except ValidationError as exc:
-        raise ProtocolError(_describe(exc)) from None
+        raise ProtocolError(describe(exc, Protocol)) from None
 
 
 def load_protocol(path: Path) -> tuple[Protocol, bytes]:

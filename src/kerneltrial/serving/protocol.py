@@ -36,7 +36,6 @@ its type, default and meaning: docs/PROTOCOL_KEYS.md (generated from these model
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from kerneltrial.model_fields import field_at, nested_model
+from kerneltrial.model_fields import describe
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
@@ -390,30 +389,6 @@ class Protocol(BaseModel):
         return self.model_copy(update={"server": s.model_copy(update={"model": model, "tokenizer": tokenizer})})
 
 
-def _describe(error: ValidationError) -> str:
-    """One line: the key, the bad value and the fix (pydantic's first error)."""
-    # a misspelt key also reads as a missing one: name the misspelling, it carries the fix
-    first = sorted(error.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")[0]
-    loc = first["loc"]
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "protocol"
-    if first["type"] == "missing":
-        info = field_at(Protocol, loc)
-        what = info.description.rstrip(".") if info and info.description else "see docs/PROTOCOL_KEYS.md"
-        return f"{where} is missing; add it ({what})"
-    if first["type"] == "extra_forbidden":
-        parent = field_at(Protocol, loc[:-1])
-        table = (nested_model(parent.annotation) if parent else None) or Protocol
-        keys = list(table.model_fields)
-        near = difflib.get_close_matches(str(loc[-1]), keys, n=1)
-        return f"{where} is not a protocol key; " + (
-            f"did you mean {near[0]}?" if near else f"use one of {', '.join(keys)}"
-        )
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "value_error":  # our validators' messages name the value and the fix
-        return f"{where}: {msg}"
-    return f"{where}: {msg[0].lower()}{msg[1:]}, got {first['input']!r}"
-
-
 def parse_protocol(text: str, base_dir: Path | None = None) -> Protocol:
     try:
         doc = tomllib.loads(text)
@@ -422,7 +397,7 @@ def parse_protocol(text: str, base_dir: Path | None = None) -> Protocol:
     try:
         return Protocol.model_validate(doc, context={"base_dir": base_dir or Path(".")})
     except ValidationError as e:
-        raise ProtocolError(_describe(e)) from None
+        raise ProtocolError(describe(e, Protocol)) from None
 
 
 def load_protocol(path: Path) -> tuple[Protocol, bytes]:

@@ -19,6 +19,7 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kerneltrial.model_fields import describe
 from kerneltrial.ops.registry import DTYPES, Case
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
@@ -276,12 +277,6 @@ def freeze_path(path: Path) -> Path:
     return path.with_name(path.name + ".freeze.json")
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "protocol"
-    return f"{field}: {first['msg']}"
-
-
 def parse(text: str, source: str = "protocol") -> Protocol:
     try:
         data = tomllib.loads(text)
@@ -290,7 +285,7 @@ def parse(text: str, source: str = "protocol") -> Protocol:
     try:
         return Protocol.model_validate(data)
     except ValidationError as exc:
-        raise ProtocolError(f"{source}: {_describe(exc)}") from exc
+        raise ProtocolError(f"{source}: {describe(exc, Protocol)}") from exc
 
 
 def load(path: Path) -> Protocol:
