@@ -15,6 +15,7 @@ from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.model_report import write_model_report
 from kerneltrial.cli import app
 from kerneltrial.model import build
+from kerneltrial.model.arms import ArmUnavailable, op_table
 from kerneltrial.model.build import Router, patch
 from kerneltrial.model.runner import ModelRunError, greedy_agreement, run_model_trial
 from kerneltrial.model.spec import ProtocolError, parse_protocol
@@ -165,13 +166,20 @@ def test_a_norm_the_patcher_does_not_recognise_stops_the_run(tmp_path: Path, mon
         run_model_trial(protocol(tmp_path, '"eager", "kerneltrial"'), tmp_path / "run")
 
 
+def test_a_user_function_named_almost_like_an_operator_is_refused(tmp_path: Path) -> None:
+    """`rms_norm` instead of `rmsnorm`: the arm would time the torch formula under the user's name."""
+    (tmp_path / "typo.py").write_text(
+        SCALED.replace("def rmsnorm", "def rms_norm") + "\ndef silu_and_mul(x):\n    return x\n"
+    )
+    with pytest.raises(ArmUnavailable, match="defines rms_norm, not rmsnorm"):
+        op_table("user:typo.py", tmp_path)
+
+
 def test_a_patched_layer_is_the_same_model(tmp_path: Path) -> None:
     """torch_eager through the patched structure computes eager's logits (the structure
     itself changes nothing but the operators)."""
     p = parse_protocol(PROTOCOL.format(arms='"eager", "torch_eager"'))
     model = build.build_model(p, torch.device("cpu"))
-    from kerneltrial.model.arms import op_table
-
     router = Router(tables={"torch_eager": op_table("torch_eager", tmp_path)})
     found = patch(model, router)
     assert (found.norms, found.mlps, found.layers) == (5, 2, 2)

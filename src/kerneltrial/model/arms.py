@@ -10,6 +10,8 @@ An arm missing an implementation is unavailable, with the registry's reason.
 
 from __future__ import annotations
 
+import ast
+import difflib
 from pathlib import Path
 
 from kerneltrial.model.build import OPS, OpTable
@@ -22,6 +24,20 @@ class ArmUnavailable(RuntimeError):
     """An arm whose implementations cannot run here; the message says which and why."""
 
 
+def near_miss(arm: str, path: Path, missing: list[str]) -> None:
+    """Refuse a user module whose function names miss an operator's by a little (`rms_norm`
+    for `rmsnorm`): that operator would silently run the torch formula, and the arm would be
+    timed as if the user's kernel ran."""
+    defined = [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)]
+    for op in missing:
+        close = difflib.get_close_matches(op, defined, n=1, cutoff=0.75)
+        if close:
+            raise ArmUnavailable(
+                f"arm {arm}: {path.name} defines {close[0]}, not {op}: rename it to {op}, or it is not used "
+                f"(an operator the module does not define runs {FALLBACK})"
+            )
+
+
 def op_table(arm: str, base_dir: Path) -> OpTable:
     """The arm's three implementations, resolved now (so an unavailable one fails early)."""
     names = dict.fromkeys(OPS, arm)
@@ -29,6 +45,7 @@ def op_table(arm: str, base_dir: Path) -> OpTable:
         spec = arm.removeprefix("user:")
         path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
         added = {impl.op: impl.name for impl in load_user_module(str(path))}
+        near_miss(arm, path, missing=[op for op in OPS if op not in added])
         names = {op: added.get(op, FALLBACK) for op in OPS}
     resolved = {}
     for op, name in names.items():

@@ -308,6 +308,8 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         try:
             tables[arm] = op_table(arm, protocol_path.parent)
         except ArmUnavailable as exc:
+            if arm.startswith("user:"):  # a peer may be absent; the user's own arm must run
+                raise
             unavailable[arm] = str(exc)
     prepare(out, data)
     digest = sha256_bytes(data)
