@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,16 @@ def rmsnorm(x, weight, eps=1e-6):
 """
 
 
+# A user arm whose RMSNorm ignores its weight (a cheaper kernel that forgot the scale).
+NO_WEIGHT = """
+import torch
+
+def rmsnorm(x, weight, eps=1e-6):
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(v + eps)).to(x.dtype)
+"""
+
+
 def protocol(tmp_path: Path, arms: str) -> Path:
     path = tmp_path / "model.toml"
     path.write_text(PROTOCOL.format(arms=arms))
@@ -95,6 +107,14 @@ def test_an_arm_that_changes_the_model_is_caught_and_not_timed(tiny_run: Path) -
     )
 
 
+def test_an_arm_that_ignores_the_norm_weight_is_caught(tmp_path: Path) -> None:
+    """Random norm weights are drawn around 1 (Hugging Face sets them to 1.0, which would hide this)."""
+    (tmp_path / "noweight.py").write_text(NO_WEIGHT)
+    run = run_model_trial(protocol(tmp_path, '"eager", "user:noweight.py"'), tmp_path / "run")
+    row = next(r for r in read_jsonl(run / "correctness.jsonl") if r["arm"] == "user:noweight.py")
+    assert not row["passed"] and "from the float32 model" in row["message"]
+
+
 def test_greedy_divergence_is_a_failure_unless_eager_was_at_a_near_tie() -> None:
     ref_tokens = torch.tensor([[3, 1, 2]])
     decided = [
@@ -110,37 +130,95 @@ def test_greedy_divergence_is_a_failure_unless_eager_was_at_a_near_tie() -> None
     assert tie["first_divergence"]["step"] == 2 and tie["first_divergence"]["near_tie"]  # margin 0.01 of 10
 
 
-def test_verify_catches_a_shrunk_sample(tiny_run: Path, tmp_path: Path) -> None:
+def tampered(run: Path, tmp_path: Path, edit: Callable[[Path], None]) -> list[str]:
+    """The problems verify finds in a copy of `run` edited by `edit`, the manifest rewritten to match
+    (as a careful cheater would)."""
     copy = tmp_path / "run"
-    shutil.copytree(tiny_run, copy)
-    lines = (copy / "timings.csv").read_text().splitlines()
-    case, rnd, pos, arm, calls, ns = lines[1].split(",")
-    lines[1] = ",".join([case, rnd, pos, arm, calls, str(int(ns) // 2)])
-    (copy / "timings.csv").write_text("\n".join(lines) + "\n")
-    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
-    assert any("timings.csv changed" in p for p in problems)
-    # a careful cheater also rewrites the manifest: the recomputed median then disagrees
+    shutil.copytree(run, copy)
+    edit(copy)
     manifest = read_json(copy / "manifest.json")
-    manifest["timings.csv"] = build_sha(copy / "timings.csv")
+    for name in manifest:
+        manifest[name] = build_sha(copy / name)
     write_json(copy / "manifest.json", manifest)
-    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
+    return [c.detail for c in verify_one(copy).checks if not c.ok]
+
+
+def rewrite_csv(path: Path, change: Callable[[list[dict[str, str]]], list[dict[str, str]]]) -> None:
+    rows = list(csv.DictReader(path.open()))
+    columns = list(rows[0])
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns)
+        writer.writeheader()
+        writer.writerows(change(rows))
+
+
+def test_verify_catches_a_shrunk_sample(tiny_run: Path, tmp_path: Path) -> None:
+    def halve(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        rows[0]["ns"] = str(int(rows[0]["ns"]) // 2)
+        return rows
+
+    problems = tampered(tiny_run, tmp_path, lambda d: rewrite_csv(d / "timings.csv", halve))
     assert any("figures:" in p for p in problems), problems
 
 
 def test_verify_catches_a_reordered_round(tiny_run: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "run"
-    shutil.copytree(tiny_run, copy)
-    lines = (copy / "timings.csv").read_text().splitlines()
-    # swap the arms of the first two samples of round 0 (their positions stay)
-    a, b = lines[1].split(","), lines[2].split(",")
-    a[3], b[3] = b[3], a[3]
-    lines[1], lines[2] = ",".join(a), ",".join(b)
-    (copy / "timings.csv").write_text("\n".join(lines) + "\n")
-    manifest = read_json(copy / "manifest.json")
-    manifest["timings.csv"] = build_sha(copy / "timings.csv")
-    write_json(copy / "manifest.json", manifest)
-    problems = [c.detail for c in verify_one(copy).checks if not c.ok]
+    def swap(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        rows[0]["arm"], rows[1]["arm"] = rows[1]["arm"], rows[0]["arm"]
+        return rows
+
+    problems = tampered(tiny_run, tmp_path, lambda d: rewrite_csv(d / "timings.csv", swap))
     assert any("the seed gives" in p for p in problems), problems
+
+
+def test_verify_catches_an_arm_hidden_after_it_passed(tiny_run: Path, tmp_path: Path) -> None:
+    """torch_eager passed correctness; marking it untimed and dropping its rows and figures is caught."""
+
+    def hide(d: Path) -> None:
+        plan = read_json(d / "plan.json")
+        next(a for a in plan["arms"] if a["name"] == "torch_eager")["timed"] = False
+        write_json(d / "plan.json", plan)
+        rewrite_csv(d / "timings.csv", lambda rows: [r for r in rows if r["arm"] != "torch_eager"])
+        write_json(d / "summary.json", summary_of(d))
+
+    problems = tampered(tiny_run, tmp_path, hide)
+    assert any("gate: torch_eager timed=False but its correctness gives passed=True" in p for p in problems), problems
+
+
+def test_verify_rederives_every_verdict(tiny_run: Path, tmp_path: Path) -> None:
+    def flip(d: Path) -> None:
+        summary = read_json(d / "summary.json")
+        summary["cases"]["prefill-b1-t8"]["arms"]["kerneltrial"]["vs_eager"]["verdict"] = "win"
+        rows = read_jsonl(d / "correctness.jsonl")
+        user = next(r for r in rows if r["arm"].startswith("user:"))
+        user["passed"], user["message"] = True, ""
+        (d / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary["correctness"][user["arm"]] = {"passed": True, "message": ""}
+        write_json(d / "summary.json", summary)
+
+    problems = tampered(tiny_run, tmp_path, flip)
+    assert any("is recorded passed=True, its numbers give False" in p for p in problems), problems
+    verdict = read_json(tiny_run / "summary.json")["cases"]["prefill-b1-t8"]["arms"]["kerneltrial"]["vs_eager"][
+        "verdict"
+    ]
+    if verdict != "win":
+        assert any("vs_eager" in p for p in problems), problems
+
+
+def test_verify_holds_the_plan_to_the_protocol(tiny_run: Path, tmp_path: Path) -> None:
+    def loosen(d: Path) -> None:
+        plan = read_json(d / "plan.json")
+        plan["confidence"], plan["tie_band"] = 0.51, 0.5
+        write_json(d / "plan.json", plan)
+        write_json(d / "summary.json", summary_of(d))
+
+    problems = tampered(tiny_run, tmp_path, loosen)
+    assert any("plan: confidence is 0.51" in p and "plan: tie_band is 0.5" in p for p in problems), problems
+
+
+def summary_of(run: Path) -> dict[str, object]:
+    from kerneltrial.model.summary import build
+
+    return build(run)
 
 
 def build_sha(path: Path) -> str:

@@ -18,6 +18,7 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
+from kerneltrial.analysis.stats import paired_ratio
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import (
     ACCEPTED,
@@ -28,7 +29,6 @@ from kerneltrial.serving.acceptance import (
     Rule,
     compare_case,
     judge,
-    paired_ratio,
 )
 from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import free_port

@@ -10,11 +10,13 @@ nanosecond (1e9 bytes / 1e9 ns), so `gbps = bytes / ns_per_call`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 from scipy.stats import gmean
 
 WIN, TIE, LOSS, INCONCLUSIVE = "win", "tie", "loss", "inconclusive"
@@ -451,3 +453,40 @@ def calibration_passed(
     return all(
         a.false_positive_rate is not None and a.false_positive_rate <= max_false_positive_rate for a in aa
     ) and all(s.power is not None and s.power >= min_power for s in slow)
+
+
+# --- paired ratios over a few units (serving launches, model-trial rounds) ---------------
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A paired ratio over n rounds: the geometric mean of per-round ratios and its t interval
+    (None below two rounds)."""
+
+    estimate: float
+    interval: Interval | None
+    n: int
+
+
+def t_half_width(values: Sequence[float], confidence: float) -> float | None:
+    """Half-width of the Student-t interval of the mean of `values` (None below two values)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float], confidence: float) -> Ratio:
+    """The ratio num/den over aligned rounds, on the log scale (see the module docstring)."""
+    if len(num) != len(den) or not num:
+        raise ValueError(f"paired ratio needs aligned, non-empty rounds; got {len(num)} and {len(den)} values")
+    bad = [v for v in (*num, *den) if not v > 0]
+    if bad:
+        raise ValueError(f"a ratio of figures needs positive figures, got {bad[0]}")
+    logs = [math.log(a / b) for a, b in zip(num, den, strict=True)]
+    mean = math.fsum(logs) / len(logs)
+    half = t_half_width(logs, confidence)
+    interval = None if half is None else Interval(math.exp(mean - half), math.exp(mean + half))
+    return Ratio(math.exp(mean), interval, len(logs))

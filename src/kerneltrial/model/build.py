@@ -2,9 +2,12 @@
 
 One model serves every arm: its weights are built once, and the modules that compute the
 operators kerneltrial replaces are patched, once, with routers. A router calls the active
-arm's implementation (`Router.arm`), counts the call (`Router.counts`: the proof that the
-arm's kernels ran) and, when asked, names the call for the profiler (`Router.annotate`), so
-switching arms between timed calls costs one attribute write and no memory.
+arm's implementation (`Router.arm`), counts the call (`Router.counts`: proof that every
+operator call reached the arm's implementation; what that implementation launched is in
+the profiled kernels of each region, attribution.csv's `kernels`) and, when asked, names the
+call for the profiler (`Router.annotate`), so switching arms between timed calls costs one
+attribute write and no memory. Every routed call, eager's too, pays the same wrapper (a
+Python call and a context manager).
 
 What is patched (found by structure, not by class, so remote-code Llama variants match):
 - every RMSNorm module (class name ending in "RMSNorm", with `weight` and an eps): `rmsnorm`;
@@ -17,8 +20,9 @@ What is patched (found by structure, not by class, so remote-code Llama variants
   MLP stays a torch add: fusing those needs the next layer (vLLM carries the residual across
   layers), which changes the model's structure, not only its operators.
 
-The `eager` arm runs the untouched Hugging Face forward of every module (its norms and MLPs
-are counted, nothing else changes). Every other arm runs the patched structure; the
+The `eager` arm runs the Hugging Face code: the norms' and decoder layers' own forwards, and
+LlamaMLP's forward restated line for line so that act(gate) * up sits inside a region (the
+same kernels). Every other arm runs the patched structure; the
 `torch_eager` arm runs it with torch formulas, so eager vs torch_eager measures the patch
 structure itself, and torch_eager vs a kernel arm measures only the kernels.
 """
@@ -128,8 +132,29 @@ def build_model(p: Protocol, device: torch.device) -> torch.nn.Module:
         torch.manual_seed(p.seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(hf_config(p), trust_remote_code=True)
+            spread_norm_weights(model, p.seed)
         model = model.to(dtype)
+    act = getattr(model.config, "hidden_act", "silu")
+    if act != "silu":
+        raise ModelError(
+            f"the model's hidden_act is {act!r}; the routed MLP computes SiLU-and-mul only (use a SiLU model)"
+        )
     return model.to(device).eval()
+
+
+NORM_WEIGHT_SPREAD = 0.2  # random norm weights ~ 1 + 0.2 N(0, 1)
+
+
+def spread_norm_weights(model: torch.nn.Module, seed: int) -> None:
+    """Draw every norm weight around 1. Hugging Face initialises them to exactly 1.0, and then
+    an arm that ignores the weight computes the same model and passes the gate (a reviewer's
+    planted arm did, before this)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if _is_norm(module):
+                noise = torch.randn(module.weight.shape, generator=generator)
+                module.weight.copy_(1 + NORM_WEIGHT_SPREAD * noise)
 
 
 def _norm_eps(module: torch.nn.Module) -> float | None:
@@ -153,8 +178,8 @@ def _is_layer(module: torch.nn.Module) -> bool:
 
 
 def rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [tokens, width] (a view: the operators take rows)."""
-    return x.reshape(-1, x.shape[-1])
+    """x as [tokens, width]: a view (an in-place operator writes through it), never a copy."""
+    return x.view(-1, x.shape[-1])
 
 
 def _patch_norm(module: torch.nn.Module, router: Router) -> None:
@@ -185,12 +210,12 @@ def gate_up(x: torch.Tensor, mlp: torch.nn.Module) -> torch.Tensor:
 
 
 def _patch_mlp(module: torch.nn.Module, router: Router) -> None:
-    original = module.forward
-
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if router.eager:
-            router.counts["silu_and_mul"] += 1  # the HF module computes act(gate) * up inside
-            return original(x)
+        if router.eager:  # LlamaMLP.forward's own code, its act(gate) * up inside a region
+            gate, up = module.gate_proj(x), module.up_proj(x)
+            with router.region("silu_and_mul"):
+                act = module.act_fn(gate) * up
+            return module.down_proj(act)
         both = gate_up(x, module)
         with router.region("silu_and_mul"):
             act = router.table().silu_and_mul(both)

@@ -13,7 +13,7 @@ import typer
 
 def model(
     protocol: Annotated[
-        Path, typer.Argument(help="A model-trial protocol (TOML; see protocols/minicpm5-2b/model.toml).")
+        Path, typer.Argument(help="A model-trial protocol (TOML; see protocols/model/minicpm5-2b.toml).")
     ],
     out: Annotated[Path, typer.Option("--out", help="A new run directory.")],
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,

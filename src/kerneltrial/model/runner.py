@@ -48,8 +48,12 @@ from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
 from kerneltrial.trial import provenance
 
-TIMING_COLUMNS = ["case", "round", "position", "arm", "calls", "ns"]
+TIMING_COLUMNS = ["case", "round", "position", "arm", "calls", "ns", "start_ns"]  # start_ns: since the first sample
 ATTRIBUTION_COLUMNS = ["case", "arm", "region", "ns", "calls"]
+KERNELS = "kernels.csv"  # on a GPU: the kernels each routed region launched in the profiled call
+KERNEL_COLUMNS = ["case", "arm", "region", "kernel", "ns", "count"]
+Regions = dict[str, tuple[int, int]]
+Kernels = dict[str, dict[str, tuple[int, int]]]  # region -> kernel name -> (ns, count)
 TIMING_LABEL_GPU = "host clock between device synchronisations: what a caller waits for (host and GPU)"
 TIMING_LABEL_CPU = "host clock, Triton interpreter on a CPU: NOT GPU performance"
 PROFILES = "profiles"  # the profiler's table of each attributed call
@@ -217,11 +221,12 @@ def round_order(seed: int, case_index: int, round_index: int, arms: list[str]) -
 
 def attribute(
     model: torch.nn.Module, router: Router, call: Callable[[], object], device: torch.device, table: Path
-) -> dict[str, tuple[int, int]]:
+) -> tuple[Regions, Kernels]:
     """region -> (ns, calls) of one profiled call: each routed operator, `total` (the device
     time of all kernels of the call on a GPU; its host time on a CPU) and `wall` (the call's
-    host time, synchronised). The profiler's own table of the call (the costliest kernels
-    and ops) goes to `table`, for a reader who asks where the rest of the time went."""
+    host time, synchronised); and on a GPU the kernels each region launched (what an arm's
+    implementation really ran). The profiler's own table of the call goes to `table`, for a
+    reader who asks where the rest of the time went."""
     from torch.profiler import ProfilerActivity, profile
 
     gpu = device.type == "cuda"
@@ -236,23 +241,23 @@ def attribute(
         router.annotate = False
     sort = "self_device_time_total" if gpu else "self_cpu_time_total"
     table.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=80) + "\n")
-    found, device_us = (device_regions if gpu else host_regions)(prof.events())
+    found, device_us, kernels = (device_regions if gpu else host_regions)(prof.events())
     found["total"] = (round(device_us * 1000) if gpu else wall, 1)
     found["wall"] = (wall, 1)
-    return found
+    return found, kernels
 
 
-def host_regions(events: list[Any]) -> tuple[dict[str, tuple[int, int]], float]:
-    """On a CPU: each region's host time (its record_function ranges); no device time."""
-    found: dict[str, tuple[int, int]] = {}
+def host_regions(events: list[Any]) -> tuple[Regions, float, Kernels]:
+    """On a CPU: each region's host time (its record_function ranges); no device time, no kernels."""
+    found: Regions = {}
     for e in events:
         if e.name.startswith(REGION):
             ns, calls = found.get(e.name.removeprefix(REGION), (0, 0))
             found[e.name.removeprefix(REGION)] = (ns + round(e.cpu_time_total * 1000), calls + 1)
-    return found, 0.0
+    return found, 0.0, {}
 
 
-def device_regions(events: list[Any]) -> tuple[dict[str, tuple[int, int]], float]:
+def device_regions(events: list[Any]) -> tuple[Regions, float, Kernels]:
     """On a GPU: each region's kernel time and all kernels' time (us), on the device timeline.
 
     A record_function leaves a device-side range spanning the kernels launched inside it; a
@@ -265,16 +270,22 @@ def device_regions(events: list[Any]) -> tuple[dict[str, tuple[int, int]], float
     )
     starts = [r[0] for r in ranges]
     kernels = [e for e in device if not e.name.startswith(REGION) and not getattr(e, "is_user_annotation", False)]
-    found: dict[str, tuple[int, int]] = {}
+    found: Regions = {}
+    names: Kernels = {}
     for _, _, name in ranges:
         ns, calls = found.get(name, (0, 0))
         found[name] = (ns, calls + 1)
+        names.setdefault(name, {})
     for k in kernels:
         i = bisect.bisect_right(starts, k.time_range.start) - 1
         if i >= 0 and k.time_range.start < ranges[i][1]:
-            ns, calls = found[ranges[i][2]]
-            found[ranges[i][2]] = (ns + round(k.time_range.elapsed_us() * 1000), calls)
-    return found, float(sum(k.time_range.elapsed_us() for k in kernels))
+            region = ranges[i][2]
+            k_ns = round(k.time_range.elapsed_us() * 1000)
+            ns, calls = found[region]
+            found[region] = (ns + k_ns, calls)
+            ns, count = names[region].get(k.name, (0, 0))
+            names[region][k.name] = (ns + k_ns, count + 1)
+    return found, float(sum(k.time_range.elapsed_us() for k in kernels)), names
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -379,33 +390,44 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         "warmup": p.warmup,
         "calls_per_sample": p.calls_per_sample,
         "tie_band": p.tie_band,
-        "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.seed, "confidence": p.confidence},
+        "confidence": p.confidence,
+        "attribution": p.attribution,
+        "correctness": p.correctness.model_dump(),
     }
     write_json(out / PLAN, plan)
 
     (out / PROFILES).mkdir()
+    origin = time.perf_counter_ns()
     with (
         csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing,
         csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr,
+        csv_appender(out / KERNELS, KERNEL_COLUMNS) as kernel_row,
     ):
         for index, case in enumerate(p.cases):
+            router.arm = BASELINE  # a decode case's cache prefix is filled by the model's own code
             call = case_call(model, case, p, index, device)
-            for arm in passed:
-                router.arm = arm
-                for _ in range(p.warmup):
+            for w in range(p.warmup):  # untimed rounds, interleaved as the timed ones are
+                for arm in round_order(p.seed, index, -1 - w, passed):
+                    router.arm = arm
                     call()
             _synchronize(device)
             for r in range(p.rounds):
                 for position, arm in enumerate(round_order(p.seed, index, r, passed)):
                     router.arm = arm
-                    timing([case.id, r, position, arm, p.calls_per_sample, sample_ns(call, p.calls_per_sample, device)])
+                    start = time.perf_counter_ns() - origin
+                    ns = sample_ns(call, p.calls_per_sample, device)
+                    timing([case.id, r, position, arm, p.calls_per_sample, ns, start])
                 say(f"{case.id}: round {r + 1}/{p.rounds}")
             if p.attribution:
                 for arm in passed:
                     router.arm = arm
                     table = out / PROFILES / f"{case.id}-{arm.replace(':', '_').replace('/', '_')}.txt"
-                    for region, (ns, calls) in attribute(model, router, call, device, table).items():
+                    regions, kernels = attribute(model, router, call, device, table)
+                    for region, (ns, calls) in regions.items():
                         attr([case.id, arm, region, ns, calls])
+                    for region, named in kernels.items():
+                        for name, (ns, count) in sorted(named.items()):
+                            kernel_row([case.id, arm, region, name, ns, count])
             del call
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -112,7 +112,9 @@ class Protocol(BaseModel):
     dtype: str = "bfloat16"
     seed: int = 0
     rounds: int = Field(default=5, ge=1)
-    warmup: int = Field(default=2, ge=0, description="untimed calls of every arm before a case's rounds")
+    warmup: int = Field(
+        default=2, ge=0, description="untimed rounds (every arm once, seeded order) before a case's rounds"
+    )
     calls_per_sample: int = Field(default=1, ge=1)
     tie_band: float = Field(default=0.02, ge=0, description="a ratio whose interval lies within 1 +- tie_band is a tie")
     arms: tuple[str, ...]
@@ -120,7 +122,6 @@ class Protocol(BaseModel):
     decode: tuple[Decode, ...] = ()
     correctness: Correctness = Correctness()
     attribution: bool = Field(default=True, description="profile one call per arm and case after the rounds")
-    bootstrap_resamples: int = Field(default=2000, ge=100)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
 
     @field_validator("arms")
@@ -144,6 +145,15 @@ class Protocol(BaseModel):
         if dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"dtype {dtype!r}: use bfloat16, float16 or float32")
         return dtype
+
+    @model_validator(mode="after")
+    def _checkpoint_is_the_model(self) -> Protocol:
+        if self.checkpoint and self.model in PRESETS:
+            raise ValueError(
+                f"checkpoint {self.checkpoint!r} brings its own config: set model to the checkpoint directory, "
+                f"not the preset {self.model!r} (whose config would be ignored)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _some_case(self) -> Protocol:

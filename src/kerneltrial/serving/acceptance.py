@@ -25,13 +25,10 @@ there is no interval and the verdict is INCONCLUSIVE.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats
-
-from kerneltrial.analysis.stats import Interval
+from kerneltrial.analysis.stats import Ratio, paired_ratio
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 MIN_ROUNDS = 2  # paired rounds (launches per arm) for an interval: one degree of freedom
@@ -54,16 +51,6 @@ class LaunchFigure:
     round: int
     throughput: float  # total tok/s
     ttft_ms: float  # mean TTFT
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A paired ratio over n rounds: the geometric mean of per-round ratios and its t interval
-    (None below MIN_ROUNDS rounds)."""
-
-    estimate: float
-    interval: Interval | None
-    n: int
 
 
 @dataclass(frozen=True)
@@ -113,30 +100,6 @@ class Verdict:
     @property
     def accepted(self) -> bool:
         return self.verdict == ACCEPTED
-
-
-def t_half_width(values: Sequence[float], confidence: float) -> float | None:
-    """Half-width of the Student-t interval of the mean of `values` (None below two values)."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean = math.fsum(values) / n
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-
-
-def paired_ratio(num: Sequence[float], den: Sequence[float], confidence: float) -> Ratio:
-    """The ratio num/den over aligned rounds, on the log scale (see the module docstring)."""
-    if len(num) != len(den) or not num:
-        raise ValueError(f"paired ratio needs aligned, non-empty rounds; got {len(num)} and {len(den)} values")
-    bad = [v for v in (*num, *den) if not v > 0]
-    if bad:
-        raise ValueError(f"a ratio of figures needs positive figures, got {bad[0]}")
-    logs = [math.log(a / b) for a, b in zip(num, den, strict=True)]
-    mean = math.fsum(logs) / len(logs)
-    half = t_half_width(logs, confidence)
-    interval = None if half is None else Interval(math.exp(mean - half), math.exp(mean + half))
-    return Ratio(math.exp(mean), interval, len(logs))
 
 
 def compare_case(

@@ -26,6 +26,7 @@ from typing import TypeVar
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kerneltrial.analysis.stats import t_half_width
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROVENANCE, REPORT, RUNS, SUMMARY
@@ -40,7 +41,6 @@ from kerneltrial.serving.acceptance import (
     compare_case,
     dispatch_check,
     judge,
-    t_half_width,
 )
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV
