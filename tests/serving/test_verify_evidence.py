@@ -14,6 +14,7 @@ import csv
 import json
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +321,7 @@ def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
 
 def _want(run: Path) -> list[dict[str, Any]]:
     proto = parse_protocol((run / "protocol.toml").read_text(), run)
-    order = trial.launch_order(proto.arms, proto.rounds, proto.seed)
-    return [{"launch": i, "round": r, "position": p, "arm": a} for i, (r, p, a) in enumerate(order)]
+    return [asdict(x) for x in trial.planned_launches(proto.arms, proto.rounds, proto.seed)]
 
 
 # ---------------------------------------------------------------- the client's invariants, one raw file
