@@ -312,6 +312,22 @@ def test_a_reordered_launches_jsonl_fails_verify(run: Path) -> None:
     assert any(p.startswith("plan.json's launch order is not launch_order(") for p in verify_serving_run(run))
 
 
+def test_a_relabelled_block_fails_verify(run: Path) -> None:
+    """Each launch's block (rounds 2b and 2b+1, the A B / B A pair) is part of the recorded order:
+    a launch moved to another block in plan.json or launches.jsonl contradicts launch_order."""
+    assert [x["block"] for x in _want(run)] == [0, 0, 0, 0]
+    rows = _jsonl(run / "launches.jsonl")
+    _write_jsonl(run / "launches.jsonl", [dict(rows[0], block=1), *rows[1:]])
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("launches.jsonl row 1 is {'launch': 0, 'round': 0, 'block': 1,")
+    _write_jsonl(run / "launches.jsonl", rows)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["launches"] = [dict(x, block=x["round"]) for x in plan["launches"]]
+    (run / "plan.json").write_text(json.dumps(plan))
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("plan.json's launch order is not launch_order(arms, rounds=2, seed=3)")
+
+
 def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
     rows = _jsonl(run / "launches.jsonl")
     _write_jsonl(run / "launches.jsonl", rows[:-1])

@@ -5,10 +5,11 @@ accuracy records, with its own arithmetic (it does not import metrics.py), check
 hash and the raw files' sha256, and decides each launch's proof of dispatch again from its call
 records (verify_dispatch.py). It checks the evidence under the figures (verify_evidence.py):
 per-request times against the run's duration and concurrency, requests.csv, the launch order
-against the seed, and every stored answer re-graded. Two things it takes from the code it
+against the seed, and every stored answer re-graded. Three things it takes from the code it
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
-running the grader that graded, accuracy.grade, at the recorded version) and the seeded launch
-order (trial.launch_order). An empty list means everything matched.
+running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
+order (trial.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
+and the report apply, fed here with verify's own figures). An empty list means everything matched.
 """
 
 from __future__ import annotations
