@@ -384,3 +384,14 @@ def test_the_limit_a_forgery_that_reschedules_every_request_passes(run: Path) ->
 
     _forge_runs(run, "A", rescheduled)
     assert verify_serving_run(run) == []
+
+
+def test_a_forged_peak_output_rate_fails_verify(run: Path) -> None:
+    """The peak output tok/s (the official script's figure) is recomputed from the per-request
+    times like every other figure: a raised peak in runs.jsonl is caught."""
+    rows = _jsonl(run / "runs.jsonl")
+    peak = rows[0]["max_output_tokens_per_s"]
+    assert peak > 0
+    _write_jsonl(run / "runs.jsonl", [dict(rows[0], max_output_tokens_per_s=peak + 10), *rows[1:]])
+    problems = verify_serving_run(run)
+    assert f"max_output_tokens_per_s is {peak + 10} in runs.jsonl, recomputed {peak}" in problems[0]

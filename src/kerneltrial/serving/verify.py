@@ -77,11 +77,31 @@ def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
         "output_throughput": tout / dur,
         "total_token_throughput": (tin + tout) / dur,
     }
+    if raw.get("start_times") is not None:
+        out["max_output_tokens_per_s"] = _peak_tokens_per_s(raw, good)
     out |= _stats([raw["ttfts"][i] for i in range(n) if good[i]], "ttft", pcts)
     out |= _stats(tp, "tpot", pcts)
     out |= _stats([x for i in range(n) if good[i] for x in raw["itls"][i]], "itl", pcts)
     out |= _stats([raw["latencies"][i] for i in range(n) if good[i]], "e2el", pcts)
     return out
+
+
+def _peak_tokens_per_s(raw: dict[str, Any], good: list[bool]) -> float:
+    """vLLM's peak output tok/s: each successful request's tokens (first at start + TTFT, each
+    next one ITL later) in one-second buckets from the earliest successful start; the fullest."""
+    idx = [i for i in range(len(good)) if good[i]]
+    if not idx:
+        return 0.0
+    t0 = min(raw["start_times"][i] for i in idx)
+    end = max(raw["start_times"][i] + raw["latencies"][i] for i in idx)
+    counts = [0] * (math.ceil(end - t0) + 1)
+    for i in idx:
+        t = raw["start_times"][i] + raw["ttfts"][i]
+        for gap in [0.0, *raw["itls"][i]]:
+            t += gap
+            if 0 <= int(t - t0) < len(counts):
+                counts[int(t - t0)] += 1
+    return float(max(counts))
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -236,7 +256,12 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
                 for k in lr[0]:
                     if (
                         k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))
-                    ) or k in ("total_token_throughput", "output_throughput", "request_throughput"):
+                    ) or k in (
+                        "total_token_throughput",
+                        "output_throughput",
+                        "request_throughput",
+                        "max_output_tokens_per_s",
+                    ):
                         recomputed[k] = math.fsum(
                             recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr
                         ) / len(lr)
