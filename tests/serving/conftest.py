@@ -15,6 +15,13 @@ REPO = HERE.parents[1]
 FAKE = HERE / "fake_server.py"
 
 
+def start_times(n: int, duration: float, latency: float) -> list[float]:
+    """Per-request start times (perf_counter seconds) of n requests of one latency, one after
+    another, the last ending when the run's duration does: what `--save-detailed` records and
+    verify checks the duration against (serving/verify_evidence.py)."""
+    return [100.0 + i * (duration - latency) / max(n - 1, 1) for i in range(n)]
+
+
 def vllm_venv() -> Path:
     return Path(os.environ.get("KERNELTRIAL_VLLM_VENV", REPO / ".vllm-venv"))
 

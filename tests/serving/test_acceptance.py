@@ -37,7 +37,7 @@ from kerneltrial.serving.report import load_run, verdict
 from kerneltrial.serving.trial import launch_order, williams_rows
 from kerneltrial.serving.verify import verify_serving_run
 
-from .conftest import FAKE
+from .conftest import FAKE, start_times
 
 RULE = Rule(noise_band=0.01, ttft_ratio_max=1.01, confidence=0.95)
 CASE = "in8-out4-c1-n2"
@@ -177,6 +177,7 @@ def synthetic_bench(factors: Callable[[str, int], tuple[float, float]]) -> Bench
         launch, arm = json_path.parent.parent.name.split("-", 1)
         speed, slow_start = factors(arm, int(launch))
         ttft = 0.1 * slow_start
+        latency = ttft + 0.01 * (n_out - 1)
         raw = {
             "duration": 2.0 / speed,
             "completed": n,
@@ -184,8 +185,9 @@ def synthetic_bench(factors: Callable[[str, int], tuple[float, float]]) -> Bench
             "output_lens": [n_out] * n,
             "errors": [""] * n,
             "ttfts": [ttft] * n,
-            "latencies": [ttft + 0.01 * (n_out - 1)] * n,
+            "latencies": [latency] * n,
             "itls": [[0.01] * (n_out - 1)] * n,
+            "start_times": start_times(n, 2.0 / speed, latency),
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(raw))

@@ -23,7 +23,7 @@ from kerneltrial.serving.lifecycle import group_alive
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
 
-from .conftest import FAKE, REPO
+from .conftest import FAKE, REPO, start_times
 
 
 def protocol_text(port: int) -> str:
@@ -53,6 +53,7 @@ def fake_bench(stop_at: int, error: BaseException):
             "ttfts": [0.1] * n,
             "latencies": [0.13] * n,
             "itls": [[0.01] * 3] * n,
+            "start_times": start_times(n, 1.0, 0.13),
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(raw))

@@ -19,7 +19,7 @@ from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.report import Interval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
 
-from .conftest import FAKE
+from .conftest import FAKE, start_times
 
 # arm -> (throughput factor, TTFT factor): E1 gains 5%, E2 is inside the noise band, E3 gains 9%
 # but its TTFT is 3% worse than E0's.
@@ -62,7 +62,7 @@ def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: floa
         "latencies": [ttft + 0.01 * (n_out - 1)] * n,
         "itls": [[0.01] * (n_out - 1)] * n,
         # one after another, the last ending when the duration does (verify checks the span)
-        "start_times": [100.0 + i * (duration - ttft - 0.01 * (n_out - 1)) / max(n - 1, 1) for i in range(n)],
+        "start_times": start_times(n, duration, ttft + 0.01 * (n_out - 1)),
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(raw))

@@ -14,6 +14,7 @@ import csv
 import json
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +312,22 @@ def test_a_reordered_launches_jsonl_fails_verify(run: Path) -> None:
     assert any(p.startswith("plan.json's launch order is not launch_order(") for p in verify_serving_run(run))
 
 
+def test_a_relabelled_block_fails_verify(run: Path) -> None:
+    """Each launch's block (rounds 2b and 2b+1, the A B / B A pair) is part of the recorded order:
+    a launch moved to another block in plan.json or launches.jsonl contradicts launch_order."""
+    assert [x["block"] for x in _want(run)] == [0, 0, 0, 0]
+    rows = _jsonl(run / "launches.jsonl")
+    _write_jsonl(run / "launches.jsonl", [dict(rows[0], block=1), *rows[1:]])
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("launches.jsonl row 1 is {'launch': 0, 'round': 0, 'block': 1,")
+    _write_jsonl(run / "launches.jsonl", rows)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["launches"] = [dict(x, block=x["round"]) for x in plan["launches"]]
+    (run / "plan.json").write_text(json.dumps(plan))
+    [problem] = verify_serving_run(run)
+    assert problem.startswith("plan.json's launch order is not launch_order(arms, rounds=2, seed=3)")
+
+
 def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
     rows = _jsonl(run / "launches.jsonl")
     _write_jsonl(run / "launches.jsonl", rows[:-1])
@@ -320,8 +337,7 @@ def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
 
 def _want(run: Path) -> list[dict[str, Any]]:
     proto = parse_protocol((run / "protocol.toml").read_text(), run)
-    order = trial.launch_order(proto.arms, proto.rounds, proto.seed)
-    return [{"launch": i, "round": r, "position": p, "arm": a} for i, (r, p, a) in enumerate(order)]
+    return [asdict(x) for x in trial.planned_launches(proto.arms, proto.rounds, proto.seed)]
 
 
 # ---------------------------------------------------------------- the client's invariants, one raw file
@@ -368,3 +384,14 @@ def test_the_limit_a_forgery_that_reschedules_every_request_passes(run: Path) ->
 
     _forge_runs(run, "A", rescheduled)
     assert verify_serving_run(run) == []
+
+
+def test_a_forged_peak_output_rate_fails_verify(run: Path) -> None:
+    """The peak output tok/s (the official script's figure) is recomputed from the per-request
+    times like every other figure: a raised peak in runs.jsonl is caught."""
+    rows = _jsonl(run / "runs.jsonl")
+    peak = rows[0]["max_output_tokens_per_s"]
+    assert peak > 0
+    _write_jsonl(run / "runs.jsonl", [dict(rows[0], max_output_tokens_per_s=peak + 10), *rows[1:]])
+    problems = verify_serving_run(run)
+    assert f"max_output_tokens_per_s is {peak + 10} in runs.jsonl, recomputed {peak}" in problems[0]

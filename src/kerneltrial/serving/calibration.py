@@ -31,7 +31,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.serving.acceptance import MIN_ROUNDS, compare_case
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
-from kerneltrial.serving.trial import acceptance_rule, launch_figures, launch_order
+from kerneltrial.serving.trial import acceptance_rule, launch_figures, planned_launches
 
 CALIBRATION = "calibration.json"
 SCHEMA = "kerneltrial.serving-calibration/1"
@@ -116,7 +116,7 @@ def calibration_protocol(text: str, launches: int | None) -> str:
 def calibration_record(proto: Protocol, summary: dict[str, Any]) -> CalibrationRecord:
     """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary."""
     rule = acceptance_rule(proto)
-    rounds = {i: r for i, (r, _, _) in enumerate(launch_order(proto.arms, proto.rounds, proto.seed))}
+    rounds = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
     comparisons = []
     for case in proto.bench.cases:
         for arm, against in ((ARM_A_PRIME, ARM_A), (ARM_A, ARM_A_PRIME)):

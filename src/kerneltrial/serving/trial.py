@@ -120,6 +120,23 @@ def block_of(round_: int) -> int:
 
 
 @dataclass(frozen=True)
+class PlannedLaunch:
+    """One launch of launch_order: plan.json lists them, each launches.jsonl row begins with one,
+    and verify recomputes them from protocol.toml."""
+
+    launch: int
+    round: int
+    block: int
+    position: int
+    arm: str
+
+
+def planned_launches(arms: list[Arm], rounds: int, seed: int) -> list[PlannedLaunch]:
+    """launch_order numbered, each round with its block."""
+    return [PlannedLaunch(i, r, block_of(r), p, n) for i, (r, p, n) in enumerate(launch_order(arms, rounds, seed))]
+
+
+@dataclass(frozen=True)
 class LaunchProof:
     """One launch's dispatch verdict, as launches.jsonl stores it under `dispatch`."""
 
@@ -275,7 +292,7 @@ def acceptance(
     if base is None or cand is None:
         return None
     rule = acceptance_rule(proto)
-    rounds = {i: r for i, (r, _, _) in enumerate(launch_order(proto.arms, proto.rounds, proto.seed))}
+    rounds = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
     cases = [
         compare_case(
             case.id,
@@ -334,7 +351,7 @@ def run_protocol(
     emit: Event = event or (lambda *a, **k: None)
     check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
     sha = prepare_dir(out, protocol_bytes)
-    order = launch_order(proto.arms, proto.rounds, proto.seed)
+    order = planned_launches(proto.arms, proto.rounds, proto.seed)
     arms = {a.name: a for a in proto.arms}
     plan = {
         "protocol_sha256": sha,
@@ -345,10 +362,7 @@ def run_protocol(
         "seed": proto.seed,
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
-        "launches": [
-            {"launch": i, "round": r, "block": block_of(r), "position": p, "arm": n}
-            for i, (r, p, n) in enumerate(order)
-        ],
+        "launches": [asdict(x) for x in order],
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
@@ -389,18 +403,12 @@ def run_protocol(
     t_all = time.monotonic()
     summarised = True  # a failure the runner knows (a gate) still gets its summary
     try:
-        for launch, (rnd, pos, name) in enumerate(order):
+        for planned in order:
+            launch, name = planned.launch, planned.arm
             arm = arms[name]
             prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
             tag = f"{launch:02d}-{name}"
-            row: dict[str, Any] = {
-                "launch": launch,
-                "round": rnd,
-                "block": block_of(rnd),
-                "position": pos,
-                "arm": name,
-                "status": "running",
-            }
+            row: dict[str, Any] = asdict(planned) | {"status": "running"}
             t0 = time.monotonic()
             server: Server | None = None
             proof: LaunchProof | None = None

@@ -5,10 +5,11 @@ accuracy records, with its own arithmetic (it does not import metrics.py), check
 hash and the raw files' sha256, and decides each launch's proof of dispatch again from its call
 records (verify_dispatch.py). It checks the evidence under the figures (verify_evidence.py):
 per-request times against the run's duration and concurrency, requests.csv, the launch order
-against the seed, and every stored answer re-graded. Two things it takes from the code it
+against the seed, and every stored answer re-graded. Three things it takes from the code it
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
-running the grader that graded, accuracy.grade, at the recorded version) and the seeded launch
-order (trial.launch_order). An empty list means everything matched.
+running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
+order (trial.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
+and the report apply, fed here with verify's own figures). An empty list means everything matched.
 """
 
 from __future__ import annotations
@@ -76,11 +77,31 @@ def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
         "output_throughput": tout / dur,
         "total_token_throughput": (tin + tout) / dur,
     }
+    if raw.get("start_times") is not None:
+        out["max_output_tokens_per_s"] = _peak_tokens_per_s(raw, good)
     out |= _stats([raw["ttfts"][i] for i in range(n) if good[i]], "ttft", pcts)
     out |= _stats(tp, "tpot", pcts)
     out |= _stats([x for i in range(n) if good[i] for x in raw["itls"][i]], "itl", pcts)
     out |= _stats([raw["latencies"][i] for i in range(n) if good[i]], "e2el", pcts)
     return out
+
+
+def _peak_tokens_per_s(raw: dict[str, Any], good: list[bool]) -> float:
+    """vLLM's peak output tok/s: each successful request's tokens (first at start + TTFT, each
+    next one ITL later) in one-second buckets from the earliest successful start; the fullest."""
+    idx = [i for i in range(len(good)) if good[i]]
+    if not idx:
+        return 0.0
+    t0 = min(raw["start_times"][i] for i in idx)
+    end = max(raw["start_times"][i] + raw["latencies"][i] for i in idx)
+    counts = [0] * (math.ceil(end - t0) + 1)
+    for i in idx:
+        t = raw["start_times"][i] + raw["ttfts"][i]
+        for gap in [0.0, *raw["itls"][i]]:
+            t += gap
+            if 0 <= int(t - t0) < len(counts):
+                counts[int(t - t0)] += 1
+    return float(max(counts))
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -235,7 +256,12 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
                 for k in lr[0]:
                     if (
                         k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))
-                    ) or k in ("total_token_throughput", "output_throughput", "request_throughput"):
+                    ) or k in (
+                        "total_token_throughput",
+                        "output_throughput",
+                        "request_throughput",
+                        "max_output_tokens_per_s",
+                    ):
                         recomputed[k] = math.fsum(
                             recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr
                         ) / len(lr)

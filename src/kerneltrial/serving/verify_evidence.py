@@ -18,7 +18,8 @@ a sentence that names the run and the invariant it breaks.
   figures, computed by vLLM from the same arrays;
 - requests.csv (`requests_table_problems`): the trial's copy of every request, written from the
   raw file when the run ended;
-- launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol;
+- launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol,
+  each launch with its round's block (trial.planned_launches);
 - grades (`regrade_problems`): every stored answer graded again by the same grader version.
 
 What these cannot prove: a run directory whose raw arrays, figures, tables and logs were all
@@ -30,6 +31,7 @@ client, so a forgery has to rewrite every per-request time of every affected run
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from kerneltrial.rundir.files import read_csv, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
-from kerneltrial.serving.trial import launch_order
+from kerneltrial.serving.trial import PlannedLaunch, planned_launches
 
 TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
 # The client's duration beyond its requests' span: its set-up before the first request and the
@@ -215,14 +217,13 @@ def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launch
         proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
     except (ProtocolError, UnicodeDecodeError) as error:
         return [f"{PROTOCOL} does not parse, so the launch order cannot be recomputed: {error}"]
-    order = launch_order(proto.arms, proto.rounds, proto.seed)
     rule = f"launch_order(arms, rounds={proto.rounds}, seed={proto.seed})"
-    want = [{"launch": i, "round": r, "position": p, "arm": a} for i, (r, p, a) in enumerate(order)]
+    want = [asdict(x) for x in planned_launches(proto.arms, proto.rounds, proto.seed)]
     problems = []
     if plan_launches is not None and plan_launches != want:
         problems.append(f"plan.json's launch order is not {rule}: {_order(want)}")
     for i, row in enumerate(launches):
-        got = {k: row.get(k) for k in ("launch", "round", "position", "arm")}
+        got = {f.name: row.get(f.name) for f in fields(PlannedLaunch)}
         if i >= len(want) or got != want[i]:
             expected = want[i] if i < len(want) else "no launch"
             problems.append(
