@@ -1019,8 +1019,9 @@ def _check_schema(
             []
             if schema == wanted
             else [
-                f"summary schema {schema!r} is not {wanted}, which a plan with checks "
-                + ("and host needs" if "host" in plan else "and without host needs")
+                f"summary schema {schema!r} is not {wanted}, which a plan with checks {plan['checks']}"
+                + (" and host" if "host" in plan else "")
+                + " needs"
             ],
             f"{schema}",
         )
