@@ -130,12 +130,29 @@ def _spread_cell(entry: ArmFigures) -> str:
     return "–" if entry.spread is None else f"{100 * entry.spread:.1f}%"
 
 
+def host_cell(entry: ArmFigures) -> str:
+    """Median host µs per call; samples that ended with the device still busy are named (device-bound)."""
+    if entry.host_ns_per_call is None:
+        return "–"
+    bound = f" (device-bound in {entry.host_behind} of {entry.host_samples})" if entry.device_bound else ""
+    return f"{entry.host_ns_per_call / 1e3:,.2f}{bound}"
+
+
+HOST_NOTE = (
+    "Host µs = median over host samples of the wall time per call a caller is blocked, {calls} back-to-back "
+    "calls on the same inputs with nothing synchronised inside a sample; device-bound samples ended with the "
+    "device still busy (the device, not the host, set the pace)."
+)
+
+
 def case_table(summary: Summary) -> list[str]:
     """One row per (case, arm), every arm including failed and unavailable ones.
 
-    The spread column (p90 - p10 over the median, run to run) appears when the summary has
-    spreads (not summary/1); the throttled column only when some sample was throttled.
+    The host column appears when the run measured host cost (summary/5); the spread column
+    (p90 - p10 over the median, run to run) when the summary has spreads (not summary/1); the
+    throttled column only when some sample was throttled.
     """
+    with_host = summary.host is not None
     with_spread = summary.records_spreads
     with_throttled = any(e.throttled_samples for c in summary.cases for e in c.arms.values())
     rows = []
@@ -145,6 +162,7 @@ def case_table(summary: Summary) -> list[str]:
                 f"`{case.case}`",
                 f"`{name}`",
                 us_cell(entry.median_ns_per_call, ",.2f"),
+                *([host_cell(entry)] if with_host else []),
                 speedup_cell(entry),
                 _status_cell(entry, name == summary.control),
                 _rate(entry.gbps),
@@ -156,9 +174,10 @@ def case_table(summary: Summary) -> list[str]:
                 row.append(f"{entry.throttled_samples} of {entry.n_samples}" if entry.n_samples else "–")
             rows.append(row)
     confidence = int(round(100 * summary.bootstrap.confidence))
-    header = ["case", "arm", "median µs", f"speedup [{confidence}% CI]", "verdict", "GB/s", "% of copy ceiling"]
-    header += ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
-    return _table(header, rows)
+    header = ["case", "arm", "median µs", *["host µs"] * with_host, f"speedup [{confidence}% CI]", "verdict"]
+    header += ["GB/s", "% of copy ceiling"] + ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
+    note = ["", HOST_NOTE.format(calls=summary.host.calls)] if summary.host is not None else []
+    return _table(header, rows) + note
 
 
 def clocks_line(summary: Summary) -> str | None:
@@ -589,6 +608,23 @@ def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
     return rows
 
 
+EAGER = "torch_eager"  # the peer every operator has: the host cost a caller pays without a kernel library
+
+
+def host_vs_eager(cases: list[SummaryCase]) -> float | None:
+    """Geomean over cases of our median host time per call / torch eager's (< 1: ours costs the
+    caller less); None when no case measured both."""
+    ratios = [
+        c.arms[OURS].host_ns_per_call / c.arms[EAGER].host_ns_per_call
+        for c in cases
+        if OURS in c.arms
+        and EAGER in c.arms
+        and c.arms[OURS].host_ns_per_call is not None
+        and c.arms[EAGER].host_ns_per_call
+    ]
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+
+
 def overview_table(run_dirs: list[Path]) -> list[str]:
     """One line per run: our entry point against the best installed peer, case by case."""
     body = []
@@ -611,19 +647,29 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
                 f"{geomean:.3f}",
                 f"{worst.ratio:.3f} (`{worst.case}` vs `{worst.peer}`)",
                 _num(pct, ".1f") + f" (`{largest.case}`)",
+                _num(host_vs_eager(summary.cases), ".2f"),
             ]
         )
     if not body:
         return []
+    with_host = any(row[-1] != "–" for row in body)  # the column appears once some run measured host cost
+    header = ["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"]
+    header += ["host cost vs torch_eager"] * with_host
+    note = (
+        " Host cost vs torch_eager = geomean over cases of our median host time per call / torch eager's "
+        "(< 1: ours blocks the caller for less)."
+        if with_host
+        else ""
+    )
     return (
         [
             "## Overview: `kerneltrial` against the fastest installed peer",
             "",
             "Ratio = the fastest peer's median / our entry point's median, per case (> 1: ours is faster); "
-            "derived from the medians in each run's summary.json.",
+            "derived from the medians in each run's summary.json." + note,
             "",
         ]
-        + _table(["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"], body)
+        + _table(header, [row if with_host else row[:-1] for row in body])
         + [""]
     )
 

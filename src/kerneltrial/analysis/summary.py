@@ -5,9 +5,10 @@ with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run dire
 format") and computes the figures with `analysis.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
-plan.json `checks` picks the schema, one adapter each (`SchemaV3`, `SchemaV4`): a run without
-it (every run before issue 10) gets `kerneltrial.summary/3`, unchanged; `"checks": 1` gets
-`kerneltrial.summary/4`, described after the schema-3 fields.
+plan.json `checks` and `host` pick the schema, one adapter each (`SchemaV3`, `SchemaV4`,
+`SchemaV5`): a run without `checks` (every run before issue 10) gets `kerneltrial.summary/3`,
+unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, and with `host` (issue 16)
+`kerneltrial.summary/5`, both described after the schema-3 fields.
 
 summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
@@ -54,12 +55,19 @@ Schema `kerneltrial.summary/4` (plan.json `"checks": 1`) adds, over schema 3:
   gate reasons name each disqualification's count and first case;
   calibration `aa:` arms: false_positives (win or loss) and inconclusive instead of not_tie;
   inputs_sha256 also covers timed_checks.jsonl.
+
+Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
+  host: {samples, calls, rows} (plan's samples and calls per sample; rows of host.csv),
+  and in every case's arm entry host_ns_per_call (median over the arm's host.csv samples of
+  ns / calls; null without rows), host_samples (its rows) and host_behind (its samples whose
+  device was still busy at the end: device-bound, see trial/timing.py `host_sample`);
+  inputs_sha256 also covers host.csv.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +77,11 @@ from kerneltrial.analysis import stats
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
-from kerneltrial.rundir.layout import INPUT_FILES, TIMED_CHECKS
+from kerneltrial.rundir.layout import HOST, INPUT_FILES, TIMED_CHECKS
 
 SCHEMA_V3 = "kerneltrial.summary/3"
-SCHEMA = "kerneltrial.summary/4"
+SCHEMA_V4 = "kerneltrial.summary/4"
+SCHEMA = "kerneltrial.summary/5"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -89,6 +98,7 @@ NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausi
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
+HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class RunFiles:
     timings: pd.DataFrame
     ceilings: pd.DataFrame
     timed_checks: list[TimedCheck] | None = None  # None: the run has no timed_checks.jsonl
+    host: pd.DataFrame | None = None  # None: the run has no host.csv
 
 
 def timing_label(backend: str, is_gpu: bool) -> str:
@@ -160,7 +171,8 @@ def load_run(run_dir: Path) -> RunFiles:
             raise RunDirError(f"{timings_path}: column {column} is not MHz or empty ({error})") from error
     ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
     timed_checks = _timed_checks(run_dir / TIMED_CHECKS) if (run_dir / TIMED_CHECKS).is_file() else None
-    return RunFiles(plan, sha256_bytes(protocol_bytes), correctness, timings, ceilings, timed_checks)
+    host = _read_csv(run_dir / HOST, HOST_COLUMNS, {"case": str, "arm": str}) if (run_dir / HOST).is_file() else None
+    return RunFiles(plan, sha256_bytes(protocol_bytes), correctness, timings, ceilings, timed_checks, host)
 
 
 def _timed_checks(path: Path) -> list[TimedCheck]:
@@ -267,6 +279,10 @@ class SchemaV3:
     def top_level_fields(self, warnings: list[str]) -> dict[str, Any]:
         return {}
 
+    def host_fields(self, case_id: str, arm: str) -> dict[str, Any]:
+        """Host cost figures of one (case, arm): none before summary/5."""
+        return {}
+
 
 @dataclass
 class SchemaV4(SchemaV3):
@@ -281,7 +297,7 @@ class SchemaV4(SchemaV3):
     applied: bool  # plausibility is judged: a GPU run timed with CUDA events
     failures: dict[tuple[str, str], list[str]] = field(init=False)
 
-    schema = SCHEMA
+    schema = SCHEMA_V4
     input_files = (*INPUT_FILES, TIMED_CHECKS)
 
     def __post_init__(self) -> None:
@@ -387,13 +403,50 @@ class SchemaV4(SchemaV3):
         }
 
 
+@dataclass
+class SchemaV5(SchemaV4):
+    """plan.json `host` (issue 16, host cost per call): summary/5."""
+
+    host: pd.DataFrame = field(default_factory=pd.DataFrame)
+    host_samples: int = 0
+    host_calls: int = 0
+
+    schema = SCHEMA
+    input_files = (*INPUT_FILES, TIMED_CHECKS, HOST)
+
+    @classmethod
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV5:
+        settings = run.plan["host"]
+        if run.host is None:
+            raise RunDirError(
+                f"plan.json has host {settings!r} but the run directory has no {HOST}; "
+                "a run with a host stage writes one row per host sample"
+            )
+        base = super().from_run(run, copy_gbps, read_gbps)
+        return replace(base, host=run.host, host_samples=int(settings["samples"]), host_calls=int(settings["calls"]))
+
+    def host_fields(self, case_id: str, arm: str) -> dict[str, Any]:
+        rows = self.host[(self.host["case"] == case_id) & (self.host["arm"] == arm)]
+        per_call = (rows["ns"] / rows["calls"]).to_numpy(dtype=float)
+        return {
+            "host_ns_per_call": stats.median(per_call) if len(rows) else None,
+            "host_samples": len(rows),
+            "host_behind": int(rows["behind"].astype(int).sum()),
+        }
+
+    def top_level_fields(self, warnings: list[str]) -> dict[str, Any]:
+        return super().top_level_fields(warnings) | {
+            "host": {"samples": self.host_samples, "calls": self.host_calls, "rows": len(self.host)}
+        }
+
+
 def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:
-    """The adapter plan.json `checks` asks for; RunDirError for a version this code does not know."""
+    """The adapter plan.json `checks` and `host` ask for; RunDirError for a version this code does not know."""
     checks = run.plan.get("checks")
     if checks is None:
         return SchemaV3()
     if checks in (1, 2) and not isinstance(checks, bool):  # 2: every call on fresh values, a random one checked
-        return SchemaV4.from_run(run, copy_gbps, read_gbps)
+        return (SchemaV5 if "host" in run.plan else SchemaV4).from_run(run, copy_gbps, read_gbps)
     raise RunDirError(
         f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1 and 2 (or none); "
         "update kerneltrial to read this run"
@@ -476,6 +529,7 @@ def _case_summary(
         entry = _arm_entry(
             arm, checks.get((case_id, name), []), times, throttled.get((case_id, name), 0), case, copy_ceiling, schema
         )
+        entry |= schema.host_fields(case_id, name)
         if entry["status"] == NOT_TIMED:
             warnings.append(f"case {case_id}: arm {name} not timed: {entry['reason']}")
         if entry["status"] in (FAILED, UNAVAILABLE, NOT_TIMED) and times is not None:

@@ -26,6 +26,11 @@ raised has none after), the seeded order over the arms still in each unit, the s
 reasons, the ulp histograms, frozen_at, and the file integrity of analysis/integrity.py
 (manifest, source archive, provenance, freeze). For older runs these checks are listed as not
 applicable.
+
+A run whose plan.json has `host` (issue 16) needs a schema-5 summary: host.csv holds exactly
+`host.samples` rows (samples 0..n-1, `host.calls` calls each) for every (case, arm) that passed
+correctness and did not raise while timed, and nothing else; each arm entry's host_ns_per_call
+(median of ns / calls), host_samples and host_behind are recomputed from them.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from kerneltrial.analysis import integrity, links
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
+from kerneltrial.rundir.layout import HOST, INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -66,6 +71,9 @@ LEGACY_SCHEMA = "kerneltrial.summary/1"
 SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
 SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `checks`)
 SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1` or 2
+SCHEMA_5 = "kerneltrial.summary/5"  # plan.json `"checks"` and `host` (host cost per call)
+CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
+HOST_FIELDS = ("host_ns_per_call", "host_samples", "host_behind")
 CHECKS_EVERY_CALL = 2  # checks 2: fresh values before every call, a random call of each sample checked
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
@@ -97,6 +105,8 @@ PROTOCOL_DEFAULTS = {
     "max_rounds": 50,
     "time_budget_s": 600.0,
     "exact": False,
+    "host_samples": 5,
+    "host_calls": 200,
     **CALIBRATION_DEFAULTS,
     **PLAUSIBILITY_DEFAULTS,
 }
@@ -162,6 +172,7 @@ class Contract:
     clocks: bool  # clock figures, spreads, per-case rounds, calibration, their warnings (schema 2 on)
     realized: bool  # realized slowdown of slow: arms (schema 3 on)
     checked: bool  # timed checks, plausibility, inconclusive, ulp histograms, file integrity (schema 4)
+    host: bool = False  # host cost per call, host.csv (schema 5)
 
     def verdict(self, low: float, high: float, band: float) -> str:
         """win / loss outside the band; schema 4: tie only inside it, else inconclusive; before: tie."""
@@ -181,6 +192,7 @@ CONTRACTS = {
         Contract(SCHEMA_2, clocks=True, realized=False, checked=False),
         Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
         Contract(SCHEMA_4, clocks=True, realized=True, checked=True),
+        Contract(SCHEMA_5, clocks=True, realized=True, checked=True, host=True),
     )
 }
 
@@ -532,6 +544,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     ceiling_rows = _read_csv_rows(run_dir, "ceilings.csv", ["kind", "sample", "bytes", "ns"])
     contract = _check_schema(plan, summary, samples, result)
     inputs = (*INPUT_FILES, TIMED_CHECKS) if contract.checked else INPUT_FILES
+    inputs = (*inputs, HOST) if contract.host else inputs
     result.add(
         "raw files unchanged since summary",
         _changed_inputs(run_dir, summary.get("inputs_sha256", {}), inputs),
@@ -550,7 +563,76 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     _check_rows(plan, samples, outcome, result, timed)
     _check_order(plan, samples, outcome, result, timed)
     _check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
+    if contract.host:
+        _check_host(run_dir, plan, summary, outcome, timed, result)
+    else:
+        result.not_applicable("host cost", "not applicable: plan.json has no `host` (a run from before host cost)")
     return result
+
+
+def _check_host(
+    run_dir: Path,
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    outcome: dict[tuple[str, str], str],
+    timed: TimedChecks | None,
+    result: VerifyResult,
+) -> None:
+    """host.csv covers every (case, arm) timed to the end of its case with plan `host.samples`
+    samples of `host.calls` calls, and the summary's host figures are its medians and counts."""
+    settings = plan["host"]
+    samples, calls = int(settings["samples"]), int(settings["calls"])
+    raised = set(timed.raised) if timed else set()
+    expected = {
+        (case, arm, s)
+        for (case, arm), state in outcome.items()
+        if state == "passed" and (case, arm) not in raised
+        for s in range(samples)
+    }
+    problems: list[str] = []
+    per_call: dict[tuple[str, str], list[float]] = {}
+    behind: dict[tuple[str, str], int] = {}
+    seen: set[tuple[str, str, int]] = set()
+    for number, row in enumerate(_read_csv_rows(run_dir, HOST, ["case", "arm", "sample", "calls", "ns", "behind"]), 2):
+        try:
+            key = (row["case"], row["arm"], int(row["sample"]))
+            row_calls, ns, flag = int(row["calls"]), int(row["ns"]), int(row["behind"])
+        except ValueError as error:
+            problems.append(f"{HOST} line {number}: unparsable ({error})")
+            continue
+        if key in seen:
+            problems.append(f"{HOST} line {number}: duplicate sample {key}")
+        elif key not in expected:
+            problems.append(f"{HOST} line {number}: unexpected sample {key} (not a timed arm's planned sample)")
+        if row_calls != calls or ns <= 0 or flag not in (0, 1):
+            problems.append(f"{HOST} line {number}: calls {row_calls} (plan: {calls}), ns {ns}, behind {flag}")
+        seen.add(key)
+        per_call.setdefault(key[:2], []).append(ns / row_calls)
+        behind[key[:2]] = behind.get(key[:2], 0) + flag
+    missing = sorted(expected - seen)
+    if missing:
+        problems.append(f"{len(missing)} host sample(s) missing, e.g. {missing[:3]}")
+    recorded_top = summary.get("host") or {}
+    problems += _diff(
+        "summary host",
+        recorded_top,
+        {"samples": samples, "calls": calls, "rows": len(seen)},
+        ("samples", "calls", "rows"),
+    )
+    for case in summary.get("cases", []):
+        for arm, entry in (case.get("arms") or {}).items():
+            values = per_call.get((str(case["case"]), arm), [])
+            figures = {
+                "host_ns_per_call": _median(values) if values else None,
+                "host_samples": len(values),
+                "host_behind": behind.get((str(case["case"]), arm), 0),
+            }
+            problems += _diff(f"case {case['case']} arm {arm}", entry, figures, HOST_FIELDS)
+    result.add(
+        "host cost",
+        problems,
+        f"{len(seen)} host samples ({samples} per timed arm and case, {calls} calls each); summary medians recomputed",
+    )
 
 
 def _check_timed_checks(
@@ -771,6 +853,16 @@ def _check_protocol(run_dir: Path, plan: dict[str, Any], result: VerifyResult) -
         pairs.append(("order_seed", plan["order_seed"], protocol.get("order_seed", 0)))
     if "exact" in plan:
         pairs.append(("exact", plan["exact"], protocol["exact"]))
+    if isinstance(plan.get("host"), dict):
+        declared_calls = int(protocol["host_calls"])
+        pairs += [
+            ("host.samples", plan["host"].get("samples"), protocol["host_samples"]),
+            (
+                "host.calls",
+                plan["host"].get("calls"),
+                declared_calls if plan.get("is_gpu") else min(declared_calls, CPU_HOST_CALLS),
+            ),
+        ]
     if isinstance(plan.get("plausibility"), dict):
         pairs += [
             (f"plausibility.{key}", plan["plausibility"].get(key), protocol[key]) for key in PLAUSIBILITY_DEFAULTS
@@ -921,14 +1013,19 @@ def _check_schema(
                 f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
                 "(or none); update kerneltrial to verify this run"
             )
+        wanted = SCHEMA_5 if "host" in plan else SCHEMA_4
         result.add(
             "summary schema",
             []
-            if schema == SCHEMA_4
-            else [f"summary schema {schema!r} is not {SCHEMA_4}, which a plan with checks 1 needs"],
+            if schema == wanted
+            else [
+                f"summary schema {schema!r} is not {wanted}, which a plan with checks {plan['checks']}"
+                + (" and host" if "host" in plan else "")
+                + " needs"
+            ],
             f"{schema}",
         )
-        return CONTRACTS[SCHEMA_4]
+        return CONTRACTS[wanted]
     if schema != LEGACY_SCHEMA:
         result.add(
             "summary schema",

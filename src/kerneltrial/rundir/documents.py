@@ -9,8 +9,10 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
 - provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
   them, and with the lead-check counts (`lead`).
-- summary.json: `kerneltrial.summary/3` and `/4` (timed checks); `/1` (before clocks, spreads,
-  per-case rounds and calibration) and `/2` (before the realized slowdown) are still read.
+- plan.json `host` (host cost per call, issue 16) only in runs with a host stage.
+- summary.json: `kerneltrial.summary/3`, `/4` (timed checks) and `/5` (host cost per call); `/1`
+  (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
+  slowdown) are still read.
 
 `kerneltrial verify` reads the same files as raw JSON on purpose: it must report a malformed
 document field by field, where these readers refuse it whole.
@@ -31,6 +33,7 @@ SUMMARY_V1 = "kerneltrial.summary/1"
 SUMMARY_V2 = "kerneltrial.summary/2"
 SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
+SUMMARY_V5 = "kerneltrial.summary/5"
 
 
 class Document(BaseModel):
@@ -91,6 +94,11 @@ class PlausibilityRule(Document):
     launch_floor_fraction: float
 
 
+class HostRule(Document):
+    samples: int  # host-cost samples per case and timed arm
+    calls: int  # back-to-back calls per sample
+
+
 class PlanTarget(Document):
     name: str
     max_grid: list[int]  # programs allowed per grid dimension
@@ -120,6 +128,7 @@ class Plan(Document):
     frozen_at: str | None  # None: not frozen, or a run from before timed checks
     order_seed_override: bool = False  # True: `run --order-seed` replaced the protocol's (replicates)
     target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
+    host: HostRule | None = None  # None: a run from before the host-cost stage
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +244,14 @@ class ArmFigures(Document):
     spread: float | None  # None: not timed (or a summary/1)
     messages: list[str]
     reason: str | None
+    host_ns_per_call: float | None  # median host time per call; None: not measured (before summary/5)
+    host_samples: int
+    host_behind: int | None  # samples whose device was still busy at the end; None before summary/5
+
+    @property
+    def device_bound(self) -> bool:
+        """Some host sample ended with the device still busy: its time may include device time."""
+        return bool(self.host_behind)
 
 
 class SummaryCase(Document):
@@ -342,6 +359,12 @@ class TimedCheckCounts(Document):
     failed: int
 
 
+class HostCounts(Document):
+    samples: int
+    calls: int
+    rows: int
+
+
 class Summary(Document):
     schema_: str = Field(alias="schema")
     protocol_sha256: str
@@ -365,6 +388,7 @@ class Summary(Document):
     frozen_at: str | None  # None: not frozen (summary/3: not recorded; see provenance.json)
     plausibility: SummaryPlausibility | None  # None before timed checks
     timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
+    host: HostCounts | None  # None before host cost (summary/4 and older)
     warnings: list[str]
     inputs_sha256: dict[str, str]
 
@@ -399,6 +423,16 @@ def _summary_v3(data: dict[str, Any]) -> dict[str, Any]:
     return adapted
 
 
+def _summary_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/4 and older: no host cost per call (host.csv did not exist)."""
+    unmeasured = {"host_ns_per_call": None, "host_samples": 0, "host_behind": None}
+    cases = [
+        {**case, "arms": {name: {**entry, **unmeasured} for name, entry in case["arms"].items()}}
+        for case in data["cases"]
+    ]
+    return {**data, "cases": cases, "host": None}
+
+
 def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
     """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
     cases = [
@@ -421,8 +455,14 @@ def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "calibration": {**data["calibration"], "arms": arms}}
 
 
-# each version's adapter, applied from the document's version on (summary/1 passes all three)
-SUMMARY_ADAPTERS = {SUMMARY_V1: _summary_v1, SUMMARY_V2: _summary_v2, SUMMARY_V3: _summary_v3, SUMMARY_V4: None}
+# each version's adapter, applied from the document's version on (summary/1 passes all four)
+SUMMARY_ADAPTERS = {
+    SUMMARY_V1: _summary_v1,
+    SUMMARY_V2: _summary_v2,
+    SUMMARY_V3: _summary_v3,
+    SUMMARY_V4: _summary_v4,
+    SUMMARY_V5: None,
+}
 
 
 def read_summary(run_dir: Path) -> Summary:

@@ -24,6 +24,7 @@ CORRECTNESS = "correctness.jsonl"
 CEILINGS = "ceilings.csv"
 TIMINGS = "timings.csv"
 TIMED_CHECKS = "timed_checks.jsonl"
+HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
 REPORT = "report.md"
@@ -79,6 +80,10 @@ class RunDir:
     @property
     def timed_checks(self) -> Path:
         return self.root / TIMED_CHECKS
+
+    @property
+    def host(self) -> Path:
+        return self.root / HOST
 
     @property
     def summary(self) -> Path:

@@ -135,6 +135,17 @@ class Protocol(BaseModel):
     target_sample_us: float = Field(
         default=200.0, gt=0, description='Sample length calls_per_sample = "auto" aims at, microseconds.'
     )
+    # Host cost (issue 16): how long a caller is blocked issuing one call, beside device time.
+    host_samples: int = Field(
+        default=5,
+        ge=1,
+        description="Host-cost stage: samples per case and timed arm, each host_calls back-to-back calls on the same inputs, unsynchronised.",
+    )
+    host_calls: int = Field(
+        default=200,
+        ge=1,
+        description="Host-cost stage: calls per sample (on a run without a GPU, at most 2: the interpreter takes milliseconds per call).",
+    )
     l2: Literal["cold", "hot"] = Field(
         default="cold",
         description="cold: a buffer larger than L2 is written before every call (published figures); hot: the call's values stay in L2.",

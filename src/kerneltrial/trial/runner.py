@@ -8,7 +8,11 @@ Stages, each appending raw rows as it measures them (flushed per row):
 4. rounds: per case and seed, warm-up, then in each round every timed arm once, in a
    seeded random order, each on its own guarded inputs; the last call of every sample runs on
    the round's fresh values and is checked (trial/timed.py, timed_checks.jsonl);
-5. the end: summary.json, provenance's end fields, and manifest.json (sha256 of every file).
+5. host cost: per case and timed arm (not one that raised while timed), `host_samples` samples
+   of `host_calls` back-to-back calls on one set of inputs, nothing synchronised inside a
+   sample: the host time per call a caller is blocked, and whether the device was behind at
+   the end (trial/timing.py `host_sample`; host.csv);
+6. the end: summary.json, provenance's end fields, and manifest.json (sha256 of every file).
 A killed run resumes (`resume=True`): rows already on disk are kept and not measured again.
 A finished run directory is never overwritten.
 """
@@ -54,10 +58,11 @@ from kerneltrial.trial.calibration import (
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.targets import Target, targeting
-from kerneltrial.trial.timing import Timer, calls_for, label, make_timer
+from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
+HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
 CHECKS_VERSION = 2  # plan.json `checks`: 2 = fresh values before every call, a random call checked (docs/DESIGN.md)
 
@@ -115,7 +120,7 @@ def prepare(
                 f"{out} was started by other kerneltrial code (source sha256 {str(started_with)[:12]}..., "
                 f"commit {record.get('git', {}).get('commit')}); resume it with that code or start a new run"
             )
-        for path in (run.correctness, run.ceilings, run.timings, run.timed_checks):
+        for path in (run.correctness, run.ceilings, run.timings, run.timed_checks, run.host):
             trim_partial_line(path)
         return run, digest
     out.mkdir(parents=True, exist_ok=True)
@@ -411,6 +416,49 @@ def run_rounds(
                 mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
 
 
+def run_host(
+    run: RunDir,
+    op: Operator,
+    plan: dict[str, Any],
+    cases: list[Case],
+    timed_arms: dict[str, list[Impl]],
+    seed: int,
+    warmup: int,
+    device: torch.device,
+    delay: Delay,
+    progress: Any,
+) -> None:
+    """Host time per call of every arm timed to the end of its case (an arm that raised while
+    timed is not called again): plan.json `host` samples of `host.calls` calls each, on inputs
+    of the first seed, after `warmup` untimed calls. Rows on disk are kept (resume)."""
+    samples, calls = int(plan["host"]["samples"]), int(plan["host"]["calls"])
+    done = {(r["case"], r["arm"], int(r["sample"])) for r in read_csv(run.host)}
+    raised = {(r["case"], r["arm"]) for r in read_jsonl(run.timed_checks) if r["message"].startswith(timed.RAISED)}
+    planned = {c["case"]: c for c in plan["cases"]}
+    specs = {c.id: c for c in cases}
+    todo = [
+        (case_id, impl)
+        for case_id, arms in timed_arms.items()
+        for impl in arms
+        if (case_id, impl.name) not in raised and any((case_id, impl.name, s) not in done for s in range(samples))
+    ]
+    task = progress.add_task("host cost", total=len(todo))
+    with csv_appender(run.host, HOST_COLUMNS) as append:
+        for case_id, impl in todo:
+            delay.ns = planned[case_id].get("delay_spin_ns", planned[case_id].get("injected_delay_ns", 0.0))
+            # a timed call, as in the rounds: the inputs' version counters are bumped before each
+            # call, so a cache keyed on (pointer, version) cannot skip work here either
+            arm = timed.TimedArm.make(impl, op.make_inputs(specs[case_id], seed, device))
+            for _ in range(warmup):
+                arm.call()
+            for sample in range(samples):
+                if (case_id, impl.name, sample) not in done:
+                    ns, behind = host_sample(arm.call, calls, bool(plan["is_gpu"]))
+                    append([case_id, impl.name, sample, calls, ns, int(behind)])
+            gate.settle(device)  # before the next arm's inputs are allocated
+            progress.advance(task)
+
+
 def build_plan(
     p: proto.Protocol,
     op: Operator,
@@ -449,6 +497,7 @@ def build_plan(
         },
         "seeds": p.seeds,
         "rounds": p.rounds,
+        "host": {"samples": p.host_samples, "calls": host_calls(p.host_calls, timer.is_gpu)},
         "tie_band": p.tie_band,
         "gate": p.gate,
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
@@ -560,6 +609,7 @@ def _run_trial(
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
+    run_host(run, op, plan, cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = read_json(run.provenance)

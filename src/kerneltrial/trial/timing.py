@@ -18,6 +18,10 @@
 - `host-clock`: `time.perf_counter_ns` around the calls, for the Triton interpreter on a
   CPU. Its figures describe the interpreter, never GPU performance.
 
+Host cost (`host_sample`, the runner's host stage) is not a backend: the host clock around
+back-to-back calls with nothing synchronised inside, so it measures how long the caller is
+blocked per call, whatever the backend of the run.
+
 A sample may carry per-call hooks (`Hooks`): `before(j)` and `after(j)` run around call j,
 outside every timed interval. Each call then has its own event pair (hot L2 too: the inputs
 `before` just wrote are in L2), and under `cuda-graph` each call is one replay of a graph of
@@ -164,6 +168,37 @@ def next_lead(cycles_per_call: int, calls: int, host_behind: bool) -> int | None
     if not host_behind or cycles_per_call * calls >= LEAD_CYCLES_MAX:
         return None
     return 2 * cycles_per_call
+
+
+CPU_HOST_CALLS = 2  # host-cost calls per sample without a GPU: an interpreted call takes milliseconds
+
+
+def host_calls(calls: int, is_gpu: bool) -> int:
+    """Calls per host-cost sample: the protocol's, capped at CPU_HOST_CALLS without a GPU."""
+    return calls if is_gpu else min(calls, CPU_HOST_CALLS)
+
+
+def host_sample(call: Call, calls: int, is_gpu: bool) -> tuple[int, bool]:
+    """Host nanoseconds `calls` back-to-back calls of `call` kept the caller busy, and whether the
+    device was behind. The device is synchronised first (an idle queue); nothing synchronises
+    inside the sample. `behind`: an event recorded after the clock's second reading had not
+    completed when queried right after it, so at t1 the device was still running the sample's
+    calls: the host issued them faster than the device ran them (device-bound). The time is then
+    the host's issue cost while the launch queue had room, and at most the device's time once it
+    filled. Without a GPU the interpreter runs each call to completion: never behind."""
+    if is_gpu:
+        torch.cuda.synchronize()
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        call()
+    ns = time.perf_counter_ns() - start
+    if not is_gpu:
+        return ns, False
+    done = torch.cuda.Event()
+    done.record()
+    behind = not done.query()
+    done.synchronize()
+    return ns, behind
 
 
 def l2_bytes() -> int:
