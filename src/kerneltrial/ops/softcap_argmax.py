@@ -324,19 +324,22 @@ def span_geometry(n: int, parts: int, chunk: int) -> tuple[int, int, int]:
 @dataclass(frozen=True, slots=True)
 class SpanLaunch:
     """A launch over spans of rows (`span_geometry`): `n_parts` spans of `span` elements per
-    row read in `chunk`-element chunks, a grid over the n_rows * n_parts work items, warps."""
+    row read in `chunk`-element chunks, a grid over the n_rows * n_parts work items, warps,
+    and the merge's block over a row's partials (next_pow2(n_parts))."""
 
     grid: tuple[int]
     n_parts: int
     span: int
     chunk: int
     num_warps: int
+    block_p: int
 
 
 @lru_cache(maxsize=launch.PLANS)
 def span_launch(n_rows: int, n: int, parts: int, chunk: int, num_warps: int, max_grid: int) -> SpanLaunch:
     n_parts, span, chunk = span_geometry(n, parts, chunk)
-    return SpanLaunch(launch.bounded_grid(n_rows * n_parts, max_grid), n_parts, span, chunk, num_warps)
+    grid = launch.bounded_grid(n_rows * n_parts, max_grid)
+    return SpanLaunch(grid, n_parts, span, chunk, num_warps, launch.next_pow2(n_parts))
 
 
 def argmax_split(
@@ -356,8 +359,7 @@ def argmax_split(
         BLOCK_N=s.chunk, PARTIALS=partials, num_warps=s.num_warps,
     )  # fmt: skip
     if partials:
-        block_p = launch.next_pow2(s.n_parts)
-        block_rows = max(1, min(64, 4096 // block_p))
+        block_rows = max(1, min(64, 4096 // s.block_p))
         _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
             val,
             idx,
@@ -365,7 +367,7 @@ def argmax_split(
             n_rows,
             s.n_parts,
             BLOCK_ROWS=block_rows,
-            BLOCK_P=block_p,
+            BLOCK_P=s.block_p,
             num_warps=4,
         )
     return out.view(logits.shape[:-1])
@@ -418,7 +420,7 @@ def run_stream(logits: torch.Tensor, rows: torch.Tensor, cap: float, plan: SpanL
     out = logits.new_empty(logits.shape[:-1], dtype=torch.int64)
     _argmax_stream[plan.grid](
         rows, buffers.val, buffers.idx, buffers.cnt, out, n_rows, rows.stride(0), n, plan.span, plan.n_parts,
-        cap, 1.0 / cap, BLOCK_N=plan.chunk, BLOCK_P=launch.next_pow2(plan.n_parts), MERGE=merge,
+        cap, 1.0 / cap, BLOCK_N=plan.chunk, BLOCK_P=plan.block_p, MERGE=merge,
         num_warps=plan.num_warps,
     )  # fmt: skip
     return out
