@@ -72,7 +72,28 @@ def test_writes_in_place_through_the_row_stride_and_nowhere_else(op_name):
 )
 def test_vector_width_divides_the_width_and_every_row_stride(shape, layout, vec):
     x, residual, _ = _inputs("fused_add_rmsnorm", shape, layout)
-    assert fa.vector_width(x, x.view(-1, shape[-1]), residual.view(-1, shape[-1])) == vec
+    strides = (x.view(-1, shape[-1]).stride(0), residual.view(-1, shape[-1]).stride(0))
+    assert fa.vector_width(x.element_size(), shape[-1], *strides) == vec
+
+
+def test_cached_launches_are_keyed_on_strides_and_dtype():
+    """Planted: one shape in three layouts whose vector widths differ (bf16 contiguous: 8; bf16
+    rows 3001 elements apart: 1; fp32: 4). A cache keyed on the shape alone would launch all
+    three with the first width, reading the strided rows at the wrong addresses."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(4, 3000, generator=gen).to(torch.bfloat16),
+        torch.randn(4, 3001, generator=gen).to(torch.bfloat16)[:, :3000],
+        torch.randn(4, 3000, generator=gen),
+    ]
+    plans = [fa.auto_launch(4, 3000, (t.stride(0), t.stride(0)), t.element_size(), launch.MAX_GRID) for t in tensors]
+    assert [p.vec for p in plans] == [8, 1, 4]
+    for x in tensors:  # through the entry point, one after the other: each result is right
+        residual = torch.randn(x.shape, generator=gen).to(x.dtype)
+        weight = torch.randn(3000, generator=gen).to(x.dtype)
+        want_x, want_r = _expected("fused_add_rmsnorm", x, residual, weight)
+        fa.fused_add_rms_norm_auto(x, residual, weight, 1e-6, gemma=False)
+        _assert_matches(x, residual, want_x, want_r)
 
 
 def test_refuses_a_layout_it_cannot_write_in_place():
@@ -81,12 +102,23 @@ def test_refuses_a_layout_it_cannot_write_in_place():
         fa.fused_add_rms_norm_auto(x.t(), residual, weight, 1e-6, gemma=False)
 
 
+def launch_grids(monkeypatch) -> list[int]:
+    """Programs along axis 0 of every launch of either kernel, recorded as it happens."""
+    seen: list[int] = []
+    for kernel in (fa._fused_add_rms_norm_rows, fa._fused_add_rms_norm_wide):
+
+        def spy(*args, grid, _original=kernel.run, **kwargs):
+            seen.append(grid[0])
+            return _original(*args, grid=grid, **kwargs)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    return seen
+
+
 def test_more_than_65535_rows_of_a_narrow_width(monkeypatch):
     """One flavour suffices: both share the launch (the Gemma flag only changes the weight)."""
     op_name = "fused_add_rmsnorm"
-    grids: list[int] = []
-    bounded = launch.bounded_grid
-    monkeypatch.setattr(launch, "bounded_grid", lambda n, *a: grids.append(bounded(n, *a)[0]) or bounded(n, *a))
+    grids = launch_grids(monkeypatch)
     x, residual, weight = _inputs(op_name, (70_001, 24))
     want_x, want_r = _expected(op_name, x, residual, weight)
     get_op(op_name).impl("kerneltrial").resolve()(x, residual, weight, 1e-6)  # packs 64 rows per step
@@ -97,8 +129,8 @@ def test_more_than_65535_rows_of_a_narrow_width(monkeypatch):
 @pytest.mark.parametrize("op_name", OPS)
 @pytest.mark.parametrize("impl_name", ["control", "packed_r4_w8", "persistent", "wide", "kerneltrial"])
 def test_grid_stride_loop_covers_every_row_with_three_programs(op_name, impl_name, monkeypatch):
-    grids: list[int] = []
-    monkeypatch.setattr(launch, "bounded_grid", lambda n, cap=launch.MAX_GRID: grids.append(min(n, 3)) or (min(n, 3),))
+    monkeypatch.setattr(launch, "MAX_GRID", 3)
+    grids = launch_grids(monkeypatch)
     x, residual, weight = _inputs(op_name, (53, 1000))  # 14 steps even at 4 rows per step
     want_x, want_r = _expected(op_name, x, residual, weight)
     get_op(op_name).impl(impl_name).resolve()(x, residual, weight, 1e-6)

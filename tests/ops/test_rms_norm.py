@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops import rms_norm as rn
@@ -24,18 +23,12 @@ from kerneltrial.trial.gate import check
         (16385, ("wide", None, None)),
     ],
 )
-@pytest.mark.parametrize("round_before_weight", [True, False])
-def test_dispatcher_rules(monkeypatch, n, expected, round_before_weight):
+def test_dispatcher_rules(n, expected):
     """(kernel, rows per step, warps): narrow rows packed to PACK_TO elements, 4 or 8 warps."""
-    routed = []
-    monkeypatch.setattr(
-        rn,
-        "rms_norm_rows",
-        lambda x, *a, block_rows, num_warps, **k: routed.append(("rows", block_rows, num_warps)) or x,
-    )
-    monkeypatch.setattr(rn, "rms_norm_wide", lambda x, *a, **k: routed.append(("wide", None, None)) or x)
-    rn.rms_norm_auto(torch.zeros(2, n), torch.ones(n), 1e-6, round_before_weight)
-    assert routed == [expected]
+    plan = rn.auto_launch(2, n, launch.MAX_GRID)
+    assert (("wide", None, None) if plan.wide else ("rows", plan.block_rows, plan.num_warps)) == expected
+    if plan.wide:
+        assert (plan.block_n, plan.num_warps) == (rn.WIDE_CHUNK, 8)
 
 
 def test_more_than_65535_rows(device):

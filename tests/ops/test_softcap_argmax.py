@@ -185,7 +185,7 @@ def test_one_launch_arms_are_registered():
 
 
 def counters_are_zero() -> bool:
-    return all(int(c.abs().sum()) == 0 for c in sa._COUNTERS.values())
+    return all(int(s.cnt.abs().sum()) == 0 for s in sa._SCRATCH.values())
 
 
 def planted_rows(seed: int, n: int = 40000) -> tuple[torch.Tensor, list[int]]:
@@ -254,17 +254,30 @@ def test_gate_passes_one_launch_arms(shape, name):
     assert counters_are_zero()
 
 
-def test_dispatcher_streams_every_wide_row_count(monkeypatch):
+def test_dispatcher_streams_every_wide_row_count():
     """The measured rule: rows wider than NARROW go to the one-launch streaming kernel at
-    every row count (the two-launch split was bimodal), in the geometry `choose_stream` picks."""
-    routed, asked = [], []
-    monkeypatch.setattr(sa, "argmax_stream", lambda logits, cap, **kw: routed.append(kw) or logits[:, 0].long())
-    monkeypatch.setattr(sa, "argmax_split", lambda *a, **kw: pytest.fail("the split path is not dispatched"))
-    monkeypatch.setattr(sa, "choose_stream", lambda rows, n: asked.append((rows, n)) or (1024 * rows, 7, 99))
+    every row count (the two-launch split was bimodal), in the geometry `choose_stream` picks;
+    narrower rows are packed."""
     wide = sa.NARROW + 1
     for rows in (1, 63, 64, 300):
-        sa.softcap_row_argmax(torch.zeros(rows, wide), 30.0)
-    assert asked == [(r, wide) for r in (1, 63, 64, 300)]
-    assert [(kw["chunk"], kw["num_warps"], kw["programs"]) for kw in routed] == [
-        (1024 * r, 7, 99) for r in (1, 63, 64, 300)
-    ]
+        chunk, warps, programs = sa.choose_stream(rows, wide)
+        plan = sa.auto_launch(rows, wide, launch.MAX_GRID)
+        assert plan == sa.span_launch(rows, wide, sa.stream_parts(rows, programs), chunk, warps, launch.MAX_GRID)
+    assert isinstance(sa.auto_launch(3, sa.NARROW, launch.MAX_GRID), sa.RowsLaunch)
+
+
+def test_cached_launches_are_keyed_on_the_grid_limit():
+    """Planted: the same shape under another MAX_GRID is another launch (a cache keyed on the
+    shape alone would keep the 65535-program grid when the limit drops to 3)."""
+    assert sa.auto_launch(9, 3000, launch.MAX_GRID).grid == (9,)  # one row per step at 3000
+    assert sa.auto_launch(9, 3000, 2).grid == (2,)
+
+
+def test_scratch_is_reused_and_allocated_once_per_stream():
+    """A call allocates only its output: the merge buffers of the one-launch kernel are the
+    same tensors from call to call."""
+    logits = sa.make_inputs(Case((2, 20000)), seed=1, device=torch.device("cpu"))["logits"]
+    sa.softcap_row_argmax(logits, sa.CAP)
+    before = {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()}
+    assert sa.softcap_row_argmax(logits, sa.CAP).tolist() == expected(logits).tolist()
+    assert {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()} == before

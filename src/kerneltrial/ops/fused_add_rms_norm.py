@@ -38,6 +38,8 @@ row-strided); any other layout is refused, since an in-place kernel cannot write
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache, lru_cache
 
 import torch
 import triton
@@ -145,10 +147,13 @@ def _fused_add_rms_norm_wide(
 
 def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     """`t` [..., N] as a [rows, N] view with unit stride in N, or ValueError (never a copy)."""
-    try:
-        rows = t.view(-1, t.shape[-1])
-    except RuntimeError:
-        rows = None
+    if t.dim() == 2:  # already rows: skip view's host cost
+        rows = t
+    else:
+        try:
+            rows = t.view(-1, t.shape[-1])
+        except RuntimeError:
+            rows = None
     if rows is None or (rows.stride(-1) != 1 and t.shape[-1] > 1):
         raise ValueError(
             f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be written in place "
@@ -157,22 +162,94 @@ def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     return rows
 
 
+@cache
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 for the CPU interpreter."""
+    """Streaming multiprocessors of a CUDA device; 4 for the CPU interpreter (asked once per
+    device: a device-properties query on every call costs host time)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
 
-def vector_width(x: torch.Tensor, *rows: torch.Tensor) -> int:
-    """Elements per 16-byte vector that divide the row width and every row stride (a power
+def vector_width(itemsize: int, n: int, *row_strides: int) -> int:
+    """Elements per 16-byte vector that divide the row width `n` and every row stride (a power
     of two, 1 at worst). The kernels take width and strides in units of it, so Triton knows
     their alignment and can vectorise widths it does not specialise (e.g. 3000: 8 divides
     it, 16 does not)."""
-    vec = 16 // x.element_size()
-    while vec > 1 and any(k % vec for k in (x.shape[-1], *(r.stride(0) for r in rows))):
+    vec = 16 // itemsize
+    while vec > 1 and any(k % vec for k in (n, *row_strides)):
         vec //= 2
     return vec
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One launch's geometry: which kernel, its grid, rows per step, block, warps, vector width."""
+
+    wide: bool
+    grid: tuple[int]
+    block_rows: int
+    block_n: int
+    num_warps: int
+    vec: int
+
+
+@lru_cache(maxsize=launch.PLANS)
+def rows_launch(
+    n_rows: int,
+    n: int,
+    strides: tuple[int, int],
+    itemsize: int,
+    block_rows: int,
+    num_warps: int | None,
+    max_programs: int | None,
+    vectorise: bool,
+    max_grid: int,
+) -> Launch:
+    """`_fused_add_rms_norm_rows` over n_rows x n with row strides `strides` (x, residual)."""
+    vec = vector_width(itemsize, n, *strides) if vectorise else 1
+    block_n = launch.next_pow2(n)
+    n_steps = triton.cdiv(n_rows, block_rows)
+    grid = launch.bounded_grid(min(n_steps, max_programs or n_steps), max_grid)
+    return Launch(False, grid, block_rows, block_n, num_warps or launch.row_warps(block_n * block_rows), vec)
+
+
+@lru_cache(maxsize=launch.PLANS)
+def wide_launch(n_rows: int, n: int, strides: tuple[int, int], itemsize: int, max_grid: int) -> Launch:
+    """`_fused_add_rms_norm_wide` over n_rows x n in WIDE_CHUNK chunks."""
+    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
+    grid = launch.bounded_grid(n_rows, max_grid)
+    return Launch(True, grid, 1, block_n, launch.row_warps(block_n), vector_width(itemsize, n, *strides))
+
+
+def choose_rows_per_step(n: int) -> int:
+    """Rows per step for the dispatcher: pack narrow rows up to STEP_ELEMENTS elements per step."""
+    return max(1, min(MAX_ROWS_PER_STEP, STEP_ELEMENTS // launch.next_pow2(n)))
+
+
+@lru_cache(maxsize=launch.PLANS)
+def auto_launch(n_rows: int, n: int, strides: tuple[int, int], itemsize: int, max_grid: int) -> Launch:
+    """The dispatcher's launch: rows wider than WIDE_THRESHOLD go to the wide kernel; the rest
+    to the rows kernel with `choose_rows_per_step` rows per step and launch.row_warps warps."""
+    if n > WIDE_THRESHOLD:
+        return wide_launch(n_rows, n, strides, itemsize, max_grid)
+    return rows_launch(n_rows, n, strides, itemsize, choose_rows_per_step(n), None, None, True, max_grid)
+
+
+def run(xr: torch.Tensor, rr: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, plan: Launch) -> None:
+    """Launch `plan` over the [rows, N] views `xr` and `rr` (in place)."""
+    n_rows, n = xr.shape
+    vec = plan.vec
+    if plan.wide:
+        _fused_add_rms_norm_wide[plan.grid](
+            xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
+            BLOCK_N=plan.block_n, GEMMA=gemma, VEC=vec, num_warps=plan.num_warps,
+        )  # fmt: skip
+    else:
+        _fused_add_rms_norm_rows[plan.grid](
+            xr, rr, weight, n_rows, xr.stride(0) // vec, rr.stride(0) // vec, n // vec, eps,
+            BLOCK_ROWS=plan.block_rows, BLOCK_N=plan.block_n, GEMMA=gemma, VEC=vec, num_warps=plan.num_warps,
+        )  # fmt: skip
 
 
 def fused_add_rms_norm_rows(
@@ -191,25 +268,11 @@ def fused_add_rms_norm_rows(
     (the control goes without: block_rows=1, vectorise=False is the reference geometry)."""
     xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
     n_rows, n = xr.shape
-    vec = vector_width(x, xr, rr) if vectorise else 1
-    block_n = launch.next_pow2(n)
-    n_steps = triton.cdiv(n_rows, block_rows)
-    grid = launch.bounded_grid(min(n_steps, max_programs or n_steps))
-    _fused_add_rms_norm_rows[grid](
-        xr,
-        rr,
-        weight,
-        n_rows,
-        xr.stride(0) // vec,
-        rr.stride(0) // vec,
-        n // vec,
-        eps,
-        BLOCK_ROWS=block_rows,
-        BLOCK_N=block_n,
-        GEMMA=gemma,
-        VEC=vec,
-        num_warps=num_warps or launch.row_warps(block_n * block_rows),
+    strides = (xr.stride(0), rr.stride(0))
+    plan = rows_launch(
+        n_rows, n, strides, x.element_size(), block_rows, num_warps, max_programs, vectorise, launch.MAX_GRID
     )
+    run(xr, rr, weight, eps, gemma, plan)
 
 
 def fused_add_rms_norm_wide(
@@ -218,39 +281,18 @@ def fused_add_rms_norm_wide(
     """Launch `_fused_add_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
     xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
     n_rows, n = xr.shape
-    vec = vector_width(x, xr, rr)
-    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
-    _fused_add_rms_norm_wide[launch.bounded_grid(n_rows)](
-        xr,
-        rr,
-        weight,
-        n_rows,
-        xr.stride(0) // vec,
-        rr.stride(0) // vec,
-        n // vec,
-        eps,
-        BLOCK_N=block_n,
-        GEMMA=gemma,
-        VEC=vec,
-        num_warps=launch.row_warps(block_n),
-    )
-
-
-def choose_rows_per_step(n: int) -> int:
-    """Rows per step for the dispatcher: pack narrow rows up to STEP_ELEMENTS elements per step."""
-    return max(1, min(MAX_ROWS_PER_STEP, STEP_ELEMENTS // launch.next_pow2(n)))
+    plan = wide_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), launch.MAX_GRID)
+    run(xr, rr, weight, eps, gemma, plan)
 
 
 def fused_add_rms_norm_auto(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
 ) -> None:
-    """The exported entry point: rows wider than WIDE_THRESHOLD go to the wide kernel; the rest
-    to the rows kernel with `choose_rows_per_step` rows per step and launch.row_warps warps."""
-    n = x.shape[-1]
-    if n > WIDE_THRESHOLD:
-        fused_add_rms_norm_wide(x, residual, weight, eps, gemma)
-    else:
-        fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows=choose_rows_per_step(n))
+    """The exported entry point (`auto_launch`)."""
+    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    n_rows, n = xr.shape
+    plan = auto_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), launch.MAX_GRID)
+    run(xr, rr, weight, eps, gemma, plan)
 
 
 # ---- semantics --------------------------------------------------------------------------

@@ -13,6 +13,11 @@ import torch
 import triton
 
 MAX_GRID = 65535
+# Launch decisions (grids, blocks, warps) are pure functions of shapes, strides and dtypes,
+# cached with functools.lru_cache: recomputing them cost Python time on every call, and the
+# host time of a call is what an eager caller waits on (issue 16). Every cached decision
+# takes MAX_GRID as an argument, so a changed limit (tests set 3) is a different key.
+PLANS = 4096
 
 
 def interpreted() -> bool:
@@ -47,6 +52,8 @@ def row_warps(block: int) -> int:
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """View `x` [..., N] as [rows, N] without a copy when its layout allows (unit stride in N)."""
+    if x.dim() == 2 and x.stride(1) == 1:  # already rows: skip reshape's host cost
+        return x
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

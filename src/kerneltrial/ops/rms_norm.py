@@ -19,7 +19,8 @@ Both walk their work with a grid-stride loop over a bounded grid (launch.MAX_GRI
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import torch
 import triton
@@ -115,6 +116,66 @@ def _rms_norm_wide(
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One launch's geometry: which kernel, its grid, rows per step, block and warps."""
+
+    wide: bool
+    grid: tuple[int]
+    block_rows: int
+    block_n: int
+    num_warps: int
+
+
+@lru_cache(maxsize=launch.PLANS)
+def rows_launch(n_rows: int, n: int, block_rows: int, num_warps: int | None, max_grid: int) -> Launch:
+    """`_rms_norm_rows` over n_rows x n: `block_rows` rows per step, next-pow2 block."""
+    block_n = launch.next_pow2(n)
+    grid = launch.bounded_grid(triton.cdiv(n_rows, block_rows), max_grid)
+    return Launch(False, grid, block_rows, block_n, num_warps or launch.row_warps(block_n * block_rows))
+
+
+@lru_cache(maxsize=launch.PLANS)
+def wide_launch(n_rows: int, n: int, chunk: int, num_warps: int | None, max_grid: int) -> Launch:
+    """`_rms_norm_wide` over n_rows x n in `chunk`-element chunks."""
+    block_n = min(chunk, launch.next_pow2(n))
+    return Launch(True, launch.bounded_grid(n_rows, max_grid), 1, block_n, num_warps or launch.row_warps(block_n))
+
+
+def choose(n: int) -> tuple[bool, int, int]:
+    """The dispatcher's rule for rows n wide: (wide kernel, rows per step, warps)."""
+    if n > WIDE_THRESHOLD:
+        return True, 1, launch.row_warps(WIDE_CHUNK)
+    block = launch.next_pow2(n)
+    return False, max(1, PACK_TO // block), DISPATCH_WARPS[0] if block <= 4096 else DISPATCH_WARPS[1]
+
+
+@lru_cache(maxsize=launch.PLANS)
+def auto_launch(n_rows: int, n: int, max_grid: int) -> Launch:
+    """The dispatcher's launch (`choose`) over n_rows x n."""
+    wide, block_rows, warps = choose(n)
+    if wide:
+        return wide_launch(n_rows, n, WIDE_CHUNK, warps, max_grid)
+    return rows_launch(n_rows, n, block_rows, warps, max_grid)
+
+
+def run(x: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, eps: float, rbw: bool, plan: Launch) -> torch.Tensor:
+    """Launch `plan` over `rows` (x as [rows, N]) into a fresh contiguous tensor of x's shape."""
+    n_rows, n = rows.shape
+    y = x.new_empty(x.shape)  # contiguous: row stride n
+    if plan.wide:
+        _rms_norm_wide[plan.grid](
+            rows, weight, y, n_rows, rows.stride(0), n, n, eps,
+            BLOCK_N=plan.block_n, ROUND_BEFORE_WEIGHT=rbw, num_warps=plan.num_warps,
+        )  # fmt: skip
+    else:
+        _rms_norm_rows[plan.grid](
+            rows, weight, y, n_rows, rows.stride(0), n, n, eps,
+            BLOCK_ROWS=plan.block_rows, BLOCK_N=plan.block_n, ROUND_BEFORE_WEIGHT=rbw, num_warps=plan.num_warps,
+        )  # fmt: skip
+    return y
+
+
 def rms_norm_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -125,25 +186,8 @@ def rms_norm_rows(
 ) -> torch.Tensor:
     """Launch `_rms_norm_rows`: `block_rows` rows per step (1 = the control geometry)."""
     rows = launch.as_rows(x)
-    n_rows, n = rows.shape
-    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
-    block_n = launch.next_pow2(n)
-    grid = launch.bounded_grid(triton.cdiv(n_rows, block_rows))
-    _rms_norm_rows[grid](
-        rows,
-        weight,
-        y,
-        n_rows,
-        rows.stride(0),
-        y.stride(0),
-        n,
-        eps,
-        BLOCK_ROWS=block_rows,
-        BLOCK_N=block_n,
-        ROUND_BEFORE_WEIGHT=round_before_weight,
-        num_warps=num_warps or launch.row_warps(block_n * block_rows),
-    )
-    return y.view(x.shape)
+    plan = rows_launch(rows.shape[0], rows.shape[1], block_rows, num_warps, launch.MAX_GRID)
+    return run(x, rows, weight, eps, round_before_weight, plan)
 
 
 def rms_norm_wide(
@@ -156,34 +200,15 @@ def rms_norm_wide(
 ) -> torch.Tensor:
     """Launch `_rms_norm_wide`: one row per step, in `chunk`-element chunks."""
     rows = launch.as_rows(x)
-    n_rows, n = rows.shape
-    y = torch.empty((n_rows, n), dtype=x.dtype, device=x.device)
-    block_n = min(chunk, launch.next_pow2(n))
-    _rms_norm_wide[launch.bounded_grid(n_rows)](
-        rows,
-        weight,
-        y,
-        n_rows,
-        rows.stride(0),
-        y.stride(0),
-        n,
-        eps,
-        BLOCK_N=block_n,
-        ROUND_BEFORE_WEIGHT=round_before_weight,
-        num_warps=num_warps or launch.row_warps(block_n),
-    )
-    return y.view(x.shape)
+    plan = wide_launch(rows.shape[0], rows.shape[1], chunk, num_warps, launch.MAX_GRID)
+    return run(x, rows, weight, eps, round_before_weight, plan)
 
 
 def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
     """The exported entry point: the rows kernel (PACK_TO, DISPATCH_WARPS) up to
-    WIDE_THRESHOLD columns; the two-pass wide kernel beyond."""
-    n = x.shape[-1]
-    if n > WIDE_THRESHOLD:
-        return rms_norm_wide(x, weight, eps, round_before_weight)
-    block = launch.next_pow2(n)
-    warps = DISPATCH_WARPS[0] if block <= 4096 else DISPATCH_WARPS[1]
-    return rms_norm_rows(x, weight, eps, round_before_weight, block_rows=max(1, PACK_TO // block), num_warps=warps)
+    WIDE_THRESHOLD columns; the two-pass wide kernel beyond (`choose`)."""
+    rows = launch.as_rows(x)
+    return run(x, rows, weight, eps, round_before_weight, auto_launch(rows.shape[0], rows.shape[1], launch.MAX_GRID))
 
 
 # ---- semantics --------------------------------------------------------------------------

@@ -26,7 +26,8 @@ Both walk their work items with a grid-stride loop over a bounded grid (launch.M
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import torch
 import triton
@@ -82,73 +83,98 @@ def _sigmoid_gate_flat(X, G, Y, numel, BLOCK: tl.constexpr, ROW_GATE: tl.constex
         tl.store(Y + start + offs, _gated(x, g).to(Y.dtype.element_ty), mask=mask)
 
 
-def is_row_gate(x: torch.Tensor, gate: torch.Tensor) -> bool:
+def is_row_gate(x_shape: tuple[int, ...], gate_shape: tuple[int, ...]) -> bool:
     """Which form a call is: False for an elementwise gate (x's shape), True for [..., 1]."""
-    if gate.shape == x.shape:
+    if gate_shape == x_shape:
         return False
-    if gate.shape == (*x.shape[:-1], 1):
+    if gate_shape == (*x_shape[:-1], 1):
         return True
     raise ValueError(
-        f"sigmoid_gate_mul: gate must have x's shape {tuple(x.shape)} or {(*x.shape[:-1], 1)}; got {tuple(gate.shape)}"
+        f"sigmoid_gate_mul: gate must have x's shape {tuple(x_shape)} or {(*x_shape[:-1], 1)}; got {tuple(gate_shape)}"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A launch: which kernel (row tiles or flat tiles), its grid, block, warps, and the form."""
+
+    row_tiles: bool
+    grid: tuple[int]
+    block: int
+    num_warps: int
+    row_gate: bool
+
+
+@lru_cache(maxsize=launch.PLANS)
+def row_tiles_launch(
+    x_shape: tuple[int, ...], gate_shape: tuple[int, ...], block_d: int | None, num_warps: int | None, max_grid: int
+) -> Launch:
+    """`_sigmoid_gate_row_tiles`: `block_d` columns per item, capped at next_pow2(D) (None:
+    the whole row); `num_warps` None picks launch.row_warps of the block."""
+    row_gate = is_row_gate(x_shape, gate_shape)
+    d = x_shape[-1]
+    block_d = min(block_d or launch.next_pow2(d), launch.next_pow2(d))
+    items = inp.numel(x_shape[:-1]) * triton.cdiv(d, block_d)
+    return Launch(True, launch.bounded_grid(items, max_grid), block_d, num_warps or launch.row_warps(block_d), row_gate)
+
+
+@lru_cache(maxsize=launch.PLANS)
+def flat_launch(
+    x_shape: tuple[int, ...], gate_shape: tuple[int, ...], block: int, num_warps: int, max_grid: int
+) -> Launch:
+    """`_sigmoid_gate_flat`: `block` elements of the flattened tensor per item."""
+    row_gate = is_row_gate(x_shape, gate_shape)
+    return Launch(
+        False, launch.bounded_grid(triton.cdiv(inp.numel(x_shape), block), max_grid), block, num_warps, row_gate
+    )
+
+
+@lru_cache(maxsize=launch.PLANS)
+def auto_launch(x_shape: tuple[int, ...], gate_shape: tuple[int, ...], max_grid: int) -> Launch:
+    """The dispatcher's launch. Rule: a row gate on rows at least DISPATCH_ROW_TILE wide uses
+    row tiles of that many columns (4 warps, one scalar gate load per tile); everything else
+    uses flat 1024-element tiles with 4 warps (8 bf16 = one 16-byte access per thread)."""
+    if is_row_gate(x_shape, gate_shape) and x_shape[-1] >= DISPATCH_ROW_TILE:
+        return row_tiles_launch(x_shape, gate_shape, DISPATCH_ROW_TILE, 4, max_grid)
+    return flat_launch(x_shape, gate_shape, 1024, 4, max_grid)
+
+
+def run(x: torch.Tensor, gate: torch.Tensor, plan: Launch) -> torch.Tensor:
+    """Launch `plan` on contiguous copies of x and gate (no copy when they are contiguous)."""
+    x, gate = x.contiguous(), gate.contiguous()
+    y = torch.empty_like(x)
+    if plan.row_tiles:
+        d = x.shape[-1]
+        _sigmoid_gate_row_tiles[plan.grid](
+            x, gate, y, x.numel() // d, d, BLOCK_D=plan.block, ROW_GATE=plan.row_gate, num_warps=plan.num_warps
+        )
+    else:
+        # the row width is a compile-time constant of the row_gate form only (1 otherwise),
+        # so the elementwise form compiles once for every shape
+        _sigmoid_gate_flat[plan.grid](
+            x, gate, y, x.numel(),
+            BLOCK=plan.block, ROW_GATE=plan.row_gate, ROW_WIDTH=x.shape[-1] if plan.row_gate else 1,
+            num_warps=plan.num_warps,
+        )  # fmt: skip
+    return y
 
 
 def sigmoid_gate_row_tiles(
     x: torch.Tensor, gate: torch.Tensor, block_d: int | None = None, num_warps: int | None = None
 ) -> torch.Tensor:
-    """Launch `_sigmoid_gate_row_tiles`; defaults give the control (one whole row per program).
-
-    `block_d` is capped at next_pow2(D) (None: the whole row); `num_warps` None picks
-    launch.row_warps of the block.
-    """
-    row_gate = is_row_gate(x, gate)
-    x, gate = x.contiguous(), gate.contiguous()
-    d = x.shape[-1]
-    n_rows = x.numel() // d
-    y = torch.empty_like(x)
-    block_d = min(block_d or launch.next_pow2(d), launch.next_pow2(d))
-    items = n_rows * triton.cdiv(d, block_d)
-    _sigmoid_gate_row_tiles[launch.bounded_grid(items, launch.MAX_GRID)](
-        x,
-        gate,
-        y,
-        n_rows,
-        d,
-        BLOCK_D=block_d,
-        ROW_GATE=row_gate,
-        num_warps=num_warps or launch.row_warps(block_d),
-    )
-    return y
+    """Launch `_sigmoid_gate_row_tiles` (`row_tiles_launch`); defaults give the control (one
+    whole row per program)."""
+    return run(x, gate, row_tiles_launch(x.shape, gate.shape, block_d, num_warps, launch.MAX_GRID))
 
 
 def sigmoid_gate_flat(x: torch.Tensor, gate: torch.Tensor, block: int, num_warps: int) -> torch.Tensor:
-    """Launch `_sigmoid_gate_flat`: `block` elements of the flattened tensor per step.
-
-    The row width is a compile-time constant of the row_gate form only (1 otherwise), so the
-    elementwise form compiles once for every shape."""
-    row_gate = is_row_gate(x, gate)
-    x, gate = x.contiguous(), gate.contiguous()
-    y = torch.empty_like(x)
-    _sigmoid_gate_flat[launch.bounded_grid(triton.cdiv(x.numel(), block), launch.MAX_GRID)](
-        x,
-        gate,
-        y,
-        x.numel(),
-        BLOCK=block,
-        ROW_GATE=row_gate,
-        ROW_WIDTH=x.shape[-1] if row_gate else 1,
-        num_warps=num_warps,
-    )
-    return y
+    """Launch `_sigmoid_gate_flat`: `block` elements of the flattened tensor per step."""
+    return run(x, gate, flat_launch(x.shape, gate.shape, block, num_warps, launch.MAX_GRID))
 
 
 def sigmoid_gate_auto(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """The exported entry point. Rule: a row gate on rows at least DISPATCH_ROW_TILE wide uses
-    row tiles of that many columns (4 warps, one scalar gate load per tile); everything else
-    uses flat 1024-element tiles with 4 warps (8 bf16 = one 16-byte access per thread)."""
-    if is_row_gate(x, gate) and x.shape[-1] >= DISPATCH_ROW_TILE:
-        return sigmoid_gate_row_tiles(x, gate, block_d=DISPATCH_ROW_TILE, num_warps=4)
-    return sigmoid_gate_flat(x, gate, block=1024, num_warps=4)
+    """The exported entry point (`auto_launch`)."""
+    return run(x, gate, auto_launch(x.shape, gate.shape, launch.MAX_GRID))
 
 
 # ---- semantics --------------------------------------------------------------------------

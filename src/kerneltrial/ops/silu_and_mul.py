@@ -26,7 +26,8 @@ loads the gate columns and the matching up columns (offset d) of its rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -76,38 +77,69 @@ def _silu_and_mul_tiles(
         tl.store(Y + rows[:, None] * y_stride + cols[None, :], (silu * b).to(Y.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_tiles(
-    x: torch.Tensor, block_rows: int = 1, block_d: int | None = None, num_warps: int | None = None
-) -> torch.Tensor:
-    """Launch `_silu_and_mul_tiles`; defaults give the control (one whole row per program).
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A launch of `_silu_and_mul_tiles`: grid, rows per step, output columns per step, warps."""
 
-    `block_d` is capped at next_pow2(d) (None: the whole row); `num_warps` None picks
-    launch.row_warps of the elements a step holds.
-    """
-    if x.shape[-1] % 2:
-        raise ValueError(f"silu_and_mul needs an even last dimension (gate and up halves); got {x.shape[-1]}")
-    rows = launch.as_rows(x)
-    n_rows, d = rows.shape[0], rows.shape[1] // 2
-    y = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
+    grid: tuple[int]
+    block_rows: int
+    block_d: int
+    num_warps: int
+
+
+@lru_cache(maxsize=launch.PLANS)
+def tiles_launch(
+    n_rows: int, d: int, block_rows: int, block_d: int | None, num_warps: int | None, max_grid: int
+) -> Launch:
+    """`_silu_and_mul_tiles` over n_rows x d outputs: `block_rows` rows x `block_d` columns
+    per item (capped at next_pow2(d); None: the whole row), warps by launch.row_warps of the
+    elements an item holds unless given."""
     block_d = min(block_d or launch.next_pow2(d), launch.next_pow2(d))
     items = triton.cdiv(n_rows, block_rows) * triton.cdiv(d, block_d)
-    _silu_and_mul_tiles[launch.bounded_grid(items, launch.MAX_GRID)](
-        rows,
-        y,
-        n_rows,
-        d,
-        rows.stride(0),
-        y.stride(0),
-        BLOCK_ROWS=block_rows,
-        BLOCK_D=block_d,
-        num_warps=num_warps or launch.row_warps(block_rows * block_d),
-    )
-    return y.view(*x.shape[:-1], d)
+    num_warps = num_warps or launch.row_warps(block_rows * block_d)
+    return Launch(launch.bounded_grid(items, max_grid), block_rows, block_d, num_warps)
 
 
 def rows_per_step(d: int, most: int) -> int:
     """Rows a packed step holds: up to `most`, keeping rows x next_pow2(d) <= PACK_ELEMENTS."""
     return max(1, min(most, PACK_ELEMENTS // launch.next_pow2(d)))
+
+
+@lru_cache(maxsize=launch.PLANS)
+def auto_launch(n_rows: int, d: int, max_grid: int) -> Launch:
+    """The dispatcher's launch. Rule: rows with d <= DISPATCH_TILE are packed (as many rows
+    as fit PACK_ELEMENTS, 4 warps); wider rows are split into DISPATCH_TILE-column tiles
+    with DISPATCH_WARPS warps."""
+    if d <= DISPATCH_TILE:
+        return tiles_launch(n_rows, d, rows_per_step(d, PACK_ELEMENTS), None, 4, max_grid)
+    return tiles_launch(n_rows, d, 1, DISPATCH_TILE, DISPATCH_WARPS, max_grid)
+
+
+def halves(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x as [rows, 2d] rows and d, or ValueError for an odd last dimension."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul needs an even last dimension (gate and up halves); got {x.shape[-1]}")
+    rows = launch.as_rows(x)
+    return rows, rows.shape[1] // 2
+
+
+def run(x: torch.Tensor, rows: torch.Tensor, d: int, plan: Launch) -> torch.Tensor:
+    """Launch `plan` over `rows` into a fresh contiguous [..., d] tensor."""
+    y = x.new_empty((*x.shape[:-1], d))  # contiguous: row stride d
+    _silu_and_mul_tiles[plan.grid](
+        rows, y, rows.shape[0], d, rows.stride(0), d,
+        BLOCK_ROWS=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    )  # fmt: skip
+    return y
+
+
+def silu_and_mul_tiles(
+    x: torch.Tensor, block_rows: int = 1, block_d: int | None = None, num_warps: int | None = None
+) -> torch.Tensor:
+    """Launch `_silu_and_mul_tiles` (`tiles_launch`); defaults give the control (one whole
+    row per program)."""
+    rows, d = halves(x)
+    return run(x, rows, d, tiles_launch(rows.shape[0], d, block_rows, block_d, num_warps, launch.MAX_GRID))
 
 
 def silu_and_mul_packed(x: torch.Tensor, most_rows: int, num_warps: int) -> torch.Tensor:
@@ -116,13 +148,9 @@ def silu_and_mul_packed(x: torch.Tensor, most_rows: int, num_warps: int) -> torc
 
 
 def silu_and_mul_auto(x: torch.Tensor) -> torch.Tensor:
-    """The exported entry point. Rule: rows with d <= DISPATCH_TILE are packed (as many rows
-    as fit PACK_ELEMENTS, 4 warps); wider rows are split into DISPATCH_TILE-column tiles
-    with DISPATCH_WARPS warps."""
-    d = x.shape[-1] // 2
-    if d <= DISPATCH_TILE:
-        return silu_and_mul_packed(x, most_rows=PACK_ELEMENTS, num_warps=4)
-    return silu_and_mul_tiles(x, block_d=DISPATCH_TILE, num_warps=DISPATCH_WARPS)
+    """The exported entry point (`auto_launch`)."""
+    rows, d = halves(x)
+    return run(x, rows, d, auto_launch(rows.shape[0], d, launch.MAX_GRID))
 
 
 # ---- semantics --------------------------------------------------------------------------

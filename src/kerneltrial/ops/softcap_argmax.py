@@ -49,15 +49,15 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
   acq_rel, after a CTA barrier); the span that draws the last ticket reads the row's
   partials (bypassing L1), keeps the smallest index among the equal maxima, writes the
   answer and resets the counter to 0. The merge is exact and deterministic (the result
-  does not depend on which span finishes last). The counters are a zeroed buffer cached
-  per (device, stream) that every call leaves zeroed again; partials come from torch.empty
-  per call (each is written before it is read).
+  does not depend on which span finishes last). The counters (a zeroed buffer that every call
+  leaves zeroed again) and the partials (each written before it is read) are cached per
+  (device, stream) (`Scratch`): a call allocates only its output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import triton
@@ -275,26 +275,41 @@ def _argmax_stream(
         _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P, MERGE)
 
 
+@dataclass(frozen=True, slots=True)
+class RowsLaunch:
+    """A launch of `_argmax_rows`: grid, rows per step, chunk, warps."""
+
+    grid: tuple[int]
+    block_rows: int
+    block_n: int
+    num_warps: int
+
+
+@lru_cache(maxsize=launch.PLANS)
+def rows_launch(n_rows: int, n: int, block_rows: int, num_warps: int | None, max_grid: int) -> RowsLaunch:
+    """`_argmax_rows` over n_rows x n, `block_rows` rows per step."""
+    limit = CONTROL_BLOCK if block_rows == 1 else max(1, PACK_ELEMENTS // block_rows)
+    block_n = min(launch.next_pow2(n), limit)
+    grid = launch.bounded_grid(triton.cdiv(n_rows, block_rows), max_grid)
+    return RowsLaunch(grid, block_rows, block_n, num_warps or launch.row_warps(block_n * block_rows))
+
+
+def run_rows(logits: torch.Tensor, rows: torch.Tensor, cap: float, plan: RowsLaunch) -> torch.Tensor:
+    n_rows, n = rows.shape
+    out = logits.new_empty(logits.shape[:-1], dtype=torch.int64)
+    _argmax_rows[plan.grid](
+        rows, out, n_rows, rows.stride(0), n, cap, 1.0 / cap,
+        BLOCK_ROWS=plan.block_rows, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+    )  # fmt: skip
+    return out
+
+
 def argmax_rows(logits: torch.Tensor, cap: float, block_rows: int = 1, num_warps: int | None = None) -> torch.Tensor:
     """Launch `_argmax_rows`: `block_rows` rows per step (1 = the control geometry)."""
     rows = launch.as_rows(logits)
-    n_rows, n = rows.shape
-    out = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
-    limit = CONTROL_BLOCK if block_rows == 1 else max(1, PACK_ELEMENTS // block_rows)
-    block_n = min(launch.next_pow2(n), limit)
-    _argmax_rows[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-        rows,
-        out,
-        n_rows,
-        rows.stride(0),
-        n,
-        cap,
-        1.0 / cap,
-        BLOCK_ROWS=block_rows,
-        BLOCK_N=block_n,
-        num_warps=num_warps or launch.row_warps(block_n * block_rows),
+    return run_rows(
+        logits, rows, cap, rows_launch(rows.shape[0], rows.shape[1], block_rows, num_warps, launch.MAX_GRID)
     )
-    return out.view(logits.shape[:-1])
 
 
 def span_geometry(n: int, parts: int, chunk: int) -> tuple[int, int, int]:
@@ -306,96 +321,90 @@ def span_geometry(n: int, parts: int, chunk: int) -> tuple[int, int, int]:
     return triton.cdiv(n, span), span, chunk
 
 
-@dataclass
-class Spans:
-    """One launch's span layout over `rows` and the buffers its kernels write: the int64
-    answer per row, and a partial (max capped value, first index) per span when a row has
-    several spans (one unused element each otherwise)."""
+@dataclass(frozen=True, slots=True)
+class SpanLaunch:
+    """A launch over spans of rows (`span_geometry`): `n_parts` spans of `span` elements per
+    row read in `chunk`-element chunks, a grid over the n_rows * n_parts work items, warps,
+    and the merge's block over a row's partials (next_pow2(n_parts))."""
 
-    rows: torch.Tensor
+    grid: tuple[int]
     n_parts: int
     span: int
     chunk: int
-    out: torch.Tensor
-    val: torch.Tensor
-    idx: torch.Tensor
-
-    @property
-    def items(self) -> int:
-        return self.rows.shape[0] * self.n_parts
+    num_warps: int
+    block_p: int
 
 
-def spans(logits: torch.Tensor, parts: int, chunk: int) -> Spans:
-    """Lay `logits` out in up to `parts` spans per row (`span_geometry`) and allocate the buffers."""
-    rows = launch.as_rows(logits)
-    n_rows, n = rows.shape
+@lru_cache(maxsize=launch.PLANS)
+def span_launch(n_rows: int, n: int, parts: int, chunk: int, num_warps: int, max_grid: int) -> SpanLaunch:
     n_parts, span, chunk = span_geometry(n, parts, chunk)
-    partials = n_rows * n_parts if n_parts > 1 else 1
-    device = logits.device
-    return Spans(
-        rows,
-        n_parts,
-        span,
-        chunk,
-        torch.empty(n_rows, dtype=torch.int64, device=device),
-        torch.empty(partials, dtype=torch.float32, device=device),
-        torch.empty(partials, dtype=torch.int32, device=device),
-    )
+    grid = launch.bounded_grid(n_rows * n_parts, max_grid)
+    return SpanLaunch(grid, n_parts, span, chunk, num_warps, launch.next_pow2(n_parts))
 
 
 def argmax_split(
     logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 4096, num_warps: int = 8
 ) -> torch.Tensor:
     """Launch `_argmax_spans` with up to `parts` spans per row, then `_merge_parts` if > 1."""
-    s = spans(logits, parts, chunk)
-    n_rows, n = s.rows.shape
+    rows = launch.as_rows(logits)
+    n_rows, n = rows.shape
+    s = span_launch(n_rows, n, parts, chunk, num_warps, launch.MAX_GRID)
     partials = s.n_parts > 1
-    _argmax_spans[launch.bounded_grid(s.items)](
-        s.rows,
-        s.val,
-        s.idx,
-        s.out,
-        n_rows,
-        s.rows.stride(0),
-        n,
-        s.span,
-        s.n_parts,
-        cap,
-        1.0 / cap,
-        BLOCK_N=s.chunk,
-        PARTIALS=partials,
-        num_warps=num_warps,
-    )
+    device = logits.device
+    out = torch.empty(n_rows, dtype=torch.int64, device=device)
+    val = torch.empty(n_rows * s.n_parts if partials else 1, dtype=torch.float32, device=device)
+    idx = torch.empty(val.numel(), dtype=torch.int32, device=device)
+    _argmax_spans[s.grid](
+        rows, val, idx, out, n_rows, rows.stride(0), n, s.span, s.n_parts, cap, 1.0 / cap,
+        BLOCK_N=s.chunk, PARTIALS=partials, num_warps=s.num_warps,
+    )  # fmt: skip
     if partials:
-        block_p = launch.next_pow2(s.n_parts)
-        block_rows = max(1, min(64, 4096 // block_p))
+        block_rows = max(1, min(64, 4096 // s.block_p))
         _merge_parts[launch.bounded_grid(triton.cdiv(n_rows, block_rows))](
-            s.val,
-            s.idx,
-            s.out,
+            val,
+            idx,
+            out,
             n_rows,
             s.n_parts,
             BLOCK_ROWS=block_rows,
-            BLOCK_P=block_p,
+            BLOCK_P=s.block_p,
             num_warps=4,
         )
-    return s.out.view(logits.shape[:-1])
+    return out.view(logits.shape[:-1])
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}
+@dataclass
+class Scratch:
+    """`_argmax_stream`'s buffers on one (device, stream): per-row int32 ticket counters, zero
+    between calls (allocated zeroed, never poisoned; the last span of a row resets its
+    counter), and the partials (max capped value, first index) of each span, written
+    before they are read. Cached so a call allocates only its output."""
+
+    cnt: torch.Tensor
+    val: torch.Tensor
+    idx: torch.Tensor
 
 
-def merge_counters(n_rows: int, device: torch.device) -> torch.Tensor:
-    """Per-row int32 ticket counters, zero between calls: one buffer per (device, stream),
-    allocated zeroed (torch.zeros, never poisoned) and grown on demand; `_argmax_stream`
-    leaves every counter it touched at 0 again (the last span of a row resets it)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+_SCRATCH: dict[tuple, Scratch] = {}
+# Scratch is sized to at least SCRATCH_MIN entries: the dispatcher merges only rows that have
+# several spans, at most max(STREAMS programs) work items (528), so its buffers never grow and
+# a CUDA graph that captured them never sees them replaced. Growing replaces the buffers.
+SCRATCH_MIN = 1024
+
+
+def scratch(n_rows: int, items: int, device: torch.device) -> Scratch:
+    """The cached Scratch of the current stream, grown on demand to `n_rows` counters and
+    `items` partials. The stream is read as Triton reads it (the raw CUDA stream handle):
+    torch.cuda.current_stream builds a Stream object per call."""
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
-    cnt = _COUNTERS.get(key)
-    if cnt is None or cnt.numel() < n_rows:
-        cnt = torch.zeros(launch.next_pow2(max(n_rows, 64)), dtype=torch.int32, device=device)
-        _COUNTERS[key] = cnt
-    return cnt
+    s = _SCRATCH.get(key)
+    if s is None or s.cnt.numel() < n_rows or s.val.numel() < items:
+        cnt = torch.zeros(launch.next_pow2(max(n_rows, SCRATCH_MIN)), dtype=torch.int32, device=device)
+        size = launch.next_pow2(max(items, SCRATCH_MIN))
+        val = torch.empty(size, dtype=torch.float32, device=device)
+        s = _SCRATCH[key] = Scratch(cnt, val, torch.empty(size, dtype=torch.int32, device=device))
+    return s
 
 
 def stream_parts(n_rows: int, programs: int) -> int:
@@ -404,36 +413,29 @@ def stream_parts(n_rows: int, programs: int) -> int:
     return max(1, programs // n_rows)
 
 
+def run_stream(logits: torch.Tensor, rows: torch.Tensor, cap: float, plan: SpanLaunch) -> torch.Tensor:
+    n_rows, n = rows.shape
+    merge = plan.n_parts > 1
+    buffers = scratch(n_rows if merge else 0, n_rows * plan.n_parts if merge else 0, logits.device)
+    out = logits.new_empty(logits.shape[:-1], dtype=torch.int64)
+    _argmax_stream[plan.grid](
+        rows, buffers.val, buffers.idx, buffers.cnt, out, n_rows, rows.stride(0), n, plan.span, plan.n_parts,
+        cap, 1.0 / cap, BLOCK_N=plan.chunk, BLOCK_P=plan.block_p, MERGE=merge,
+        num_warps=plan.num_warps,
+    )  # fmt: skip
+    return out
+
+
 def argmax_stream(
     logits: torch.Tensor, cap: float, parts: int = 1, chunk: int = 8192, num_warps: int = 8, programs: int | None = None
 ) -> torch.Tensor:
     """Launch `_argmax_stream` once: up to `parts` spans per row (or, with `programs`, as many
     as keep the grid near `programs` work items), merged in the same launch by the last span."""
-    n_rows = logits.shape[:-1].numel()
+    rows = launch.as_rows(logits)
+    n_rows, n = rows.shape
     if programs is not None:
         parts = stream_parts(n_rows, programs)
-    s = spans(logits, parts, chunk)
-    merge = s.n_parts > 1
-    cnt = merge_counters(n_rows, logits.device) if merge else s.idx
-    _argmax_stream[launch.bounded_grid(s.items)](
-        s.rows,
-        s.val,
-        s.idx,
-        cnt,
-        s.out,
-        n_rows,
-        s.rows.stride(0),
-        s.rows.shape[1],
-        s.span,
-        s.n_parts,
-        cap,
-        1.0 / cap,
-        BLOCK_N=s.chunk,
-        BLOCK_P=launch.next_pow2(s.n_parts),
-        MERGE=merge,
-        num_warps=num_warps,
-    )
-    return s.out.view(logits.shape[:-1])
+    return run_stream(logits, rows, cap, span_launch(n_rows, n, parts, chunk, num_warps, launch.MAX_GRID))
 
 
 def choose_stream(n_rows: int, n: int) -> tuple[int, int, int]:
@@ -447,14 +449,23 @@ def choose_stream(n_rows: int, n: int) -> tuple[int, int, int]:
     return STREAMS[0]
 
 
-def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
-    """The exported entry point: packs rows up to NARROW wide; streams wider rows with the
-    one-launch kernel in the geometry `choose_stream` picks."""
-    n_rows, n = launch.as_rows(logits).shape
+@lru_cache(maxsize=launch.PLANS)
+def auto_launch(n_rows: int, n: int, max_grid: int) -> RowsLaunch | SpanLaunch:
+    """The dispatcher's launch: rows up to NARROW wide packed (`_argmax_rows`); wider rows
+    streamed by the one-launch kernel in the geometry `choose_stream` picks."""
     if n <= NARROW:
-        return argmax_rows(logits, cap, block_rows=max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))))
+        return rows_launch(n_rows, n, max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))), None, max_grid)
     chunk, warps, programs = choose_stream(n_rows, n)
-    return argmax_stream(logits, cap, chunk=chunk, num_warps=warps, programs=programs)
+    return span_launch(n_rows, n, stream_parts(n_rows, programs), chunk, warps, max_grid)
+
+
+def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """The exported entry point (`auto_launch`)."""
+    rows = launch.as_rows(logits)
+    plan = auto_launch(rows.shape[0], rows.shape[1], launch.MAX_GRID)
+    if type(plan) is RowsLaunch:
+        return run_rows(logits, rows, cap, plan)
+    return run_stream(logits, rows, cap, plan)
 
 
 # ---- semantics --------------------------------------------------------------------------

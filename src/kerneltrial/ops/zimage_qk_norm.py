@@ -22,13 +22,15 @@ operator, whose kernel adds a second grid axis of size 2: axis 1 selects Q or K.
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, lru_cache, partial
 
 import torch
 import triton
 import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
+from kerneltrial.ops import launch
 from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.ops.peers import register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
@@ -68,6 +70,40 @@ def _qk_norm_pair(
 # ---- launches ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class PairLaunch:
+    """A launch of `_qk_norm_pair`: grid (steps, 2), (token, head) rows, rows per step,
+    heads, block, warps."""
+
+    grid: tuple[int, int]
+    n_rows: int
+    block_rows: int
+    heads: int
+    block_d: int
+    num_warps: int
+
+
+@lru_cache(maxsize=launch.PLANS)
+def pair_launch(
+    shape: tuple[int, ...], block_rows: int, num_warps: int | None, max_programs: int | None, max_grid: int
+) -> PairLaunch:
+    """The pair kernel's geometry over Q and K of `shape` (the single module's `launch_shape`
+    and `programs`; `max_grid` is the module's MAX_GRID, read at call time by `programs`)."""
+    n_rows = inp.numel(shape[:-1])
+    if n_rows >= 2**31:
+        raise ValueError(f"{n_rows} rows exceed the kernels' int32 row index")
+    block_d = triton.next_power_of_2(max(1, shape[-1]))
+    warps = num_warps or module.row_warps(block_d * block_rows)
+    grid = (module.programs(triton.cdiv(n_rows, block_rows), max_programs), 2)
+    return PairLaunch(grid, n_rows, block_rows, shape[-2], block_d, warps)
+
+
+def token_heads(x: torch.Tensor) -> torch.Tensor:
+    """`module.token_head_view`, skipping its reshape when x is already [tokens, H, D] with
+    unit stride along D (a view of itself: same tensor, less host time)."""
+    return x if x.dim() == 3 and x.stride(2) == 1 else token_head_view(x)
+
+
 def qk_norm_pair(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -81,31 +117,22 @@ def qk_norm_pair(
     """Launch `_qk_norm_pair` once for Q and K of the same shape: grid (steps, 2)."""
     if q.shape != k.shape:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same shape")
-    qv, kv = token_head_view(q), token_head_view(k)
-    n_rows, heads, block_d, warps = module.launch_shape(q, block_rows, num_warps)
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    grid = (module.programs(triton.cdiv(n_rows, block_rows), max_programs), 2)
-    _qk_norm_pair[grid](
-        qv,
-        kv,
-        q_weight,
-        k_weight,
-        q_out,
-        k_out,
-        n_rows,
-        qv.stride(0),
-        qv.stride(1),
-        kv.stride(0),
-        kv.stride(1),
-        q.shape[-1],
-        eps,
-        HEADS=heads,
-        BLOCK_ROWS=block_rows,
-        BLOCK_D=block_d,
-        num_warps=warps,
-    )
+    plan = pair_launch(q.shape, block_rows, num_warps, max_programs, module.MAX_GRID)
+    qv, kv = token_heads(q), token_heads(k)
+    q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
+    _qk_norm_pair[plan.grid](
+        qv, kv, q_weight, k_weight, q_out, k_out, plan.n_rows,
+        qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), q.shape[-1], eps,
+        HEADS=plan.heads, BLOCK_ROWS=plan.block_rows, BLOCK_D=plan.block_d, num_warps=plan.num_warps,
+    )  # fmt: skip
     return q_out, k_out
+
+
+@lru_cache(maxsize=launch.PLANS)
+def pair_geometry(shape: tuple[int, ...], layout: str) -> Geometry:
+    """The geometry the single operator's rule picks for Q of `shape` in `layout`: the rule
+    reads (rows, width, layout)."""
+    return module.rule().choose(inp.numel(shape[:-1]), shape[-1], layout)
 
 
 def zimage_qk_rmsnorm_qk(
@@ -117,12 +144,14 @@ def zimage_qk_rmsnorm_qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exported one-launch Q+K entry point: the geometry the single operator's rule picks for Q
     (the pair kernel walks each tensor's rows as the single kernel does)."""
-    return launch_pair(q, k, q_weight, k_weight, eps, geometry=module.rule().choose(*dispatch_key(q)))
+    return launch_pair(q, k, q_weight, k_weight, eps, geometry=pair_geometry(q.shape, module.layout_of(q)))
 
 
-def dispatch_key(x: torch.Tensor) -> tuple[int, int, str]:
-    """(rows, width, layout): the shape features the rule reads."""
-    return x.numel() // x.shape[-1], x.shape[-1], module.layout_of(x)
+@cache
+def persistent_programs(device: torch.device) -> int:
+    """`module.persistent_programs`, asked once per device (a device-properties query per
+    call costs host time)."""
+    return module.persistent_programs(device)
 
 
 def launch_pair(
@@ -135,7 +164,7 @@ def launch_pair(
     geometry: Geometry,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`qk_norm_pair` with one of the module's geometries."""
-    cap = module.persistent_programs(q.device) if geometry.persistent else None
+    cap = persistent_programs(q.device) if geometry.persistent else None
     return qk_norm_pair(q, k, q_weight, k_weight, eps, geometry.block_rows, geometry.num_warps, cap)
 
 
