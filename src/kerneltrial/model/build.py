@@ -153,7 +153,9 @@ def spread_norm_weights(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for module in model.modules():
             if _is_norm(module):
-                noise = torch.randn(module.weight.shape, generator=generator)
+                noise = torch.randn(
+                    module.weight.shape, generator=generator, device="cpu"
+                )  # the same draw on any device
                 module.weight.copy_(1 + NORM_WEIGHT_SPREAD * noise)
 
 
