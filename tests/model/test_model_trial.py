@@ -115,19 +115,23 @@ def test_an_arm_that_ignores_the_norm_weight_is_caught(tmp_path: Path) -> None:
     assert not row["passed"] and "from the float32 model" in row["message"]
 
 
-def test_greedy_divergence_is_a_failure_unless_eager_was_at_a_near_tie() -> None:
+def test_greedy_divergence_is_a_failure_unless_a_near_tie_or_the_float32_choice() -> None:
     ref_tokens = torch.tensor([[3, 1, 2]])
+    exact = ref_tokens.clone()  # the float32 model chose what eager chose
     decided = [
         torch.tensor([[0.0, 0.0, 0.0, 10.0]]),
         torch.tensor([[0.0, 9.0, 0.0, 10.0]]),
         torch.tensor([[0.0, 0.0, 10.0, 9.99]]),
     ]
-    same = greedy_agreement(ref_tokens.clone(), ref_tokens, decided, tol=0.01)
+    same = greedy_agreement(ref_tokens.clone(), ref_tokens, decided, 0.01, exact)
     assert same == {"greedy_identical_steps": 3, "first_divergence": None}
-    wide = greedy_agreement(torch.tensor([[3, 3, 2]]), ref_tokens, decided, tol=0.01)
-    assert wide["greedy_identical_steps"] == 1 and not wide["first_divergence"]["near_tie"]  # margin 1 of 10
-    tie = greedy_agreement(torch.tensor([[3, 1, 3]]), ref_tokens, decided, tol=0.01)
-    assert tie["first_divergence"]["step"] == 2 and tie["first_divergence"]["near_tie"]  # margin 0.01 of 10
+    wide = greedy_agreement(torch.tensor([[3, 3, 2]]), ref_tokens, decided, 0.01, exact)["first_divergence"]
+    assert wide["step"] == 1 and not wide["near_tie"] and not wide["agrees_with_float32"]  # margin 1 of 10: a failure
+    tie = greedy_agreement(torch.tensor([[3, 1, 3]]), ref_tokens, decided, 0.01, exact)["first_divergence"]
+    assert tie["step"] == 2 and tie["near_tie"]  # margin 0.01 of 10
+    # eager left the float32 model's path at step 1 and the arm did not: not the arm's error
+    eager_off = greedy_agreement(torch.tensor([[3, 3, 2]]), ref_tokens, decided, 0.01, torch.tensor([[3, 3, 0]]))
+    assert eager_off["first_divergence"]["agrees_with_float32"] and not eager_off["first_divergence"]["near_tie"]
 
 
 def tampered(run: Path, tmp_path: Path, edit: Callable[[Path], None]) -> list[str]:

@@ -87,11 +87,19 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-30)
 
 
-def oracle_logits(model: torch.nn.Module, prompts: torch.Tensor) -> torch.Tensor:
-    """The prompts' last-position logits of a float32 copy of the (unpatched) model."""
+@dataclass(frozen=True)
+class Oracle:
+    """A float32 copy of the (unpatched) model: the prompts' last-position logits and its
+    greedy tokens."""
+
+    logits: torch.Tensor
+    tokens: torch.Tensor
+
+
+def oracle_of(model: torch.nn.Module, prompts: torch.Tensor, steps: int) -> Oracle:
     exact = copy.deepcopy(model).float()
     try:
-        return prefill_call(exact, prompts).float()
+        return Oracle(logits=prefill_call(exact, prompts).float(), tokens=greedy(exact, prompts, steps)[0])
     finally:
         del exact
         if prompts.device.type == "cuda":
@@ -100,12 +108,12 @@ def oracle_logits(model: torch.nn.Module, prompts: torch.Tensor) -> torch.Tensor
 
 @dataclass(frozen=True)
 class Reference:
-    """What every arm is checked against: eager's greedy tokens and logits, the oracle's
-    logits and eager's distance to them."""
+    """What every arm is checked against: eager's greedy tokens and logits, the float32
+    model's, and eager's distance to the float32 logits."""
 
     tokens: torch.Tensor
     logits: list[torch.Tensor]
-    oracle: torch.Tensor
+    oracle: Oracle
     eager_error: float
 
 
@@ -114,7 +122,7 @@ def check_arm(
     router: Router,
     arm: str,
     p: Protocol,
-    oracle: torch.Tensor,
+    oracle: Oracle,
     reference: Reference | None,
     prompts: torch.Tensor,
 ) -> tuple[dict[str, Any], Reference]:
@@ -125,15 +133,18 @@ def check_arm(
     counts = {op: router.counts[op] for op in OPS}
     expected = expected_calls(int(model.config.num_hidden_layers), eager=(arm == BASELINE))
     tokens, logits = greedy(model, prompts, p.correctness.greedy_steps)
-    error = relative_error(logits[0], oracle)
+    error = relative_error(logits[0], oracle.logits)
     row: dict[str, Any] = {
         "arm": arm,
         "calls_per_forward": counts,
         "expected_calls_per_forward": expected,
         "oracle_rel_error": error,
+        "greedy_tokens": tokens.tolist(),
         "passed": True,
         "message": "",
     }
+    if reference is None:
+        row["float32_tokens"] = oracle.tokens.tolist()
     problems = []
     if counts != expected:
         problems.append(
@@ -147,12 +158,13 @@ def check_arm(
                 f"last-position logits are {error:.3g} of their max from the float32 model, more than "
                 f"{p.correctness.oracle_factor} x eager's {reference.eager_error:.3g}"
             )
-        row |= greedy_agreement(tokens, reference.tokens, reference.logits, p.correctness.near_tie)
+        row |= greedy_agreement(tokens, reference.tokens, reference.logits, p.correctness.near_tie, oracle.tokens)
         d = row["first_divergence"]
-        if d is not None and not d["near_tie"]:
+        if d is not None and not (d["near_tie"] or d["agrees_with_float32"]):
             problems.append(
                 f"greedy tokens diverge from eager at step {d['step']} (prompt {d['prompt']}: {d['token']} vs {d['reference']}) "
-                f"where eager's top-two margin {d['margin']:.3g} is not a near-tie"
+                f"where eager's top-two margin {d['margin']:.3g} is not a near-tie and the float32 model chose "
+                f"{d['float32_token']}"
             )
     if problems:
         row["passed"] = False
@@ -161,10 +173,12 @@ def check_arm(
 
 
 def greedy_agreement(
-    tokens: torch.Tensor, ref_tokens: torch.Tensor, ref_logits: list[torch.Tensor], tol: float
+    tokens: torch.Tensor, ref_tokens: torch.Tensor, ref_logits: list[torch.Tensor], tol: float, exact: torch.Tensor
 ) -> dict[str, Any]:
-    """Steps of identical greedy tokens and the first divergence (with eager's top-two margin
-    there, relative to its max logit: within `tol` it is a near-tie)."""
+    """Steps of identical greedy tokens and the first divergence, with eager's top-two margin
+    there (relative to its max logit: within `tol` it is a near-tie) and whether the arm's
+    token is the float32 model's (`exact`) after the same prefix: then eager, not the arm,
+    left the exact model's path."""
     steps = ref_tokens.shape[1]
     for k in range(steps):
         differ = (tokens[:, k] != ref_tokens[:, k]).nonzero()
@@ -181,6 +195,10 @@ def greedy_agreement(
                     "reference": int(ref_tokens[prompt, k]),
                     "margin": margin,
                     "near_tie": margin <= tol,
+                    "float32_token": int(exact[prompt, k]),
+                    "agrees_with_float32": bool(
+                        torch.equal(ref_tokens[prompt, :k], exact[prompt, :k]) and tokens[prompt, k] == exact[prompt, k]
+                    ),
                 },
             }
     return {"greedy_identical_steps": steps, "first_divergence": None}
@@ -332,7 +350,7 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
     say(f"building {p.model} ({p.dtype}, {'checkpoint' if p.checkpoint else 'random weights'}) on {device}")
     model = build_model(p, device)
     prompts = _ids(int(model.config.vocab_size), (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
-    oracle = oracle_logits(model, prompts)
+    oracle = oracle_of(model, prompts, p.correctness.greedy_steps)
     router = Router(tables=tables)
     patched = patch(model, router)
     if not patched.norms or not patched.mlps or not patched.layers:
