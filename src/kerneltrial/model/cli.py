@@ -21,7 +21,7 @@ def model(
     """Time a causal LM whose RMSNorm, residual-add + RMSNorm and SiLU-and-mul run each arm's
     implementation, after a model-level correctness gate (logits, greedy tokens, call counts).
 
-    Arms: eager (the untouched Hugging Face model), torch_eager, kerneltrial, liger,
+    Arms: eager (the Hugging Face code), torch_eager, kerneltrial, liger,
     torch_compile, flaggems, user:PATH.py. Then `kerneltrial verify OUT` and `kerneltrial report OUT`.
     """
     from kerneltrial.model.runner import run_model_trial  # here: `--help` stays fast

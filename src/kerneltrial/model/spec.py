@@ -51,7 +51,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-BASELINE = "eager"  # the Hugging Face modules, untouched: the reference of every check and ratio
+BASELINE = "eager"  # the Hugging Face code: the reference of every check and ratio
 _ARM = re.compile(r"^(eager|torch_eager|kerneltrial|liger|torch_compile|flaggems|user:[A-Za-z0-9_.\-/]+\.py)$")
 
 
@@ -136,7 +136,7 @@ class Protocol(BaseModel):
                     "or user:PATH.py (a module defining rmsnorm, fused_add_rmsnorm and/or silu_and_mul)"
                 )
         if BASELINE not in arms:
-            raise ValueError(f"arms must include {BASELINE!r}, the untouched model every arm is checked against")
+            raise ValueError(f"arms must include {BASELINE!r}, the Hugging Face code every arm is checked against")
         if len(set(arms)) != len(arms):
             raise ValueError(f"arms repeat a name: {list(arms)}")
         return arms
