@@ -15,7 +15,12 @@ from kerneltrial.rundir.layout import kind_of
 from tests.conftest import REPO
 
 RESULTS = REPO / "results"
-RUNS = sorted(path.parent for path in RESULTS.rglob("summary.json"))
+RUNS = sorted(  # kernel runs: the model runs (results/**/minicpm5-2b-model*) have their own reader, model/verify.py
+    path.parent
+    for path in RESULTS.rglob("summary.json")
+    if json.loads((path.parent / "provenance.json").read_text()).get("kind") != "model"
+)
+MODEL_RUNS = sorted(path.parent for path in RESULTS.rglob("attribution.csv"))
 # one committed run of each document version (tests/rundir keeps them apart)
 FIRST = RESULTS / "archive" / "h200" / "fused_add_rmsnorm"  # no order_seed, no freeze record, summary/3
 CALIBRATION_FIRST = RESULTS / "archive" / "h200" / "calibration"  # the same, with a calibration section
@@ -93,6 +98,10 @@ def test_every_committed_run_is_a_kernel_run(run: Path) -> None:
     assert kind_of(run) == "kernel"
 
 
+def test_the_committed_model_runs_are_model_runs() -> None:
+    assert MODEL_RUNS and all(kind_of(run) == "model" for run in MODEL_RUNS)
+
+
 def test_kind_of_reads_provenance_and_falls_back_on_the_files(tmp_path: Path) -> None:
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     assert kind_of(tmp_path) == "serving"
@@ -110,7 +119,7 @@ def test_kind_of_refuses_what_it_cannot_tell(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="missing provenance.json"):
         kind_of(tmp_path)
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "graph"}))
-    with pytest.raises(RunDirError, match="kind 'graph' is neither 'kernel' nor 'serving'"):
+    with pytest.raises(RunDirError, match="kind 'graph' is not 'kernel', 'serving' or 'model'"):
         kind_of(tmp_path)
     (tmp_path / "provenance.json").write_text("{}")
     with pytest.raises(RunDirError, match='has no kind .* neither timings.csv .* add "kind"'):
