@@ -151,3 +151,43 @@ def test_the_committed_rule_is_what_dispatch_derive_gives(tmp_path):
     cited_there = Path(os.path.relpath(run, committed.parent)).as_posix()
     assert cited_here in out.read_text()
     assert out.read_text().replace(cited_here, cited_there) == committed.read_text()
+
+
+MODEL_RUNS = sorted(p.parent for p in (REPO / "results").rglob("kernels.csv"))
+
+
+def our_kernels() -> set[str]:
+    """Names of every @triton.jit function in src/kerneltrial/ops."""
+    import ast
+
+    names = set()
+    for path in (REPO / "src" / "kerneltrial" / "ops").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                names.add(node.name)
+    return names
+
+
+def foreign_kernels(run: Path) -> set[str]:
+    """Kernels the kerneltrial arm's routed regions launched that are not kerneltrial's own."""
+    import csv
+
+    rows = [r for r in csv.DictReader((run / "kernels.csv").open()) if r["arm"] == "kerneltrial"]
+    assert rows, f"{run}: no profiled kernels for the kerneltrial arm"
+    return {r["kernel"] for r in rows} - our_kernels()
+
+
+@pytest.mark.parametrize("run", MODEL_RUNS, ids=[str(r.relative_to(REPO)) for r in MODEL_RUNS])
+def test_the_kerneltrial_arm_of_a_model_run_launched_only_our_kernels(run):
+    """The call counts prove routing; the profiled kernels prove what ran: in the kerneltrial arm every
+    routed region launched kerneltrial's own Triton kernels and nothing else (no torch fallback)."""
+    assert foreign_kernels(run) == set()
+
+
+def test_a_torch_fallback_in_the_kerneltrial_arm_is_caught(tmp_path):
+    (tmp_path / "kernels.csv").write_text(
+        "case,arm,region,kernel,ns,count\n"
+        "c,kerneltrial,rmsnorm,_rms_norm_rows,10,1\n"
+        "c,kerneltrial,silu_and_mul,void at::native::vectorized_elementwise_kernel<4>,10,1\n"
+    )
+    assert foreign_kernels(tmp_path) == {"void at::native::vectorized_elementwise_kernel<4>"}
