@@ -206,6 +206,8 @@ def plan_matches_protocol(run: Path, plan: dict[str, Any]) -> list[str]:
 
 
 def expected_calls(layers: int, eager: bool) -> dict[str, int]:
+    """model/build.py's rule, written again: verify re-derives the gate without importing the
+    runner's torch-heavy modules (and a change to the rule must be made in both)."""
     if eager:
         return {"rmsnorm": 2 * layers + 1, "fused_add_rmsnorm": 0, "silu_and_mul": layers}
     return {"rmsnorm": layers + 1, "fused_add_rmsnorm": layers, "silu_and_mul": layers}
