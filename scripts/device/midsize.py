@@ -17,7 +17,10 @@ of pieces of rmsnorm's entry point at one row: a one-argument empty Triton kerne
 kernel with rmsnorm's argument list, rmsnorm's kernel launched directly with a prepared plan
 and output, the output allocation alone, the cached launch decision alone, and the entry point.
 
-Usage on the device: python3 scripts/device/midsize.py (it needs CUDA events: exit 2 without a
+Part 3 (`--softcap`, alone): softcap_row_argmax at 4-64 MB, every registered implementation
+beside read-only torch reductions of the same logits (the size-matched read-only ceiling).
+
+Usage on the device: python3 scripts/device/midsize.py [--softcap] (it needs CUDA events: exit 2 without a
 GPU). Tables are printed last; with $OUT set, also $OUT/midsize.txt
 and $OUT/midsize.json.
 """
@@ -172,6 +175,35 @@ def wave_sweep(calls: int, repeats: int) -> list[Bandwidth]:
     return found
 
 
+def softcap_part(calls: int, repeats: int) -> list[Bandwidth]:
+    """softcap_row_argmax at 4-64 MB (vocabulary 151936), dirty flush: every registered
+    implementation, and read-only torch reductions of the same logits (`amax`, `argmax`) as
+    the size-matched read-only ceiling."""
+    device = launch.device()
+    op = registry.get_op("softcap_row_argmax")
+    before = conditions(device)["dirty"]
+    found = []
+    for traffic in (4 * MB, 16 * MB, 64 * MB):
+        case = op_case(op, (151936,), traffic)
+        args = list(op.make_inputs(case, 0, device).values())
+        logits = args[0]
+        arms: dict[str, Callable[[], object]] = {
+            "torch amax (read-only)": lambda x=logits: x.amax(dim=-1),
+            "torch argmax (read-only)": lambda x=logits: x.argmax(dim=-1),
+        }
+        for name, impl in op.impls.items():
+            fn = impl.resolve()
+            if fn is not None and name not in ("torch_eager", "torch_compile", "control"):
+                arms[name] = lambda fn=fn, a=args: fn(*a)
+        for name, call in arms.items():
+            found.append(
+                Bandwidth(
+                    f"softcap {name}", case.id, op.bytes_moved(case), "dirty", device_us(call, before, calls, repeats)
+                )
+            )
+    return found
+
+
 def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> float:
     for _ in range(3):
         fn()
@@ -244,11 +276,20 @@ def tables(found: list[Bandwidth], waves: list[Bandwidth], host: list[HostPiece]
 
 
 def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--softcap", action="store_true", help="only the softcap section (part 3)")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available() or launch.interpreted():
         print("midsize.py needs a CUDA GPU (it times with CUDA events)", file=sys.stderr)
         return 2
     registry.load_builtin_ops()
+    if args.softcap:
+        found = softcap_part(CALLS, REPEATS)
+        text = "\n".join(f"{b.what:<36} {b.case:<30} {b.traffic / MB:>6.1f} MB {b.us:>8.2f} us" for b in found)
+        print(text)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "midsize-softcap.txt").write_text(text + "\n")
+        return 0
     found = bandwidth_part(tuple(t * MB for t in TRAFFIC_MB), CALLS, REPEATS)
     waves = wave_sweep(CALLS, REPEATS)
     host = host_part()
