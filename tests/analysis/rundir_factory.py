@@ -15,7 +15,8 @@ edits its fields before it is written.
 `checks=1` writes a run of the timed-check contract (issue 10, docs/DESIGN.md): plan.json
 `checks`, `exact`, `plausibility`, `frozen_at` and `order_seed` (0 unless given); a
 timed_checks.jsonl row per timing sample; `ulp_hist` in every correctness row; `launch` rows
-in ceilings.csv; source.tar.gz with provenance `git.source_sha256` its digest, and the freeze
+in ceilings.csv (`triton_launch_ns` adds `triton_launch` rows under any contract); source.tar.gz
+with provenance `git.source_sha256` its digest, and the freeze
 record. `timed_failures` {(case, arm, seed, round): message} fails those samples' checks (the
 sample is still timed); `raises` {(case, arm): (seed, round)} makes the arm raise there (no
 timing row) and drops it from the later units of the case. `seal(path)` then writes
@@ -88,6 +89,8 @@ class RunSpec:
     plausibility: dict = field(default_factory=lambda: {"bandwidth_margin": 0.15, "launch_floor_fraction": 0.5})
     frozen_at: str | None = "2025-01-01T00:00:00+00:00"
     launch_ns: list[float] = field(default_factory=lambda: [400.0, 420.0, 380.0, 410.0, 390.0])  # floor 400 ns
+    # `triton_launch` rows of ceilings.csv, any contract (the Triton launch floor, issue 16); none by default
+    triton_launch_ns: list[float] = field(default_factory=list)
     timed_failures: dict[tuple[str, str, int, int], str] = field(default_factory=dict)
     raises: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     source: dict[str, bytes] = field(default_factory=lambda: dict(SOURCE))
@@ -232,6 +235,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     ceilings += [f"read,{i},4000000,{1000 + 50 * i}" for i in range(4)]
     if checked:
         ceilings += [f"launch,{i},0,{ns!r}" for i, ns in enumerate(spec.launch_ns)]
+    ceilings += [f"triton_launch,{i},0,{ns!r}" for i, ns in enumerate(spec.triton_launch_ns)]
     (path / "ceilings.csv").write_text("\n".join(ceilings) + "\n")
     return path
 

@@ -62,6 +62,16 @@ def test_end_to_end(tmp_path):
     assert plan["is_gpu"] is False and "NOT GPU" in plan["timing_label"]
     result = verify_run_dir(run)
     assert result.ok, result.failures
+    with (run / "ceilings.csv").open() as handle:
+        kinds = [r["kind"] for r in csv.DictReader(handle)]
+    assert {kind: kinds.count(kind) for kind in set(kinds)} == {
+        "copy": 10,
+        "read": 10,
+        "launch": 10,
+        "triton_launch": 10,
+    }
+    floor = next(c for c in result.checks if c.name == "triton launch floor")
+    assert floor.applicable and "the median of 10 one-element Triton launches" in floor.detail
     report = write_report(run)
     text = report.read_text()
     assert "NOT GPU performance" in text and "packed_r4_w4" in text

@@ -375,6 +375,11 @@ def _ceilings_line(ceilings: Ceilings) -> str:
         line += (
             f", launch floor {ceilings.launch_floor_ns:,.0f} ns (median of {ceilings.launch_samples} empty launches)"
         )
+    if ceilings.triton_launch_floor_ns is not None:
+        line += (
+            f", Triton launch floor {ceilings.triton_launch_floor_ns:,.0f} ns "
+            f"(median of {ceilings.triton_launch_samples} one-element Triton launches)"
+        )
     return line
 
 

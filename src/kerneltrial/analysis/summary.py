@@ -62,6 +62,10 @@ Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
   ns / calls; null without rows), host_samples (its rows) and host_behind (its samples whose
   device was still busy at the end: device-bound, see trial/timing.py `host_sample`);
   inputs_sha256 also covers host.csv.
+
+Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
+from issue 16 on, trial/floor.py), `ceilings` gains triton_launch_floor_ns (their median) and
+triton_launch_samples (their count); summaries of runs without such rows have neither key.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
+TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor (optional: runs before issue 16 lack it)
 
 
 @dataclass(frozen=True)
@@ -661,6 +666,14 @@ def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
     return stats.ceiling_gbps(rows["bytes"].to_numpy(), rows["ns"].to_numpy()), len(rows)
 
 
+def _triton_floor(frame: pd.DataFrame) -> dict[str, Any]:
+    """The Triton launch floor's figures; none for a run from before it was measured."""
+    launches = frame[frame["kind"] == TRITON_LAUNCH]["ns"].to_numpy(dtype=float)
+    if not len(launches):
+        return {}
+    return {"triton_launch_floor_ns": stats.launch_floor(launches), "triton_launch_samples": len(launches)}
+
+
 def _clock_figures(
     plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]
 ) -> tuple[dict[str, Any], pd.Series]:
@@ -864,6 +877,7 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
             "read_gbps": read_gbps,
             "read_samples": read_n,
             **schema.ceiling_fields(),
+            **_triton_floor(run.ceilings),
         },
         "clocks": clocks,
         "cases": cases,

@@ -31,6 +31,12 @@ A run whose plan.json has `host` (issue 16) needs a schema-5 summary: host.csv h
 `host.samples` rows (samples 0..n-1, `host.calls` calls each) for every (case, arm) that passed
 correctness and did not raise while timed, and nothing else; each arm entry's host_ns_per_call
 (median of ns / calls), host_samples and host_behind are recomputed from them.
+
+Any run whose ceilings.csv has `triton_launch` rows (the Triton launch floor, issue 16) gets the
+check `triton launch floor`: each row has bytes 0, ns > 0 and its own sample number, and the
+summary's ceilings triton_launch_floor_ns / triton_launch_samples are their median and count.
+Runs without such rows (every run before it) list the check as not applicable, and their
+summary must not claim a Triton floor.
 """
 
 from __future__ import annotations
@@ -140,6 +146,8 @@ TIMED_FAILURE_PREFIXES = (
 ULP_BINS = 6  # correctness.jsonl ulp_hist: elements at 0, (0,1], (1,2], (2,4], (4,16], >16 ulps
 UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings were not preregistered"
 NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
+TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor; optional
+TRITON_FLOOR_FIELDS = ("triton_launch_floor_ns", "triton_launch_samples")
 # the checks only a run with timed checks has; listed as not applicable for older runs
 CHECKED_RUN_CHECKS = (
     "plan contract fields",
@@ -1222,6 +1230,45 @@ def _limits(plan: dict[str, Any], ceiling_rows: list[dict[str, str]]) -> Limits:
     )
 
 
+def _check_triton_floor(recorded: dict[str, Any], ceiling_rows: list[dict[str, str]], result: VerifyResult) -> None:
+    """The Triton launch floor: its rows are well formed and the summary's figures are their median and count."""
+    rows = [r for r in ceiling_rows if r["kind"] == TRITON_LAUNCH]
+    name = "triton launch floor"
+    if not rows:
+        claimed = [key for key in TRITON_FLOOR_FIELDS if key in recorded]
+        if claimed:
+            result.add(name, [f"summary ceilings has {claimed} but ceilings.csv has no {TRITON_LAUNCH} rows"], "")
+        else:
+            result.not_applicable(
+                name, f"not applicable: ceilings.csv has no {TRITON_LAUNCH} rows (a run from before it)"
+            )
+        return
+    problems: list[str] = []
+    launches: list[float] = []
+    seen: set[str] = set()
+    for row in rows:
+        try:
+            ns, moved = float(row["ns"]), int(row["bytes"])
+        except ValueError as error:
+            problems.append(f"{TRITON_LAUNCH} sample {row['sample']}: unparsable ({error})")
+            continue
+        if moved != 0 or not ns > 0 or row["sample"] in seen:
+            problems.append(
+                f"{TRITON_LAUNCH} sample {row['sample']}: bytes {moved} (must be 0), ns {ns:g} (must be > 0)"
+                + (", a repeated sample number" if row["sample"] in seen else "")
+            )
+        seen.add(row["sample"])
+        launches.append(ns)
+    floor = _median(launches) if launches else None
+    problems += _diff(
+        "ceilings",
+        recorded,
+        {"triton_launch_floor_ns": floor, "triton_launch_samples": len(launches)},
+        TRITON_FLOOR_FIELDS,
+    )
+    result.add(name, problems, f"{floor} ns, the median of {len(launches)} one-element Triton launches")
+
+
 def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
     launches = [float(r["ns"]) for r in ceiling_rows if r["kind"] == "launch"]
     return _median(launches) if launches else None
@@ -1320,6 +1367,7 @@ def _check_figures(
         ),
         f"copy {copy} GB/s median",
     )
+    _check_triton_floor(recorded_ceilings, ceiling_rows, result)
     limits = _limits(plan, ceiling_rows) if contract.checked else None
     if contract.checked:
         _check_checked_summary(plan, summary, ceiling_rows, result)

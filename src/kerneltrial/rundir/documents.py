@@ -305,6 +305,9 @@ class Ceilings(Document):
     read_samples: int
     launch_floor_ns: float | None = None  # runs with timed checks measure the launch floor
     launch_samples: int | None = None
+    # a one-element Triton kernel (issue 16); None / 0: the run did not measure it (no key in its summary)
+    triton_launch_floor_ns: float | None = None
+    triton_launch_samples: int = 0
 
 
 class Clocks(Document):

@@ -3,7 +3,8 @@
 Stages, each appending raw rows as it measures them (flushed per row):
 1. correctness: every arm x case x seed through the gate; an arm failing a case is not
    timed in that case;
-2. ceilings: device-to-device copy and a read-only stream on the same device;
+2. ceilings: device-to-device copy and a read-only stream on the same device, and two launch
+   floors: torch's (an add of 0 to one element) and Triton's (trial/floor.py);
 3. plan: calls per sample per case (fixed by the protocol, or sized from the control);
 4. rounds: per case and seed, warm-up, then in each round every timed arm once, in a
    seeded random order, each on its own guarded inputs; the last call of every sample runs on
@@ -57,6 +58,7 @@ from kerneltrial.trial.calibration import (
 )
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
+from kerneltrial.trial.floor import triton_launch
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
@@ -211,8 +213,9 @@ def run_correctness(
 
 
 def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
-    """Copy and read-only stream bandwidth on this device, and the launch floor (one call of
-    an empty kernel: an add of 0 to one element), CEILING_SAMPLES samples each."""
+    """Copy and read-only stream bandwidth on this device, and two launch floors, CEILING_SAMPLES
+    samples each: `launch` (torch's add of 0 to one element; plausibility judges against it) and
+    `triton_launch` (a one-element Triton kernel: what an entry point's launch costs at least)."""
     have = {(r["kind"], int(r["sample"])) for r in read_csv(run.ceilings)}
     nbytes = (1 << 30) if device.type == "cuda" else (16 << 20)
     src = torch.randn(nbytes // 4, device=device)
@@ -222,6 +225,7 @@ def run_ceilings(run: RunDir, timer: Timer, device: torch.device) -> None:
         "copy": (lambda: dst.copy_(src), 2 * nbytes),
         "read": (lambda: src.sum(), nbytes),
         "launch": (lambda: one.add_(0), 0),
+        "triton_launch": (lambda: triton_launch(one), 0),
     }
     with csv_appender(run.ceilings, CEILING_COLUMNS) as append:
         for kind, (call, moved) in streams.items():
