@@ -91,6 +91,8 @@ class RunSpec:
     launch_ns: list[float] = field(default_factory=lambda: [400.0, 420.0, 380.0, 410.0, 390.0])  # floor 400 ns
     # `triton_launch` rows of ceilings.csv, any contract (the Triton launch floor, issue 16); none by default
     triton_launch_ns: list[float] = field(default_factory=list)
+    # `copy_matched` rows: a copy of the cases' traffic (bytes_per_call), any contract; none by default
+    matched_copy_ns: list[float] = field(default_factory=list)
     timed_failures: dict[tuple[str, str, int, int], str] = field(default_factory=dict)
     raises: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     source: dict[str, bytes] = field(default_factory=lambda: dict(SOURCE))
@@ -236,6 +238,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     if checked:
         ceilings += [f"launch,{i},0,{ns!r}" for i, ns in enumerate(spec.launch_ns)]
     ceilings += [f"triton_launch,{i},0,{ns!r}" for i, ns in enumerate(spec.triton_launch_ns)]
+    ceilings += [f"copy_matched,{i},{spec.bytes_per_call},{ns!r}" for i, ns in enumerate(spec.matched_copy_ns)]
     (path / "ceilings.csv").write_text("\n".join(ceilings) + "\n")
     return path
 

@@ -69,9 +69,13 @@ def test_end_to_end(tmp_path):
         "read": 10,
         "launch": 10,
         "triton_launch": 10,
+        "copy_matched": 20,  # one copy of each case's traffic: 4x64 and 3x200 rmsnorm rows
     }
     floor = next(c for c in result.checks if c.name == "triton launch floor")
     assert floor.applicable and "the median of 10 one-element Triton launches" in floor.detail
+    matched = next(c for c in result.checks if c.name == "size-matched copies")
+    assert matched.ok and matched.applicable and "2 sizes, 20 samples" in matched.detail
+    assert all(case["matched_copy_gbps"] > 0 for case in json.loads((run / "summary.json").read_text())["cases"])
     report = write_report(run)
     text = report.read_text()
     assert "NOT GPU performance" in text and "packed_r4_w4" in text

@@ -66,6 +66,8 @@ Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
 Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
 from issue 16 on, trial/floor.py), `ceilings` gains triton_launch_floor_ns (their median) and
 triton_launch_samples (their count); summaries of runs without such rows have neither key.
+Likewise `copy_matched` rows (a copy of each case's traffic, trial/runner.py `run_ceilings`) give
+every case matched_copy_gbps: the median GB/s of the copy of its bytes (rounded down to even).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
+COPY_MATCHED = "copy_matched"  # ceilings.csv kind of a copy of one case's traffic (optional, from issue 16)
 TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor (optional: runs before issue 16 lack it)
 
 
@@ -569,6 +572,7 @@ def _case_summary(
         "layout": case.get("layout"),
         "dtype": case.get("dtype"),
         "bytes": case["bytes"],
+        **matched_copy_field(matched_copies(run.ceilings), int(case["bytes"])),
         "calls": case["calls"],
         "rounds": rounds,
         "units_planned": units,
@@ -664,6 +668,22 @@ def _aggregates_and_gate(
 def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:
     rows = frame[frame["kind"] == kind]
     return stats.ceiling_gbps(rows["bytes"].to_numpy(), rows["ns"].to_numpy()), len(rows)
+
+
+def matched_copies(frame: pd.DataFrame) -> dict[int, float]:
+    """GB/s of the copy of each case's traffic (ceilings.csv `copy_matched`, keyed by bytes
+    moved); empty for a run from before it was measured."""
+    rows = frame[frame["kind"] == COPY_MATCHED]
+    return {
+        int(moved): stats.ceiling_gbps(group["bytes"].to_numpy(), group["ns"].to_numpy())
+        for moved, group in rows.groupby("bytes")
+    }
+
+
+def matched_copy_field(matched: dict[int, float], case_bytes: int) -> dict[str, Any]:
+    """A case's `matched_copy_gbps` (its traffic rounded down to even, as the runner copies it);
+    no field for a run without `copy_matched` rows."""
+    return {"matched_copy_gbps": matched.get(case_bytes - case_bytes % 2)} if matched else {}
 
 
 def _triton_floor(frame: pd.DataFrame) -> dict[str, Any]:

@@ -37,6 +37,9 @@ check `triton launch floor`: each row has bytes 0, ns > 0 and its own sample num
 summary's ceilings triton_launch_floor_ns / triton_launch_samples are their median and count.
 Runs without such rows (every run before it) list the check as not applicable, and their
 summary must not claim a Triton floor.
+Likewise `copy_matched` rows (a copy of each case's traffic) get the check `size-matched copies`:
+well-formed rows, exactly one size per case's bytes (rounded down to even), and every case's
+matched_copy_gbps their median GB/s.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ UNFROZEN_WARNING = "the protocol was not frozen before the run: its settings wer
 NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausibility check was not applied"
 TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor; optional
 TRITON_FLOOR_FIELDS = ("triton_launch_floor_ns", "triton_launch_samples")
+COPY_MATCHED = "copy_matched"  # ceilings.csv kind of a copy of one case's traffic; optional
 # the checks only a run with timed checks has; listed as not applicable for older runs
 CHECKED_RUN_CHECKS = (
     "plan contract fields",
@@ -1269,6 +1273,57 @@ def _check_triton_floor(recorded: dict[str, Any], ceiling_rows: list[dict[str, s
     result.add(name, problems, f"{floor} ns, the median of {len(launches)} one-element Triton launches")
 
 
+def _check_matched_copies(
+    plan: dict[str, Any], summary: dict[str, Any], ceiling_rows: list[dict[str, str]], result: VerifyResult
+) -> None:
+    """The copies of each case's traffic: well-formed rows, one set per case's bytes (rounded down
+    to even), and every case's matched_copy_gbps their median GB/s."""
+    rows = [r for r in ceiling_rows if r["kind"] == COPY_MATCHED]
+    name = "size-matched copies"
+    recorded = {str(c.get("case")): c for c in summary.get("cases", [])}
+    if not rows:
+        claimed = [case for case, c in recorded.items() if "matched_copy_gbps" in c]
+        if claimed:
+            result.add(
+                name, [f"cases {claimed} have matched_copy_gbps but ceilings.csv has no {COPY_MATCHED} rows"], ""
+            )
+        else:
+            result.not_applicable(
+                name, f"not applicable: ceilings.csv has no {COPY_MATCHED} rows (a run from before it)"
+            )
+        return
+    problems: list[str] = []
+    rates: dict[int, list[float]] = {}
+    seen: set[tuple[str, str]] = set()
+    for row in rows:
+        try:
+            ns, moved = float(row["ns"]), int(row["bytes"])
+        except ValueError as error:
+            problems.append(f"{COPY_MATCHED} sample {row['sample']}: unparsable ({error})")
+            continue
+        key = (row["sample"], row["bytes"])
+        if moved <= 0 or moved % 2 or not ns > 0 or key in seen:
+            problems.append(
+                f"{COPY_MATCHED} sample {row['sample']} of {moved} bytes: bytes must be even and > 0, ns > 0 "
+                f"(ns {ns:g}){', a repeated sample' if key in seen else ''}"
+            )
+        seen.add(key)
+        rates.setdefault(moved, []).append(moved / ns)
+    wanted = {int(case["bytes"]) - int(case["bytes"]) % 2 for case in plan["cases"]}
+    if set(rates) != wanted:
+        problems.append(f"{COPY_MATCHED} sizes {sorted(rates)} are not the cases' traffic {sorted(wanted)}")
+    for case in plan["cases"]:
+        moved = int(case["bytes"]) - int(case["bytes"]) % 2
+        expected = _median(rates[moved]) if moved in rates else None
+        problems += _diff(
+            f"case {case['case']}",
+            recorded.get(str(case["case"]), {}),
+            {"matched_copy_gbps": expected},
+            ("matched_copy_gbps",),
+        )
+    result.add(name, problems, f"{len(rates)} sizes, {len(rows)} samples")
+
+
 def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
     launches = [float(r["ns"]) for r in ceiling_rows if r["kind"] == "launch"]
     return _median(launches) if launches else None
@@ -1368,6 +1423,7 @@ def _check_figures(
         f"copy {copy} GB/s median",
     )
     _check_triton_floor(recorded_ceilings, ceiling_rows, result)
+    _check_matched_copies(plan, summary, ceiling_rows, result)
     limits = _limits(plan, ceiling_rows) if contract.checked else None
     if contract.checked:
         _check_checked_summary(plan, summary, ceiling_rows, result)

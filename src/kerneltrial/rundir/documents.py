@@ -260,6 +260,7 @@ class SummaryCase(Document):
     layout: str
     dtype: str
     bytes: int
+    matched_copy_gbps: float | None = None  # a copy of this case's traffic; None: not measured (before issue 16)
     calls: int
     rounds: int | None  # None in summary/1
     units_planned: int | None

@@ -1,0 +1,78 @@
+"""The size-matched copy (issue 16, item 2): ceilings.csv `copy_matched` rows, a copy of each
+case's traffic, optional. A run with them has every case's matched_copy_gbps in summary.json,
+recomputed by verify; tampered rows, a missing size and a claim without rows are caught."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from rundir_factory import RunSpec, seal, write_checked_run
+
+from kerneltrial.analysis.summary import write_summary
+from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.rundir.documents import read_summary
+
+COPIES = [2000.0, 2100.0, 1900.0, 2050.0, 1950.0]  # median 2000 ns for 4 MB: 2000 GB/s
+
+
+def _check(path: Path) -> tuple[bool, bool, str]:
+    (check,) = [c for c in verify_run_dir(path).checks if c.name == "size-matched copies"]
+    return check.ok, check.applicable, check.detail
+
+
+def _forge(path: Path, old: str, new: str, rebuild: bool) -> None:
+    """Edit ceilings.csv and re-hash it; `rebuild` also recomputes summary.json, as a careful forger would."""
+    ceilings = path / "ceilings.csv"
+    text = ceilings.read_text()
+    assert old in text
+    ceilings.write_text(text.replace(old, new))
+    if rebuild:
+        write_summary(path, overwrite=True)
+    else:
+        summary = json.loads((path / "summary.json").read_text())
+        summary["inputs_sha256"]["ceilings.csv"] = hashlib.sha256(ceilings.read_bytes()).hexdigest()
+        (path / "summary.json").write_text(json.dumps(summary))
+    seal(path)
+
+
+def test_without_matched_copies_the_check_is_not_applicable(tmp_path: Path) -> None:
+    path = write_checked_run(tmp_path / "run")
+    assert _check(path)[:2] == (True, False)
+    assert all(case.matched_copy_gbps is None for case in read_summary(path).cases)
+
+
+def test_matched_copies_are_summarised_per_case_and_verified(tmp_path: Path) -> None:
+    path = write_checked_run(tmp_path / "run", RunSpec(matched_copy_ns=COPIES))
+    assert [case.matched_copy_gbps for case in read_summary(path).cases] == [2000.0, 2000.0]
+    ok, applicable, detail = _check(path)
+    assert ok and applicable and "1 sizes, 5 samples" in detail
+    assert all(c.ok for c in verify_run_dir(path).checks)
+
+
+def test_a_tampered_matched_copy_row_is_caught(tmp_path: Path) -> None:
+    path = write_checked_run(tmp_path / "run", RunSpec(matched_copy_ns=COPIES))
+    _forge(path, "copy_matched,0,4000000,2000.0", "copy_matched,0,4000000,1000.0", rebuild=False)
+    ok, _, detail = _check(path)
+    assert not ok and "matched_copy_gbps: summary 2000.0 != recomputed" in detail
+
+
+def test_copies_of_the_wrong_size_are_caught_even_with_a_rebuilt_summary(tmp_path: Path) -> None:
+    path = write_checked_run(tmp_path / "run", RunSpec(matched_copy_ns=COPIES))
+    text = (path / "ceilings.csv").read_text()
+    _forge(
+        path, text[text.index("copy_matched") :], text[text.index("copy_matched") :].replace(",4000000,", ",400,"), True
+    )
+    ok, _, detail = _check(path)
+    assert not ok and "copy_matched sizes [400] are not the cases' traffic [4000000]" in detail
+
+
+def test_a_claim_without_rows_is_caught(tmp_path: Path) -> None:
+    path = write_checked_run(tmp_path / "run")
+    summary = json.loads((path / "summary.json").read_text())
+    summary["cases"][0]["matched_copy_gbps"] = 3000.0
+    (path / "summary.json").write_text(json.dumps(summary))
+    seal(path)
+    ok, _, detail = _check(path)
+    assert not ok and "have matched_copy_gbps but ceilings.csv has no copy_matched rows" in detail
