@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
-from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_performance_md, write_report
+from kerneltrial.analysis.performance import write_performance_md
+from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
@@ -173,8 +174,8 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     assert "## Errata" not in write_report(plain).read_text()
     text = write_performance_md([fixed, plain], tmp_path / "PERFORMANCE.md").read_text()
     # overview: both runs listed (kerneltrial and the peer both time 1000 ns per call), only `fixed` marked
-    assert "| `rmsnorm` (`fixed`) (errata) | 2 |" in text
-    assert "| `rmsnorm` (`plain`) | 2 |" in text
+    assert "| `rmsnorm` (`fixed`) (errata) | `contiguous` | small | 2 |" in text
+    assert "| `rmsnorm` (`plain`) | `contiguous` | small | 2 |" in text
     assert "### Errata" in text and text.count("stale build") == 1
     assert verify_run_dir(fixed).ok  # ERRATA.md is not a raw file: the run still verifies
 
@@ -183,7 +184,8 @@ def test_superseded_runs_leave_the_overview_for_the_earlier_runs_table(tmp_path:
     old, new = _two_peer_runs(tmp_path, "old", "new")
     (old / "ERRATA.md").write_text("Superseded by: `new`\nReason: measured with the old timer.\n")
     text = write_performance_md([old, new], tmp_path / "PERFORMANCE.md").read_text()
-    assert "| `rmsnorm` (`new`) | 2 |" in text and "(`old`)" not in text.split("## Earlier runs")[0]
+    assert "| `rmsnorm` (`new`) | `contiguous` | small | 2 |" in text
+    assert "(`old`)" not in text.split("## Earlier runs")[0]
     assert "## rmsnorm: `new`" in text and "## rmsnorm: `old`" not in text
     assert "| `old` | `rmsnorm` | `new` | measured with the old timer. |" in text
     with pytest.raises(RunDirError, match="superseded by 'new', which is not among"):

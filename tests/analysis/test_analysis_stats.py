@@ -168,3 +168,23 @@ def test_gate_verdict() -> None:
     assert not stats.gate_verdict(both, _agg(1.5, 0), failed_correctness_cases=1).passed
     assert not stats.gate_verdict(both, _agg(None, 0), 0).passed
     assert stats.gate_verdict(stats.parse_gate("no_loss"), _agg(0.9, 0), 0).passed
+
+
+def test_ratio_interval_holds_whenever_both_intervals_do() -> None:
+    # ours 1.2 [1.1, 1.3] over the control, the peer 1.0 [0.8, 1.25]: ours / peer in [1.1/1.25, 1.3/0.8]
+    ratio = stats.ratio_interval(Interval(1.1, 1.3), Interval(0.8, 1.25))
+    assert math.isclose(ratio.low, 0.88) and math.isclose(ratio.high, 1.625)
+    for a in (1.1, 1.2, 1.3):
+        for b in (0.8, 1.0, 1.25):
+            assert ratio.low <= a / b <= ratio.high
+    with pytest.raises(ValueError, match="positive bounds"):
+        stats.ratio_interval(Interval(0.0, 1.0), Interval(1.0, 2.0))
+
+
+def test_geomean_interval_is_the_geomean_of_the_bounds() -> None:
+    band = stats.geomean_interval([Interval(0.5, 2.0), Interval(2.0, 8.0)])
+    assert math.isclose(band.low, 1.0) and math.isclose(band.high, 4.0)
+    single = stats.geomean_interval([Interval(0.9, 1.1)])
+    assert math.isclose(single.low, 0.9) and math.isclose(single.high, 1.1)
+    with pytest.raises(ValueError, match="at least one"):
+        stats.geomean_interval([])

@@ -1,6 +1,6 @@
 """The PERFORMANCE.md overview: our entry point against the fastest timed peer, per case."""
 
-from kerneltrial.analysis.report import best_peer_rows
+from kerneltrial.analysis.performance import best_peer_rows
 from kerneltrial.rundir.documents import ArmFigures, SummaryCase
 
 

@@ -208,7 +208,7 @@ def performance(
     out: Annotated[Path, typer.Option("--out", help="Markdown file to write.")] = Path("PERFORMANCE.md"),
 ) -> None:
     """Render several run directories' summaries as one markdown file, such as PERFORMANCE.md."""
-    from kerneltrial.analysis.report import write_performance_md
+    from kerneltrial.analysis.performance import write_performance_md
 
     typer.echo(f"wrote {write_performance_md(run_dirs, out)}")
 

@@ -1,14 +1,13 @@
-"""Human views of kernel runs: report.md + PNG figures, and a combined PERFORMANCE.md.
+"""Human views of kernel runs: report.md + PNG figures, and each run's section of PERFORMANCE.md
+(analysis/performance.py renders the rest of PERFORMANCE.md: the overview and earlier runs).
 
 Every figure is drawn from summary.json (nothing is recomputed here); provenance.json and
 protocol.toml only supply the device, versions and operator name. Runs without a GPU are
 labelled "NOT GPU performance" in every heading and figure title. A run directory may hold
 an ERRATA.md (corrections written after the run; the raw files are never edited): its text
 is shown under "Errata" in the run's section and the overview marks the run "(errata)".
-A run whose ERRATA.md has a line `Superseded by: RUN` (and, optionally, `Reason: ...`) is
-an earlier run: PERFORMANCE.md lists it, with its successor and reason, under "Earlier
-runs" instead of in the overview and the per-run sections. Its successor must be among
-the run directories given, so that no figure silently disappears.
+A line `Superseded by: RUN` (and, optionally, `Reason: ...`) in it retires the run
+(`superseded_by`; analysis/performance.py).
 A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
 frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, W/T/L/I counts
 with the cases failed while timed or implausible, and each arm's ulp histogram.
@@ -18,15 +17,11 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from matplotlib.figure import Figure
 
-from kerneltrial.analysis.model_report import performance_section
 from kerneltrial.rundir.documents import (
     AACalibration,
     ArmFigures,
@@ -34,12 +29,10 @@ from kerneltrial.rundir.documents import (
     Provenance,
     SlowCalibration,
     Summary,
-    SummaryCase,
     read_provenance,
     read_summary,
 )
-from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT, kind_of
+from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
 
 SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"
@@ -57,7 +50,7 @@ SCOPE = (
 # ---------------------------------------------------------------- loading
 
 
-def _provenance(run_dir: Path) -> Provenance | None:
+def optional_provenance(run_dir: Path) -> Provenance | None:
     """The run's provenance.json, or None when it has none."""
     return read_provenance(Path(run_dir)) if (Path(run_dir) / PROVENANCE).is_file() else None
 
@@ -68,7 +61,7 @@ def errata(run_dir: Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def _errata_field(run_dir: Path, prefix: str) -> str | None:
+def errata_field(run_dir: Path, prefix: str) -> str | None:
     for line in (errata(run_dir) or "").splitlines():
         if line.startswith(prefix):
             return line[len(prefix) :].strip().strip("`") or None
@@ -77,7 +70,7 @@ def _errata_field(run_dir: Path, prefix: str) -> str | None:
 
 def superseded_by(run_dir: Path) -> str | None:
     """The run directory name an ERRATA.md line `Superseded by: RUN` names, else None."""
-    return _errata_field(run_dir, SUPERSEDED)
+    return errata_field(run_dir, SUPERSEDED)
 
 
 def operator_name(run_dir: Path, summary: Summary) -> str:
@@ -92,7 +85,7 @@ def operator_name(run_dir: Path, summary: Summary) -> str:
 # ---------------------------------------------------------------- formatting
 
 
-def _num(value: float | None, spec: str) -> str:
+def num_cell(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
@@ -121,7 +114,7 @@ def _status_cell(entry: ArmFigures, is_control: bool) -> str:
     return "control" if is_control else (entry.verdict or "no control timing")
 
 
-def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+def markdown_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
@@ -177,7 +170,7 @@ def case_table(summary: Summary) -> list[str]:
     header = ["case", "arm", "median µs", *["host µs"] * with_host, f"speedup [{confidence}% CI]", "verdict"]
     header += ["GB/s", "% of copy ceiling"] + ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
     note = ["", HOST_NOTE.format(calls=summary.host.calls)] if summary.host is not None else []
-    return _table(header, rows) + note
+    return markdown_table(header, rows) + note
 
 
 def clocks_line(summary: Summary) -> str | None:
@@ -225,9 +218,9 @@ def calibration_lines(summary: Summary, h: str) -> list[str]:
             "A/A copy",
             f"`{f.base}`",
             _aa_verdicts(f),
-            _num(f.false_positive_rate, ".2f"),
+            num_cell(f.false_positive_rate, ".2f"),
             f"≤ {calibration.max_false_positive_rate:g}",
-            _num(f.mean_ci_width, ".4f"),
+            num_cell(f.mean_ci_width, ".4f"),
         ]
         for name, f in calibration.arms.items()
         if isinstance(f, AACalibration)
@@ -239,7 +232,7 @@ def calibration_lines(summary: Summary, h: str) -> list[str]:
             delay + _realized_note(f),
             f"`{f.base}`",
             f"{f.losses} of {f.n_cases} loss",
-            _num(f.power, ".2f"),
+            num_cell(f.power, ".2f"),
             f"≥ {calibration.min_power:g}",
             "–",
         ]
@@ -253,7 +246,7 @@ def calibration_lines(summary: Summary, h: str) -> list[str]:
         "",
         calibration.sentence,
         "",
-        *_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows),
+        *markdown_table(["arm", "what", "base", "verdicts", "rate", "required", "mean CI width"], rows),
     ]
     if delays:
         lines += ["", "Injected delay per call: " + ", ".join(delays)]
@@ -292,7 +285,7 @@ def aggregate_table(summary: Summary) -> list[str]:
             [
                 f"`{name}`",
                 ci,
-                _num(agg.mean, ".3f"),
+                num_cell(agg.mean, ".3f"),
                 worst,
                 "/".join(map(str, counts)),
                 *map(str, disqualified),
@@ -307,7 +300,7 @@ def aggregate_table(summary: Summary) -> list[str]:
         "W/T/L/I" if checked else "wins/ties/losses",
         "failed correctness",
     ] + ["failed while timed", "implausible"] * checked
-    return _table([*header, f"gate `{summary.gate.rule}`"], rows)
+    return markdown_table([*header, f"gate `{summary.gate.rule}`"], rows)
 
 
 def ulp_table(summary: Summary, h: str) -> list[str]:
@@ -323,7 +316,7 @@ def ulp_table(summary: Summary, h: str) -> list[str]:
         "",
         f"{h}# Distance from the reference (output elements, in ulps of the output dtype)",
         "",
-        *_table(["arm", "0", "≤ 1", "≤ 2", "≤ 4", "≤ 16", "> 16"], rows),
+        *markdown_table(["arm", "0", "≤ 1", "≤ 2", "≤ 4", "≤ 16", "> 16"], rows),
     ]
 
 
@@ -333,7 +326,7 @@ def freeze_line(run_dir: Path, summary: Summary) -> str | None:
     if summary.timed_checks is not None:
         frozen_at = summary.frozen_at
     else:
-        provenance = _provenance(run_dir)
+        provenance = optional_provenance(run_dir)
         if provenance is None or not provenance.records_freeze:
             return None
         frozen_at = provenance.freeze.frozen_at if provenance.freeze else None
@@ -385,7 +378,7 @@ def _ceilings_line(ceilings: Ceilings) -> str:
 
 def us_cell(ns: float | None, spec: str) -> str:
     """A median in ns per call shown in µs (– when there is none)."""
-    return _num(None if ns is None else ns / 1000.0, spec)
+    return num_cell(None if ns is None else ns / 1000.0, spec)
 
 
 def banner(summary: Summary) -> str:
@@ -535,7 +528,7 @@ def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
         _ceilings_line(summary.ceilings),
         *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *checks_lines(summary),
-        *_provenance_lines(_provenance(run_dir)),
+        *_provenance_lines(optional_provenance(run_dir)),
         f"- gate `{summary.gate.rule}`: passed by {_names(summary.gate.passed_arms) or 'no arm'}",
         "",
         f"{h}# Per arm",
@@ -578,210 +571,3 @@ def write_report(run_dir: Path) -> Path:
     path = run_dir / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-OURS = "kerneltrial"  # the exported entry point of every operator
-
-
-@dataclass(frozen=True)
-class PeerRow:
-    """One case: our entry point's median against the fastest timed peer's."""
-
-    case: str
-    ours: float
-    peer: str
-    peer_ns: float
-    pct: float | None  # our % of the copy ceiling
-
-    @property
-    def ratio(self) -> float:
-        """The peer's median over ours: > 1, ours is faster."""
-        return self.peer_ns / self.ours
-
-
-def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
-    """Per case: our entry point's median against the fastest timed peer's."""
-    rows = []
-    for case in cases:
-        ours = case.arms[OURS] if OURS in case.arms else None
-        peers = {
-            name: e.median_ns_per_call for name, e in case.arms.items() if e.kind == "peer" and e.median_ns_per_call
-        }
-        if ours is not None and ours.median_ns_per_call and peers:
-            best = min(peers, key=peers.__getitem__)
-            rows.append(PeerRow(case.case, ours.median_ns_per_call, best, peers[best], ours.pct_of_copy_ceiling))
-    return rows
-
-
-EAGER = "torch_eager"  # the peer every operator has: the host cost a caller pays without a kernel library
-
-
-def host_vs_eager(cases: list[SummaryCase]) -> float | None:
-    """Geomean over cases of our median host time per call / torch eager's (< 1: ours costs the
-    caller less); None when no case measured both."""
-    ratios = [
-        c.arms[OURS].host_ns_per_call / c.arms[EAGER].host_ns_per_call
-        for c in cases
-        if OURS in c.arms
-        and EAGER in c.arms
-        and c.arms[OURS].host_ns_per_call is not None
-        and c.arms[EAGER].host_ns_per_call
-    ]
-    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
-
-
-def overview_table(run_dirs: list[Path]) -> list[str]:
-    """One line per run: our entry point against the best installed peer, case by case."""
-    body = []
-    for run_dir in run_dirs:
-        summary = read_summary(run_dir)
-        rows = best_peer_rows(summary.cases)
-        if not rows:
-            continue
-        ratios = [r.ratio for r in rows]
-        geomean = float(np.exp(np.mean(np.log(ratios))))
-        worst = min(rows, key=lambda r: r.ratio)
-        largest = max(summary.cases, key=lambda c: c.bytes)
-        pct = largest.arms[OURS].pct_of_copy_ceiling if OURS in largest.arms else None
-        mark = " (errata)" if errata(run_dir) else ""
-        run = f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`){mark}"
-        body.append(
-            [
-                run,
-                str(len(rows)),
-                f"{geomean:.3f}",
-                f"{worst.ratio:.3f} (`{worst.case}` vs `{worst.peer}`)",
-                _num(pct, ".1f") + f" (`{largest.case}`)",
-                _num(host_vs_eager(summary.cases), ".2f"),
-            ]
-        )
-    if not body:
-        return []
-    with_host = any(row[-1] != "–" for row in body)  # the column appears once some run measured host cost
-    header = ["operator (run)", "cases", "geomean ratio", "worst case", "% of copy ceiling, largest case"]
-    header += ["host cost vs torch_eager"] * with_host
-    note = (
-        " Host cost vs torch_eager = geomean over cases of our median host time per call / torch eager's "
-        "(< 1: ours blocks the caller for less)."
-        if with_host
-        else ""
-    )
-    return (
-        [
-            "## Overview: `kerneltrial` against the fastest installed peer",
-            "",
-            "Ratio = the fastest peer's median / our entry point's median, per case (> 1: ours is faster); "
-            "derived from the medians in each run's summary.json." + note,
-            "",
-        ]
-        + _table(header, [row if with_host else row[:-1] for row in body])
-        + [""]
-    )
-
-
-def check_successors(run_dirs: list[Path]) -> None:
-    """Every superseded run leads, through its successors, to a current run among `run_dirs`
-    (so no figure silently leaves PERFORMANCE.md); run directory names must be unique."""
-    by_name = {d.name: d for d in run_dirs}
-    if len(by_name) != len(run_dirs):
-        raise RunDirError("two run directories share a name; `Superseded by:` could not tell them apart")
-    for run_dir in run_dirs:
-        seen, step = [run_dir.name], superseded_by(run_dir)
-        while step is not None:
-            if step not in by_name:
-                raise RunDirError(
-                    f"{run_dir}: superseded by {step!r}, which is not among the run directories given; "
-                    "pass that run too"
-                )
-            if step in seen:
-                raise RunDirError(f"{run_dir}: `Superseded by:` lines form a cycle ({' -> '.join(seen + [step])})")
-            seen.append(step)
-            step = superseded_by(by_name[step])
-
-
-def wall_seconds(run_dir: Path) -> float | None:
-    """Seconds from provenance.json started_at to finished_at (None when either is missing)."""
-    record = _provenance(run_dir)
-    if record is None or record.finished_at is None:
-        return None
-    try:
-        started, finished = datetime.fromisoformat(record.started_at), datetime.fromisoformat(record.finished_at)
-    except ValueError:
-        return None
-    return (finished - started).total_seconds()
-
-
-def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[str]:
-    """The superseded runs: successor, reason, start time, and the wall time of each beside its
-    successor's (what a change of method, e.g. the timed checks, costs per panel)."""
-    body = []
-    for run_dir in earlier:
-        provenance = _provenance(run_dir)
-        started = provenance.started_at[:16] if provenance else "-"
-        successor = superseded_by(run_dir)
-        mine, theirs = wall_seconds(run_dir), wall_seconds(by_name[successor]) if successor in by_name else None
-        ratio = f"{theirs / mine:.2f}" if mine and theirs else "-"
-        body.append(
-            [
-                f"`{Path(run_dir).name}`",
-                f"`{operator_name(run_dir, read_summary(run_dir))}`",
-                f"`{successor}`",
-                _errata_field(run_dir, REASON) or "-",
-                started,
-                _num(mine, ".0f"),
-                _num(theirs, ".0f"),
-                ratio,
-            ]
-        )
-    return (
-        [
-            "## Earlier runs (superseded)",
-            "",
-            "Committed and verified in CI like every run, but replaced by the named run; each one's "
-            "ERRATA.md says why. Wall time: provenance.json started_at to finished_at.",
-            "",
-        ]
-        + _table(
-            ["run", "operator", "superseded by", "reason", "started", "wall s", "successor's wall s", "ratio"], body
-        )
-        + [""]
-    )
-
-
-def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
-    """Render one markdown file covering several run directories (e.g. PERFORMANCE.md):
-    the overview and a section per current run, then the table of superseded runs."""
-    if not run_dirs:
-        raise RunDirError("no run directories given; pass at least one")
-    run_dirs = sorted((Path(d) for d in run_dirs), key=lambda d: d.name)  # one order, whatever the shell's glob gives
-    current = [d for d in run_dirs if superseded_by(d) is None]
-    earlier = [d for d in run_dirs if superseded_by(d) is not None]
-    models = [d for d in current if kind_of(d) == "model"]
-    current = [d for d in current if d not in models]
-    check_successors(run_dirs)
-    sections = [run_section(d, read_summary(d), level=2) for d in current]
-    lines = [
-        "# Performance",
-        "",
-        "Generated by `kerneltrial performance` from committed run directories; medians are per call, "
-        "speedup = median(control) / median(arm) with a paired bootstrap CI. "
-        "Runs labelled NOT GPU performance were timed on a CPU.",
-        "",
-    ]
-    lines += overview_table(current)
-    for section in sections:
-        lines += section + [""]
-    if models:
-        lines += [
-            "## Model level",
-            "",
-            "Whole-model trials (`kerneltrial model`): tokens/s of a prefill pass or one decode step per arm.",
-            "",
-        ]
-        for d in models:
-            lines += performance_section(d) + [""]
-    if earlier:
-        lines += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
-    out = Path(out)
-    out.write_text("\n".join(lines))
-    return out

@@ -272,6 +272,29 @@ class PlausibilityLimits:
         return None if self.launch_floor_ns is None else self.launch_floor_fraction * self.launch_floor_ns
 
 
+def ratio_interval(numerator: Interval, denominator: Interval) -> Interval:
+    """An interval for a / b from one interval for a and one for b: [a.low / b.high, a.high / b.low].
+    It holds whenever both do, so two intervals at confidence c give one at >= 1 - 2(1 - c)
+    (Bonferroni), whatever their dependence (two speedups over the same control are dependent)."""
+    if not (numerator.low > 0 and denominator.low > 0):
+        raise ValueError(f"a ratio interval needs positive bounds, got {numerator} / {denominator}")
+    return Interval(numerator.low / denominator.high, numerator.high / denominator.low)
+
+
+def geomean_interval(intervals: Sequence[Interval]) -> Interval:
+    """An interval for the geometric mean of n quantities from one interval each: the geomean of the
+    lower bounds and of the upper bounds. The geomean is increasing in every quantity, so the
+    interval contains it whenever every per-quantity interval contains its quantity: no
+    independence assumed, and wider than a joint interval would be (the noise of n cases partly
+    cancels in their geomean; here it is taken at its worst in every case at once)."""
+    if not intervals:
+        raise ValueError("the geomean interval of no intervals is undefined; pass at least one")
+    return Interval(
+        float(gmean([i.low for i in intervals])),
+        float(gmean([i.high for i in intervals])),
+    )
+
+
 def launch_floor(ns_per_launch: Sequence[float]) -> float | None:
     """The launch floor: median ns of one empty-kernel call (ceilings.csv `launch` rows); None without rows."""
     return None if len(ns_per_launch) == 0 else median(ns_per_launch)

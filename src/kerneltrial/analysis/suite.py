@@ -148,7 +148,7 @@ def run_table(summary: Summary) -> list[str]:
 
 
 def suite_markdown(root: Path) -> str:
-    from kerneltrial.analysis.report import overview_table  # matplotlib: not on verify's path
+    from kerneltrial.analysis.performance import overview_table  # matplotlib: not on verify's path
 
     suite = read_suite(root)
     commit = suite.git.commit or "unknown"

@@ -1,0 +1,147 @@
+"""PERFORMANCE.md's overview against issue 16's targets: regimes, bands, marks, floors, host cost,
+on constructed summaries."""
+
+from __future__ import annotations
+
+from kerneltrial.analysis import performance as perf
+from kerneltrial.analysis.performance import MET, MISSED, UNKNOWN, UNRESOLVED
+from kerneltrial.analysis.stats import Interval
+from kerneltrial.rundir.documents import ArmFigures, Ceilings, SummaryCase
+
+MIB = 1 << 20
+
+
+def arm(
+    kind: str,
+    ns: float | None,
+    ci: tuple[float, float] | None = None,
+    pct: float | None = None,
+    host_ns: float | None = None,
+    behind: int = 0,
+    status: str = "timed",
+) -> ArmFigures:
+    return ArmFigures(
+        kind=kind, status=status if ns is not None else "not timed", median_ns_per_call=ns, n_samples=21,
+        ci_units=21, speedup=None, ci_low=ci[0] if ci else None, ci_high=ci[1] if ci else None, verdict=None,
+        gbps=None, pct_of_copy_ceiling=pct, throttled_samples=0, spread=None, messages=[], reason=None,
+        host_ns_per_call=host_ns, host_samples=5 if host_ns else 0, host_behind=behind if host_ns else None,
+    )  # fmt: skip
+
+
+def case(shape: list[int], nbytes: int, arms: dict[str, ArmFigures], layout: str = "contiguous") -> SummaryCase:
+    name = "x".join(map(str, shape)) + f"/{layout}/bfloat16"
+    return SummaryCase(
+        case=name, shape=shape, layout=layout, dtype="bfloat16", bytes=nbytes, calls=1, rounds=7,
+        units_planned=21, injected_delay_ns=None, arms=arms,
+    )  # fmt: skip
+
+
+def test_regimes_split_at_4_and_64_mib() -> None:
+    assert [perf.regime(n) for n in (0, 4 * MIB - 1, 4 * MIB, 64 * MIB - 1, 64 * MIB, 10**12)] == [
+        "small", "small", "mid", "mid", "large", "large",
+    ]  # fmt: skip
+
+
+def test_marks_use_the_band_when_there_is_one() -> None:
+    assert perf.mark_at_least(1.10, 1.2) == MET and perf.mark_at_least(1.10, 1.05) == MISSED
+    assert perf.mark_at_least(1.10, 1.2, Interval(1.12, 1.3)) == MET
+    assert perf.mark_at_least(1.10, 1.2, Interval(1.05, 1.3)) == UNRESOLVED  # straddles: not claimed either way
+    assert perf.mark_at_least(1.10, 1.05, Interval(1.0, 1.09)) == MISSED
+    assert perf.mark_at_least(1.10, None) == UNKNOWN
+    assert perf.mark_at_most(1.15, 1.15) == MET and perf.mark_at_most(1.15, 1.2) == MISSED
+    assert perf.mark_at_most(15.0, None) == UNKNOWN
+
+
+def test_the_fastest_peer_is_the_timed_peer_of_smallest_median_and_its_band_comes_from_both_cis() -> None:
+    arms = {
+        "control": arm("control", 1000.0),
+        "kerneltrial": arm("candidate", 800.0, ci=(1.2, 1.3)),
+        "liger": arm("peer", 900.0, ci=(1.0, 1.2)),
+        "cheat": arm("peer", 10.0, ci=(90.0, 110.0), status="implausible"),  # no honest median: never the best
+        "flaggems": arm("peer", None),
+    }
+    (row,) = perf.best_peer_rows([case([1, 2048], 8192, arms)])
+    assert row.peer == "liger" and row.ratio == 900.0 / 800.0
+    assert row.interval == Interval(1.2 / 1.2, 1.3 / 1.0)
+
+
+def test_device_rows_separate_layouts_and_regimes() -> None:
+    def two(ours: float, peer: float, ci: tuple[float, float], peer_ci: tuple[float, float]) -> dict:
+        return {"kerneltrial": arm("candidate", ours, ci=ci), "torch_compile": arm("peer", peer, ci=peer_ci)}
+
+    cases = [
+        case([1, 2048], MIB, two(500.0, 600.0, (1.15, 1.25), (0.95, 1.0))),  # small: 1.2 [1.15, 1.316]
+        case([4, 2048], 2 * MIB, two(500.0, 550.0, (1.05, 1.15), (0.95, 1.0))),  # small: 1.1 [1.05, 1.21]
+        case([4096, 2048], 100 * MIB, two(1000.0, 940.0, (0.9, 0.95), (1.0, 1.02))),  # large: 0.94 [0.882, 0.95]
+        case([4096, 2048], 100 * MIB, two(1000.0, 1300.0, (1.3, 1.35), (1.0, 1.01)), layout="row_strided"),
+    ]
+    rows = perf.device_rows("run", perf.best_peer_rows(cases))
+    assert [row[1:4] for row in rows] == [
+        ["`contiguous`", "small", "2"],
+        ["`contiguous`", "large", "1"],
+        ["`row_strided`", "large", "1"],
+    ]
+    small, large, strided = rows
+    # geomean 1.149 with band [gmean(1.15, 1.05), gmean(1.25/0.95, 1.15/0.95)] = [1.099, 1.262]: straddles 1.10
+    assert small[4] == "1.149 [1.099, 1.262]" and small[5] == UNRESOLVED
+    assert small[6].startswith("1.100 [1.050, 1.211] (`4x2048/contiguous/bfloat16` vs `torch_compile`)")
+    assert small[7] == MET  # the worst case's band is above 0.95
+    assert large[5] == MISSED and large[7] == UNRESOLVED  # 0.94 [0.882, 0.950]: the band touches 0.95
+    assert strided[4].startswith("1.300") and strided[5] == MET
+
+
+def test_bandwidth_rows_give_median_and_worst_from_4_mib_up() -> None:
+    cases = [
+        case([1, 2048], MIB, {"kerneltrial": arm("candidate", 1.0, pct=10.0)}),  # small: not counted
+        case([512, 2048], 8 * MIB, {"kerneltrial": arm("candidate", 1.0, pct=60.0)}),
+        case([1024, 2048], 16 * MIB, {"kerneltrial": arm("candidate", 1.0, pct=70.0)}),
+        case([8192, 2048], 128 * MIB, {"kerneltrial": arm("candidate", 1.0, pct=95.0)}),
+    ]
+    assert perf.bandwidth_row("run", "contiguous", cases) == [
+        "run", "`contiguous`",
+        "2", "65.0", "60.0 (`512x2048/contiguous/bfloat16`)",  # mid: median, worst
+        "1", "95.0", "95.0 (`8192x2048/contiguous/bfloat16`)",  # large
+        MISSED,  # the worst from 4 MiB up is 60% < 80%
+    ]  # fmt: skip
+    only_large = perf.bandwidth_row("run", "contiguous", cases[3:])
+    assert only_large is not None and only_large[2:5] == ["0", "–", "–"] and only_large[-1] == MET
+    assert perf.bandwidth_row("run", "contiguous", cases[:1]) is None  # nothing from 4 MiB up
+
+
+def test_the_floor_is_tritons_where_measured_else_torchs_and_says_which() -> None:
+    both = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1, launch_floor_ns=3500.0,
+                    launch_samples=10, triton_launch_floor_ns=4000.0, triton_launch_samples=10)  # fmt: skip
+    old = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1, launch_floor_ns=3500.0,
+                   launch_samples=10)  # fmt: skip
+    none = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1)
+    assert perf.launch_floor(both) == (4000.0, "Triton")
+    assert perf.launch_floor(old) == (3500.0, "torch `add_`, no Triton floor in this run")
+    assert perf.launch_floor(none) is None
+
+
+def test_the_one_row_case_is_the_small_case_of_fewest_rows() -> None:
+    ours = {"kerneltrial": arm("candidate", 4600.0)}
+    cases = [
+        case([64, 2048], 512 * 1024, ours),
+        case([1, 2048], 8192, ours, layout="row_gate"),
+        case([1, 2048], 12288, ours),
+        case([1, 2048], 8192, {"kerneltrial": arm("candidate", None)}, layout="row_strided"),  # not timed
+    ]
+    picked = perf.one_row_case(cases)
+    assert picked is not None and picked.case == "1x2048/row_gate/bfloat16"
+    assert perf.one_row_case([case([1024, 16384], 64 * MIB, ours)]) is None  # no small case: no claim
+
+
+def test_host_cost_leaves_out_device_bound_cases() -> None:
+    cases = [
+        case([1, 2048], 8192, {"kerneltrial": arm("candidate", 1.0, host_ns=12000.0),
+                               "torch_eager": arm("peer", 1.0, host_ns=15000.0)}),
+        case([64, 2048], MIB, {"kerneltrial": arm("candidate", 1.0, host_ns=16000.0),
+                               "torch_eager": arm("peer", 1.0, host_ns=14000.0)}),
+        case([65536, 2048], 512 * MIB, {"kerneltrial": arm("candidate", 1.0, host_ns=90000.0, behind=5),
+                                        "torch_eager": arm("peer", 1.0, host_ns=95000.0, behind=5)}),
+    ]  # fmt: skip
+    row = perf.host_row("run", cases)
+    # two cases count; ours / eager 0.8 and 1.143: geomean 0.956, worst 1.14 > 1; worst 16 µs > 15
+    assert row == ["run", "2", "14.0 (16.0)", "14.5", "0.96 (1.14)", MISSED, MISSED]
+    assert perf.host_row("run", cases[2:]) is None  # device-bound only: no host figure
