@@ -192,7 +192,7 @@ def test_a_worker_killed_mid_unit_is_recorded_and_resume_completes_it(cluster, p
     out = tmp_path / "fleet"
     monkeypatch.setenv(FAULT_ENV, "replica-2:2")  # replica-2's worker dies once 2 timing rows are written
     code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2")
-    assert code == 1 and "continue with: kerneltrial run" in output, output
+    assert code == 1 and f"--out {out} --ray --replicas 2 --resume" in output, output
     fleet = read_fleet(out)
     first, second = fleet.units
     assert first.status == "finished" and second.status == "failed" and fleet.finished_at is None
@@ -295,3 +295,20 @@ def test_ray_without_ray_installed_says_how_to_install_it(protocol, tmp_path, mo
 def test_fleet_flags_go_with_ray(protocol, tmp_path):
     code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--replicas", "2")
     assert code == 2 and "go with --ray" in output
+
+
+def test_a_worker_reads_the_gpu_ray_gave_it_not_gpu_0(monkeypatch, tmp_path):
+    """nvidia-smi numbers every GPU of the machine: with CUDA_VISIBLE_DEVICES=1 (a Ray task's
+    second GPU) the clocks and the device model are GPU 1's, asked for with `-i 1`."""
+    from kerneltrial.fleet.worker import identity
+    from kerneltrial.rundir import provenance
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-i" ]; then echo "GPU $2"; else echo "GPU 0"; echo "GPU 1"; fi\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert provenance.visible_gpu() == "1" and identity().device == "GPU 1"
+    assert provenance.clocks()["clocks.sm"] == "GPU 1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert provenance.clocks()["clocks.sm"] == "GPU 0"

@@ -31,8 +31,11 @@ def run_on_ray(
     for u in unfinished:
         human.print(f"{u.id}: {u.status}: {u.error}", highlight=False, markup=False, soft_wrap=True)
     if unfinished:
+        flags = "--shard cases" if fleet.mode == "shard" else f"--replicas {fleet.requested}"
         human.print(
-            f"continue with: kerneltrial run {protocol} --out {out} --ray --resume ...", markup=False, soft_wrap=True
+            f"continue with: kerneltrial run {protocol} --out {out} --ray {flags} --resume",
+            markup=False,
+            soft_wrap=True,
         )
         raise typer.Exit(ExitCode.FAILED)
     human.print(f"next: kerneltrial verify {out} && kerneltrial report {out}", markup=False, soft_wrap=True)
