@@ -8,6 +8,7 @@ The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
     floor 3  serving, submission         serving trials (dispatch proof reads the plugins' records);
                                          package and inspect (trial's gate on an archive);
              model                       whole-model trials (ops' implementations, trial's provenance)
+             fleet                       fleet runs on a Ray cluster (trial's runner, analysis's combination)
     floor 4  protocol_keys               the protocol reference, from the kernel and serving protocol models
     floor 5  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
@@ -40,6 +41,7 @@ LAYERS = {
     "serving": 3,
     "submission": 3,
     "model": 3,
+    "fleet": 3,
     "protocol_keys": 4,
     "cli": 5,
 }

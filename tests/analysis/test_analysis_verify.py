@@ -160,6 +160,8 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
         "kerneltrial.analysis.replicates.table_problems",
         "kerneltrial.analysis.suite.read_suite",  # a suite's record (suite.json)
         "kerneltrial.analysis.suite.suite_problems",  # its checks: file hashes and statuses, no figures
+        "kerneltrial.analysis.fleet.read_fleet",  # a fleet's record (fleet.json)
+        "kerneltrial.analysis.fleet.fleet_checks",  # coverage, devices, and figures from the units' summaries
     }
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 

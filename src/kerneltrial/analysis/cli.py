@@ -40,7 +40,7 @@ NoRegrade = Annotated[
 
 
 def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
-    """The kernel verifier (kernel, replicate and suite directories), the serving one or the model
+    """The kernel verifier (kernel, replicate, suite and fleet directories), the serving one or the model
     one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
     every accuracy answer."""
     from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
@@ -96,7 +96,7 @@ def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False
 
 def report(run_dir: RunDir) -> None:
     """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
-    the serving report, by the directory's kind; a suite: each run's, and one for the suite)."""
+    the serving report, by the directory's kind; a suite or fleet: each run's, and one for the whole)."""
     kind = kind_of(run_dir)
     if kind == "model":
         from kerneltrial.analysis.model_report import write_model_report
@@ -112,6 +112,11 @@ def report(run_dir: RunDir) -> None:
         from kerneltrial.analysis.suite import write_suite_report
 
         typer.echo(f"wrote {write_suite_report(run_dir)}")
+        return
+    if kind == "fleet":
+        from kerneltrial.analysis.fleet import write_fleet_report
+
+        typer.echo(f"wrote {write_fleet_report(run_dir)}")
         return
     from kerneltrial.analysis.report import write_report
 

@@ -76,6 +76,28 @@ def run_names(n: int) -> list[str]:
     return [f"run-{i}" for i in range(1, n + 1)]
 
 
+def case_row(case: str, arm: str, figures: list[dict[str, Any]]) -> CaseRow:
+    """One (case, arm) over runs: `figures` is the arm's entry of the case in each run's summary
+    ({} where the run lacks it). Fleet runs (analysis/fleet.py) use the same row per worker."""
+    speedups = [f.get("speedup") for f in figures]
+    lows, highs = [f.get("ci_low") for f in figures], [f.get("ci_high") for f in figures]
+    known = [v for v in speedups if v is not None]
+    widths = [h - lo for lo, h in zip(lows, highs, strict=True) if lo is not None and h is not None]
+    complete = len(known) == len(figures)
+    return CaseRow(
+        case=case,
+        arm=arm,
+        verdicts=[f.get("verdict") for f in figures],
+        speedups=speedups,
+        ci_low=lows,
+        ci_high=highs,
+        wins=sum(f.get("verdict") == "win" for f in figures),
+        between_run_range=max(known) - min(known) if complete else None,
+        between_run_sd=statistics.stdev(known) if complete and len(known) > 1 else None,
+        within_run_ci_width=statistics.fmean(widths) if widths else None,
+    )
+
+
 def cross_run(root: Path, n: int) -> ReplicateTable:
     """The table over `root`/run-1..n (same protocol required)."""
     runs = run_names(n)
@@ -89,26 +111,7 @@ def cross_run(root: Path, n: int) -> ReplicateTable:
     arms = [a["name"] for a in summaries[0]["arms"] if a["name"] != control]
     for index, entry in enumerate(summaries[0]["cases"]):
         for arm in arms:
-            figures = [s["cases"][index]["arms"].get(arm, {}) for s in summaries]
-            speedups = [f.get("speedup") for f in figures]
-            lows, highs = [f.get("ci_low") for f in figures], [f.get("ci_high") for f in figures]
-            known = [v for v in speedups if v is not None]
-            widths = [h - lo for lo, h in zip(lows, highs, strict=True) if lo is not None and h is not None]
-            complete = len(known) == len(runs)
-            rows.append(
-                CaseRow(
-                    case=entry["case"],
-                    arm=arm,
-                    verdicts=[f.get("verdict") for f in figures],
-                    speedups=speedups,
-                    ci_low=lows,
-                    ci_high=highs,
-                    wins=sum(f.get("verdict") == "win" for f in figures),
-                    between_run_range=max(known) - min(known) if complete else None,
-                    between_run_sd=statistics.stdev(known) if complete and len(known) > 1 else None,
-                    within_run_ci_width=statistics.fmean(widths) if widths else None,
-                )
-            )
+            rows.append(case_row(entry["case"], arm, [s["cases"][index]["arms"].get(arm, {}) for s in summaries]))
     arm_rows = [
         ArmRow(
             arm=arm,

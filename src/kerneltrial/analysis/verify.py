@@ -499,6 +499,8 @@ def verify_run_dir(run_dir: Path) -> VerifyResult:
         return _verify_replicates(run_dir)
     if kind == "suite":
         return _verify_suite(run_dir)
+    if kind == "fleet":
+        return _verify_fleet(run_dir)
     if kind != "kernel":
         raise RunDirError(f"{run_dir}: a {kind} run directory, not a kernel one; check it with `kerneltrial verify`")
     return _verify_kernel(run_dir, _read_json(run_dir, "provenance.json"))
@@ -532,6 +534,25 @@ def _verify_suite(root: Path) -> VerifyResult:
             checks = [Check("run directory", False, str(error))]
         result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
+    return result
+
+
+def _verify_fleet(root: Path) -> VerifyResult:
+    """A fleet directory (`run --ray`): every unit's run present verified (checks prefixed with the
+    unit), then the combination (analysis/fleet.py: coverage, pieces, devices, code, figures)."""
+    from kerneltrial.analysis.fleet import fleet_checks, read_fleet
+
+    result = VerifyResult(root)
+    for unit in read_fleet(root).units:
+        if not (root / unit.run).is_dir():
+            continue  # the fleet units check names it
+        try:
+            checks = verify_run_dir(root / unit.run).checks
+        except RunDirError as error:  # an unreadable unit fails the fleet; the other units are still checked
+            checks = [Check("run directory", False, str(error))]
+        result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
+    for name, problems, detail in fleet_checks(root):
+        result.add(name, problems, detail)
     return result
 
 

@@ -146,6 +146,7 @@ def read_plan(run_dir: Path) -> Plan:
 
 class Device(Document):
     gpu: str | None
+    uuid: str | None = None  # the GPU's UUID (nvidia-smi's GPU-...); None before fleets, and on a CPU
     cpu: str | None = None
     sm_count: int | None = None
     l2_bytes: int | None = None

@@ -1,5 +1,5 @@
 """The files of kernel and serving run directories (docs/DESIGN.md, "Run directory: exact
-format"; docs/serving.md), of replicate and suite directories (which hold kernel run
+format"; docs/serving.md), of replicate, suite and fleet directories (which hold kernel run
 directories), and `kind_of`, which tells them apart."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 
-Kind = Literal["kernel", "serving", "model", "replicates", "suite"]
+Kind = Literal["kernel", "serving", "model", "replicates", "suite", "fleet"]
 
 # both kinds
 PROTOCOL = "protocol.toml"
@@ -34,6 +34,12 @@ REPLICATES = "replicates.json"
 REPLICATES_MD = "replicates.md"
 # A suite directory (`kerneltrial suite`): one kernel run directory per protocol of a directory, and the suite record.
 SUITE = "suite.json"
+# A fleet directory (`kerneltrial run --ray`): the protocol's pieces, one kernel run directory per
+# work unit (workers/<unit>), each unit's log, and the record with the combined figures.
+FLEET = "fleet.json"
+FLEET_PIECES = "pieces"
+FLEET_WORKERS = "workers"
+FLEET_LOGS = "logs"
 INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
 
 # serving run directories
@@ -100,7 +106,7 @@ class RunDir:
 
 def kind_of(run_dir: Path) -> Kind:
     """ "replicates" for a replicate directory (it holds replicates.json), "suite" for a suite
-    directory (suite.json), else "kernel", "serving" or "model": provenance.json's `kind`. Every committed run records it; for a
+    directory (suite.json), "fleet" for a fleet directory (fleet.json), else "kernel", "serving" or "model": provenance.json's `kind`. Every committed run records it; for a
     provenance.json without one, the raw files tell (timings.csv: kernel; runs.jsonl or
     launches.jsonl: serving). RunDirError when the directory, provenance.json or any sign
     of either kind is missing, or the kind is another word."""
@@ -111,6 +117,8 @@ def kind_of(run_dir: Path) -> Kind:
         return "replicates"
     if (run_dir / SUITE).is_file():
         return "suite"
+    if (run_dir / FLEET).is_file():
+        return "fleet"
     path = run_dir / PROVENANCE
     record = read_json(path)
     kind = record.get("kind") if isinstance(record, dict) else None

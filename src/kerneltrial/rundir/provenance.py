@@ -95,16 +95,26 @@ def write_source_archive(path: Path, files: list[tuple[str, bytes]]) -> None:
     path.write_bytes(gzip.compress(buffer.getvalue(), mtime=0))
 
 
-def nvidia_smi(fields: tuple[str, ...], units: bool = False) -> list[dict[str, str]] | None:
+def visible_gpu() -> str | None:
+    """The first entry of CUDA_VISIBLE_DEVICES (an index or a UUID: the GPU torch calls cuda:0),
+    or None when it is not set. nvidia-smi and NVML ignore that variable and number every GPU
+    of the machine, so a process given GPU 1 (a Ray task) would read GPU 0's clocks without it."""
+    entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    return entries[0] if entries else None
+
+
+def nvidia_smi(fields: tuple[str, ...], units: bool = False, gpu: str | None = None) -> list[dict[str, str]] | None:
     """One {field: value} per GPU as nvidia-smi reports them (`units`: values keep their unit,
-    "81559 MiB"), or None where there is no nvidia-smi or it fails."""
+    "81559 MiB"), or None where there is no nvidia-smi or it fails. `gpu` (an index or UUID):
+    that GPU only."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
     fmt = "csv,noheader" if units else "csv,noheader,nounits"
+    only = ["-i", gpu] if gpu else []
     try:
         done = subprocess.run(
-            [exe, f"--query-gpu={','.join(fields)}", f"--format={fmt}"],
+            [exe, *only, f"--query-gpu={','.join(fields)}", f"--format={fmt}"],
             capture_output=True,
             text=True,
             timeout=SMI_TIMEOUT_S,
@@ -118,7 +128,7 @@ def nvidia_smi(fields: tuple[str, ...], units: bool = False) -> list[dict[str, s
 
 
 def clocks() -> dict[str, str] | None:
-    """The first GPU's clocks as nvidia-smi sees them now (SM and memory, current and
-    default), its temperature and power draw."""
-    gpus = nvidia_smi(CLOCK_FIELDS)
+    """The clocks of the GPU this process uses (`visible_gpu`, else the first) as nvidia-smi sees
+    them now (SM and memory, current and default), its temperature and power draw."""
+    gpus = nvidia_smi(CLOCK_FIELDS, gpu=visible_gpu())
     return gpus[0] if gpus else None

@@ -411,12 +411,40 @@ def run(
     ] = None,
     target: Annotated[str | None, TARGET_OPTION] = None,
     json_: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run on a Ray cluster, one GPU per work unit (--ray-address, else RAY_ADDRESS, else the local one, started if none runs); with --replicas or --shard.",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None, typer.Option(help="With --ray: the cluster's address (e.g. ray://head:10001).")
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option(min=2, help="With --ray: N runs of the whole protocol, order seeds protocol + 1..N.")
+    ] = None,
+    shard: Annotated[
+        str | None, typer.Option(help="With --ray: 'cases': the cases split over the GPUs, each case on one GPU.")
+    ] = None,
 ) -> None:
     """Run a trial: correctness gate, ceilings, interleaved timing rounds (a random call of every
     sample checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
-    1 when none did, 2 on bad input, 130 when interrupted (rows kept; continue with --resume)."""
+    1 when none did, 2 on bad input, 130 when interrupted (rows kept; continue with --resume).
+    With --ray: a fleet directory (one run per work unit and the combined figures); exit 0 when
+    some candidate holds on every GPU."""
     from kerneltrial.trial.runner import run_trial
     from kerneltrial.trial.targets import get_target
+
+    if ray:
+        from kerneltrial.fleet.cli import run_on_ray
+
+        if order_seed is not None or target or json_:
+            raise CliError("--order-seed, --target and --json are not for --ray runs")
+        run_on_ray(protocol, out, ray_address, replicas, shard, resume)
+        return
+    if replicas is not None or shard is not None or ray_address is not None:
+        raise CliError("--replicas, --shard and --ray-address go with --ray")
 
     profile = get_target(target) if target else None
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kerneltrial.rundir.provenance import visible_gpu
+
 
 @dataclass
 class ClockReader:
@@ -23,7 +25,10 @@ class ClockReader:
             import pynvml
 
             pynvml.nvmlInit()
-            return cls(handle=pynvml.nvmlDeviceGetHandleByIndex(0), nvml=pynvml)
+            gpu = visible_gpu()  # NVML numbers every GPU of the machine; torch's cuda:0 is this one
+            if gpu and not gpu.isdigit():
+                return cls(handle=pynvml.nvmlDeviceGetHandleByUUID(gpu), nvml=pynvml)
+            return cls(handle=pynvml.nvmlDeviceGetHandleByIndex(int(gpu or 0)), nvml=pynvml)
         except Exception:  # no NVML here: clocks are simply not recorded
             return cls()
 

@@ -174,6 +174,10 @@ class Protocol(BaseModel):
         default=0.95, gt=0, lt=1, description="Confidence level of every interval (speedups, geometric means)."
     )
     order_seed: int = Field(default=0, description="Seed of the arm order within each round.")
+    mixed_devices: bool = Field(
+        default=False,
+        description="Fleet runs (`run --ray`): accept workers on different device models; by default a worker whose model differs from the fleet's is refused.",
+    )
     # Noise control (issue: a noisy machine must not fake a win).
     throttle_fraction: float = Field(
         default=0.9,

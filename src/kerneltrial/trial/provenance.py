@@ -18,9 +18,11 @@ def device_info() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"gpu": None, "cpu": platform.processor() or platform.machine()}
     props = torch.cuda.get_device_properties(0)
-    smi = provenance.nvidia_smi(("driver_version", "name"))
+    smi = provenance.nvidia_smi(("driver_version", "name"), gpu=provenance.visible_gpu())
+    uuid = getattr(props, "uuid", None)  # which chip of a fleet ran it (`run --ray`)
     return {
         "gpu": props.name,
+        "uuid": f"GPU-{uuid}" if uuid is not None else None,
         "sm_count": props.multi_processor_count,
         "l2_bytes": int(getattr(props, "L2_cache_size", 0)),
         "memory_bytes": props.total_memory,

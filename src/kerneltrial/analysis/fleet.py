@@ -1,0 +1,409 @@
+"""Fleet runs: one protocol over several devices of a Ray cluster (`kerneltrial run --ray`).
+
+A fleet directory holds protocol.toml (the protocol's bytes), pieces/<unit>.toml (the protocol
+each work unit ran: the protocol with its cases cut to the unit's and its order seed; paths
+rebased onto pieces/), workers/<unit> (each a complete kernel run directory, with its own
+provenance: host, device and its UUID, versions), logs/<unit>.log and fleet.json: the work
+units with their status, device and error, and the combined figures once every unit finished.
+
+- replicas (`--replicas N`): units replica-1..N, each every case, order seed protocol + i
+  (as `kerneltrial replicate`);
+- shard (`--shard cases`): units shard-1..W, the cases dealt round-robin, each case's arms
+  interleaved inside one unit (a speedup is never a ratio of times from two devices).
+
+The combined figures reuse the replicate table's row (analysis/replicates.case_row) per (case,
+arm) over the units that ran the case: each unit's verdict, speedup and CI, the between-unit
+range and sd of the speedup beside the mean within-unit CI width, and the pooled speedup (the
+geometric mean over those units). Per arm: each unit's geomean with its CI and preregistered
+gate, the pooled geomean over every (case, unit) speedup, and `holds_on_every_gpu`: the gate
+passed on every unit. `verify DIR` verifies every unit's run and `fleet_checks` below.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from kerneltrial.analysis.replicates import case_row
+from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json, write_json
+from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
+
+SCHEMA = "kerneltrial.fleet/1"
+Mode = Literal["replicas", "shard"]
+# pending: never started; running: started, not ended (a killed driver leaves it); finished: `run`
+# exited 0 or 1 with a summary.json; failed: the worker raised, died or `run` exited otherwise;
+# refused: the worker's device model is not the fleet's
+UnitStatus = Literal["pending", "running", "finished", "failed", "refused"]
+# protocol keys holding paths relative to the protocol's folder: a piece rebases them onto pieces/
+PATH_KEYS = ("impl_modules", "calibration_run", "rule", "derived_from")
+
+
+class Unit(Document):
+    id: str = Field(pattern=r"^(replica|shard)-[1-9][0-9]*$")
+    case_indices: list[int]  # positions in the protocol's [[cases]]
+    order_seed: int
+    status: UnitStatus = "pending"
+    attempts: int = 0
+    exit_code: int | None = None  # of the unit's last `kerneltrial run`
+    error: str | None = None  # why the last attempt failed or was refused
+    host: str | None = None
+    device: str | None = None  # the worker's device model: the GPU's name, or the CPU's
+    device_uuid: str | None = None
+
+    @property
+    def piece(self) -> str:
+        return f"{FLEET_PIECES}/{self.id}.toml"
+
+    @property
+    def run(self) -> str:
+        return f"{FLEET_WORKERS}/{self.id}"
+
+    @property
+    def log(self) -> str:
+        return f"{FLEET_LOGS}/{self.id}.log"
+
+
+class FleetCase(Document):
+    case: str
+    arm: str
+    workers: list[str]  # the units that ran the case (replicas: all; shard: one)
+    verdicts: list[str | None]
+    speedups: list[float | None]
+    ci_low: list[float | None]
+    ci_high: list[float | None]
+    wins: int
+    between_worker_range: float | None  # max - min of the speedups (None unless 2+ units, every one with one)
+    between_worker_sd: float | None
+    within_worker_ci_width: float | None  # mean over units of ci_high - ci_low
+    pooled_speedup: float | None  # geometric mean of the units' speedups (None unless every unit has one)
+    same_verdict: bool
+
+
+class FleetArm(Document):
+    arm: str
+    workers: list[str]
+    gate_passed: list[bool]  # each unit's preregistered gate
+    geomeans: list[float | None]  # each unit's geomean over its cases, with its CI
+    geomean_ci_low: list[float | None]
+    geomean_ci_high: list[float | None]
+    pooled_geomean: float | None  # over every (case, unit) speedup
+    holds_on_every_gpu: bool  # the gate passed on every unit
+
+
+class Combined(Document):
+    control: str
+    cases: list[FleetCase]
+    arms: list[FleetArm]
+
+
+class Fleet(Document):
+    schema_: Literal["kerneltrial.fleet/1"] = Field(default=SCHEMA, alias="schema")
+    mode: Mode
+    requested: int  # replicas: N; shard: the units the cases were dealt to
+    protocol_sha256: str
+    freeze: Freeze | None  # the protocol's freeze record; None: not frozen
+    mixed_devices: bool  # the protocol's key: units on different device models are accepted
+    address: str | None  # the Ray cluster's address as given; None: a local cluster
+    git: Git  # the driver's code; every unit's run must have run the same
+    started_at: str
+    finished_at: str | None  # None until every unit finished and the figures were combined
+    units: list[Unit]
+    combined: Combined | None
+
+    @property
+    def complete(self) -> bool:
+        return all(u.status == "finished" for u in self.units)
+
+
+def read_fleet(root: Path) -> Fleet:
+    path = Path(root) / FLEET
+    try:
+        return Fleet.model_validate(read_json(path))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "document"
+        raise RunDirError(f"{path}: {where}: {first['msg']} (schema {SCHEMA})") from error
+
+
+def write_fleet(root: Path, fleet: Fleet) -> None:
+    write_json(Path(root) / FLEET, fleet.model_dump(mode="json", by_alias=True))
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def combine(root: Path, fleet: Fleet) -> Combined:
+    """The combined figures from the units' summary.json files (every unit finished)."""
+    summaries = {u.id: read_json(Path(root) / u.run / SUMMARY) for u in fleet.units}
+    first = summaries[fleet.units[0].id]
+    control = first["control"]
+    arms = [a["name"] for a in first["arms"] if a["name"] != control]
+    n_cases = 1 + max(i for u in fleet.units for i in u.case_indices)
+    cases: list[FleetCase] = []
+    for index in range(n_cases):
+        ran = [
+            (u.id, summaries[u.id]["cases"][u.case_indices.index(index)])
+            for u in fleet.units
+            if index in u.case_indices
+        ]
+        for arm in arms:
+            row = case_row(ran[0][1]["case"], arm, [entry["arms"].get(arm, {}) for _, entry in ran])
+            known = [s for s in row.speedups if s is not None]
+            cases.append(
+                FleetCase(
+                    case=row.case,
+                    arm=arm,
+                    workers=[unit for unit, _ in ran],
+                    verdicts=row.verdicts,
+                    speedups=row.speedups,
+                    ci_low=row.ci_low,
+                    ci_high=row.ci_high,
+                    wins=row.wins,
+                    # a case of one unit (a shard) has no spread between units
+                    between_worker_range=row.between_run_range if len(ran) > 1 else None,
+                    between_worker_sd=row.between_run_sd,
+                    within_worker_ci_width=row.within_run_ci_width,
+                    pooled_speedup=_geomean(known) if len(known) == len(row.speedups) else None,
+                    same_verdict=len(set(row.verdicts)) == 1,
+                )
+            )
+    fleet_arms = []
+    for arm in arms:
+        aggregates = [summaries[u.id]["aggregates"].get(arm, {}) for u in fleet.units]
+        gates = [arm in summaries[u.id]["gate"].get("passed_arms", []) for u in fleet.units]
+        speedups = [s for c in cases if c.arm == arm for s in c.speedups if s is not None]
+        fleet_arms.append(
+            FleetArm(
+                arm=arm,
+                workers=[u.id for u in fleet.units],
+                gate_passed=gates,
+                geomeans=[a.get("geomean") for a in aggregates],
+                geomean_ci_low=[a.get("geomean_ci_low") for a in aggregates],
+                geomean_ci_high=[a.get("geomean_ci_high") for a in aggregates],
+                pooled_geomean=_geomean(speedups),
+                holds_on_every_gpu=all(gates),
+            )
+        )
+    return Combined(control=control, cases=cases, arms=fleet_arms)
+
+
+# ---------------------------------------------------------------- verify
+
+
+def _coverage(parent: dict[str, Any], fleet: Fleet) -> list[str]:
+    n = len(parent["cases"])
+    units = fleet.units
+    prefix = "replica" if fleet.mode == "replicas" else "shard"
+    problems = []
+    if [u.id for u in units] != [f"{prefix}-{i}" for i in range(1, fleet.requested + 1)]:
+        problems.append(f"units {[u.id for u in units]} are not {prefix}-1..{fleet.requested}")
+    base = parent.get("order_seed", 0)
+    if fleet.mode == "replicas":
+        partial = [u.id for u in units if u.case_indices != list(range(n))]
+        if partial:
+            problems.append(f"replicas {partial} do not run every case of the protocol exactly once")
+        seeds = [base + i for i in range(1, len(units) + 1)]
+        if [u.order_seed for u in units] != seeds:
+            problems.append(f"order seeds {[u.order_seed for u in units]} are not {seeds} (the protocol's {base} + i)")
+        return problems
+    dealt = sorted(i for u in units for i in u.case_indices)
+    missing = sorted(set(range(n)) - set(dealt))
+    twice = sorted({i for i in dealt if dealt.count(i) > 1})
+    if missing or twice or len(dealt) != n:
+        problems.append(
+            f"the shards cover case(s) {dealt} of the protocol's 0..{n - 1}: missing {missing}, more than once {twice}; "
+            "every case runs in exactly one shard"
+        )
+    if any(u.order_seed != base for u in units):
+        problems.append(f"shard order seeds {[u.order_seed for u in units]} are not the protocol's {base}")
+    return problems
+
+
+def _pieces(root: Path, parent: dict[str, Any], fleet: Fleet) -> list[str]:
+    """Each unit's run ran its piece: the protocol with the unit's cases and order seed, nothing else changed."""
+    problems = []
+    kept = {k: v for k, v in parent.items() if k not in ("cases", "order_seed", *PATH_KEYS)}
+    for u in fleet.units:
+        ran_path = root / u.run / PROTOCOL
+        if not ran_path.is_file():
+            continue  # the units check names it
+        if (root / u.piece).is_file() and sha256_file(root / u.piece) != sha256_file(ran_path):
+            problems.append(f"{u.run}/{PROTOCOL} is not {u.piece}")
+        ran = tomllib.loads(ran_path.read_text())
+        if ran.get("cases") != [parent["cases"][i] for i in u.case_indices if i < len(parent["cases"])]:
+            problems.append(f"{u.id} ran cases {ran.get('cases')}, not the protocol's cases {u.case_indices}")
+        if ran.get("order_seed", 0) != u.order_seed:
+            problems.append(f"{u.id} ran order seed {ran.get('order_seed', 0)}, listed {u.order_seed}")
+        other = sorted(k for k in {*kept, *ran} - {"cases", "order_seed", *PATH_KEYS} if kept.get(k) != ran.get(k))
+        if other:
+            problems.append(f"{u.id} ran a protocol that differs from the fleet's in {', '.join(other)}")
+    return problems
+
+
+def _units(root: Path, fleet: Fleet) -> list[str]:
+    problems = [
+        f"{u.id} did not finish (status {u.status}, exit {u.exit_code}{', ' + u.error if u.error else ''}): "
+        "continue with `kerneltrial run ... --ray --resume`"
+        for u in fleet.units
+        if u.status != "finished" or not (root / u.run / SUMMARY).is_file()
+    ]
+    listed = {Path(u.run).name for u in fleet.units}
+    present = (
+        {d.name for d in (root / FLEET_WORKERS).iterdir() if d.is_dir()} if (root / FLEET_WORKERS).is_dir() else set()
+    )
+    if present - listed:
+        problems.append(f"{FLEET_WORKERS}/ holds runs no unit lists: {', '.join(sorted(present - listed))}")
+    if fleet.finished_at is None:
+        problems.append("the fleet did not end (finished_at is null)")
+    return problems
+
+
+def _devices_and_code(root: Path, fleet: Fleet) -> tuple[list[str], list[str]]:
+    devices, code = [], []
+    modules: dict[str, dict[str, str]] = {}
+    for u in fleet.units:
+        if not (root / u.run).is_dir():
+            continue
+        provenance = read_provenance(root / u.run)
+        ran_on = provenance.device.gpu or provenance.device.cpu
+        if (u.device, u.device_uuid, u.host) != (ran_on, provenance.device.uuid, provenance.hostname):
+            devices.append(
+                f"{u.id} lists device {u.device!r} ({u.device_uuid}) on {u.host!r}; its run recorded {ran_on!r} "
+                f"({provenance.device.uuid}) on {provenance.hostname!r}"
+            )
+        if provenance.git.source_sha256 != fleet.git.source_sha256:
+            code.append(
+                f"{u.id} ran other code (source sha256 {str(provenance.git.source_sha256)[:12]}...) than the fleet"
+            )
+        modules[u.id] = {Path(name).name: digest for name, digest in provenance.impl_modules.items()}
+    models = sorted({str(u.device) for u in fleet.units})
+    if len(models) > 1 and not fleet.mixed_devices:
+        devices.append(f"units ran on {models}; the protocol does not allow mixed devices (mixed_devices = true)")
+    if len({tuple(sorted(m.items())) for m in modules.values()}) > 1:
+        code.append(f"units loaded different user kernel modules: {modules}")
+    return devices, code
+
+
+def fleet_checks(root: Path) -> list[tuple[str, list[str], str]]:
+    """(name, problems, detail when none) of each check of the combination; every unit's run is
+    verified on its own by the kernel verifier (analysis/verify.py)."""
+    root = Path(root)
+    fleet = read_fleet(root)
+    parent = tomllib.loads((root / PROTOCOL).read_text())
+    sha_problems = (
+        [f"{PROTOCOL} is not the protocol the fleet ran (sha256 {sha256_file(root / PROTOCOL)[:12]}...)"]
+        if sha256_file(root / PROTOCOL) != fleet.protocol_sha256
+        else []
+    )
+    if bool(parent.get("mixed_devices", False)) != fleet.mixed_devices:
+        sha_problems.append(f"fleet.json mixed_devices {fleet.mixed_devices} is not the protocol's")
+    devices, code = _devices_and_code(root, fleet)
+    units = _units(root, fleet)
+    figures: list[str] = []
+    if not units:
+        recomputed = combine(root, fleet)
+        if fleet.combined != recomputed:
+            changed = [
+                f"{c.case}/{c.arm}"
+                for c, r in zip(fleet.combined.cases if fleet.combined else [], recomputed.cases, strict=False)
+                if c != r
+            ]
+            changed += [
+                a.arm
+                for a, r in zip(fleet.combined.arms if fleet.combined else [], recomputed.arms, strict=False)
+                if a != r
+            ]
+            figures.append(
+                "fleet.json's combined figures differ from those recomputed from the units' summaries"
+                + (f" in {', '.join(changed)}" if changed else " (missing, or other rows)")
+            )
+    return [
+        ("fleet protocol", sha_problems, "protocol.toml is the protocol the fleet ran"),
+        ("fleet units", units, "every unit finished into its listed run directory, none unlisted"),
+        ("fleet coverage", _coverage(parent, fleet), f"the units cover the protocol's cases as {fleet.mode} should"),
+        ("fleet pieces", _pieces(root, parent, fleet), "each unit ran the protocol cut to its cases and order seed"),
+        ("fleet devices", devices, "each unit's device and host are its run's; one device model unless mixed"),
+        ("fleet code", code, "every unit ran the fleet's code and the same user kernel modules"),
+        (
+            "combined figures",
+            figures if not units else ["not recomputed: some unit did not finish"],
+            "fleet.json's figures are those recomputed from the units",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- report
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def fleet_markdown(root: Path) -> str:
+    fleet = read_fleet(root)
+    lines = [
+        f"# Fleet run: {fleet.mode}, {len(fleet.units)} units of protocol {fleet.protocol_sha256[:12]}...",
+        "",
+        f"- cluster: {fleet.address or 'local'}; started {fleet.started_at}, finished {fleet.finished_at or 'NOT FINISHED'}",
+        "",
+        "| unit | status | host | device | uuid | cases | order seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for u in fleet.units:
+        status = u.status + (f" ({u.error})" if u.error and u.status != "finished" else "")
+        lines.append(
+            f"| [`{u.id}`]({u.run}/{REPORT}) | {status} | {u.host} | {u.device} | {u.device_uuid} "
+            f"| {len(u.case_indices)} | {u.order_seed} |"
+        )
+    combined = fleet.combined
+    if combined is None:
+        return "\n".join([*lines, "", "Not every unit finished: no combined figures.", ""])
+    lines += ["", f"## Per arm, against `{combined.control}`", ""]
+    for a in combined.arms:
+        per_unit = "; ".join(
+            f"{w}: {_fmt(g)} [{_fmt(lo)}, {_fmt(hi)}] gate {'passed' if p else 'FAILED'}"
+            for w, g, lo, hi, p in zip(
+                a.workers, a.geomeans, a.geomean_ci_low, a.geomean_ci_high, a.gate_passed, strict=True
+            )
+        )
+        verdict = "holds on every GPU" if a.holds_on_every_gpu else "does NOT hold on every GPU"
+        lines.append(
+            f"- `{a.arm}`: {verdict}; pooled geomean {_fmt(a.pooled_geomean)}; per unit geomean [CI]: {per_unit}"
+        )
+    lines += [
+        "",
+        "## Per case",
+        "",
+        "Between-unit spread of the speedup (range, sd; replicas only) beside the mean within-unit CI width.",
+        "",
+        "| case | arm | units | speedups | verdicts | pooled | between range | between sd | within CI width |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in combined.cases:
+        lines.append(
+            f"| {c.case} | {c.arm} | {', '.join(c.workers)} | {' / '.join(_fmt(s) for s in c.speedups)} "
+            f"| {' / '.join(v or 'n/a' for v in c.verdicts)} | {_fmt(c.pooled_speedup)} | {_fmt(c.between_worker_range)} "
+            f"| {_fmt(c.between_worker_sd)} | {_fmt(c.within_worker_ci_width)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_fleet_report(root: Path) -> Path:
+    """Each finished unit's report.md, then the fleet's report.md; returns its path."""
+    from kerneltrial.analysis.report import write_report  # matplotlib: not on verify's path
+
+    root = Path(root)
+    for u in read_fleet(root).units:
+        if (root / u.run / SUMMARY).is_file():
+            write_report(root / u.run)
+    path = root / REPORT
+    path.write_text(fleet_markdown(root))
+    return path

@@ -1,0 +1,314 @@
+"""Fleet runs on a local Ray cluster of 2 CPUs (`run --ray`): replicas and shards combine into
+the figures their units' runs give (also when a shard's piece is run by hand with `run`); a
+worker killed mid-unit is recorded and `--resume` completes the run with no row lost or
+repeated; verify catches a tampered unit, tampered combined figures, a shard set that misses
+or repeats a case and a unit whose device is not its run's; a worker on another device model
+refuses its unit; without Ray, `--ray` says how to install it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneltrial.analysis.fleet import Unit, read_fleet
+from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.cli import app
+from kerneltrial.fleet.pieces import piece_text
+from kerneltrial.fleet.worker import FAULT_ENV, run_unit
+from kerneltrial.rundir.layout import kind_of
+
+ray = pytest.importorskip("ray")
+cli = CliRunner()
+PROTOCOL = """\
+name = "fleet-test"
+op = "rmsnorm"
+candidates = ["kerneltrial"]
+seeds = [0]
+rounds = 2
+warmup = 1
+calls_per_sample = 1
+l2 = "hot"
+bootstrap_resamples = 100
+host_samples = 1
+host_calls = 1
+order_seed = 5
+
+[[cases]]
+shape = [2, 64]
+
+[[cases]]
+shape = [4, 32]
+"""
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = cli.invoke(app, list(args), terminal_width=400)
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def protocol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("protocol") / "fleet.toml"
+    path.write_text(PROTOCOL)
+    return path
+
+
+def fleet_run(protocol: Path, out: Path, *mode: str) -> Path:
+    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", *mode)
+    fleet = read_fleet(out)
+    assert fleet.complete and code == (0 if any(a.holds_on_every_gpu for a in fleet.combined.arms) else 1), output
+    return out
+
+
+@pytest.fixture(scope="module")
+def replicas(cluster, protocol, tmp_path_factory) -> Path:
+    return fleet_run(protocol, tmp_path_factory.mktemp("replicas") / "fleet", "--replicas", "2")
+
+
+@pytest.fixture(scope="module")
+def shards(cluster, protocol, tmp_path_factory) -> Path:
+    return fleet_run(protocol, tmp_path_factory.mktemp("shards") / "fleet", "--shard", "cases")
+
+
+@pytest.fixture
+def shard_copy(shards: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "fleet"
+    shutil.copytree(shards, copy)
+    return copy
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def failed(root: Path) -> dict[str, str]:
+    return {c.name: c.detail for c in verify_run_dir(root).failures}
+
+
+def expected_figures(root: Path) -> dict[str, Any]:
+    """The combined figures computed here, by hand, from the units' own summary.json files."""
+    fleet = read_fleet(root)
+    cases: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for unit in fleet.units:
+        for entry in summary(root / unit.run)["cases"]:
+            cases.setdefault(entry["case"], []).append((unit.id, entry["arms"]["kerneltrial"]))
+    rows = {
+        case: {
+            "workers": [w for w, _ in ran],
+            "speedups": [f["speedup"] for _, f in ran],
+            "verdicts": [f["verdict"] for _, f in ran],
+            "pooled": statistics.geometric_mean([f["speedup"] for _, f in ran]),
+            "range": max(f["speedup"] for _, f in ran) - min(f["speedup"] for _, f in ran) if len(ran) > 1 else None,
+            "sd": statistics.stdev([f["speedup"] for _, f in ran]) if len(ran) > 1 else None,
+        }
+        for case, ran in cases.items()
+    }
+    every = [s for row in rows.values() for s in row["speedups"]]
+    gates = ["kerneltrial" in summary(root / u.run)["gate"]["passed_arms"] for u in fleet.units]
+    return {"rows": rows, "pooled_geomean": statistics.geometric_mean(every), "gates": gates}
+
+
+def assert_combined_as_by_hand(root: Path) -> None:
+    combined = read_fleet(root).combined
+    want = expected_figures(root)
+    assert [c.case for c in combined.cases] == list(want["rows"])  # the protocol's case order
+    for c in combined.cases:
+        row = want["rows"][c.case]
+        assert (c.workers, c.speedups, c.verdicts) == (row["workers"], row["speedups"], row["verdicts"])
+        assert c.pooled_speedup == pytest.approx(row["pooled"], rel=1e-12)
+        assert c.between_worker_range == (None if row["range"] is None else pytest.approx(row["range"]))
+        assert c.between_worker_sd == (None if row["sd"] is None else pytest.approx(row["sd"]))
+    [arm] = combined.arms
+    assert arm.pooled_geomean == pytest.approx(want["pooled_geomean"], rel=1e-12)
+    assert arm.gate_passed == want["gates"] and arm.holds_on_every_gpu == all(want["gates"])
+
+
+@pytest.mark.slow
+def test_replicas_run_the_whole_protocol_per_unit_and_combine_as_by_hand(replicas, protocol):
+    fleet = read_fleet(replicas)
+    assert kind_of(replicas) == "fleet" and fleet.mode == "replicas"
+    assert [(u.id, u.case_indices, u.order_seed, u.attempts) for u in fleet.units] == [
+        ("replica-1", [0, 1], 6, 1),
+        ("replica-2", [0, 1], 7, 1),
+    ]
+    for unit in fleet.units:
+        plan = json.loads((replicas / unit.run / "plan.json").read_text())
+        assert plan["order_seed"] == unit.order_seed and len(plan["cases"]) == 2
+        assert unit.device and unit.host  # from the unit's own provenance.json
+    assert_combined_as_by_hand(replicas)
+    assert all(c.between_worker_sd is not None for c in fleet.combined.cases)  # two units per case
+    assert verify_run_dir(replicas).ok, failed(replicas)
+    code, output = run_cli("report", str(replicas))
+    report = (replicas / "report.md").read_text()
+    assert code == 0 and "holds on every GPU" in report and "between range" in report
+    assert (replicas / "workers" / "replica-1" / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_same(cluster, shard_copy, protocol):
+    fleet = read_fleet(shard_copy)
+    assert [(u.id, u.case_indices, u.order_seed) for u in fleet.units] == [("shard-1", [0], 5), ("shard-2", [1], 5)]
+    assert_combined_as_by_hand(shard_copy)
+    assert verify_run_dir(shard_copy).ok, failed(shard_copy)
+    # run shard-1's piece by hand with the ordinary `run`, put it in the worker's place, recombine
+    by_hand = shard_copy.parent / "by-hand"
+    code, output = run_cli("run", str(shard_copy / "pieces" / "shard-1.toml"), "--out", str(by_hand))
+    assert code in (0, 1), output
+    ray_plan = json.loads((shard_copy / "workers" / "shard-1" / "plan.json").read_text())
+    assert json.loads((by_hand / "plan.json").read_text()) == ray_plan  # the worker ran exactly the piece
+    shutil.rmtree(shard_copy / "workers" / "shard-1")
+    shutil.copytree(by_hand, shard_copy / "workers" / "shard-1")
+    assert "combined figures" in failed(shard_copy)  # the record still holds the Ray unit's figures
+    code, output = run_cli("run", str(protocol), "--out", str(shard_copy), "--ray", "--shard", "cases", "--resume")
+    assert code in (0, 1), output
+    assert [u.attempts for u in read_fleet(shard_copy).units] == [1, 1]  # nothing ran again
+    assert_combined_as_by_hand(shard_copy)
+    assert verify_run_dir(shard_copy).ok, failed(shard_copy)
+
+
+def timing_keys(run_dir: Path) -> list[tuple[str, ...]]:
+    with (run_dir / "timings.csv").open(newline="") as handle:
+        return [(r["case"], r["seed"], r["round"], r["arm"]) for r in csv.DictReader(handle)]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_unit_is_recorded_and_resume_completes_it(cluster, protocol, tmp_path, monkeypatch):
+    out = tmp_path / "fleet"
+    monkeypatch.setenv(FAULT_ENV, "replica-2:2")  # replica-2's worker dies once 2 timing rows are written
+    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2")
+    assert code == 1 and f"--out {out} --ray --replicas 2 --resume" in output, output
+    fleet = read_fleet(out)
+    first, second = fleet.units
+    assert first.status == "finished" and second.status == "failed" and fleet.finished_at is None
+    assert "Error" in second.error, second.error  # Ray's error for the dead worker
+    assert len(timing_keys(out / second.run)) >= 2 and not (out / second.run / "summary.json").exists()
+    assert "replica-2 did not finish" in failed(out)["fleet units"]
+    kept = timing_keys(out / second.run)
+    monkeypatch.delenv(FAULT_ENV)
+    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2", "--resume")
+    assert code in (0, 1), output
+    fleet = read_fleet(out)
+    assert [(u.status, u.attempts) for u in fleet.units] == [("finished", 1), ("finished", 2)]
+    rows = timing_keys(out / second.run)
+    assert rows[: len(kept)] == kept and len(rows) == len(set(rows)) == 2 * 2 * 2  # cases x rounds x arms
+    assert "--resume" in (out / second.log).read_text()
+    assert verify_run_dir(out).ok, failed(out)
+
+
+def rewrite_fleet(root: Path, change) -> None:
+    record = json.loads((root / "fleet.json").read_text())
+    change(record)
+    (root / "fleet.json").write_text(json.dumps(record))
+
+
+def test_verify_catches_a_tampered_unit(shard_copy):
+    timings = shard_copy / "workers" / "shard-2" / "timings.csv"
+    lines = timings.read_text().splitlines()
+    head, *rows = lines
+    fields = rows[0].split(",")
+    fields[6] = str(int(fields[6]) // 2)  # ns: a sample made twice as fast
+    timings.write_text("\n".join([head, ",".join(fields), *rows[1:]]) + "\n")
+    assert any(name.startswith("shard-2: ") for name in failed(shard_copy))
+
+
+def test_verify_catches_tampered_combined_figures(shard_copy):
+    rewrite_fleet(shard_copy, lambda r: r["combined"]["cases"][0]["speedups"].__setitem__(0, 9.0))
+    assert "combined figures" in failed(shard_copy)
+    rewrite_fleet(shard_copy, lambda r: r["combined"]["arms"][0].__setitem__("holds_on_every_gpu", False))
+    assert "kerneltrial" in failed(shard_copy)["combined figures"]
+
+
+def test_verify_catches_a_shard_set_that_repeats_or_misses_a_case(shard_copy):
+    rewrite_fleet(shard_copy, lambda r: r["units"][1].__setitem__("case_indices", [0]))
+    problems = failed(shard_copy)
+    assert "more than once [0]" in problems["fleet coverage"] and "missing [1]" in problems["fleet coverage"]
+    assert "shard-2 ran cases" in problems["fleet pieces"]
+
+
+def test_verify_catches_a_dropped_shard_and_an_unlisted_run(shard_copy):
+    rewrite_fleet(shard_copy, lambda r: r.update(units=r["units"][:1], requested=1))
+    problems = failed(shard_copy)
+    assert "missing [1]" in problems["fleet coverage"]
+    assert "runs no unit lists: shard-2" in problems["fleet units"]
+
+
+def test_verify_catches_a_unit_whose_device_is_not_its_runs(shard_copy):
+    rewrite_fleet(shard_copy, lambda r: r["units"][0].update(device="NVIDIA H200", device_uuid="GPU-planted"))
+    problems = failed(shard_copy)["fleet devices"]
+    assert "shard-1 lists device 'NVIDIA H200'" in problems and "does not allow mixed devices" in problems
+
+
+def test_verify_catches_replica_order_seeds_that_repeat(replicas, tmp_path):
+    copy = tmp_path / "fleet"
+    shutil.copytree(replicas, copy)
+    rewrite_fleet(copy, lambda r: r["units"][1].__setitem__("order_seed", 6))
+    problems = failed(copy)
+    assert "order seeds [6, 6] are not [6, 7]" in problems["fleet coverage"]
+    assert "replica-2 ran order seed 7, listed 6" in problems["fleet pieces"]
+
+
+def test_a_worker_on_another_device_model_refuses_its_unit(tmp_path):
+    piece = tmp_path / "piece.toml"
+    piece.write_text(PROTOCOL)
+    outcome = run_unit(str(piece), str(tmp_path / "run"), str(tmp_path / "log"), "NVIDIA H200", None)
+    assert outcome.exit_code is None and "is not the fleet's 'NVIDIA H200'" in outcome.refused
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_piece_rebases_the_protocols_paths_onto_its_folder(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.py").write_text("")
+    parent = tomllib.loads(PROTOCOL) | {"impl_modules": ["kernels/k.py", "some.module"]}
+    fleet = tmp_path / "out" / "pieces"
+    unit = Unit(id="shard-2", case_indices=[1], order_seed=9)
+    piece = tomllib.loads(piece_text(parent, unit, tmp_path, fleet))
+    assert piece["cases"] == [parent["cases"][1]] and piece["order_seed"] == 9
+    assert (fleet / piece["impl_modules"][0]).resolve() == (tmp_path / "kernels" / "k.py").resolve()
+    assert piece["impl_modules"][1] == "some.module"
+
+
+def test_ray_without_ray_installed_says_how_to_install_it(protocol, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--ray", "--replicas", "2")
+    assert code == 2 and output.strip().splitlines() == [
+        "error: --ray needs Ray, which is not installed: pip install 'kerneltrial[ray]'"
+    ]
+    assert not (tmp_path / "f").exists()
+
+
+def test_fleet_flags_go_with_ray(protocol, tmp_path):
+    code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--replicas", "2")
+    assert code == 2 and "go with --ray" in output
+
+
+def test_a_worker_reads_the_gpu_ray_gave_it_not_gpu_0(monkeypatch, tmp_path):
+    """nvidia-smi numbers every GPU of the machine: with CUDA_VISIBLE_DEVICES=1 (a Ray task's
+    second GPU) the clocks and the device model are GPU 1's, asked for with `-i 1`."""
+    from kerneltrial.fleet.worker import identity
+    from kerneltrial.rundir import provenance
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-i" ]; then echo "GPU $2"; else echo "GPU 0"; echo "GPU 1"; fi\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert provenance.visible_gpu() == "1" and identity().device == "GPU 1"
+    assert provenance.clocks()["clocks.sm"] == "GPU 1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert provenance.clocks()["clocks.sm"] == "GPU 0"
