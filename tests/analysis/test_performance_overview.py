@@ -102,10 +102,31 @@ def test_bandwidth_rows_give_median_and_worst_from_4_mib_up() -> None:
         "2", "65.0", "60.0 (`512x2048/contiguous/bfloat16`)",  # mid: median, worst
         "1", "95.0", "95.0 (`8192x2048/contiguous/bfloat16`)",  # large
         MISSED,  # the worst from 4 MiB up is 60% < 80%
+        "–", "–", "–",  # no size-matched copies in these runs
     ]  # fmt: skip
     only_large = perf.bandwidth_row("run", "contiguous", cases[3:])
-    assert only_large is not None and only_large[2:5] == ["0", "–", "–"] and only_large[-1] == MET
+    assert only_large is not None and only_large[2:5] == ["0", "–", "–"] and only_large[8] == MET
     assert perf.bandwidth_row("run", "contiguous", cases[:1]) is None  # nothing from 4 MiB up
+
+
+def test_bandwidth_rows_judge_each_case_against_the_copy_of_its_own_traffic() -> None:
+    def timed(gbps: float, pct: float) -> ArmFigures:
+        return arm("candidate", 1.0, pct=pct).model_copy(update={"gbps": gbps})
+
+    cases = [
+        case([512, 2048], 8 * MIB, {"kerneltrial": timed(1200.0, 29.0)}).model_copy(
+            update={"matched_copy_gbps": 1250.0}
+        ),  # 96% of its own copy, 29% of the 1 GiB copy
+        case([8192, 2048], 128 * MIB, {"kerneltrial": timed(2800.0, 67.0)}).model_copy(
+            update={"matched_copy_gbps": 4000.0}
+        ),  # 70% of its own copy: the worst
+    ]
+    row = perf.bandwidth_row("run", "contiguous", cases)
+    assert row is not None
+    assert row[8] == MISSED  # 29% of the 1 GiB copy
+    assert row[9:] == ["83.0", "70.0 (`8192x2048/contiguous/bfloat16`)", MISSED]
+    cases[1] = cases[1].model_copy(update={"matched_copy_gbps": 3000.0})  # 93%: every case at or above 80%
+    assert perf.bandwidth_row("run", "contiguous", cases)[9:] == ["94.7", "93.3 (`8192x2048/contiguous/bfloat16`)", MET]
 
 
 def test_the_floor_is_tritons_where_measured_else_torchs_and_says_which() -> None:
