@@ -95,7 +95,7 @@ def sglang_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., A
     """Loader for `sglang.kernels.ops.<module>.<attr>`; `adapt` wraps it into the operator's signature."""
 
     def load() -> Callable[..., Any]:
-        if importlib.util.find_spec(PACKAGE) is None and PACKAGE not in sys.modules:
+        if PACKAGE not in sys.modules and importlib.util.find_spec(PACKAGE) is None:
             raise Unavailable(f"{PACKAGE} is not installed ({PACKAGE})")
         require_cuda("SGLang")
         if jit:
