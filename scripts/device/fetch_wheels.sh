@@ -9,4 +9,14 @@ for pkg in liger-kernel==0.8.5 flag-gems==5.0.2 sqlalchemy pydantic==2.14.4 pyda
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d .whl "$pkg"
 done
+# SGLang's kernel namespace (the `sglang` peer, ops/peers_sglang.py) and what importing it
+# needs beyond the image: its wheel is built for manylinux_2_34 (the image is Ubuntu 24.04,
+# glibc 2.39). apache-tvm-ffi loads its JIT CUDA kernels; the rest are imported by
+# sglang.srt.utils, which the kernel namespace imports (measured: scripts/device/sglang_probe.py).
+for pkg in sglang==0.5.23 apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 \
+           starlette==1.10.0 pyzmq==27.3.0; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d .whl "$pkg"
+done
 ls .whl

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, add_impl, register_impl, register_op
 from kerneltrial.ops.rms_norm import apply_weight
@@ -513,6 +514,25 @@ def _register(
             liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0),
         ),
     )
+    if gemma:  # peers_sglang.py states each kernel's contract
+        sgl.register_sglang(
+            name,
+            sgl.sglang_loader(
+                "layernorm.minimax_m3_rmsnorm",
+                "_gemma_fused_add_rmsnorm_kernel",
+                sgl.gemma_fused_add_in_place,
+                jit=False,
+            ),
+            "layernorm.minimax_m3_rmsnorm Gemma fused add (Triton), outputs aliased to x and residual, contiguous only",
+            layouts=("contiguous",),
+        )
+    else:
+        sgl.register_sglang(
+            name,
+            sgl.sglang_loader("layernorm.norm", "fused_add_rmsnorm", sgl.fused_add_in_place, jit=True),
+            "layernorm.norm.fused_add_rmsnorm (JIT CUDA, in place), one rounding after the weight, contiguous only",
+            layouts=("contiguous",),
+        )
     if not gemma:  # FlagGems 5.0.2 has no Gemma (1 + w) fused add
         add_impl(
             Impl(

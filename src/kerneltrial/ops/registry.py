@@ -228,7 +228,7 @@ def all_ops() -> list[Operator]:
     return list(_OPERATORS.values())
 
 
-_INFRASTRUCTURE = frozenset({"registry", "peers", "launch", "inputs", "interpreter_fix"})
+_INFRASTRUCTURE = frozenset({"registry", "peers", "peers_sglang", "launch", "inputs", "interpreter_fix"})
 
 
 def load_builtin_ops() -> None:

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
 
@@ -319,6 +320,19 @@ def _register(
         if rbw
         else None,
     )
+    if rbw:  # peers_sglang.py states each kernel's contract
+        sgl.register_sglang(
+            name,
+            sgl.sglang_loader("layernorm.norm", "rmsnorm", sgl.rmsnorm_out, jit=True),
+            "layernorm.norm.rmsnorm (JIT CUDA), one rounding after the weight",
+        )
+    else:
+        sgl.register_sglang(
+            name,
+            sgl.sglang_loader("layernorm.rmsnorm_fp32", "rmsnorm_fp32", sgl.rmsnorm_fp32, jit=False),
+            "layernorm.rmsnorm_fp32 (Triton), contiguous only",
+            layouts=("contiguous",),
+        )
 
 
 _register(

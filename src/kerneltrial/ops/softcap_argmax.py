@@ -65,6 +65,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
 
@@ -608,3 +609,8 @@ def eager(logits: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 register_peers(NAME, eager)
+sgl.register_sglang(  # peers_sglang.py states the kernel's contract
+    NAME,
+    sgl.sglang_loader("sampling.softcap_row_argmax", "softcap_row_argmax", sgl.softcap_argmax, jit=False),
+    "sampling.softcap_row_argmax (Triton), fp32 logits: bf16 converted inside the call",
+)

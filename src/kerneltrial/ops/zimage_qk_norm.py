@@ -31,6 +31,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.ops.peers import register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
@@ -39,6 +40,7 @@ from kerneltrial.ops.zimage_qk_rmsnorm import EPS, Geometry, normalize_rows, tok
 OP = "zimage_qk_rmsnorm"
 PAIR_OP = "zimage_qk_rmsnorm_pair"
 LAYOUTS = ("contiguous", "qkv_slice")
+ZIMAGE_SGLANG = ("diffusion.norm.zimage_qk_rmsnorm_triton", "zimage_qk_rmsnorm_native")  # SGLang's kernel
 QKV_INDEX = {"q": 0, "k": 1}  # position of Q and K in the fused [..., 3, H, D] tensor
 
 
@@ -318,6 +320,11 @@ def _register() -> None:
         doc=f"geometry by rows, width and layout from {module.rule_path().name} (exported entry point)",
     )(zimage_qk_rmsnorm)
     register_peers(OP, eager)
+    sgl.register_sglang(  # peers_sglang.py states the kernel's contract
+        OP,
+        sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk, jit=False),
+        "zimage_qk_rmsnorm_native (Triton), bf16 statistics as SGLang's eager ZImageRMSNorm",
+    )
 
     register_op(
         Operator(
@@ -352,6 +359,11 @@ def _register() -> None:
         PAIR_OP, "kerneltrial", doc="one launch, geometry from the single operator's rule (exported entry point)"
     )(zimage_qk_rmsnorm_qk)
     register_peers(PAIR_OP, eager_pair)
+    sgl.register_sglang(
+        PAIR_OP,
+        sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk_pair, jit=False),
+        "zimage_qk_rmsnorm_native (Triton) called for Q, then K",
+    )
 
 
 _register()
