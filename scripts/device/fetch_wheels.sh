@@ -19,4 +19,7 @@ for pkg in sglang==0.5.23 apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d .whl "$pkg"
 done
+# The sglang wheel is 39 MB, mostly Rust extensions the kernel namespace never imports; keep
+# sglang/kernels/ (Python and the JIT CUDA sources) and the .py files of sglang/srt/.
+python3 scripts/device/slim_wheel.py .whl/sglang-0.5.23-*.whl sglang/kernels/ --py-only sglang/srt/
 ls .whl
