@@ -189,3 +189,32 @@ def test_source_digest_changes_with_any_package_file(tmp_path):
     first = provenance.source_digest(tmp_path)
     (tmp_path / "sub" / "b.py").write_text("y = 3\n")
     assert provenance.source_digest(tmp_path) != first
+
+
+def test_an_arm_that_takes_only_some_layouts_is_unavailable_in_the_others(tmp_path, monkeypatch):
+    """A peer that takes only contiguous rows (e.g. FlagGems' fused add, SGLang's kernels) is neither
+    checked nor timed on strided rows; plan.json records its layouts, so verify does not miss its checks
+    there, and still catches checks missing where it does take the layout (planted)."""
+    from kerneltrial.analysis.summary import write_summary
+    from kerneltrial.ops.registry import get_op, load_builtin_ops
+    from tests.analysis.rundir_factory import seal
+
+    load_builtin_ops()
+    monkeypatch.setattr(get_op("rmsnorm").impl("packed_r4_w4"), "layouts", ("contiguous",))
+    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    plan = json.loads((run / "plan.json").read_text())
+    assert next(a for a in plan["arms"] if a["name"] == "packed_r4_w4")["layouts"] == ["contiguous"]
+    assert not any(a == "packed_r4_w4" and c.startswith("3x200") for c, _, _, a in timing_keys(run))
+    strided = json.loads((run / "summary.json").read_text())["cases"][1]
+    assert strided["arms"]["packed_r4_w4"]["status"] == "unavailable"
+    assert strided["arms"]["packed_r4_w4"]["reason"] == "does not take layout 'row_strided'"
+    result = verify_run_dir(run)
+    assert result.ok, result.failures
+
+    correctness = run / "correctness.jsonl"  # planted: the checks where it does take the layout are gone
+    rows = [line for line in correctness.read_text().splitlines() if '"packed_r4_w4"' not in line]
+    correctness.write_text("\n".join(rows) + "\n")
+    write_summary(run, overwrite=True)
+    seal(run)
+    coverage = next(c for c in verify_run_dir(run).checks if c.name == "correctness coverage")
+    assert not coverage.ok and "case 4x64/contiguous/bfloat16 arm packed_r4_w4: no correctness check" in coverage.detail

@@ -481,6 +481,12 @@ def _empty_entry(kind: str, status: str) -> dict[str, Any]:
     }
 
 
+def takes_layout(arm: dict[str, Any], case: dict[str, Any]) -> bool:
+    """Whether plan.json's arm takes the case's layout: an arm with `layouts` (a peer that only
+    takes some, e.g. contiguous rows) is neither checked nor timed in the others."""
+    return "layouts" not in arm or case.get("layout") in arm["layouts"]
+
+
 def _arm_entry(
     arm: dict[str, Any],
     checks: list[dict[str, Any]],
@@ -493,6 +499,8 @@ def _arm_entry(
     """Status and per-arm figures of one (case, arm), speedup excluded."""
     if not arm["available"]:
         return _empty_entry(arm["kind"], UNAVAILABLE) | {"reason": arm.get("reason")}
+    if not takes_layout(arm, case):
+        return _empty_entry(arm["kind"], UNAVAILABLE) | {"reason": f"does not take layout {case['layout']!r}"}
     if not checks:
         return _empty_entry(arm["kind"], NOT_TIMED) | {"reason": "no correctness check recorded"}
     if not all(row["passed"] for row in checks):

@@ -1108,12 +1108,13 @@ def _correctness_outcome(
     for row in rows:
         by_key.setdefault((str(row["case"]), row["arm"]), []).append(row)
     seeds = set(_as_list(plan["seeds"]))
-    available = [a["name"] for a in plan["arms"] if a["available"]]
-    case_ids = [str(c["case"]) for c in plan["cases"]]
+    available = [a for a in plan["arms"] if a["available"]]
     outcome: dict[tuple[str, str], str] = {}
     problems: list[str] = []
-    for case in case_ids:
-        for arm in available:
+    for plan_case in plan["cases"]:
+        case = str(plan_case["case"])
+        # an arm whose `layouts` exclude the case's is not checked there, like an unavailable one
+        for arm in [a["name"] for a in available if "layouts" not in a or plan_case.get("layout") in a["layouts"]]:
             checks = by_key.get((case, arm), [])
             if not checks:
                 outcome[(case, arm)] = "unchecked"

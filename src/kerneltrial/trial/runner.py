@@ -512,7 +512,11 @@ def build_plan(
         "l2": p.l2,
         "order_seed": p.order_seed if order_seed is None else order_seed,
         **({"order_seed_override": True} if order_seed is not None else {}),
-        "arms": [{"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason} for a in arms],
+        "arms": [
+            {"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason}
+            | ({"layouts": list(a.layouts)} if a.layouts is not None else {})
+            for a in arms
+        ],
         "cases": [],
         "clocks": {"max_sm_mhz": ClockReader.open(timer.is_gpu).max_sm_mhz(), "throttle_fraction": p.throttle_fraction},
         "noise_rule": {
