@@ -51,6 +51,7 @@ class PlanArm(Document):
     kind: str  # control, candidate, peer, user, calibration
     available: bool
     reason: str | None
+    layouts: list[str] | None = None  # only these layouts (a peer that takes some); None: every layout
 
 
 class PlanCase(Document):
