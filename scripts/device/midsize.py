@@ -20,7 +20,9 @@ and output, the output allocation alone, the cached launch decision alone, and t
 Part 3 (`--softcap`, alone): softcap_row_argmax at 4-64 MB, every registered implementation
 beside read-only torch reductions of the same logits (the size-matched read-only ceiling).
 
-Usage on the device: python3 scripts/device/midsize.py [--softcap] (it needs CUDA events: exit 2 without a
+Part 4 (`--worst`, alone): every registered implementation at the wider panels' worst cases.
+
+Usage on the device: python3 scripts/device/midsize.py [--softcap | --worst] (it needs CUDA events: exit 2 without a
 GPU). Tables are printed last; with $OUT set, also $OUT/midsize.txt
 and $OUT/midsize.json.
 """
@@ -204,6 +206,40 @@ def softcap_part(calls: int, repeats: int) -> list[Bandwidth]:
     return found
 
 
+# The panels' worst cases against the fastest peer (results/h200/*-panel, docs/NOTES.md): does any
+# registered geometry of ours reach the peer (the dispatcher chose wrong) or none (the kernel's limit)?
+WORST = (
+    ("rmsnorm_fp32", (777, 7168), "row_strided"),
+    ("rmsnorm_fp32", (777, 7168), "contiguous"),
+    ("rmsnorm_fp32", (512, 7168), "contiguous"),
+    ("gemma_fused_add_rmsnorm", (100, 3584), "contiguous"),
+    ("silu_and_mul", (1, 57344), "contiguous"),
+    ("silu_and_mul", (1, 17920), "contiguous"),
+)
+
+
+def worst_part(calls: int, repeats: int) -> list[Bandwidth]:
+    """Every registered implementation (torch_compile included) at the panels' worst cases, dirty flush."""
+    device = launch.device()
+    before = conditions(device)["dirty"]
+    found = []
+    for name, shape, layout in WORST:
+        op = registry.get_op(name)
+        case = registry.Case(shape, layout=layout)
+        args = list(op.make_inputs(case, 0, device).values())
+        for arm, impl in op.impls.items():
+            fn = impl.resolve() if impl.supports(case) else None
+            if fn is None or arm == "torch_eager":
+                continue
+            try:
+                us = device_us(lambda fn=fn, a=args: fn(*a), before, calls, repeats)
+            except Exception as error:  # a candidate that declines the shape: say so, keep going
+                print(f"{name} {arm} {case.id}: {type(error).__name__}: {error}", file=sys.stderr)
+                continue
+            found.append(Bandwidth(f"{name} {arm}", case.id, op.bytes_moved(case), "dirty", us))
+    return found
+
+
 def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> float:
     for _ in range(3):
         fn()
@@ -278,17 +314,18 @@ def tables(found: list[Bandwidth], waves: list[Bandwidth], host: list[HostPiece]
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--softcap", action="store_true", help="only the softcap section (part 3)")
+    parser.add_argument("--worst", action="store_true", help="only the panels' worst cases (part 4)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or launch.interpreted():
         print("midsize.py needs a CUDA GPU (it times with CUDA events)", file=sys.stderr)
         return 2
     registry.load_builtin_ops()
-    if args.softcap:
-        found = softcap_part(CALLS, REPEATS)
+    if args.softcap or args.worst:
+        found = softcap_part(CALLS, REPEATS) if args.softcap else worst_part(CALLS, REPEATS)
         text = "\n".join(f"{b.what:<36} {b.case:<30} {b.traffic / MB:>6.1f} MB {b.us:>8.2f} us" for b in found)
         print(text)
         if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "midsize-softcap.txt").write_text(text + "\n")
+            Path(os.environ["OUT"], f"midsize-{'softcap' if args.softcap else 'worst'}.txt").write_text(text + "\n")
         return 0
     found = bandwidth_part(tuple(t * MB for t in TRAFFIC_MB), CALLS, REPEATS)
     waves = wave_sweep(CALLS, REPEATS)
