@@ -191,30 +191,68 @@ def test_source_digest_changes_with_any_package_file(tmp_path):
     assert provenance.source_digest(tmp_path) != first
 
 
-def test_an_arm_that_takes_only_some_layouts_is_unavailable_in_the_others(tmp_path, monkeypatch):
+def _drop_arm_checks(run: Path, arm: str, case_prefix: str = "") -> None:
+    """Planted: delete an arm's correctness rows (in cases starting with `case_prefix`), rebuild the
+    summary and re-seal, as a careful forger would."""
+    from kerneltrial.analysis.summary import write_summary
+    from tests.analysis.rundir_factory import seal
+
+    correctness = run / "correctness.jsonl"
+    kept = [
+        line
+        for line in correctness.read_text().splitlines()
+        if not (json.loads(line)["arm"] == arm and json.loads(line)["case"].startswith(case_prefix))
+    ]
+    correctness.write_text("\n".join(kept) + "\n")
+    write_summary(run, overwrite=True)
+    seal(run)
+
+
+def test_a_peer_that_takes_only_some_layouts_is_unavailable_in_the_others(tmp_path, monkeypatch):
     """A peer that takes only contiguous rows (e.g. FlagGems' fused add, SGLang's kernels) is neither
     checked nor timed on strided rows; plan.json records its layouts, so verify does not miss its checks
     there, and still catches checks missing where it does take the layout (planted)."""
-    from kerneltrial.analysis.summary import write_summary
     from kerneltrial.ops.registry import get_op, load_builtin_ops
-    from tests.analysis.rundir_factory import seal
 
     load_builtin_ops()
-    monkeypatch.setattr(get_op("rmsnorm").impl("packed_r4_w4"), "layouts", ("contiguous",))
-    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    monkeypatch.setattr(get_op("rmsnorm").impl("torch_eager"), "layouts", ("contiguous",))
+    path = tmp_path / "p.toml"
+    path.write_text(write_protocol(tmp_path).read_text().replace('"packed_r4_w4", ', '"packed_r4_w4", "torch_eager", '))
+    run = run_trial(path, tmp_path / "run")
     plan = json.loads((run / "plan.json").read_text())
-    assert next(a for a in plan["arms"] if a["name"] == "packed_r4_w4")["layouts"] == ["contiguous"]
-    assert not any(a == "packed_r4_w4" and c.startswith("3x200") for c, _, _, a in timing_keys(run))
+    assert next(a for a in plan["arms"] if a["name"] == "torch_eager")["layouts"] == ["contiguous"]
+    assert not any(a == "torch_eager" and c.startswith("3x200") for c, _, _, a in timing_keys(run))
     strided = json.loads((run / "summary.json").read_text())["cases"][1]
-    assert strided["arms"]["packed_r4_w4"]["status"] == "unavailable"
-    assert strided["arms"]["packed_r4_w4"]["reason"] == "does not take layout 'row_strided'"
+    assert strided["arms"]["torch_eager"]["status"] == "unavailable"
+    assert strided["arms"]["torch_eager"]["reason"] == "does not take layout 'row_strided'"
     result = verify_run_dir(run)
     assert result.ok, result.failures
 
-    correctness = run / "correctness.jsonl"  # planted: the checks where it does take the layout are gone
-    rows = [line for line in correctness.read_text().splitlines() if '"packed_r4_w4"' not in line]
-    correctness.write_text("\n".join(rows) + "\n")
-    write_summary(run, overwrite=True)
-    seal(run)
+    _drop_arm_checks(run, "torch_eager")  # planted: also the checks where it does take the layout
     coverage = next(c for c in verify_run_dir(run).checks if c.name == "correctness coverage")
-    assert not coverage.ok and "case 4x64/contiguous/bfloat16 arm packed_r4_w4: no correctness check" in coverage.detail
+    assert not coverage.ok and "case 4x64/contiguous/bfloat16 arm torch_eager: no correctness check" in coverage.detail
+
+
+def test_a_candidate_may_not_skip_layouts(tmp_path, monkeypatch):
+    """A candidate unavailable in a case would leave the gate there: the runner refuses one that takes only
+    some layouts, and verify catches a plan that gives a candidate `layouts` to hide a failed case (planted:
+    the failing case's checks deleted, the summary rebuilt, the directory re-sealed)."""
+    from kerneltrial.ops.registry import get_op, load_builtin_ops
+
+    load_builtin_ops()
+    impl = get_op("rmsnorm").impl("packed_r4_w4")
+    monkeypatch.setattr(impl, "layouts", ("contiguous",))
+    with pytest.raises(RunError, match="candidate arm 'packed_r4_w4' takes only layouts contiguous; only a peer"):
+        run_trial(write_protocol(tmp_path), tmp_path / "refused")
+    monkeypatch.setattr(impl, "layouts", None)
+
+    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    plan_path = run / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    next(a for a in plan["arms"] if a["name"] == "packed_r4_w4")["layouts"] = ["contiguous"]
+    plan_path.write_text(json.dumps(plan))
+    _drop_arm_checks(run, "packed_r4_w4", "3x200")
+    coverage = next(c for c in verify_run_dir(run).checks if c.name == "correctness coverage")
+    assert not coverage.ok
+    assert "arm(s) ['packed_r4_w4'] have `layouts` but only a peer may skip layouts" in coverage.detail
+    assert "case 3x200/row_strided/bfloat16 arm packed_r4_w4: no correctness check" in coverage.detail

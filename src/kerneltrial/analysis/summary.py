@@ -83,7 +83,14 @@ from kerneltrial.analysis import stats
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, TIMED_CHECKS
+from kerneltrial.rundir.layout import (
+    COPY_MATCHED,
+    HOST,
+    INPUT_FILES,
+    PARTIAL_LAYOUT_KINDS,
+    TIMED_CHECKS,
+    TRITON_LAUNCH,
+)
 
 SCHEMA_V3 = "kerneltrial.summary/3"
 SCHEMA_V4 = "kerneltrial.summary/4"
@@ -105,8 +112,6 @@ TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
-COPY_MATCHED = "copy_matched"  # ceilings.csv kind of a copy of one case's traffic (optional, from issue 16)
-TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor (optional: runs before issue 16 lack it)
 
 
 @dataclass(frozen=True)
@@ -484,7 +489,9 @@ def _empty_entry(kind: str, status: str) -> dict[str, Any]:
 def takes_layout(arm: dict[str, Any], case: dict[str, Any]) -> bool:
     """Whether plan.json's arm takes the case's layout: an arm with `layouts` (a peer that only
     takes some, e.g. contiguous rows) is neither checked nor timed in the others."""
-    return "layouts" not in arm or case.get("layout") in arm["layouts"]
+    if "layouts" not in arm or arm["kind"] not in PARTIAL_LAYOUT_KINDS:  # a candidate's `layouts` is ignored
+        return True
+    return case.get("layout") in arm["layouts"]
 
 
 def _arm_entry(

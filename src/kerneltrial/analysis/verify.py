@@ -152,6 +152,7 @@ NO_LAUNCH_WARNING = "ceilings.csv has no launch samples; the launch-floor plausi
 TRITON_LAUNCH = "triton_launch"  # ceilings.csv kind of the Triton launch floor; optional
 TRITON_FLOOR_FIELDS = ("triton_launch_floor_ns", "triton_launch_samples")
 COPY_MATCHED = "copy_matched"  # ceilings.csv kind of a copy of one case's traffic; optional
+PARTIAL_LAYOUT_KINDS = ("peer", "calibration")  # the only arm kinds plan.json may give `layouts`
 # the checks only a run with timed checks has; listed as not applicable for older runs
 CHECKED_RUN_CHECKS = (
     "plan contract fields",
@@ -1111,10 +1112,21 @@ def _correctness_outcome(
     available = [a for a in plan["arms"] if a["available"]]
     outcome: dict[tuple[str, str], str] = {}
     problems: list[str] = []
+    partial = [a["name"] for a in plan["arms"] if "layouts" in a and a.get("kind") not in PARTIAL_LAYOUT_KINDS]
+    if partial:
+        problems.append(
+            f"arm(s) {partial} have `layouts` but only a peer may skip layouts; the plan is not the runner's"
+        )
     for plan_case in plan["cases"]:
         case = str(plan_case["case"])
-        # an arm whose `layouts` exclude the case's is not checked there, like an unavailable one
-        for arm in [a["name"] for a in available if "layouts" not in a or plan_case.get("layout") in a["layouts"]]:
+        # a peer whose `layouts` exclude the case's is not checked there, like an unavailable one
+        for arm in [
+            a["name"]
+            for a in available
+            if "layouts" not in a
+            or a.get("kind") not in PARTIAL_LAYOUT_KINDS
+            or plan_case.get("layout") in a["layouts"]
+        ]:
             checks = by_key.get((case, arm), [])
             if not checks:
                 outcome[(case, arm)] = "unchecked"

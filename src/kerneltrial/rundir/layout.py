@@ -22,6 +22,13 @@ SUMMARY = "summary.json"
 # kernel run directories
 CORRECTNESS = "correctness.jsonl"
 CEILINGS = "ceilings.csv"
+# ceilings.csv kinds measured from issue 16 on (optional: earlier runs lack them)
+COPY_MATCHED = "copy_matched"  # a copy of one case's traffic (`bytes`)
+TRITON_LAUNCH = "triton_launch"  # a one-element Triton kernel: the Triton launch floor
+# plan.json arm kinds that may take only some layouts (the arm's `layouts`): a peer (e.g. one that
+# takes only contiguous rows) and a calibration copy of one. A candidate must take every layout:
+# unavailable in a case, it would leave the gate there.
+PARTIAL_LAYOUT_KINDS = ("peer", "calibration")
 TIMINGS = "timings.csv"
 TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)

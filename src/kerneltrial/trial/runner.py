@@ -45,7 +45,7 @@ from kerneltrial.rundir.files import (
     write_json,
 )
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import RunDir
+from kerneltrial.rundir.layout import COPY_MATCHED, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import (
@@ -66,7 +66,6 @@ TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
-COPY_MATCHED = "copy_matched"  # ceilings.csv kind: a copy of one case's traffic (`bytes`)
 CHECKS_VERSION = 2  # plan.json `checks`: 2 = fresh values before every call, a random call checked (docs/DESIGN.md)
 
 
@@ -163,6 +162,12 @@ def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
         )
     if not control.available:
         raise RunError(f"the control {control.name!r} is unavailable here: {control.reason}")
+    for arm in arms:
+        if arm.layouts is not None and arm.kind not in PARTIAL_LAYOUT_KINDS:
+            raise RunError(
+                f"{arm.kind} arm {arm.name!r} takes only layouts {', '.join(arm.layouts)}; only a peer may skip "
+                "layouts (a candidate unavailable in a case would leave the gate): register it for every layout"
+            )
     return arms
 
 
@@ -230,7 +235,7 @@ def run_ceilings(run: RunDir, timer: Timer, device: torch.device, traffic: Seque
         "copy": (lambda: dst.copy_(src), 2 * nbytes),
         "read": (lambda: src.sum(), nbytes),
         "launch": (lambda: one.add_(0), 0),
-        "triton_launch": (lambda: triton_launch(one), 0),
+        TRITON_LAUNCH: (lambda: triton_launch(one), 0),
     }
     with csv_appender(run.ceilings, CEILING_COLUMNS) as append:
         for kind, (call, moved) in streams.items():
@@ -514,7 +519,7 @@ def build_plan(
         **({"order_seed_override": True} if order_seed is not None else {}),
         "arms": [
             {"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason}
-            | ({"layouts": list(a.layouts)} if a.layouts is not None else {})
+            | ({"layouts": list(a.layouts)} if a.layouts is not None else {})  # peers only: resolve_arms
             for a in arms
         ],
         "cases": [],
