@@ -68,7 +68,8 @@ def test_a_malformed_triton_launch_row_is_caught_even_when_the_summary_is_rebuil
     write_summary(path, overwrite=True)
     seal(path)
     ok, _, detail = _checks(path)["triton launch floor"]
-    assert not ok and "triton_launch sample 1: bytes 64 (must be 0), ns -5200 (must be > 0)" in detail
+    assert not ok and "triton_launch sample 1 of 64 bytes: ns -5200 (must be finite and > 0)" in detail
+    assert "triton_launch sample(s) of 64 bytes: must be 0" in detail
 
 
 def test_a_summary_claiming_a_floor_the_raw_rows_lack_is_caught(tmp_path: Path) -> None:

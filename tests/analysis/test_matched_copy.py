@@ -76,3 +76,25 @@ def test_a_claim_without_rows_is_caught(tmp_path: Path) -> None:
     seal(path)
     ok, _, detail = _check(path)
     assert not ok and "have matched_copy_gbps but ceilings.csv has no copy_matched rows" in detail
+
+
+def test_malformed_matched_copy_rows_are_caught_without_a_crash(tmp_path: Path) -> None:
+    for bad in ("0.0", "inf", "-5.0"):
+        path = write_checked_run(tmp_path / f"run-{bad}", RunSpec(matched_copy_ns=COPIES))
+        _forge(path, "copy_matched,1,4000000,2100.0", f"copy_matched,1,4000000,{bad}", rebuild=False)
+        ok, _, detail = _check(path)
+        assert not ok and "copy_matched sample 1 of 4000000 bytes: ns" in detail and "must be finite and > 0" in detail
+
+
+def test_odd_sizes_and_cherry_picked_samples_are_caught(tmp_path: Path) -> None:
+    odd = write_checked_run(tmp_path / "odd", RunSpec(matched_copy_ns=COPIES))
+    text = (odd / "ceilings.csv").read_text()
+    block = text[text.index("copy_matched") :]
+    _forge(odd, block, block.replace(",4000000,", ",4000001,"), rebuild=True)
+    assert "copy_matched sample(s) of 4000001 bytes: must be even and > 0" in _check(odd)[2]
+
+    picked = write_checked_run(tmp_path / "picked", RunSpec(matched_copy_ns=COPIES))
+    # the fastest sample dropped (it would raise the median), the summary rebuilt: caught by the sample numbers
+    _forge(picked, "copy_matched,2,4000000,1900.0\n", "", rebuild=True)
+    ok, _, detail = _check(picked)
+    assert not ok and "copy_matched samples of 4000000 bytes are ['0', '1', '3', '4'], not 0..4" in detail

@@ -1281,22 +1281,9 @@ def _check_triton_floor(recorded: dict[str, Any], ceiling_rows: list[dict[str, s
                 name, f"not applicable: ceilings.csv has no {TRITON_LAUNCH} rows (a run from before it)"
             )
         return
-    problems: list[str] = []
-    launches: list[float] = []
-    seen: set[str] = set()
-    for row in rows:
-        try:
-            ns, moved = float(row["ns"]), int(row["bytes"])
-        except ValueError as error:
-            problems.append(f"{TRITON_LAUNCH} sample {row['sample']}: unparsable ({error})")
-            continue
-        if moved != 0 or not ns > 0 or row["sample"] in seen:
-            problems.append(
-                f"{TRITON_LAUNCH} sample {row['sample']}: bytes {moved} (must be 0), ns {ns:g} (must be > 0)"
-                + (", a repeated sample number" if row["sample"] in seen else "")
-            )
-        seen.add(row["sample"])
-        launches.append(ns)
+    samples, problems = _ceiling_sets(rows, TRITON_LAUNCH, _copy_count(ceiling_rows))
+    problems += [f"{TRITON_LAUNCH} sample(s) of {moved} bytes: must be 0" for moved in samples if moved != 0]
+    launches = [ns for values in samples.values() for ns in values]
     floor = _median(launches) if launches else None
     problems += _diff(
         "ceilings",
@@ -1305,6 +1292,40 @@ def _check_triton_floor(recorded: dict[str, Any], ceiling_rows: list[dict[str, s
         TRITON_FLOOR_FIELDS,
     )
     result.add(name, problems, f"{floor} ns, the median of {len(launches)} one-element Triton launches")
+
+
+def _copy_count(ceiling_rows: list[dict[str, str]]) -> int | None:
+    """Samples per ceiling kind (and size): as many as the `copy` rows (the runner takes the same
+    number of each); None without copy rows."""
+    return sum(r["kind"] == "copy" for r in ceiling_rows) or None
+
+
+def _ceiling_sets(
+    rows: list[dict[str, str]], kind: str, per_set: int | None
+) -> tuple[dict[int, list[float]], list[str]]:
+    """ns of well-formed rows of one ceiling kind by bytes, and the problems: unparsable rows, ns not
+    finite and > 0, and any size whose sample numbers are not exactly 0..per_set-1 (a missing sample
+    may be a dropped fast one; a repeated one, an added slow one)."""
+    found: dict[int, list[float]] = {}
+    numbers: dict[int, list[str]] = {}
+    problems: list[str] = []
+    for row in rows:
+        try:
+            ns, moved = float(row["ns"]), int(row["bytes"])
+        except ValueError as error:
+            problems.append(f"{kind} sample {row['sample']}: unparsable ({error})")
+            continue
+        numbers.setdefault(moved, []).append(row["sample"])
+        found.setdefault(moved, [])  # a size with only bad rows is still a size
+        if not (math.isfinite(ns) and ns > 0):
+            problems.append(f"{kind} sample {row['sample']} of {moved} bytes: ns {ns:g} (must be finite and > 0)")
+            continue
+        found.setdefault(moved, []).append(ns)
+    for moved, samples in numbers.items():
+        expected = [str(i) for i in range(per_set if per_set is not None else len(samples))]
+        if sorted(samples, key=lambda x: (len(x), x)) != expected:
+            problems.append(f"{kind} samples of {moved} bytes are {sorted(samples)}, not 0..{len(expected) - 1}")
+    return found, problems
 
 
 def _check_matched_copies(
@@ -1326,29 +1347,19 @@ def _check_matched_copies(
                 name, f"not applicable: ceilings.csv has no {COPY_MATCHED} rows (a run from before it)"
             )
         return
-    problems: list[str] = []
-    rates: dict[int, list[float]] = {}
-    seen: set[tuple[str, str]] = set()
-    for row in rows:
-        try:
-            ns, moved = float(row["ns"]), int(row["bytes"])
-        except ValueError as error:
-            problems.append(f"{COPY_MATCHED} sample {row['sample']}: unparsable ({error})")
-            continue
-        key = (row["sample"], row["bytes"])
-        if moved <= 0 or moved % 2 or not ns > 0 or key in seen:
-            problems.append(
-                f"{COPY_MATCHED} sample {row['sample']} of {moved} bytes: bytes must be even and > 0, ns > 0 "
-                f"(ns {ns:g}){', a repeated sample' if key in seen else ''}"
-            )
-        seen.add(key)
-        rates.setdefault(moved, []).append(moved / ns)
-    wanted = {int(case["bytes"]) - int(case["bytes"]) % 2 for case in plan["cases"]}
+    samples, problems = _ceiling_sets(rows, COPY_MATCHED, _copy_count(ceiling_rows))
+    problems += [
+        f"{COPY_MATCHED} sample(s) of {moved} bytes: must be even and > 0"
+        for moved in samples
+        if moved <= 0 or moved % 2
+    ]
+    rates = {moved: [moved / ns for ns in values] for moved, values in samples.items()}
+    wanted = {int(case["bytes"]) - int(case["bytes"]) % 2 for case in plan["cases"]} - {0}  # the runner skips < 2
     if set(rates) != wanted:
         problems.append(f"{COPY_MATCHED} sizes {sorted(rates)} are not the cases' traffic {sorted(wanted)}")
     for case in plan["cases"]:
         moved = int(case["bytes"]) - int(case["bytes"]) % 2
-        expected = _median(rates[moved]) if moved in rates else None
+        expected = _median(rates[moved]) if rates.get(moved) else None
         problems += _diff(
             f"case {case['case']}",
             recorded.get(str(case["case"]), {}),
