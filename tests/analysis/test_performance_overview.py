@@ -65,6 +65,43 @@ def test_the_fastest_peer_is_the_timed_peer_of_smallest_median_and_its_band_come
     assert row.interval == Interval(1.2 / 1.2, 1.3 / 1.0)
 
 
+def test_the_fastest_peers_band_covers_the_pick_among_peers() -> None:
+    """The fastest peer is picked by point median; its band uses every peer's CI (the largest low and
+    the largest high), since a slower-looking peer may be the fastest within the noise."""
+    arms = {
+        "kerneltrial": arm("candidate", 800.0, ci=(1.2, 1.3)),
+        "liger": arm("peer", 900.0, ci=(1.0, 1.2)),  # fastest by median
+        "flaggems": arm("peer", 950.0, ci=(0.9, 1.25)),  # its CI high is the largest
+    }
+    (row,) = perf.best_peer_rows([case([1, 2048], 8192, arms)])
+    assert row.peer == "liger" and row.interval == Interval(1.2 / 1.25, 1.3 / 1.0)
+
+
+def test_the_worst_case_mark_reads_every_cases_band() -> None:
+    """Planted: the worst point ratio has a tight band above the target, another case a wide band across it."""
+    rows = [
+        perf.PeerRow("a", "contiguous", MIB, 100.0, "liger", 96.0, None, Interval(0.955, 0.965)),
+        perf.PeerRow("b", "contiguous", MIB, 100.0, "liger", 99.0, None, Interval(0.90, 1.08)),
+    ]
+    assert perf.mark_every_case(0.95, rows) == UNRESOLVED
+    assert perf.mark_every_case(0.95, rows[:1]) == MET
+    assert (
+        perf.mark_every_case(0.95, [*rows, perf.PeerRow("c", "contiguous", MIB, 100.0, "liger", 90.0, None, None)])
+        == MISSED
+    )
+
+
+def test_a_case_where_ours_is_not_timed_marks_its_group_missed() -> None:
+    """Planted: our entry point failed correctness in one case; leaving that case out would improve every
+    figure, so the group is missed and says why."""
+    good = {"kerneltrial": arm("candidate", 500.0, ci=(1.5, 1.6)), "liger": arm("peer", 900.0, ci=(0.9, 1.0))}
+    failed = {"kerneltrial": arm("candidate", None, status="failed correctness"), "liger": arm("peer", 900.0)}
+    cases = [case([1, 2048], MIB, good), case([2, 2048], MIB, failed), case([3, 2048], MIB, failed, "row_strided")]
+    rows = perf.device_rows("run", perf.best_peer_rows(cases), perf.untimed_cases(cases))
+    assert rows[0][3:] == ["1 (ours not timed: 1)", rows[0][4], MISSED, rows[0][6], MISSED]
+    assert rows[1] == ["run", "`row_strided`", "small", "0 (ours not timed: 1)", "–", MISSED, "–", MISSED]
+
+
 def test_device_rows_separate_layouts_and_regimes() -> None:
     def two(ours: float, peer: float, ci: tuple[float, float], peer_ci: tuple[float, float]) -> dict:
         return {"kerneltrial": arm("candidate", ours, ci=ci), "torch_compile": arm("peer", peer, ci=peer_ci)}
@@ -75,7 +112,7 @@ def test_device_rows_separate_layouts_and_regimes() -> None:
         case([4096, 2048], 100 * MIB, two(1000.0, 940.0, (0.9, 0.95), (1.0, 1.02))),  # large: 0.94 [0.882, 0.95]
         case([4096, 2048], 100 * MIB, two(1000.0, 1300.0, (1.3, 1.35), (1.0, 1.01)), layout="row_strided"),
     ]
-    rows = perf.device_rows("run", perf.best_peer_rows(cases))
+    rows = perf.device_rows("run", perf.best_peer_rows(cases), perf.untimed_cases(cases))
     assert [row[1:4] for row in rows] == [
         ["`contiguous`", "small", "2"],
         ["`contiguous`", "large", "1"],

@@ -31,6 +31,7 @@ from kerneltrial.analysis.report import (
     REASON,
     errata,
     errata_field,
+    freeze_line,
     markdown_table,
     num_cell,
     operator_name,
@@ -118,6 +119,16 @@ def _timed(case: SummaryCase, name: str) -> ArmFigures | None:
     return entry if entry is not None and entry.status == TIMED and entry.median_ns_per_call else None
 
 
+def _fastest_peer_interval(peers: list[ArmFigures]) -> stats.Interval | None:
+    """An interval for the fastest peer's speedup over the control: [max of the peers' CI lows,
+    max of their CI highs]. The fastest is picked by point median, so using only its own CI would
+    ignore the pick; this holds whenever every peer's CI does. None when a peer has no CI."""
+    cis = [_ci(peer) for peer in peers]
+    if any(ci is None for ci in cis):
+        return None
+    return stats.Interval(max(ci.low for ci in cis if ci), max(ci.high for ci in cis if ci))
+
+
 def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
     """Per case with our entry point and some peer timed: ours against the peer of smallest median."""
     rows = []
@@ -127,8 +138,8 @@ def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
         if ours is None or not peers:
             continue
         best = min(peers, key=lambda name: peers[name].median_ns_per_call or 0.0)
-        ours_ci, peer_ci = _ci(ours), _ci(peers[best])
-        interval = stats.ratio_interval(ours_ci, peer_ci) if ours_ci and peer_ci else None
+        ours_ci, fastest_ci = _ci(ours), _fastest_peer_interval(list(peers.values()))
+        interval = stats.ratio_interval(ours_ci, fastest_ci) if ours_ci and fastest_ci else None
         rows.append(
             PeerRow(
                 case.case,
@@ -155,11 +166,35 @@ def _band(interval: stats.Interval | None) -> str:
     return "" if interval is None else f" [{interval.low:.3f}, {interval.high:.3f}]"
 
 
-def device_rows(run: str, rows: list[PeerRow]) -> list[list[str]]:
-    """Per (layout, regime): cases, geomean ratio with its band, worst case, each against its target."""
+def mark_every_case(target: float, rows: list[PeerRow]) -> str:
+    """ "No case below target" over every case's band (its point value where it has none): met when
+    every case's low is at or above the target, missed when some case's high is below it."""
+    bands = [r.interval or stats.Interval(r.ratio, r.ratio) for r in rows]
+    if all(b.low >= target for b in bands):
+        return MET
+    return MISSED if any(b.high < target for b in bands) else UNRESOLVED
+
+
+def untimed_cases(cases: list[SummaryCase]) -> dict[tuple[str, str], list[str]]:
+    """Per (layout, regime): the cases where our entry point has no timed median (it failed, was
+    implausible, or was not run): they are not in the ratios, and their group cannot meet a target."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for case in cases:
+        if _timed(case, OURS) is None:
+            found.setdefault((case.layout, regime(case.bytes)), []).append(case.case)
+    return found
+
+
+def device_rows(run: str, rows: list[PeerRow], untimed: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """Per (layout, regime): cases, geomean ratio with its band, worst case, each against its target;
+    a group with a case where ours is not timed is missed whatever its ratios."""
     body = []
-    for layout, where in _groups([(r.layout, regime(r.bytes)) for r in rows]):
+    for layout, where in _groups([(r.layout, regime(r.bytes)) for r in rows] + list(untimed)):
         group = [r for r in rows if r.layout == layout and regime(r.bytes) == where]
+        missing = untimed.get((layout, where), [])
+        if not group:
+            body.append([run, f"`{layout}`", where, f"0 (ours not timed: {len(missing)})", "–", MISSED, "–", MISSED])
+            continue
         geomean = _geomean([r.ratio for r in group])
         intervals = [r.interval for r in group if r.interval is not None]
         band = stats.geomean_interval(intervals) if len(intervals) == len(group) else None
@@ -169,11 +204,11 @@ def device_rows(run: str, rows: list[PeerRow]) -> list[list[str]]:
                 run,
                 f"`{layout}`",
                 where,
-                str(len(group)),
+                str(len(group)) + (f" (ours not timed: {len(missing)})" if missing else ""),
                 f"{geomean:.3f}{_band(band)}",
-                mark_at_least(GEOMEAN_TARGET, geomean, band),
+                MISSED if missing else mark_at_least(GEOMEAN_TARGET, geomean, band),
                 f"{worst.ratio:.3f}{_band(worst.interval)} (`{worst.case}` vs `{worst.peer}`)",
-                mark_at_least(WORST_TARGET, worst.ratio, worst.interval),
+                MISSED if missing else mark_every_case(WORST_TARGET, group),
             ]
         )
     return body
@@ -194,9 +229,11 @@ def _pct_cells(pcts: dict[str, float]) -> tuple[list[str], float | None]:
     return [f"{float(np.median(list(pcts.values()))):.1f}", f"{pcts[worst]:.1f} (`{worst}`)"], pcts[worst]
 
 
-def bandwidth_row(run: str, layout: str, cases: list[SummaryCase]) -> list[str] | None:
+def bandwidth_row(run: str, layout: str, cases: list[SummaryCase], cold: bool = True) -> list[str] | None:
     """Our % of copy bandwidth in the mid and large regimes of one layout (median and worst case),
-    against the 1 GiB copy and against the copy of each case's own traffic."""
+    against the 1 GiB copy and against the copy of each case's own traffic. The size-matched copy
+    is timed one call at a time, as cases are only under a cold L2 (`cold`); in a hot-L2 or
+    graph run it is left out."""
     cells, worst_all = [], None
     for where in ("mid", "large"):
         timed = [
@@ -217,7 +254,7 @@ def bandwidth_row(run: str, layout: str, cases: list[SummaryCase]) -> list[str] 
         if c.layout == layout and regime(c.bytes) != "small"
         for e in [_timed(c, OURS)]
         if e
-        for pct in [_pct_of_matched(c, e)]
+        for pct in [_pct_of_matched(c, e) if cold else None]
         if pct is not None
     }
     matched_cells, matched_worst = _pct_cells(matched)
@@ -295,12 +332,15 @@ def host_row(run: str, cases: list[SummaryCase]) -> list[str] | None:
 
 
 def _run_cell(run_dir: Path, summary: Summary) -> str:
-    mark = " (errata)" if errata(run_dir) else ""
-    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`){mark}"
+    """The operator and run, marked where the run has errata or its protocol was not frozen
+    (its settings, panel included, were not preregistered: `report.freeze_line`)."""
+    marks = [m for m, on in (("errata", errata(run_dir)), ("not frozen", _not_frozen(run_dir, summary))) if on]
+    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + "".join(f" ({m})" for m in marks)
 
 
-def _coverage(confidences: set[float]) -> str:
-    return ", ".join(f"{100 * (2 * c - 1):g}% for two {100 * c:g}% CIs" for c in sorted(confidences))
+def _not_frozen(run_dir: Path, summary: Summary) -> bool:
+    line = freeze_line(run_dir, summary)
+    return line is not None and "NOT FROZEN" in line
 
 
 def overview_table(run_dirs: list[Path]) -> list[str]:
@@ -313,9 +353,10 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
             continue
         run = _run_cell(run_dir, summary)
         confidences.add(summary.bootstrap.confidence)
-        device += device_rows(run, best_peer_rows(summary.cases))
+        device += device_rows(run, best_peer_rows(summary.cases), untimed_cases(summary.cases))
         layouts = list(dict.fromkeys(c.layout for c in summary.cases))
-        bandwidth += [row for layout in layouts if (row := bandwidth_row(run, layout, summary.cases))]
+        cold = summary.l2 == "cold" and summary.backend == "cuda-events"
+        bandwidth += [row for layout in layouts if (row := bandwidth_row(run, layout, summary.cases, cold))]
         floor += [row for row in (floor_row(run, summary),) if row]
         row = host_row(run, summary.cases)
         if row:
@@ -343,11 +384,16 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
             "",
             "Ratio = the fastest timed peer's median / our entry point's median, per case (> 1: ours is faster); "
             "the fastest peer is the one with the smallest median in that case. Band of a case: [our speedup's CI low "
-            "/ the peer's CI high, our CI high / the peer's CI low], both paired-bootstrap CIs over the control from "
-            "summary.json (the runs keep no bootstrap of ours against a peer); it holds whenever both CIs do "
-            f"(at least {_coverage(confidences)}). Band of a geomean: the geomeans of the cases' lower and upper "
-            "bounds, which hold whenever every case's band does (conservative; no independence assumed). A group "
-            "without a band for every case is marked on its point value.",
+            "/ the largest CI high among the peers, our CI high / the largest CI low among the peers], from the "
+            "paired-bootstrap CIs over the control in summary.json (the runs keep no bootstrap of ours against a "
+            "peer); it holds whenever our CI and every peer's CI do, so for k peers at confidence c its coverage is "
+            "at least 1 - (k + 1)(1 - c) (Bonferroni), whatever their dependence. Band of a geomean: the geomeans of "
+            "the cases' lower and upper bounds, which holds whenever every case's band does: for n cases, at least "
+            "1 - n(k + 1)(1 - c), a weak guarantee for large groups; read it as the range the noise of the run "
+            "allows, not as a 95% interval. The worst-case mark is met only when every case's band is at or above "
+            "the target and missed when some case's band is below it. A case where our entry point is not timed "
+            "is left out of the ratios and marks its group missed. A group without a band for every case is "
+            f"marked on its point value. Confidence of the runs' CIs: {', '.join(f'{c:g}' for c in sorted(confidences))}.",
             "",
             *markdown_table(
                 ["operator (run)", "layout", "regime", "cases", "geomean [band]", f">= {GEOMEAN_TARGET:g}"]
