@@ -35,6 +35,11 @@ difference is judged by the operator's own tolerance; none is loosened for SGLan
   logits are fp32 already).
 - sigmoid_gate_mul: no SGLang kernel of that contract was found in 0.5.23.
 
+On the GPU machine the wheel is carried slimmed (scripts/device/slim_wheel.py): sglang/kernels/
+whole and the .py files of sglang/srt/, byte-identical; provenance's "sglang 0.5.23" means those
+files of that version, not the whole package (results/h200-sglang-probe: `import sglang` itself
+fails there, the kernel namespace imports).
+
 Import: SGLang's kernel namespace is imported without running `sglang/__init__.py`. That
 file sets TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR (os.environ.setdefault) and patches
 transformers: side effects on every other arm and on model trials in the same process; it
