@@ -152,6 +152,26 @@ def test_resume_refuses_a_changed_kernel_module(tmp_path):
         run_trial(protocol, out, resume=True)
 
 
+@pytest.mark.parametrize(
+    ("planted", "named"),
+    [({"hostname": "other-host"}, "host other-host"), ({"device": {"uuid": "GPU-planted"}}, "GPU GPU-planted")],
+)
+def test_resume_refuses_another_chip_or_host(tmp_path, planted, named):
+    """A run started on another GPU (its recorded uuid) or host is never continued here: its
+    rows would come from two chips (a fleet unit is resumed wherever Ray puts it)."""
+    protocol = write_protocol(tmp_path)
+    run = run_trial(protocol, tmp_path / "run")
+    provenance = json.loads((run / "provenance.json").read_text())
+    provenance["finished_at"] = None  # as if killed before the end
+    provenance["hostname"] = planted.get("hostname", provenance["hostname"])
+    provenance["device"] |= planted.get("device", {})
+    (run / "provenance.json").write_text(json.dumps(provenance))
+    before = (run / "timings.csv").read_bytes()
+    with pytest.raises(RunError, match=f"{named}.*start a new run directory"):
+        run_trial(protocol, run, resume=True)
+    assert (run / "timings.csv").read_bytes() == before
+
+
 def test_resume_after_the_summary_was_written_finishes(tmp_path):
     protocol = write_protocol(tmp_path)
     run = run_trial(protocol, tmp_path / "run")

@@ -3,8 +3,11 @@
 A fleet directory holds protocol.toml (the protocol's bytes), pieces/<unit>.toml (the protocol
 each work unit ran: the protocol with its cases cut to the unit's and its order seed; paths
 rebased onto pieces/), workers/<unit> (each a complete kernel run directory, with its own
-provenance: host, device and its UUID, versions), logs/<unit>.log and fleet.json: the work
-units with their status, device and error, and the combined figures once every unit finished.
+provenance: host, device and its UUID, versions), logs/<unit>.log, abandoned/<unit>-attemptN
+(a unit's partial run that attempt N found started on another GPU or host: set aside, never
+resumed, so no run mixes two chips' rows) and fleet.json: the work units with their status,
+device, error and set-aside runs, the sha256 of what each protocol path named at plan time, and
+the combined figures once every unit finished.
 
 - replicas (`--replicas N`): units replica-1..N, each every case, order seed protocol + i
   (as `kerneltrial replicate`);
@@ -15,8 +18,11 @@ The combined figures reuse the replicate table's row (analysis/replicates.case_r
 arm) over the units that ran the case: each unit's verdict, speedup and CI, the between-unit
 range and sd of the speedup beside the mean within-unit CI width, and the pooled speedup (the
 geometric mean over those units). Per arm: each unit's geomean with its CI and preregistered
-gate, the pooled geomean over every (case, unit) speedup, and `holds_on_every_gpu`: the gate
-passed on every unit. `verify DIR` verifies every unit's run and `fleet_checks` below.
+gate, the pooled geomean over every (case, unit) speedup, and `passed_in_every_unit` (replicas,
+one GPU each: "holds on every GPU"; shards: "gate passed in every shard", each shard's gate
+judging only its cases). Shards also get `panel_gate`: the protocol's gate over the whole panel
+from each case's entry in the shard that ran it, by the kernel summary's own rule. `verify DIR`
+verifies every unit's run and `fleet_checks` below.
 """
 
 from __future__ import annotations
@@ -41,8 +47,46 @@ Mode = Literal["replicas", "shard"]
 # exited 0 or 1 with a summary.json; failed: the worker raised, died or `run` exited otherwise;
 # refused: the worker's device model is not the fleet's
 UnitStatus = Literal["pending", "running", "finished", "failed", "refused"]
-# protocol keys holding paths relative to the protocol's folder: a piece rebases them onto pieces/
-PATH_KEYS = ("impl_modules", "calibration_run", "rule", "derived_from")
+ABANDONED = "abandoned"  # partial unit runs started on another GPU or host, set aside
+
+
+def protocol_paths(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) of every path a protocol's TOML names (relative to its folder: a piece
+    rebases them onto pieces/), in order: `impl_modules[i]` (dotted
+    module names too), `calibration_run`, `rule.path`, `derived_from[i].path`."""
+    paths = [(f"impl_modules[{i}]", m) for i, m in enumerate(data.get("impl_modules", []))]
+    if "calibration_run" in data:
+        paths.append(("calibration_run", data["calibration_run"]))
+    if "rule" in data:
+        paths.append(("rule.path", data["rule"]["path"]))
+    paths += [(f"derived_from[{i}].path", d["path"]) for i, d in enumerate(data.get("derived_from", []))]
+    return paths
+
+
+def _without_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """The protocol's keys but cases, order seed and path strings (a rule's sha256 stays)."""
+    kept = {k: v for k, v in data.items() if k not in ("cases", "order_seed", "impl_modules", "calibration_run")}
+    if "rule" in kept:
+        kept["rule"] = {k: v for k, v in kept["rule"].items() if k != "path"}
+    if "derived_from" in kept:
+        kept["derived_from"] = [{k: v for k, v in d.items() if k != "path"} for d in kept["derived_from"]]
+    return kept
+
+
+class PathDigest(Document):
+    """One path of the protocol, as every piece names it, with what it named at plan time."""
+
+    key: str  # as protocol_paths names it
+    path: str  # in the protocol, relative to its folder
+    piece_path: str  # in every piece, relative to pieces/
+    sha256: (
+        str | None
+    )  # a file's (a user module's as the runner records it), a run directory's manifest.json's; None: absent
+
+
+class Abandoned(Document):
+    path: str  # abandoned/<unit>-attemptN, relative to the fleet directory
+    reason: str
 
 
 class Unit(Document):
@@ -56,6 +100,7 @@ class Unit(Document):
     host: str | None = None
     device: str | None = None  # the worker's device model: the GPU's name, or the CPU's
     device_uuid: str | None = None
+    abandoned: list[Abandoned] = []  # partial runs set aside, never resumed (started on another chip)
 
     @property
     def piece(self) -> str:
@@ -68,6 +113,10 @@ class Unit(Document):
     @property
     def log(self) -> str:
         return f"{FLEET_LOGS}/{self.id}.log"
+
+    def set_aside(self, attempt: int) -> str:
+        """Where attempt `attempt` moves a partial run it must not resume."""
+        return f"{ABANDONED}/{self.id}-attempt{attempt}"
 
 
 class FleetCase(Document):
@@ -86,6 +135,16 @@ class FleetCase(Document):
     same_verdict: bool
 
 
+class PanelGate(Document):
+    """The protocol's gate over the whole panel (shards): each case's entry from its shard."""
+
+    passed: bool
+    reasons: list[str]
+    geomean: float | None
+    geomean_ci_low: float | None
+    geomean_ci_high: float | None
+
+
 class FleetArm(Document):
     arm: str
     workers: list[str]
@@ -94,7 +153,8 @@ class FleetArm(Document):
     geomean_ci_low: list[float | None]
     geomean_ci_high: list[float | None]
     pooled_geomean: float | None  # over every (case, unit) speedup
-    holds_on_every_gpu: bool  # the gate passed on every unit
+    passed_in_every_unit: bool  # each unit's gate passed (shards: each over its own cases only)
+    panel_gate: PanelGate | None  # shards: the gate over the whole panel; replicas: None
 
 
 class Combined(Document):
@@ -112,6 +172,7 @@ class Fleet(Document):
     mixed_devices: bool  # the protocol's key: units on different device models are accepted
     address: str | None  # the Ray cluster's address as given; None: a local cluster
     git: Git  # the driver's code; every unit's run must have run the same
+    paths: list[PathDigest]  # the protocol's paths, as the pieces name them, with their sha256
     started_at: str
     finished_at: str | None  # None until every unit finished and the figures were combined
     units: list[Unit]
@@ -175,6 +236,7 @@ def combine(root: Path, fleet: Fleet) -> Combined:
                     same_verdict=len(set(row.verdicts)) == 1,
                 )
             )
+    panel = _panel_gates(root, fleet, summaries) if fleet.mode == "shard" else {}
     fleet_arms = []
     for arm in arms:
         aggregates = [summaries[u.id]["aggregates"].get(arm, {}) for u in fleet.units]
@@ -189,10 +251,40 @@ def combine(root: Path, fleet: Fleet) -> Combined:
                 geomean_ci_low=[a.get("geomean_ci_low") for a in aggregates],
                 geomean_ci_high=[a.get("geomean_ci_high") for a in aggregates],
                 pooled_geomean=_geomean(speedups),
-                holds_on_every_gpu=all(gates),
+                passed_in_every_unit=all(gates),
+                panel_gate=panel.get(arm),
             )
         )
     return Combined(control=control, cases=cases, arms=fleet_arms)
+
+
+def _panel_gates(root: Path, fleet: Fleet, summaries: dict[str, dict[str, Any]]) -> dict[str, PanelGate]:
+    """Shards: each arm's gate over the whole panel, every case's entry taken from the shard that
+    ran it, judged by the kernel summary's own rule (its aggregates and gate, not a copy)."""
+    from kerneltrial.analysis import stats
+    from kerneltrial.analysis.summary import _aggregates_and_gate, load_run, schema_of
+
+    ran_by = {i: u for u in fleet.units for i in u.case_indices}
+    cases = [summaries[ran_by[i].id]["cases"][ran_by[i].case_indices.index(i)] for i in sorted(ran_by)]
+    first = fleet.units[0]
+    run = load_run(Path(root) / first.run)  # the plan's gate and arms; the summary schema's gate rule
+    bootstrap = summaries[first.id]["bootstrap"]
+    rule = stats.BootstrapRule(int(bootstrap["resamples"]), int(bootstrap["seed"]), float(bootstrap["confidence"]))
+    control = summaries[first.id]["control"]
+    aggregates, gate = _aggregates_and_gate(
+        cases, run.plan, control, rule, schema_of(run, None, None)
+    )  # no ceilings: they
+    # feed only the plausibility limits, already judged into each case's status
+    return {
+        arm: PanelGate(
+            passed=verdict["passed"],
+            reasons=verdict["reasons"],
+            geomean=aggregates[arm]["geomean"],
+            geomean_ci_low=aggregates[arm]["geomean_ci_low"],
+            geomean_ci_high=aggregates[arm]["geomean_ci_high"],
+        )
+        for arm, verdict in gate["arms"].items()
+    }
 
 
 # ---------------------------------------------------------------- verify
@@ -228,9 +320,16 @@ def _coverage(parent: dict[str, Any], fleet: Fleet) -> list[str]:
 
 
 def _pieces(root: Path, parent: dict[str, Any], fleet: Fleet) -> list[str]:
-    """Each unit's run ran its piece: the protocol with the unit's cases and order seed, nothing else changed."""
+    """Each unit's run ran its piece: the protocol with the unit's cases and order seed, its paths
+    those recorded at plan time (the user modules' hashes its run recorded among them), nothing
+    else changed."""
     problems = []
-    kept = {k: v for k, v in parent.items() if k not in ("cases", "order_seed", *PATH_KEYS)}
+    kept = _without_paths(parent)
+    recorded = [(d.key, d.path) for d in fleet.paths]
+    if recorded != protocol_paths(parent):
+        problems.append(f"fleet.json records paths {recorded}; {PROTOCOL} names {protocol_paths(parent)}")
+    pieces = [(d.key, d.piece_path) for d in fleet.paths]
+    modules = {d.piece_path: d.sha256 for d in fleet.paths if d.key.startswith("impl_modules[") and d.sha256}
     for u in fleet.units:
         ran_path = root / u.run / PROTOCOL
         if not ran_path.is_file():
@@ -242,9 +341,17 @@ def _pieces(root: Path, parent: dict[str, Any], fleet: Fleet) -> list[str]:
             problems.append(f"{u.id} ran cases {ran.get('cases')}, not the protocol's cases {u.case_indices}")
         if ran.get("order_seed", 0) != u.order_seed:
             problems.append(f"{u.id} ran order seed {ran.get('order_seed', 0)}, listed {u.order_seed}")
-        other = sorted(k for k in {*kept, *ran} - {"cases", "order_seed", *PATH_KEYS} if kept.get(k) != ran.get(k))
+        without = _without_paths(ran)
+        other = sorted(k for k in {*kept, *without} if kept.get(k) != without.get(k))
         if other:
             problems.append(f"{u.id} ran a protocol that differs from the fleet's in {', '.join(other)}")
+        if protocol_paths(ran) != pieces:
+            problems.append(f"{u.id} ran paths {protocol_paths(ran)}; every piece names {pieces}")
+        if (root / u.run / "provenance.json").is_file():
+            loaded = read_provenance(root / u.run).impl_modules
+            changed = sorted(m for m, digest in modules.items() if loaded.get(m) != digest)
+            if changed:
+                problems.append(f"{u.id} loaded {changed} with other sha256 than they had when the fleet was planned")
     return problems
 
 
@@ -261,6 +368,13 @@ def _units(root: Path, fleet: Fleet) -> list[str]:
     )
     if present - listed:
         problems.append(f"{FLEET_WORKERS}/ holds runs no unit lists: {', '.join(sorted(present - listed))}")
+    set_aside = {a.path for u in fleet.units for a in u.abandoned}
+    found = {f"{ABANDONED}/{d.name}" for d in (root / ABANDONED).iterdir()} if (root / ABANDONED).is_dir() else set()
+    if found != set_aside:
+        problems.append(
+            f"{ABANDONED}/ holds {sorted(found)}, the units list {sorted(set_aside)} as set aside: "
+            "a partial run moved aside is listed with its reason"
+        )
     if fleet.finished_at is None:
         problems.append("the fleet did not end (finished_at is null)")
     return problems
@@ -269,10 +383,13 @@ def _units(root: Path, fleet: Fleet) -> list[str]:
 def _devices_and_code(root: Path, fleet: Fleet) -> tuple[list[str], list[str]]:
     devices, code = [], []
     modules: dict[str, dict[str, str]] = {}
+    chips: dict[str, list[str]] = {}
     for u in fleet.units:
         if not (root / u.run).is_dir():
             continue
         provenance = read_provenance(root / u.run)
+        if provenance.device.uuid is not None:
+            chips.setdefault(provenance.device.uuid, []).append(u.id)
         ran_on = provenance.device.gpu or provenance.device.cpu
         if (u.device, u.device_uuid, u.host) != (ran_on, provenance.device.uuid, provenance.hostname):
             devices.append(
@@ -287,6 +404,8 @@ def _devices_and_code(root: Path, fleet: Fleet) -> tuple[list[str], list[str]]:
     models = sorted({str(u.device) for u in fleet.units})
     if len(models) > 1 and not fleet.mixed_devices:
         devices.append(f"units ran on {models}; the protocol does not allow mixed devices (mixed_devices = true)")
+    if fleet.mode == "replicas":  # one GPU per replica, or "holds on every GPU" counts a chip twice
+        devices += [f"replicas {', '.join(ids)} ran on one GPU, {uuid}" for uuid, ids in chips.items() if len(ids) > 1]
     if len({tuple(sorted(m.items())) for m in modules.values()}) > 1:
         code.append(f"units loaded different user kernel modules: {modules}")
     return devices, code
@@ -327,10 +446,22 @@ def fleet_checks(root: Path) -> list[tuple[str, list[str], str]]:
             )
     return [
         ("fleet protocol", sha_problems, "protocol.toml is the protocol the fleet ran"),
-        ("fleet units", units, "every unit finished into its listed run directory, none unlisted"),
+        (
+            "fleet units",
+            units,
+            "every unit finished into its listed run directory, none unlisted or set aside unlisted",
+        ),
         ("fleet coverage", _coverage(parent, fleet), f"the units cover the protocol's cases as {fleet.mode} should"),
-        ("fleet pieces", _pieces(root, parent, fleet), "each unit ran the protocol cut to its cases and order seed"),
-        ("fleet devices", devices, "each unit's device and host are its run's; one device model unless mixed"),
+        (
+            "fleet pieces",
+            _pieces(root, parent, fleet),
+            "each unit ran the protocol cut to its cases and order seed, its paths and modules as planned",
+        ),
+        (
+            "fleet devices",
+            devices,
+            "each unit's device and host are its run's; one device model unless mixed; replicas on distinct GPUs",
+        ),
         ("fleet code", code, "every unit ran the fleet's code and the same user kernel modules"),
         (
             "combined figures",
@@ -347,6 +478,18 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _verdict(mode: Mode, arm: FleetArm) -> str:
+    if mode == "replicas":
+        return "holds on every GPU" if arm.passed_in_every_unit else "does NOT hold on every GPU"
+    every = "gate passed in every shard" if arm.passed_in_every_unit else "gate NOT passed in every shard"
+    panel = arm.panel_gate
+    if panel is None:
+        return every
+    ci = f"[{_fmt(panel.geomean_ci_low)}, {_fmt(panel.geomean_ci_high)}]"
+    judged = "passed" if panel.passed else f"FAILED ({'; '.join(panel.reasons)})"
+    return f"gate over the whole panel {judged}, geomean {_fmt(panel.geomean)} {ci}; {every}"
+
+
 def fleet_markdown(root: Path) -> str:
     fleet = read_fleet(root)
     lines = [
@@ -354,14 +497,15 @@ def fleet_markdown(root: Path) -> str:
         "",
         f"- cluster: {fleet.address or 'local'}; started {fleet.started_at}, finished {fleet.finished_at or 'NOT FINISHED'}",
         "",
-        "| unit | status | host | device | uuid | cases | order seed |",
-        "|---|---|---|---|---|---|---|",
+        "| unit | status | host | device | uuid | cases | order seed | set aside |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for u in fleet.units:
         status = u.status + (f" ({u.error})" if u.error and u.status != "finished" else "")
+        aside = "; ".join(f"{a.path}: {a.reason}" for a in u.abandoned) or "none"
         lines.append(
             f"| [`{u.id}`]({u.run}/{REPORT}) | {status} | {u.host} | {u.device} | {u.device_uuid} "
-            f"| {len(u.case_indices)} | {u.order_seed} |"
+            f"| {len(u.case_indices)} | {u.order_seed} | {aside} |"
         )
     combined = fleet.combined
     if combined is None:
@@ -374,9 +518,8 @@ def fleet_markdown(root: Path) -> str:
                 a.workers, a.geomeans, a.geomean_ci_low, a.geomean_ci_high, a.gate_passed, strict=True
             )
         )
-        verdict = "holds on every GPU" if a.holds_on_every_gpu else "does NOT hold on every GPU"
         lines.append(
-            f"- `{a.arm}`: {verdict}; pooled geomean {_fmt(a.pooled_geomean)}; per unit geomean [CI]: {per_unit}"
+            f"- `{a.arm}`: {_verdict(fleet.mode, a)}; pooled geomean {_fmt(a.pooled_geomean)}; per unit geomean [CI]: {per_unit}"
         )
     lines += [
         "",

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import typer
 
+from kerneltrial.analysis.fleet import FleetArm, Mode
 from kerneltrial.cli_support import CliError, ExitCode, console
 
 
 def run_on_ray(
     protocol: Path, out: Path, address: str | None, replicas: int | None, shard: str | None, resume: bool
 ) -> None:
-    """Exit 0 when every unit finished and some candidate holds on every GPU; 1 when a unit did
-    not finish (continue with --resume) or no candidate holds on every GPU."""
+    """Exit 0 when every unit finished and some candidate passed: replicas, the gate on every GPU;
+    shards, the protocol's gate over the whole panel (`passed`). 1 when a unit did not finish
+    (continue with --resume) or no candidate passed."""
     from kerneltrial.analysis.fleet import fleet_markdown
     from kerneltrial.fleet.driver import run_fleet
 
@@ -39,5 +41,11 @@ def run_on_ray(
         )
         raise typer.Exit(ExitCode.FAILED)
     human.print(f"next: kerneltrial verify {out} && kerneltrial report {out}", markup=False, soft_wrap=True)
-    if fleet.combined is None or not any(a.holds_on_every_gpu for a in fleet.combined.arms):
+    if fleet.combined is None or not any(passed(fleet.mode, a) for a in fleet.combined.arms):
         raise typer.Exit(ExitCode.FAILED)
+
+
+def passed(mode: Mode, arm: FleetArm) -> bool:
+    """The fleet's verdict on an arm: replicas, its gate on every GPU; shards, the protocol's gate
+    over the whole panel (each shard's gate judges only its cases)."""
+    return arm.passed_in_every_unit if mode == "replicas" else arm.panel_gate is not None and arm.panel_gate.passed

@@ -7,9 +7,12 @@ do, on --resume); a worker on another model refuses its unit unless the protocol
 `mixed_devices`. fleet.json is rewritten as each unit ends: finished, failed (the task raised,
 its worker died, or `run` exited other than 0/1: the error is kept) or refused. `--resume`
 runs only the units not finished, each with `run --resume` on its own directory (the kernel
-runner keeps every row already written and repeats none); a unit whose run finished after
-fleet.json last saw it is recorded finished without running again. When every unit finished,
-the combined figures (analysis/fleet.py) are written into fleet.json.
+runner keeps every row already written and repeats none) unless Ray put it on another GPU or
+host than its partial run started on: then that run is moved to abandoned/<unit>-attemptN,
+listed on the unit with the reason, and the unit starts afresh (no run mixes two chips' rows).
+A unit whose run finished after fleet.json last saw it is recorded finished without running
+again. When every unit finished, the combined figures (analysis/fleet.py) are written into
+fleet.json. Replicas need one GPU each: more replicas than the cluster has GPUs are refused.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kerneltrial.analysis.fleet import Fleet, Mode, Unit, combine, read_fleet, write_fleet
-from kerneltrial.fleet.pieces import write_piece
-from kerneltrial.fleet.worker import FAULT_ENV, Outcome, identity, run_unit
+from kerneltrial.analysis.fleet import Abandoned, Fleet, Mode, Unit, combine, read_fleet, write_fleet
+from kerneltrial.fleet.pieces import path_digests, write_piece
+from kerneltrial.fleet.worker import FAULT_ENV, TESTING_ENV, Outcome, identity, run_unit
 from kerneltrial.rundir.documents import Freeze, Git, read_provenance
 from kerneltrial.rundir.files import now, read_json
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import FLEET, PROTOCOL, SUMMARY
+from kerneltrial.rundir.layout import FLEET, FLEET_PIECES, PROTOCOL, SUMMARY
 from kerneltrial.rundir.provenance import git_state, source_digest
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import check_arms
@@ -74,6 +77,7 @@ def _plan(protocol: Path, out: Path, mode: Mode, replicas: int, workers: int, ad
         mixed_devices=p.mixed_devices,
         address=address,
         git=Git.model_validate(git_state()),
+        paths=path_digests(protocol, parent, out / FLEET_PIECES),
         started_at=now(),
         finished_at=None,
         units=units,
@@ -123,7 +127,18 @@ def _finish(fleet: Fleet, out: Path, unit: Unit, exit_code: int | None) -> Fleet
     )
 
 
+def _abandoned(fleet: Fleet, out: Path, unit: Unit, why: str | None) -> Fleet:
+    """List the partial run the unit's attempt (`unit` as recorded when it started) moved aside,
+    if it did; `why` is None when its worker died before saying."""
+    path = unit.set_aside(unit.attempts)
+    if not (out / path).exists():
+        return fleet
+    reason = why or f"its worker died before reporting why; see {unit.log}"
+    return _with(fleet, unit.id, abandoned=[*unit.abandoned, Abandoned(path=path, reason=reason)])
+
+
 def _ended(fleet: Fleet, out: Path, unit: Unit, outcome: Outcome) -> Fleet:
+    fleet = _abandoned(fleet, out, unit, outcome.abandoned)
     if outcome.refused is not None:
         return _with(fleet, unit.id, status="refused", error=outcome.refused, host=outcome.identity.host)
     if outcome.exit_code in (0, GATE_FAILED) and _finished(out / unit.run):
@@ -133,9 +148,10 @@ def _ended(fleet: Fleet, out: Path, unit: Unit, outcome: Outcome) -> Fleet:
 
 
 def _faults() -> dict[str, int]:
-    """The fault hook: {unit: rows} from FAULT_ENV ("UNIT:ROWS")."""
+    """The tests' fault hook (fleet/worker.py): {unit: rows} from FAULT_ENV ("UNIT:ROWS"), honoured
+    only with TESTING_ENV=1; {} otherwise."""
     spec = os.environ.get(FAULT_ENV)
-    if not spec:
+    if not spec or os.environ.get(TESTING_ENV) != "1":
         return {}
     unit, _, rows = spec.partition(":")
     return {unit: int(rows)}
@@ -154,17 +170,20 @@ def _schedule(ray: ModuleType, resources: dict[str, float], out: Path, fleet: Fl
         if _finished(out / unit.run):  # it ended after fleet.json last recorded it
             fleet = _finish(fleet, out, unit, None)
             continue
-        args = (str(out / unit.piece), str(out / unit.run), str(out / unit.log), expected, faults.get(unit.id))
+        aside = str(out / unit.set_aside(unit.attempts + 1))
+        args = (str(out / unit.piece), str(out / unit.run), str(out / unit.log), expected, aside, faults.get(unit.id))
         pending[task.remote(*args)] = unit
         fleet = _with(fleet, unit.id, status="running", attempts=unit.attempts + 1, error=None)
     write_fleet(out, fleet)
     while pending:
         [ref], _ = ray.wait(list(pending), num_returns=1)
-        unit = pending.pop(ref)
+        started = pending.pop(ref)
+        unit = next(u for u in fleet.units if u.id == started.id)  # as recorded when it started
         try:
             fleet = _ended(fleet, out, unit, ray.get(ref))
         except ray.exceptions.RayError as error:  # the task raised or its worker died
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            fleet = _abandoned(fleet, out, unit, None)
             fleet = _with(fleet, unit.id, status="failed", error=f"{type(error).__name__}: {first}")
         write_fleet(out, fleet)
     if fleet.complete:
@@ -188,6 +207,11 @@ def run_fleet(protocol: Path, out: Path, *, address: str | None, mode: Mode, rep
         ray.init(address=address, **({} if address else {"include_dashboard": False}))
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
+        if mode == "replicas" and gpus and replicas > gpus:  # two replicas on one chip would count it twice
+            raise FleetError(
+                f"--replicas {replicas} needs {replicas} GPUs, one per replica; the cluster has {gpus}: "
+                f"ask for at most {gpus} replicas or add GPUs to the cluster"
+            )
         resources = {"num_gpus": 1} if gpus else {"num_cpus": 1}
         if not resume:
             workers = gpus or int(ray.cluster_resources().get("CPU", 1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -88,6 +89,16 @@ def module_hashes(p: proto.Protocol, protocol_path: Path) -> dict[str, str]:
     return hashes
 
 
+def moved_device(record: dict[str, Any], uuid: str | None, host: str) -> str | None:
+    """Why an unfinished run (its provenance `record`) cannot continue on GPU `uuid` of `host`,
+    or None: a resumed run, a fleet unit above all (Ray picks its GPU), would mix two chips'
+    rows. A uuid or host the run did not record (a CPU run has no uuid) is not compared."""
+    started_uuid, started_host = record.get("device", {}).get("uuid"), record.get("hostname")
+    if started_uuid in (None, uuid) and started_host in (None, host):
+        return None
+    return f"it was started on GPU {started_uuid} of host {started_host}, this is GPU {uuid} of host {host}"
+
+
 def prepare(
     out: Path, protocol_path: Path, p: proto.Protocol, resume: bool, links: Links | None = None
 ) -> tuple[RunDir, str]:
@@ -111,10 +122,16 @@ def prepare(
             raise RunError(
                 f"{out}: a user kernel module changed since the run started ({record.get('impl_modules')} vs {modules}); start a new run"
             )
-        here = provenance.device_info().get("gpu")
+        device = provenance.device_info()
+        here = device.get("gpu")
         if record.get("device", {}).get("gpu") != here:
             raise RunError(
                 f"{out} was started on {record.get('device', {}).get('gpu') or 'a CPU'}, this machine has {here or 'no GPU'}; resume it there"
+            )
+        moved = moved_device(record, device.get("uuid"), socket.gethostname())
+        if moved:
+            raise RunError(
+                f"{out}: {moved}; one run's rows come from one chip: resume it on that device or start a new run directory (another --out)"
             )
         started_with = record.get("git", {}).get("source_sha256")
         if started_with != source_provenance.source_digest():
