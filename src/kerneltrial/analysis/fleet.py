@@ -262,7 +262,7 @@ def _panel_gates(root: Path, fleet: Fleet, summaries: dict[str, dict[str, Any]])
     """Shards: each arm's gate over the whole panel, every case's entry taken from the shard that
     ran it, judged by the kernel summary's own rule (its aggregates and gate, not a copy)."""
     from kerneltrial.analysis import stats
-    from kerneltrial.analysis.summary import _aggregates_and_gate, load_run, schema_of
+    from kerneltrial.analysis.summary import aggregates_and_gate, load_run, schema_of
 
     ran_by = {i: u for u in fleet.units for i in u.case_indices}
     cases = [summaries[ran_by[i].id]["cases"][ran_by[i].case_indices.index(i)] for i in sorted(ran_by)]
@@ -271,7 +271,7 @@ def _panel_gates(root: Path, fleet: Fleet, summaries: dict[str, dict[str, Any]])
     bootstrap = summaries[first.id]["bootstrap"]
     rule = stats.BootstrapRule(int(bootstrap["resamples"]), int(bootstrap["seed"]), float(bootstrap["confidence"]))
     control = summaries[first.id]["control"]
-    aggregates, gate = _aggregates_and_gate(
+    aggregates, gate = aggregates_and_gate(
         cases, run.plan, control, rule, schema_of(run, None, None)
     )  # no ceilings: they
     # feed only the plausibility limits, already judged into each case's status

@@ -643,7 +643,7 @@ def _add_speedup(
     entry["verdict"] = schema.verdict(ci, tie_band)
 
 
-def _aggregates_and_gate(
+def aggregates_and_gate(
     cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule, schema: SchemaV3
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     gate = stats.parse_gate(plan["gate"])
@@ -891,7 +891,7 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
         _case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, schema, warnings)
         for case in plan["cases"]
     ]
-    aggregates, gate = _aggregates_and_gate(cases, plan, control, rule, schema)
+    aggregates, gate = aggregates_and_gate(cases, plan, control, rule, schema)
     calibration = _calibration(plan, cases, control, schema, warnings)
     summary = {
         "schema": schema.schema,

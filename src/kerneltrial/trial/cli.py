@@ -432,7 +432,8 @@ def run(
     sample checked), summary.json. Exit 0 when at least one candidate passed the protocol's gate,
     1 when none did, 2 on bad input, 130 when interrupted (rows kept; continue with --resume).
     With --ray: a fleet directory (one run per work unit and the combined figures); exit 0 when
-    some candidate holds on every GPU."""
+    some candidate holds on every GPU (--replicas) or passes the protocol's gate over the whole
+    panel (--shard cases)."""
     from kerneltrial.trial.runner import run_trial
     from kerneltrial.trial.targets import get_target
 
