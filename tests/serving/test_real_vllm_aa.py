@@ -29,6 +29,12 @@ def test_an_a_a_trial_finishes_and_is_not_accepted(vllm_server_cmd, vllm_client,
         "ready_timeout_s = 300",
         "[bench]",
         "cases = [[32, 8, 2, 4]]",
+        # A real A/A on a shared 2-core CPU can drift by tens of percent between launches (a full-suite run saw B
+        # +28% [+18, +38] over A, two launches each): a 1% band would make this test a coin flip on a loaded
+        # machine. The band here is wide, so the test asserts the pipeline (finished, REJECTED, verified), not
+        # the CPU's stability; the rule's false-acceptance rate is what `serve calibrate` measures.
+        "[acceptance]",
+        "noise_band = 0.5",
     ]
     for name, role in (("A", "baseline"), ("B", "candidate")):
         lines += [
