@@ -32,11 +32,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from kerneltrial.analysis.replicates import case_row
-from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance
-from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
@@ -185,12 +184,7 @@ class Fleet(Document):
 
 def read_fleet(root: Path) -> Fleet:
     path = Path(root) / FLEET
-    try:
-        return Fleet.model_validate(read_json(path))
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "document"
-        raise RunDirError(f"{path}: {where}: {first['msg']} (schema {SCHEMA})") from error
+    return validate(Fleet, read_json(path), path, f"schema {SCHEMA}")
 
 
 def write_fleet(root: Path, fleet: Fleet) -> None:

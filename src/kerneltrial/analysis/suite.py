@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary
+from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
@@ -67,12 +67,7 @@ class Suite(Document):
 
 def read_suite(root: Path) -> Suite:
     path = Path(root) / SUITE
-    try:
-        return Suite.model_validate(read_json(path))
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "document"
-        raise RunDirError(f"{path}: {where}: {first['msg']} (schema {SCHEMA})") from error
+    return validate(Suite, read_json(path), path, f"schema {SCHEMA}")
 
 
 def write_suite(root: Path, suite: Suite) -> None:

@@ -139,7 +139,7 @@ def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
 
 def read_plan(run_dir: Path) -> Plan:
     data = _document(run_dir, PLAN)
-    return _validate(Plan, data if "checks" in data else _plan_before_timed_checks(data), run_dir / PLAN)
+    return validate(Plan, data if "checks" in data else _plan_before_timed_checks(data), run_dir / PLAN)
 
 
 # ---------------------------------------------------------------- provenance.json
@@ -222,7 +222,7 @@ def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
 def read_provenance(run_dir: Path) -> Provenance:
     data = _document(run_dir, PROVENANCE)
     data = {**data, "records_freeze": True} if "freeze" in data else _provenance_before_freeze(data)
-    return _validate(Provenance, data, run_dir / PROVENANCE)
+    return validate(Provenance, data, run_dir / PROVENANCE)
 
 
 # ---------------------------------------------------------------- summary.json
@@ -489,7 +489,7 @@ def read_summary(run_dir: Path) -> Summary:
     for version in versions[versions.index(data["schema"]) :]:
         adapter = SUMMARY_ADAPTERS[version]
         data = adapter(data) if adapter else data
-    return _validate(Summary, data, run_dir / SUMMARY)
+    return validate(Summary, data, run_dir / SUMMARY)
 
 
 # ---------------------------------------------------------------- reading
@@ -502,10 +502,13 @@ def _document(run_dir: Path, name: str) -> dict[str, Any]:
     return data
 
 
-def _validate(model: type[DocumentT], data: dict[str, Any], path: Path) -> DocumentT:
+def validate(model: type[DocumentT], data: Any, path: Path, note: str | None = None) -> DocumentT:
+    """`data` read into `model`, or a RunDirError naming the file, the first bad field and `note`
+    (default: how many problems there are in all)."""
     try:
         return model.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "document"
-        raise RunDirError(f"{path}: {where}: {first['msg']} ({error.error_count()} problem(s) in all)") from error
+        note = note or f"{error.error_count()} problem(s) in all"
+        raise RunDirError(f"{path}: {where}: {first['msg']} ({note})") from error
