@@ -121,15 +121,23 @@ def _speedup_ci(ref: np.ndarray, arm: np.ndarray, resamples: int, seed: int, con
     return float(low), float(high)
 
 
-def figures_v1(
-    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]
-) -> list[str]:
+def _indexed(
+    timings: list[dict[str, str]], attribution: list[dict[str, str]]
+) -> tuple[dict[tuple[str, str], dict[int, float]], dict[tuple[str, str], dict[str, int]]]:
+    """ns per call by (case, arm) and round, and attributed ns by (case, arm) and region."""
     per: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for row in timings:
         per[(row["case"], row["arm"])][int(row["round"])] = int(row["ns"]) / int(row["calls"])
     regions: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
     for row in attribution:
         regions[(row["case"], row["arm"])][row["region"]] = int(row["ns"])
+    return per, regions
+
+
+def figures_v1(
+    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]
+) -> list[str]:
+    per, regions = _indexed(timings, attribution)
     boot = plan["bootstrap"]
     problems = []
     for case in plan["cases"]:
@@ -317,12 +325,7 @@ def figures_v2(
     summary: dict[str, Any],
 ) -> list[str]:
     timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    per: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for row in timings:
-        per[(row["case"], row["arm"])][int(row["round"])] = int(row["ns"]) / int(row["calls"])
-    regions: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
-    for row in attribution:
-        regions[(row["case"], row["arm"])][row["region"]] = int(row["ns"])
+    per, regions = _indexed(timings, attribution)
     problems = []
     want_label = GPU_LABEL if plan["is_gpu"] else CPU_LABEL
     if summary.get("timing_label") != want_label or plan.get("timing_label") != want_label:
