@@ -331,3 +331,20 @@ def protocol_of(spec: RunSpec) -> dict:
     if spec.protocol_edit:
         spec.protocol_edit(protocol)
     return protocol
+
+
+def rewrite_ceilings(path: Path, old: str, new: str, rebuild: bool = False) -> None:
+    """Planted: edit ceilings.csv and re-hash it as a forger would, then re-seal. `rebuild` also
+    recomputes summary.json from the edited rows (only verify's raw-row checks can object);
+    otherwise only its hash of ceilings.csv is updated (the figure checks can object too)."""
+    ceilings = path / "ceilings.csv"
+    text = ceilings.read_text()
+    assert old in text
+    ceilings.write_text(text.replace(old, new))
+    if rebuild:
+        write_summary(path, overwrite=True)
+    else:
+        summary = json.loads((path / "summary.json").read_text())
+        summary["inputs_sha256"]["ceilings.csv"] = hashlib.sha256(ceilings.read_bytes()).hexdigest()
+        (path / "summary.json").write_text(json.dumps(summary))
+    seal(path)

@@ -6,11 +6,10 @@ summary.json, recomputed by verify from ceilings.csv; a tampered row is caught.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from rundir_factory import RunSpec, seal, write_checked_run
+from rundir_factory import RunSpec, rewrite_ceilings, seal, write_checked_run
 
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
@@ -21,19 +20,6 @@ FLOOR = [5000.0, 5200.0, 4800.0, 5100.0, 4900.0]  # median 5000 ns
 
 def _checks(path: Path) -> dict[str, tuple[bool, bool, str]]:
     return {c.name: (c.ok, c.applicable, c.detail) for c in verify_run_dir(path).checks}
-
-
-def _rewrite_ceilings(path: Path, old: str, new: str) -> None:
-    """Edit ceilings.csv and re-hash it in summary.json and the manifest, as a forger would, without
-    recomputing the summary: only the figure checks can object."""
-    ceilings = path / "ceilings.csv"
-    text = ceilings.read_text()
-    assert old in text
-    ceilings.write_text(text.replace(old, new))
-    summary = json.loads((path / "summary.json").read_text())
-    summary["inputs_sha256"]["ceilings.csv"] = hashlib.sha256(ceilings.read_bytes()).hexdigest()
-    (path / "summary.json").write_text(json.dumps(summary))
-    seal(path)
 
 
 def test_a_run_without_the_triton_floor_verifies_and_reads_as_not_measured(tmp_path: Path) -> None:
@@ -57,16 +43,14 @@ def test_the_triton_floor_is_summarised_and_verified(tmp_path: Path) -> None:
 
 def test_a_tampered_triton_launch_row_is_caught(tmp_path: Path) -> None:
     path = write_checked_run(tmp_path / "run", RunSpec(triton_launch_ns=FLOOR))
-    _rewrite_ceilings(path, "triton_launch,0,0,5000.0", "triton_launch,0,0,9000.0")
+    rewrite_ceilings(path, "triton_launch,0,0,5000.0", "triton_launch,0,0,9000.0")
     ok, _, detail = _checks(path)["triton launch floor"]
     assert not ok and "ceilings triton_launch_floor_ns: summary 5000.0 != recomputed 5100.0" in detail
 
 
 def test_a_malformed_triton_launch_row_is_caught_even_when_the_summary_is_rebuilt(tmp_path: Path) -> None:
     path = write_checked_run(tmp_path / "run", RunSpec(triton_launch_ns=FLOOR))
-    _rewrite_ceilings(path, "triton_launch,1,0,5200.0", "triton_launch,1,64,-5200.0")
-    write_summary(path, overwrite=True)
-    seal(path)
+    rewrite_ceilings(path, "triton_launch,1,0,5200.0", "triton_launch,1,64,-5200.0", rebuild=True)
     ok, _, detail = _checks(path)["triton launch floor"]
     assert not ok and "triton_launch sample 1 of 64 bytes: ns -5200 (must be finite and > 0)" in detail
     assert "triton_launch sample(s) of 64 bytes: must be 0" in detail

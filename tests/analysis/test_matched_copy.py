@@ -4,13 +4,11 @@ recomputed by verify; tampered rows, a missing size and a claim without rows are
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from rundir_factory import RunSpec, seal, write_checked_run
+from rundir_factory import RunSpec, rewrite_ceilings, seal, write_checked_run
 
-from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.rundir.documents import read_summary
 
@@ -20,21 +18,6 @@ COPIES = [2000.0, 2100.0, 1900.0, 2050.0, 1950.0]  # median 2000 ns for 4 MB: 20
 def _check(path: Path) -> tuple[bool, bool, str]:
     (check,) = [c for c in verify_run_dir(path).checks if c.name == "size-matched copies"]
     return check.ok, check.applicable, check.detail
-
-
-def _forge(path: Path, old: str, new: str, rebuild: bool) -> None:
-    """Edit ceilings.csv and re-hash it; `rebuild` also recomputes summary.json, as a careful forger would."""
-    ceilings = path / "ceilings.csv"
-    text = ceilings.read_text()
-    assert old in text
-    ceilings.write_text(text.replace(old, new))
-    if rebuild:
-        write_summary(path, overwrite=True)
-    else:
-        summary = json.loads((path / "summary.json").read_text())
-        summary["inputs_sha256"]["ceilings.csv"] = hashlib.sha256(ceilings.read_bytes()).hexdigest()
-        (path / "summary.json").write_text(json.dumps(summary))
-    seal(path)
 
 
 def test_without_matched_copies_the_check_is_not_applicable(tmp_path: Path) -> None:
@@ -53,7 +36,7 @@ def test_matched_copies_are_summarised_per_case_and_verified(tmp_path: Path) -> 
 
 def test_a_tampered_matched_copy_row_is_caught(tmp_path: Path) -> None:
     path = write_checked_run(tmp_path / "run", RunSpec(matched_copy_ns=COPIES))
-    _forge(path, "copy_matched,0,4000000,2000.0", "copy_matched,0,4000000,1000.0", rebuild=False)
+    rewrite_ceilings(path, "copy_matched,0,4000000,2000.0", "copy_matched,0,4000000,1000.0", rebuild=False)
     ok, _, detail = _check(path)
     assert not ok and "matched_copy_gbps: summary 2000.0 != recomputed" in detail
 
@@ -61,7 +44,7 @@ def test_a_tampered_matched_copy_row_is_caught(tmp_path: Path) -> None:
 def test_copies_of_the_wrong_size_are_caught_even_with_a_rebuilt_summary(tmp_path: Path) -> None:
     path = write_checked_run(tmp_path / "run", RunSpec(matched_copy_ns=COPIES))
     text = (path / "ceilings.csv").read_text()
-    _forge(
+    rewrite_ceilings(
         path, text[text.index("copy_matched") :], text[text.index("copy_matched") :].replace(",4000000,", ",400,"), True
     )
     ok, _, detail = _check(path)
@@ -81,7 +64,7 @@ def test_a_claim_without_rows_is_caught(tmp_path: Path) -> None:
 def test_malformed_matched_copy_rows_are_caught_without_a_crash(tmp_path: Path) -> None:
     for bad in ("0.0", "inf", "-5.0"):
         path = write_checked_run(tmp_path / f"run-{bad}", RunSpec(matched_copy_ns=COPIES))
-        _forge(path, "copy_matched,1,4000000,2100.0", f"copy_matched,1,4000000,{bad}", rebuild=False)
+        rewrite_ceilings(path, "copy_matched,1,4000000,2100.0", f"copy_matched,1,4000000,{bad}", rebuild=False)
         ok, _, detail = _check(path)
         assert not ok and "copy_matched sample 1 of 4000000 bytes: ns" in detail and "must be finite and > 0" in detail
 
@@ -90,11 +73,11 @@ def test_odd_sizes_and_cherry_picked_samples_are_caught(tmp_path: Path) -> None:
     odd = write_checked_run(tmp_path / "odd", RunSpec(matched_copy_ns=COPIES))
     text = (odd / "ceilings.csv").read_text()
     block = text[text.index("copy_matched") :]
-    _forge(odd, block, block.replace(",4000000,", ",4000001,"), rebuild=True)
+    rewrite_ceilings(odd, block, block.replace(",4000000,", ",4000001,"), rebuild=True)
     assert "copy_matched sample(s) of 4000001 bytes: must be even and > 0" in _check(odd)[2]
 
     picked = write_checked_run(tmp_path / "picked", RunSpec(matched_copy_ns=COPIES))
     # the fastest sample dropped (it would raise the median), the summary rebuilt: caught by the sample numbers
-    _forge(picked, "copy_matched,2,4000000,1900.0\n", "", rebuild=True)
+    rewrite_ceilings(picked, "copy_matched,2,4000000,1900.0\n", "", rebuild=True)
     ok, _, detail = _check(picked)
     assert not ok and "copy_matched samples of 4000000 bytes are ['0', '1', '3', '4'], not 0..4" in detail
