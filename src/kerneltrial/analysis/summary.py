@@ -540,6 +540,7 @@ def _case_summary(
     case: dict[str, Any],
     control: str,
     copy_ceiling: float | None,
+    matched: dict[int, float],
     rule: stats.BootstrapRule,
     schema: SchemaV3,
     warnings: list[str],
@@ -587,7 +588,7 @@ def _case_summary(
         "layout": case.get("layout"),
         "dtype": case.get("dtype"),
         "bytes": case["bytes"],
-        **matched_copy_field(matched_copies(run.ceilings), int(case["bytes"])),
+        **matched_copy_field(matched, int(case["bytes"])),
         "calls": case["calls"],
         "rounds": rounds,
         "units_planned": units,
@@ -887,8 +888,9 @@ def build_summary(run_dir: Path) -> dict[str, Any]:
     schema = schema_of(run, copy_gbps, read_gbps)
     series = unit_series(run.timings)
     checks = correctness_by_case_arm(run.correctness)
+    matched = matched_copies(run.ceilings)
     cases = [
-        _case_summary(run, series, throttled, checks, case, control, copy_gbps, rule, schema, warnings)
+        _case_summary(run, series, throttled, checks, case, control, copy_gbps, matched, rule, schema, warnings)
         for case in plan["cases"]
     ]
     aggregates, gate = aggregates_and_gate(cases, plan, control, rule, schema)
