@@ -31,7 +31,7 @@ from kerneltrial.analysis.report import (
     REASON,
     errata,
     errata_field,
-    freeze_line,
+    freeze_record,
     markdown_table,
     num_cell,
     operator_name,
@@ -339,8 +339,8 @@ def _run_cell(run_dir: Path, summary: Summary) -> str:
 
 
 def _not_frozen(run_dir: Path, summary: Summary) -> bool:
-    line = freeze_line(run_dir, summary)
-    return line is not None and "NOT FROZEN" in line
+    recorded, frozen_at = freeze_record(run_dir, summary)
+    return recorded and frozen_at is None
 
 
 def overview_table(run_dirs: list[Path]) -> list[str]:

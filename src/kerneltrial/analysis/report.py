@@ -320,16 +320,22 @@ def ulp_table(summary: Summary, h: str) -> list[str]:
     ]
 
 
-def freeze_line(run_dir: Path, summary: Summary) -> str | None:
-    """When the protocol was frozen, or a loud line that it was not: summary `frozen_at` (runs
-    with timed checks), else the provenance freeze record of an older run; None when neither says."""
+def freeze_record(run_dir: Path, summary: Summary) -> tuple[bool, str | None]:
+    """(whether the run records its freeze, when the protocol was frozen or None): summary
+    `frozen_at` (runs with timed checks), else the provenance freeze record of an older run."""
     if summary.timed_checks is not None:
-        frozen_at = summary.frozen_at
-    else:
-        provenance = optional_provenance(run_dir)
-        if provenance is None or not provenance.records_freeze:
-            return None
-        frozen_at = provenance.freeze.frozen_at if provenance.freeze else None
+        return True, summary.frozen_at
+    provenance = optional_provenance(run_dir)
+    if provenance is None or not provenance.records_freeze:
+        return False, None
+    return True, provenance.freeze.frozen_at if provenance.freeze else None
+
+
+def freeze_line(run_dir: Path, summary: Summary) -> str | None:
+    """When the protocol was frozen, or a loud line that it was not; None when the run does not say."""
+    recorded, frozen_at = freeze_record(run_dir, summary)
+    if not recorded:
+        return None
     if frozen_at is None:
         return "- **NOT FROZEN**: the protocol was not frozen before the run: its settings were not preregistered"
     return f"- protocol frozen at {frozen_at}"
