@@ -1,0 +1,128 @@
+"""The worker of the package interface check: the unpacked archive, run as the target runs it.
+
+`submission/isolated.py` (the harness) starts a copy of this file as
+`python -I -S worker.py CONFIG` (CONFIG: one JSON object, see `isolated.WorkerConfig`).
+It sets sys.path to what the harness gives (the unpacked archive first, then the harness's
+path without anything of kerneltrial), imports the archive's module by its name, reports
+which of its top-level names are callable and the entry point's signature, then serves
+calls until the harness closes the channel: each call reads the arguments from the request
+file (torch.save), calls the entry point, synchronises the current CUDA stream, and writes
+the returned value and the arguments as the call left them to the reply file; one line on the
+channel says each file is ready. It judges nothing: the harness compares.
+
+This file imports the standard library and, after setting the path, torch; never kerneltrial.
+Two of kerneltrial's torch-only files run here as shims, copied beside it by the harness (the
+check needs them; neither imports kerneltrial): the interpreter's bf16 rounding fix when
+TRITON_INTERPRET=1 (ops/interpreter_fix.py, so a CPU run rounds as a GPU does) and, with a
+target, its launch hook (trial/targets.py), whose refused launches the reply reports.
+The worker keeps the previous call's result alive while the harness holds its copy, so a
+kernel that hands out one persistent buffer returns the same storage again (reported by address).
+"""
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from contextlib import ExitStack
+from types import ModuleType
+from typing import Any
+
+
+def _shim(name: str, path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hello(config: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """What the harness learns about the module before any call, and the entry point."""
+    name = config["module"]
+    if importlib.util.find_spec(name) is not None:
+        return {"error": f"the module name {name} is taken by an installed module here; rename {name}.py"}, None
+    sys.path.insert(0, config["archive_dir"])
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # a user's module may raise anything at import
+        return {"error": f"{name}.py failed to import from the unpacked archive: {type(exc).__name__}: {exc}"}, None
+    callables = sorted(n for n, v in vars(module).items() if callable(v))
+    fn = getattr(module, config["op"], None)
+    try:
+        signature = str(inspect.signature(fn)) if callable(fn) else ""
+    except (TypeError, ValueError):
+        signature = "(?)"
+    return {"error": "", "callables": callables, "signature": signature}, fn
+
+
+def _sequence(value: Any) -> bool:
+    return isinstance(value, (tuple, list))
+
+
+def _plain(value: Any, torch: ModuleType) -> bool:
+    """Whether the harness can read `value` back (a tensor, tensors, a number, None)."""
+    if _sequence(value):
+        return all(isinstance(t, torch.Tensor) for t in value)
+    return value is None or isinstance(value, (torch.Tensor, int, float, bool))
+
+
+def _serve(config: dict[str, Any], fn: Any, channel: tuple[Any, Any], limits: Any) -> None:
+    import torch
+
+    inbox, outbox = channel
+    previous: Any = None  # alive until the next call returns, as the caller holds it in-process
+    for line in inbox:
+        args = torch.load(config["request"], weights_only=True)["args"]
+        mark = limits.seen() if limits else 0
+        returned: Any = None
+        raised = ""
+        try:
+            returned = fn(*args)
+            if torch.cuda.is_available():
+                torch.cuda.current_stream().synchronize()
+        except Exception as exc:  # the harness records what the arm raised
+            raised = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        tensors = [returned] if isinstance(returned, torch.Tensor) else list(returned) if _sequence(returned) else []
+        reply = {
+            "returned": returned if _plain(returned, torch) else None,
+            "returned_type": type(returned).__name__,
+            "addresses": [t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)],
+            "args": args,
+            "raised": raised,
+            "launch": limits.first_since(mark) if limits else "",
+        }
+        torch.save(reply, config["reply"])
+        previous = returned
+        outbox.write(line)
+        outbox.flush()
+    del previous
+
+
+def main(argv: list[str]) -> None:
+    config = json.loads(argv[0])
+    sys.path[:] = config["path"]
+    rounding = config.get("bf16_rounding")
+    if rounding and os.environ.get("TRITON_INTERPRET") == "1":
+        _shim("bf16_rounding", rounding).patch()
+    limits = _shim("launch_limits", config["limits"]["file"]) if config.get("limits") else None
+    inbox = os.fdopen(config["channel"][0], "r")
+    outbox = os.fdopen(config["channel"][1], "w")
+    hello, fn = _hello(config)
+    with open(config["reply"], "w") as reply:
+        json.dump(hello, reply)
+    outbox.write("hello\n")
+    outbox.flush()
+    if fn is None:
+        return
+    with ExitStack() as stack:
+        if limits is not None:
+            target = limits.Target(config["limits"]["name"], tuple(config["limits"]["max_grid"]), "")
+            stack.enter_context(limits.targeting(target))
+        _serve(config, fn, (inbox, outbox), limits)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
