@@ -37,7 +37,10 @@ def test_the_planted_look_alike_name_is_refused():
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("import os\nfrom pathlib import Path\nexec(Path('impl.txt').read_text())", "line 3 uses exec, which runs text"),
+        (
+            "import os\nfrom pathlib import Path\nexec(Path('impl.txt').read_text())",
+            "line 3 uses exec, which runs text",
+        ),
         ("run = eval", "line 1 uses eval, which runs text as code"),
         ("code = compile('1', 'f', 'eval')", "line 1 uses compile"),
         ("torch = __import__('torch')", "line 1 uses __import__"),
@@ -74,7 +77,10 @@ def test_each_route_to_code_inspect_did_not_read_is_refused(source, message):
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("import sys\nname = 'ex' + 'ec'\nf = getattr(sys, name)", "line 3 calls getattr with a name computed at run time"),
+        (
+            "import sys\nname = 'ex' + 'ec'\nf = getattr(sys, name)",
+            "line 3 calls getattr with a name computed at run time",
+        ),
         ("setattr(object(), 'a' * 1, 1)", "calls setattr with a name computed at run time"),
         ("g = globals()", "line 1 uses globals, a namespace looked up by string"),
         ("v = vars()", "uses vars"),

@@ -266,7 +266,9 @@ def load_user_module(spec: str, op: str | None = None) -> list[Impl]:
             )
     added = [i for o in _OPERATORS.values() for n, i in o.impls.items() if before.get((o.name, n)) is not i]
     if op is not None and not any(impl.op == op for impl in added):
-        functions = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
         raise RegistryError(
             f"{spec} defines no function {op} (its functions: {', '.join(functions) or 'none'}); "
             f"name the entry point {op}, or register it with kerneltrial.ops.registry.register_impl"

@@ -31,7 +31,7 @@ def package(
         bool,
         typer.Option(
             "--unconfirmed",
-            help="Package without a --confirmed run; the receipt then says \"confirmation\": \"unconfirmed\".",
+            help='Package without a --confirmed run; the receipt then says "confirmation": "unconfirmed".',
         ),
     ] = False,
     target: Annotated[str | None, TARGET_OPTION] = None,

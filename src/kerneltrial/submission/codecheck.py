@@ -175,7 +175,9 @@ def _computed(module: str, node: ast.Call) -> str:
 def _names(module: str, node: ast.AST) -> Iterator[str]:
     if isinstance(node, ast.Name) and node.id in DYNAMIC_BUILTINS:
         yield _code_from_data(module, node, f"uses {node.id}, which runs text as code")
-    elif (isinstance(node, ast.Name) and node.id in SCOPES) or (isinstance(node, ast.Attribute) and node.attr in SCOPES):
+    elif (isinstance(node, ast.Name) and node.id in SCOPES) or (
+        isinstance(node, ast.Attribute) and node.attr in SCOPES
+    ):
         name = node.id if isinstance(node, ast.Name) else node.attr
         yield f"computed name: {module} line {node.lineno} uses {name}, a namespace looked up by string; name what it uses"
     elif isinstance(node, ast.Attribute) and _attribute_route(node):

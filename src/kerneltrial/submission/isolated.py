@@ -15,10 +15,11 @@ them, and judges with the gate: `gate.check` runs on `Remote`, an arm whose ever
 the worker. Inputs and results cross as torch.save files (loaded with weights_only, so a
 reply cannot run code in the harness), one line on a pipe per call: the simplest correct
 mechanism, kept here so the check can move to the general isolation worker (issue 24, item
-1) without changing what it judges. What the worker cannot reproduce of the in-process gate:
-CPU outputs are not poisoned (torch.empty is not patched in the worker; an unwritten element
-holds whatever the allocator left, which the comparison then judges), and the launch-limit
-hook runs inside the worker, where a hostile module can disable it.
+1) without changing what it judges. Where the worker differs from the in-process gate: on a
+GPU it poisons free blocks of its previous result's sizes, not of the reference's (the same
+sizes once a case's warm-up calls ran); the poisoning and the launch-limit hook run inside the
+worker, where a hostile module can disable them (the threat here is a module that behaves
+differently at the target, which the isolation removes; one that attacks the check is item 1's).
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ import torch
 from kerneltrial.ops import interpreter_fix, launch
 from kerneltrial.ops.registry import Case, Impl, Operator, all_ops, get_op
 from kerneltrial.submission.interface import mismatch, params_of_signature
-from kerneltrial.trial import gate, targets
+from kerneltrial.trial import gate, poison, targets
 
 SEEDS = (0, 1)
 WORKER = Path(__file__).with_name("target_worker.py")
 # kerneltrial's torch-only files the worker runs (copied beside it; see target_worker.py)
-SHIMS = {"bf16_rounding": Path(interpreter_fix.__file__), "launch_limits": Path(targets.__file__)}
+SHIMS = {
+    "poison": Path(poison.__file__),
+    "bf16_rounding": Path(interpreter_fix.__file__),
+    "launch_limits": Path(targets.__file__),
+}
 EXIT_WAIT_S = 10.0  # how long a worker may take to exit once its channel is closed
 
 
@@ -108,12 +113,12 @@ def path_without_kerneltrial(scratch: Path) -> list[str]:
 class Worker:
     """The worker process and its channel: a request file, a reply file, a line per call."""
 
-    def __init__(self, process: subprocess.Popen[bytes], channel: tuple[int, int], folder: Path, deadline: float):
+    def __init__(self, process: subprocess.Popen[bytes], channel: tuple[int, int], folder: Path, timeout: float):
         self.process = process
         self.inbox, self.outbox = channel  # the harness's ends: what the worker writes, what it reads
         self.folder = folder
-        self.deadline = deadline
-        self.timeout = deadline - time.monotonic()
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.ended = ""
 
     def _end(self, why: str) -> WorkerEnded:
@@ -134,7 +139,8 @@ class Worker:
         while not received.endswith(b"\n"):
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
-                raise self._end(f"did not finish within {self.timeout:.3g} s (a kernel that never returns?)")
+                self.process.kill()  # stuck in the arm: it would not see its channel close
+                raise self._end(f"did not finish within {self.timeout:g} s (a kernel that never returns?)")
             if select.select([self.inbox], [], [], remaining)[0]:
                 chunk = os.read(self.inbox, 4096)
                 if not chunk:
@@ -177,10 +183,8 @@ def started(scratch: Path, module: str, op: str, target: targets.Target | None, 
         "channel": [worker_in, worker_out],
         "request": str(harness / "request.pt"),
         "reply": str(harness / "reply.pt"),
-        "bf16_rounding": shims["bf16_rounding"],
-        "limits": {"file": shims["launch_limits"], "name": target.name, "max_grid": list(target.max_grid)}
-        if target
-        else None,
+        "shims": shims,
+        "target": {"name": target.name, "max_grid": list(target.max_grid)} if target else None,
     }
     environment = {k: v for k, v in os.environ.items() if "KERNELTRIAL" not in k.upper()}
     with open(harness / "worker.log", "wb") as log:
@@ -196,7 +200,7 @@ def started(scratch: Path, module: str, op: str, target: targets.Target | None, 
     os.close(worker_in)
     os.close(worker_out)
     try:
-        yield Worker(process, (inbox, outbox), harness, time.monotonic() + timeout)
+        yield Worker(process, (inbox, outbox), harness, timeout)
     finally:
         os.close(outbox)  # the worker's loop ends at the end of its input
         os.close(inbox)
@@ -298,6 +302,19 @@ def _entry_problem(operator: Operator, hello: dict[str, Any], module_file: str) 
     return f"entry point: {problem}" if problem else ""
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread while the harness and the worker take turns: idle OpenMP threads
+    spinning in one process slowed the other's calls sevenfold on a 2-core machine (the small
+    rmsnorm panel: 88 s against 12 s, measured while other jobs shared the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def interface_check(archive: bytes, op_name: str, target_name: str | None, timeout: float) -> InterfaceResult:
     """Run the unpacked `archive` in a worker and gate its entry point on every case of the
     operator's panel (the small CPU panel without a GPU, the GPU panel with one), every layout,
@@ -306,7 +323,7 @@ def interface_check(archive: bytes, op_name: str, target_name: str | None, timeo
     operator = get_op(op_name)
     device = launch.device()
     target = targets.get_target(target_name) if target_name else None
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, _one_thread():
         scratch = Path(folder)
         with zipfile.ZipFile(io.BytesIO(archive)) as zipped:
             (module_file,) = [n for n in zipped.namelist() if n.endswith(".py")]  # `inspect` passed: one, flat
@@ -325,5 +342,7 @@ def interface_check(archive: bytes, op_name: str, target_name: str | None, timeo
                         raise WorkerEnded(worker.ended)
                     checks += 1
                     if not result.passed:
-                        return InterfaceResult(False, f"gate: {case.id} seed {seed}: {result.message}", checks, device.type)
+                        return InterfaceResult(
+                            False, f"gate: {case.id} seed {seed}: {result.message}", checks, device.type
+                        )
             return InterfaceResult(True, "", checks, device.type)

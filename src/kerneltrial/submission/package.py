@@ -190,9 +190,7 @@ def package(
         files=list(inspection.files),
         tested_in=tested,
         confirmation="confirmed" if tested else "unconfirmed",
-        interface_check=InterfaceRecord(
-            target=target, device=result.device, checks=result.checks, process="isolated"
-        ),
+        interface_check=InterfaceRecord(target=target, device=result.device, checks=result.checks, process="isolated"),
     )
     receipt.write(receipt_path(out))
     return receipt

@@ -11,10 +11,13 @@ the returned value and the arguments as the call left them to the reply file; on
 channel says each file is ready. It judges nothing: the harness compares.
 
 This file imports the standard library and, after setting the path, torch; never kerneltrial.
-Two of kerneltrial's torch-only files run here as shims, copied beside it by the harness (the
-check needs them; neither imports kerneltrial): the interpreter's bf16 rounding fix when
-TRITON_INTERPRET=1 (ops/interpreter_fix.py, so a CPU run rounds as a GPU does) and, with a
-target, its launch hook (trial/targets.py), whose refused launches the reply reports.
+Three of kerneltrial's torch-only files run here as shims, copied beside it by the harness (the
+check needs them; none imports kerneltrial): the gate's output poisoning (trial/poison.py:
+torch.empty* poisoned during a CPU call; on a GPU, free blocks of the previous result's sizes
+poisoned before a call, as the warm-up calls of a case precede its checked call), the
+interpreter's bf16 rounding fix when TRITON_INTERPRET=1 (ops/interpreter_fix.py, so a CPU
+run rounds as a GPU does) and, with a target, the launch hook (trial/targets.py), whose
+refused launches the reply reports.
 The worker keeps the previous call's result alive while the harness holds its copy, so a
 kernel that hands out one persistent buffer returns the same storage again (reported by address).
 """
@@ -69,20 +72,25 @@ def _plain(value: Any, torch: ModuleType) -> bool:
     return value is None or isinstance(value, (torch.Tensor, int, float, bool))
 
 
-def _serve(config: dict[str, Any], fn: Any, channel: tuple[Any, Any], limits: Any) -> None:
+def _serve(config: dict[str, Any], fn: Any, channel: tuple[Any, Any], shims: dict[str, Any]) -> None:
     import torch
 
+    torch.set_num_threads(1)  # this process and the harness take turns (isolated._one_thread)
     inbox, outbox = channel
-    previous: Any = None  # alive until the next call returns, as the caller holds it in-process
+    poison, limits = shims["poison"], shims.get("launch_limits")
+    previous: list[Any] = []  # alive until the next call returns, as the caller holds it in-process
     for line in inbox:
         args = torch.load(config["request"], weights_only=True)["args"]
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         mark = limits.seen() if limits else 0
         returned: Any = None
         raised = ""
         try:
-            returned = fn(*args)
-            if torch.cuda.is_available():
-                torch.cuda.current_stream().synchronize()
+            poison.poison_free_blocks(tuple(t for t in previous if isinstance(t, torch.Tensor)))
+            with poison.poisoned_allocations(device):
+                returned = fn(*args)
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
         except Exception as exc:  # the harness records what the arm raised
             raised = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         tensors = [returned] if isinstance(returned, torch.Tensor) else list(returned) if _sequence(returned) else []
@@ -95,19 +103,19 @@ def _serve(config: dict[str, Any], fn: Any, channel: tuple[Any, Any], limits: An
             "launch": limits.first_since(mark) if limits else "",
         }
         torch.save(reply, config["reply"])
-        previous = returned
+        previous = tensors
         outbox.write(line)
         outbox.flush()
-    del previous
 
 
 def main(argv: list[str]) -> None:
     config = json.loads(argv[0])
     sys.path[:] = config["path"]
-    rounding = config.get("bf16_rounding")
-    if rounding and os.environ.get("TRITON_INTERPRET") == "1":
-        _shim("bf16_rounding", rounding).patch()
-    limits = _shim("launch_limits", config["limits"]["file"]) if config.get("limits") else None
+    shims = {"poison": _shim("poison", config["shims"]["poison"])}
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _shim("bf16_rounding", config["shims"]["bf16_rounding"]).patch()
+    if config["target"]:
+        shims["launch_limits"] = _shim("launch_limits", config["shims"]["launch_limits"])
     inbox = os.fdopen(config["channel"][0], "r")
     outbox = os.fdopen(config["channel"][1], "w")
     hello, fn = _hello(config)
@@ -118,10 +126,11 @@ def main(argv: list[str]) -> None:
     if fn is None:
         return
     with ExitStack() as stack:
-        if limits is not None:
-            target = limits.Target(config["limits"]["name"], tuple(config["limits"]["max_grid"]), "")
+        if config["target"]:
+            limits = shims["launch_limits"]
+            target = limits.Target(config["target"]["name"], tuple(config["target"]["max_grid"]), "")
             stack.enter_context(limits.targeting(target))
-        _serve(config, fn, (inbox, outbox), limits)
+        _serve(config, fn, (inbox, outbox), shims)
 
 
 if __name__ == "__main__":
