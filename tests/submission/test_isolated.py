@@ -14,7 +14,14 @@ import torch
 
 from kerneltrial.ops.registry import Case, Impl, RegistryError, get_op, load_user_module
 from kerneltrial.submission.archive import build
-from kerneltrial.submission.isolated import Remote, WorkerEnded, interface_check, path_without_kerneltrial, started
+from kerneltrial.submission.isolated import (
+    Remote,
+    Reply,
+    WorkerEnded,
+    interface_check,
+    path_without_kerneltrial,
+    started,
+)
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.targets import get_target
 from tests.conftest import REPO
@@ -40,7 +47,7 @@ def test_the_worker_sees_no_kerneltrial_with_both_shims_loaded(tmp_path):
     module = PACKAGE / "looks_for_the_harness.py"
     with started(unpacked(tmp_path, module), module.stem, "rmsnorm", get_target("ascend"), 300) as worker:
         hello = worker.hello()
-    assert hello["error"] == "" and "rmsnorm" in hello["callables"], hello
+    assert hello.error == "" and "rmsnorm" in hello.callables, hello
     with pytest.raises(RegistryError, match="the module sees kerneltrial: kerneltrial"):
         load_user_module(str(module))
 
@@ -95,20 +102,14 @@ class InProcess:
         buffer.seek(0)
         return torch.load(buffer, weights_only=True)
 
-    def call(self, args: list[Any]) -> dict[str, Any]:
+    def call(self, args: list[Any]) -> Reply:
         args = self._crossed({"args": args})["args"]
         returned = self.fn(*args)
         tensors = [returned] if isinstance(returned, torch.Tensor) else list(returned or [])
-        reply = {
-            "returned": returned,
-            "returned_type": type(returned).__name__,
-            "addresses": [t.untyped_storage().data_ptr() for t in tensors],
-            "args": args,
-            "raised": "",
-            "launch": "",
-        }
+        addresses = [t.untyped_storage().data_ptr() for t in tensors]
         self.previous = returned  # as the worker: alive while the caller holds its copy
-        return self._crossed(reply)
+        returned, args = self._crossed((returned, args))  # one save: shared storages stay shared
+        return Reply(returned, type(returned).__name__, addresses, args, "", "")
 
 
 def remote_check(op: str, fn: Any, case: Case = CASE) -> gate.CheckResult:
@@ -157,9 +158,9 @@ def test_remote_raises_what_the_worker_reports(reply, error):
     class Reporting:
         ended = ""
 
-        def call(self, args: list[Any]) -> dict[str, Any]:
+        def call(self, args: list[Any]) -> Reply:
             base = {"returned": None, "returned_type": "NoneType", "addresses": [], "args": args}
-            return base | {"raised": "", "launch": ""} | reply
+            return Reply(**(base | {"raised": "", "launch": ""} | reply))
 
     with pytest.raises(Exception, match=error):
         Remote(Reporting())(torch.zeros(2), torch.zeros(2), 1e-6)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ import weakref
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,45 @@ def path_without_kerneltrial(scratch: Path) -> list[str]:
     return path
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What the worker is told: one JSON object on its command line (target_worker.py reads
+    these fields; it cannot import this class)."""
+
+    path: list[str]  # its sys.path, after the unpacked archive
+    archive_dir: str
+    module: str
+    op: str
+    channel: tuple[int, int]  # the worker's pipe ends: what it reads, what it writes
+    hello: str  # files: the module's Hello (JSON), each call's arguments and Reply (torch.save)
+    request: str
+    reply: str
+    shims: dict[str, str]  # SHIMS name -> the copy beside the worker
+    target: dict[str, Any] | None  # targets.Target.record(), when a target is named
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What the worker found in the module: an import error, or its callables and the entry
+    point's `inspect.signature` text."""
+
+    error: str
+    callables: list[str] = field(default_factory=list)
+    signature: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One call as the worker saw it."""
+
+    returned: Any  # a tensor, tensors, a number or None; None too for what it cannot send
+    returned_type: str
+    addresses: list[int]  # the worker's storage address of each returned tensor
+    args: list[Any]  # the arguments as the call left them
+    raised: str  # 'Type: message', or ''
+    launch: str  # the launch limit it broke (targets), or ''
+
+
 class Worker:
     """The worker process and its channel: a request file, a reply file, a line per call."""
 
@@ -147,13 +186,12 @@ class Worker:
                     raise self._end(self._exited())
                 received += chunk
 
-    def hello(self) -> dict[str, Any]:
-        """What the worker found in the module: an import error, or its callables and the entry point's signature."""
+    def hello(self) -> Hello:
         self._wait()
-        return json.loads((self.folder / "reply.pt").read_text())
+        return Hello(**json.loads((self.folder / "hello.json").read_text()))
 
-    def call(self, args: list[Any]) -> dict[str, Any]:
-        """One call of the entry point on `args` in the worker; its reply (see target_worker.py)."""
+    def call(self, args: list[Any]) -> Reply:
+        """One call of the entry point on `args` in the worker."""
         if self.ended:
             raise WorkerEnded(self.ended)
         torch.save({"args": args}, self.folder / "request.pt")
@@ -162,7 +200,7 @@ class Worker:
         except BrokenPipeError:
             raise self._end(self._exited()) from None
         self._wait()
-        return torch.load(self.folder / "reply.pt", weights_only=True)
+        return Reply(**torch.load(self.folder / "reply.pt", weights_only=True))
 
 
 @contextmanager
@@ -175,21 +213,22 @@ def started(scratch: Path, module: str, op: str, target: targets.Target | None, 
     shims = {name: str(shutil.copy(path, harness / f"{name}.py")) for name, path in SHIMS.items()}
     worker_in, outbox = os.pipe()
     inbox, worker_out = os.pipe()
-    config = {
-        "path": path_without_kerneltrial(scratch),
-        "archive_dir": str(scratch / "archive"),
-        "module": module,
-        "op": op,
-        "channel": [worker_in, worker_out],
-        "request": str(harness / "request.pt"),
-        "reply": str(harness / "reply.pt"),
-        "shims": shims,
-        "target": {"name": target.name, "max_grid": list(target.max_grid)} if target else None,
-    }
+    config = WorkerConfig(
+        path=path_without_kerneltrial(scratch),
+        archive_dir=str(scratch / "archive"),
+        module=module,
+        op=op,
+        channel=(worker_in, worker_out),
+        hello=str(harness / "hello.json"),
+        request=str(harness / "request.pt"),
+        reply=str(harness / "reply.pt"),
+        shims=shims,
+        target=target.record() if target else None,
+    )
     environment = {k: v for k, v in os.environ.items() if "KERNELTRIAL" not in k.upper()}
     with open(harness / "worker.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script), json.dumps(config)],
+            [sys.executable, "-I", "-S", str(script), json.dumps(asdict(config))],
             cwd=workdir,
             env=environment,
             stdin=subprocess.DEVNULL,
@@ -254,19 +293,19 @@ class Remote:
 
     def __call__(self, *args: Any) -> Any:
         reply = self.worker.call(list(args))
-        if reply["launch"]:
-            raise targets.GridLimitError(reply["launch"])
-        if reply["raised"]:
-            raise _raised(reply["raised"])
-        homes = _write_back(args, reply["args"])
-        returned = reply["returned"]
-        if returned is None and reply["returned_type"] != "NoneType":
-            raise TypeError(f"the entry point returned {reply['returned_type']}; expected a tensor")
+        if reply.launch:
+            raise targets.GridLimitError(reply.launch)
+        if reply.raised:
+            raise _raised(reply.raised)
+        homes = _write_back(args, reply.args)
+        returned = reply.returned
+        if returned is None and reply.returned_type != "NoneType":
+            raise TypeError(f"the entry point returned {reply.returned_type}; expected a tensor")
         if not isinstance(returned, (torch.Tensor, tuple, list)):
             return returned
         tensors = [returned] if isinstance(returned, torch.Tensor) else list(returned)
-        mapped = [self._home(t, a, homes) for t, a in zip(tensors, reply["addresses"], strict=True)]
-        self.previous = {a: weakref.ref(t) for a, t in zip(reply["addresses"], mapped, strict=True)}
+        mapped = [self._home(t, a, homes) for t, a in zip(tensors, reply.addresses, strict=True)]
+        self.previous = {a: weakref.ref(t) for a, t in zip(reply.addresses, mapped, strict=True)}
         return mapped[0] if isinstance(returned, torch.Tensor) else type(returned)(mapped)
 
 
@@ -288,16 +327,16 @@ def _write_back(sent: tuple[Any, ...], back: list[Any]) -> dict[int, torch.Untyp
     return homes
 
 
-def _entry_problem(operator: Operator, hello: dict[str, Any], module_file: str) -> str:
+def _entry_problem(operator: Operator, hello: Hello, module_file: str) -> str:
     """Why the imported module is not a submission of `operator`, or ''."""
-    if hello["error"]:
-        return hello["error"]
-    entries = [o.name for o in all_ops() if o.name in hello["callables"]]
+    if hello.error:
+        return hello.error
+    entries = [o.name for o in all_ops() if o.name in hello.callables]
     if entries != [operator.name]:
         return f"{module_file} has entry points {entries or 'none'}; it needs exactly one, {operator.name}"
-    params = params_of_signature(hello["signature"])
+    params = params_of_signature(hello.signature)
     if params is None:
-        return f"entry point: the signature {operator.name}{hello['signature']} cannot be read as Python"
+        return f"entry point: the signature {operator.name}{hello.signature} cannot be read as Python"
     problem = mismatch(operator.signature, params)
     return f"entry point: {problem}" if problem else ""
 

@@ -1,7 +1,8 @@
 """The worker of the package interface check: the unpacked archive, run as the target runs it.
 
 `submission/isolated.py` (the harness) starts a copy of this file as
-`python -I -S worker.py CONFIG` (CONFIG: one JSON object, see `isolated.WorkerConfig`).
+`python -I -S worker.py CONFIG` (CONFIG: one JSON object, the fields of `isolated.WorkerConfig`;
+what it writes back has the fields of `isolated.Hello` and `isolated.Reply`).
 It sets sys.path to what the harness gives (the unpacked archive first, then the harness's
 path without anything of kerneltrial), imports the archive's module by its name, reports
 which of its top-level names are callable and the entry point's signature, then serves
@@ -119,8 +120,8 @@ def main(argv: list[str]) -> None:
     inbox = os.fdopen(config["channel"][0], "r")
     outbox = os.fdopen(config["channel"][1], "w")
     hello, fn = _hello(config)
-    with open(config["reply"], "w") as reply:
-        json.dump(hello, reply)
+    with open(config["hello"], "w") as file:
+        json.dump(hello, file)
     outbox.write("hello\n")
     outbox.flush()
     if fn is None:
