@@ -39,12 +39,15 @@ def unpacked(tmp_path: Path, module: Path) -> Path:
     return tmp_path
 
 
-def test_the_worker_sees_no_kerneltrial_with_both_shims_loaded(tmp_path):
+def test_the_worker_sees_no_kerneltrial_with_both_shims_loaded(tmp_path, monkeypatch):
     """The planted module's import fails naming what it finds if any kerneltrial module is
     loaded or importable, a loaded module's file lies in kerneltrial's package, or a KERNELTRIAL*
     variable is set. In the worker (a target given, so the launch hook and the interpreter's
-    rounding fix are both loaded before the import) it imports; in kerneltrial's process it does not."""
+    rounding fix are both loaded before the import), with the repository on PYTHONPATH and a
+    KERNELTRIAL variable set, it imports; in kerneltrial's process it does not."""
     module = PACKAGE / "looks_for_the_harness.py"
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # its src/ holds the package: `import src.kerneltrial`
+    monkeypatch.setenv("KERNELTRIAL_VLLM", "/opt/vllm/bin/python")
     with started(unpacked(tmp_path, module), module.stem, "rmsnorm", get_target("ascend"), 300) as worker:
         hello = worker.hello()
     assert hello.error == "" and "rmsnorm" in hello.callables, hello
@@ -52,8 +55,10 @@ def test_the_worker_sees_no_kerneltrial_with_both_shims_loaded(tmp_path):
         load_user_module(str(module))
 
 
-def test_the_worker_path_holds_no_kerneltrial(tmp_path):
-    path = path_without_kerneltrial(tmp_path)
+def test_the_worker_path_holds_no_kerneltrial(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "src"))
+    path = path_without_kerneltrial(tmp_path, tmp_path)
+    assert str(REPO / "src") not in path
     assert path and all(not (Path(entry) / "kerneltrial").exists() for entry in path)
     assert importlib.util.find_spec("kerneltrial") is not None  # while this process has it
 

@@ -3,11 +3,12 @@ kerneltrial module is importable, judged by the harness.
 
 The harness (this process) unpacks the archive into a scratch folder and starts
 `target_worker.py` (a copy, under `python -I -S`, in an empty working directory) with a
-sys.path of the unpacked folder first, then what a fresh `python -I` of this interpreter
-would have, without kerneltrial: each directory holding a kerneltrial entry (the package, its
-distribution metadata, an editable install's .pth or finder) is replaced by a folder of links
-to its other entries, and no .pth file runs. Environment variables named KERNELTRIAL* are
-dropped. So a module that behaves one way when kerneltrial is imported (or importable) and
+sys.path of the unpacked folder first, then what a fresh `python` of this interpreter would
+have (PYTHONPATH, site-packages, their .pth files' entries; no working or script directory),
+without kerneltrial: each directory holding a kerneltrial entry (the package, its
+distribution metadata, an editable install's .pth or finder, a folder holding the package)
+is replaced by a folder of links to its other entries, and no .pth file runs in the worker.
+Environment variables named KERNELTRIAL* are dropped. So a module that behaves one way when kerneltrial is imported (or importable) and
 another at the target behaves here as at the target.
 
 The harness draws every input, sends it, receives the outputs and the inputs as the call left
@@ -73,11 +74,13 @@ class InterfaceResult:
     device: str
 
 
-def _fresh_path() -> list[str]:
-    """sys.path of a fresh `python -I` of this interpreter: the standard library, site-packages
-    and what their .pth files add, without this process's working or script directories."""
+def _fresh_path(workdir: Path) -> list[str]:
+    """sys.path of a fresh `python` of this interpreter with this environment (PYTHONPATH,
+    site-packages and what their .pth files add), started in the empty `workdir`, without the
+    working directory: this process's script and test directories are not in it."""
     done = subprocess.run(
-        [sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+        cwd=workdir,
         capture_output=True,
         text=True,
         check=True,
@@ -86,26 +89,44 @@ def _fresh_path() -> list[str]:
     return json.loads(done.stdout)
 
 
-def path_without_kerneltrial(scratch: Path) -> list[str]:
-    """`_fresh_path()` with nothing of kerneltrial: each directory that holds an entry whose
-    name contains 'kerneltrial' is replaced by a folder in `scratch` of links to its other
-    entries; an entry that is not a directory is kept unless its own path names kerneltrial."""
+def _names_kerneltrial(folder: Path) -> bool:
+    return "kerneltrial" in folder.name.casefold()
+
+
+def _hidden(folder: Path) -> set[str]:
+    """The entries of `folder` that would make kerneltrial importable from it: those whose name
+    contains 'kerneltrial' (the package, its distribution metadata, an editable install's .pth
+    or finder) and folders holding one (a repository's src/: `import src.kerneltrial`)."""
+    hidden = set()
+    for child in folder.iterdir():
+        try:
+            if _names_kerneltrial(child) or (child.is_dir() and any(map(_names_kerneltrial, child.iterdir()))):
+                hidden.add(child.name)
+        except OSError:  # unreadable: nothing can be imported from it either
+            continue
+    return hidden
+
+
+def path_without_kerneltrial(scratch: Path, workdir: Path) -> list[str]:
+    """`_fresh_path()` with nothing of kerneltrial: each directory with `_hidden` entries is
+    replaced by a folder in `scratch` of links to its other entries; an entry that is not a
+    directory (a zip) is kept unless its own path names kerneltrial."""
     path: list[str] = []
-    for index, entry in enumerate(_fresh_path()):
+    for index, entry in enumerate(_fresh_path(workdir)):
         folder = Path(entry)
         if not folder.is_dir():
             if entry and "kerneltrial" not in entry.casefold():
                 path.append(entry)
             continue
-        names = sorted(os.listdir(folder))
-        if not any("kerneltrial" in name.casefold() for name in names):
+        hidden = _hidden(folder)
+        if not hidden:
             path.append(entry)
             continue
         overlay = scratch / f"path-{index}"
         overlay.mkdir()
-        for name in names:
-            if "kerneltrial" not in name.casefold():
-                (overlay / name).symlink_to(folder / name)
+        for child in sorted(folder.iterdir()):
+            if child.name not in hidden:
+                (overlay / child.name).symlink_to(child)
         path.append(str(overlay))
     return path
 
@@ -214,7 +235,7 @@ def started(scratch: Path, module: str, op: str, target: targets.Target | None, 
     worker_in, outbox = os.pipe()
     inbox, worker_out = os.pipe()
     config = WorkerConfig(
-        path=path_without_kerneltrial(scratch),
+        path=path_without_kerneltrial(scratch, workdir),
         archive_dir=str(scratch / "archive"),
         module=module,
         op=op,
