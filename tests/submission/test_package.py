@@ -1,5 +1,5 @@
 """Submission archives (issue 12, package): the layout, the receipt, the identity check against a
-confirmed run, the interface check in a fresh interpreter, and `inspect`'s rejections."""
+confirmed run, the isolated interface check, and `inspect`'s rejections."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
 
 @pytest.mark.slow
 def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
-    """The happy path: identity, layout, interface check in a fresh interpreter, receipt; then the
+    """The happy path: layout, the isolated interface check, an unconfirmed receipt; then the
     receipt catches an archive whose code was changed afterwards."""
     module, rule = tmp_path / "ruled_rmsnorm.py", tmp_path / "ruled_rmsnorm.rule.toml"
     module.write_text(RULED)
@@ -386,7 +386,7 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
         ),
     ],
 )
-def test_the_interface_check_refuses_what_fails_in_a_fresh_interpreter(tmp_path, module, args, reason):
+def test_the_interface_check_refuses_what_fails_where_the_target_runs_it(tmp_path, module, args, reason):
     """A data file left out (the module reads it at import), a wrong kernel, a grid Ascend rejects."""
     path = {
         "ruled": tmp_path / "ruled_rmsnorm.py",
