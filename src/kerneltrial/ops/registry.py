@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from collections.abc import Callable
@@ -240,22 +241,38 @@ def load_builtin_ops() -> None:
             importlib.import_module(f"kerneltrial.ops.{info.name}")
 
 
-def load_user_module(spec: str) -> list[Impl]:
+def load_user_module(spec: str, op: str | None = None) -> list[Impl]:
     """Register a user's kernels from a file path or a dotted module name.
 
     Every top-level function named after an operator becomes an arm called
     `user:<module>` (kind `user`); the module may also use `register_impl` itself.
+    With `op`, a module that adds no arm of that operator is refused, naming the functions it
+    does define (a misspelt entry point must not read as a check of the built-in arms).
     """
     load_builtin_ops()
-    before = {(op.name, n): i for op in _OPERATORS.values() for n, i in op.impls.items()}
+    if op is not None:
+        get_op(op)
+    before = {(o.name, n): i for o in _OPERATORS.values() for n, i in o.impls.items()}
     module, stem = _import_user_module(spec)
-    for op in _OPERATORS.values():
-        fn = getattr(module, op.name, None)
+    for operator in _OPERATORS.values():
+        fn = getattr(module, operator.name, None)
         if callable(fn):  # loading the same module again replaces its arms
-            op.impls[f"user:{stem}"] = Impl(
-                op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}"
+            operator.impls[f"user:{stem}"] = Impl(
+                op=operator.name,
+                name=f"user:{stem}",
+                kind="user",
+                loader=lambda fn=fn: fn,
+                doc=f"{operator.name} from {spec}",
             )
-    added = [i for op in _OPERATORS.values() for n, i in op.impls.items() if before.get((op.name, n)) is not i]
+    added = [i for o in _OPERATORS.values() for n, i in o.impls.items() if before.get((o.name, n)) is not i]
+    if op is not None and not any(impl.op == op for impl in added):
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
+        raise RegistryError(
+            f"{spec} defines no function {op} (its functions: {', '.join(functions) or 'none'}); "
+            f"name the entry point {op}, or register it with kerneltrial.ops.registry.register_impl"
+        )
     if not added:
         raise RegistryError(
             f"{spec} defines no operator function; name a top-level function after an operator "

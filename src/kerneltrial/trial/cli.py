@@ -191,7 +191,10 @@ def check(
     ] = "auto",
     impl_module: Annotated[
         list[str] | None,
-        typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms."),
+        typer.Option(
+            "--impl-module",
+            help="A user's kernel file or module; its operator functions become arms (with OP, it must define OP).",
+        ),
     ] = None,
     peers: Annotated[bool, typer.Option(help="Include peers (torch eager, torch.compile, Liger, FlagGems).")] = True,
     jsonl: Annotated[Path | None, typer.Option(help="Also write every check as a JSON line here.")] = None,
@@ -214,7 +217,8 @@ def check(
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
-    from the official formula. Exit 1 on any failure or a check that outlasts --timeout."""
+    from the official formula. Exit 1 on any failure or a check that outlasts --timeout; 2 on
+    bad input (an --impl-module that defines no function OP names the functions it does)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -225,10 +229,10 @@ def check(
 
     profile = get_target(target) if target else None
     out = console(stderr=json_)
-    for spec in impl_module or []:
-        load_user_module(spec)
     if all_ == (op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
+    for spec in impl_module or []:
+        load_user_module(spec, op)
     operators = all_ops() if all_ else [get_op(op)]
     device = launch.device()
     use_gpu_panel = panel == "gpu" or (panel == "auto" and device.type == "cuda")
@@ -346,7 +350,7 @@ def protocol_new(
 
     human, err = console(), console(stderr=True)
     operator = get_op(op)
-    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec) if impl.op == op]
+    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec, op) if impl.op == op]
     # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
     modules = [
         os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec

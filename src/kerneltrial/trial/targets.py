@@ -14,6 +14,9 @@ The hook wraps `run` of Triton's `JITFunction` (compiled kernels) and `Interpret
 Triton 3.x), and a callable grid is evaluated there with the bound arguments, as Triton does.
 `CompiledKernel.__getitem__` is wrapped too: launchers that cache compiled kernels (FlagGems'
 LibEntry) call it directly with a 3-tuple grid.
+
+Standard library only, nothing of kerneltrial: the package interface check's worker, where no
+kerneltrial module is importable, runs a copy of this file (submission/target_worker.py).
 """
 
 from __future__ import annotations
