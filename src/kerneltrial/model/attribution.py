@@ -6,14 +6,15 @@ device-side range holds its start. A CUDA graph's replay carries no such ranges 
 does not run), so in graph mode the arm's call is profiled twice: once eagerly on the same
 static buffers, annotated, which labels each kernel of the call in launch order, and once
 as a replay, which gives each kernel's time under the graph. The replay runs the kernels its
-capture recorded, in the order the eager call launches them; when the two sequences of
-kernel names agree, the k-th replayed kernel takes the k-th eager kernel's label. When they
-differ, the graph case has no region rows (its share is unknown, never guessed).
+capture recorded, in launch order; each replayed kernel takes the label of the eager kernel
+it matches in the two name sequences (`align`). When a region kernel of the eager call has
+no match, the graph case has no region rows (its share is unknown, never guessed).
 """
 
 from __future__ import annotations
 
 import bisect
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,11 +106,22 @@ def attribute_graph(
 
 
 def align(annotated: Labelled, replayed: list[tuple[str, int]]) -> Labelled | None:
-    """The replay's kernels with the annotated eager call's labels, position by position, when
-    both launched the same kernel names in the same order; None when they did not."""
-    if [name for name, _ in replayed] != [name for name, _, _ in annotated]:
+    """The replay's kernels, each with the label of the annotated eager call's kernel it
+    matches: the two name sequences are matched by difflib's longest common blocks, so a
+    kernel the capture path adds or swaps outside the regions (transformers materialises the
+    causal mask while a stream captures, and SDPA then picks another kernel) shifts nothing.
+    None unless every region kernel of the eager call is matched."""
+    eager_names = [name for name, _, _ in annotated]
+    matcher = difflib.SequenceMatcher(None, eager_names, [name for name, _ in replayed], autojunk=False)
+    label_of: dict[int, str] = {}
+    for block in matcher.get_matching_blocks():
+        for offset in range(block.size):
+            region = annotated[block.a + offset][1]
+            if region is not None:
+                label_of[block.b + offset] = region
+    if len(label_of) != sum(region is not None for _, region, _ in annotated):
         return None
-    return [(name, label, ns) for (name, ns), (_, label, _) in zip(replayed, annotated, strict=True)]
+    return [(name, label_of.get(j), ns) for j, (name, ns) in enumerate(replayed)]
 
 
 def _with_totals(found: Regions, kernels: Labelled, wall_ns: int) -> tuple[Regions, Kernels]:

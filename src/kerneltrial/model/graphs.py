@@ -66,7 +66,8 @@ def new_pool(device: torch.device) -> Any:
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool: Any) -> Captured:
     """`fn` (one call on the case's static buffers) captured after WARMUP_CALLS eager calls.
-    The caller restores whatever those calls wrote (the KV cache)."""
+    The caller restores whatever those calls wrote (the KV cache). After a CaptureFailed the
+    pool is spent: capture the next arm into a `new_pool`."""
     try:
         return _cuda_capture(fn, device, pool) if device.type == "cuda" else _identity(fn)
     except Exception as exc:  # an arm may raise anything while captured; the reason is what matters
@@ -81,6 +82,9 @@ def _identity(fn: Callable[[], torch.Tensor]) -> Captured:
 
 
 def _cuda_capture(fn: Callable[[], torch.Tensor], device: torch.device, pool: Any) -> Captured:
+    """vLLM's recipe with torch's capture calls made by hand: `torch.cuda.graph` leaves the
+    capture stream current and the pool recording when its capture_end raises (as it does
+    after an arm's host synchronisation), and every later capture then fails."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(current)
@@ -88,10 +92,41 @@ def _cuda_capture(fn: Callable[[], torch.Tensor], device: torch.device, pool: An
         for _ in range(WARMUP_CALLS):
             fn()
     current.wait_stream(side)
+    torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        output = fn()
+    with torch.cuda.stream(torch.cuda.Stream(device)):  # left on every path
+        graph.capture_begin(pool=pool)
+        try:
+            output = fn()
+        except BaseException:
+            _end_failed(graph, device, pool)
+            raise
+        try:
+            graph.capture_end()
+        except BaseException:
+            _release(device, pool)
+            raise
     return Captured(graph, output, calls=WARMUP_CALLS + 1)
+
+
+def _end_failed(graph: torch.cuda.CUDAGraph, device: torch.device, pool: Any) -> None:
+    """End a capture the call broke: the stream leaves capture mode; a capture_end that raises
+    (an invalidated capture) leaves the pool recording, so release it."""
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        _release(device, pool)
+
+
+def _release(device: torch.device, pool: Any) -> None:
+    """What CUDAGraph.capture_end skips when cudaStreamEndCapture fails: stop routing the
+    capture's allocations to the pool and drop its reference (torch's private calls, as
+    torch.cuda.memory.use_mem_pool makes them)."""
+    try:
+        torch._C._cuda_endAllocateToPool(device.index or 0, pool)
+        torch._C._cuda_releasePool(device.index or 0, pool)
+    except (AttributeError, RuntimeError):
+        pass  # another torch: the pool stays spent, and the runner moves on to a new one
 
 
 def _recover(device: torch.device) -> None:

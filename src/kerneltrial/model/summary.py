@@ -109,23 +109,19 @@ def copy_rate(rows: list[dict[str, str]]) -> dict[str, Any]:
 def excluded_arms(
     plan: dict[str, Any], captures: list[dict[str, Any]], checks: list[dict[str, Any]]
 ) -> dict[str, dict[str, str]]:
-    """case -> arm -> why a gate-passing arm has no figures there: not captured, or the first
-    failed timed check (eager too: without it a graph case has no arms)."""
+    """case -> arm -> why a gate-passing arm has no figures there: not captured (every arm,
+    where eager is not: the case ran no rounds), or its first failed timed check."""
     out: dict[str, dict[str, str]] = defaultdict(dict)
+    timed = [a["name"] for a in plan["arms"] if a["timed"]]
     for row in captures:
         if not row["captured"]:
             out[row["case"]][row["arm"]] = row["reason"]
+            if row["arm"] == "eager":
+                for arm in timed:
+                    out[row["case"]].setdefault(arm, "eager, every ratio's reference, cannot be captured")
     for row in checks:
         if not row["passed"] and row["arm"] not in out[row["case"]]:
             out[row["case"]][row["arm"]] = row["message"]
-    timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    for case in plan["cases"]:
-        if "eager" in out[case["case"]]:
-            out[case["case"]] |= {
-                arm: "eager, every ratio's reference, cannot be captured"
-                for arm in timed
-                if arm not in out[case["case"]]
-            }
     return out
 
 

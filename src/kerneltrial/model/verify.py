@@ -19,7 +19,8 @@ schema 3 (model-summary/3; older runs: model/verify_legacy.py):
 - `rounds`, `order_of_starts`: every case's arms have one sample per round in the seeded order,
   started in case / round / position order;
 - `checks_v3`: one checked call per round, the same for every arm; every verdict re-derived
-  from the distances (the limit: the factor x eager's largest on the case);
+  from the distances (the limit: the factor x the largest of the rounds' scales, eager's
+  Python-forward distance, which in eager mode is its timed call's);
 - `figures_v3`: every figure, verdict, exclusion and key of summary.json recomputed, the copy
   rate from copies.csv, each case's floor bytes from the config and its floor from the rate.
 """
@@ -209,37 +210,47 @@ def captures_v3(plan: dict[str, Any], captures: list[dict[str, Any]]) -> tuple[l
 
 def checks_v3(plan: dict[str, Any], checks: list[dict[str, Any]], arms_of: ArmsOf) -> tuple[list[str], ArmsOf]:
     """The timed checks' problems, and each case's arms that failed one."""
-    factor = plan["correctness"]["oracle_factor"]
     by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in checks:
         by_case[row["case"]].append(row)
     problems: list[str] = []
     failed: ArmsOf = {}
     for case in plan["cases"]:
-        cid, rows = case["case"], by_case.pop(case["case"], [])
-        want = {(r, arm) for r in [*range(-plan["warmup"], 0), *range(plan["rounds"])] for arm in arms_of[cid]}
-        if {(row["round"], row["arm"]) for row in rows} != want or len(rows) != len(want):
-            problems.append(f"checks: {cid} lacks a timed check of some round and arm, or has one too many")
-            continue
-        calls = defaultdict(set)
-        for row in rows:
-            calls[row["round"]].add(row["call"])
-        if any(len(k) != 1 or not 0 <= next(iter(k)) < plan["calls_per_sample"] for k in calls.values()):
-            problems.append(f"checks: {cid} checks more than one call of a round, or a call the round did not make")
-        limit = factor * max((row["distance"] for row in rows if row["arm"] == "eager"), default=0.0)
-        for row in rows:
-            passed = row["arm"] == "eager" or row["distance"] <= limit
-            want_limit = None if row["arm"] == "eager" else limit
-            if row["passed"] != passed or not close(row["limit"], want_limit):
-                problems.append(
-                    f"checks: {cid} round {row['round']} {row['arm']}: passed={row['passed']} limit "
-                    f"{row['limit']}, its distance gives passed={passed} limit {want_limit}"
-                )
-            if not passed and not row["message"].startswith("wrong result while timed: "):
-                problems.append(f"checks: {cid} round {row['round']} {row['arm']} failed without its named message")
-        failed[cid] = sorted({row["arm"] for row in rows if not row["passed"]})
-    problems += [f"checks: {cid} is not a case of the plan" for cid in sorted(by_case)]
-    return problems, failed
+        rows = by_case.pop(case["case"], [])
+        problems += case_checks(plan, case, rows, arms_of[case["case"]])
+        failed[case["case"]] = sorted({row["arm"] for row in rows if not row["passed"]})
+    return problems + [f"checks: {cid} is not a case of the plan" for cid in sorted(by_case)], failed
+
+
+def case_checks(plan: dict[str, Any], case: dict[str, Any], rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    cid = case["case"]
+    want = {(r, arm) for r in [*range(-plan["warmup"], 0), *range(plan["rounds"])] for arm in arms}
+    if {(row["round"], row["arm"]) for row in rows} != want or len(rows) != len(want):
+        return [f"checks: {cid} lacks a timed check of some round and arm, or has one too many"]
+    if not rows:  # a graph case where eager could not be captured: no rounds
+        return []
+    problems = []
+    calls: dict[int, set[int]] = defaultdict(set)
+    scales: dict[int, set[float]] = defaultdict(set)
+    for row in rows:
+        calls[row["round"]].add(row["call"])
+        scales[row["round"]].add(row["scale"])
+    if any(len(k) != 1 or not 0 <= min(k) < plan["calls_per_sample"] for k in calls.values()):
+        problems.append(f"checks: {cid} checks more than one call of a round, or a call the round did not make")
+    own = case["mode"] != "eager" or all(r["distance"] == r["scale"] for r in rows if r["arm"] == "eager")
+    if any(len(v) != 1 for v in scales.values()) or not own:
+        problems.append(f"checks: {cid}'s scale differs between a round's rows, or is not eager's own distance")
+    limit = plan["correctness"]["oracle_factor"] * max(max(v) for v in scales.values())
+    for row in rows:
+        passed = row["distance"] <= limit
+        if row["passed"] != passed or not close(row["limit"], limit):
+            problems.append(
+                f"checks: {cid} round {row['round']} {row['arm']}: passed={row['passed']} limit "
+                f"{row['limit']}, its distance gives passed={passed} limit {limit}"
+            )
+        if not passed and not row["message"].startswith("wrong result while timed: "):
+            problems.append(f"checks: {cid} round {row['round']} {row['arm']} failed without its named message")
+    return problems
 
 
 # --- figures ---------------------------------------------------------------------------------
