@@ -306,3 +306,70 @@ def test_the_committed_model_protocol_parses() -> None:
     assert {"eager", "kerneltrial", "liger", "torch_compile"} <= set(p.arms)
     assert {c.id for c in p.decode} >= {"decode-b1-c512", "decode-b64-c512"}
     assert json.dumps(p.model_dump())  # a plain record
+
+
+def _edit_jsonl(path: Path, change: Callable[[list[dict[str, object]]], None]) -> None:
+    rows = read_jsonl(path)
+    change(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _edit_json(path: Path, change: Callable[[dict[str, object]], None]) -> None:
+    data = read_json(path)
+    change(data)
+    write_json(path, data)
+
+
+def _forge_digest(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    rows[0]["ids_sha256"] = "0" * 64  # the inputs a round claims are not what its seed draws
+    return rows
+
+
+def _pass_the_memoiser(rows: list[dict[str, object]]) -> None:
+    for r in rows:
+        if r["arm"] == "user:memoises_after_gate.py":
+            r["passed"], r["message"] = True, ""
+
+
+def _uncapture(rows: list[dict[str, object]]) -> None:
+    row = next(r for r in rows if r["arm"] == "torch_eager")
+    row["captured"], row["reason"] = False, "forged"
+
+
+def _forge_top1(rows: list[dict[str, object]]) -> None:
+    row = next(r for r in rows if r["arm"] == "kerneltrial")
+    row["top1_agreement"] = 1.0 - float(row["top1_agreement"]) / 2
+
+
+def _slow_copies(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    for r in rows:
+        r["ns"] = str(2 * int(r["ns"]))  # a slower copy would lower every floor's rate
+    return rows
+
+
+def _heavier_weights(plan: dict[str, object]) -> None:
+    plan["cases"][0]["floor_bytes"]["weights"] += 2  # type: ignore[index]
+
+
+def _downgrade(summary: dict[str, object]) -> None:
+    summary["schema"] = "kerneltrial.model-summary/2"  # read as an old run, schema 3's checks would be skipped
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: rewrite_csv(d / "inputs.csv", _forge_digest), "inputs: prefill-b1-t8 round -1's inputs are not"),
+        (lambda d: _edit_jsonl(d / "timed_checks.jsonl", _pass_the_memoiser), "checks: decode-b2-c8 round"),
+        (lambda d: _edit_jsonl(d / "captures.jsonl", _uncapture), "rounds: prefill-b1-t8-graph round 0 ran"),
+        (lambda d: _edit_jsonl(d / "correctness.jsonl", _forge_top1), "gate: kerneltrial's top-1 agreement"),
+        (lambda d: rewrite_csv(d / "copies.csv", _slow_copies), "figures: the copy rate"),
+        (lambda d: _edit_json(d / "plan.json", _heavier_weights), "floor bytes"),
+        (lambda d: _edit_json(d / "summary.json", _downgrade), "schema: plan.json is schema 3's"),
+    ],
+    ids=["input digest", "timed check", "capture", "top-1", "copy rate", "floor bytes", "schema downgrade"],
+)
+def test_verify_catches_forged_schema_3_records(
+    tiny_run: Path, tmp_path: Path, edit: Callable[[Path], None], message: str
+) -> None:
+    problems = tampered(tiny_run, tmp_path, edit)
+    assert any(message in p for p in problems), problems

@@ -63,8 +63,8 @@ class Prefill(BaseModel):
     """One forward pass over `batch` prompts of `tokens` tokens, no cache (last-token logits)."""
 
     model_config = _CONFIG
-    batch: int = Field(ge=1)
-    tokens: int = Field(ge=1)
+    batch: int = Field(ge=1, description="prompts per forward pass")
+    tokens: int = Field(ge=1, description="tokens of each prompt")
 
     @property
     def id(self) -> str:
@@ -75,8 +75,11 @@ class Decode(BaseModel):
     """One decode step of `batch` sequences after `context` cached tokens (static KV cache)."""
 
     model_config = _CONFIG
-    batch: int = Field(ge=1)
-    context: int = Field(ge=1)
+    batch: int = Field(ge=1, description="sequences decoded together")
+    context: int = Field(
+        ge=1,
+        description="tokens already in the cache; each call decodes at a fresh position in the context's upper half",
+    )
 
     @property
     def id(self) -> str:
@@ -127,22 +130,30 @@ Mode = Literal["eager", "graph"]
 
 
 class Protocol(BaseModel):
+    """A whole-model trial (`kerneltrial model`): which model, which arms, which cases."""
+
     model_config = _CONFIG
-    name: str
+    name: str = Field(description="the trial's name")
     model: str = Field(description="a preset (minicpm5-2b, tiny) or a local Hugging Face config directory")
     checkpoint: str | None = Field(default=None, description="a local checkpoint directory; random weights when absent")
-    dtype: str = "bfloat16"
-    seed: int = 0
-    rounds: int = Field(default=5, ge=1)
+    dtype: str = Field(default="bfloat16", description="bfloat16, float16 or float32: the weights and activations")
+    seed: int = Field(default=0, description="draws the weights, the gate's prompts and every round's inputs")
+    rounds: int = Field(default=5, ge=1, description="timed rounds per case: every arm once per round")
     warmup: int = Field(
         default=2, ge=0, description="untimed rounds (every arm once, seeded order) before a case's rounds"
     )
-    calls_per_sample: int = Field(default=1, ge=1)
+    calls_per_sample: int = Field(default=1, ge=1, description="calls between two device synchronisations, one sample")
     tie_band: float = Field(default=0.02, ge=0, description="a ratio whose interval lies within 1 +- tie_band is a tie")
-    arms: tuple[str, ...]
-    prefill: tuple[Prefill, ...] = ()
-    decode: tuple[Decode, ...] = ()
-    correctness: Correctness = Correctness()
+    arms: tuple[str, ...] = Field(
+        description="eager (the Hugging Face code, required: every check's and ratio's reference), torch_eager, "
+        "kerneltrial, liger, torch_compile, flaggems, user:PATH.py"
+    )
+    prefill: tuple[Prefill, ...] = Field(default=(), description="prefill cases: one forward pass, no cache")
+    decode: tuple[Decode, ...] = Field(default=(), description="decode cases: one step on a static KV cache")
+    correctness: Correctness = Field(
+        default=Correctness(),
+        description="the teacher-forced gate before timing (its oracle_factor checks timed calls too)",
+    )
     modes: tuple[Mode, ...] = Field(
         default=("eager",),
         min_length=1,
@@ -152,10 +163,12 @@ class Protocol(BaseModel):
     )
     graph_prefill: bool = Field(
         default=True,
-        description="graph mode captures the prefill cases too (their shapes are static); false: prefill runs eager only",
+        description="graph mode captures the prefill cases too (their shapes are static; transformers materialises the "
+        "causal mask while a stream captures, so a captured prefill runs SDPA with an explicit mask); false: prefill "
+        "runs eager only",
     )
     attribution: bool = Field(default=True, description="profile one call per arm and case after the rounds")
-    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="confidence of every speedup's interval")
 
     @field_validator("arms")
     @classmethod
