@@ -186,3 +186,23 @@ def test_an_arm_that_cannot_be_captured_is_left_out_of_the_graph_cases_only(
     assert "user:reordered_norm.py" in summary["decode-b2-c4"]["arms"]  # eager mode still times it
     result = verify_one(run)
     assert result.ok, [c for c in result.checks if not c.ok]
+
+
+def test_the_committed_schema_2_run_is_read_by_its_own_rules(tmp_path: Path) -> None:
+    """results/h200/minicpm5-2b-model (free-running greedy rule, `greedy_steps` and `near_tie` in
+    its protocol) verifies through verify_legacy; passing its failed torch_compile arm is caught."""
+    import json
+
+    from kerneltrial.rundir.hashing import sha256_file
+
+    run = shutil.copytree(REPO / "results" / "h200" / "minicpm5-2b-model", tmp_path / "run")
+    assert verify_one(run).ok
+    rows = read_jsonl(run / "correctness.jsonl")
+    row = next(r for r in rows if r["arm"] == "torch_compile")
+    row["passed"], row["message"] = True, ""
+    (run / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = read_json(run / "manifest.json")
+    manifest["correctness.jsonl"] = sha256_file(run / "correctness.jsonl")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    problems = [c.detail for c in verify_one(run).checks if not c.ok]
+    assert any("gate: torch_compile is recorded passed=True, its numbers give False" in p for p in problems), problems

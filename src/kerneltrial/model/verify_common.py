@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,4 +196,38 @@ def run_records(plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[
         problems.append("figures: summary.json's unavailable arms differ from the plan's")
     if set(summary["cases"]) != {c["case"] for c in plan["cases"]}:
         problems.append(f"figures: summary.json's cases {sorted(summary['cases'])} are not the plan's")
+    return problems
+
+
+Verdict = Callable[[str, dict[str, Any], dict[str, Any]], tuple[bool, list[str]]]  # (arm, row, eager's row)
+
+
+def gate_rows(plan: dict[str, Any], rows: list[dict[str, Any]], rule_of: Verdict) -> list[str]:
+    """The gate's bookkeeping, every schema: one row per available arm and none for an
+    unavailable one, eager passing with the model's call counts, each arm's recorded verdict
+    and whether it was timed against what `rule_of` derives from its numbers (call counts
+    included here; `rule_of` adds the schema's rule and its own problems, for arms but eager)."""
+    layers = int(plan["config"]["num_hidden_layers"])
+    by_arm = {row["arm"]: row for row in rows}
+    problems = [] if len(by_arm) == len(rows) else ["gate: an arm has more than one correctness row"]
+    eager = by_arm.get("eager")
+    if eager is None or not eager["passed"] or eager["calls_per_forward"] != expected_calls(layers, True):
+        return [*problems, "gate: the eager reference has no passing row with the model's call counts"]
+    for arm in plan["arms"]:
+        name, row = arm["name"], by_arm.get(arm["name"])
+        if not arm["available"]:
+            if row is not None or arm["timed"]:
+                problems.append(f"gate: {name} is unavailable but has a correctness row or was timed")
+            continue
+        if row is None:
+            problems.append(f"gate: {name} is available but has no correctness row")
+            continue
+        passed = row["calls_per_forward"] == expected_calls(layers, name == "eager")
+        if name != "eager":
+            by_rule, found = rule_of(name, row, eager)
+            passed, problems = passed and by_rule, problems + found
+        if row["passed"] != passed:
+            problems.append(f"gate: {name} is recorded passed={row['passed']}, its numbers give {passed}")
+        if arm["timed"] != passed:
+            problems.append(f"gate: {name} timed={arm['timed']} but its correctness gives passed={passed}")
     return problems

@@ -26,7 +26,7 @@ from kerneltrial.model.verify_common import (
     REL,
     arm_figures,
     close,
-    expected_calls,
+    gate_rows,
     indexed,
     order_of_starts,
     plan_problems,
@@ -143,43 +143,27 @@ def plan_matches_protocol_v2(run: Path, plan: dict[str, Any]) -> list[str]:
 
 
 def gate_v2(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Every verdict of the gate re-derived from the row's own numbers and the protocol's rule."""
+    """Every verdict of the gate re-derived from the row's own numbers and schema 2's rule:
+    the last-position logits against eager's distance, the free-running greedy tokens."""
     rule = plan["correctness"]
-    layers = int(plan["config"]["num_hidden_layers"])
-    by_arm = {row["arm"]: row for row in rows}
-    problems = [] if len(by_arm) == len(rows) else ["gate: an arm has more than one correctness row"]
-    eager = by_arm.get("eager")
-    if eager is None or not eager["passed"] or eager["calls_per_forward"] != expected_calls(layers, True):
-        return [*problems, "gate: the eager reference has no passing row with the model's call counts"]
-    for arm in plan["arms"]:
-        name, row = arm["name"], by_arm.get(arm["name"])
-        if not arm["available"]:
-            if row is not None or arm["timed"]:
-                problems.append(f"gate: {name} is unavailable but has a correctness row or was timed")
-            continue
-        if row is None:
-            problems.append(f"gate: {name} is available but has no correctness row")
-            continue
-        passed = row["calls_per_forward"] == expected_calls(layers, name == "eager")
-        if name != "eager":
-            limit = rule["oracle_factor"] * eager["oracle_rel_error"]
-            if not math.isclose(row["oracle_rel_error_limit"], limit, rel_tol=REL):
-                problems.append(f"gate: {name}'s logits limit {row['oracle_rel_error_limit']} is not {limit}")
-            passed = passed and row["oracle_rel_error"] <= limit
-            div = row["first_divergence"]
-            problems += divergence_problems(name, row, eager)
-            if div is not None:
-                near = div["margin"] <= rule["near_tie"]
-                if div["near_tie"] != near:
-                    problems.append(
-                        f"gate: {name}'s divergence margin {div['margin']} is called near_tie={div['near_tie']}"
-                    )
-                passed = passed and (near or div.get("agrees_with_float32", False))
-        if row["passed"] != passed:
-            problems.append(f"gate: {name} is recorded passed={row['passed']}, its numbers give {passed}")
-        if arm["timed"] != passed:
-            problems.append(f"gate: {name} timed={arm['timed']} but its correctness gives passed={passed}")
-    return problems
+
+    def rule_of(name: str, row: dict[str, Any], eager: dict[str, Any]) -> tuple[bool, list[str]]:
+        problems = divergence_problems(name, row, eager)
+        limit = rule["oracle_factor"] * eager["oracle_rel_error"]
+        if not math.isclose(row["oracle_rel_error_limit"], limit, rel_tol=REL):
+            problems.append(f"gate: {name}'s logits limit {row['oracle_rel_error_limit']} is not {limit}")
+        passed = row["oracle_rel_error"] <= limit
+        div = row["first_divergence"]
+        if div is not None:
+            near = div["margin"] <= rule["near_tie"]
+            if div["near_tie"] != near:
+                problems.append(
+                    f"gate: {name}'s divergence margin {div['margin']} is called near_tie={div['near_tie']}"
+                )
+            passed = passed and (near or div.get("agrees_with_float32", False))
+        return passed, problems
+
+    return gate_rows(plan, rows, rule_of)
 
 
 def divergence_problems(name: str, row: dict[str, Any], eager: dict[str, Any]) -> list[str]:
