@@ -134,18 +134,24 @@ def render(run_dir: Path) -> str:
         DESCRIPTION,
     ]
     if "copy" in summary:
-        checks = summary["timed_checks"]
-        lines += [
-            "",
-            f"Graph mode: {summary['graph_label']}. Every timed call ran on fresh inputs (inputs.csv: each round's "
-            f"from its seed); one call of every round was checked against the float32 model: {checks['failed']} of "
-            f"{checks['rows']} checks failed. Copy rate (the floor's): {summary['copy']['gbps']:.1f} GB/s, "
-            f"{summary['copy']['samples']} copies of {summary['copy']['bytes'] / 2**30:.3g} GiB (read + written).",
-        ]
+        lines += ["", run_line(summary)]
     lines += ["", "## Correctness (before timing)", "", *correctness_lines(run_dir, summary), "", "## Timing", ""]
     for cid, case in summary["cases"].items():
         lines += case_lines(cid, case)
     return "\n".join(lines)
+
+
+def run_line(summary: dict[str, Any]) -> str:
+    """Schema 3's run-wide facts: the graph mode, the fresh inputs and their checks, the copy rate."""
+    checks, copy = summary["timed_checks"], summary["copy"]
+    graphs = any(case["mode"] == "graph" for case in summary["cases"].values())
+    return (
+        (f"Graph mode (cases ending in -graph): {summary['graph_label']}. " if graphs else "")
+        + "Every timed call ran on fresh inputs (inputs.csv: each round's "
+        f"from its seed); one call of every round was checked against the float32 model: {checks['failed']} of "
+        f"{checks['rows']} checks failed. Copy rate (the floor's): {copy['gbps']:.1f} GB/s, "
+        f"{copy['samples']} copies of {copy['bytes'] / 2**30:.3g} GiB (read + written)."
+    )
 
 
 def performance_section(run_dir: Path) -> list[str]:
@@ -162,6 +168,8 @@ def performance_section(run_dir: Path) -> list[str]:
         + ".",
         "",
     ]
+    if "copy" in summary:
+        lines += [run_line(summary), ""]
     for cid, case in summary["cases"].items():
         lines += ["#" + line if line.startswith("### ") else line for line in case_lines(cid, case)]
     return lines
