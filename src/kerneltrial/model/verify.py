@@ -50,6 +50,7 @@ from kerneltrial.model.verify_common import (
     protocol,
     rounds,
     run_records,
+    timing_rules,
 )
 from kerneltrial.model.verify_legacy import verify_legacy
 from kerneltrial.rundir.errors import RunDirError
@@ -67,13 +68,7 @@ def plan_matches_protocol(run: Path, plan: dict[str, Any]) -> list[str]:
     want = {
         "arms": list(p.arms),
         "cases": [case_id(c, m) for c, m in p.runs()],
-        "rounds": p.rounds,
-        "warmup": p.warmup,
-        "seed": p.seed,
-        "calls_per_sample": p.calls_per_sample,
-        "tie_band": p.tie_band,
-        "confidence": p.confidence,
-        "attribution": p.attribution,
+        **timing_rules(p),
         "correctness": p.correctness.model_dump(),
         "modes": list(p.modes),
         "graph_prefill": p.graph_prefill,
@@ -196,6 +191,10 @@ def captures_v3(plan: dict[str, Any], captures: list[dict[str, Any]]) -> tuple[l
 
 def checks_v3(plan: dict[str, Any], checks: list[dict[str, Any]], arms_of: ArmsOf) -> tuple[list[str], ArmsOf]:
     """The timed checks' problems, and each case's arms that failed one."""
+    keys = {"case", "round", "call", "arm", "distance", "scale", "limit", "passed", "message"}
+    malformed = [row for row in checks if set(row) != keys]
+    if malformed:
+        return [f"checks: a timed check has the keys {sorted(malformed[0])}, not {sorted(keys)}"], {}
     by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in checks:
         by_case[row["case"]].append(row)

@@ -176,6 +176,12 @@ def attribution_figures(
     return [] if ok else [f"figures: {cid} {arm} attribution {attr} != recomputed from attribution.csv"]
 
 
+def timing_rules(p: Any) -> dict[str, Any]:
+    """The protocol's keys every schema's plan copies as they are (p: a parsed model protocol)."""
+    keys = ("rounds", "warmup", "seed", "calls_per_sample", "tie_band", "confidence", "attribution")
+    return {key: getattr(p, key) for key in keys}
+
+
 def plan_problems(want: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """The plan's keys against what its protocol gives (`want`; arms and cases by name)."""
     got = dict(want) | {key: plan.get(key) for key in want}

@@ -32,6 +32,7 @@ from kerneltrial.model.verify_common import (
     plan_problems,
     rounds,
     run_records,
+    timing_rules,
 )
 
 SUMMARY_V2 = "kerneltrial.model-summary/2"
@@ -127,18 +128,7 @@ def plan_matches_protocol_v2(run: Path, plan: dict[str, Any]) -> list[str]:
     raw = tomllib.loads((run / "protocol.toml").read_text())
     correctness = LEGACY_DEFAULTS | raw.pop("correctness", {})
     p = Protocol.model_validate(raw)
-    want = {
-        "arms": list(p.arms),
-        "cases": [c.id for c in p.cases],
-        "rounds": p.rounds,
-        "warmup": p.warmup,
-        "seed": p.seed,
-        "calls_per_sample": p.calls_per_sample,
-        "tie_band": p.tie_band,
-        "confidence": p.confidence,
-        "attribution": p.attribution,
-        "correctness": correctness,
-    }
+    want = {"arms": list(p.arms), "cases": [c.id for c in p.cases], **timing_rules(p), "correctness": correctness}
     return plan_problems(want, plan)
 
 
