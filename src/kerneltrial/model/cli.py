@@ -19,7 +19,9 @@ def model(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:
     """Time a causal LM whose RMSNorm, residual-add + RMSNorm and SiLU-and-mul run each arm's
-    implementation, after a model-level correctness gate (logits, greedy tokens, call counts).
+    implementation, after a model-level correctness gate (teacher-forced logits against the
+    float32 model, call counts), on fresh inputs every call, eagerly and/or replayed from CUDA
+    graphs (the protocol's `modes`).
 
     Arms: eager (the Hugging Face code), torch_eager, kerneltrial, liger,
     torch_compile, flaggems, user:PATH.py. Then `kerneltrial verify OUT` and `kerneltrial report OUT`.
