@@ -206,3 +206,20 @@ def test_the_committed_schema_2_run_is_read_by_its_own_rules(tmp_path: Path) -> 
     (run / "manifest.json").write_text(json.dumps(manifest))
     problems = [c.detail for c in verify_one(run).checks if not c.ok]
     assert any("gate: torch_compile is recorded passed=True, its numbers give False" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("arm", "ours"),
+    [("E1", {"rmsnorm", "fused_add_rmsnorm"}), ("E2", {"silu_and_mul"}), ("E3", set(build.OPS))],
+)
+def test_a_track2_arm_replaces_only_its_operators(arm: str, ours: set[str]) -> None:
+    """E1-E3 run kerneltrial's kernels for what the serving arm replaces and the torch formulas
+    (torch_eager, the structure's control) for the rest, the same functions those arms run."""
+    table, kernels, formulas = op_table(arm, REPO), op_table("kerneltrial", REPO), op_table("torch_eager", REPO)
+    for op in build.OPS:
+        expected = kernels if op in ours else formulas
+        assert getattr(table, op) is getattr(expected, op), op
+        assert table.sources[op] == f"{op}/{'kerneltrial' if op in ours else 'torch_eager'}"
+    assert parse_protocol(
+        f'name = "t"\nmodel = "tiny"\narms = ["eager", "{arm}"]\n[[decode]]\nbatch = 1\ncontext = 8\n'
+    ).arms == ("eager", arm)

@@ -373,3 +373,44 @@ def test_verify_catches_forged_schema_3_records(
 ) -> None:
     problems = tampered(tiny_run, tmp_path, edit)
     assert any(message in p for p in problems), problems
+
+
+def test_a_frozen_model_protocol_is_refused_once_edited(tmp_path: Path) -> None:
+    path = protocol(tmp_path, '"eager"')
+    frozen = CliRunner().invoke(app, ["protocol", "freeze", str(path)])
+    assert frozen.exit_code == 0, frozen.output
+    path.write_text(path.read_text() + "# an edit after the freeze\n")
+    result = CliRunner().invoke(app, ["model", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "changed after it was frozen" in result.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda run: _edit_json(run / "plan.json", lambda p: p.update(frozen_at="2026-01-01T00:00:00+00:00")),
+            "not frozen",
+        ),
+        (
+            lambda run: _edit_json(
+                run / "provenance.json", lambda p: p.update(freeze={"sha256": "0" * 64, "frozen_at": "2026-01-01"})
+            ),
+            "not of this protocol.toml",
+        ),
+        (lambda run: _edit_json(run / "provenance.json", lambda p: p.pop("freeze")), "records its freeze"),
+    ],
+    ids=["claims-frozen", "another-protocols-record", "record-removed"],
+)
+def test_verify_checks_the_freeze_record(
+    tiny_run: Path, tmp_path: Path, edit: Callable[[Path], None], message: str
+) -> None:
+    assert any(message in p for p in tampered(tiny_run, tmp_path, edit))
+
+
+def test_the_track2_protocol_is_frozen_with_every_arm() -> None:
+    path = REPO / "protocols/model/minicpm5-2b-track2.toml"
+    p = parse_protocol(path.read_text())
+    assert {"eager", "torch_compile", "E1", "E2", "E3"} <= set(p.arms) and p.modes == ("eager", "graph")
+    record = json.loads(path.with_name(path.name + ".freeze.json").read_text())
+    assert record["sha256"] == build_sha(path)

@@ -49,12 +49,13 @@ from kerneltrial.model.layout import (
     TIMING_LABEL_CPU,
     TIMING_LABEL_GPU,
 )
-from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, case_id, load_protocol
+from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, ProtocolError, case_id, load_protocol
 from kerneltrial.rundir import provenance as source_provenance
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, now, read_json, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
 from kerneltrial.trial import provenance
+from kerneltrial.trial.protocol import freeze_record
 
 Progress = Callable[[str], None]
 Case = Prefill | Decode
@@ -106,10 +107,14 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
     """Run the protocol into `out` (a new directory); returns `out`."""
     say = progress or (lambda _: None)
     p, data = load_protocol(protocol_path)
+    freeze = frozen(protocol_path, data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tables, unavailable = resolve_arms(p, protocol_path.parent)
     new_run_dir(out, data)
-    record = provenance.collect(sha256_bytes(data), source_provenance.source_files()) | {"kind": "model"}
+    record = provenance.collect(sha256_bytes(data), source_provenance.source_files()) | {
+        "kind": "model",
+        "freeze": freeze,
+    }
     record["versions"]["transformers"] = _transformers_version()
     write_json(out / PROVENANCE, record)
 
@@ -134,7 +139,8 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
             append(row)
     write_json(
         out / PLAN,
-        plan_of(p, model, device, patched, tables, unavailable, passed) | {"protocol_sha256": sha256_bytes(data)},
+        plan_of(p, model, device, patched, tables, unavailable, passed)
+        | {"protocol_sha256": sha256_bytes(data), "frozen_at": freeze["frozen_at"] if freeze else None},
     )
     (out / PROFILES).mkdir()
     with records(out) as rec:
@@ -145,6 +151,18 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
     write_json(out / PROVENANCE, read_json(out / PROVENANCE) | {"finished_at": now()})
     write_manifest(out)
     return out
+
+
+def frozen(path: Path, data: bytes) -> dict[str, str] | None:
+    """The protocol's freeze record (`kerneltrial protocol freeze`), or None; a protocol edited
+    after it was frozen is refused."""
+    record = freeze_record(path)
+    if record is not None and record["sha256"] != sha256_bytes(data):
+        raise ProtocolError(
+            f"{path} changed after it was frozen at {record['frozen_at']} (sha256 {record['sha256'][:12]}...); "
+            "restore it or write a new protocol"
+        )
+    return record
 
 
 def run_gate(

@@ -52,7 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 BASELINE = "eager"  # the Hugging Face code: the reference of every check and ratio
-_ARM = re.compile(r"^(eager|torch_eager|kerneltrial|liger|torch_compile|flaggems|user:[A-Za-z0-9_.\-/]+\.py)$")
+_ARM = re.compile(r"^(eager|torch_eager|kerneltrial|liger|torch_compile|flaggems|E1|E2|E3|user:[A-Za-z0-9_.\-/]+\.py)$")
 
 
 class ProtocolError(ValueError):
@@ -146,7 +146,9 @@ class Protocol(BaseModel):
     tie_band: float = Field(default=0.02, ge=0, description="a ratio whose interval lies within 1 +- tie_band is a tie")
     arms: tuple[str, ...] = Field(
         description="eager (the Hugging Face code, required: every check's and ratio's reference), torch_eager, "
-        "kerneltrial, liger, torch_compile, flaggems, user:PATH.py"
+        "kerneltrial, liger, torch_compile, flaggems, the Track 2 arms E1 (kerneltrial's RMSNorm and residual-add + "
+        "RMSNorm, torch formulas elsewhere), E2 (kerneltrial's SiLU-and-mul only), E3 (both: the kerneltrial arm's "
+        "kernels; E0 is eager), user:PATH.py"
     )
     prefill: tuple[Prefill, ...] = Field(default=(), description="prefill cases: one forward pass, no cache")
     decode: tuple[Decode, ...] = Field(default=(), description="decode cases: one step on a static KV cache")

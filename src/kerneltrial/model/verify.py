@@ -55,6 +55,7 @@ from kerneltrial.model.verify_common import (
 from kerneltrial.model.verify_legacy import verify_legacy
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
+from kerneltrial.rundir.hashing import sha256_file
 
 SUMMARY_V3 = "kerneltrial.model-summary/3"
 ArmsOf = dict[str, list[str]]  # case -> the arms it times
@@ -350,6 +351,21 @@ def case_figures(
     return problems
 
 
+def freeze_problems(run: Path, plan: dict[str, Any]) -> list[str]:
+    """The freeze record is null or the protocol's ({sha256 of protocol.toml, frozen_at}), and
+    plan.json's frozen_at says the same."""
+    record = read_json(run / "provenance.json").get("freeze", "absent")
+    if record == "absent" or "frozen_at" not in plan:
+        return ["freeze: a schema 3 run records its freeze (provenance.json freeze, plan.json frozen_at)"]
+    if record is None:
+        return [] if plan["frozen_at"] is None else [f"freeze: plan.json frozen_at {plan['frozen_at']!r}, not frozen"]
+    if not isinstance(record, dict) or record.get("sha256") != sha256_file(run / "protocol.toml"):
+        return ["freeze: the freeze record is not of this protocol.toml (its sha256 differs)"]
+    if plan["frozen_at"] != record.get("frozen_at"):
+        return [f"freeze: plan.json frozen_at {plan['frozen_at']!r} != the freeze record's {record.get('frozen_at')!r}"]
+    return []
+
+
 def verify_v3(run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     for name in (INPUTS, CAPTURES, COPIES, TIMED_CHECKS):
         if not (run / name).is_file():
@@ -359,6 +375,7 @@ def verify_v3(run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summa
     check_problems, failed = checks_v3(plan, read_jsonl(run / TIMED_CHECKS), arms_of)
     return [
         *plan_matches_protocol(run, plan),
+        *freeze_problems(run, plan),
         *gate_v3(plan, rows),
         *inputs_v3(plan, read_csv(run / INPUTS), arms_of),
         *capture_problems,

@@ -391,15 +391,29 @@ def protocol_new(
 
 @protocol_app.command("freeze")
 def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
-    """Record the protocol's sha256 and the time; `run` refuses it once changed. A protocol
-    whose arms do not exist here or whose control is not a control is refused."""
+    """Record the protocol's sha256 and the time; `run` (and `model`, for a whole-model protocol)
+    refuses it once changed. A kernel protocol whose arms do not exist here or whose control is
+    not a control is refused."""
+    import tomllib
+
     from kerneltrial.trial import protocol as proto
-    from kerneltrial.trial.runner import check_arms
 
     if not file.is_file():
         raise CliError(f"protocol file {file} does not exist")
-    check_arms(file, proto.parse(file.read_text(), str(file)))
-    record = proto.freeze(file)
+    text = file.read_text()
+    try:
+        is_model = "model" in tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CliError(f"{file}: not valid TOML: {exc}") from None
+    if is_model:
+        from kerneltrial.model.spec import load_protocol
+
+        load_protocol(file)
+    else:
+        from kerneltrial.trial.runner import check_arms
+
+        check_arms(file, proto.parse(text, str(file)))
+    record = proto.freeze(file, validated=True)
     console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 
 

@@ -331,9 +331,11 @@ def freeze_record(path: Path) -> dict[str, str] | None:
     return json.loads(record.read_text()) if record.exists() else None
 
 
-def freeze(path: Path) -> dict[str, str]:
-    """Validate `path` and record its sha256 and the time; refuse to re-freeze a changed file."""
-    parse(path.read_text(), str(path))
+def freeze(path: Path, validated: bool = False) -> dict[str, str]:
+    """Validate `path` as a kernel protocol (unless the caller `validated` it: a whole-model
+    protocol) and record its sha256 and the time; refuse to re-freeze a changed file."""
+    if not validated:
+        parse(path.read_text(), str(path))
     record = freeze_path(path)
     digest = sha256_file(path)
     if record.exists():
