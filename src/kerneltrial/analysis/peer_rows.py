@@ -168,3 +168,15 @@ def pct_cells(pcts: dict[str, float]) -> tuple[list[str], float | None]:
         return ["–", "–"], None
     worst = min(pcts, key=pcts.__getitem__)
     return [f"{float(np.median(list(pcts.values()))):.1f}", f"{pcts[worst]:.1f} (`{worst}`)"], pcts[worst]
+
+
+def copy_pcts(cases: list[SummaryCase]) -> dict[str, float]:
+    """{case: our % of the same-size copy's rate} where both were measured."""
+    return {
+        c.case: pct
+        for c in cases
+        for e in [timed_entry(c, OURS)]
+        if e
+        for pct in [pct_of_matched(c, e)]
+        if pct is not None
+    }

@@ -39,12 +39,12 @@ from kerneltrial.analysis.peer_rows import (
     PeerRow,
     band_text,
     best_peer_rows,
+    copy_pcts,
     geomean_of,
     mark_at_least,
     mark_at_most,
     mark_every_case,
     pct_cells,
-    pct_of_matched,
     regime,
     timed_entry,
     untimed_cases,
@@ -144,15 +144,8 @@ def bandwidth_row(run: str, layout: str, cases: list[SummaryCase], cold: bool = 
         cells += [str(len(big)), *big_cells]
     if worst_all is None:
         return None
-    matched = {
-        c.case: pct
-        for c in cases
-        if c.layout == layout and regime(c.bytes) != "small"
-        for e in [timed_entry(c, OURS)]
-        if e
-        for pct in [pct_of_matched(c, e) if cold else None]
-        if pct is not None
-    }
+    big_cases = [c for c in cases if c.layout == layout and regime(c.bytes) != "small"]
+    matched = copy_pcts(big_cases) if cold else {}
     matched_cells, matched_worst = pct_cells(matched)
     return [
         run,

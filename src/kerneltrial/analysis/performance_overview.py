@@ -34,10 +34,10 @@ from kerneltrial.analysis.peer_rows import (
     PeerRow,
     band_text,
     best_peer_rows,
+    copy_pcts,
     geomean_of,
     one_row_case,
     pct_cells,
-    pct_of_matched,
     regime,
     timed_entry,
 )
@@ -114,18 +114,6 @@ def floor_note(run: CurrentRun) -> str:
     return f" ({TORCH_ADD} floor)" if figures and figures.launch == TORCH_ADD and not run.summary.records_floor else ""
 
 
-def copy_pcts(cases: list[SummaryCase]) -> dict[str, float]:
-    """{case: our % of the same-size copy's rate} where both were measured."""
-    return {
-        c.case: pct
-        for c in cases
-        for e in [timed_entry(c, OURS)]
-        if e
-        for pct in [pct_of_matched(c, e)]
-        if pct is not None
-    }
-
-
 def ahead_behind(rows: list[PeerRow]) -> str:
     """Cases whose band is above 1 (ours faster) / below 1 (ours slower); a case without a band by its point value."""
     bands = [r.interval or stats.Interval(r.ratio, r.ratio) for r in rows]
@@ -175,8 +163,8 @@ def one_row(label: str, run: CurrentRun) -> list[str] | None:
     ours = timed_entry(case, OURS)
     ours_ns = ours.median_ns_per_call if ours else None
     peer = next(iter(best_peer_rows([case])), None)
-    copy_ns = case.bytes - case.bytes % 2
-    copy_ns = copy_ns / case.matched_copy_gbps if case.matched_copy_gbps and run.cold else None
+    moved = case.bytes - case.bytes % 2  # the copy's traffic (trial/runner.py run_ceilings)
+    copy_ns = moved / case.matched_copy_gbps if case.matched_copy_gbps and run.cold else None
     ratio = ours_ns / copy_ns if ours_ns and copy_ns else None
     return [
         label,
