@@ -66,13 +66,16 @@ def test_misplaced_runs_catches_both_directions(tmp_path):
 
 
 def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
-    """PERFORMANCE.md is never edited by hand: regenerate it with
-    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (results/archive/ is not read)."""
+    """PERFORMANCE.md and results/PERFORMANCE-runs.md are never edited by hand: regenerate both with
+    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (the per-run
+    tables go to results/PERFORMANCE-runs.md beside it; results/archive/ is not read)."""
     from kerneltrial.analysis.performance import write_performance_md
+    from kerneltrial.analysis.performance_overview import RUNS_FILE
 
     runs = sorted(p for p in (RESULTS / "h200").iterdir() if (p / "summary.json").is_file())
     generated = write_performance_md(runs, tmp_path / "PERFORMANCE.md").read_text()
     assert generated == (REPO / "PERFORMANCE.md").read_text()
+    assert (tmp_path / RUNS_FILE).read_text() == (REPO / RUNS_FILE).read_text()
 
 
 REPLICATES = sorted(p.parent for p in (REPO / "results").rglob("replicates.json"))

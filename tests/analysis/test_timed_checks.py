@@ -39,6 +39,7 @@ from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
+from kerneltrial.analysis.performance_overview import RUNS_FILE
 from kerneltrial.analysis.report import write_report
 from kerneltrial.analysis.summary import build_summary, write_summary
 from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
@@ -636,13 +637,19 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     result = verify_run_dir(run_dir)
     assert result.ok
     skipped = [c.name for c in result.checks if not c.applicable]
-    assert skipped == [*CHECKED_RUN_CHECKS, "triton launch floor", "size-matched copies", "host cost"]
+    assert skipped == [
+        *CHECKED_RUN_CHECKS,
+        "triton launch floor",
+        "size-matched copies",
+        "speed-of-light floor",
+        "host cost",
+    ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     runner, app = CliRunner(), typer.Typer()
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 3} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 4} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare
@@ -689,7 +696,8 @@ def test_old_reports_take_the_freeze_from_provenance(run_dir: Path) -> None:
 
 
 def test_performance_md_shows_inconclusive_counts(tie_band_run: Path, tmp_path: Path) -> None:
-    text = write_performance_md([tie_band_run], tmp_path / "PERFORMANCE.md").read_text()
+    write_performance_md([tie_band_run], tmp_path / "PERFORMANCE.md")
+    text = (tmp_path / RUNS_FILE).read_text()
     assert "| W/T/L/I |" in text and "| 0/0/0/2 |" in text
 
 

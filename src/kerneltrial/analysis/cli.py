@@ -210,12 +210,21 @@ def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
 
 def performance(
     run_dirs: RunDirs,
-    out: Annotated[Path, typer.Option("--out", help="Markdown file to write.")] = Path("PERFORMANCE.md"),
+    out: Annotated[Path, typer.Option("--out", help="Markdown file to write (the first page).")] = Path(
+        "PERFORMANCE.md"
+    ),
+    runs_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--runs-out", help="The per-run tables' file (default: results/PERFORMANCE-runs.md beside --out)."
+        ),
+    ] = None,
 ) -> None:
-    """Render several run directories' summaries as one markdown file, such as PERFORMANCE.md."""
+    """Render several run directories' summaries as PERFORMANCE.md (per operator and regime) and its
+    per-run tables (results/PERFORMANCE-runs.md)."""
     from kerneltrial.analysis.performance import write_performance_md
 
-    typer.echo(f"wrote {write_performance_md(run_dirs, out)}")
+    typer.echo(f"wrote {write_performance_md(run_dirs, out, runs_out)}")
 
 
 def mount(app: typer.Typer) -> None:

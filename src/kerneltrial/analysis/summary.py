@@ -5,10 +5,11 @@ with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run dire
 format") and computes the figures with `analysis.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
-plan.json `checks` and `host` pick the schema, one adapter each (`SchemaV3`, `SchemaV4`,
-`SchemaV5`): a run without `checks` (every run before issue 10) gets `kerneltrial.summary/3`,
-unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, and with `host` (issue 16)
-`kerneltrial.summary/5`, both described after the schema-3 fields.
+plan.json `checks`, `host` and `floor` pick the schema, one adapter each (`SchemaV3`, `SchemaV4`,
+`SchemaV5`, `SchemaV6`): a run without `checks` (every run before issue 10) gets
+`kerneltrial.summary/3`, unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, with `host`
+(issue 16) `kerneltrial.summary/5`, and with `floor` too (issue 27) `kerneltrial.summary/6`, each
+described after the schema-3 fields.
 
 summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
@@ -63,6 +64,11 @@ Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
   device was still busy at the end: device-bound, see trial/timing.py `host_sample`);
   inputs_sha256 also covers host.csv.
 
+Schema `kerneltrial.summary/6` (plan.json `floor`, issue 27) adds, over schema 5:
+  every case floor_ns (the speed-of-light floor: the Triton launch floor + bytes / copy_gbps,
+  analysis/floor.py; null without `triton_launch` or `copy` rows) and in every arm entry
+  fraction_of_floor (floor_ns / median_ns_per_call; null where either is null).
+
 Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
 from issue 16 on, trial/floor.py), `ceilings` gains triton_launch_floor_ns (their median) and
 triton_launch_samples (their count); summaries of runs without such rows have neither key.
@@ -80,6 +86,7 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial.analysis import stats
+from kerneltrial.analysis.floor import CaseFloors
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
@@ -94,7 +101,8 @@ from kerneltrial.rundir.layout import (
 
 SCHEMA_V3 = "kerneltrial.summary/3"
 SCHEMA_V4 = "kerneltrial.summary/4"
-SCHEMA = "kerneltrial.summary/5"
+SCHEMA_V5 = "kerneltrial.summary/5"
+SCHEMA = "kerneltrial.summary/6"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -296,6 +304,10 @@ class SchemaV3:
         """Host cost figures of one (case, arm): none before summary/5."""
         return {}
 
+    def floor_fields(self, case_bytes: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The case's speed-of-light floor (and each arm's fraction of it): none before summary/6."""
+        return {}
+
 
 @dataclass
 class SchemaV4(SchemaV3):
@@ -424,7 +436,7 @@ class SchemaV5(SchemaV4):
     host_samples: int = 0
     host_calls: int = 0
 
-    schema = SCHEMA
+    schema = SCHEMA_V5
     input_files = (*INPUT_FILES, TIMED_CHECKS, HOST)
 
     @classmethod
@@ -453,13 +465,32 @@ class SchemaV5(SchemaV4):
         }
 
 
+@dataclass
+class SchemaV6(SchemaV5):
+    """plan.json `floor` (issue 27): summary/6, the floor figures of analysis/floor.py."""
+
+    floors: CaseFloors | None = None
+
+    schema = SCHEMA
+
+    @classmethod
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV6:
+        launches = run.ceilings[run.ceilings["kind"] == TRITON_LAUNCH]["ns"].to_numpy(dtype=float)
+        floors = CaseFloors.for_plan(run.plan, stats.launch_floor(launches), copy_gbps)
+        return replace(super().from_run(run, copy_gbps, read_gbps), floors=floors)
+
+    def floor_fields(self, case_bytes: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return self.floors.fields(case_bytes, arms) if self.floors else {}
+
+
 def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:
     """The adapter plan.json `checks` and `host` ask for; RunDirError for a version this code does not know."""
     checks = run.plan.get("checks")
     if checks is None:
         return SchemaV3()
     if checks in (1, 2) and not isinstance(checks, bool):  # 2: every call on fresh values, a random one checked
-        return (SchemaV5 if "host" in run.plan else SchemaV4).from_run(run, copy_gbps, read_gbps)
+        schema = SchemaV6 if "floor" in run.plan else SchemaV5 if "host" in run.plan else SchemaV4
+        return schema.from_run(run, copy_gbps, read_gbps)
     raise RunDirError(
         f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1 and 2 (or none); "
         "update kerneltrial to read this run"
@@ -589,6 +620,7 @@ def _case_summary(
         "dtype": case.get("dtype"),
         "bytes": case["bytes"],
         **matched_copy_field(matched, int(case["bytes"])),
+        **schema.floor_fields(int(case["bytes"]), arms),
         "calls": case["calls"],
         "rounds": rounds,
         "units_planned": units,

@@ -40,6 +40,12 @@ summary must not claim a Triton floor.
 Likewise `copy_matched` rows (a copy of each case's traffic) get the check `size-matched copies`:
 well-formed rows, exactly one size per case's bytes (rounded down to even), and every case's
 matched_copy_gbps their median GB/s.
+
+A run whose plan.json has `floor` (issue 27) needs a schema-6 summary and gets the check
+`speed-of-light floor`: plan.json names the model this code knows (rundir/layout.py
+FLOOR_MODEL), every case's floor_ns is the median `triton_launch` ns + its bytes / the median
+`copy` GB/s, and every arm's fraction_of_floor is that floor / its median ns per call, recomputed
+from timings.csv. Older runs list the check as not applicable and must claim no floor figure.
 """
 
 from __future__ import annotations
@@ -61,7 +67,16 @@ from kerneltrial.analysis import integrity, links
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
+from kerneltrial.rundir.layout import (
+    FLOOR_MODEL,
+    HOST,
+    INPUT_FILES,
+    MANIFEST,
+    REPLICATES,
+    SOURCE_ARCHIVE,
+    TIMED_CHECKS,
+    kind_of,
+)
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -81,6 +96,7 @@ SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
 SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `checks`)
 SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1` or 2
 SCHEMA_5 = "kerneltrial.summary/5"  # plan.json `"checks"` and `host` (host cost per call)
+SCHEMA_6 = "kerneltrial.summary/6"  # and plan.json `floor` (the speed-of-light floor, issue 27)
 CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
 HOST_FIELDS = ("host_ns_per_call", "host_samples", "host_behind")
 CHECKS_EVERY_CALL = 2  # checks 2: fresh values before every call, a random call of each sample checked
@@ -186,6 +202,7 @@ class Contract:
     realized: bool  # realized slowdown of slow: arms (schema 3 on)
     checked: bool  # timed checks, plausibility, inconclusive, ulp histograms, file integrity (schema 4)
     host: bool = False  # host cost per call, host.csv (schema 5)
+    floor: bool = False  # the speed-of-light floor per case and arm (schema 6)
 
     def verdict(self, low: float, high: float, band: float) -> str:
         """win / loss outside the band; schema 4: tie only inside it, else inconclusive; before: tie."""
@@ -206,6 +223,7 @@ CONTRACTS = {
         Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
         Contract(SCHEMA_4, clocks=True, realized=True, checked=True),
         Contract(SCHEMA_5, clocks=True, realized=True, checked=True, host=True),
+        Contract(SCHEMA_6, clocks=True, realized=True, checked=True, host=True, floor=True),
     )
 }
 
@@ -1047,7 +1065,7 @@ def _check_schema(
                 f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
                 "(or none); update kerneltrial to verify this run"
             )
-        wanted = SCHEMA_5 if "host" in plan else SCHEMA_4
+        wanted = SCHEMA_6 if "floor" in plan else SCHEMA_5 if "host" in plan else SCHEMA_4
         result.add(
             "summary schema",
             []
@@ -1055,6 +1073,7 @@ def _check_schema(
             else [
                 f"summary schema {schema!r} is not {wanted}, which a plan with checks {plan['checks']}"
                 + (" and host" if "host" in plan else "")
+                + (" and floor" if "floor" in plan else "")
                 + " needs"
             ],
             f"{schema}",
@@ -1369,6 +1388,49 @@ def _check_matched_copies(
     result.add(name, problems, f"{len(rates)} sizes, {len(rows)} samples")
 
 
+def _check_floor(
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    ceiling_rows: list[dict[str, str]],
+    per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
+    contract: Contract,
+    result: VerifyResult,
+) -> None:
+    """The speed-of-light floor (schema 6): each case's floor_ns is the median `triton_launch` ns
+    plus its bytes over the median `copy` GB/s, and each arm's fraction_of_floor that floor over
+    its median ns per call (null where the summary has no median). Older runs must claim none."""
+    name = "speed-of-light floor"
+    cases = summary.get("cases", [])
+    claimed = [str(c.get("case")) for c in cases if "floor_ns" in c] + [
+        f"{c.get('case')}/{arm}" for c in cases for arm, e in c.get("arms", {}).items() if "fraction_of_floor" in e
+    ]
+    if not contract.floor:
+        if claimed:
+            result.add(name, [f"{claimed[:3]} have floor figures but plan.json has no `floor`"], "")
+        else:
+            result.not_applicable(name, "not applicable: plan.json has no `floor` (a run from before it)")
+        return
+    problems = [] if plan["floor"] == FLOOR_MODEL else [f"plan.json floor {plan['floor']!r} is not {FLOOR_MODEL}"]
+    kind = FLOOR_MODEL["launch"]  # its well-formed rows, as `triton launch floor` takes them (it names bad ones)
+    sets, _ = _ceiling_sets([r for r in ceiling_rows if r["kind"] == kind], kind, None)
+    launches = [ns for values in sets.values() for ns in values]
+    launch, rate = (_median(launches) if launches else None), _ceiling_median(ceiling_rows, FLOOR_MODEL["rate"])
+    recorded = {str(c.get("case")): c for c in cases}
+    for case in plan["cases"]:
+        case_id = str(case["case"])
+        entry = recorded.get(case_id, {})
+        floor = launch + int(case["bytes"]) / rate if launch is not None and rate else None
+        problems += _diff(f"case {case_id}", entry, {"floor_ns": floor}, ("floor_ns",))
+        for arm, figures in entry.get("arms", {}).items():
+            times = per_unit.get((case_id, arm))
+            timed = figures.get("median_ns_per_call") is not None and times and floor is not None
+            expected = floor / _median(list(times.values())) if timed else None
+            problems += _diff(
+                f"case {case_id} arm {arm}", figures, {"fraction_of_floor": expected}, ("fraction_of_floor",)
+            )
+    result.add(name, problems, f"launch {launch} ns + bytes / {rate} GB/s, per case and arm")
+
+
 def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
     launches = [float(r["ns"]) for r in ceiling_rows if r["kind"] == "launch"]
     return _median(launches) if launches else None
@@ -1469,6 +1531,7 @@ def _check_figures(
     )
     _check_triton_floor(recorded_ceilings, ceiling_rows, result)
     _check_matched_copies(plan, summary, ceiling_rows, result)
+    _check_floor(plan, summary, ceiling_rows, per_unit, contract, result)
     limits = _limits(plan, ceiling_rows) if contract.checked else None
     if contract.checked:
         _check_checked_summary(plan, summary, ceiling_rows, result)

@@ -28,6 +28,8 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_flashinfer as fi
+from kerneltrial.ops import peers_quack as quack
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
@@ -320,6 +322,11 @@ def _register(
         if rbw
         else None,
     )
+    rounding = "one rounding after the weight" if rbw else "the operator's contract"
+    fi.register_flashinfer(  # peers_flashinfer.py and peers_quack.py state each kernel's contract
+        name, fi.flashinfer_loader("norm", "rmsnorm", fi.rmsnorm_out), f"norm.rmsnorm (JIT CUDA), {rounding}"
+    )
+    quack.register_quack(name, f"rmsnorm (CuTe DSL), {rounding}")
     if rbw:  # peers_sglang.py states each kernel's contract
         sgl.register_sglang(
             name,

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_flashinfer as fi
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
@@ -262,5 +263,11 @@ sgl.register_sglang(  # peers_sglang.py states the kernel's contract
     NAME,
     sgl.sglang_loader("activation", "silu_and_mul", sgl.silu_and_mul, jit=True),
     "activation.silu_and_mul (JIT CUDA, fast math), one rounding, contiguous only",
+    layouts=("contiguous",),
+)
+fi.register_flashinfer(  # peers_flashinfer.py states the kernel's contract
+    NAME,
+    fi.flashinfer_loader("activation", "silu_and_mul", fi.silu_and_mul),
+    "activation.silu_and_mul (JIT CUDA), one rounding, contiguous only",
     layouts=("contiguous",),
 )

@@ -10,7 +10,8 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
 - provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
   them, and with the lead-check counts (`lead`).
 - plan.json `host` (host cost per call, issue 16) only in runs with a host stage.
-- summary.json: `kerneltrial.summary/3`, `/4` (timed checks) and `/5` (host cost per call); `/1`
+- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call) and `/6`
+  (the speed-of-light floor per case and arm, plan.json `floor`); `/1`
   (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
   slowdown) are still read.
 
@@ -34,6 +35,7 @@ SUMMARY_V2 = "kerneltrial.summary/2"
 SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
 SUMMARY_V5 = "kerneltrial.summary/5"
+SUMMARY_V6 = "kerneltrial.summary/6"
 
 
 class Document(BaseModel):
@@ -249,6 +251,7 @@ class ArmFigures(Document):
     host_ns_per_call: float | None  # median host time per call; None: not measured (before summary/5)
     host_samples: int
     host_behind: int | None  # samples whose device was still busy at the end; None before summary/5
+    fraction_of_floor: float | None  # the case's floor / this median (analysis/floor.py); None before summary/6
 
     @property
     def device_bound(self) -> bool:
@@ -263,6 +266,7 @@ class SummaryCase(Document):
     dtype: str
     bytes: int
     matched_copy_gbps: float | None = None  # a copy of this case's traffic; None: not measured (before issue 16)
+    floor_ns: float | None  # the speed-of-light floor (analysis/floor.py); None before summary/6 or unmeasured
     calls: int
     rounds: int | None  # None in summary/1
     units_planned: int | None
@@ -399,6 +403,12 @@ class Summary(Document):
     inputs_sha256: dict[str, str]
 
     @property
+    def records_floor(self) -> bool:
+        """Whether cases and arms carry the floor figures (summary/6 on); older runs' floor is computed
+        from their ceilings (analysis/floor.py)."""
+        return self.schema_ == SUMMARY_V6
+
+    @property
     def records_spreads(self) -> bool:
         """Whether per-arm spreads were computed (from summary/2 on; summary/1 has none)."""
         return self.schema_ != SUMMARY_V1
@@ -439,6 +449,19 @@ def _summary_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "cases": cases, "host": None}
 
 
+def _summary_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/5 and older: no speed-of-light floor (plan.json had no `floor`)."""
+    cases = [
+        {
+            **case,
+            "floor_ns": None,
+            "arms": {name: {**entry, "fraction_of_floor": None} for name, entry in case["arms"].items()},
+        }
+        for case in data["cases"]
+    ]
+    return {**data, "cases": cases}
+
+
 def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
     """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
     cases = [
@@ -461,13 +484,14 @@ def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "calibration": {**data["calibration"], "arms": arms}}
 
 
-# each version's adapter, applied from the document's version on (summary/1 passes all four)
+# each version's adapter, applied from the document's version on (summary/1 passes all five)
 SUMMARY_ADAPTERS = {
     SUMMARY_V1: _summary_v1,
     SUMMARY_V2: _summary_v2,
     SUMMARY_V3: _summary_v3,
     SUMMARY_V4: _summary_v4,
-    SUMMARY_V5: None,
+    SUMMARY_V5: _summary_v5,
+    SUMMARY_V6: None,
 }
 
 

@@ -25,6 +25,10 @@ CEILINGS = "ceilings.csv"
 # ceilings.csv kinds measured from issue 16 on (optional: earlier runs lack them)
 COPY_MATCHED = "copy_matched"  # a copy of one case's traffic (`bytes`)
 TRITON_LAUNCH = "triton_launch"  # a one-element Triton kernel: the Triton launch floor
+# plan.json `floor` (issue 27): the speed-of-light model of each case, named by the ceilings.csv
+# kinds it reads: floor = median(`triton_launch`) + bytes / median GB/s of the 1 GiB `copy`
+# (analysis/floor.py states the model; a plan with it gets a summary/6)
+FLOOR_MODEL = {"launch": TRITON_LAUNCH, "rate": "copy"}
 # plan.json arm kinds that may take only some layouts (the arm's `layouts`): a peer (e.g. one that
 # takes only contiguous rows) and a calibration copy of one. A candidate must take every layout:
 # unavailable in a case, it would leave the gate there.

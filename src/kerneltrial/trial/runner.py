@@ -46,7 +46,7 @@ from kerneltrial.rundir.files import (
     write_json,
 )
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import COPY_MATCHED, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
+from kerneltrial.rundir.layout import COPY_MATCHED, FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import (
@@ -549,6 +549,7 @@ def build_plan(
         "seeds": p.seeds,
         "rounds": p.rounds,
         "host": {"samples": p.host_samples, "calls": host_calls(p.host_calls, timer.is_gpu)},
+        "floor": dict(FLOOR_MODEL),  # the speed-of-light model summary/6 reports (analysis/floor.py)
         "tie_band": p.tie_band,
         "gate": p.gate,
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
