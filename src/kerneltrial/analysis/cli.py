@@ -19,7 +19,7 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
-from kerneltrial.rundir.layout import kind_of
+from kerneltrial.rundir.layout import REPORT, kind_of
 
 if TYPE_CHECKING:
     from kerneltrial.analysis.verify import VerifyResult
@@ -55,7 +55,8 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
     """The kernel verifier (kernel, replicate, suite and fleet directories), the serving one or the model
     one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
     every accuracy answer."""
-    from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
+    from kerneltrial.analysis import derived
+    from kerneltrial.analysis.verify import VerifyResult, check_written_after, verify_run_dir  # `--help` stays fast
 
     kind = kind_of(run_dir)
     if kind == "model":
@@ -63,15 +64,18 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
 
         result = VerifyResult(run_dir)
         result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+        check_written_after(result, run_dir, run_dir / REPORT, derived.model_report(run_dir))
         return result
     if kind != "serving":
         return verify_run_dir(run_dir)
+    from kerneltrial.serving.report import load_run, render
     from kerneltrial.serving.verify import verify_serving_run
 
     result = VerifyResult(run_dir)
     result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
     if not regrade:
         result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
+    check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(load_run(run_dir), unverified))
     return result
 
 

@@ -29,7 +29,6 @@ from kerneltrial.analysis import stats
 from kerneltrial.analysis.model_report import performance_section
 from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.report import (
-    REASON,
     errata,
     errata_field,
     freeze_record,
@@ -42,7 +41,7 @@ from kerneltrial.analysis.report import (
 )
 from kerneltrial.rundir.documents import ArmFigures, Ceilings, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import kind_of
+from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
 
 OURS = "kerneltrial"  # the exported entry point of every operator
 EAGER = "torch_eager"  # the peer every operator has: the host cost a caller pays without a kernel library
@@ -505,7 +504,7 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
                 f"`{Path(run_dir).name}`",
                 f"`{operator_name(run_dir, read_summary(run_dir))}`",
                 f"`{successor}`",
-                errata_field(run_dir, REASON) or "-",
+                errata_field(run_dir, ERRATA_REASON) or "-",
                 started,
                 num_cell(mine, ".0f"),
                 num_cell(theirs, ".0f"),

@@ -36,15 +36,19 @@ from kerneltrial.rundir.documents import (
     read_provenance,
     read_summary,
 )
-from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
+from kerneltrial.rundir.layout import (
+    CEILING_PNG,
+    ERRATA,
+    PROTOCOL,
+    PROVENANCE,
+    REPORT,
+    SPEEDUP_PNG,
+    VERDICTS_PNG,
+)
+from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 
-SPEEDUP_PNG = "speedup.png"
-VERDICTS_PNG = "verdicts.png"
-CEILING_PNG = "ceiling.png"
-SUPERSEDED = "Superseded by:"
 # ERRATA.md is written by hand after the run: pages quote it under this heading, never as figures
 ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"
-REASON = "Reason:"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 SCOPE = (

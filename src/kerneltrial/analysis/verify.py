@@ -57,11 +57,22 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import integrity, links
+from kerneltrial.analysis import derived, integrity, links
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
+from kerneltrial.rundir.layout import (
+    ERRATA,
+    HOST,
+    INPUT_FILES,
+    MANIFEST,
+    REPLICATES,
+    REPLICATES_MD,
+    REPORT,
+    SOURCE_ARCHIVE,
+    TIMED_CHECKS,
+    kind_of,
+)
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -517,6 +528,7 @@ def _verify_replicates(root: Path) -> VerifyResult:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    check_written_after(result, root, root / REPLICATES_MD, derived.replicates_report(root))
     return result
 
 
@@ -535,6 +547,7 @@ def _verify_suite(root: Path) -> VerifyResult:
             checks = [Check("run directory", False, str(error))]
         result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
+    check_written_after(result, root, root / REPORT, derived.suite_report(root))
     return result
 
 
@@ -554,7 +567,23 @@ def _verify_fleet(root: Path) -> VerifyResult:
         result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     for name, problems, detail in fleet_checks(root):
         result.add(name, problems, detail)
+    check_written_after(result, root, root / REPORT, derived.fleet_report(root))
     return result
+
+
+def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render: derived.Render) -> None:
+    """The files written after the run (analysis/derived.py): `page` (report.md or replicates.md) is
+    what its renderer gives, and ERRATA.md's machine-read lines are well formed; each not
+    applicable where the directory has none."""
+    checks = (
+        (page.name, derived.derived_problems(page, render), "what `kerneltrial report` renders from this directory"),
+        (ERRATA, derived.errata_problems(run_dir), "its `Superseded by:` and `Reason:` lines are well formed"),
+    )
+    for name, problems, detail in checks:
+        if problems is None:
+            result.not_applicable(name, f"not applicable: no {name} in this directory")
+        else:
+            result.add(name, problems, detail)
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
@@ -601,6 +630,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
         result.not_applicable("host cost", "not applicable: plan.json has no `host` (a run from before host cost)")
+    check_written_after(result, run_dir, run_dir / REPORT, derived.kernel_report(run_dir))
     return result
 
 
