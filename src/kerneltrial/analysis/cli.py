@@ -19,7 +19,8 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
-from kerneltrial.rundir.layout import REPORT, kind_of
+from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.layout import PROVENANCE, REPORT, kind_of
 
 if TYPE_CHECKING:
     from kerneltrial.analysis.verify import VerifyResult
@@ -56,6 +57,7 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
     one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
     every accuracy answer."""
     from kerneltrial.analysis import derived
+    from kerneltrial.analysis.provenance_checks import commit_problems
     from kerneltrial.analysis.verify import VerifyResult, check_written_after, verify_run_dir  # `--help` stays fast
 
     kind = kind_of(run_dir)
@@ -64,6 +66,7 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
 
         result = VerifyResult(run_dir)
         result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+        result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
         check_written_after(result, run_dir, run_dir / REPORT, derived.model_report(run_dir))
         return result
     if kind != "serving":

@@ -75,10 +75,9 @@ class ArchiveError(ValueError):
     """source.tar.gz is not an archive of the package's .py files."""
 
 
-def archive_source_digest(path: Path) -> str:
-    """The package digest of the files in source.tar.gz, defined as `provenance.source_digest`:
-    sha256 over relpath (posix, without "kerneltrial/") + NUL + bytes + NUL, in the order in which
-    pathlib sorts the paths (component by component)."""
+def archive_members(path: Path) -> dict[str, bytes]:
+    """The .py files of source.tar.gz: {relative path without "kerneltrial/": bytes}; ArchiveError
+    for anything else in it, or an unreadable archive."""
     members: dict[str, bytes] = {}
     try:
         with tarfile.open(path, "r:gz") as archive:
@@ -102,10 +101,22 @@ def archive_source_digest(path: Path) -> str:
         raise ArchiveError(f"not a readable .tar.gz ({error})") from error
     if not members:
         raise ArchiveError("it holds no .py file")
+    return members
+
+
+def package_digest(files: dict[str, bytes]) -> str:
+    """The package digest, defined as `provenance.source_digest`: sha256 over relpath (posix,
+    without "kerneltrial/") + NUL + bytes + NUL, in the order in which pathlib sorts the paths
+    (component by component). Of the archive's members or of a commit's files (analysis/git_history.py)."""
     digest = hashlib.sha256()  # written out, not rundir.hashing.digest_of: verify recomputes the runner's digest
-    for relative in sorted(members, key=lambda r: PurePosixPath(r).parts):
-        digest.update(relative.encode() + b"\0" + members[relative] + b"\0")
+    for relative in sorted(files, key=lambda r: PurePosixPath(r).parts):
+        digest.update(relative.encode() + b"\0" + files[relative] + b"\0")
     return digest.hexdigest()
+
+
+def archive_source_digest(path: Path) -> str:
+    """The package digest of the files in source.tar.gz."""
+    return package_digest(archive_members(path))
 
 
 def source_problems(run_dir: Path, provenance: dict[str, Any]) -> list[str]:

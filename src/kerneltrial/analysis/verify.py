@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import derived, integrity, links
+from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
@@ -240,6 +240,13 @@ class VerifyResult:
 
     def not_applicable(self, name: str, why: str) -> None:
         self.checks.append(Check(name, True, why, applicable=False))
+
+    def record(self, name: str, problems: list[str] | None, detail: str) -> None:
+        """`add`, or, when `problems` is None, `not_applicable` with `detail` as the reason."""
+        if problems is None:
+            self.not_applicable(name, detail)
+        else:
+            self.add(name, problems, detail)
 
 
 # ---------------------------------------------------------------- reading
@@ -580,10 +587,9 @@ def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render:
         (ERRATA, derived.errata_problems(run_dir), "its `Superseded by:` and `Reason:` lines are well formed"),
     )
     for name, problems, detail in checks:
-        if problems is None:
-            result.not_applicable(name, f"not applicable: no {name} in this directory")
-        else:
-            result.add(name, problems, detail)
+        result.record(
+            name, problems, detail if problems is not None else f"not applicable: no {name} in this directory"
+        )
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
@@ -615,23 +621,74 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     )
     _check_protocol(run_dir, plan, result)
     _check_confirmation(run_dir, provenance, plan, result)
+    floor = _check_contract(run_dir, plan, provenance, correctness, ceiling_rows, result)
+    result.record("source commit", *provenance_checks.commit_problems(provenance))
+    clock_readings = [s.sm_mhz for s in samples if s.sm_mhz is not None]
+    result.add("device", *provenance_checks.device_problems(provenance, plan, ceiling_rows, clock_readings))
     outcome = _correctness_outcome(plan, correctness, result)
     timed = None
     if contract.checked:
         timed = _check_timed_checks(run_dir, plan, summary, samples, outcome, result)
         _check_integrity(run_dir, plan, provenance, digest, correctness, result)
     else:
-        for name in CHECKED_RUN_CHECKS:
-            result.not_applicable(name, "not applicable: plan.json has no `checks` (a run from before timed checks)")
+        why = "plan.json has no `checks` (a run from before timed checks)"
+        _not_checked(CHECKED_RUN_CHECKS, why, floor.checks >= 1, result)
     _check_rows(plan, samples, outcome, result, timed)
     _check_order(plan, samples, outcome, result, timed)
     _check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
     if contract.host:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
-        result.not_applicable("host cost", "not applicable: plan.json has no `host` (a run from before host cost)")
+        _not_checked(("host cost",), "plan.json has no `host` (a run from before host cost)", floor.host, result)
     check_written_after(result, run_dir, run_dir / REPORT, derived.kernel_report(run_dir))
     return result
+
+
+def _check_contract(
+    run_dir: Path,
+    plan: dict[str, Any],
+    provenance: dict[str, Any],
+    correctness: list[dict[str, Any]],
+    ceiling_rows: list[dict[str, str]],
+    result: VerifyResult,
+) -> schema_requirements.WriterContract:
+    """`required files` (what the declared contract makes a run hold) and `no downgrade` (the
+    declaration is not below what the code and rows show; analysis/schema_requirements.py).
+    Returns the least contract the witnesses show."""
+    declared = schema_requirements.declared(plan)
+    result.add(
+        "required files",
+        schema_requirements.required_problems(run_dir, plan, provenance, declared),
+        f"every file and key a run of {declared} writes is present",
+    )
+    floor, witnesses = schema_requirements.writer_floor(
+        run_dir, plan, provenance, correctness, {row["kind"] for row in ceiling_rows}
+    )
+    result.add(
+        "no downgrade",
+        schema_requirements.downgrade_problems(declared, witnesses),
+        f"plan.json declares {declared}; "
+        + (
+            f"no later contract shown by {', '.join(w.what for w in witnesses)}"
+            if witnesses
+            else "no witness of a later one"
+        ),
+    )
+    return floor
+
+
+def _not_checked(names: tuple[str, ...], why: str, required: bool, result: VerifyResult) -> None:
+    """Checks a run's declared contract does not have: not applicable, or failed where `no
+    downgrade` shows the run was written under a contract that has them."""
+    for name in names:
+        if required:
+            result.add(
+                name,
+                [f"not checked: {why}, yet the run was written under a contract that has it (see no downgrade)"],
+                "",
+            )
+        else:
+            result.not_applicable(name, f"not applicable: {why}")
 
 
 def _check_host(
@@ -644,6 +701,11 @@ def _check_host(
 ) -> None:
     """host.csv covers every (case, arm) timed to the end of its case with plan `host.samples`
     samples of `host.calls` calls, and the summary's host figures are its medians and counts."""
+    if not (run_dir / HOST).is_file():
+        result.add(
+            "host cost", [f"{HOST} is missing: a plan with `host` measures the host cost of every timed arm"], ""
+        )
+        return
     settings = plan["host"]
     samples, calls = int(settings["samples"]), int(settings["calls"])
     raised = set(timed.raised) if timed else set()
