@@ -47,9 +47,11 @@ def derived_problems(path: Path, render: Render) -> list[str] | None:
         recorded = path.read_text()
     except UnicodeDecodeError as error:
         return [f"{path.name} is not UTF-8 text ({error})"]
-    rendered = render(False)
-    if recorded in (rendered, render(True)):
+    plain, unverified = render(False), render(True)
+    if recorded in (plain, unverified):
         return []
+    # the difference from the rendering whose title it has
+    rendered = unverified if recorded.partition("\n")[0] == unverified.partition("\n")[0] else plain
     return [
         f"{path.name} is not what `kerneltrial report` renders from this directory ({_first_difference(recorded, rendered)}): "
         f"it was edited after it was rendered, or rendered by another kerneltrial or before ERRATA.md changed; "
