@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from kerneltrial.rundir.provenance import REPO_ROOT
 
@@ -29,11 +30,9 @@ class CommitTree:
     reason: str
 
 
-def _git(*args: str, stdin: bytes | None = None) -> bytes | None:
+def _git(*args: str, stdin: bytes | None = None, repo: Path = REPO_ROOT) -> bytes | None:
     try:
-        done = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), *args], input=stdin, capture_output=True, timeout=GIT_TIMEOUT_S
-        )
+        done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, timeout=GIT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -50,18 +49,25 @@ def _blobs(listing: bytes) -> dict[str, str]:
     return found
 
 
-def _contents(blobs: dict[str, str]) -> dict[str, bytes] | None:
-    """Every blob's bytes, read through one `git cat-file --batch`."""
-    out = _git("cat-file", "--batch", stdin="".join(f"{b}\n" for b in blobs.values()).encode())
+def objects(names: list[str], repo: Path = REPO_ROOT) -> list[bytes | None] | None:
+    """The bytes of each named object (a blob id, or `commit:path`), None for one git does not have,
+    read through one `git cat-file --batch`; None when git cannot be run in `repo`."""
+    out = _git("cat-file", "--batch", stdin="".join(f"{name}\n" for name in names).encode(), repo=repo)
     if out is None:
         return None
-    files, at = {}, 0
-    for path in blobs:  # --batch answers in the order asked: "<id> blob <size>\n<bytes>\n"
+    found: list[bytes | None] = []
+    at = 0
+    for _ in names:  # --batch answers in the order asked: "<id> <type> <size>\n<bytes>\n" or "<name> missing\n"
         header_end = out.index(b"\n", at)
-        size = int(out[at:header_end].split()[2])
-        files[path] = out[header_end + 1 : header_end + 1 + size]
+        header = out[at:header_end].split()
+        if header[-1] == b"missing":
+            found.append(None)
+            at = header_end + 1
+            continue
+        size = int(header[2])
+        found.append(out[header_end + 1 : header_end + 1 + size])
         at = header_end + 1 + size + 1
-    return files
+    return found
 
 
 @functools.lru_cache(maxsize=64)
@@ -75,7 +81,7 @@ def package_at(commit: str) -> CommitTree:
     sha = full.decode().strip()
     listing = _git("ls-tree", "-r", "-z", sha, "--", PACKAGE_PATH)
     blobs = _blobs(listing) if listing is not None else {}
-    files = _contents(blobs) if blobs else None
-    if not files:
-        return CommitTree(commit, None, f"commit {commit} has no package source under {PACKAGE_PATH}")
-    return CommitTree(commit, files, "")
+    contents = objects(list(blobs.values())) if blobs else None
+    if not contents or any(data is None for data in contents):
+        return CommitTree(commit, None, f"commit {commit} has no readable package source under {PACKAGE_PATH}")
+    return CommitTree(commit, {path: data for path, data in zip(blobs, contents, strict=True) if data is not None}, "")
