@@ -40,6 +40,12 @@ summary must not claim a Triton floor.
 Likewise `copy_matched` rows (a copy of each case's traffic) get the check `size-matched copies`:
 well-formed rows, exactly one size per case's bytes (rounded down to even), and every case's
 matched_copy_gbps their median GB/s.
+
+Every kernel run also gets `required files` and `no downgrade` (analysis/schema_requirements.py:
+the declared contract's files and keys are present, and no witness shows a later contract than
+the one declared), `source commit` and `device` (analysis/provenance_checks.py), and `report.md`
+and `ERRATA.md` (analysis/derived.py: the page is the rendering of the directory; the hand-written
+errata's machine-read lines are well formed).
 """
 
 from __future__ import annotations
