@@ -67,7 +67,7 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
         result = VerifyResult(run_dir)
         result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
         result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
-        check_written_after(result, run_dir, run_dir / REPORT, derived.model_report(run_dir))
+        check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("model", run_dir))
         return result
     if kind != "serving":
         return verify_run_dir(run_dir)

@@ -19,14 +19,19 @@ confirmation links), so it is never rewritten. Each has its own rule instead, pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneltrial.rundir.layout import ERRATA
+from kerneltrial.analysis.fleet import fleet_markdown
+from kerneltrial.analysis.model_report import render as model_markdown
+from kerneltrial.analysis.replicates import cross_run, recorded_runs, to_markdown
+from kerneltrial.analysis.suite import suite_markdown
+from kerneltrial.rundir.layout import ERRATA, Kind
 from kerneltrial.rundir.layout import ERRATA_REASON as REASON
 from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 
-Render = Callable[[bool], str]  # unverified -> the page's text; renderers import matplotlib only when called
+Render = Callable[[bool], str]  # unverified -> the page's text
 
 
 def _first_difference(recorded: str, rendered: str) -> str:
@@ -59,49 +64,24 @@ def derived_problems(path: Path, render: Render) -> list[str] | None:
     ]
 
 
-def kernel_report(run_dir: Path) -> Render:
-    def render(unverified: bool) -> str:
-        from kerneltrial.analysis.report import report_text
+def page(kind: Kind, root: Path, unverified: bool) -> str:
+    """The page `kerneltrial report` writes into a directory of `kind` (the serving report is
+    serving/report.py's, one floor up): report.md, or replicates.md of a replicate directory."""
+    if kind == "kernel":
+        from kerneltrial.analysis.report import report_text  # matplotlib: imported only where a report.md exists
 
-        return report_text(run_dir, unverified)
-
-    return render
-
-
-def model_report(run_dir: Path) -> Render:
-    def render(unverified: bool) -> str:
-        from kerneltrial.analysis.model_report import render as model_render
-
-        return model_render(run_dir, unverified)
-
-    return render
-
-
-def suite_report(root: Path) -> Render:
-    def render(unverified: bool) -> str:
-        from kerneltrial.analysis.suite import suite_markdown
-
-        return suite_markdown(root, unverified)
-
-    return render
-
-
-def fleet_report(root: Path) -> Render:
-    def render(unverified: bool) -> str:
-        from kerneltrial.analysis.fleet import fleet_markdown
-
-        return fleet_markdown(root, unverified)
-
-    return render
-
-
-def replicates_report(root: Path) -> Render:
-    def render(unverified: bool) -> str:
-        from kerneltrial.analysis.replicates import cross_run, recorded_runs, to_markdown
-
+        return report_text(root, unverified)
+    if kind == "replicates":
         return to_markdown(cross_run(root, recorded_runs(root)), unverified)
+    renderers = {"model": model_markdown, "suite": suite_markdown, "fleet": fleet_markdown}
+    if kind not in renderers:
+        raise ValueError(f"no analysis renderer for a {kind} directory")
+    return renderers[kind](root, unverified)
 
-    return render
+
+def renderer(kind: Kind, root: Path) -> Render:
+    """`page` of `root` as a function of `unverified` alone, what `derived_problems` compares with."""
+    return functools.partial(page, kind, root)
 
 
 def errata_problems(run_dir: Path) -> list[str] | None:

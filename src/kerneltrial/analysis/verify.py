@@ -541,7 +541,7 @@ def _verify_replicates(root: Path) -> VerifyResult:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
-    check_written_after(result, root, root / REPLICATES_MD, derived.replicates_report(root))
+    check_written_after(result, root, root / REPLICATES_MD, derived.renderer("replicates", root))
     return result
 
 
@@ -560,7 +560,7 @@ def _verify_suite(root: Path) -> VerifyResult:
             checks = [Check("run directory", False, str(error))]
         result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
-    check_written_after(result, root, root / REPORT, derived.suite_report(root))
+    check_written_after(result, root, root / REPORT, derived.renderer("suite", root))
     return result
 
 
@@ -580,7 +580,7 @@ def _verify_fleet(root: Path) -> VerifyResult:
         result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     for name, problems, detail in fleet_checks(root):
         result.add(name, problems, detail)
-    check_written_after(result, root, root / REPORT, derived.fleet_report(root))
+    check_written_after(result, root, root / REPORT, derived.renderer("fleet", root))
     return result
 
 
@@ -646,7 +646,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
         _not_checked(("host cost",), "plan.json has no `host` (a run from before host cost)", floor.host, result)
-    check_written_after(result, run_dir, run_dir / REPORT, derived.kernel_report(run_dir))
+    check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("kernel", run_dir))
     return result
 
 
