@@ -5,6 +5,7 @@ UNVERIFIED in every title. The planted runs are copies of the session's real CPU
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.publication import UNVERIFIED, UNVERIFIED_NOTE, titled
 from kerneltrial.analysis.replicates import ArmRow, ReplicateTable, to_markdown
+from kerneltrial.analysis.verify import verify_run_dir
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # the session's CPU run takes about 20 s once
 CANDIDATE = "packed_r4_w4"
@@ -103,3 +106,24 @@ def test_the_replicate_table_page_is_marked_too() -> None:
         "# Replicates: 2 runs of protocol 000000000000...", True
     )
     assert UNVERIFIED not in to_markdown(table)
+
+
+def test_report_of_a_committed_replicate_directory_renders_each_run_and_the_same_table(
+    tmp_path: Path, cli: Callable[..., typer.testing.Result]
+) -> None:
+    """`report` on a replicate directory: verified first, then each run's report.md and replicates.md,
+    which is what the committed one says (a derived page). The confirmation runs' links are relative:
+    the copy keeps their neighbours where the links point."""
+    results = REPO / "results" / "h200"
+    for name in ("zimage_qk_rmsnorm-confirm-replicates", "zimage_qk_rmsnorm-t2"):
+        shutil.copytree(results / name, tmp_path / "results" / "h200" / name)
+    rule = Path("src") / "kerneltrial" / "ops" / "zimage_qk_rmsnorm.rule.toml"
+    (tmp_path / rule).parent.mkdir(parents=True)
+    shutil.copy(REPO / rule, tmp_path / rule)
+    replicates = tmp_path / "results" / "h200" / "zimage_qk_rmsnorm-confirm-replicates"
+    done = cli("report", replicates)
+    assert done.exit_code == 0, done.output
+    assert (replicates / "replicates.md").read_bytes() == (results / replicates.name / "replicates.md").read_bytes()
+    assert all(UNVERIFIED not in (replicates / f"run-{i}" / "report.md").read_text() for i in (1, 2, 3))
+    result = verify_run_dir(replicates)
+    assert result.ok and {c.name: c.applicable for c in result.checks}["run-1: report.md"], result.failures

@@ -434,7 +434,8 @@ def test_unlisted_file_fails_the_manifest_but_report_and_errata_do_not(checked: 
 def test_missing_manifest_fails(checked: Path) -> None:
     (checked / "manifest.json").unlink()
     assert _failed(checked) == {
-        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run"
+        "required files": "manifest.json is missing (a run of checks 1 writes it)",
+        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run",
     }
 
 
@@ -638,6 +639,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     assert result.ok
     skipped = [c.name for c in result.checks if not c.applicable]
     assert skipped == [
+        "source commit",  # the factory's commit abc123 is not in this checkout's history
         *CHECKED_RUN_CHECKS,
         "triton launch floor",
         "size-matched copies",
@@ -650,7 +652,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 5} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 6} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare
