@@ -100,6 +100,20 @@ def test_a_verified_run_is_rendered_without_the_mark(
     assert cli("performance", run, "--out", out).exit_code == 0 and UNVERIFIED not in out.read_text()
 
 
+def test_an_edited_report_does_not_block_its_own_rendering(
+    copy_of: Callable[[str], Path], cli: Callable[..., typer.testing.Result]
+) -> None:
+    """report.md fails verify when edited (a derived page), but no command renders from it:
+    `report` writes it again, saying so, and the run verifies."""
+    run = copy_of("stale")
+    assert cli("report", run).exit_code == 0
+    (run / "report.md").write_text("# rmsnorm: a forged page\n")
+    assert [c.name for c in verify_run_dir(run).failures] == ["report.md"]
+    again = cli("report", run)
+    assert again.exit_code == 0 and "report.md is not the rendering of its directory" in again.output
+    assert verify_run_dir(run).ok
+
+
 def test_the_replicate_table_page_is_marked_too() -> None:
     table = ReplicateTable("0" * 64, 2, ["run-1", "run-2"], [1, 2], [], [ArmRow("fast", [True, True], False)])
     assert to_markdown(table, unverified=True).splitlines()[0] == titled(

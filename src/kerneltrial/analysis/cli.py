@@ -20,7 +20,7 @@ import typer
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.files import read_json
-from kerneltrial.rundir.layout import PROVENANCE, REPORT, kind_of
+from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
 
 if TYPE_CHECKING:
     from kerneltrial.analysis.verify import VerifyResult
@@ -82,17 +82,31 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
     return result
 
 
+def _derived_page(check_name: str) -> bool:
+    """A check of a page `report` writes (a run's report.md, a replicate directory's replicates.md),
+    named bare or prefixed with the run of a suite, fleet or replicate directory."""
+    return any(check_name == page or check_name.endswith(f": {page}") for page in (REPORT, REPLICATES_MD))
+
+
 def require_verified(run_dirs: list[Path], unverified: bool, regrade: bool = True) -> None:
     """Before anything is rendered: every run directory passes the independent verification
-    (each verified once), else CliError exit 1 naming the failed checks. `unverified`: nothing
-    is verified, and a line on stderr says the pages will say so."""
+    (each verified once), else CliError exit 1 naming the failed checks. A stale or edited
+    report.md does not block: no command renders from it, and `report` writes it again (a line
+    on stderr names it). `unverified`: nothing is verified, and a line on stderr says the pages
+    will say so."""
     if unverified:
         typer.echo("not verified (--unverified): every page written says UNVERIFIED in its title", err=True)
         return
     for run_dir in dict.fromkeys(run_dirs):
         result = verify_one(run_dir, regrade=regrade)
-        if not result.ok:
-            failed = [f"{c.name} ({c.detail})" for c in result.failures]
+        for check in result.failures:
+            if _derived_page(check.name):
+                typer.echo(
+                    f"{run_dir}: {check.name} is not the rendering of its directory; `report` renders it again",
+                    err=True,
+                )
+        if any(not _derived_page(c.name) for c in result.failures):
+            failed = [f"{c.name} ({c.detail})" for c in result.failures if not _derived_page(c.name)]
             raise CliError(
                 f"{run_dir} fails verification, so it is not rendered: {len(failed)} check(s) failed: "
                 + "; ".join(failed)
