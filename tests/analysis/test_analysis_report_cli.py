@@ -15,7 +15,7 @@ from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
-from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_report
+from kerneltrial.analysis.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, VERDICTS_PNG, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
@@ -175,9 +175,9 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     timing = next(i for i, line in enumerate(report) if line.startswith("Timing: "))
     assert report[timing + 1 : timing + 6] == [
         "",
-        "## Errata",
+        f"## {ERRATA_HEADING}",
         "",
-        "The peer arm ran with a stale build; its medians are not comparable.",
+        "> The peer arm ran with a stale build; its medians are not comparable.",  # quoted: not a figure
         "",
     ]
     assert "## Errata" not in write_report(plain).read_text()
@@ -185,7 +185,7 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     # overview: both runs listed (kerneltrial and the peer both time 1000 ns per call), only `fixed` marked
     assert "| `rmsnorm` (`fixed`) (errata) | `contiguous` | small | 2 |" in text
     assert "| `rmsnorm` (`plain`) | `contiguous` | small | 2 |" in text
-    assert "### Errata" in text and text.count("stale build") == 1
+    assert f"### {ERRATA_HEADING}" in text and text.count("stale build") == 1
     assert verify_run_dir(fixed).ok  # ERRATA.md is not a raw file: the run still verifies
 
 

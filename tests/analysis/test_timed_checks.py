@@ -419,22 +419,24 @@ def test_file_changed_after_the_run_fails_the_manifest(checked: Path) -> None:
 
 
 def test_unlisted_file_fails_the_manifest_but_report_and_errata_do_not(checked: Path) -> None:
-    write_report(checked)
     (checked / "ERRATA.md").write_text("A note written after the run.\n")
+    write_report(checked)  # after ERRATA.md: the report quotes it
     _ok(checked)
     (checked / "extra_timings.csv").write_text("case,seed\n")
     (checked / "figures").mkdir()
     (checked / "figures" / "speedup.png").write_bytes(b"png")  # only top-level figures are report output
+    (checked / "win.png").write_bytes(b"png")  # and only the report's own figure names
     assert _failed(checked) == {
-        "manifest": "['extra_timings.csv', 'figures/speedup.png'] not in manifest.json: "
-        "added after the run (only report.md, *.png and ERRATA.md may be)"
+        "manifest": "['extra_timings.csv', 'figures/speedup.png', 'win.png'] not in manifest.json: "
+        "added after the run (only report.md, ERRATA.md, speedup.png, verdicts.png, ceiling.png may be)"
     }
 
 
 def test_missing_manifest_fails(checked: Path) -> None:
     (checked / "manifest.json").unlink()
     assert _failed(checked) == {
-        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run"
+        "required files": "manifest.json is missing (a run of checks 1 writes it)",
+        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run",
     }
 
 
@@ -638,18 +640,21 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     assert result.ok
     skipped = [c.name for c in result.checks if not c.applicable]
     assert skipped == [
+        "source commit",  # the factory's commit abc123 is not in this checkout's history
         *CHECKED_RUN_CHECKS,
         "triton launch floor",
         "size-matched copies",
         "speed-of-light floor",
         "host cost",
+        "report.md",
+        "ERRATA.md",
     ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     runner, app = CliRunner(), typer.Typer()
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 4} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 7} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.files import read_json, read_jsonl
 
 HOST_BOUND = 0.8  # device busy below this share of the wall time: the call waits on the host
@@ -122,11 +123,13 @@ def _gate_cells(row: dict[str, Any]) -> str:
     )
 
 
-def render(run_dir: Path) -> str:
+def render(run_dir: Path, unverified: bool = False) -> str:
+    """report.md of a model run: a function of the run directory alone (verify renders it again
+    and compares, analysis/derived.py); `unverified`: the title says it was not verified."""
     plan = read_json(run_dir / "plan.json")
     summary = read_json(run_dir / "summary.json")
     lines = [
-        f"# Model trial: {plan['model']} ({plan['dtype']})",
+        titled(f"# Model trial: {plan['model']} ({plan['dtype']})", unverified),
         "",
         f"Timing: {summary['timing_label']}. {plan['rounds']} interleaved rounds per case after "
         f"{plan.get('warmup', 0)} untimed ones, {plan['calls_per_sample']} call(s) per sample; "
@@ -154,12 +157,12 @@ def run_line(summary: dict[str, Any]) -> str:
     )
 
 
-def performance_section(run_dir: Path) -> list[str]:
+def performance_section(run_dir: Path, unverified: bool = False) -> list[str]:
     """The run's section in PERFORMANCE.md: its timing tables under the run's name."""
     plan = read_json(run_dir / "plan.json")
     summary = read_json(run_dir / "summary.json")
     lines = [
-        f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model",
+        titled(f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model", unverified),
         "",
         f"Timing: {summary['timing_label']}; {plan['rounds']} interleaved rounds. Arms not timed: "
         + (", ".join(f"{a} ({why})" for a, why in summary["unavailable"].items()) or "none")
@@ -175,7 +178,7 @@ def performance_section(run_dir: Path) -> list[str]:
     return lines
 
 
-def write_model_report(run_dir: Path) -> Path:
+def write_model_report(run_dir: Path, unverified: bool = False) -> Path:
     path = run_dir / "report.md"
-    path.write_text(render(run_dir))
+    path.write_text(render(run_dir, unverified))
     return path

@@ -61,8 +61,8 @@ from kerneltrial.analysis.performance_overview import (
     one_row,
     overview_page,
 )
+from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.report import (
-    REASON,
     errata,
     errata_field,
     freeze_record,
@@ -75,7 +75,7 @@ from kerneltrial.analysis.report import (
 )
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import kind_of
+from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
 
 # issue 16's targets
 GEOMEAN_TARGET = 1.10  # geomean over the fastest installed peer
@@ -354,7 +354,7 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
                 f"`{Path(run_dir).name}`",
                 f"`{operator_name(run_dir, read_summary(run_dir))}`",
                 f"`{successor}`",
-                errata_field(run_dir, REASON) or "-",
+                errata_field(run_dir, ERRATA_REASON) or "-",
                 started,
                 num_cell(mine, ".0f"),
                 num_cell(theirs, ".0f"),
@@ -376,10 +376,13 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
     )
 
 
-def write_performance_md(run_dirs: list[Path], out: Path, runs_out: Path | None = None) -> Path:
+def write_performance_md(
+    run_dirs: list[Path], out: Path, runs_out: Path | None = None, unverified: bool = False
+) -> Path:
     """Render PERFORMANCE.md (`out`): the first page (analysis/performance_overview.py) and the
     model-level trials; and the per-run tables (`runs_out`, default RUNS_FILE beside `out`): issue
-    16's overview per run, a section per current run, then the table of superseded runs. Returns `out`."""
+    16's overview per run, a section per current run, then the table of superseded runs. Returns `out`.
+    `unverified`: the titles and every run's heading say the runs were not required to verify."""
     if not run_dirs:
         raise RunDirError("no run directories given; pass at least one")
     run_dirs = sorted((Path(d) for d in run_dirs), key=lambda d: d.name)  # one order, whatever the shell's glob gives
@@ -397,7 +400,7 @@ def write_performance_md(run_dirs: list[Path], out: Path, runs_out: Path | None 
     )
     link = relative_link(runs_out, out.parent)
     page = [
-        "# Performance",
+        titled("# Performance", unverified),
         "",
         f"{intro} Every run's tables (each layout, issue 16's targets, per case): [{link}]({link}).",
         "",
@@ -411,12 +414,12 @@ def write_performance_md(run_dirs: list[Path], out: Path, runs_out: Path | None 
             "",
         ]
         for d in models:
-            page += performance_section(d) + [""]
-    runs = ["# Performance: every run", "", f"{intro} The first page is [PERFORMANCE.md]"
+            page += performance_section(d, unverified) + [""]
+    runs = [titled("# Performance: every run", unverified), "", f"{intro} The first page is [PERFORMANCE.md]"
             f"({relative_link(out, runs_out.parent)}).", ""]  # fmt: skip
     runs += overview_table(current)
     for d in current:
-        runs += run_section(d, read_summary(d), level=2) + [""]
+        runs += run_section(d, read_summary(d), level=2, unverified=unverified) + [""]
     if earlier:
         runs += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
     out.write_text("\n".join(page))

@@ -5,7 +5,10 @@ Every figure is drawn from summary.json (nothing is recomputed here); provenance
 protocol.toml only supply the device, versions and operator name. Runs without a GPU are
 labelled "NOT GPU performance" in every heading and figure title. A run directory may hold
 an ERRATA.md (corrections written after the run; the raw files are never edited): its text
-is shown under "Errata" in the run's section and the overview marks the run "(errata)".
+is quoted under "Errata (written by hand ...; not checked ...)" in the run's section, so that no
+line of it reads as a measured figure, and the overview marks the run "(errata)".
+report.md is a derived file: `report_text` is a function of the run directory, and verify
+renders it again and compares (analysis/derived.py). With `unverified` every title says so.
 A line `Superseded by: RUN` (and, optionally, `Reason: ...`) in it retires the run
 (`superseded_by`; analysis/performance.py).
 A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
@@ -22,6 +25,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.documents import (
     AACalibration,
     ArmFigures,
@@ -32,13 +36,19 @@ from kerneltrial.rundir.documents import (
     read_provenance,
     read_summary,
 )
-from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
+from kerneltrial.rundir.layout import (
+    CEILING_PNG,
+    ERRATA,
+    PROTOCOL,
+    PROVENANCE,
+    REPORT,
+    SPEEDUP_PNG,
+    VERDICTS_PNG,
+)
+from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 
-SPEEDUP_PNG = "speedup.png"
-VERDICTS_PNG = "verdicts.png"
-CEILING_PNG = "ceiling.png"
-SUPERSEDED = "Superseded by:"
-REASON = "Reason:"
+# ERRATA.md is written by hand after the run: pages quote it under this heading, never as figures
+ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 SCOPE = (
@@ -416,7 +426,8 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------- figures
 
 
-def _title(summary: Summary, text: str) -> str:
+def _title(summary: Summary, text: str, unverified: bool) -> str:
+    text = titled(text, unverified)
     return text if summary.is_gpu else f"{text}\n({summary.label})"
 
 
@@ -428,7 +439,7 @@ def _save(fig: Figure, ax: Any, path: Path) -> Path:
     return path
 
 
-def plot_speedups(summary: Summary, path: Path) -> Path:
+def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
     arms = summary.compared_arms()
     cases = [c.case for c in summary.cases]
@@ -463,11 +474,11 @@ def plot_speedups(summary: Summary, path: Path) -> Path:
             )
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel(f"speedup vs {summary.control} (×)")
-    ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
+    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", unverified))
     return _save(fig, ax, path)
 
 
-def plot_verdicts(summary: Summary, path: Path) -> Path:
+def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
     inconclusive, failed while timed and implausible)."""
     arms = summary.compared_arms()
@@ -490,11 +501,11 @@ def plot_verdicts(summary: Summary, path: Path) -> Path:
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.set_ylabel("cases")
-    ax.set_title(_title(summary, "Verdicts per arm"))
+    ax.set_title(_title(summary, "Verdicts per arm", unverified))
     return _save(fig, ax, path)
 
 
-def plot_ceiling(summary: Summary, path: Path) -> Path:
+def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """% of the copy ceiling per case and arm (control included)."""
     arms = [a.name for a in summary.arms if a.available]
     cases = [c.case for c in summary.cases]
@@ -508,23 +519,32 @@ def plot_ceiling(summary: Summary, path: Path) -> Path:
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel("% of copy ceiling")
     copy = summary.ceilings.copy_gbps
-    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)"))
+    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)", unverified))
     return _save(fig, ax, path)
 
 
 # ---------------------------------------------------------------- documents
 
 
-def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
-    """The markdown body shared by report.md and PERFORMANCE.md for one run."""
-    h = "#" * level
+def errata_lines(run_dir: Path, h: str) -> list[str]:
+    """ERRATA.md quoted under its heading (nothing when the run has none): hand-written text, set
+    apart so that no line of it reads as a figure of the run."""
     corrections = errata(run_dir)
+    if not corrections:
+        return []
+    return [f"{h}# {ERRATA_HEADING}", "", *(f"> {line}".rstrip() for line in corrections.splitlines()), ""]
+
+
+def run_section(run_dir: Path, summary: Summary, level: int = 1, unverified: bool = False) -> list[str]:
+    """The markdown body shared by report.md and PERFORMANCE.md for one run; `unverified`: its
+    title says the run was rendered without passing `kerneltrial verify`."""
+    h = "#" * level
     lines = [
-        f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`",
+        titled(f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", unverified),
         "",
         f"Timing: {banner(summary)}",
         "",
-        *([f"{h}# Errata", "", corrections, ""] if corrections else []),
+        *errata_lines(run_dir, h),
         SCOPE,
         "",
         f"- protocol sha256: `{summary.protocol_sha256}`",
@@ -555,14 +575,11 @@ def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path) -> Path:
-    """Write report.md and its PNG figures into the run directory; returns report.md's path."""
+def report_text(run_dir: Path, unverified: bool = False) -> str:
+    """report.md of a kernel run: a function of the run directory alone (verify renders it again
+    and compares, analysis/derived.py)."""
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    plot_speedups(summary, run_dir / SPEEDUP_PNG)
-    plot_verdicts(summary, run_dir / VERDICTS_PNG)
-    plot_ceiling(summary, run_dir / CEILING_PNG)
-    lines = run_section(run_dir, summary) + [
+    lines = run_section(run_dir, read_summary(run_dir), unverified=unverified) + [
         "",
         "## Figures",
         "",
@@ -574,6 +591,17 @@ def write_report(run_dir: Path) -> Path:
         "",
         "Figures are drawn from summary.json; `kerneltrial verify` rebuilds every figure from the raw rows.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path, unverified: bool = False) -> Path:
+    """Write report.md and its PNG figures into the run directory; returns report.md's path.
+    `unverified`: every title says the run was rendered without passing `kerneltrial verify`."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    plot_speedups(summary, run_dir / SPEEDUP_PNG, unverified)
+    plot_verdicts(summary, run_dir / VERDICTS_PNG, unverified)
+    plot_ceiling(summary, run_dir / CEILING_PNG, unverified)
     path = run_dir / REPORT
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(report_text(run_dir, unverified))
     return path

@@ -46,6 +46,11 @@ A run whose plan.json has `floor` (issue 27) needs a schema-6 summary and gets t
 FLOOR_MODEL), every case's floor_ns is the median `triton_launch` ns + its bytes / the median
 `copy` GB/s, and every arm's fraction_of_floor is that floor / its median ns per call, recomputed
 from timings.csv. Older runs list the check as not applicable and must claim no floor figure.
+Every kernel run also gets `required files` and `no downgrade` (analysis/schema_requirements.py:
+the declared contract's files and keys are present, and no witness shows a later contract than
+the one declared), `source commit` and `device` (analysis/provenance_checks.py), and `report.md`
+and `ERRATA.md` (analysis/derived.py: the page is the rendering of the directory; the hand-written
+errata's machine-read lines are well formed).
 """
 
 from __future__ import annotations
@@ -63,16 +68,19 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import integrity, links
+from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import (
+    ERRATA,
     FLOOR_MODEL,
     HOST,
     INPUT_FILES,
     MANIFEST,
     REPLICATES,
+    REPLICATES_MD,
+    REPORT,
     SOURCE_ARCHIVE,
     TIMED_CHECKS,
     kind_of,
@@ -247,6 +255,13 @@ class VerifyResult:
 
     def not_applicable(self, name: str, why: str) -> None:
         self.checks.append(Check(name, True, why, applicable=False))
+
+    def record(self, name: str, problems: list[str] | None, detail: str) -> None:
+        """`add`, or, when `problems` is None, `not_applicable` with `detail` as the reason."""
+        if problems is None:
+            self.not_applicable(name, detail)
+        else:
+            self.add(name, problems, detail)
 
 
 # ---------------------------------------------------------------- reading
@@ -535,6 +550,7 @@ def _verify_replicates(root: Path) -> VerifyResult:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    check_written_after(result, root, root / REPLICATES_MD, derived.renderer("replicates", root))
     return result
 
 
@@ -553,6 +569,7 @@ def _verify_suite(root: Path) -> VerifyResult:
             checks = [Check("run directory", False, str(error))]
         result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
+    check_written_after(result, root, root / REPORT, derived.renderer("suite", root))
     return result
 
 
@@ -572,7 +589,22 @@ def _verify_fleet(root: Path) -> VerifyResult:
         result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     for name, problems, detail in fleet_checks(root):
         result.add(name, problems, detail)
+    check_written_after(result, root, root / REPORT, derived.renderer("fleet", root))
     return result
+
+
+def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render: derived.Render) -> None:
+    """The files written after the run (analysis/derived.py): `page` (report.md or replicates.md) is
+    what its renderer gives, and ERRATA.md's machine-read lines are well formed; each not
+    applicable where the directory has none."""
+    checks = (
+        (page.name, derived.derived_problems(page, render), "what `kerneltrial report` renders from this directory"),
+        (ERRATA, derived.errata_problems(run_dir), "its `Superseded by:` and `Reason:` lines are well formed"),
+    )
+    for name, problems, detail in checks:
+        result.record(
+            name, problems, detail if problems is not None else f"not applicable: no {name} in this directory"
+        )
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
@@ -604,22 +636,74 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     )
     _check_protocol(run_dir, plan, result)
     _check_confirmation(run_dir, provenance, plan, result)
+    floor = _check_contract(run_dir, plan, provenance, correctness, ceiling_rows, result)
+    result.record("source commit", *provenance_checks.commit_problems(provenance))
+    clock_readings = [s.sm_mhz for s in samples if s.sm_mhz is not None]
+    result.add("device", *provenance_checks.device_problems(provenance, plan, ceiling_rows, clock_readings))
     outcome = _correctness_outcome(plan, correctness, result)
     timed = None
     if contract.checked:
         timed = _check_timed_checks(run_dir, plan, summary, samples, outcome, result)
         _check_integrity(run_dir, plan, provenance, digest, correctness, result)
     else:
-        for name in CHECKED_RUN_CHECKS:
-            result.not_applicable(name, "not applicable: plan.json has no `checks` (a run from before timed checks)")
+        why = "plan.json has no `checks` (a run from before timed checks)"
+        _not_checked(CHECKED_RUN_CHECKS, why, floor.checks >= 1, result)
     _check_rows(plan, samples, outcome, result, timed)
     _check_order(plan, samples, outcome, result, timed)
     _check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
     if contract.host:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
-        result.not_applicable("host cost", "not applicable: plan.json has no `host` (a run from before host cost)")
+        _not_checked(("host cost",), "plan.json has no `host` (a run from before host cost)", floor.host, result)
+    check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("kernel", run_dir))
     return result
+
+
+def _check_contract(
+    run_dir: Path,
+    plan: dict[str, Any],
+    provenance: dict[str, Any],
+    correctness: list[dict[str, Any]],
+    ceiling_rows: list[dict[str, str]],
+    result: VerifyResult,
+) -> schema_requirements.WriterContract:
+    """`required files` (what the declared contract makes a run hold) and `no downgrade` (the
+    declaration is not below what the code and rows show; analysis/schema_requirements.py).
+    Returns the least contract the witnesses show."""
+    declared = schema_requirements.declared(plan)
+    result.add(
+        "required files",
+        schema_requirements.required_problems(run_dir, plan, provenance, declared),
+        f"every file and key a run of {declared} writes is present",
+    )
+    floor, witnesses = schema_requirements.writer_floor(
+        run_dir, plan, provenance, correctness, {row["kind"] for row in ceiling_rows}
+    )
+    result.add(
+        "no downgrade",
+        schema_requirements.downgrade_problems(declared, witnesses),
+        f"plan.json declares {declared}; "
+        + (
+            f"no later contract shown by {', '.join(w.what for w in witnesses)}"
+            if witnesses
+            else "no witness of a later one"
+        ),
+    )
+    return floor
+
+
+def _not_checked(names: tuple[str, ...], why: str, required: bool, result: VerifyResult) -> None:
+    """Checks a run's declared contract does not have: not applicable, or failed where `no
+    downgrade` shows the run was written under a contract that has them."""
+    for name in names:
+        if required:
+            result.add(
+                name,
+                [f"not checked: {why}, yet the run was written under a contract that has it (see no downgrade)"],
+                "",
+            )
+        else:
+            result.not_applicable(name, f"not applicable: {why}")
 
 
 def _check_host(
@@ -632,6 +716,11 @@ def _check_host(
 ) -> None:
     """host.csv covers every (case, arm) timed to the end of its case with plan `host.samples`
     samples of `host.calls` calls, and the summary's host figures are its medians and counts."""
+    if not (run_dir / HOST).is_file():
+        result.add(
+            "host cost", [f"{HOST} is missing: a plan with `host` measures the host cost of every timed arm"], ""
+        )
+        return
     settings = plan["host"]
     samples, calls = int(settings["samples"]), int(settings["calls"])
     raised = set(timed.raised) if timed else set()

@@ -38,8 +38,15 @@ TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
-REPORT = "report.md"
-ERRATA = "ERRATA.md"
+REPORT = "report.md"  # derived: verify renders it again and compares (analysis/derived.py)
+ERRATA = "ERRATA.md"  # written by hand after the run: neither derived nor in the manifest
+ERRATA_SUPERSEDED = "Superseded by:"  # an ERRATA.md line that retires the run: `Superseded by: RUN`
+ERRATA_REASON = "Reason:"  # beside it: why
+# the figures `kerneltrial report` writes into a kernel run directory (outside its manifest, like report.md)
+SPEEDUP_PNG = "speedup.png"
+VERDICTS_PNG = "verdicts.png"
+CEILING_PNG = "ceiling.png"
+REPORT_FIGURES = (SPEEDUP_PNG, VERDICTS_PNG, CEILING_PNG)
 # A replicate directory (`kerneltrial replicate`): run-1..N, each a kernel run directory, and the cross-run table.
 REPLICATES = "replicates.json"
 REPLICATES_MD = "replicates.md"

@@ -597,7 +597,7 @@ def demo(
     with progress_bar() as bar:
         root = run_trial(protocol_file, run_dir, progress=bar)
     result = verify_run_dir(root)
-    report = write_report(root)
+    report = write_report(root, unverified=not result.ok)  # a failed verify: its titles say so
     summary = read_json(root / SUMMARY)
     checks = read_jsonl(root / CORRECTNESS)
     human.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
