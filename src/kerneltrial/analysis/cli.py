@@ -123,14 +123,26 @@ def report(run_dir: RunDir) -> None:
     typer.echo(f"wrote {write_report(run_dir)}")
 
 
+def require_common(run_a: Path, run_b: Path, rows: int, only_in_a: list[str], only_in_b: list[str]) -> None:
+    """Two runs with nothing in common compare nothing: exit 1 and say what each run holds alone."""
+    if rows == 0:
+        raise CliError(
+            f"{run_a} and {run_b} have no case and arm in common, so there is nothing to compare "
+            f"(only in A: {', '.join(only_in_a) or 'nothing'}; only in B: {', '.join(only_in_b) or 'nothing'}); "
+            "compare runs of the same cases",
+            ExitCode.FAILED,
+        )
+
+
 def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
     from kerneltrial.serving.report import Interval
 
+    compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
     if not json_:
         typer.echo(compare_runs(run_a, run_b), nl=False)
         return
-    compared = comparison(run_a, run_b)
 
     def interval(i: Interval | None) -> records.LaunchInterval | None:
         return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
@@ -173,10 +185,11 @@ def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
         return
     from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
+    compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
     if not json_:
         typer.echo(compare_runs(run_a, run_b), nl=False)
         return
-    compared = comparison(run_a, run_b)
 
     def speedup(s: Speedup | None) -> records.Speedup | None:
         return None if s is None else records.Speedup(s.value, s.ci_low, s.ci_high)

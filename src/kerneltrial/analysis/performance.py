@@ -39,6 +39,7 @@ from kerneltrial.analysis.report import (
     run_section,
     superseded_by,
 )
+from kerneltrial.analysis.summary import UNFROZEN_WARNING
 from kerneltrial.rundir.documents import ArmFigures, Ceilings, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import kind_of
@@ -332,15 +333,31 @@ def host_row(run: str, cases: list[SummaryCase]) -> list[str] | None:
 
 
 def _run_cell(run_dir: Path, summary: Summary) -> str:
-    """The operator and run, marked where the run has errata or its protocol was not frozen
-    (its settings, panel included, were not preregistered: `report.freeze_line`)."""
-    marks = [m for m, on in (("errata", errata(run_dir)), ("not frozen", _not_frozen(run_dir, summary))) if on]
-    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + "".join(f" ({m})" for m in marks)
+    """The operator and run, marked where the run has errata (whether its protocol was frozen
+    is said once per run, in `preregistration_table`)."""
+    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + (" (errata)" if errata(run_dir) else "")
 
 
-def _not_frozen(run_dir: Path, summary: Summary) -> bool:
-    recorded, frozen_at = freeze_record(run_dir, summary)
-    return recorded and frozen_at is None
+def preregistration_table(run_dirs: list[Path]) -> list[str]:
+    """The one place PERFORMANCE.md says whether each current kernel run's protocol was frozen
+    before it ran (its settings, panel included, preregistered), so no figure repeats it."""
+    rows, frozen = [], 0
+    for run_dir in run_dirs:
+        summary = read_summary(run_dir)
+        recorded, frozen_at = freeze_record(run_dir, summary)
+        frozen += frozen_at is not None
+        state = f"frozen at {frozen_at}" if frozen_at else "**not frozen**" if recorded else "not recorded (older run)"
+        rows.append([f"`{Path(run_dir).name}`", f"`{operator_name(run_dir, summary)}`", state])
+    return [
+        "## Preregistration",
+        "",
+        f"{frozen} of {len(rows)} current kernel runs had their protocol frozen (`kerneltrial protocol freeze`) "
+        "before they ran; the others' settings, panel included, were not preregistered. Said here once per run, "
+        "not beside each figure.",
+        "",
+        *markdown_table(["run", "operator", "protocol"], rows),
+        "",
+    ]
 
 
 def overview_table(run_dirs: list[Path]) -> list[str]:
@@ -526,6 +543,11 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
     )
 
 
+def _without_freeze_warning(summary: Summary) -> Summary:
+    """The summary without its "not frozen" warning: `preregistration_table` says it."""
+    return summary.model_copy(update={"warnings": [w for w in summary.warnings if w != UNFROZEN_WARNING]})
+
+
 def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     """Render one markdown file covering several run directories (e.g. PERFORMANCE.md):
     the overview and a section per current run, then the table of superseded runs."""
@@ -537,7 +559,7 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     models = [d for d in current if kind_of(d) == "model"]
     current = [d for d in current if d not in models]
     check_successors(run_dirs)
-    sections = [run_section(d, read_summary(d), level=2) for d in current]
+    sections = [run_section(d, _without_freeze_warning(read_summary(d)), level=2, freeze=False) for d in current]
     lines = [
         "# Performance",
         "",
@@ -546,6 +568,7 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
         "Runs labelled NOT GPU performance were timed on a CPU.",
         "",
     ]
+    lines += preregistration_table(current)
     lines += overview_table(current)
     for section in sections:
         lines += section + [""]

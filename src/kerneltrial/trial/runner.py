@@ -60,6 +60,7 @@ from kerneltrial.trial.calibration import (
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
+from kerneltrial.trial.preflight import preflight
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
@@ -604,7 +605,7 @@ def _run_trial(
 ) -> Path:
     from kerneltrial.analysis.summary import write_summary
 
-    p = proto.load(protocol_path)
+    p = preflight(protocol_path)  # the file, its keys, every case against free memory: before the run directory
     links = check_confirmation(protocol_path, p)
     load_modules(p, protocol_path)
     op = get_op(p.op)
