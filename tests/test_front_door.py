@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from kerneltrial.cli import app
 from kerneltrial.model.spec import PRESETS
-from kerneltrial.ops.registry import get_op
-from kerneltrial.trial.cli import INTERPRETER_NOTE, NEXT_STEPS, demo_lines, fresh_run_dir
+from kerneltrial.ops.registry import all_ops, get_op
+from kerneltrial.trial.cli import INTERPRETER_NOTE, NEXT_STEPS, check_cases, demo_lines, fresh_run_dir
 from tests.conftest import REPO
 
 PROTOCOL = """
@@ -107,6 +107,18 @@ def test_demo_lines_spell_out_the_verdicts() -> None:
     assert demo_lines(summary | {"is_gpu": True, "label": "CUDA events, cold L2"}, [])[-1] == (
         "timing: CUDA events, cold L2"
     )
+
+
+def test_the_interpreters_default_check_panel_covers_every_shape_and_every_layout() -> None:
+    """`check` without a GPU (panel `quick`): each small case once, the layouts in turn; `small`
+    keeps every pair (issue 25: `check --all` within 10 minutes on 2 CPU cores)."""
+    for op in all_ops():
+        quick, small = (check_cases(op, None, None, None, panel) for panel in ("quick", "small"))
+        assert len(small) == len(op.small_cases) * len(op.layouts) and set(quick) <= set(small)
+        assert [(c.shape, c.dtype) for c in quick] == [(c.shape, c.dtype) for c in op.small_cases], op.name
+        assert {c.layout for c in quick} == set(op.layouts), op.name
+    done = CliRunner().invoke(app, ["check", "rmsnorm", "--impl", "torch_eager", "--seeds", "1"])
+    assert done.exit_code == 0 and f"{len(get_op('rmsnorm').small_cases)} passed, 0 failed" in done.output
 
 
 def test_inspect_of_an_unknown_operator_is_bad_input() -> None:

@@ -81,8 +81,9 @@ class Difference:
     first_bad: tuple[int, ...] | None = None  # index of the first element outside the bound
 
 
-# A row of the reference no larger than this holds the result of a zero or TINY input row
-# (ops/inputs.py: |x| <= 2**-80, so |x| / sqrt(eps) <= 2**-70): there only eps keeps rsqrt finite.
+# A reference row no larger than this is the result of a zero or TINY input row (ops/inputs.py:
+# normal values scaled by 2**-80 or less, so |x| / sqrt(eps) is a few 2**-70 at most; an ordinary
+# row's largest output is of order 1): there only eps keeps rsqrt finite.
 TINY_REFERENCE = 2.0**-60
 
 
