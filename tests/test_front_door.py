@@ -117,8 +117,6 @@ def test_the_interpreters_default_check_panel_covers_every_shape_and_every_layou
         assert len(small) == len(op.small_cases) * len(op.layouts) and set(quick) <= set(small)
         assert [(c.shape, c.dtype) for c in quick] == [(c.shape, c.dtype) for c in op.small_cases], op.name
         assert {c.layout for c in quick} == set(op.layouts), op.name
-    done = CliRunner().invoke(app, ["check", "rmsnorm", "--impl", "torch_eager", "--seeds", "1"])
-    assert done.exit_code == 0 and f"{len(get_op('rmsnorm').small_cases)} passed, 0 failed" in done.output
 
 
 def test_inspect_of_an_unknown_operator_is_bad_input() -> None:

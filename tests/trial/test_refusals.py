@@ -69,7 +69,7 @@ def test_a_case_is_refused_when_the_gate_cannot_hold_its_tensors(tmp_path: Path)
     """4x64 bf16 is 512 bytes: it fits in GATE_COPIES x 512 bytes, not in one byte less."""
     path = protocol(tmp_path)
     assert preflight(path, Memory(GATE_COPIES * 512, "test")).cases[0].shape == [4, 64]
-    with pytest.raises(proto.ProtocolError, match=r"one input of that shape is 512 bytes.*8,191 bytes are test"):
+    with pytest.raises(proto.ProtocolError, match=r"one input of that shape is 512 bytes.*10,239 bytes are test"):
         preflight(path, Memory(GATE_COPIES * 512 - 1, "test"))
 
 

@@ -16,13 +16,16 @@ from kerneltrial.rundir.layout import DTYPE_BYTES
 from kerneltrial.rundir.provenance import nvidia_smi, visible_gpu
 from kerneltrial.trial import protocol as proto
 
-# Peak memory of one gate check, in copies of the case's first input: the values, the arm's
-# guarded private copy, two clones for the formula and the oracle, their outputs (the oracle's
-# in float64: 4 copies of a bf16 tensor), the arm's output and the poisoned blocks beside it.
-# Measured on the CPU with the torch_eager arm (peak RSS / input bytes, 16-64 MiB inputs):
-# rmsnorm 2048x8192 10.9, fused_add_rmsnorm 2048x8192 14.2, silu_and_mul 2048x16384 8.3.
-# 16 covers them with a margin; a case it refuses would have died in an allocation.
-GATE_COPIES = 16
+# Peak memory of one gate check grows by at least this many tensors of a case's first input per
+# input: the values, the arm's guarded copy, clones and outputs of the formula and of the float64
+# oracle, the repeated calls' inputs and outputs (trial/gate.py). Measured on the CPU with the
+# torch_eager arm, peak RSS between inputs of 32 and 128 MiB (bf16): silu_and_mul 21.7 per input
+# byte (2048x8192 -> 8192x8192), rmsnorm 27 (2048x8192 -> 8192x8192), fused_add_rmsnorm 63.5
+# (two inputs and two outputs of the shape), plus under 1 GiB of float64 comparison temporaries
+# (gate.CHUNK elements at a time). 20, below every operator measured, refuses only a case that
+# cannot fit: one that needs more than 20 copies but less than its operator's own may still end
+# in an allocation error.
+GATE_COPIES = 20
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def unfittable(p: proto.Protocol, memory: Memory) -> str:
         if one * GATE_COPIES > memory.free:
             return (
                 f"case {case.id} cannot fit: one input of that shape is {one:,} bytes, and checking it "
-                f"needs about {GATE_COPIES} such tensors ({one * GATE_COPIES:,} bytes); {memory.free:,} bytes "
+                f"needs at least {GATE_COPIES} such tensors ({one * GATE_COPIES:,} bytes); {memory.free:,} bytes "
                 f"are {memory.where}. Choose a smaller shape"
             )
     return ""
