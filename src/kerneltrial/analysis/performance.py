@@ -1,5 +1,6 @@
-"""PERFORMANCE.md: the overview against issue 16's targets, each current run's section, the
-model-level trials, then the superseded runs.
+"""PERFORMANCE.md: which current runs were preregistered (one table: whether each run's protocol
+was frozen, said nowhere else), the overview against issue 16's targets, each current run's
+section, the model-level trials, then the superseded runs.
 
 Every figure is drawn from summary.json (no raw file is read). The overview separates what
 one geomean over a hand-picked panel hides (issue 16, item 5):

@@ -1,6 +1,8 @@
 """The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
 
-Stages, each appending raw rows as it measures them (flushed per row):
+First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
+memory), before the run directory exists. Then stages, each appending raw rows as it measures
+them (flushed per row):
 1. correctness: every arm x case x seed through the gate; an arm failing a case is not
    timed in that case;
 2. ceilings: device-to-device copy and a read-only stream on the same device, and two launch
