@@ -95,7 +95,7 @@ def test_performance_md_is_one_page_and_links_the_per_run_tables(tmp_path: Path)
     assert "## Overview: per operator and regime" in text
     assert "[results/PERFORMANCE-runs.md](results/PERFORMANCE-runs.md)" in text
     assert text.count("`run`") == 3  # the small-regime row, the one row, the not-frozen note: once each
-    assert "Runs not frozen (settings not preregistered): `run`." in text
+    assert "1 of the runs above were not frozen (settings not preregistered): see Preregistration." in text
     assert f"`{C2}`" not in text and "## rmsnorm: `run`" not in text  # per-case tables live in the runs file
     runs = (tmp_path / page.RUNS_FILE).read_text()
     assert "## rmsnorm: `run`" in runs and "### Speed-of-light floor" in runs

@@ -667,7 +667,7 @@ def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> No
     assert "- plausibility: not judged (not a GPU run timed with CUDA events)" in report
     assert f"**failed while timed** in 1 sample(s): {RAISE} |" in report
     assert (
-        "| arm | geomean [CI] | mean | worst case | W/T/L/I | failed correctness | failed while timed | "
+        "| arm | geomean [CI] | mean | worst case | wins/ties/losses/inconclusive | failed correctness | failed while timed | "
         "implausible |" in report
     )
     assert (
@@ -703,7 +703,7 @@ def test_old_reports_take_the_freeze_from_provenance(run_dir: Path) -> None:
 def test_performance_md_shows_inconclusive_counts(tie_band_run: Path, tmp_path: Path) -> None:
     write_performance_md([tie_band_run], tmp_path / "PERFORMANCE.md")
     text = (tmp_path / RUNS_FILE).read_text()
-    assert "| W/T/L/I |" in text and "| 0/0/0/2 |" in text
+    assert "| wins/ties/losses/inconclusive |" in text and "| 0/0/0/2 |" in text
 
 
 def test_compare_shows_verdicts_including_inconclusive(tie_band_run: Path, cheat: Path) -> None:

@@ -193,14 +193,26 @@ def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:
     return [f"{UNVERIFIED}: {UNVERIFIED_NOTE}", *notes] if unverified else notes
 
 
+def require_common(run_a: Path, run_b: Path, rows: int, only_in_a: list[str], only_in_b: list[str]) -> None:
+    """Two runs with nothing in common compare nothing: exit 1 and say what each run holds alone."""
+    if rows == 0:
+        raise CliError(
+            f"{run_a} and {run_b} have no case and arm in common, so there is nothing to compare "
+            f"(only in A: {', '.join(only_in_a) or 'nothing'}; only in B: {', '.join(only_in_b) or 'nothing'}); "
+            "compare runs of the same cases",
+            ExitCode.FAILED,
+        )
+
+
 def _compare_serving(run_a: Path, run_b: Path, json_: bool, unverified: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
     from kerneltrial.serving.report import Interval
 
+    compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
     if not json_:
         typer.echo(compare_runs(run_a, run_b, unverified), nl=False)
         return
-    compared = comparison(run_a, run_b)
 
     def interval(i: Interval | None) -> records.LaunchInterval | None:
         return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
@@ -251,10 +263,11 @@ def compare(
         return
     from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
+    compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
     if not json_:
         typer.echo(compare_runs(run_a, run_b, unverified), nl=False)
         return
-    compared = comparison(run_a, run_b)
 
     def speedup(s: Speedup | None) -> records.Speedup | None:
         return None if s is None else records.Speedup(s.value, s.ci_low, s.ci_high)

@@ -1,7 +1,8 @@
 """PERFORMANCE.md and its per-run tables: `write_performance_md` writes the first page
-(analysis/performance_overview.py: per operator and regime, then the model-level trials) and
-results/PERFORMANCE-runs.md (RUNS_FILE: the overview against issue 16's targets run by run, each
-current run's section, then the superseded runs).
+(analysis/performance_overview.py: per operator and regime; then which current runs were
+preregistered, one table: whether each run's protocol was frozen, said nowhere else; then the
+model-level trials) and results/PERFORMANCE-runs.md (RUNS_FILE: the overview against issue 16's
+targets run by run, each current run's section, then the superseded runs).
 
 Every figure is drawn from summary.json (no raw file is read). The per-run overview separates
 what one geomean over a hand-picked panel hides (issue 16, item 5):
@@ -73,6 +74,7 @@ from kerneltrial.analysis.report import (
     run_section,
     superseded_by,
 )
+from kerneltrial.analysis.summary import UNFROZEN_WARNING
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
@@ -188,15 +190,31 @@ def host_row(run: str, cases: list[SummaryCase]) -> list[str] | None:
 
 
 def _run_cell(run_dir: Path, summary: Summary) -> str:
-    """The operator and run, marked where the run has errata or its protocol was not frozen
-    (its settings, panel included, were not preregistered: `report.freeze_line`)."""
-    marks = [m for m, on in (("errata", errata(run_dir)), ("not frozen", _not_frozen(run_dir, summary))) if on]
-    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + "".join(f" ({m})" for m in marks)
+    """The operator and run, marked where the run has errata (whether its protocol was frozen
+    is said once per run, in `preregistration_table`)."""
+    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + (" (errata)" if errata(run_dir) else "")
 
 
-def _not_frozen(run_dir: Path, summary: Summary) -> bool:
-    recorded, frozen_at = freeze_record(run_dir, summary)
-    return recorded and frozen_at is None
+def preregistration_table(run_dirs: list[Path]) -> list[str]:
+    """The one place PERFORMANCE.md says whether each current kernel run's protocol was frozen
+    before it ran (its settings, panel included, preregistered), so no figure repeats it."""
+    rows, frozen = [], 0
+    for run_dir in run_dirs:
+        summary = read_summary(run_dir)
+        recorded, frozen_at = freeze_record(run_dir, summary)
+        frozen += frozen_at is not None
+        state = f"frozen at {frozen_at}" if frozen_at else "**not frozen**" if recorded else "not recorded (older run)"
+        rows.append([f"`{Path(run_dir).name}`", f"`{operator_name(run_dir, summary)}`", state])
+    return [
+        "## Preregistration",
+        "",
+        f"{frozen} of {len(rows)} current kernel runs had their protocol frozen (`kerneltrial protocol freeze`) "
+        "before they ran; the others' settings, panel included, were not preregistered. Said here once per run, "
+        "not beside each figure.",
+        "",
+        *markdown_table(["run", "operator", "protocol"], rows),
+        "",
+    ]
 
 
 def overview_table(run_dirs: list[Path]) -> list[str]:
@@ -376,6 +394,11 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
     )
 
 
+def _without_freeze_warning(summary: Summary) -> Summary:
+    """The summary without its "not frozen" warning: `preregistration_table` says it."""
+    return summary.model_copy(update={"warnings": [w for w in summary.warnings if w != UNFROZEN_WARNING]})
+
+
 def write_performance_md(
     run_dirs: list[Path], out: Path, runs_out: Path | None = None, unverified: bool = False
 ) -> Path:
@@ -406,6 +429,7 @@ def write_performance_md(
         "",
     ]
     page += overview_page(current)
+    page += preregistration_table(current)
     if models:
         page += [
             "## Model level",
@@ -419,7 +443,8 @@ def write_performance_md(
             f"({relative_link(out, runs_out.parent)}).", ""]  # fmt: skip
     runs += overview_table(current)
     for d in current:
-        runs += run_section(d, read_summary(d), level=2, unverified=unverified) + [""]
+        runs += run_section(d, _without_freeze_warning(read_summary(d)), level=2, unverified=unverified, freeze=False)
+        runs += [""]
     if earlier:
         runs += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
     out.write_text("\n".join(page))

@@ -269,7 +269,9 @@ def overview_page(run_dirs: list[Path]) -> list[str]:
         "CUDA-event runs only.",
     ]
     if unfrozen:
-        lines.append(f"- Runs not frozen (settings not preregistered): {', '.join(f'`{n}`' for n in unfrozen)}.")
+        lines.append(
+            f"- {len(unfrozen)} of the runs above were not frozen (settings not preregistered): see Preregistration."
+        )
     lines += [
         "",
         *markdown_table(

@@ -12,18 +12,20 @@ renders it again and compares (analysis/derived.py). With `unverified` every tit
 A line `Superseded by: RUN` (and, optionally, `Reason: ...`) in it retires the run
 (`superseded_by`; analysis/performance.py).
 A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
-frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, W/T/L/I counts
+frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, wins/ties/losses/inconclusive counts
 with the cases failed while timed or implausible, and each arm's ulp histogram.
 """
 
 from __future__ import annotations
 
+import textwrap
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.documents import (
@@ -51,6 +53,7 @@ from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
+TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
 SCOPE = (
     "Confidence intervals cover noise within this session (machine state, clocks) only; "
     "a re-run on another machine may differ by more."
@@ -279,7 +282,7 @@ def _realized_note(figures: SlowCalibration) -> str:
 
 
 def aggregate_table(summary: Summary) -> list[str]:
-    """One row per compared arm; a run with timed checks adds inconclusive verdicts (W/T/L/I)
+    """One row per compared arm; a run with timed checks adds inconclusive verdicts (wins/ties/losses/inconclusive)
     and the cases failed while timed or implausible."""
     checked = summary.timed_checks is not None
     rows = []
@@ -307,7 +310,7 @@ def aggregate_table(summary: Summary) -> list[str]:
         "geomean [CI]",
         "mean",
         "worst case",
-        "W/T/L/I" if checked else "wins/ties/losses",
+        "wins/ties/losses/inconclusive" if checked else "wins/ties/losses",
         "failed correctness",
     ] + ["failed while timed", "implausible"] * checked
     return markdown_table([*header, f"gate `{summary.gate.rule}`"], rows)
@@ -426,17 +429,34 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------- figures
 
 
-def _title(summary: Summary, text: str, unverified: bool) -> str:
+def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -> str:
+    """The title (marked when the run was not verified), and the timing label of a run that is not
+    GPU performance, each wrapped to the figure's width (about TITLE_CHARS_PER_INCH characters of
+    the default title font)."""
+    width = max(20, int(fig.get_figwidth() * TITLE_CHARS_PER_INCH))
     text = titled(text, unverified)
-    return text if summary.is_gpu else f"{text}\n({summary.label})"
+    lines = [text] if summary.is_gpu else [text, f"({summary.label})"]
+    return "\n".join(textwrap.fill(line, width) for line in lines)
 
 
 def _save(fig: Figure, ax: Any, path: Path) -> Path:
-    """Legend, layout and the PNG: the common end of every figure."""
-    ax.legend(fontsize="small")
+    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every figure."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
+
+
+def _log_speedup_axis(ax: Any, values: list[float]) -> None:
+    """A log y axis for ratios (2x and 0.5x equally far from 1), labelled with plain numbers:
+    1-2-5 ticks over a decade or more, evenly spaced ticks over a narrower range (a log axis
+    would show none there)."""
+    ax.set_yscale("log")
+    low, high = min(values, default=1.0), max(values, default=1.0)
+    wide = high / low >= 10 if low > 0 else True
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)) if wide else MaxNLocator(nbins=6))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
@@ -446,6 +466,7 @@ def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Pat
     band = summary.tie_band
     fig = Figure(figsize=(max(6.0, 1.2 * len(cases) * max(1, len(arms)) ** 0.5 + 2), 4.5))
     ax = fig.subplots()
+    shown = [1 - band, 1 + band]
     ax.axhspan(1 - band, 1 + band, color="0.85", label=f"tie band ±{band:g}")
     ax.axhline(1.0, color="black", linewidth=1)
     width = 0.8 / max(1, len(arms))
@@ -460,6 +481,7 @@ def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Pat
                 ys.append(entry.speedup)
                 lows.append(entry.speedup - entry.ci_low)
                 highs.append(entry.ci_high - entry.speedup)
+                shown += [entry.ci_low, entry.ci_high]
             elif entry.status in DISQUALIFIED_MARKERS:
                 disqualified.setdefault(entry.status, []).append(i + offset)
         line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
@@ -473,8 +495,9 @@ def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Pat
                 label=f"{name}: {status}",
             )
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
-    ax.set_ylabel(f"speedup vs {summary.control} (×)")
-    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", unverified))
+    _log_speedup_axis(ax, shown)
+    ax.set_ylabel(f"speedup vs {summary.control} (×, log scale)")
+    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", fig, unverified))
     return _save(fig, ax, path)
 
 
@@ -500,8 +523,9 @@ def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Pat
             continue
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of cases: no 0.5 ticks
     ax.set_ylabel("cases")
-    ax.set_title(_title(summary, "Verdicts per arm", unverified))
+    ax.set_title(_title(summary, "Verdicts per arm", fig, unverified))
     return _save(fig, ax, path)
 
 
@@ -519,7 +543,7 @@ def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel("% of copy ceiling")
     copy = summary.ceilings.copy_gbps
-    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)", unverified))
+    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)", fig, unverified))
     return _save(fig, ax, path)
 
 
@@ -535,9 +559,12 @@ def errata_lines(run_dir: Path, h: str) -> list[str]:
     return [f"{h}# {ERRATA_HEADING}", "", *(f"> {line}".rstrip() for line in corrections.splitlines()), ""]
 
 
-def run_section(run_dir: Path, summary: Summary, level: int = 1, unverified: bool = False) -> list[str]:
+def run_section(
+    run_dir: Path, summary: Summary, level: int = 1, unverified: bool = False, freeze: bool = True
+) -> list[str]:
     """The markdown body shared by report.md and PERFORMANCE.md for one run; `unverified`: its
-    title says the run was rendered without passing `kerneltrial verify`."""
+    title says the run was rendered without passing `kerneltrial verify`; `freeze` False: without
+    the freeze line, which PERFORMANCE.md gives in one table."""
     h = "#" * level
     lines = [
         titled(f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", unverified),
@@ -550,7 +577,7 @@ def run_section(run_dir: Path, summary: Summary, level: int = 1, unverified: boo
         f"- protocol sha256: `{summary.protocol_sha256}`",
         f"- backend `{summary.backend}`, L2 `{summary.l2}`, control `{summary.control}`, "
         f"tie band ±{summary.tie_band:g}",
-        *[line for line in (freeze_line(run_dir, summary),) if line],
+        *[line for line in (freeze_line(run_dir, summary) if freeze else None,) if line],
         _ceilings_line(summary.ceilings),
         *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *checks_lines(summary),

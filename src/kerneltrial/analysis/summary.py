@@ -85,7 +85,7 @@ from typing import Any
 
 import pandas as pd
 
-from kerneltrial.analysis import stats
+from kerneltrial.analysis import gate_rule, stats
 from kerneltrial.analysis.floor import CaseFloors
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
@@ -290,7 +290,7 @@ class SchemaV3:
         return {}
 
     def gate_verdict(
-        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+        self, gate: gate_rule.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
     ) -> stats.GateVerdict:
         return stats.gate_verdict(gate, agg, sum(c["arms"][name]["status"] == FAILED for c in cases))
 
@@ -379,7 +379,7 @@ class SchemaV4(SchemaV3):
         }
 
     def gate_verdict(
-        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+        self, gate: gate_rule.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
     ) -> stats.GateVerdict:
         disqualified = []
         for cause in (FAILED, FAILED_WHILE_TIMED, IMPLAUSIBLE):
@@ -679,7 +679,7 @@ def _add_speedup(
 def aggregates_and_gate(
     cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule, schema: SchemaV3
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    gate = stats.parse_gate(plan["gate"])
+    gate = gate_rule.parse_gate(plan["gate"])
     aggregates: dict[str, Any] = {}
     verdicts: dict[str, Any] = {}
     for arm in plan["arms"]:

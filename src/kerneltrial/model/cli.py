@@ -25,6 +25,10 @@ def model(
 
     Arms: eager (the Hugging Face code), torch_eager, kerneltrial, liger,
     torch_compile, flaggems, user:PATH.py. Then `kerneltrial verify OUT` and `kerneltrial report OUT`.
+
+    The protocol's `model`: a built-in preset, `minicpm5-2b` (MiniCPM5-2B's shapes, 42 layers:
+    a GPU) or `tiny` (2 layers, hidden 64, vocabulary 512, random weights: minutes on a CPU
+    through the Triton interpreter, for a first try), or a local Hugging Face config directory.
     """
     from kerneltrial.model.runner import run_model_trial  # here: `--help` stays fast
 

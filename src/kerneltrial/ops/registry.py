@@ -26,15 +26,13 @@ from typing import Any, Literal
 
 import torch
 
+from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
+
 Inputs = dict[str, Any]
 Outputs = tuple[torch.Tensor, ...]
 ImplKind = Literal["control", "candidate", "peer", "user", "calibration"]
 
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_BYTES}
 
 
 class RegistryError(ValueError):
@@ -55,7 +53,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{'x'.join(map(str, self.shape))}/{self.layout}/{self.dtype}"
+        return case_id(self.shape, self.layout, self.dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
-from kerneltrial.rundir.layout import PLAN, PROVENANCE, SUMMARY
+from kerneltrial.rundir.layout import PLAN, PROTOCOL, PROVENANCE, SUMMARY
 
 SUMMARY_V1 = "kerneltrial.summary/1"
 SUMMARY_V2 = "kerneltrial.summary/2"
@@ -500,9 +500,7 @@ def read_summary(run_dir: Path) -> Summary:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     if not (run_dir / SUMMARY).is_file():
-        raise RunDirError(
-            f"{run_dir}: no {SUMMARY}; write it first (the runner does, or analysis.summary.write_summary)"
-        )
+        raise RunDirError(f"{run_dir}: no {SUMMARY}; {_why_no_summary(run_dir)}")
     data = _document(run_dir, SUMMARY)
     versions = list(SUMMARY_ADAPTERS)
     if data.get("schema") not in versions:
@@ -514,6 +512,19 @@ def read_summary(run_dir: Path) -> Summary:
         adapter = SUMMARY_ADAPTERS[version]
         data = adapter(data) if adapter else data
     return validate(Summary, data, run_dir / SUMMARY)
+
+
+def _why_no_summary(run_dir: Path) -> str:
+    """What to do about a kernel run directory without summary.json: an interrupted run
+    (provenance.json without finished_at) continues with `run --resume`."""
+    provenance = run_dir / PROVENANCE
+    if provenance.is_file() and not read_json(provenance).get("finished_at"):
+        return (
+            "the run did not finish (interrupted or still running): continue it with "
+            f"`kerneltrial run PROTOCOL --out {run_dir} --resume`, PROTOCOL being the file it started from "
+            f"(the same bytes as {run_dir / PROTOCOL})"
+        )
+    return "the runner writes it when a run ends; is this a run directory (`kerneltrial run ... --out DIR`)?"
 
 
 # ---------------------------------------------------------------- reading

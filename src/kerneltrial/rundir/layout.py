@@ -59,6 +59,15 @@ FLEET_PIECES = "pieces"
 FLEET_WORKERS = "workers"
 FLEET_LOGS = "logs"
 INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
+# The input dtypes a case may name, with their bytes per element (torch-free: a protocol is
+# validated before torch is imported; ops/registry.py maps the names to torch dtypes).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def case_id(shape: tuple[int, ...] | list[int], layout: str, dtype: str) -> str:
+    """A case as every file of a kernel run directory names it, e.g. `4096x2048/contiguous/bfloat16`."""
+    return f"{'x'.join(map(str, shape))}/{layout}/{dtype}"
+
 
 # serving run directories
 LAUNCHES = "launches.jsonl"

@@ -87,14 +87,15 @@ def inspect(
 
     if not archive.is_file():
         raise CliError(f"{archive} is not a file")
+    signatures = {o.name: o.signature for o in all_ops()}
+    if op is not None and op not in signatures:  # bad input (exit 2), not a rejected archive
+        raise CliError(f"unknown operator {op!r}; known: {', '.join(signatures)}")
     try:
         recorded = Receipt.read(receipt) if receipt else None
     except (OSError, ValidationError) as exc:
         raise CliError(f"{receipt} is not a kerneltrial receipt: {str(exc).splitlines()[0]}") from None
     try:
-        found = inspect_archive(
-            archive.read_bytes(), archive.name, {o.name: o.signature for o in all_ops()}, op, recorded
-        )
+        found = inspect_archive(archive.read_bytes(), archive.name, signatures, op, recorded)
     except Rejected as exc:
         raise CliError(f"rejected {archive}: {exc}", ExitCode.FAILED) from None
     typer.echo(

@@ -78,6 +78,13 @@ class Difference:
     max_rel: float
     ulp: float
     within: bool
+    first_bad: tuple[int, ...] | None = None  # index of the first element outside the bound
+
+
+# A reference row no larger than this is the result of a zero or TINY input row (ops/inputs.py:
+# normal values scaled by 2**-80 or less, so |x| / sqrt(eps) is a few 2**-70 at most; an ordinary
+# row's largest output is of order 1): there only eps keeps rsqrt finite.
+TINY_REFERENCE = 2.0**-60
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:
@@ -138,20 +145,61 @@ def ulp_histogram(got: Outputs, reference: Outputs) -> list[int]:
     return [int(c) for c in counts]
 
 
+def first_index(mask: torch.Tensor, shape: tuple[int, ...], start: int = 0) -> tuple[int, ...]:
+    """The index in `shape` of the first True of the flat `mask`, whose element 0 is flat
+    element `start` (row-major, as `reshape(-1)` orders them)."""
+    flat = start + int(mask.reshape(-1).nonzero()[0, 0])
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
 def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None) -> Difference:
-    """Largest differences of `out` from `expected`; `tol` None means exact equality."""
+    """Largest differences of `out` from `expected`, and the first element outside the bound;
+    `tol` None means exact equality."""
     max_abs = max_rel = max_ulp = 0.0
-    within = True
-    for _, e, err in _chunks(out, expected):
+    first_bad: tuple[int, ...] | None = None
+    for k, (_, e, err) in enumerate(_chunks(out, expected)):
         rel = (err / e.abs().clamp_min(1e-30)).nan_to_num(nan=math.inf)
         ulp = (err / ulp_of(e, out.dtype)).nan_to_num(nan=math.inf) if out.is_floating_point() else err
-        within = within and bool((err == 0).all() if tol is None else (err <= tol.atol + tol.rtol * e.abs()).all())
+        bad = err != 0 if tol is None else ~(err <= tol.atol + tol.rtol * e.abs())
+        if first_bad is None and bool(bad.any()):
+            first_bad = first_index(bad, tuple(out.shape), k * CHUNK)
         max_abs, max_rel, max_ulp = (
             max(max_abs, float(err.max())),
             max(max_rel, float(rel.max())),
             max(max_ulp, float(ulp.max())),
         )
-    return Difference(max_abs, max_rel, max_ulp, within)
+    return Difference(max_abs, max_rel, max_ulp, first_bad is None, first_bad)
+
+
+def non_finite(label: str, what: str, bad: torch.Tensor, reference: torch.Tensor, otherwise: str) -> str:
+    """The failure of output elements that are `what` (NaN or Inf) where the reference is not:
+    how many, the first index, and the likely cause. When every such row is wholly bad and its
+    reference is zero or tiny (a zero or TINY input row), the cause named is a dropped eps."""
+    message = (
+        f"{label} has {int(bad.sum())} {what} element(s) (the first at index {first_index(bad, tuple(bad.shape))})"
+    )
+    if bad.dim() >= 1 and bad.shape[-1] > 0:
+        rows = bad.reshape(-1, bad.shape[-1])
+        hit = rows.any(dim=1)
+        tiny = reference.reshape(-1, bad.shape[-1]).abs().amax(dim=1) <= TINY_REFERENCE
+        if bool((rows[hit].all(dim=1) & tiny[hit]).all()):
+            return (
+                f"{message} in whole rows where the reference is zero or below {TINY_REFERENCE:g} (a zero or tiny "
+                "input row, where only eps keeps rsqrt finite): likely a kernel that drops eps from the mean square"
+            )
+    return f"{message}: {otherwise}"
+
+
+# Output elements no correct kernel writes where the reference holds a number: (name, test, the cause
+# named unless `non_finite` finds a dropped eps)
+NON_FINITE: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
+    ("NaN", torch.isnan, "unwritten, invalid, or not finished when the current stream was synchronised"),
+    ("Inf", torch.isinf, "an overflow where the reference is finite?"),
+)
 
 
 def _fail(message: str) -> tuple[Difference, str]:
@@ -178,14 +226,10 @@ def compare(
             return _fail(
                 f"{label} is not contiguous (strides {tuple(g.stride())}); the interface returns a contiguous tensor"
             )
-        if g.is_floating_point() and bool((torch.isnan(g) & ~torch.isnan(r)).any()):
-            count = int((torch.isnan(g) & ~torch.isnan(r)).sum())
-            return _fail(
-                f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised"
-            )
-        if g.is_floating_point() and bool((torch.isinf(g) & ~torch.isinf(r)).any()):
-            count = int((torch.isinf(g) & ~torch.isinf(r)).sum())
-            return _fail(f"{label} has {count} Inf element(s) where the reference is finite (overflow?)")
+        for what, test, otherwise in NON_FINITE:
+            bad = test(g) & ~test(r) if g.is_floating_point() else None
+            if bad is not None and bool(bad.any()):
+                return _fail(non_finite(label, what, bad, r, otherwise))
         checks = (("reference", r, None if exact else tol), ("float64 oracle", o.to(r.dtype) if op.exact else o, tol))
         for against, expected_values, bound in checks:
             d = difference(g, expected_values, bound)
@@ -197,9 +241,11 @@ def compare(
             )
             if not d.within:
                 rule = "exact equality" if bound is None else f"rtol {bound.rtol}, atol {bound.atol}"
+                at = d.first_bad or ()
                 return (
                     worst,
-                    f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule})",
+                    f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule}); "
+                    f"first at index {at}: {g[at].item():.6g}, expected {expected_values[at].item():.6g}",
                 )
     return worst, ""
 

@@ -14,15 +14,19 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kerneltrial.analysis.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
-from kerneltrial.ops.registry import DTYPES, Case
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
+
+if TYPE_CHECKING:  # torch-free at import: `run` validates a protocol before any heavy import
+    from kerneltrial.ops.registry import Case
 
 
 class ProtocolError(ValueError):
@@ -39,7 +43,7 @@ class CaseSpec(BaseModel):
         default="contiguous",
         description="Memory layout of the inputs, one of the operator's (e.g. contiguous, row_strided, qkv_slice).",
     )
-    dtype: str = Field(default="bfloat16", description=f"Input dtype: {', '.join(DTYPES)}.")
+    dtype: str = Field(default="bfloat16", description=f"Input dtype: {', '.join(DTYPE_BYTES)}.")
 
     @field_validator("shape")
     @classmethod
@@ -51,11 +55,17 @@ class CaseSpec(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, dtype: str) -> str:
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
         return dtype
 
+    @property
+    def id(self) -> str:
+        return case_id(self.shape, self.layout, self.dtype)
+
     def case(self) -> Case:
+        from kerneltrial.ops.registry import Case
+
         return Case(tuple(self.shape), self.dtype, self.layout)
 
 
@@ -245,9 +255,7 @@ class Protocol(BaseModel):
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
-        from kerneltrial.analysis.stats import parse_gate  # the one grammar the summary uses too
-
-        parse_gate(gate)
+        parse_gate(gate)  # the one grammar the summary uses too
         return gate
 
     @field_validator("calls_per_sample")
@@ -259,7 +267,7 @@ class Protocol(BaseModel):
 
     @model_validator(mode="after")
     def _phase_rules(self) -> Protocol:
-        ids = [c.case().id for c in self.cases]
+        ids = [c.id for c in self.cases]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
             raise ValueError(f"cases: {repeated[0]} is listed twice")

@@ -1,6 +1,8 @@
 """The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
 
-Stages, each appending raw rows as it measures them (flushed per row):
+First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
+memory), before the run directory exists. Then stages, each appending raw rows as it measures
+them (flushed per row):
 1. correctness: every arm x case x seed through the gate; an arm failing a case is not
    timed in that case;
 2. ceilings: device-to-device copy and a read-only stream on the same device, and two launch
@@ -60,6 +62,7 @@ from kerneltrial.trial.calibration import (
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
+from kerneltrial.trial.preflight import preflight
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
@@ -605,7 +608,7 @@ def _run_trial(
 ) -> Path:
     from kerneltrial.analysis.summary import write_summary
 
-    p = proto.load(protocol_path)
+    p = preflight(protocol_path)  # the file, its keys, every case against free memory: before the run directory
     links = check_confirmation(protocol_path, p)
     load_modules(p, protocol_path)
     op = get_op(p.op)
