@@ -3,9 +3,10 @@
 temporary folder, import the module the way a harness does (that folder on sys.path, then
 `import <module>`, so a file missing from the archive fails here), require exactly one entry
 point, named OP, with the operator's parameters, and run the correctness gate on it: every
-case of the operator's panel (the small CPU panel without a GPU, the GPU panel with one), every
-layout, seeds 0 and 1, with the target's launch limits when a target is named. Prints one JSON
-line, a `ProbeResult`; exit status 0 either way (the result says whether it passed).
+case of the operator's check panel (trial/panel.py: the small CPU panel and a case of 65537 rows
+without a GPU, the GPU panel with one), every layout, seeds 0 and 1 under a fresh inputs seed (recorded in the result; ops/inputs.py), with
+the target's launch limits when a target is named. Prints one JSON line, a `ProbeResult`; exit
+status 0 either way (the result says whether it passed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ProbeResult:
     reason: str  # one line; '' when passed
     checks: int  # gate checks that ran
     device: str
+    inputs_seed: int | None = None  # the inputs seed the gate drew from
 
     @classmethod
     def parse(cls, line: str) -> ProbeResult:
@@ -36,17 +38,20 @@ class ProbeResult:
 
 def probe(archive: Path, op_name: str, target_name: str | None) -> ProbeResult:
     import kerneltrial.ops  # noqa: F401  (selects the Triton interpreter without a GPU, before the module's kernels)
+    from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
-    from kerneltrial.ops.registry import Case, Impl, add_impl, all_ops, get_op
+    from kerneltrial.ops.registry import Impl, add_impl, all_ops, get_op
     from kerneltrial.submission.interface import mismatch, params_of_callable
     from kerneltrial.trial import gate
+    from kerneltrial.trial.panel import check_panel
     from kerneltrial.trial.targets import get_target, targeting
 
     operator = get_op(op_name)
     device = launch.device()
+    inputs_seed = inp.new_inputs_seed()
 
     def failed(reason: str, checks: int = 0) -> ProbeResult:
-        return ProbeResult(False, reason, checks, device.type)
+        return ProbeResult(False, reason, checks, device.type, inputs_seed)
 
     with tempfile.TemporaryDirectory() as folder, zipfile.ZipFile(archive) as zipped:
         (module_file,) = [n for n in zipped.namelist() if n.endswith(".py")]  # `inspect` passed: one, flat
@@ -67,18 +72,15 @@ def probe(archive: Path, op_name: str, target_name: str | None) -> ProbeResult:
         if problem:
             return failed(f"entry point: {problem}")
         impl = add_impl(Impl(op=op_name, name=f"submission:{name}", kind="user", loader=lambda: fn))
-        panel = operator.gpu_cases if device.type == "cuda" else operator.small_cases
         checks = 0
-        with targeting(get_target(target_name) if target_name else None):
-            for base in panel:
-                for layout in operator.layouts:
-                    case = Case(base.shape, base.dtype, layout)
-                    for seed in SEEDS:
-                        result = gate.check(operator, impl, case, seed, device)
-                        checks += 1
-                        if not result.passed:
-                            return failed(f"gate: {case.id} seed {seed}: {result.message}", checks)
-        return ProbeResult(True, "", checks, device.type)
+        with targeting(get_target(target_name) if target_name else None), inp.drawing(inputs_seed):
+            for case in check_panel(operator, device.type == "cuda"):
+                for seed in SEEDS:
+                    result = gate.check(operator, impl, case, seed, device)
+                    checks += 1
+                    if not result.passed:
+                        return failed(f"gate: {case.id} seed {seed}: {result.message}", checks)
+        return ProbeResult(True, "", checks, device.type, inputs_seed)
 
 
 def main(argv: list[str]) -> None:

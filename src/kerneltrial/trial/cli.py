@@ -183,6 +183,13 @@ def check(
         str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh random inputs per check: seeds 0..N-1.")] = 2,
+    inputs_seed: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Seed every draw (values, offsets, eps/cap, extra shapes) from this; default: a fresh one, printed.",
+        ),
+    ] = None,
     panel: Annotated[
         str,
         typer.Option(
@@ -218,9 +225,11 @@ def check(
     from rich.markup import escape
     from rich.table import Table
 
+    from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.panel import check_panel, skip_reason
     from kerneltrial.trial.targets import get_target, targeting
 
     profile = get_target(target) if target else None
@@ -242,7 +251,9 @@ def check(
     for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
         table.add_column(column)
     calls: list[records.CheckedCall] = []
-    with progress_bar() as bar, targeting(profile):
+    not_checked: list[str] = []
+    drawn_from = inp.new_inputs_seed() if inputs_seed is None else inputs_seed
+    with progress_bar() as bar, targeting(profile), inp.drawing(drawn_from):
         for operator in operators:
             if shape:
                 cases = [
@@ -251,8 +262,7 @@ def check(
                     for lay in (layout or operator.layouts)
                 ]
             else:
-                base = operator.gpu_cases if use_gpu_panel else operator.small_cases
-                cases = [Case(c.shape, c.dtype, lay) for c in base for lay in (layout or operator.layouts)]
+                cases = check_panel(operator, use_gpu_panel, layout)
             impls = (
                 [operator.impl(n) for n in impl]
                 if impl
@@ -265,6 +275,9 @@ def check(
                     bar.advance(task)
                     if not i.available or not i.supports(case):
                         continue
+                    if skip_reason(i, case):
+                        not_checked.append(f"{operator.name}/{i.name} on {skip_reason(i, case)}")
+                        continue
                     results = [
                         within(
                             timeout,
@@ -273,7 +286,7 @@ def check(
                         )
                         for s in range(seeds)
                     ]
-                    calls += [records.CheckedCall(op=operator.name, **r.row()) for r in results]
+                    calls += [records.checked_call(operator.name, r.row()) for r in results]
                     bad = [r for r in results if not r.passed]
                     worst = max(results, key=lambda r: (not r.passed, r.max_rel))
                     status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {escape(bad[0].message)}"
@@ -290,9 +303,11 @@ def check(
                         "/".join(map(str, hist)),
                     )
     out.print(table)
+    out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
     if jsonl:
         jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     skipped = sorted({f"{o.name}/{i.name}: {i.reason}" for o in operators for i in o.impls.values() if not i.available})
+    skipped += not_checked
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
@@ -302,6 +317,7 @@ def check(
             records.CheckResult(
                 device=device.type,
                 interpreted=launch.interpreted(),
+                inputs_seed=drawn_from,
                 passed=len(calls) - len(failed),
                 failed=len(failed),
                 failing_arms=list(dict.fromkeys(f"{c.op}/{c.arm}" for c in failed)),
