@@ -16,7 +16,7 @@ import torch
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import softcap_argmax as sa
 from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
-from kerneltrial.trial import gate
+from kerneltrial.trial import gate, guard
 from kerneltrial.trial.panel import beyond_grid_case, check_panel
 from tests.conftest import REPO
 
@@ -218,3 +218,47 @@ def test_a_check_records_what_it_drew():
     assert row["drawn"]["offsets"]["x"] == values["x"].storage_offset() * 2  # the guard keeps the drawn offset
     assert row["drawn"]["nonfinite"] == 1 and row["drawn"]["other_offset"] in (0, gate.OTHER_OFFSET_BYTES)
     assert row["drawn"]["extra"] == extras
+
+
+# ---- the guard's offsets and the comparison of non-finite values and bits -----------------
+
+
+def test_the_guard_can_put_inputs_at_offset_zero_with_the_canary_right_before():
+    op = get_op("rmsnorm")
+    values = op.make_inputs(Case((4, 64)), 0, CPU)
+    for offset in (0, 48):
+        g = guard.guard(values, offset_bytes=offset)
+        x = g.inputs["x"]
+        assert x.storage_offset() * 2 == offset and torch.equal(x, values["x"]), offset
+        assert guard.problems(op, g, values) == ""
+        view = g.views["x"]
+        torch.as_strided(g.buffers[view.buffer], (1,), (1,), view.offset - 1).fill_(7)  # a pointer one element back
+        assert guard.problems(op, g, values).startswith("wrote outside its output")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def compared(got: list[float], want: list[float], exact: bool = False) -> str:
+    op, case = get_op("rmsnorm"), Case((1, len(want)))
+    g, r = (torch.tensor([v], dtype=torch.bfloat16) for v in (got, want))
+    return gate.compare(op, case, (g,), (r,), (r.double(),), exact=exact)[1]
+
+
+def test_non_finite_outputs_must_be_where_the_reference_has_them():
+    assert compared([NAN, INF, -INF, 1.0], [NAN, INF, -INF, 1.0]) == ""
+    assert "finite element(s) where the reference is NaN or Inf" in compared(
+        [0.0, INF, -INF, 1.0], [NAN, INF, -INF, 1.0]
+    )
+    assert "finite element(s) where the reference is NaN or Inf" in compared(
+        [NAN, 3e38, -INF, 1.0], [NAN, INF, -INF, 1.0]
+    )
+    assert "differs from the reference" in compared([NAN, -INF, -INF, 1.0], [NAN, INF, -INF, 1.0])
+    assert "NaN element(s)" in compared([NAN, INF, NAN, 1.0], [NAN, INF, -INF, 1.0])
+
+
+def test_exact_compares_bits_but_not_nan_payloads():
+    assert compared([0.0, 1.0], [-0.0, 1.0]) == ""
+    assert "exact equality" in compared([0.0, 1.0], [-0.0, 1.0], exact=True)
+    negative_nan = torch.tensor([0xFFC1], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+    assert compared([negative_nan, 1.0], [NAN, 1.0], exact=True) == ""

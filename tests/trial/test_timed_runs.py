@@ -131,7 +131,7 @@ def test_a_write_into_strided_padding_is_caught():
     op = get_op("rmsnorm")
     values = op.make_inputs(Case((4, 64), layout="row_strided"), 0, torch.device("cpu"))
     g = guard.guard(values)
-    assert g.inputs["x"].storage_offset() > 0 and guard.problems(op, g, values) == ""
+    assert guard.problems(op, g, values) == ""
     x = g.inputs["x"]
     torch.as_strided(x, (1,), (1,), x.storage_offset() + x.shape[-1]).fill_(7)  # the gap after row 0
     assert guard.problems(op, g, values).startswith("wrote outside its output")

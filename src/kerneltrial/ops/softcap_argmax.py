@@ -528,11 +528,11 @@ def plant_large(row: torch.Tensor, r: int, cap: float) -> None:
     row.copy_(torch.where(band, v.sign() * (a + shift), v))
 
 
-def saturated_rows(n_rows: int, seed: int, device: torch.device, skip: int | None = None) -> torch.Tensor:
+def saturated_rows(n_rows: int, seed: int, device: torch.device, skip: tuple[int, ...] = ()) -> torch.Tensor:
     """Every other row: the odd rows for even seeds, the even rows for odd seeds, so that
-    single-row inputs (a decode step) are saturated for odd seeds; never row `skip`."""
+    single-row inputs (a decode step) are saturated for odd seeds; never the rows in `skip`."""
     rows = torch.arange((seed + 1) % 2, n_rows, 2, device=device)
-    return rows if skip is None else rows[rows != skip]
+    return rows[~torch.isin(rows, torch.tensor(skip, dtype=rows.dtype, device=device))]
 
 
 def plant_saturation(logits: torch.Tensor, gen: torch.Generator, rows: torch.Tensor, cap: float) -> None:
@@ -564,9 +564,10 @@ def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE * cap)
     picked = inp.pick_rows(inp.rows_of(logits), SPECIAL_ROWS, gen, device)
     tail, large = picked.pop(TAIL, None), picked.pop(inp.LARGE, None)
-    saturated = saturated_rows(logits.shape[0], seed, device, skip=tail)
+    unplanted = tuple(r for r in (tail, picked.get(inp.TINY)) if r is not None)  # a tiny pair would not tie
+    saturated = saturated_rows(logits.shape[0], seed, device, skip=unplanted)
     others = torch.tensor(
-        sorted(set(range(logits.shape[0])) - set(saturated.tolist()) - {tail}), dtype=torch.int64, device=device
+        sorted(set(range(logits.shape[0])) - set(saturated.tolist()) - set(unplanted)), dtype=torch.int64, device=device
     )
     plant_pair(logits, gen, others, (UNSATURATED[0] * cap, UNSATURATED[1] * cap))
     plant_ties(logits, gen)

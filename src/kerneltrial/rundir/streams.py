@@ -22,14 +22,22 @@ STREAM_BITS = 32  # what a CPU generator keeps of an integer seed (mt19937's see
 FRESH_SEED_OFFSET = 7919  # the gate's new inputs in fresh buffers
 SAME_BUFFERS_SEED_OFFSET = 104729  # the gate's new values written into the same buffers
 WARMUP_SEED_OFFSET = 1_000_004  # the gate's unchecked calls before the checked one
-EXTRA_SEED_OFFSET = 2_000_003  # extra shape k of a gate check: seed + this + k
+EXTRA_SEED_OFFSET = 3_000_017  # extra shape k of a gate check: seed + this + k * EXTRA_STRIDE
+EXTRA_STRIDE = 1_000_003  # wide, so that seeds less than 7919 apart share none of the gate's streams
 EXTRA_SHAPES_MAX = 8  # extra shapes of one gate check, at most (ops/inputs.py `extra_cases`)
+
+
+def extra_seed(seed: int, k: int) -> int:
+    """Seed of the values of extra shape k of the gate check of `seed`."""
+    return seed + EXTRA_SEED_OFFSET + k * EXTRA_STRIDE
+
+
 GATE_OFFSETS = (
     0,
     FRESH_SEED_OFFSET,
     SAME_BUFFERS_SEED_OFFSET,
     WARMUP_SEED_OFFSET,
-    *(EXTRA_SEED_OFFSET + k for k in range(EXTRA_SHAPES_MAX)),
+    *(extra_seed(0, k) for k in range(EXTRA_SHAPES_MAX)),
 )
 VALUES_SEED_BASE = 1_000_000_007  # far from the gate's integers
 ROUNDS_PER_SEED = 10_007  # values_seed is unique per (seed, round) below this many rounds
