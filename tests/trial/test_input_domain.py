@@ -8,6 +8,7 @@ CPU milliseconds."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 import pytest
@@ -262,3 +263,24 @@ def test_exact_compares_bits_but_not_nan_payloads():
     assert "exact equality" in compared([0.0, 1.0], [-0.0, 1.0], exact=True)
     negative_nan = torch.tensor([0xFFC1], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
     assert compared([negative_nan, 1.0], [NAN, 1.0], exact=True) == ""
+
+
+def test_check_prints_its_inputs_seed_and_draws_the_same_inputs_again(tmp_path):
+    from typer.testing import CliRunner
+
+    from kerneltrial.cli import app
+
+    def check(*extra: str) -> tuple[str, list[dict]]:
+        out = tmp_path / f"rows{len(list(tmp_path.iterdir()))}.jsonl"
+        args = ["check", "rmsnorm", "--impl", "torch_eager", "--shape", "7x64", "--jsonl", str(out), *extra]
+        result = CliRunner().invoke(app, args, terminal_width=400)
+        assert result.exit_code == 0, result.output
+        return result.output, [json.loads(line) for line in out.read_text().splitlines()]
+
+    output, rows = check()
+    seed = int(output.split("inputs seed ")[1].split()[0])
+    assert {r["inputs_seed"] for r in rows} == {seed}
+    again_output, again = check("--inputs-seed", str(seed))
+    assert [r["drawn"] for r in again] == [r["drawn"] for r in rows] and f"inputs seed {seed}" in again_output
+    _, other = check("--inputs-seed", str(seed + 1))
+    assert [r["drawn"] for r in other] != [r["drawn"] for r in rows]

@@ -53,7 +53,6 @@ import math
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 
@@ -72,7 +71,7 @@ NONFINITE_VALUES = (math.nan, math.inf, -math.inf)  # what a NONFINITE row holds
 EPS_RANGE = (1e-8, 1e-4)  # eps drawn log-uniformly in this range (or the operator's default)
 INPUTS_SEED_BITS = 63
 
-_INPUTS_SEED: ContextVar[int | None] = ContextVar("inputs_seed", default=None)
+_active: list[int | None] = [None]  # the inputs seed `drawing` made active (every thread sees it)
 
 
 def new_inputs_seed() -> int:
@@ -82,21 +81,22 @@ def new_inputs_seed() -> int:
 
 @contextmanager
 def drawing(inputs_seed: int | None) -> Iterator[None]:
-    """Seed every generator from `inputs_seed` (and the caller's integer seed) while active."""
-    token = _INPUTS_SEED.set(inputs_seed)
+    """Seed every generator from `inputs_seed` (and the caller's integer seed) while active, in
+    every thread (`check` runs each check in a worker thread)."""
+    previous, _active[0] = _active[0], inputs_seed
     try:
         yield
     finally:
-        _INPUTS_SEED.reset(token)
+        _active[0] = previous
 
 
 def active_inputs_seed() -> int | None:
-    return _INPUTS_SEED.get()
+    return _active[0]
 
 
 def stream_seed(seed: int) -> int:
     """The generator seed of integer seed `seed` under the active inputs seed (itself when none)."""
-    salt = _INPUTS_SEED.get()
+    salt = _active[0]
     if salt is None:
         return seed
     digest = hashlib.sha256(f"{salt}/{seed}".encode()).digest()
@@ -237,7 +237,7 @@ def extra_cases(op: Operator, case: Case, seed: int) -> list[Case]:
     """The extra shapes of the gate check of (`case`, `seed`) under the active inputs seed, in
     the case's dtype and layout (see the module doc); shapes the operator refuses, and the
     case's own, are left out."""
-    digest = hashlib.sha256(f"{_INPUTS_SEED.get()}/{op.name}/{case.id}/{seed}/extra".encode()).digest()
+    digest = hashlib.sha256(f"{_active[0]}/{op.name}/{case.id}/{seed}/extra".encode()).digest()
     shapes = [
         op.extra_shape(_pick(digest, 2 * i + 1, REAL_ROWS), width)
         for i, width in enumerate(op.real_widths)
