@@ -18,7 +18,7 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import softcap_argmax as sa
 from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
 from kerneltrial.trial import gate, guard
-from kerneltrial.trial.panel import beyond_grid_case, check_panel
+from kerneltrial.trial.panel import beyond_grid_case, check_panel, skip_reason
 from tests.conftest import REPO
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
@@ -284,3 +284,13 @@ def test_check_prints_its_inputs_seed_and_draws_the_same_inputs_again(tmp_path):
     assert [r["drawn"] for r in again] == [r["drawn"] for r in rows] and f"inputs seed {seed}" in again_output
     _, other = check("--inputs-seed", str(seed + 1))
     assert [r["drawn"] for r in other] != [r["drawn"] for r in rows]
+
+
+def test_the_cpu_check_panel_holds_65537_rows_that_only_interpreted_shipped_kernels_skip():
+    for op_name in ("rmsnorm", "silu_and_mul", "zimage_qk_rmsnorm", sa.NAME):
+        op = get_op(op_name)
+        big = [c for c in check_panel(op, gpu=False) if inp.numel(c.shape[:-1]) > 65535]
+        assert len(big) == len(op.layouts) and all(not op.refusal(c) for c in big), op_name
+        assert skip_reason(op.impl("control"), big[0]) and skip_reason(op.impl("kerneltrial"), big[0])
+        assert not skip_reason(op.impl("torch_eager"), big[0])
+        assert not any(inp.numel(c.shape[:-1]) > 65535 for c in check_panel(op, gpu=False) if c not in big)

@@ -171,6 +171,28 @@ def ops() -> None:
             out.print(f"  unavailable here: {'; '.join(missing)}", highlight=False, markup=False, soft_wrap=True)
 
 
+def table_row(op: str, results: list[Any]) -> list[str]:
+    """`check`'s table row for the checks (gate.CheckResult) of one (case, arm) over its seeds."""
+    from rich.markup import escape
+
+    bad = [r for r in results if not r.passed]
+    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
+    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {escape(bad[0].message)}"
+    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
+    first = results[0]
+    return [
+        escape(op),
+        escape(first.case),
+        escape(first.arm),
+        str(len(results)),
+        status,
+        f"{worst.max_abs:.3g}",
+        f"{worst.max_rel:.3g}",
+        f"{worst.ulp:.3g}",
+        "/".join(map(str, hist)),
+    ]
+
+
 def check(
     op: Annotated[str | None, typer.Argument(help="Operator name (see `kerneltrial ops`).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every operator.")] = False,
@@ -222,7 +244,6 @@ def check(
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
     from the official formula. Exit 1 on any failure or a check that outlasts --timeout."""
-    from rich.markup import escape
     from rich.table import Table
 
     from kerneltrial.ops import inputs as inp
@@ -271,12 +292,12 @@ def check(
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
                 operator.validate(case)
+                not_checked += [
+                    f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
+                ]
                 for i in impls:
                     bar.advance(task)
-                    if not i.available or not i.supports(case):
-                        continue
-                    if skip_reason(i, case):
-                        not_checked.append(f"{operator.name}/{i.name} on {skip_reason(i, case)}")
+                    if not i.available or not i.supports(case) or skip_reason(i, case):
                         continue
                     results = [
                         within(
@@ -287,21 +308,7 @@ def check(
                         for s in range(seeds)
                     ]
                     calls += [records.checked_call(operator.name, r.row()) for r in results]
-                    bad = [r for r in results if not r.passed]
-                    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
-                    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {escape(bad[0].message)}"
-                    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
-                    table.add_row(
-                        escape(operator.name),
-                        escape(case.id),
-                        escape(i.name),
-                        str(seeds),
-                        status,
-                        f"{worst.max_abs:.3g}",
-                        f"{worst.max_rel:.3g}",
-                        f"{worst.ulp:.3g}",
-                        "/".join(map(str, hist)),
-                    )
+                    table.add_row(*table_row(operator.name, results))
     out.print(table)
     out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
     if jsonl:
