@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
+from kerneltrial.rundir import streams
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
@@ -1067,8 +1068,8 @@ def _check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[st
     seeds = [int(s) for s in plan.get("seeds", [])]
     result.add(
         "confirmation seeds fresh",
-        links.seed_problems(found, run_dir, seeds),
-        f"seeds {seeds} were used by no derived-from run (its plan.json as its summary.json records it)",
+        links.seed_problems(found, run_dir, seeds, streams.plan_bounds(plan)),
+        f"seeds {seeds} draw inputs no derived-from run drew (its plan.json as its summary.json records it)",
     )
 
 

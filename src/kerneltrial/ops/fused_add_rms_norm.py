@@ -284,16 +284,17 @@ def fused_add_rms_norm_auto(
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x and residual at offsets, zero, tiny and eps-scale in the same rows of both (so
-    their sum is too); eps 1e-6 or 1e-5 by seed (the coverage inputs.py describes)."""
+    """x and residual at drawn offsets, the special rows of the normalisations in the same rows
+    of both (so their sum has them too), a drawn eps (the coverage inputs.py describes)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
     residual = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    eps = inp.draw_eps(gen, 1e-6)
     picked = inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device)
-    inp.scale_rows(x, picked)
-    inp.scale_rows(residual, picked)
+    inp.scale_rows(x, picked, eps)
+    inp.scale_rows(residual, picked, eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
-    return {"x": x, "residual": residual, "weight": weight, "eps": inp.eps_for(seed, 1e-6)}
+    return {"x": x, "residual": residual, "weight": weight, "eps": eps}
 
 
 def reference_fused_add_rmsnorm(

@@ -73,6 +73,16 @@ class Tolerance:
     atol: float
 
 
+# Widths a kernel may special-case that no panel holds, checked as extra shapes (ops/inputs.py,
+# `extra_cases`): the hidden sizes of Qwen2-0.5B (896), Llama-3.2-3B (3072) and Qwen2-7B (3584).
+REAL_WIDTHS = (896, 3072, 3584)
+
+
+def rows_by_width(rows: int, width: int) -> tuple[int, ...]:
+    """The shape of an extra case: `rows` rows of `width` elements."""
+    return (rows, width)
+
+
 # Default tolerances against both the reference and the float64 oracle. bf16: rtol 0.016
 # is two bf16 ulps (2 * 2**-7), enough for one extra rounding step between the formula and
 # a kernel; fp16 and fp32 likewise a few ulps of their mantissa.
@@ -137,6 +147,8 @@ class Operator:
     exact: bool = False  # integer outputs compared exactly (e.g. argmax indices)
     contiguous_outputs: bool = False  # the interface returns contiguous tensors (the gate checks it)
     shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or "" when the shape is fine
+    real_widths: tuple[int, ...] = REAL_WIDTHS  # widths of the extra shapes the gate draws (ops/inputs.py)
+    extra_shape: Callable[[int, int], tuple[int, ...]] = rows_by_width  # (rows, width) -> an extra case's shape
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     impls: dict[str, Impl] = field(default_factory=dict)
 
@@ -152,15 +164,20 @@ class Operator:
             f"{self.name}: an implementation returned {type(returned).__name__}; expected a tensor ({self.signature})"
         )
 
+    def refusal(self, case: Case) -> str:
+        """Why the operator cannot take `case` (naming the fix), or '' when it can."""
+        if case.dtype not in self.dtypes:
+            return f"{self.name} takes dtype {', '.join(self.dtypes)}, not {case.dtype!r}"
+        if case.layout not in self.layouts:
+            return f"{self.name} has no layout {case.layout!r}; use one of {', '.join(self.layouts)}"
+        complaint = self.shape_rule(case.shape) if self.shape_rule else ""
+        return f"{self.name}: shape {'x'.join(map(str, case.shape))} {complaint}" if complaint else ""
+
     def validate(self, case: Case) -> None:
         """Refuse a case the operator cannot take, with a message that names the fix."""
-        if case.dtype not in self.dtypes:
-            raise RegistryError(f"{self.name} takes dtype {', '.join(self.dtypes)}, not {case.dtype!r}")
-        if case.layout not in self.layouts:
-            raise RegistryError(f"{self.name} has no layout {case.layout!r}; use one of {', '.join(self.layouts)}")
-        complaint = self.shape_rule(case.shape) if self.shape_rule else ""
-        if complaint:
-            raise RegistryError(f"{self.name}: shape {'x'.join(map(str, case.shape))} {complaint}")
+        refusal = self.refusal(case)
+        if refusal:
+            raise RegistryError(refusal)
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]

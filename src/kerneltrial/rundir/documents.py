@@ -132,6 +132,7 @@ class Plan(Document):
     order_seed_override: bool = False  # True: `run --order-seed` replaced the protocol's (replicates)
     target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
     host: HostRule | None = None  # None: a run from before the host-cost stage
+    inputs_seed: int | None = None  # the run's inputs seed (ops/inputs.py); None: a run from before them
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -214,6 +215,7 @@ class Provenance(Document):
     impl_modules: dict[str, str]  # sha256 of each user kernel file
     lead: Lead | None = None  # None: before the lead check, or not finished
     confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
+    inputs_seed: int | None = None  # the run's inputs seed, recorded at start (plan.json copies it)
 
 
 def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:

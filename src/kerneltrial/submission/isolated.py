@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import interpreter_fix, launch
 from kerneltrial.ops.registry import Case, Impl, Operator, all_ops, get_op
 from kerneltrial.submission.interface import mismatch, params_of_signature
@@ -395,14 +396,13 @@ def interface_check(archive: bytes, op_name: str, target_name: str | None, timeo
             impl = Impl(op=op_name, name=f"submission:{module_file[:-3]}", kind="user", loader=lambda: Remote(worker))
             panel = operator.gpu_cases if device.type == "cuda" else operator.small_cases
             checks = 0
-            for case in [Case(c.shape, c.dtype, layout) for c in panel for layout in operator.layouts]:
-                for seed in SEEDS:
+            cases = [Case(c.shape, c.dtype, layout) for c in panel for layout in operator.layouts]
+            for case, seed in ((case, seed) for case in cases for seed in SEEDS):
+                with inp.drawing(inp.new_inputs_seed()):  # values, offsets, eps and extra shapes drawn afresh
                     result = gate.check(operator, impl, case, seed, device)
-                    if worker.ended:
-                        raise WorkerEnded(worker.ended)
-                    checks += 1
-                    if not result.passed:
-                        return InterfaceResult(
-                            False, f"gate: {case.id} seed {seed}: {result.message}", checks, device.type
-                        )
+                if worker.ended:
+                    raise WorkerEnded(worker.ended)
+                checks += 1
+                if not result.passed:
+                    return InterfaceResult(False, f"gate: {case.id} seed {seed}: {result.message}", checks, device.type)
             return InterfaceResult(True, "", checks, device.type)

@@ -186,6 +186,13 @@ def check(
         str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh random inputs per check: seeds 0..N-1.")] = 2,
+    inputs_seed: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Seed every draw (values, offsets, eps/cap, extra shapes) from this; default: a fresh one, printed.",
+        ),
+    ] = None,
     panel: Annotated[
         str,
         typer.Option(
@@ -227,9 +234,11 @@ def check(
     from rich.markup import escape
     from rich.table import Table
 
+    from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.panel import skip_reason
     from kerneltrial.trial.targets import get_target, targeting
 
     profile = get_target(target) if target else None
@@ -254,16 +263,21 @@ def check(
         table.add_column(column)
     calls: list[records.CheckedCall] = []
     requested = {o.name: requested_arms(o, impl, peers) for o in operators}
-    with progress_bar() as bar, targeting(profile):
+    not_checked: list[str] = []
+    drawn_from = inp.new_inputs_seed() if inputs_seed is None else inputs_seed
+    with progress_bar() as bar, targeting(profile), inp.drawing(drawn_from):
         for operator in operators:
             cases = check_cases(operator, shape, dtype, layout, panel)
             impls = requested[operator.name]
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
                 operator.validate(case)
+                not_checked += [
+                    f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
+                ]
                 for i in impls:
                     bar.advance(task)
-                    if not i.available or not i.supports(case):
+                    if not i.available or not i.supports(case) or skip_reason(i, case):
                         continue
                     results = [
                         within(
@@ -273,13 +287,15 @@ def check(
                         )
                         for s in range(seeds)
                     ]
-                    calls += [records.CheckedCall(op=operator.name, **r.row()) for r in results]
+                    calls += [records.checked_call(operator.name, r.row()) for r in results]
                     row = check_row(operator.name, case.id, i.name, results)
                     table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
     out.print(table)
+    out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
     if jsonl:
         jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     skipped = sorted({f"{o}/{i.name}: {i.reason}" for o, impls in requested.items() for i in impls if not i.available})
+    skipped += not_checked
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
@@ -289,6 +305,7 @@ def check(
             records.CheckResult(
                 device=device.type,
                 interpreted=launch.interpreted(),
+                inputs_seed=drawn_from,
                 passed=len(calls) - len(failed),
                 failed=len(failed),
                 failing_arms=list(dict.fromkeys(f"{c.op}/{c.arm}" for c in failed)),
@@ -336,16 +353,19 @@ def check_cases(
     --shape cases in each; else the `gpu` or `small` panel in each; else (`quick`, the default
     without a GPU) each small case in one layout, the layouts in turn, so every shape and every
     layout is checked but not every pair: half the interpreter's time of `small` for two layouts
-    (`check --all` within 10 minutes on 2 CPU cores, issue 25)."""
+    (`check --all` within 10 minutes on 2 CPU cores, issue 25). Without a GPU, the panels add the
+    case of more than 65535 rows (trial/panel.py; `quick`: in the first layout)."""
     from kerneltrial.ops.registry import Case
+    from kerneltrial.trial.panel import beyond_grid_case, check_panel
 
     layouts = layout or operator.layouts
     if shape:
         return [Case(parse_shape(s), dtype or operator.dtypes[0], lay) for s in shape for lay in layouts]
     if panel == "quick":
-        return [Case(c.shape, c.dtype, layouts[i % len(layouts)]) for i, c in enumerate(operator.small_cases)]
-    base = operator.gpu_cases if panel == "gpu" else operator.small_cases
-    return [Case(c.shape, c.dtype, lay) for c in base for lay in layouts]
+        quick = [Case(c.shape, c.dtype, layouts[i % len(layouts)]) for i, c in enumerate(operator.small_cases)]
+        beyond = beyond_grid_case(operator)
+        return [*quick, Case(beyond.shape, beyond.dtype, layouts[0])]
+    return check_panel(operator, gpu=panel == "gpu", layouts=layouts)
 
 
 def check_row(op: str, case: str, arm: str, results: list[CheckResult]) -> list[str]:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kerneltrial.analysis.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
+from kerneltrial.rundir import streams
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
@@ -285,15 +286,21 @@ class Protocol(BaseModel):
                 )
             if not self.exploratory_seeds:
                 raise ValueError("exploratory_seeds: a confirmation lists the seeds its exploratory phase used")
-            reused = sorted(set(self.seeds) & set(self.exploratory_seeds))
+            reused = streams.shared_streams(self.seeds, self.exploratory_seeds, self.stream_bounds())
             if reused:
+                seed, how = reused[0]
                 raise ValueError(
-                    f"seeds: a confirmation must use fresh seeds; {reused} were used in the exploratory phase"
+                    f"seeds: a confirmation must use fresh seeds; seed {seed} draws inputs of the exploratory phase ({how})"
                 )
         return self
 
     def arms(self) -> list[str]:
         return [self.control, *self.candidates]
+
+    def stream_bounds(self) -> streams.Bounds:
+        """How far this protocol's timed streams reach (rundir/streams.py)."""
+        calls = self.calls_per_sample if isinstance(self.calls_per_sample, int) else streams.AUTO_CALLS_LIMIT
+        return streams.Bounds(max(self.rounds, self.max_rounds), calls)
 
 
 def freeze_path(path: Path) -> Path:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from kerneltrial.analysis.links import Links
+from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.rundir import provenance as source_provenance
@@ -150,7 +151,7 @@ def prepare(
     source = source_provenance.source_files()  # read once: the archive and the recorded digest agree
     source_provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
     record = provenance.collect(digest, source)
-    record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules)
+    record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules, inputs_seed=inp.active_inputs_seed())
     if links is not None:
         record["confirmation"] = links.rebased(protocol_path.resolve().parent, out).record()
     write_json(run.provenance, record)
@@ -536,6 +537,7 @@ def build_plan(
         "timing_label": label(timer),
         "l2": p.l2,
         "order_seed": p.order_seed if order_seed is None else order_seed,
+        "inputs_seed": inp.active_inputs_seed(),
         **({"order_seed_override": True} if order_seed is not None else {}),
         "arms": [
             {"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason}
@@ -593,8 +595,16 @@ def run_trial(
     `announce` sees the resolved arms before any work (the CLI lists unavailable ones);
     `order_seed` replaces the protocol's seed of the round order (recorded in plan.json);
     `target`: every Triton launch is checked against its grid limits (plan.json records it)."""
-    with targeting(target):
+    with targeting(target), inp.drawing(inputs_seed_of(RunDir(out), resume)):
         return _run_trial(protocol_path, out, resume, progress, announce, order_seed, target)
+
+
+def inputs_seed_of(run: RunDir, resume: bool) -> int | None:
+    """The run's inputs seed (ops/inputs.py): a resumed run's, from its provenance.json (None:
+    started before inputs seeds), else a fresh one; `prepare` records it, plan.json copies it."""
+    if resume and run.provenance.exists():
+        return read_json(run.provenance).get("inputs_seed")
+    return inp.new_inputs_seed()
 
 
 def _run_trial(

@@ -38,6 +38,8 @@ from statistics import median
 
 import torch
 
+from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
+
 Call = Callable[[], object]
 
 LEAD_CYCLES_PER_CALL = 200_000  # ~100 us of host time per call at ~2 GHz: covers a Python launch
@@ -236,7 +238,7 @@ def label(timer: Timer) -> str:
     return f"CUDA events, {'cold' if timer.cold else 'hot'} L2"
 
 
-def calls_for(timer: Timer, call: Call, target_ns: float, limit: int = 1000) -> int:
+def calls_for(timer: Timer, call: Call, target_ns: float, limit: int = AUTO_CALLS_LIMIT) -> int:
     """Calls per sample so a sample lasts about `target_ns` (at least one call)."""
     single = median([timer.sample(call, 1) for _ in range(3)])
     return max(1, min(limit, round(target_ns / max(single, 1.0))))
