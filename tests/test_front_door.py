@@ -18,6 +18,7 @@ from kerneltrial.cli import app
 from kerneltrial.model.spec import PRESETS
 from kerneltrial.ops.registry import all_ops, get_op
 from kerneltrial.trial.cli import INTERPRETER_NOTE, NEXT_STEPS, check_cases, demo_lines, fresh_run_dir
+from kerneltrial.trial.panel import beyond_grid_case
 from tests.conftest import REPO
 
 PROTOCOL = """
@@ -114,8 +115,12 @@ def test_the_interpreters_default_check_panel_covers_every_shape_and_every_layou
     keeps every pair (issue 25: `check --all` within 10 minutes on 2 CPU cores)."""
     for op in all_ops():
         quick, small = (check_cases(op, None, None, None, panel) for panel in ("quick", "small"))
-        assert len(small) == len(op.small_cases) * len(op.layouts) and set(quick) <= set(small)
-        assert [(c.shape, c.dtype) for c in quick] == [(c.shape, c.dtype) for c in op.small_cases], op.name
+        beyond = beyond_grid_case(op)  # both panels end with the case of more than 65535 rows
+        assert len(small) == (len(op.small_cases) + 1) * len(op.layouts) and set(quick) <= set(small)
+        assert [(c.shape, c.dtype) for c in quick] == [
+            *((c.shape, c.dtype) for c in op.small_cases),
+            (beyond.shape, beyond.dtype),
+        ], op.name
         assert {c.layout for c in quick} == set(op.layouts), op.name
 
 
