@@ -19,6 +19,7 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
+from kerneltrial.rundir.documents import read_summary
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
 
@@ -178,10 +179,13 @@ def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrad
     """Verify RUN_DIR, then write report.md and PNG figures into it, drawn from its summary.json (the
     kernel, model or serving report, by the directory's kind; a replicate, suite or fleet directory:
     each run's, and one for the whole). A run that fails verification is not rendered (exit 1)."""
-    if kind_of(run_dir) == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
+    kind = kind_of(run_dir)
+    if kind == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
         from kerneltrial.serving.report import load_run
 
         load_run(run_dir)
+    elif kind == "kernel":  # likewise; an interrupted run is told to resume
+        read_summary(run_dir)
     require_verified([run_dir], unverified, regrade=not no_regrade)
     typer.echo(f"wrote {_write_report(run_dir, unverified)}")
 
