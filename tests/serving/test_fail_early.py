@@ -152,7 +152,7 @@ def test_a_port_held_by_a_stale_server_is_named_with_exit_2(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: a server from run {tmp_path / 'killed-run'} (pid {stale.pid}, started at ")
-    assert line.endswith(f"still holds port {port}; stop it with `kill -- -{stale.pid}`")
+    assert line.endswith(f"holds port {port}, bound or not; stop it with `kill -- -{stale.pid}`")
     assert not (tmp_path / "run").exists() and not (tmp_path / "launched").exists()
 
 

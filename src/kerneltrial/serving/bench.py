@@ -87,7 +87,9 @@ def bench_argv(
     result_file: str,
     seed: int,
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+    served_name: str | None = None,
 ) -> list[str]:
+    """The client's argv; `served_name` (a launch's nonce) is the model name every request sends."""
     argv = [
         vllm,
         "bench",
@@ -127,7 +129,20 @@ def bench_argv(
     ]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
+    if served_name:
+        argv += ["--served-model-name", served_name]
     return argv
+
+
+# what vLLM's client records for a request the server answered with HTTP 404 (response.reason,
+# vllm/benchmarks/lib/endpoint_request_func.py): the model name it sent is unknown to that server
+NOT_FOUND = "Not Found"
+
+
+def foreign_answers(raw: dict[str, Any]) -> int:
+    """Requests of a run answered 404: with a launch's nonce as the model name, a server that does
+    not serve it (another server on the same port) answered them."""
+    return sum(1 for e in raw.get("errors") or [] if str(e).strip() == NOT_FOUND)
 
 
 def run_bench(

@@ -501,7 +501,7 @@ def accuracy(
             argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
             spec_s = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
             with Server(spec_s, run_dir / "server.log") as srv:
-                res = acc_mod.run_accuracy(spec_s.base_url, mid, spec, run_dir)
+                res = acc_mod.run_accuracy(spec_s.base_url, srv.served_name, spec, run_dir)
                 srv.check_alive("the accuracy run")
         else:
             if not model_id:

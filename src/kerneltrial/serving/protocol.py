@@ -219,6 +219,12 @@ class Server(BaseModel):
         ge=0,
         description="Seconds a launch waits for a taken port to be released before it fails, naming what holds it.",
     )
+    nonce: bool = Field(
+        default=True,
+        description="Add a per-launch nonce to the server's --served-model-name (vLLM serves every name listed) and "
+        "send it as the model name of every request, so only this launch's server can answer; false for a server "
+        "that does not take vLLM's --served-model-name (who answers is then not checked, and the launch records so).",
+    )
 
     @field_validator("model")
     @classmethod

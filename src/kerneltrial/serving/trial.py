@@ -49,6 +49,7 @@ from kerneltrial.serving.bench import (
     BenchError,
     bench_argv,
     case_dict,
+    foreign_answers,
     request_rows,
     run_bench,
 )
@@ -366,6 +367,7 @@ def run_protocol(
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
+        "nonce": proto.server.nonce,  # each launch's nonce is in launches.jsonl, its runs send it (issue 26)
         "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
@@ -429,6 +431,7 @@ def run_protocol(
                         proto.server.ready_timeout_s,
                         proto.server.stop_grace_s,
                         proto.server.port_wait_s,
+                        proto.server.nonce,
                     )
                     server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log", run_dir=out)
                     base_url = spec.base_url
@@ -441,9 +444,8 @@ def run_protocol(
                     if proto.accuracy is not None and name not in acc:
                         emit("accuracy", arm=name)
                         t_acc = time.monotonic()
-                        res = run_accuracy(
-                            base_url, proto.server.model_id, proto.accuracy, out / layout.ACCURACY_DIR / name
-                        )
+                        model = server.served_name if server is not None else proto.server.model_id
+                        res = run_accuracy(base_url, model, proto.accuracy, out / layout.ACCURACY_DIR / name)
                         if server is not None:
                             server.check_alive("the accuracy run")
                         acc[name] = {
@@ -552,8 +554,11 @@ def _bench_launch(
                 f"run{k}.json",
                 seed,
                 proto.bench.percentiles,
+                server.served_name if server is not None else None,
             )
             emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
+            if server is not None:
+                server.confirm_answers(f"{case.id} run {k}")
             t0 = time.monotonic()
             row: dict[str, Any] = {
                 "launch": launch,
@@ -578,7 +583,16 @@ def _bench_launch(
             row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
             row["wall_s"] = time.monotonic() - t0
             m = metrics.run_metrics(raw, proto.bench.percentiles)
-            if m["completed"] != case.num_requests:
+            foreign = foreign_answers(raw) if server is not None and server.nonce else 0
+            if foreign and server is not None:
+                row["status"] = "FAILED"
+                row["reason"] = (
+                    f"{foreign} request(s) got HTTP 404 for this launch's nonce {server.nonce!r}: a server that does "
+                    f"not serve it answered them, i.e. another server shares port {server.spec.port}; stop it or "
+                    "pick another port"
+                )
+                failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
+            elif m["completed"] != case.num_requests:
                 row["status"] = "FAILED"
                 row["reason"] = f"completed {m['completed']} of {case.num_requests} requests"
                 failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
@@ -591,4 +605,6 @@ def _bench_launch(
                 for rq in request_rows(raw):
                     cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
                     append([cells.get(field, "") for field in REQUEST_FIELDS])
+            if foreign:  # not a measurement of this arm: stop the trial
+                raise LaunchError(row["reason"])
             emit("ran", row=row)

@@ -308,6 +308,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     launches = _read_jsonl(path / "launches.jsonl", problems)
     finished = prov.get("status") == "finished"
     problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
+    problems += evidence.nonce_problems(plan, launches, rows)
     dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
     # acceptance verdict: serving/acceptance.py's rule, on the per-launch figures recomputed above

@@ -20,6 +20,9 @@ a sentence that names the run and the invariant it breaks.
   raw file when the run ended;
 - launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol,
   each launch with its round's block (trial.planned_launches);
+- who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
+  and every run of that launch sent it as the model name, so a request another server answered
+  failed instead of being counted (issue 26);
 - grades (`regrade_problems`): every stored answer graded again by the same grader version.
 
 What these cannot prove: a run directory whose raw arrays, figures, tables and logs were all
@@ -233,6 +236,46 @@ def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launch
     if finished and len(launches) != len(want):
         problems.append(f"launches.jsonl has {len(launches)} launches, {rule} gives {len(want)} for a finished run")
     return problems
+
+
+NONCE_FLAG = "--served-model-name"
+
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    """The values after `flag` in argv, up to the next option."""
+    if flag not in argv:
+        return []
+    i = argv.index(flag) + 1
+    j = next((k for k in range(i, len(argv)) if argv[k].startswith("-")), len(argv))
+    return argv[i:j]
+
+
+def nonce_problems(plan: dict[str, Any], launches: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+    """With plan.json `nonce` true: every spawned launch has a nonce that its server's argv lists in
+    --served-model-name, and every run of that launch sent it as the model name."""
+    if not plan.get("nonce"):
+        return []  # before issue 26, or server.nonce = false (who answers was not checked)
+    external = {a["name"] for a in plan["arms"] if not a.get("argv")}
+    nonces = {}
+    problems = []
+    for row in launches:
+        if row.get("arm") in external or "pid" not in row:
+            continue  # an external server, or a launch refused before it spawned
+        nonce = row.get("nonce")
+        if not nonce or nonce not in _flag_values(row.get("argv") or [], NONCE_FLAG):
+            problems.append(f"launch {row.get('launch')} ({row.get('arm')}): its server was not given a nonce to serve")
+        nonces[row.get("launch")] = nonce
+    for r in runs:
+        if r.get("launch") not in nonces:
+            continue
+        sent = _flag_values(r.get("client_argv") or [], NONCE_FLAG)
+        if sent != [nonces[r["launch"]]]:
+            problems.append(
+                f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}: the client sent model "
+                f"name {sent or 'none'}, not its launch's nonce {nonces[r['launch']]!r}: another server could have "
+                "answered it"
+            )
+    return _capped(problems, "runs without their launch's nonce")
 
 
 def _order(launches: list[dict[str, Any]]) -> str:
