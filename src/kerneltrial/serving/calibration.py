@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.serving.acceptance import MIN_ROUNDS, compare_case
+from kerneltrial.serving.order import planned_launches
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
-from kerneltrial.serving.trial import acceptance_rule, launch_figures, planned_launches
+from kerneltrial.serving.summary import acceptance_rule, launch_figures
 
 CALIBRATION = "calibration.json"
 SCHEMA = "kerneltrial.serving-calibration/1"

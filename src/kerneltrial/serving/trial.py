@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import os
 import platform
-import random
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,6 @@ from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
-from kerneltrial.serving.acceptance import (
-    METHOD,
-    LaunchFigure,
-    Rule,
-    accuracy_check,
-    case_record,
-    compare_case,
-    dispatch_check,
-    judge,
-)
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
@@ -53,7 +42,7 @@ from kerneltrial.serving.bench import (
     request_rows,
     run_bench,
 )
-from kerneltrial.serving.dispatch_proof import Served, check_launch
+from kerneltrial.serving.dispatch_proof import check_launch
 from kerneltrial.serving.launcher import (
     LaunchError,
     Server,
@@ -61,8 +50,10 @@ from kerneltrial.serving.launcher import (
     operator_env,
     probe_versions,
 )
+from kerneltrial.serving.order import planned_launches
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
+from kerneltrial.serving.summary import LaunchProof, summarise
 from kerneltrial.serving.vllm_platform import interpreter_of
 
 Event = Callable[..., None]
@@ -89,69 +80,6 @@ REQUEST_FIELDS = [
 ]
 
 
-def williams_rows(k: int) -> list[list[int]]:
-    """The k rows of a Williams square: row r is (0, 1, k-1, 2, k-2, ...) + r mod k. Every index
-    is at every position once; for even k each index follows every other once (carry-over
-    balance); for odd k the rows with their reverses (the second half of each block) balance it."""
-    first = [0] + [(j + 1) // 2 if j % 2 else k - j // 2 for j in range(1, k)]
-    return [[(i + r) % k for i in first] for r in range(k)]
-
-
-def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
-    """(round, position, arm name): every round launches every arm once, in counterbalanced
-    reversed-pair blocks. Block b is rounds 2b and 2b+1: row b mod k of a Williams square, then
-    the same row reversed (two arms: A B B A, then B A A B). The arms' labels are shuffled once
-    by the seed, so the order is a pure function of (arm names, rounds, seed). Over a complete
-    design (k blocks, 2k rounds) every arm is at every position equally often; within a block
-    every arm's mean position is the same, so a linear drift cancels from each arm's mean."""
-    names = [a.name for a in arms]
-    random.Random(seed).shuffle(names)
-    rows = williams_rows(len(names))
-    order = []
-    for r in range(rounds):
-        block, second = divmod(r, 2)
-        row = [names[i] for i in rows[block % len(names)]]
-        order += [(r, pos, n) for pos, n in enumerate(row[::-1] if second else row)]
-    return order
-
-
-def block_of(round_: int) -> int:
-    """The counterbalanced block (launch_order) a round belongs to."""
-    return round_ // 2
-
-
-@dataclass(frozen=True)
-class PlannedLaunch:
-    """One launch of launch_order: plan.json lists them, each launches.jsonl row begins with one,
-    and verify recomputes them from protocol.toml."""
-
-    launch: int
-    round: int
-    block: int
-    position: int
-    arm: str
-
-
-def planned_launches(arms: list[Arm], rounds: int, seed: int) -> list[PlannedLaunch]:
-    """launch_order numbered, each round with its block."""
-    return [PlannedLaunch(i, r, block_of(r), p, n) for i, (r, p, n) in enumerate(launch_order(arms, rounds, seed))]
-
-
-@dataclass(frozen=True)
-class LaunchProof:
-    """One launch's dispatch verdict, as launches.jsonl stores it under `dispatch`."""
-
-    launch: int
-    arm: str
-    dir: str  # the records' folder, relative to the run directory
-    valid: bool
-    reason: str
-    intended: dict[str, str]  # dispatch op -> implementation the arm selects (empty: baseline)
-    processes: int  # server processes that left a record
-    counts: tuple[Served, ...]  # calls per kernel-level op and implementation, over the processes
-    files: dict[str, str]  # record file name -> sha256
-
-
 def dispatch_dir(out: Path, tag: str) -> Path:
     return out / layout.LAUNCH_DIR / tag / layout.DISPATCH_DIR
 
@@ -171,36 +99,6 @@ def prove_launch(out: Path, launch: int, tag: str, arm: Arm) -> LaunchProof:
     return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, files)
 
 
-def dispatch_summary(proto: Protocol, proofs: list[LaunchProof]) -> dict[str, dict[str, Any]]:
-    """Per arm: valid only if every launch of it was (None for an external server: no records)."""
-    out: dict[str, dict[str, Any]] = {}
-    for arm in proto.arms:
-        mine = [p for p in proofs if p.arm == arm.name]
-        totals: dict[tuple[str, str], list[int]] = {}
-        for p in mine:
-            for c in p.counts:
-                t = totals.setdefault((c.op, c.impl), [0, 0])
-                t[0] += c.calls
-                t[1] += c.errors
-        bad = [p for p in mine if not p.valid]
-        valid: bool | None
-        if arm.external:
-            valid, reason = None, "external server: not launched by the trial, no dispatch records"
-        elif not mine:
-            valid, reason = False, "not launched"
-        elif bad:
-            valid, reason = False, f"launch {bad[0].launch}: {bad[0].reason}"
-        else:
-            valid, reason = True, f"all {len(mine)} launch(es) valid"
-        out[arm.name] = {
-            "valid": valid,
-            "reason": reason,
-            "launches": [p.launch for p in mine],
-            "counts": [asdict(Served(op, impl, n, e)) for (op, impl), (n, e) in sorted(totals.items())],
-        }
-    return out
-
-
 def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     if out.exists() and any(out.iterdir()):
         raise RunDirError(
@@ -209,129 +107,6 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / layout.PROTOCOL).write_bytes(protocol_bytes)
     return sha256_bytes(protocol_bytes)
-
-
-def summarise(
-    proto: Protocol,
-    runs: list[dict[str, Any]],
-    acc: dict[str, dict[str, Any]],
-    sha: str,
-    failures: list[str],
-    proofs: list[LaunchProof],
-) -> dict[str, Any]:
-    """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts."""
-    results: dict[str, dict[str, Any]] = {}
-    for arm in proto.arms:
-        results[arm.name] = {}
-        for case in proto.bench.cases:
-            rows = [r for r in runs if r["arm"] == arm.name and r["case"] == case.id]
-            failed = [r for r in rows if r["status"] != "ok"]
-            launches = sorted({r["launch"] for r in rows})
-            entry: dict[str, Any] = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
-            complete = (
-                all(len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches)
-                and len(launches) == proto.rounds
-            )
-            if failed or not rows or not complete:
-                entry["status"] = "FAILED" if failed else "INCOMPLETE"
-                results[arm.name][case.id] = entry
-                continue
-            per_launch = []
-            for L in launches:
-                lrows = sorted((r for r in rows if r["launch"] == L), key=lambda r: r["run"])
-                s = metrics.summarise_case(lrows, drop_first=1)
-                per_launch.append({"launch": L, "kept_runs": [r["run"] for r in lrows[1:]], **s})
-            entry["launches"] = per_launch
-            entry["status"] = "ok"
-            for k in metrics.SUMMARY_KEYS:
-                if all(k in g for g in per_launch):
-                    entry[k] = metrics.pooled_mean(per_launch, k)
-            results[arm.name][case.id] = entry
-    dispatch = dispatch_summary(proto, proofs)
-    summary: dict[str, Any] = {
-        "kind": "serving",
-        "protocol_sha256": sha,
-        "warmup": {
-            "drop_first": 1,
-            "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches",
-        },
-        "arms": [a.name for a in proto.arms],
-        "cases": [case_dict(c) for c in proto.bench.cases],
-        "results": results,
-        "accuracy": acc,
-        "dispatch": dispatch,
-        "acceptance": acceptance(proto, results, acc, dispatch),
-        "failures": failures,
-    }
-    ok = not failures and all(e["status"] == "ok" for a in results.values() for e in a.values())
-    summary["status"] = "ok" if ok else "failed"
-    return summary
-
-
-def acceptance_rule(proto: Protocol) -> Rule:
-    a = proto.acceptance
-    return Rule(a.noise_band, a.ttft_ratio_max, a.confidence)
-
-
-def launch_figures(entry: Mapping[str, Any], rounds: Mapping[int, int]) -> list[LaunchFigure] | None:
-    """The per-launch figures of a summarised (arm, case), each with its round; None unless ok."""
-    if entry["status"] != "ok":
-        return None
-    return [
-        LaunchFigure(rounds[g["launch"]], g["total_token_throughput"], g["mean_ttft_ms"]) for g in entry["launches"]
-    ]
-
-
-def acceptance(
-    proto: Protocol,
-    results: dict[str, Any],
-    acc: dict[str, dict[str, Any]],
-    dispatch: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any] | None:
-    """The candidate against the baseline by serving/acceptance.py's rule, as summary.json stores it."""
-    base, cand = proto.arm("baseline"), proto.arm("candidate")
-    if base is None or cand is None:
-        return None
-    rule = acceptance_rule(proto)
-    rounds = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
-    cases = [
-        compare_case(
-            case.id,
-            launch_figures(results[cand.name][case.id], rounds),
-            launch_figures(results[base.name][case.id], rounds),
-            rule,
-        )
-        for case in proto.bench.cases
-    ]
-    checks = []
-    accuracy_ok: bool | None = None
-    if proto.accuracy is not None:
-        a = acc.get(cand.name)
-        accuracy_ok = bool(a and a.get("passed"))
-        checks.append(
-            accuracy_check(a["accuracy"] if a else None, a["errors"] if a else 0, accuracy_ok, proto.accuracy.gate)
-        )
-    # an arm that did not demonstrably run its operators is not the arm it claims to be: a
-    # candidate whose kernel served no call, or a baseline that ran ours, compares nothing
-    proofs = [
-        dispatch_check(role, a.name, dispatch[a.name]["valid"], dispatch[a.name]["reason"])
-        for role, a in (("baseline", base), ("candidate", cand))
-    ]
-    v = judge(cand.name, base.name, cases, [*checks, *proofs], rule)
-    return {
-        "baseline": base.name,
-        "candidate": cand.name,
-        "noise_band": rule.noise_band,
-        "ttft_ratio_max": rule.ttft_ratio_max,
-        "confidence": rule.confidence,
-        "method": METHOD,
-        "cases": {c.case: case_record(c) for c in v.cases},
-        "reasons": list(v.reasons),
-        "accuracy_ok": accuracy_ok,
-        "dispatch_ok": all(p.passed for p in proofs),
-        "verdict": v.verdict,
-        "accepted": v.accepted,
-    }
 
 
 def run_protocol(

@@ -8,7 +8,7 @@ per-request times against the run's duration and concurrency, requests.csv, the 
 against the seed, and every stored answer re-graded. Three things it takes from the code it
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
 running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
-order (trial.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
+order (order.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
 and the report apply, fed here with verify's own figures). An empty list means everything matched.
 """
 

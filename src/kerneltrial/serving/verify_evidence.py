@@ -19,7 +19,7 @@ a sentence that names the run and the invariant it breaks.
 - requests.csv (`requests_table_problems`): the trial's copy of every request, written from the
   raw file when the run ended;
 - launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol,
-  each launch with its round's block (trial.planned_launches);
+  each launch with its round's block (order.planned_launches);
 - who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
   and every run of that launch sent it as the model name, so a request another server answered
   failed instead of being counted (issue 26);
@@ -42,8 +42,8 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
+from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
-from kerneltrial.serving.trial import PlannedLaunch, planned_launches
 
 TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
 # The client's duration beyond its requests' span: its set-up before the first request and the
