@@ -64,6 +64,9 @@ def test_the_cli_refuses_it_with_exit_2_and_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: MATH-500 file") and "no-such-math500.jsonl not found" in line
+    # the fix `serve trial` can take: the protocol's key (it has no --data option; issue 26)
+    assert line.endswith("set [accuracy] data (relative to the protocol's folder) to the path of a test.jsonl")
+    assert "--data" not in line
     assert not out.exists() and not marker.exists()
 
 

@@ -54,10 +54,10 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
         return result
     if kind != "serving":
         return verify_run_dir(run_dir)
-    from kerneltrial.serving.verify import verify_serving_run
+    from kerneltrial.serving.verify import verified_detail, verify_serving_run
 
     result = VerifyResult(run_dir)
-    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
+    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), verified_detail(run_dir))
     if not regrade:
         result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
     return result

@@ -6,9 +6,13 @@ the warm-up rule, accuracy, the trial's verdict, the dispatch proof when recorde
 dispatch verdicts when recorded). Nothing is measured here; `kerneltrial verify` rebuilds the
 figures from the raw files.
 
-Intervals of an arm's figures are Student-t intervals of the mean at the protocol's
-confidence: across launches for an arm (the unit the protocol replicates), across kept runs
-for one launch. Acceptance applies the trial's one rule (serving/acceptance.py: paired
+Intervals of an arm's figures are on the log scale (issue 26: raw-scale intervals over a few
+noisy launches went negative, "913.5 tok/s [-5004, 6831]"): the geometric mean and the
+Student-t interval of the mean log at the protocol's confidence, mapped back, across launches
+for an arm (the unit the protocol replicates), across kept runs for one launch. Launch noise is
+multiplicative, so this is the scale the acceptance rule judges ratios on too. Latency
+percentiles (p50 and p99 of TTFT, TPOT, ITL and E2E, vLLM's per-run figures averaged as
+summary.json averages them) get their own table and figure. Acceptance applies the trial's one rule (serving/acceptance.py: paired
 intervals across launches, the gain's lower bound above the noise band and the TTFT ratio's
 upper bound at most ttft_ratio_max in every case, the accuracy gate when set, valid dispatch
 proofs) to every arm against the baseline, not only to the candidate. An arm
@@ -47,6 +51,7 @@ from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV
 
 THROUGHPUT_PNG = "throughput.png"
 TTFT_PNG = "ttft.png"
+LATENCY_PNG = "latency.png"
 NOT_RECORDED = "not recorded"
 M = TypeVar("M", bound=BaseModel)
 
@@ -119,12 +124,22 @@ class LaunchFigures(BaseModel):
     mean_ttft_ms: float
 
 
+LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
+PERCENTILES = (("median", "p50"), ("p99", "p99"))
+
+
 class CaseResult(BaseModel):
-    model_config = _READ
+    model_config = ConfigDict(extra="allow", frozen=True)  # the latency figures are read by name (latency_ms)
     status: str
     launches: list[LaunchFigures] = []
     total_token_throughput: float | None = None
     mean_ttft_ms: float | None = None
+
+    def latency_ms(self, stat: str, metric: str) -> float | None:
+        """summary.json's `{stat}_{metric}_ms` (e.g. median_tpot_ms, p99_e2el_ms): the mean over
+        launches of the mean over kept runs; None when the run did not record it."""
+        value = (self.model_extra or {}).get(f"{stat}_{metric}_ms")
+        return float(value) if isinstance(value, (int, float)) else None
 
 
 class AccuracyResult(BaseModel):
@@ -238,7 +253,7 @@ def load_run(run_dir: Path) -> ServingRun:
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean of n values and its Student-t interval (None below two values)."""
+    """Geometric mean of n positive values and its Student-t interval on the log scale (None below two values)."""
 
     mean: float
     low: float | None
@@ -247,11 +262,17 @@ class Interval:
 
     @classmethod
     def of(cls, values: list[float], confidence: float) -> Interval:
-        mean = math.fsum(values) / len(values)
-        half = t_half_width(values, confidence)
+        """The geometric mean and exp(mean log -+ t sd(log) / sqrt(n)): positive figures (tok/s, ms)
+        whose noise is multiplicative, so the interval is never negative. Without two positive
+        values there is no interval (a zero, e.g. a failed figure, gives the plain mean)."""
+        if min(values) <= 0:
+            return cls(math.fsum(values) / len(values), None, None, len(values))
+        logs = [math.log(v) for v in values]
+        centre = math.fsum(logs) / len(logs)
+        half = t_half_width(logs, confidence)
         if half is None:
-            return cls(mean, None, None, len(values))
-        return cls(mean, mean - half, mean + half, len(values))
+            return cls(math.exp(centre), None, None, len(values))
+        return cls(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(values))
 
     def cell(self, spec: str) -> str:
         if self.low is None or self.high is None:
@@ -408,8 +429,10 @@ def figures_lines(run: ServingRun) -> list[str]:
     out = [
         "## Throughput and TTFT",
         "",
-        f"Mean with a {run.plan.acceptance.confidence:.0%} Student-t interval: across launches per arm, across the kept runs within "
-        "a launch. Total tok/s counts input and output tokens (vLLM's total_token_throughput).",
+        f"Geometric mean with a {run.plan.acceptance.confidence:.0%} Student-t interval on the log scale (launch noise is "
+        "multiplicative; the interval is never negative): across launches per arm, across the kept runs within a launch. "
+        "Total tok/s counts input and output tokens (vLLM's total_token_throughput); summary.json keeps the arithmetic "
+        "means.",
     ]
     for case in run.plan.cases:
         cells = [arm_case(run, a.name, case.case) for a in run.plan.arms]
@@ -435,6 +458,29 @@ def figures_lines(run: ServingRun) -> list[str]:
                 for s in c.launches
             ],
         )
+    return out
+
+
+def latency_lines(run: ServingRun) -> list[str]:
+    """Per case: each arm's p50 and p99 of TTFT, TPOT, ITL and E2E latency (ms)."""
+    header = ["arm", *(f"{p} {label} ms" for _, label in LATENCIES for _, p in PERCENTILES)]
+    out = [
+        "## Latency percentiles",
+        "",
+        "p50 and p99 per run (vLLM's percentiles over the run's requests; ITL over all inter-token gaps), averaged "
+        "over the kept runs of a launch and then over launches, as summary.json does.",
+    ]
+    for case in run.plan.cases:
+        rows = []
+        for a in run.plan.arms:
+            result = run.summary.results.get(a.name, {}).get(case.case)
+            values = [
+                None if result is None else result.latency_ms(stat, metric)
+                for metric, _ in LATENCIES
+                for stat, _ in PERCENTILES
+            ]
+            rows.append([a.name, *("-" if v is None else f"{v:.1f}" for v in values)])
+        out += ["", f"### {case.case}", "", *_table(header, rows)]
     return out
 
 
@@ -633,7 +679,7 @@ def plot_metric(run: ServingRun, metric: str, path: Path) -> Path:
                 fmt="s",
                 color="C0",
                 capsize=4,
-                label=f"mean, {run.plan.acceptance.confidence:.0%} CI" if x == 0 else None,
+                label=f"geometric mean, {run.plan.acceptance.confidence:.0%} CI" if x == 0 else None,
             )
         ax.set_xticks(range(len(names)), names)
         ax.set_title(case.case, fontsize="small")
@@ -642,6 +688,35 @@ def plot_metric(run: ServingRun, metric: str, path: Path) -> Path:
         if k == 0:
             ax.legend(fontsize="small")
     fig.suptitle(f"{run.name}: {label} per arm and launch" + ("" if run.gpu else " (no GPU recorded)"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_latency(run: ServingRun, path: Path) -> Path:
+    """One panel per case: p50 (dot) and p99 (triangle) of TTFT, TPOT, ITL and E2E per arm, log scale."""
+    cases = run.plan.cases
+    fig = Figure(figsize=(5.5 * len(cases), 4))
+    names = [a.name for a in run.plan.arms]
+    width = 0.8 / max(len(names), 1)
+    for k, case in enumerate(cases):
+        ax = fig.add_subplot(1, len(cases), k + 1)
+        for j, name in enumerate(names):
+            result = run.summary.results.get(name, {}).get(case.case)
+            for m, (metric, _) in enumerate(LATENCIES):
+                x = m + (j - (len(names) - 1) / 2) * width
+                for (stat, label), marker in zip(PERCENTILES, ("o", "^"), strict=True):
+                    v = None if result is None else result.latency_ms(stat, metric)
+                    if v is not None and v > 0:
+                        ax.plot([x], [v], marker, color=f"C{j}", label=f"{name} {label}" if m == 0 else None)
+        ax.set_xticks(range(len(LATENCIES)), [label for _, label in LATENCIES])
+        ax.set_yscale("log")
+        ax.set_ylabel("ms")
+        ax.set_title(case.case, fontsize="small")
+        ax.grid(axis="y", alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize="x-small", ncol=2)
+    fig.suptitle(f"{run.name}: latency p50 (dot) and p99 (triangle) per arm")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -660,6 +735,8 @@ def render(run: ServingRun) -> str:
         "",
         *figures_lines(run),
         "",
+        *latency_lines(run),
+        "",
         *acceptance_lines(run),
         "",
         *accuracy_lines(run),
@@ -672,17 +749,20 @@ def render(run: ServingRun) -> str:
         "",
         f"![mean TTFT per arm and launch]({TTFT_PNG})",
         "",
+        f"![latency percentiles per arm]({LATENCY_PNG})",
+        "",
         "Figures are drawn from summary.json and runs.jsonl; `kerneltrial verify` rebuilds them from the raw files.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def write_serving_report(run_dir: Path) -> Path:
-    """Write report.md, throughput.png and ttft.png into a serving run directory; returns report.md."""
+    """Write report.md, throughput.png, ttft.png and latency.png into a serving run directory; returns report.md."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     plot_metric(run, "throughput", run_dir / THROUGHPUT_PNG)
     plot_metric(run, "ttft", run_dir / TTFT_PNG)
+    plot_latency(run, run_dir / LATENCY_PNG)
     path = run_dir / REPORT
     path.write_text(render(run))
     return path

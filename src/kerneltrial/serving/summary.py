@@ -43,11 +43,15 @@ class LaunchProof:
     files: dict[str, str]  # record file name -> sha256
 
 
-def dispatch_summary(proto: Protocol, proofs: list[LaunchProof]) -> dict[str, dict[str, Any]]:
-    """Per arm: valid only if every launch of it was (None for an external server: no records)."""
+def dispatch_summary(
+    proto: Protocol, proofs: list[LaunchProof], refused: Mapping[int, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per arm: valid only if every launch of it was (None for an external server: no records). A
+    launch refused before it spawned (`refused`: launch -> arm) ran nothing: its arm is not valid."""
     out: dict[str, dict[str, Any]] = {}
     for arm in proto.arms:
         mine = [p for p in proofs if p.arm == arm.name]
+        never = sorted(L for L, name in (refused or {}).items() if name == arm.name)
         totals: dict[tuple[str, str], list[int]] = {}
         for p in mine:
             for c in p.counts:
@@ -58,6 +62,8 @@ def dispatch_summary(proto: Protocol, proofs: list[LaunchProof]) -> dict[str, di
         valid: bool | None
         if arm.external:
             valid, reason = None, "external server: not launched by the trial, no dispatch records"
+        elif never:
+            valid, reason = False, f"launch {never[0]} was refused before it started: it ran nothing"
         elif not mine:
             valid, reason = False, "not launched"
         elif bad:
@@ -80,6 +86,7 @@ def summarise(
     sha: str,
     failures: list[str],
     proofs: list[LaunchProof],
+    refused: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts."""
     results: dict[str, dict[str, Any]] = {}
@@ -109,7 +116,7 @@ def summarise(
                 if all(k in g for g in per_launch):
                     entry[k] = metrics.pooled_mean(per_launch, k)
             results[arm.name][case.id] = entry
-    dispatch = dispatch_summary(proto, proofs)
+    dispatch = dispatch_summary(proto, proofs, refused)
     summary: dict[str, Any] = {
         "kind": "serving",
         "protocol_sha256": sha,

@@ -16,13 +16,14 @@ Run directory (see docs/serving.md):
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from kerneltrial.serving import metrics
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
+    Case,
     bench_argv,
     case_dict,
     foreign_answers,
@@ -50,7 +52,7 @@ from kerneltrial.serving.launcher import (
     operator_env,
     probe_versions,
 )
-from kerneltrial.serving.order import planned_launches
+from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
 from kerneltrial.serving.summary import LaunchProof, summarise
@@ -109,27 +111,26 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     return sha256_bytes(protocol_bytes)
 
 
-def run_protocol(
-    proto: Protocol,
-    protocol_bytes: bytes,
-    out: Path,
-    vllm: str,
-    argv: list[str] | None = None,
-    event: Event | None = None,
-) -> dict[str, Any]:
-    """Run every launch of the protocol into `out`; return summary.json's content.
+ACCURACY_KEYS = (
+    "n",
+    "correct",
+    "errors",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "gate",
+    "required_n",
+    "n_rule",
+    "passed",
+    "truncated",
+    "grader",
+)
 
-    Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
-    was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
-    "finished", "failed" (with the error) or "interrupted", with the time and the launch it
-    stopped in: a directory still "running" is a run that was killed (verify refuses it).
-    """
-    emit: Event = event or (lambda *a, **k: None)
-    check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
-    sha = prepare_dir(out, protocol_bytes)
-    order = planned_launches(proto.arms, proto.rounds, proto.seed)
-    arms = {a.name: a for a in proto.arms}
-    plan = {
+
+def plan_doc(proto: Protocol, sha: str, order: list[PlannedLaunch]) -> dict[str, Any]:
+    """plan.json: everything the run will do, written before the first launch."""
+    return {
         "protocol_sha256": sha,
         "arms": [a.model_dump() | {"argv_expanded": proto.expand(a)} for a in proto.arms],
         "cases": [case_dict(c) for c in proto.bench.cases],
@@ -143,14 +144,31 @@ def run_protocol(
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
         "nonce": proto.server.nonce,  # each launch's nonce is in launches.jsonl, its runs send it (issue 26)
+        "model_layers": model_layers(proto.server.model),
         "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
         "acceptance": proto.acceptance.model_dump(),
         "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
     }
-    write_json(out / layout.PLAN, plan)
-    prov: dict[str, Any] = {
+
+
+def model_layers(model: str | None) -> int | None:
+    """num_hidden_layers of a local model's config.json (also under text_config), else None: the
+    bound on plausible kernel calls per request that verify applies (verify_dispatch.py)."""
+    config = Path(model or "") / "config.json"
+    if not model or not config.is_file():
+        return None
+    try:
+        doc = json.loads(config.read_text())
+    except ValueError:
+        return None
+    layers = doc.get("num_hidden_layers") or (doc.get("text_config") or {}).get("num_hidden_layers")
+    return int(layers) if isinstance(layers, int) else None
+
+
+def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any]:
+    return {
         "kind": "serving",
         "protocol_sha256": sha,
         "argv": argv if argv is not None else sys.argv,
@@ -167,130 +185,61 @@ def run_protocol(
         "environment": operator_env(os.environ),
         "timings": {},
     }
-    write_json(out / layout.PROVENANCE, prov)
-    runs: list[dict[str, Any]] = []
-    acc: dict[str, dict[str, Any]] = {}
-    failures: list[str] = []
-    proofs: list[LaunchProof] = []
+
+
+def run_protocol(
+    proto: Protocol,
+    protocol_bytes: bytes,
+    out: Path,
+    vllm: str,
+    argv: list[str] | None = None,
+    event: Event | None = None,
+) -> dict[str, Any]:
+    """Run every launch of the protocol into `out`; return summary.json's content.
+
+    Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
+    was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
+    "finished", "failed" (with the error) or "interrupted", with the time and the launch it
+    stopped in: a directory still "running" is a run that was killed (verify refuses it).
+    """
+    check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
+    sha = prepare_dir(out, protocol_bytes)
+    order = planned_launches(proto.arms, proto.rounds, proto.seed)
+    write_json(out / layout.PLAN, plan_doc(proto, sha, order))
+    t = _Trial(proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None))
+    write_json(out / layout.PROVENANCE, t.prov)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
     (out / layout.RUNS).touch()  # likewise: a trial whose first launch failed still has its (empty) run table
-    total = len(order) * len(proto.bench.cases) * proto.repeats
-    emit("start", total=total)
+    t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
     t_all = time.monotonic()
     summarised = True  # a failure the runner knows (a gate) still gets its summary
     try:
         for planned in order:
-            launch, name = planned.launch, planned.arm
-            arm = arms[name]
-            prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
-            tag = f"{launch:02d}-{name}"
-            row: dict[str, Any] = asdict(planned) | {"status": "running"}
-            t0 = time.monotonic()
-            server: Server | None = None
-            proof: LaunchProof | None = None
-            try:
-                if arm.external:
-                    base_url = proto.url()
-                    ctx: Any = _Null()
-                else:
-                    argv_x = proto.expand(arm)
-                    if name not in prov["server_versions"]:
-                        prov["server_versions"][name] = probe_versions(interpreter_of(argv_x[0]))
-                    spec = ServerSpec(
-                        argv_x,
-                        proto.server.model_id,
-                        proto.server.host,
-                        proto.server.port,
-                        server_env(arm, dispatch_dir(out, tag)),
-                        proto.server.ready_timeout_s,
-                        proto.server.stop_grace_s,
-                        proto.server.port_wait_s,
-                        proto.server.nonce,
-                    )
-                    server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log", run_dir=out)
-                    base_url = spec.base_url
-                    ctx = server
-                    emit("launch", launch=launch, arm=name, argv=argv_x)
-                with ctx:
-                    if server is not None:
-                        row["ready_s"] = server.timings.get("ready_s")
-                    _bench_launch(proto, arm, launch, tag, base_url, vllm, server, out, runs, failures, emit)
-                    if proto.accuracy is not None and name not in acc:
-                        emit("accuracy", arm=name)
-                        t_acc = time.monotonic()
-                        model = server.served_name if server is not None else proto.server.model_id
-                        res = run_accuracy(base_url, model, proto.accuracy, out / layout.ACCURACY_DIR / name)
-                        if server is not None:
-                            server.check_alive("the accuracy run")
-                        acc[name] = {
-                            k: res[k]
-                            for k in (
-                                "n",
-                                "correct",
-                                "errors",
-                                "accuracy",
-                                "ci_low",
-                                "ci_high",
-                                "confidence",
-                                "gate",
-                                "required_n",
-                                "n_rule",
-                                "passed",
-                                "truncated",
-                                "grader",
-                            )
-                        }
-                        row["accuracy_s"] = time.monotonic() - t_acc
-                if server is not None:  # stopped: its processes have written their last records
-                    proof = prove_launch(out, launch, tag, arm)
-                row["status"] = "ok"
-            except (LaunchError, BenchError) as e:
-                row["status"] = "error"
-                row["error"] = str(e)
-                failures.append(f"launch {launch} ({name}): {e}")
-                if server is not None:
-                    proof = prove_launch(out, launch, tag, arm)
-                    if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
-                        raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
-                raise
-            except KeyboardInterrupt:
-                row["status"] = "interrupted"
-                raise
-            finally:
-                row["wall_s"] = time.monotonic() - t0
-                if server is not None:
-                    row.update({k: v for k, v in server.record.items()})
-                    row["timings"] = dict(server.timings)
-                if proof is not None:
-                    proofs.append(proof)
-                    row["dispatch"] = asdict(proof)
-                    if not proof.valid:
-                        failures.append(f"launch {launch} ({name}): dispatch proof invalid: {proof.reason}")
-                append_jsonl(out / layout.LAUNCHES, row)
-        prov["status"] = "finished"
-        del prov["stopped_in"]
+            t.launch(planned)
+        t.prov["status"] = "finished"
+        del t.prov["stopped_in"]
     except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
-        prov["status"] = "interrupted"
+        t.prov["status"] = "interrupted"
         summarised = False
         raise
     except (LaunchError, BenchError) as e:
-        prov["status"] = "failed"
-        prov["error"] = str(e)
+        t.prov["status"] = "failed"
+        t.prov["error"] = str(e)
         raise
     except Exception as e:  # anything else: recorded as the failure it is, never left "running"
-        prov["status"] = "failed"
-        prov["error"] = f"{type(e).__name__}: {e}"
+        t.prov["status"] = "failed"
+        t.prov["error"] = f"{type(e).__name__}: {e}"
         summarised = False
         raise
     finally:
-        prov["finished_at"] = now()
-        prov["timings"]["total_s"] = time.monotonic() - t_all
-        write_json(out / layout.PROVENANCE, prov)
+        t.prov["finished_at"] = now()
+        t.prov["timings"]["total_s"] = time.monotonic() - t_all
+        write_json(out / layout.PROVENANCE, t.prov)
         if summarised:
-            summary = summarise(proto, runs, acc, sha, failures, proofs)
+            summary = summarise(proto, t.runs, t.acc, sha, t.failures, t.proofs, t.refused)
             write_json(out / layout.SUMMARY, summary)
-            emit("done", summary=summary)
+            t.emit("done", summary=summary)
     return summary
 
 
@@ -302,84 +251,182 @@ class _Null:
         return None
 
 
-def _bench_launch(
-    proto: Protocol,
-    arm: Arm,
-    launch: int,
-    tag: str,
-    base_url: str,
-    vllm: str,
-    server: Server | None,
-    out: Path,
-    runs: list[dict[str, Any]],
-    failures: list[str],
-    emit: Event,
-) -> None:
-    for case in proto.bench.cases:
-        for k in range(proto.repeats):
-            seed = proto.bench.run_seed(k)
-            rdir = out / layout.RAW_DIR / tag / case.id
-            argv = bench_argv(
-                vllm,
-                base_url,
-                proto.server.model_id,
-                proto.server.effective_tokenizer,
-                case,
-                rdir,
-                f"run{k}.json",
-                seed,
-                proto.bench.percentiles,
-                server.served_name if server is not None else None,
-            )
-            emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
+@dataclass
+class _Trial:
+    """A running trial: what it has measured so far, appended to the run directory as it goes."""
+
+    proto: Protocol
+    out: Path
+    vllm: str
+    prov: dict[str, Any]
+    emit: Event
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    acc: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    proofs: list[LaunchProof] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
+
+    def server(self, arm: Arm, tag: str) -> Server:
+        argv = self.proto.expand(arm)
+        if arm.name not in self.prov["server_versions"]:
+            self.prov["server_versions"][arm.name] = probe_versions(interpreter_of(argv[0]))
+        s = self.proto.server
+        spec = ServerSpec(
+            argv,
+            s.model_id,
+            s.host,
+            s.port,
+            server_env(arm, dispatch_dir(self.out, tag)),
+            s.ready_timeout_s,
+            s.stop_grace_s,
+            s.port_wait_s,
+            s.nonce,
+        )
+        return Server(spec, self.out / layout.LAUNCH_DIR / tag / "server.log", run_dir=self.out)
+
+    def launch(self, planned: PlannedLaunch) -> None:
+        """One launch: start (unless external), bench every case, accuracy once per arm, stop, prove."""
+        launch, name = planned.launch, planned.arm
+        arm = self.proto.arms[[a.name for a in self.proto.arms].index(name)]
+        self.prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
+        tag = f"{launch:02d}-{name}"
+        row: dict[str, Any] = asdict(planned) | {"status": "running"}
+        t0 = time.monotonic()
+        server: Server | None = None
+        proof: LaunchProof | None = None
+        try:
+            server = None if arm.external else self.server(arm, tag)
             if server is not None:
-                server.confirm_answers(f"{case.id} run {k}")
-            t0 = time.monotonic()
-            row: dict[str, Any] = {
-                "launch": launch,
-                "arm": arm.name,
-                "case": case.id,
-                "run": k,
-                "seeding": proto.bench.seeding,
-                "seed": seed,
-                "client_argv": argv,
-                "num_requests": case.num_requests,
-                "raw": str((rdir / f"run{k}.json").relative_to(out)),
-            }
-            try:
-                raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
-            except (LaunchError, BenchError) as e:
-                row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
-                if (rdir / f"run{k}.json").is_file():
-                    row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
-                runs.append(row)
-                append_jsonl(out / layout.RUNS, row)
-                raise
-            row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
-            row["wall_s"] = time.monotonic() - t0
-            m = metrics.run_metrics(raw, proto.bench.percentiles)
-            foreign = foreign_answers(raw) if server is not None and server.nonce else 0
-            if foreign and server is not None:
-                row["status"] = "FAILED"
-                row["reason"] = (
-                    f"{foreign} request(s) got HTTP 404 for this launch's nonce {server.nonce!r}: a server that does "
-                    f"not serve it answered them, i.e. another server shares port {server.spec.port}; stop it or "
-                    "pick another port"
-                )
-                failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
-            elif m["completed"] != case.num_requests:
-                row["status"] = "FAILED"
-                row["reason"] = f"completed {m['completed']} of {case.num_requests} requests"
-                failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
-            else:
-                row["status"] = "ok"
-            row.update(m)
-            runs.append(row)
+                self.emit("launch", launch=launch, arm=name, argv=server.spec.argv)
+            with server if server is not None else _Null():
+                if server is not None:
+                    row["ready_s"] = server.timings.get("ready_s")
+                self.measure(arm, launch, tag, server, row)
+            if server is not None:  # stopped: its processes have written their last records
+                proof = prove_launch(self.out, launch, tag, arm)
+            row["status"] = "ok"
+        except (LaunchError, BenchError) as e:
+            spawned = server is None or server.proc is not None
+            row["status"] = "error" if spawned else "refused"  # refused: nothing ran, nothing to prove
+            row["error"] = str(e)
+            self.failures.append(f"launch {launch} ({name}){'' if spawned else ' refused before it started'}: {e}")
+            if not spawned:
+                self.refused[launch] = name
+            elif server is not None:
+                proof = prove_launch(self.out, launch, tag, arm)
+                if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
+                    raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
+            raise
+        except KeyboardInterrupt:
+            row["status"] = "interrupted"
+            raise
+        finally:
+            self.close_launch(row, t0, server, proof)
+
+    def close_launch(self, row: dict[str, Any], t0: float, server: Server | None, proof: LaunchProof | None) -> None:
+        """The launch's row in launches.jsonl: timings, the server's record, the dispatch verdict."""
+        row["wall_s"] = time.monotonic() - t0
+        if server is not None:
+            row["spawned"] = server.proc is not None
+            row.update(server.record)
+            row["timings"] = dict(server.timings)
+        if proof is not None:
+            self.proofs.append(proof)
+            row["dispatch"] = asdict(proof)
+            if not proof.valid:
+                self.failures.append(f"launch {row['launch']} ({row['arm']}): dispatch proof invalid: {proof.reason}")
+        append_jsonl(self.out / layout.LAUNCHES, row)
+
+    def measure(self, arm: Arm, launch: int, tag: str, server: Server | None, row: dict[str, Any]) -> None:
+        """Every case's runs, then (the arm's first launch) the accuracy run."""
+        base_url = server.spec.base_url if server is not None else self.proto.url()
+        for case in self.proto.bench.cases:
+            for k in range(self.proto.repeats):
+                self.bench_run(arm, launch, tag, case, k, base_url, server)
+        spec = self.proto.accuracy
+        if spec is None or arm.name in self.acc:
+            return
+        self.emit("accuracy", arm=arm.name)
+        t_acc = time.monotonic()
+        model = server.served_name if server is not None else self.proto.server.model_id
+        res = run_accuracy(base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name)
+        if server is not None:
+            server.check_alive("the accuracy run")
+        self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
+        row["accuracy_s"] = time.monotonic() - t_acc
+
+    def bench_run(
+        self, arm: Arm, launch: int, tag: str, case: Case, k: int, base_url: str, server: Server | None
+    ) -> None:
+        """Run k of a case: the client, its raw file, the run's row and its requests' rows."""
+        proto, out = self.proto, self.out
+        seed = proto.bench.run_seed(k)
+        rdir = out / layout.RAW_DIR / tag / case.id
+        argv = bench_argv(
+            self.vllm,
+            base_url,
+            proto.server.model_id,
+            proto.server.effective_tokenizer,
+            case,
+            rdir,
+            f"run{k}.json",
+            seed,
+            proto.bench.percentiles,
+            server.served_name if server is not None else None,
+        )
+        self.emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
+        if server is not None:
+            server.confirm_answers(f"{case.id} run {k}")
+        t0 = time.monotonic()
+        row: dict[str, Any] = {
+            "launch": launch,
+            "arm": arm.name,
+            "case": case.id,
+            "run": k,
+            "seeding": proto.bench.seeding,
+            "seed": seed,
+            "client_argv": argv,
+            "num_requests": case.num_requests,
+            "raw": str((rdir / f"run{k}.json").relative_to(out)),
+        }
+        try:
+            raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
+        except (LaunchError, BenchError) as e:
+            row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
+            if (rdir / f"run{k}.json").is_file():
+                row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+            self.runs.append(row)
             append_jsonl(out / layout.RUNS, row)
-            with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS) as append:
-                for rq in request_rows(raw):
-                    cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
-                    append([cells.get(field, "") for field in REQUEST_FIELDS])
-            if foreign:  # not a measurement of this arm: stop the trial
-                raise LaunchError(row["reason"])
-            emit("ran", row=row)
+            raise
+        row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+        row["wall_s"] = time.monotonic() - t0
+        figures, foreign = self.judge_run(raw, case, server)
+        row.update(figures)
+        if row["status"] != "ok":
+            self.failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
+        self.runs.append(row)
+        append_jsonl(out / layout.RUNS, row)
+        with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS) as append:
+            for rq in request_rows(raw):
+                cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
+                append([cells.get(f, "") for f in REQUEST_FIELDS])
+        if foreign:  # not a measurement of this arm: stop the trial
+            raise LaunchError(row["reason"])
+        self.emit("ran", row=row)
+
+    def judge_run(self, raw: dict[str, Any], case: Case, server: Server | None) -> tuple[dict[str, Any], bool]:
+        """A run's figures and status, and whether another server answered: FAILED when a request
+        got another server's 404 (for the launch's nonce) or fewer than num_requests completed."""
+        m = metrics.run_metrics(raw, self.proto.bench.percentiles)
+        foreign = foreign_answers(raw) if server is not None and server.nonce else 0
+        if foreign and server is not None:
+            reason = (
+                f"{foreign} request(s) got HTTP 404 for this launch's nonce {server.nonce!r}: a server that does not "
+                f"serve it answered them, i.e. another server shares port {server.spec.port}; stop it or pick "
+                "another port"
+            )
+            return {"status": "FAILED", "reason": reason, **m}, True
+        if m["completed"] != case.num_requests:
+            reason = f"completed {m['completed']} of {case.num_requests} requests"
+            return {"status": "FAILED", "reason": reason, **m}, False
+        return {"status": "ok", **m}, False

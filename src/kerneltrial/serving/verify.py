@@ -162,6 +162,24 @@ def incomplete(prov: dict[str, Any], summarised: bool) -> str | None:
     return None
 
 
+def verified_detail(path: Path) -> str:
+    """What `kerneltrial verify` says of a serving run whose checks all pass. A run that failed
+    (a launch refused, a gate, a dispatch proof) verifies as the record of its failure, and the
+    line says so: it shows what happened, it is no evidence for any arm."""
+    if not (Path(path) / "provenance.json").is_file():
+        return "every serving figure matches"  # verify_serving_run names the missing file
+    prov = read_json(Path(path) / "provenance.json")
+    summary_path = Path(path) / "summary.json"
+    summary = read_json(summary_path) if summary_path.is_file() else {}
+    if prov.get("status") != "failed" and summary.get("status") == "ok":
+        return "every serving figure matches"
+    why = prov.get("error") or next(iter(summary.get("failures") or []), "a run or a dispatch proof failed")
+    return (
+        f"every serving figure matches, as the record of a FAILED run ({why}): it shows what happened, "
+        "it is no evidence for any arm"
+    )
+
+
 def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
     path = Path(path)

@@ -8,6 +8,11 @@ docs/serving.md ("Kernels inside the served model"), not imported from dispatch_
 the plugins: a bug in the writer's rule must show up as a disagreement, not be repeated.
 Run directories from before the proof existed (no `dispatch` in plan, summary or any
 launch row) are not applicable: nothing is checked.
+
+Call counts are bounded by what the launch's requests can produce (`call_bounds`, issue 26: a
+consistent rewrite claiming 10^9 kernel calls for 8 requests passed): every forward pass
+processes at least one token, so a launch made at most (tokens it was sent + start-up passes)
+passes, each calling one kernel-level op at most CALLS_PER_LAYER times per decoder layer.
 """
 
 from __future__ import annotations
@@ -28,6 +33,21 @@ FL_SELECTORS = ("vendor:kerneltrial", "impl:vendor.kerneltrial")
 DISPATCH_OP_OF = {"rms_norm": "rms_norm", "fused_add_rms_norm": "rms_norm", "silu_and_mul": "silu_and_mul"}
 
 Counts = dict[tuple[str, str], tuple[int, int]]  # (kernel op, implementation) -> (calls, errors)
+
+# The plausibility bound on a launch's call counts (docs/serving.md, "proof of dispatch"); generous
+# on purpose, it catches invented counts, not miscounts:
+# - a decoder layer calls a norm or activation kernel a few times per forward pass (input and
+#   post-attention RMSNorm, q/k norms in Qwen3-style attention, one SiLU-and-mul per MLP): 8 covers it,
+#   and one more layer's worth covers the final norm;
+CALLS_PER_LAYER = 8
+# - vLLM's start-up runs passes of its own: the profile run, torch.compile warm-up and CUDA-graph
+#   capture (up to 512 batch sizes, a few passes each);
+STARTUP_PASSES = 10_000
+# - a prompt's chat template and the client's initial test request add tokens beyond the case's;
+TEMPLATE_TOKENS = 256
+# - a model whose config.json the run could not read (plan.json model_layers null): the deepest
+#   served models have about 128 layers.
+UNKNOWN_LAYERS = 256
 
 
 @dataclass
@@ -100,6 +120,42 @@ def recount(directory: Path, env: Mapping[str, str]) -> Recount:
     return out
 
 
+def call_bounds(path: Path, plan: dict[str, Any], launches: list[dict[str, Any]]) -> dict[int, int]:
+    """Per launch, the most calls of one kernel-level op its requests can produce: CALLS_PER_LAYER
+    x (layers + 1) x (tokens + STARTUP_PASSES). Tokens: every planned run's requests and the
+    client's initial test request at the case's lengths (plus TEMPLATE_TOKENS each), and, in the
+    arm's first launch, the accuracy run's prompts (bytes) and max_tokens per stored problem."""
+    layers = plan.get("model_layers") or UNKNOWN_LAYERS
+    per_launch = sum(
+        int(plan.get("repeats", 0))
+        * (int(c["num_requests"]) + 1)
+        * (int(c["input_len"]) + int(c["output_len"]) + TEMPLATE_TOKENS)
+        for c in plan.get("cases", [])
+    )
+    first_of: dict[str, int] = {}
+    for row in launches:
+        if row.get("spawned", True) and "launch" in row:
+            first_of.setdefault(str(row.get("arm")), int(row["launch"]))
+    bounds = {}
+    for row in launches:
+        tokens = per_launch
+        if plan.get("accuracy") and first_of.get(str(row.get("arm"))) == row.get("launch"):
+            tokens += _accuracy_tokens(path / "accuracy" / str(row.get("arm")) / "records.jsonl", plan["accuracy"])
+        bounds[int(row["launch"])] = CALLS_PER_LAYER * (layers + 1) * (tokens + STARTUP_PASSES)
+    return bounds
+
+
+def _accuracy_tokens(records: Path, spec: dict[str, Any]) -> int:
+    if not records.is_file():
+        return 0
+    total = 0
+    for line in records.read_text().splitlines():
+        if line.strip():
+            prompt = str(json.loads(line).get("prompt", ""))
+            total += len(prompt.encode()) + TEMPLATE_TOKENS + int(spec.get("max_tokens", 0))
+    return total
+
+
 def _counts_of(rows: Any) -> Counts:
     return {(str(r["op"]), str(r["impl"])): (int(r["calls"]), int(r["errors"])) for r in rows or []}
 
@@ -113,6 +169,8 @@ def check_dispatch(
     arms = {a["name"]: a for a in plan["arms"]}
     by_launch = {r.get("launch"): r for r in launches}
     per_arm: dict[str, list[Recount]] = {name: [] for name in arms}
+    bounds = call_bounds(path, plan, launches)
+    never: set[str] = set()  # arms with a launch that was refused before it spawned
     for entry in plan["launches"]:
         i, name = entry["launch"], entry["arm"]
         row = by_launch.get(i)
@@ -120,6 +178,14 @@ def check_dispatch(
             continue
         where = f"launch {i} ({name})"
         got = row.get("dispatch")
+        if row.get("spawned") is False:  # refused before it spawned: no server, no records, no verdict
+            never.add(name)
+            if got is not None or row.get("status") != "refused":
+                problems.append(
+                    f"{where}: launches.jsonl says it never spawned, but records status {row.get('status')!r} "
+                    f"and {'a' if got is not None else 'no'} dispatch verdict (a refused launch has none)"
+                )
+            continue
         if not isinstance(got, dict):
             problems.append(f"{where}: launches.jsonl has no dispatch verdict")
             continue
@@ -137,6 +203,14 @@ def check_dispatch(
             problems.append(f"{where}: dispatch processes {got.get('processes')}, recounted {r.processes}")
         if _counts_of(got.get("counts")) != r.counts:
             problems.append(f"{where}: dispatch counts {got.get('counts')} differ from the records' {r.counts}")
+        for (op, impl), (n, _) in sorted(r.counts.items()):
+            if n > bounds.get(i, 0):
+                problems.append(
+                    f"{where}: {n} calls of {op} by {impl} in the dispatch records, more than the launch's requests "
+                    f"can produce (at most {bounds.get(i, 0)}: {CALLS_PER_LAYER} per layer of "
+                    f"{plan.get('model_layers') or UNKNOWN_LAYERS} (+1) per forward pass, one pass per token sent plus "
+                    f"{STARTUP_PASSES} start-up passes): the records were altered"
+                )
         if got.get("intended") != r.intended:
             problems.append(f"{where}: dispatch intended {got.get('intended')}, recomputed {r.intended}")
         env = row.get("env_set", {})
@@ -148,7 +222,7 @@ def check_dispatch(
     recorded = summary.get("dispatch") or {}
     for name, arm in arms.items():
         rs = per_arm[name]
-        validity[name] = None if not arm["argv"] else bool(rs) and all(r.valid for r in rs)
+        validity[name] = None if not arm["argv"] else bool(rs) and all(r.valid for r in rs) and name not in never
         total: Counts = {}
         for r in rs:
             for k, (n, e) in r.counts.items():
