@@ -186,7 +186,8 @@ def run_bench(
                     if server_died:
                         break
                     raise BenchError(
-                        f"benchmark client still running after {timeout_s:.0f} s; raise --bench-timeout or see {log_path}"
+                        f"benchmark client still running after {timeout_s:.0f} s; raise bench.timeout_s (--bench-timeout) "
+                        f"or see {log_path}"
                     )
                 time.sleep(0.2)
         except BaseException:

@@ -287,7 +287,7 @@ class Server:
             if time.monotonic() >= deadline:
                 raise LaunchError(
                     f"server not ready after {s.ready_timeout_s:.0f} s (last /v1/models: {last}); "
-                    f"raise --ready-timeout or see {self.log_path}"
+                    f"raise server.ready_timeout_s (--ready-timeout) or see {self.log_path}"
                 )
             time.sleep(0.5)
         self.timings["ready_s"] = time.monotonic() - t0
@@ -300,7 +300,8 @@ class Server:
             raise LaunchError(foreign_answer_message(s.port, ids, self.nonce))
         if s.model_id not in ids:
             raise LaunchError(
-                f"server is up but lists models {ids}, not {s.model_id!r}; fix --model-id / --served-model-name"
+                f"server is up but lists models {ids}, not {s.model_id!r}; fix server.model_id (--model-id) or the "
+                "server's --served-model-name"
             )
 
     def confirm_answers(self, before: str) -> None:
