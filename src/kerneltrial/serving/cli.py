@@ -412,7 +412,10 @@ def calibrate(
     protocol: Path = typer.Argument(..., help="TOML protocol whose baseline arm is calibrated."),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-calibrate-TIMESTAMP)."),
     launches: int = typer.Option(
-        None, "--launches", help="Launches per arm (default: the protocol's rounds; at least 2, even is best)."
+        None,
+        "--launches",
+        help="Launches per arm, at least the protocol's rounds (default: the fewest, even, whose subsets of "
+        "rounds give enough A/A comparisons to estimate max_false_acceptance_rate).",
     ),
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
@@ -421,20 +424,24 @@ def calibrate(
     """A/A calibration: the baseline arm against itself with the protocol's settings.
 
     Writes a serving run directory (arms A and A-prime, both the baseline; no accuracy gate)
-    and calibration.json: each case's gain and TTFT-ratio intervals and widths, and the
-    false-acceptance rate (A/A comparisons the acceptance rule accepts, both directions of
-    every case). A trial protocol names the directory in [acceptance] calibration. Exit 0 when
-    the rate is at most max_false_acceptance_rate, 1 when it is not or a run failed.
+    and calibration.json. It judges trials of the protocol's rounds: per case the noise (sd of
+    the per-round log ratios) and the interval half-widths such a trial would have, and the
+    false-acceptance rate over every A/A trial of that size the launches contain (each subset
+    of rounds, each case, both directions). Passes only when the half-widths are below the
+    noise band (and ttft_ratio_max - 1), there are at least 1/max_false_acceptance_rate
+    comparisons, and the rate is at most max_false_acceptance_rate; otherwise it says how many
+    launches the observed noise would need. A trial protocol names the directory in
+    [acceptance] calibration. Exit 0 when it passed, 1 when not or a run failed.
     """
     from kerneltrial.serving.calibration import calibration_protocol, calibration_record, write_calibration
     from kerneltrial.serving.protocol import load_protocol, parse_protocol
 
     _, raw = load_protocol(protocol)
-    text = calibration_protocol(raw.decode("utf-8"), launches)
+    text, trial_rounds = calibration_protocol(raw.decode("utf-8"), launches)
     run_dir = out_dir or default_out("calibrate")
     summary = _run(text, protocol.parent, run_dir, vllm, quiet, model)
     proto = parse_protocol(text, protocol.parent)
-    record = calibration_record(proto.with_model(model) if model else proto, summary)
+    record = calibration_record(proto.with_model(model) if model else proto, summary, trial_rounds)
     path = write_calibration(run_dir, record)
     console().print(f"{record.sentence}; {path}", markup=False, soft_wrap=True)
     if not record.passed:

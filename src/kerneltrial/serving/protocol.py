@@ -312,14 +312,15 @@ class Acceptance(BaseModel):
     calibration: str | None = Field(
         default=None,
         description="A `serve calibrate` run directory (relative paths from the protocol's folder) that must have "
-        "passed with the same model, server argv (apart from operator selection) and cases before the first launch.",
+        "passed (power and false acceptance, for this protocol's rounds) with the same model, server argv (apart from "
+        "operator selection), cases and acceptance rule before the first launch.",
     )
     max_false_acceptance_rate: float = Field(
         default=0.05,
         ge=0,
         le=1,
-        description="Largest false-acceptance rate (A/A comparisons the rule accepts) a calibration may show: "
-        "`serve calibrate` passes at most this, and a trial requiring a calibration checks it against this.",
+        description="Largest false-acceptance rate (A/A trials of this protocol's rounds the rule accepts) a "
+        "calibration may show; `serve calibrate` also needs at least 1 / this many A/A comparisons to estimate it.",
     )
 
 
