@@ -15,12 +15,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kerneltrial.serving import vllm_platform
 from kerneltrial.serving.launcher import Server, stop_group
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, percentile_word
 
 VLLM_ENV = "KERNELTRIAL_VLLM"
+# the official script's request path (serving/official.py)
+OFFICIAL_BACKEND, OFFICIAL_ENDPOINT = "openai-chat", "/v1/chat/completions"
 
 
 class BenchError(RuntimeError):
@@ -33,6 +36,7 @@ class Case:
     output_len: int
     concurrency: int
     num_requests: int
+    label: str = ""  # the built-in set it comes from (serving/official.py: "seed 1", "script p4096d1024")
 
     @property
     def id(self) -> str:
@@ -53,6 +57,9 @@ def parse_cases(value: Any) -> list[Case]:
         raise ValueError("cases must be a non-empty list like [[4096,1024,64,256]]")
     cases: list[Case] = []
     for item in value:
+        if isinstance(item, Case):
+            cases.append(item)
+            continue
         if (
             not isinstance(item, list | tuple)
             or len(item) != 4
@@ -88,8 +95,14 @@ def bench_argv(
     seed: int,
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
     served_name: str | None = None,
+    client: str = "completions",
 ) -> list[str]:
-    """The client's argv; `served_name` (a launch's nonce) is the model name every request sends."""
+    """The client's argv; `served_name` (a launch's nonce) is the model name every request sends.
+    client "official": the organisers' argv (serving/official.py), which passes no --seed."""
+    if client == "official":
+        url = urlsplit(base_url)
+        argv = official_argv(vllm, url.hostname or "127.0.0.1", url.port or 80, model_id, tokenizer or model_id, case)
+        return argv + recording(result_dir, result_file, percentiles, served_name)
     argv = [
         vllm,
         "bench",
@@ -143,6 +156,40 @@ def foreign_answers(raw: dict[str, Any]) -> int:
     """Requests of a run answered 404: with a launch's nonce as the model name, a server that does
     not serve it (another server on the same port) answered them."""
     return sum(1 for e in raw.get("errors") or [] if str(e).strip() == NOT_FOUND)
+
+
+def official_argv(vllm: str, host: str, port: int, model_id: str, tokenizer: str, case: Case) -> list[str]:
+    """The official script's `vllm bench serve` argv for one case (serving/official.py), in its
+    order, with the site's values."""
+    # fmt: off
+    return [
+        vllm, "bench", "serve",
+        "--host", host,
+        "--port", str(port),
+        "--backend", OFFICIAL_BACKEND,
+        "--model", model_id,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--endpoint", OFFICIAL_ENDPOINT,
+        "--ignore-eos",
+        "--trust-remote-code",
+        "--random-input-len", str(case.input_len),
+        "--random-output-len", str(case.output_len),
+        "--num-prompts", str(case.num_requests),
+        "--max-concurrency", str(case.concurrency),
+    ]
+    # fmt: on
+
+
+def recording(result_dir: Path, result_file: str, percentiles: tuple[float, ...], served_name: str | None) -> list[str]:
+    """What kerneltrial appends to the official argv: where and what the client records, and the
+    launch's nonce as the requests' model name. None of it changes the prompts or the load."""
+    out = [
+        *("--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file),
+        *("--percentile-metrics", "ttft,tpot,itl,e2el"),
+        *("--metric-percentiles", ",".join(percentile_word(p) for p in percentiles), "--disable-tqdm"),
+    ]
+    return [*out, "--served-model-name", served_name] if served_name else out
 
 
 def run_bench(

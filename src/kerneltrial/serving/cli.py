@@ -29,6 +29,11 @@ PRESET_HELP = (
     "Built-in official command (minicpm5-2b = NVIDIA, minicpm5-2b-iluvatar, minicpm5-2b-metax; needs --model); "
     "extra server arguments go after `--`. Sources: docs/serving.md."
 )
+CLIENT_HELP = (
+    "Benchmark client: completions (kerneltrial's: --backend vllm --endpoint /v1/completions) or official (the "
+    "organisers' argv from benchmark_throughput_flagos.py: --backend openai-chat --endpoint /v1/chat/completions "
+    "--trust-remote-code, no --seed). The accuracy gate always uses the chat endpoint."
+)
 OVERRIDE_HELP = (
     "Let an extra server argument after `--` replace this flag of the preset (e.g. --override max-model-len); "
     "without it a flag the preset sets is refused."
@@ -41,6 +46,12 @@ app = cli_support.app(
     ),
     epilog=cli_support.EXIT_CODES_HELP,
 )
+
+
+def _client(client: str) -> str:
+    if client not in ("completions", "official"):
+        raise CliError(f"--client {client!r} is not completions or official")
+    return client
 
 
 def default_out(kind: str) -> Path:
@@ -198,7 +209,13 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 def _run(
-    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
+    proto_text: str,
+    base_dir: Path,
+    run_dir: Path,
+    vllm_opt: str | None,
+    quiet: bool,
+    model: str | None = None,
+    client: str | None = None,
 ) -> dict[str, Any]:
     """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
     from kerneltrial.serving.accuracy import load_grader
@@ -210,6 +227,8 @@ def _run(
     proto = parse_protocol(proto_text, base_dir)
     if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
         proto = proto.with_model(model)
+    if client:  # recorded in provenance (argv) and plan.json (client), and in every run's client_argv
+        proto = proto.with_client(_client(client))
     if proto.accuracy is not None:
         load_grader()  # before the first launch, not an hour later at the first graded answer
     vllm = resolve_vllm(vllm_opt)
@@ -234,10 +253,16 @@ def _run(
 
 
 def _execute(
-    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
+    proto_text: str,
+    base_dir: Path,
+    run_dir: Path,
+    vllm_opt: str | None,
+    quiet: bool,
+    model: str | None = None,
+    client: str | None = None,
 ) -> None:
     """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
-    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model)
+    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model, client)
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
@@ -246,8 +271,12 @@ def _execute(
 def bench(
     ctx: typer.Context,
     cases: str = typer.Option(
-        None, "--cases", help="JSON list [[input_len, output_len, concurrency, num_requests], ...]."
+        None,
+        "--cases",
+        help="JSON list [[input_len, output_len, concurrency, num_requests], ...], or a built-in set: seed (the "
+        "Track 2 seed's cases) or script (the official throughput script's scenarios).",
     ),
+    client: str = typer.Option("completions", "--client", help=CLIENT_HELP),
     repeats: int = typer.Option(
         4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."
     ),
@@ -305,10 +334,11 @@ def bench(
         raise CliError("--override replaces a flag of a --preset; pass --preset NAME")
     if seeding not in ("official", "per_run"):
         raise CliError(f"--seeding {seeding!r} is not official or per_run")
+    _client(client)
     table: dict[str, Any] = {"name": "bench", "rounds": 1, "repeats": repeats}
     server: dict[str, Any] = {"ready_timeout_s": ready_timeout}
     arm: dict[str, Any] = {"name": "server", "role": "arm"}
-    case_list = parse_cases(cases) if cases else None
+    case_list: list[Any] | str | None = cases if cases in ("seed", "script") else parse_cases(cases) if cases else None
     header = ""
     if preset:
         if model_id:
@@ -343,7 +373,8 @@ def bench(
     if tokenizer:
         server["tokenizer"] = tokenizer
     table["server"] = server
-    table["bench"] = {"cases": [c.as_list() for c in case_list], "timeout_s": bench_timeout, "seeding": seeding}
+    listed = case_list if isinstance(case_list, str) else [c.as_list() for c in case_list]
+    table["bench"] = {"cases": listed, "timeout_s": bench_timeout, "seeding": seeding, "client": client}
     if seed is not None:
         table["bench"]["seed"] = seed
     table["arms"] = [arm]
@@ -387,6 +418,7 @@ def trial(
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
+    client: str = typer.Option(None, "--client", help=CLIENT_HELP + " Default: the protocol's bench.client."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/B trial: fresh launch per arm, in counterbalanced blocks (A B, B A), preregistered acceptance.
@@ -404,7 +436,7 @@ def trial(
 
     proto, raw = load_protocol(protocol)
     require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
-    _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
+    _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model, client)
 
 
 @app.command()

@@ -47,7 +47,8 @@ from kerneltrial.serving.acceptance import (
     judge,
 )
 from kerneltrial.serving.dispatch_proof import intended_ops
-from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV
+from kerneltrial.serving.fl_policy import SelectionError
+from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform
 
 THROUGHPUT_PNG = "throughput.png"
 TTFT_PNG = "ttft.png"
@@ -71,15 +72,17 @@ class PlanArm(BaseModel):
     def selection(self) -> dict[str, str]:
         return {k: v for k, v in self.env.items() if k in OPERATOR_SELECTION_ENV}
 
-    @property
-    def ops(self) -> frozenset[tuple[str, str]]:
-        """(dispatch op, implementation) pairs the arm swaps in, as the dispatch proof reads them."""
-        return frozenset(intended_ops(self.env).items())
+    selection_files: dict[str, dict[str, str | None]] = {}  # copies of VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG files
 
 
 class PlanCase(BaseModel):
     model_config = _READ
     case: str
+    label: str = ""  # the built-in case set it comes from (serving/official.py); runs before issue 26: none
+
+    @property
+    def heading(self) -> str:
+        return f"{self.case} ({self.label})" if self.label else self.case
 
 
 class AcceptanceRule(BaseModel):
@@ -108,6 +111,7 @@ class AccuracyPlan(BaseModel):
 class Plan(BaseModel):
     model_config = _READ
     arms: list[PlanArm]
+    fl_platform: dict[str, object] | None = None  # protocol [server.fl_platform]; runs before issue 26: none
     cases: list[PlanCase]
     rounds: int
     repeats: int
@@ -221,6 +225,21 @@ class ServingRun:
     runs: list[RunRow]
     launches: list[LaunchRow]
     gpu: str | None
+    ops: dict[str, frozenset[tuple[str, str]]]  # arm -> (dispatch op, implementation) it swaps in
+
+
+def arm_ops(run_dir: Path, plan: Plan) -> dict[str, frozenset[tuple[str, str]]]:
+    """(dispatch op, implementation) pairs each arm swaps in, as the dispatch proof reads them: with
+    the run's platform table and the copies of the arm's selection files."""
+    platform = FlPlatform.model_validate(plan.fl_platform).table if plan.fl_platform else None
+    out = {}
+    for a in plan.arms:
+        texts = {v: (run_dir / c["copy"]).read_text() if c.get("copy") else None for v, c in a.selection_files.items()}
+        try:
+            out[a.name] = frozenset(intended_ops(a.env, platform, texts).items())
+        except SelectionError:
+            out[a.name] = frozenset()  # the dispatch proof names the unreadable file
+    return out
 
 
 def _read(model: type[M], path: Path, data: object) -> M:
@@ -238,13 +257,15 @@ def load_run(run_dir: Path) -> ServingRun:
     gpus = provenance.get("gpu") if isinstance(provenance, dict) else None
     gpu = gpus[0].get("name") if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else None
     launches = read_jsonl(run_dir / LAUNCHES) if (run_dir / LAUNCHES).is_file() else []
+    plan = _read(Plan, run_dir / PLAN, read_json(run_dir / PLAN))
     return ServingRun(
         name=run_dir.name,
-        plan=_read(Plan, run_dir / PLAN, read_json(run_dir / PLAN)),
+        plan=plan,
         summary=_read(Summary, run_dir / SUMMARY, read_json(run_dir / SUMMARY)),
         runs=[_read(RunRow, run_dir / RUNS, r) for r in read_jsonl(run_dir / RUNS)],
         launches=[_read(LaunchRow, run_dir / LAUNCHES, r) for r in launches],
         gpu=gpu,
+        ops=arm_ops(run_dir, plan),
     )
 
 
@@ -375,7 +396,8 @@ def verdict(run: ServingRun, arm: str, against: str) -> Verdict:
 
 def parts_of(run: ServingRun, combined: PlanArm) -> list[PlanArm]:
     """The arms that swap in a non-empty proper part of what `combined` swaps in (E1, E2 for E3)."""
-    return [a for a in run.plan.arms if a.role != "baseline" and a.ops and a.ops < combined.ops]
+    mine = run.ops[combined.name]
+    return [a for a in run.plan.arms if a.role != "baseline" and run.ops[a.name] and run.ops[a.name] < mine]
 
 
 # ---------------------------------------------------------------- markdown
@@ -404,7 +426,7 @@ def arms_lines(run: ServingRun) -> list[str]:
             a.name,
             a.role,
             _env(a.selection),
-            ", ".join(f"{op} -> {impl}" for op, impl in sorted(a.ops)) or "nothing (default selection)",
+            ", ".join(f"{op} -> {impl}" for op, impl in sorted(run.ops[a.name])) or "nothing (default selection)",
         ]
         for a in arms
     ]
@@ -436,7 +458,7 @@ def figures_lines(run: ServingRun) -> list[str]:
     ]
     for case in run.plan.cases:
         cells = [arm_case(run, a.name, case.case) for a in run.plan.arms]
-        out += ["", f"### {case.case}", ""]
+        out += ["", f"### {case.heading}", ""]
         out += _table(
             ["arm", "total tok/s", "mean TTFT ms", "status"],
             [
@@ -480,7 +502,7 @@ def latency_lines(run: ServingRun) -> list[str]:
                 for stat, _ in PERCENTILES
             ]
             rows.append([a.name, *("-" if v is None else f"{v:.1f}" for v in values)])
-        out += ["", f"### {case.case}", "", *_table(header, rows)]
+        out += ["", f"### {case.heading}", "", *_table(header, rows)]
     return out
 
 

@@ -8,7 +8,7 @@ verify.py recomputes every figure from the raw files with its own arithmetic.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kerneltrial.serving import metrics
@@ -41,6 +41,7 @@ class LaunchProof:
     processes: int  # server processes that left a record
     counts: tuple[Served, ...]  # calls per kernel-level op and implementation, over the processes
     files: dict[str, str]  # record file name -> sha256
+    selection: dict[str, str] = field(default_factory=dict)  # dispatch op -> its vllm-plugin-FL order (source)
 
 
 def dispatch_summary(

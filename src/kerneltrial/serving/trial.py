@@ -44,7 +44,8 @@ from kerneltrial.serving.bench import (
     request_rows,
     run_bench,
 )
-from kerneltrial.serving.dispatch_proof import check_launch
+from kerneltrial.serving.dispatch_proof import Files, check_launch
+from kerneltrial.serving.fl_policy import FILE_ENVS, Platform
 from kerneltrial.serving.launcher import (
     LaunchError,
     Server,
@@ -62,6 +63,7 @@ Event = Callable[..., None]
 # vLLM keys its compiled-model cache on model and config, not on plugins: without this an E1
 # launch can load the graph E0 saved and serve it without our ops (docs/serving.md).
 COMPILE_CACHE_ENV = "VLLM_DISABLE_COMPILE_CACHE"
+SELECTION_DIR = "selection"  # selection/ARM/VAR: copies of the files VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG name
 GPU_FIELDS = ("name", "driver_version", "memory.total", "clocks.max.sm", "clocks.sm", "power.limit", "pci.bus_id")
 REQUEST_FIELDS = [
     "launch",
@@ -92,13 +94,40 @@ def server_env(arm: Arm, records: Path) -> dict[str, str]:
     return {COMPILE_CACHE_ENV: "1", **arm.env, LOG_ENV: str(records.resolve())}
 
 
-def prove_launch(out: Path, launch: int, tag: str, arm: Arm) -> LaunchProof:
-    """The verdict on a stopped launch's call records (every process has written its last)."""
+def prove_launch(
+    out: Path, launch: int, tag: str, arm: Arm, platform: Platform | None = None, files: Files | None = None
+) -> LaunchProof:
+    """The verdict on a stopped launch's call records (every process has written its last), with the
+    platform table and the selection files (their copies in the run directory) the plugin's policy read."""
     records = dispatch_dir(out, tag)
-    v = check_launch(records, arm.env)
-    files = {p.name: sha256_file(p) for p in sorted(records.glob("dispatch-*.json"))}
+    v = check_launch(records, arm.env, platform, files)
+    hashes = {p.name: sha256_file(p) for p in sorted(records.glob("dispatch-*.json"))}
     rel = str(records.relative_to(out))
-    return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, files)
+    return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, hashes, v.selection)
+
+
+def copy_selection_files(out: Path, arm: Arm) -> dict[str, dict[str, Any]]:
+    """The files the arm's VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG name, copied into the run directory
+    (selection/ARM/VAR) at the start: the dispatch proof and verify read these copies. A path that is
+    not a file is recorded as such (the plugin then ignores VLLM_FL_CONFIG; VLLM_FL_OP_CONFIG fails)."""
+    out_files: dict[str, dict[str, Any]] = {}
+    for var in FILE_ENVS:
+        path = arm.env.get(var, "").strip()
+        if not path:
+            continue
+        if not Path(path).is_file():
+            out_files[var] = {"path": path, "copy": None, "sha256": None}
+            continue
+        rel = Path(SELECTION_DIR) / arm.name / var
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(Path(path).read_bytes())
+        out_files[var] = {"path": path, "copy": str(rel), "sha256": sha256_file(out / rel)}
+    return out_files
+
+
+def selection_texts(out: Path, copies: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """The selection files' text, from their copies (None: not a file where the server ran)."""
+    return {var: (out / c["copy"]).read_text() if c.get("copy") else None for var, c in copies.items()}
 
 
 def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
@@ -128,15 +157,21 @@ ACCURACY_KEYS = (
 )
 
 
-def plan_doc(proto: Protocol, sha: str, order: list[PlannedLaunch]) -> dict[str, Any]:
+def plan_doc(
+    proto: Protocol, sha: str, order: list[PlannedLaunch], copies: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, Any]:
     """plan.json: everything the run will do, written before the first launch."""
     return {
         "protocol_sha256": sha,
-        "arms": [a.model_dump() | {"argv_expanded": proto.expand(a)} for a in proto.arms],
+        "arms": [
+            a.model_dump() | {"argv_expanded": proto.expand(a), "selection_files": copies[a.name]} for a in proto.arms
+        ],
+        "fl_platform": proto.server.fl_platform.model_dump() if proto.server.fl_platform else None,
         "cases": [case_dict(c) for c in proto.bench.cases],
         "rounds": proto.rounds,
         "repeats": proto.repeats,
         "seed": proto.seed,
+        "client": proto.bench.client,  # the request path: completions (kerneltrial's) or official (the organisers')
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
         "launches": [asdict(x) for x in order],
@@ -205,8 +240,9 @@ def run_protocol(
     check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
     sha = prepare_dir(out, protocol_bytes)
     order = planned_launches(proto.arms, proto.rounds, proto.seed)
-    write_json(out / layout.PLAN, plan_doc(proto, sha, order))
-    t = _Trial(proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None))
+    copies = {a.name: copy_selection_files(out, a) for a in proto.arms}
+    write_json(out / layout.PLAN, plan_doc(proto, sha, order, copies))
+    t = _Trial(proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None), copies)
     write_json(out / layout.PROVENANCE, t.prov)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
@@ -260,6 +296,7 @@ class _Trial:
     vllm: str
     prov: dict[str, Any]
     emit: Event
+    copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
     runs: list[dict[str, Any]] = field(default_factory=list)
     acc: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -303,7 +340,7 @@ class _Trial:
                     row["ready_s"] = server.timings.get("ready_s")
                 self.measure(arm, launch, tag, server, row)
             if server is not None:  # stopped: its processes have written their last records
-                proof = prove_launch(self.out, launch, tag, arm)
+                proof = self.prove(launch, tag, arm)
             row["status"] = "ok"
         except (LaunchError, BenchError) as e:
             spawned = server is None or server.proc is not None
@@ -313,7 +350,7 @@ class _Trial:
             if not spawned:
                 self.refused[launch] = name
             elif server is not None:
-                proof = prove_launch(self.out, launch, tag, arm)
+                proof = self.prove(launch, tag, arm)
                 if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
                     raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
             raise
@@ -322,6 +359,10 @@ class _Trial:
             raise
         finally:
             self.close_launch(row, t0, server, proof)
+
+    def prove(self, launch: int, tag: str, arm: Arm) -> LaunchProof:
+        platform = self.proto.server.fl_platform.table if self.proto.server.fl_platform else None
+        return prove_launch(self.out, launch, tag, arm, platform, selection_texts(self.out, self.copies[arm.name]))
 
     def close_launch(self, row: dict[str, Any], t0: float, server: Server | None, proof: LaunchProof | None) -> None:
         """The launch's row in launches.jsonl: timings, the server's record, the dispatch verdict."""
@@ -373,6 +414,7 @@ class _Trial:
             seed,
             proto.bench.percentiles,
             server.served_name if server is not None else None,
+            proto.bench.client,
         )
         self.emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
         if server is not None:

@@ -59,33 +59,128 @@ class Recount:
     processes: int = 0
     counts: Counts = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    selection: dict[str, str] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
         return not self.broken
 
 
-def intended(env: Mapping[str, str]) -> dict[str, str]:
-    """Dispatch op -> implementation label the environment selects; ValueError on an unknown op."""
+FL_FILE_ENVS = ("VLLM_FL_CONFIG", "VLLM_FL_OP_CONFIG")
+FL_BACKENDS = ("flagos", "vendor", "reference")
+FL_DEFAULT = {"flagos": ["flagos", "vendor", "reference"], "vendor": ["vendor", "flagos", "reference"]}
+FL_DEFAULT["reference"] = ["reference", "flagos", "vendor"]
+
+
+@dataclass
+class FlRead:
+    """vllm-plugin-FL's policy as verify reads it again: per-op orders, their source, the filters."""
+
+    per_op: dict[str, list[str]]
+    source: str
+    prefer: str
+    allow: set[str] | None
+    deny: set[str]
+    known: bool  # False: the platform table would decide, and the run did not state it
+
+    def order(self, op: str) -> tuple[list[str] | None, str]:
+        if op in self.per_op:
+            return self.per_op[op], self.source
+        if not self.known:
+            return None, "the platform table (not stated: [server.fl_platform])"
+        return FL_DEFAULT[self.prefer], f"the default order (prefer {self.prefer})"
+
+    @property
+    def ours_passes(self) -> bool:
+        return OUR_LABEL not in self.deny and (self.allow is None or OUR_LABEL in self.allow)
+
+
+def _names(value: Any) -> set[str]:
+    if isinstance(value, list):
+        return {str(v).strip() for v in value if v}
+    return {x.strip() for x in str(value or "").split(",") if x.strip()}
+
+
+def fl_read(env: Mapping[str, str], platform: Mapping[str, Any] | None, texts: Mapping[str, str | None]) -> FlRead:
+    """The policy's precedence (docs/serving.md, "Selection you can see"): VLLM_FL_CONFIG's file is
+    the whole policy; else VLLM_FL_OP_CONFIG's file, else VLLM_FL_PER_OP, else the platform table."""
+    config = env.get("VLLM_FL_CONFIG", "").strip()
+    if config and texts.get("VLLM_FL_CONFIG") is not None:
+        import yaml
+
+        doc = yaml.safe_load(texts["VLLM_FL_CONFIG"] or "") or {}
+        orders = {
+            str(op): [str(t).strip() for t in (v.split("|") if isinstance(v, str) else v) if t and str(t).strip()]
+            for op, v in (doc.get("op_backends") or {}).items()
+        }
+        prefer = str(doc.get("prefer", "flagos")).strip().lower()
+        allow = _names(doc["allow_vendors"]) if doc.get("allow_vendors") else None
+        fl_prefer = prefer if prefer in FL_BACKENDS else "flagos"
+        return FlRead(orders, f"VLLM_FL_CONFIG {config}", fl_prefer, allow, _names(doc.get("deny_vendors")), True)
+    plat = platform or {}
+    env_prefer = env.get("VLLM_FL_PREFER", "").strip().lower()
+    prefer = env_prefer if env_prefer in FL_BACKENDS else str(plat.get("prefer", "flagos"))
+    deny = _names(env.get("VLLM_FL_DENY_VENDORS")) or _names(plat.get("deny_vendors"))
+    allow_env = _names(env.get("VLLM_FL_ALLOW_VENDORS"))
+    allow = allow_env or (_names(plat["allow_vendors"]) if plat.get("allow_vendors") else None)
+    op_config = env.get("VLLM_FL_OP_CONFIG", "").strip()
+    if op_config:
+        text = texts.get("VLLM_FL_OP_CONFIG")
+        if text is None:
+            raise ValueError(f"VLLM_FL_OP_CONFIG file not found: {op_config} (vllm_fl refuses to import)")
+        doc = json.loads(text)
+        if not all(isinstance(v, str) and v.strip().lower() in FL_BACKENDS for v in doc.values()):
+            raise ValueError(f"VLLM_FL_OP_CONFIG {op_config} names a backend other than {', '.join(FL_BACKENDS)}")
+        if doc:
+            orders = {str(op): [v.strip().lower()] for op, v in doc.items()}
+            return FlRead(orders, f"VLLM_FL_OP_CONFIG {op_config}", prefer, allow, deny, True)
+    per_op: dict[str, list[str]] = {}
+    for part in env.get(FL_PER_OP_ENV, "").split(";"):
+        op, _, order = part.partition("=")
+        tokens = [t.strip() for t in order.split("|") if t.strip()]
+        if op.strip() and tokens:
+            per_op[op.strip()] = tokens
+    if per_op:
+        return FlRead(per_op, FL_PER_OP_ENV, prefer, allow, deny, True)
+    if not plat:
+        return FlRead({}, "the platform table (not stated)", prefer, allow, deny, False)
+    table = {str(op): [str(t) for t in v] for op, v in (plat.get("op_backends") or {}).items()}
+    return FlRead(table, f"platform {plat.get('name')}", prefer, allow, deny, True)
+
+
+def intended(
+    env: Mapping[str, str], platform: Mapping[str, Any] | None = None, texts: Mapping[str, str | None] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(dispatch op -> implementation label the environment selects, dispatch op -> its FL order and
+    source); ValueError on an unknown op or an unreadable selection file."""
     module = env.get(KERNELS_ENV, "").strip() or OUR_MODULE
     label = OUR_LABEL if module == OUR_MODULE else module
     ops = {x.strip() for x in env.get(OPS_ENV, "").split(",") if x.strip()}
     unknown = ops - set(DISPATCH_OP_OF.values())
     if unknown:
         raise ValueError(f"{OPS_ENV} names unknown op(s) {sorted(unknown)}")
-    for part in env.get(FL_PER_OP_ENV, "").split(";"):
-        op, _, order = part.partition("=")
-        tokens = [t.strip() for t in order.split("|") if t.strip()]
-        if op.strip() in DISPATCH_OP_OF.values() and tokens and tokens[0] in FL_SELECTORS:
-            ops.add(op.strip())
-    return {op: label for op in sorted(ops)}
+    orders: dict[str, str] = {}
+    if any(env.get(v) for v in (FL_PER_OP_ENV, *FL_FILE_ENVS)) or platform:
+        fl = fl_read(env, platform, texts or {})
+        for op in sorted(set(DISPATCH_OP_OF.values())):
+            order, source = fl.order(op)
+            if order and order[0] in FL_SELECTORS and fl.ours_passes:
+                ops.add(op)
+            drop = "" if fl.ours_passes else f"; the vendor filters drop {OUR_LABEL}"
+            orders[op] = f"{'|'.join(order) if order is not None else 'unknown'} ({source}{drop})"
+    return {op: label for op in sorted(ops)}, orders
 
 
-def recount(directory: Path, env: Mapping[str, str]) -> Recount:
+def recount(
+    directory: Path,
+    env: Mapping[str, str],
+    platform: Mapping[str, Any] | None = None,
+    texts: Mapping[str, str | None] | None = None,
+) -> Recount:
     files = sorted(directory.glob("dispatch-*.json")) if directory.is_dir() else []
     out = Recount(files={f.name: sha256_file(f) for f in files})
     try:
-        out.intended = intended(env)
+        out.intended, out.selection = intended(env, platform, texts)
     except ValueError as e:
         out.broken.append(str(e))
         return out
@@ -156,6 +251,25 @@ def _accuracy_tokens(records: Path, spec: dict[str, Any]) -> int:
     return total
 
 
+def selection_copies(path: Path, arm: Mapping[str, Any], problems: list[str]) -> dict[str, str | None]:
+    """The text of the arm's selection files from their copies in the run directory, rehashed
+    against plan.json (runs before issue 26 have none)."""
+    out: dict[str, str | None] = {}
+    for var, c in (arm.get("selection_files") or {}).items():
+        if not c.get("copy"):
+            out[var] = None
+            continue
+        copy = path / c["copy"]
+        if not copy.is_file() or sha256_file(copy) != c.get("sha256"):
+            problems.append(
+                f"arm {arm['name']}: the copy of its {var} file {c['copy']} is missing or differs from plan.json"
+            )
+            out[var] = None
+            continue
+        out[var] = copy.read_text()
+    return out
+
+
 def _counts_of(rows: Any) -> Counts:
     return {(str(r["op"]), str(r["impl"])): (int(r["calls"]), int(r["errors"])) for r in rows or []}
 
@@ -170,6 +284,7 @@ def check_dispatch(
     by_launch = {r.get("launch"): r for r in launches}
     per_arm: dict[str, list[Recount]] = {name: [] for name in arms}
     bounds = call_bounds(path, plan, launches)
+    texts = {name: selection_copies(path, arm, problems) for name, arm in arms.items()}
     never: set[str] = set()  # arms with a launch that was refused before it spawned
     for entry in plan["launches"]:
         i, name = entry["launch"], entry["arm"]
@@ -190,7 +305,7 @@ def check_dispatch(
             problems.append(f"{where}: launches.jsonl has no dispatch verdict")
             continue
         rel = f"launches/{i:02d}-{name}/dispatch"
-        r = recount(path / rel, arms[name].get("env", {}))
+        r = recount(path / rel, arms[name].get("env", {}), plan.get("fl_platform"), texts[name])
         per_arm[name].append(r)
         if got.get("dir") != rel:
             problems.append(f"{where}: dispatch dir {got.get('dir')!r}, expected {rel!r}")
@@ -213,6 +328,8 @@ def check_dispatch(
                 )
         if got.get("intended") != r.intended:
             problems.append(f"{where}: dispatch intended {got.get('intended')}, recomputed {r.intended}")
+        if got.get("selection", {}) != r.selection and "selection" in got:
+            problems.append(f"{where}: dispatch selection {got.get('selection')}, the policy reads {r.selection}")
         env = row.get("env_set", {})
         if Path(env.get(LOG_ENV, "")).parts[-3:] != Path(rel).parts:
             problems.append(f"{where}: the server's {LOG_ENV} {env.get(LOG_ENV)!r} is not {rel}")

@@ -20,6 +20,10 @@ a sentence that names the run and the invariant it breaks.
   raw file when the run ended;
 - launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol,
   each launch with its round's block (order.planned_launches);
+- the client's argv (`client_problems`): every run sent the case's lengths, concurrency and prompt
+  count down the plan's request path (client `completions`: --backend vllm --endpoint
+  /v1/completions --seed S; `official`: the organisers' --backend openai-chat --endpoint
+  /v1/chat/completions --trust-remote-code and no --seed);
 - who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
   and every run of that launch sent it as the model name, so a request another server answered
   failed instead of being counted (issue 26);
@@ -239,6 +243,41 @@ def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launch
 
 
 NONCE_FLAG = "--served-model-name"
+# the request path of each client mode, as docs/serving.md states it (written out here, apart from bench.py)
+CLIENT_FLAGS = {
+    "completions": {"--backend": ["vllm"], "--endpoint": ["/v1/completions"]},
+    "official": {"--backend": ["openai-chat"], "--endpoint": ["/v1/chat/completions"], "--trust-remote-code": []},
+}
+
+
+def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """Every run's client_argv sends its case down the plan's request path (plan.json `client`;
+    runs before issue 26 have none and used `completions`)."""
+    client = plan.get("client", "completions")
+    want_flags = CLIENT_FLAGS.get(client)
+    if want_flags is None:
+        return [f"plan.json names client {client!r}, not completions or official"]
+    cases = {c["case"]: c for c in plan["cases"]}
+    problems = []
+    for r in runs:
+        argv, case = r.get("client_argv") or [], cases.get(r.get("case"), {})
+        want = dict(want_flags) | {
+            "--random-input-len": [str(case.get("input_len"))],
+            "--random-output-len": [str(case.get("output_len"))],
+            "--max-concurrency": [str(case.get("concurrency"))],
+            "--num-prompts": [str(case.get("num_requests"))],
+        }
+        if client == "completions" and "seed" in r:
+            want["--seed"] = [str(r["seed"])]
+        wrong = [f for f, v in want.items() if f not in argv or _flag_values(argv, f) != v]
+        if client == "official" and "--seed" in argv:
+            wrong.append("--seed (the official script passes none)")
+        if wrong:
+            problems.append(
+                f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}: its client argv "
+                f"differs from the {client} client's for its case in {', '.join(wrong)}"
+            )
+    return _capped(problems, "runs whose client argv differs from the plan's")
 
 
 def _flag_values(argv: list[str], flag: str) -> list[str]:
