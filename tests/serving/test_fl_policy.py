@@ -265,3 +265,29 @@ def test_the_dispatch_proof_reads_the_file_that_decides(tmp_path: Path):
     # a VLLM_FL_OP_CONFIG that is not a file: vllm_fl cannot import, the verdict says so
     v = check_launch(d, {"VLLM_FL_OP_CONFIG": "/nowhere.json"}, None, {"VLLM_FL_OP_CONFIG": None})
     assert not v.valid and v.reason == "VLLM_FL_OP_CONFIG file not found: /nowhere.json (vllm_fl refuses to import)"
+
+
+def test_verify_reads_the_selection_files_copy_and_the_recorded_orders(tmp_path: Path, monkeypatch):
+    from kerneltrial.serving.verify import verify_serving_run
+
+    from .test_acceptance import run_trial, synthetic_bench, trial_text
+
+    cfg = tmp_path / "fl.yaml"
+    cfg.write_text("op_backends:\n  rms_norm: [flagos]\n")
+    text = trial_text(rounds=1).replace(
+        'role = "candidate"\n', f'role = "candidate"\nenv = {{ VLLM_FL_CONFIG = "{cfg}" }}\n'
+    )
+    code, output, out = run_trial(tmp_path, monkeypatch, text, synthetic_bench(lambda a, L: (1.0, 1.0)))
+    assert verify_serving_run(out) == [], output
+    plan = json.loads((out / "plan.json").read_text())
+    copy = plan["arms"][1]["selection_files"]["VLLM_FL_CONFIG"]
+    assert copy["path"] == str(cfg) and (out / copy["copy"]).read_text() == cfg.read_text()
+    rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
+    b = next(r for r in rows if r["arm"] == "B")
+    assert b["dispatch"]["selection"]["rms_norm"] == f"flagos (VLLM_FL_CONFIG {cfg})"
+    # tampering: the recorded order of an op, then the copy the orders were read from
+    b["dispatch"]["selection"]["rms_norm"] = "vendor:kerneltrial (VLLM_FL_PER_OP)"
+    (out / "launches.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert any("dispatch selection" in p and "the policy reads" in p for p in verify_serving_run(out))
+    (out / copy["copy"]).write_text("op_backends:\n  rms_norm: [vendor:kerneltrial]\n")
+    assert any("the copy of its VLLM_FL_CONFIG file" in p for p in verify_serving_run(out))
