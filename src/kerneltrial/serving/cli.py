@@ -34,6 +34,10 @@ CLIENT_HELP = (
     "organisers' argv from benchmark_throughput_flagos.py: --backend openai-chat --endpoint /v1/chat/completions "
     "--trust-remote-code, no --seed). The accuracy gate always uses the chat endpoint."
 )
+PINS_HELP = (
+    "Launch even when the server environment does not match the protocol's [pins] (vllm-plugin-FL commit, FlagGems, "
+    "vLLM): recorded in launches.jsonl and plan.json, and the run's scope is proxy."
+)
 OVERRIDE_HELP = (
     "Let an extra server argument after `--` replace this flag of the preset (e.g. --override max-model-len); "
     "without it a flag the preset sets is refused."
@@ -199,6 +203,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         out.print(f"candidate {escape(acc['candidate'])} vs baseline {escape(acc['baseline'])}: {verdict}")
         for r in acc["reasons"]:
             out.print(f"  - {r}", markup=False)
+    if sc := summary.get("scope"):
+        why = f" ({'; '.join(sc['reasons'])})" if sc["reasons"] else ""
+        out.print(f"scope: {sc['kind']} on {sc['hardware']}{why}", markup=False)
     for f in summary.get("failures", []):
         out.print(f"failure: {f}", markup=False, style="red")
     out.print(
@@ -216,6 +223,7 @@ def _run(
     quiet: bool,
     model: str | None = None,
     client: str | None = None,
+    override_pins: bool = False,
 ) -> dict[str, Any]:
     """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
     from kerneltrial.serving.accuracy import load_grader
@@ -235,7 +243,9 @@ def _run(
     install_sigterm_as_interrupt()
     display = Display(enabled=not quiet)
     try:
-        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display)
+        summary = run_protocol(
+            proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display, override_pins=override_pins
+        )
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
         raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
@@ -260,9 +270,10 @@ def _execute(
     quiet: bool,
     model: str | None = None,
     client: str | None = None,
+    override_pins: bool = False,
 ) -> None:
     """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
-    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model, client)
+    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model, client, override_pins)
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
@@ -419,6 +430,7 @@ def trial(
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
     client: str = typer.Option(None, "--client", help=CLIENT_HELP + " Default: the protocol's bench.client."),
+    override_pins: bool = typer.Option(False, "--override-pins", help=PINS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/B trial: fresh launch per arm, in counterbalanced blocks (A B, B A), preregistered acceptance.
@@ -436,7 +448,8 @@ def trial(
 
     proto, raw = load_protocol(protocol)
     require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
-    _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model, client)
+    out = out_dir or default_out("trial")
+    _execute(raw.decode("utf-8"), protocol.parent, out, vllm, quiet, model, client, override_pins)
 
 
 @app.command()
@@ -451,6 +464,7 @@ def calibrate(
     ),
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
+    override_pins: bool = typer.Option(False, "--override-pins", help=PINS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/A calibration: the baseline arm against itself with the protocol's settings.
@@ -471,7 +485,7 @@ def calibrate(
     _, raw = load_protocol(protocol)
     text, trial_rounds = calibration_protocol(raw.decode("utf-8"), launches)
     run_dir = out_dir or default_out("calibrate")
-    summary = _run(text, protocol.parent, run_dir, vllm, quiet, model)
+    summary = _run(text, protocol.parent, run_dir, vllm, quiet, model, override_pins=override_pins)
     proto = parse_protocol(text, protocol.parent)
     record = calibration_record(proto.with_model(model) if model else proto, summary, trial_rounds)
     path = write_calibration(run_dir, record)

@@ -155,6 +155,43 @@ for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processo
     except Exception:
         pass
 out["plugins"] = plugins
+fl = {}
+for name in ("vllm-plugin-fl", "vllm_plugin_fl", "vllm_fl"):
+    try:
+        d = m.distribution(name)
+    except Exception:
+        continue
+    fl["version"] = d.version
+    try:
+        url = json.loads(d.read_text("direct_url.json") or "{}")
+    except Exception:
+        url = {}
+    vcs = url.get("vcs_info") or {}
+    if vcs.get("commit_id"):
+        fl.update(commit=vcs["commit_id"], branch=vcs.get("requested_revision"), how="direct_url.json vcs_info")
+    elif str(url.get("url", "")).startswith("file://"):
+        fl["checkout"] = url["url"][len("file://"):]
+    break
+import importlib.util, os, re, subprocess
+spec = importlib.util.find_spec("vllm_fl")
+root = fl.get("checkout") or (os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None)
+if root and "commit" not in fl:
+    try:
+        txt = open(os.path.join(root, "vllm_fl", "_version.py")).read()
+        sha = re.search(r"(?:^|[.+-])g([0-9a-f]{7,40})(?:[.+-]|$)", re.search(r'__version__[^=]*= "([^"]*)"', txt).group(1))
+        if sha:
+            fl.update(commit=sha.group(1), how="vllm_fl/_version.py")
+    except Exception:
+        pass
+if root and "commit" not in fl:
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        if git("rev-parse", "HEAD"):
+            fl.update(commit=git("rev-parse", "HEAD"), branch=git("rev-parse", "--abbrev-ref", "HEAD"), how="git checkout")
+    except Exception:
+        pass
+if fl or spec:
+    out["vllm_plugin_fl"] = fl
 print(json.dumps(out))
 """
 

@@ -411,6 +411,31 @@ class Acceptance(BaseModel):
     )
 
 
+class PluginPin(BaseModel):
+    model_config = _CONFIG
+
+    commit: str = Field(min_length=7, description="vllm-plugin-FL commit (a prefix of 7 or more hex digits).")
+    branch: str | None = Field(default=None, description="Its branch, checked when the install records one.")
+
+
+class Pins(BaseModel):
+    model_config = _CONFIG
+
+    vllm_plugin_fl: PluginPin | None = Field(default=None, description="vllm-plugin-FL's commit and branch.")
+    flag_gems: str | None = Field(default=None, description="FlagGems version (e.g. 5.3.5).")
+    vllm: str | None = Field(default=None, description="vLLM version (a local part such as +cpu is ignored).")
+
+    def flat(self) -> dict[str, str | None]:
+        """As serving/pins.py compares them."""
+        fl = self.vllm_plugin_fl
+        return {
+            "vllm": self.vllm,
+            "flag_gems": self.flag_gems,
+            "vllm_plugin_fl_commit": fl.commit if fl else None,
+            "vllm_plugin_fl_branch": fl.branch if fl else None,
+        }
+
+
 class Protocol(BaseModel):
     model_config = _CONFIG
 
@@ -430,6 +455,11 @@ class Protocol(BaseModel):
     accuracy: AccuracySpec | None = Field(
         default=None,
         description="Optional MATH-500 gate: every arm is measured once, the candidate must pass.",
+    )
+    pins: Pins = Field(
+        default=Pins(),
+        description="The server environment's vllm-plugin-FL commit (and branch), FlagGems and vLLM versions: a "
+        "launch whose server interpreter has others is refused unless the run passes --override-pins (recorded).",
     )
     arms: list[Arm] = Field(description="Server configurations, each launched fresh in every round.")
 

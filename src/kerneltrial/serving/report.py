@@ -182,9 +182,17 @@ class TrialVerdict(BaseModel):
     reasons: list[str] = []
 
 
+class Scope(BaseModel):
+    model_config = _READ
+    kind: str
+    hardware: str
+    reasons: list[str] = []
+
+
 class Summary(BaseModel):
     model_config = _READ
     status: str
+    scope: Scope | None = None  # official or proxy (serving/pins.py); runs before issue 26: none
     results: dict[str, dict[str, CaseResult]]
     accuracy: dict[str, AccuracyResult] = {}
     acceptance: TrialVerdict | None = None
@@ -744,6 +752,13 @@ def plot_latency(run: ServingRun, path: Path) -> Path:
     return path
 
 
+def _scope_line(scope: Scope | None) -> str:
+    if scope is None:
+        return f"Scope: {NOT_RECORDED}."
+    why = f" Why not official: {'; '.join(scope.reasons)}." if scope.reasons else ""
+    return f"Scope: **{scope.kind}** on {scope.hardware}.{why}"
+
+
 def render(run: ServingRun) -> str:
     s = run.summary
     lines = [
@@ -752,6 +767,8 @@ def render(run: ServingRun) -> str:
         f"Status: {s.status}"
         + (f"; failures: {'; '.join(s.failures)}" if s.failures else "")
         + f". GPU: {run.gpu or 'not recorded'}.",
+        "",
+        _scope_line(s.scope),
         "",
         *arms_lines(run),
         "",

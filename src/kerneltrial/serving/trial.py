@@ -54,6 +54,7 @@ from kerneltrial.serving.launcher import (
     probe_versions,
 )
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
+from kerneltrial.serving.pins import devices_record, installed, pin_mismatches, scope, vendor_devices
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
 from kerneltrial.serving.summary import LaunchProof, summarise
@@ -215,6 +216,7 @@ def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any
         "platform": platform.platform(),
         "git": git_state(),
         "gpu": nvidia_smi(GPU_FIELDS, units=True),
+        "devices": devices_record(vendor_devices()),  # every vendor tool's answer (serving/pins.py)
         "client": {"vllm": vllm, "versions": probe_versions(interpreter_of(vllm))},
         "server_versions": {},
         "environment": operator_env(os.environ),
@@ -229,8 +231,10 @@ def run_protocol(
     vllm: str,
     argv: list[str] | None = None,
     event: Event | None = None,
+    override_pins: bool = False,
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
+    `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
 
     Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
     was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
@@ -241,8 +245,11 @@ def run_protocol(
     sha = prepare_dir(out, protocol_bytes)
     order = planned_launches(proto.arms, proto.rounds, proto.seed)
     copies = {a.name: copy_selection_files(out, a) for a in proto.arms}
-    write_json(out / layout.PLAN, plan_doc(proto, sha, order, copies))
-    t = _Trial(proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None), copies)
+    plan = plan_doc(proto, sha, order, copies) | {"pins": proto.pins.flat(), "override_pins": override_pins}
+    write_json(out / layout.PLAN, plan)
+    t = _Trial(
+        proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None), copies, override_pins
+    )
     write_json(out / layout.PROVENANCE, t.prov)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
@@ -271,9 +278,11 @@ def run_protocol(
     finally:
         t.prov["finished_at"] = now()
         t.prov["timings"]["total_s"] = time.monotonic() - t_all
+        t.prov["scope"] = scope(proto.bench.client, proto.pins.flat(), t.pin_rows, t.prov["devices"])
         write_json(out / layout.PROVENANCE, t.prov)
         if summarised:
             summary = summarise(proto, t.runs, t.acc, sha, t.failures, t.proofs, t.refused)
+            summary["scope"] = t.prov["scope"]  # official or proxy, with the hardware (serving/pins.py)
             write_json(out / layout.SUMMARY, summary)
             t.emit("done", summary=summary)
     return summary
@@ -297,16 +306,33 @@ class _Trial:
     prov: dict[str, Any]
     emit: Event
     copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
+    override: bool = False  # --override-pins: a pin mismatch is recorded, not refused
+    pin_rows: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     acc: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     proofs: list[LaunchProof] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
 
+    def check_pins(self, arm: Arm, row: dict[str, Any]) -> None:
+        """The arm's server interpreter against the protocol's [pins] (serving/pins.py), recorded in the
+        launch's row; LaunchError when a pin does not match and the run has no --override-pins."""
+        if arm.name not in self.prov["server_versions"]:
+            self.prov["server_versions"][arm.name] = probe_versions(interpreter_of(self.proto.expand(arm)[0]))
+        pinned = self.proto.pins.flat()
+        have = installed(self.prov["server_versions"][arm.name])
+        wrong = pin_mismatches(pinned, have)
+        record = {"pinned": pinned, "installed": have, "mismatches": wrong, "overridden": bool(wrong) and self.override}
+        self.pin_rows.append(record)
+        row["pins"] = record
+        if wrong and not self.override:
+            raise LaunchError(
+                f"arm {arm.name}'s server environment does not match the protocol's [pins]: {'; '.join(wrong)}; install "
+                "the pinned versions (docs/serving.md, 'GPU install recipe') or pass --override-pins (recorded)"
+            )
+
     def server(self, arm: Arm, tag: str) -> Server:
         argv = self.proto.expand(arm)
-        if arm.name not in self.prov["server_versions"]:
-            self.prov["server_versions"][arm.name] = probe_versions(interpreter_of(argv[0]))
         s = self.proto.server
         spec = ServerSpec(
             argv,
@@ -332,6 +358,8 @@ class _Trial:
         server: Server | None = None
         proof: LaunchProof | None = None
         try:
+            if not arm.external:
+                self.check_pins(arm, row)  # refused here (LaunchError) when a pin does not match
             server = None if arm.external else self.server(arm, tag)
             if server is not None:
                 self.emit("launch", launch=launch, arm=name, argv=server.spec.argv)
@@ -343,12 +371,13 @@ class _Trial:
                 proof = self.prove(launch, tag, arm)
             row["status"] = "ok"
         except (LaunchError, BenchError) as e:
-            spawned = server is None or server.proc is not None
+            spawned = arm.external or (server is not None and server.proc is not None)
             row["status"] = "error" if spawned else "refused"  # refused: nothing ran, nothing to prove
             row["error"] = str(e)
             self.failures.append(f"launch {launch} ({name}){'' if spawned else ' refused before it started'}: {e}")
             if not spawned:
                 self.refused[launch] = name
+                row["spawned"] = False
             elif server is not None:
                 proof = self.prove(launch, tag, arm)
                 if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why

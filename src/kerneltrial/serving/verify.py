@@ -328,6 +328,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
     problems += evidence.nonce_problems(plan, launches, rows)
     problems += evidence.client_problems(plan, rows)
+    problems += evidence.pins_problems(path, plan, launches, summary, prov)
     dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
     # acceptance verdict: serving/acceptance.py's rule, on the per-launch figures recomputed above

@@ -24,6 +24,9 @@ a sentence that names the run and the invariant it breaks.
   count down the plan's request path (client `completions`: --backend vllm --endpoint
   /v1/completions --seed S; `official`: the organisers' --backend openai-chat --endpoint
   /v1/chat/completions --trust-remote-code and no --seed);
+- pins and scope (`pins_problems`): plan.json's pins are protocol.toml's, every launch's recorded
+  mismatches are those of its recorded versions against them (serving/pins.py's comparison, a
+  definition), a mismatch without --override-pins was refused, and the scope is recomputed;
 - who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
   and every run of that launch sent it as the model name, so a request another server answered
   failed instead of being counted (issue 26);
@@ -47,6 +50,7 @@ from kerneltrial.rundir.files import read_csv, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
+from kerneltrial.serving.pins import pin_mismatches, scope
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
 
 TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
@@ -315,6 +319,41 @@ def nonce_problems(plan: dict[str, Any], launches: list[dict[str, Any]], runs: l
                 "answered it"
             )
     return _capped(problems, "runs without their launch's nonce")
+
+
+def pins_problems(
+    path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], prov: dict[str, Any]
+) -> list[str]:
+    """plan.json's pins are protocol.toml's; each launch's pin record is its comparison; a mismatch
+    not overridden was refused; summary.json's scope is the one these records give."""
+    if "pins" not in plan:
+        return []  # before issue 26
+    try:
+        proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
+    except (ProtocolError, UnicodeDecodeError) as error:
+        return [f"{PROTOCOL} does not parse, so the pins cannot be checked: {error}"]
+    problems = []
+    if plan["pins"] != proto.pins.flat():
+        problems.append(f"plan.json pins {plan['pins']} are not protocol.toml's {proto.pins.flat()}")
+    rows = [r for r in launches if "pins" in r]
+    for r in rows:
+        where = f"launch {r.get('launch')} ({r.get('arm')})"
+        rec = r["pins"]
+        want = pin_mismatches(plan["pins"], rec.get("installed") or {})
+        if rec.get("mismatches") != want:
+            problems.append(f"{where}: pin mismatches {rec.get('mismatches')}, its recorded versions give {want}")
+        if want and not plan.get("override_pins") and r.get("status") != "refused":
+            problems.append(f"{where}: its server did not match the pins ({'; '.join(want)}) but was not refused")
+    got = summary.get("scope")
+    if got is not None:
+        want_scope = scope(
+            plan.get("client", "completions"), plan["pins"], [r["pins"] for r in rows], prov.get("devices") or []
+        )
+        if (got.get("kind"), got.get("reasons")) != (want_scope["kind"], want_scope["reasons"]):
+            problems.append(
+                f"summary scope {got.get('kind')} ({got.get('reasons')}), the records give {want_scope['kind']} ({want_scope['reasons']})"
+            )
+    return problems
 
 
 def _order(launches: list[dict[str, Any]]) -> str:
