@@ -37,17 +37,71 @@ class Case:
     concurrency: int
     num_requests: int
     label: str = ""  # the built-in set it comes from (serving/official.py: "seed 1", "script p4096d1024")
+    request_rate: float | None = None  # `vllm bench serve --request-rate` (req/s); None: inf, all sent at once
+    burstiness: float | None = None  # `--burstiness` (gamma shape of the arrival gaps; 1: Poisson); needs a rate
 
     @property
     def id(self) -> str:
-        return f"in{self.input_len}-out{self.output_len}-c{self.concurrency}-n{self.num_requests}"
+        base = f"in{self.input_len}-out{self.output_len}-c{self.concurrency}-n{self.num_requests}"
+        rate = "" if self.request_rate is None else f"-r{self.request_rate:g}"
+        return base + rate + ("" if self.burstiness is None else f"-b{self.burstiness:g}")
 
     def as_list(self) -> list[int]:
         return [self.input_len, self.output_len, self.concurrency, self.num_requests]
 
+    def as_toml(self) -> list[int] | dict[str, Any]:
+        """How a protocol writes it: the 4-list, or a table when it has a rate."""
+        if self.request_rate is None:
+            return self.as_list()
+        table: dict[str, Any] = dict(zip(CASE_KEYS, self.as_list(), strict=True)) | {"request_rate": self.request_rate}
+        return table | ({} if self.burstiness is None else {"burstiness": self.burstiness})
+
+    def load_argv(self) -> list[str]:
+        """The client's options for the case's arrival process (none: all requests at once)."""
+        rate = [] if self.request_rate is None else ["--request-rate", f"{self.request_rate:g}"]
+        return rate + ([] if self.burstiness is None else ["--burstiness", f"{self.burstiness:g}"])
+
+
+CASE_KEYS = ("input_len", "output_len", "concurrency", "num_requests")
+CASE_TABLE_KEYS = (*CASE_KEYS, "request_rate", "burstiness")
+
+
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _case_table(item: dict[str, Any]) -> list[Case]:
+    """A case table: the four sizes (concurrency may be a list: a sweep, one case each), and an
+    optional request_rate (req/s) and burstiness."""
+    unknown = sorted(set(item) - set(CASE_TABLE_KEYS))
+    if unknown or any(k not in item for k in CASE_KEYS):
+        raise ValueError(f"case {item!r} needs keys {', '.join(CASE_KEYS)} (and optionally request_rate, burstiness)")
+    sweep = item["concurrency"] if isinstance(item["concurrency"], list) else [item["concurrency"]]
+    sizes = [item["input_len"], item["output_len"], *sweep, item["num_requests"]]
+    if not sweep or not all(_positive_int(x) for x in sizes):
+        raise ValueError(f"case {item!r}: the lengths, each concurrency and num_requests must be positive integers")
+    rate, burst = item.get("request_rate"), item.get("burstiness")
+    for name, v in (("request_rate", rate), ("burstiness", burst)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
+            raise ValueError(f"case {item!r}: {name} must be a positive number, got {v!r}")
+    if burst is not None and rate is None:
+        raise ValueError(f"case {item!r}: burstiness shapes the gaps of a request_rate; set request_rate too")
+    return [
+        Case(
+            item["input_len"],
+            item["output_len"],
+            c,
+            item["num_requests"],
+            request_rate=None if rate is None else float(rate),
+            burstiness=None if burst is None else float(burst),
+        )
+        for c in sweep
+    ]
+
 
 def parse_cases(value: Any) -> list[Case]:
-    """[[input_len, output_len, concurrency, num_requests], ...] (JSON text or a list)."""
+    """[[input_len, output_len, concurrency, num_requests], ...] (JSON text or a list); an item may
+    be a table with those keys, request_rate and burstiness, and a list of concurrencies (a sweep)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -59,6 +113,9 @@ def parse_cases(value: Any) -> list[Case]:
     for item in value:
         if isinstance(item, Case):
             cases.append(item)
+            continue
+        if isinstance(item, dict):
+            cases += _case_table(item)
             continue
         if (
             not isinstance(item, list | tuple)
@@ -96,13 +153,16 @@ def bench_argv(
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
     served_name: str | None = None,
     client: str = "completions",
+    goodput: dict[str, float] | None = None,
 ) -> list[str]:
     """The client's argv; `served_name` (a launch's nonce) is the model name every request sends.
-    client "official": the organisers' argv (serving/official.py), which passes no --seed."""
+    client "official": the organisers' argv (serving/official.py), which passes no --seed. The
+    case's request rate and burstiness and the goodput SLOs (ms) follow the request path."""
+    load = case.load_argv() + goodput_argv(goodput)
     if client == "official":
         url = urlsplit(base_url)
         argv = official_argv(vllm, url.hostname or "127.0.0.1", url.port or 80, model_id, tokenizer or model_id, case)
-        return argv + recording(result_dir, result_file, percentiles, served_name)
+        return argv + load + recording(result_dir, result_file, percentiles, served_name)
     argv = [
         vllm,
         "bench",
@@ -144,7 +204,12 @@ def bench_argv(
         argv += ["--tokenizer", tokenizer]
     if served_name:
         argv += ["--served-model-name", served_name]
-    return argv
+    return argv + load
+
+
+def goodput_argv(goodput: dict[str, float] | None) -> list[str]:
+    """`--goodput ttft:MS tpot:MS e2el:MS`: the SLOs a request must meet to count as good."""
+    return ["--goodput", *(f"{k}:{v:g}" for k, v in goodput.items())] if goodput else []
 
 
 # what vLLM's client records for a request the server answered with HTTP 404 (response.reason,

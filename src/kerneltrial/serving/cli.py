@@ -384,7 +384,7 @@ def bench(
     if tokenizer:
         server["tokenizer"] = tokenizer
     table["server"] = server
-    listed = case_list if isinstance(case_list, str) else [c.as_list() for c in case_list]
+    listed = case_list if isinstance(case_list, str) else [c.as_toml() for c in case_list]
     table["bench"] = {"cases": listed, "timeout_s": bench_timeout, "seeding": seeding, "client": client}
     if seed is not None:
         table["bench"]["seed"] = seed

@@ -49,7 +49,7 @@ from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
 from kerneltrial.serving.fl_policy import FILE_ENVS, PER_OP_ENV, Platform, selection
 from kerneltrial.serving.lifecycle import PORT_WAIT_S
-from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
+from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, GOODPUT_KEYS
 from kerneltrial.serving.official import CASE_SETS
 
 # `vllm bench serve`'s default --seed (vllm/benchmarks/datasets/datasets.py, add_dataset_parser,
@@ -313,7 +313,14 @@ class Bench(BaseModel):
         description="Throughput cases, each [input_len, output_len, concurrency, num_requests] of positive integers; "
         'or a built-in set, each case labelled with it: "seed" (the Track 2 seed\'s two cases) or "script" (the '
         "official throughput script's scenarios, num_requests = concurrency; serving/official.py).",
-        json_schema_extra={"toml_type": 'list of [int, int, int, int], or "seed" or "script"'},
+        json_schema_extra={"toml_type": 'list of [int, int, int, int] or tables, or "seed" or "script"'},
+    )
+    goodput: dict[str, float] | None = Field(
+        default=None,
+        description="Goodput SLOs in ms, passed as `vllm bench serve --goodput KEY:MS`: keys ttft, tpot, e2el; a "
+        "request is good when it meets every one; request_goodput (good requests / duration) is recorded and "
+        "verified. A case may be a table {input_len, output_len, concurrency, num_requests, request_rate, "
+        "burstiness}: request_rate (req/s) and burstiness pass through, and a list of concurrencies is a sweep.",
     )
     client: Literal["completions", "official"] = Field(
         default="completions",
@@ -350,6 +357,14 @@ class Bench(BaseModel):
         if isinstance(value, str) and value in CASE_SETS:
             return list(CASE_SETS[value])
         return parse_cases(value)
+
+    @field_validator("goodput")
+    @classmethod
+    def _slos(cls, goodput: dict[str, float] | None) -> dict[str, float] | None:
+        for key, ms in (goodput or {}).items():
+            if key not in GOODPUT_KEYS or not ms > 0:
+                raise ValueError(f"{key} = {ms}: SLOs are ttft, tpot or e2el with a positive number of ms")
+        return goodput
 
     @model_validator(mode="after")
     def _official_seeds(self) -> Bench:

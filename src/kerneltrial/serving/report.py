@@ -53,6 +53,7 @@ from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform
 THROUGHPUT_PNG = "throughput.png"
 TTFT_PNG = "ttft.png"
 LATENCY_PNG = "latency.png"
+GOODPUT_PNG = "goodput.png"  # only when the plan sets goodput SLOs
 NOT_RECORDED = "not recorded"
 M = TypeVar("M", bound=BaseModel)
 
@@ -111,6 +112,7 @@ class AccuracyPlan(BaseModel):
 class Plan(BaseModel):
     model_config = _READ
     arms: list[PlanArm]
+    goodput: dict[str, float] | None = None  # --goodput SLOs (ms); runs before issue 26: none
     fl_platform: dict[str, object] | None = None  # protocol [server.fl_platform]; runs before issue 26: none
     cases: list[PlanCase]
     rounds: int
@@ -139,11 +141,15 @@ class CaseResult(BaseModel):
     total_token_throughput: float | None = None
     mean_ttft_ms: float | None = None
 
-    def latency_ms(self, stat: str, metric: str) -> float | None:
-        """summary.json's `{stat}_{metric}_ms` (e.g. median_tpot_ms, p99_e2el_ms): the mean over
-        launches of the mean over kept runs; None when the run did not record it."""
-        value = (self.model_extra or {}).get(f"{stat}_{metric}_ms")
+    def figure(self, key: str) -> float | None:
+        """summary.json's figure `key` (the mean over launches of the mean over kept runs); None
+        when the run did not record it."""
+        value = (self.model_extra or {}).get(key)
         return float(value) if isinstance(value, (int, float)) else None
+
+    def latency_ms(self, stat: str, metric: str) -> float | None:
+        """summary.json's `{stat}_{metric}_ms` (e.g. median_tpot_ms, p99_e2el_ms)."""
+        return self.figure(f"{stat}_{metric}_ms")
 
 
 class AccuracyResult(BaseModel):
@@ -492,14 +498,23 @@ def figures_lines(run: ServingRun) -> list[str]:
 
 
 def latency_lines(run: ServingRun) -> list[str]:
-    """Per case: each arm's p50 and p99 of TTFT, TPOT, ITL and E2E latency (ms)."""
+    """Per case: each arm's p50 and p99 of TTFT, TPOT, ITL and E2E latency (ms), and its goodput
+    (req/s) when the plan sets SLOs."""
     header = ["arm", *(f"{p} {label} ms" for _, label in LATENCIES for _, p in PERCENTILES)]
     out = [
-        "## Latency percentiles",
+        "## Latency percentiles and goodput",
         "",
         "p50 and p99 per run (vLLM's percentiles over the run's requests; ITL over all inter-token gaps), averaged "
         "over the kept runs of a launch and then over launches, as summary.json does.",
     ]
+    slos = run.plan.goodput
+    if slos:
+        header.append("goodput req/s")
+        out[-1] += (
+            " Goodput: requests meeting every SLO ("
+            + ", ".join(f"{k} <= {v:g} ms" for k, v in slos.items())
+            + ") per second, vLLM's request_goodput."
+        )
     for case in run.plan.cases:
         rows = []
         for a in run.plan.arms:
@@ -509,6 +524,8 @@ def latency_lines(run: ServingRun) -> list[str]:
                 for metric, _ in LATENCIES
                 for stat, _ in PERCENTILES
             ]
+            if slos:
+                values.append(None if result is None else result.figure("request_goodput"))
             rows.append([a.name, *("-" if v is None else f"{v:.1f}" for v in values)])
         out += ["", f"### {case.heading}", "", *_table(header, rows)]
     return out
@@ -759,6 +776,29 @@ def _scope_line(scope: Scope | None) -> str:
     return f"Scope: **{scope.kind}** on {scope.hardware}.{why}"
 
 
+def plot_goodput(run: ServingRun, path: Path) -> Path:
+    """One panel per case: each arm's request goodput (req/s) against the plan's SLOs."""
+    cases = run.plan.cases
+    fig = Figure(figsize=(4.5 * len(cases), 4))
+    names = [a.name for a in run.plan.arms]
+    for k, case in enumerate(cases):
+        ax = fig.add_subplot(1, len(cases), k + 1)
+        values = [
+            (r.figure("request_goodput") or 0.0) if (r := run.summary.results.get(n, {}).get(case.case)) else 0.0
+            for n in names
+        ]
+        ax.bar(range(len(names)), values, color=[f"C{j}" for j in range(len(names))])
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("goodput (req/s)")
+        ax.set_title(case.case, fontsize="small")
+        ax.grid(axis="y", alpha=0.3)
+    slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (run.plan.goodput or {}).items())
+    fig.suptitle(f"{run.name}: request goodput ({slos})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def render(run: ServingRun) -> str:
     s = run.summary
     lines = [
@@ -790,6 +830,7 @@ def render(run: ServingRun) -> str:
         "",
         f"![latency percentiles per arm]({LATENCY_PNG})",
         "",
+        *([f"![request goodput per arm]({GOODPUT_PNG})", ""] if run.plan.goodput else []),
         "Figures are drawn from summary.json and runs.jsonl; `kerneltrial verify` rebuilds them from the raw files.",
     ]
     return "\n".join(lines) + "\n"
@@ -802,6 +843,8 @@ def write_serving_report(run_dir: Path) -> Path:
     plot_metric(run, "throughput", run_dir / THROUGHPUT_PNG)
     plot_metric(run, "ttft", run_dir / TTFT_PNG)
     plot_latency(run, run_dir / LATENCY_PNG)
+    if run.plan.goodput:
+        plot_goodput(run, run_dir / GOODPUT_PNG)
     path = run_dir / REPORT
     path.write_text(render(run))
     return path

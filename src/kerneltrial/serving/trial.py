@@ -173,6 +173,7 @@ def plan_doc(
         "repeats": proto.repeats,
         "seed": proto.seed,
         "client": proto.bench.client,  # the request path: completions (kerneltrial's) or official (the organisers')
+        "goodput": proto.bench.goodput,  # SLOs (ms) of --goodput; each case's request_rate/burstiness is in cases
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
         "launches": [asdict(x) for x in order],
@@ -444,6 +445,7 @@ class _Trial:
             proto.bench.percentiles,
             server.served_name if server is not None else None,
             proto.bench.client,
+            proto.bench.goodput,
         )
         self.emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
         if server is not None:
@@ -488,7 +490,7 @@ class _Trial:
     def judge_run(self, raw: dict[str, Any], case: Case, server: Server | None) -> tuple[dict[str, Any], bool]:
         """A run's figures and status, and whether another server answered: FAILED when a request
         got another server's 404 (for the launch's nonce) or fewer than num_requests completed."""
-        m = metrics.run_metrics(raw, self.proto.bench.percentiles)
+        m = metrics.run_metrics(raw, self.proto.bench.percentiles, self.proto.bench.goodput)
         foreign = foreign_answers(raw) if server is not None and server.nonce else 0
         if foreign and server is not None:
             reason = (

@@ -71,6 +71,7 @@ CLIENT_FIGURES = (
     "mean_tpot_ms",
     "mean_itl_ms",
     "mean_e2el_ms",
+    "request_goodput",
 )
 SHOWN = 5  # problems of one kind listed before "and N more"
 
@@ -162,7 +163,11 @@ def client_figure_problems(raw: dict[str, Any], recomputed: dict[str, float], wh
     out = []
     for key in CLIENT_FIGURES:
         vllms = raw.get(key)
-        if isinstance(vllms, (int, float)) and not math.isclose(vllms, recomputed[key], rel_tol=1e-6, abs_tol=1e-9):
+        if (
+            key in recomputed
+            and isinstance(vllms, (int, float))
+            and not math.isclose(vllms, recomputed[key], rel_tol=1e-6, abs_tol=1e-9)
+        ):
             out.append(
                 f"{where}: vLLM's own {key} in the raw file is {vllms}, its per-request arrays give "
                 f"{recomputed[key]}: the arrays or the figure were altered"
@@ -256,7 +261,8 @@ CLIENT_FLAGS = {
 
 def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
     """Every run's client_argv sends its case down the plan's request path (plan.json `client`;
-    runs before issue 26 have none and used `completions`)."""
+    runs before issue 26 have none and used `completions`), with the case's request rate and
+    burstiness and the plan's goodput SLOs, and no load option the plan does not name."""
     client = plan.get("client", "completions")
     want_flags = CLIENT_FLAGS.get(client)
     if want_flags is None:
@@ -273,7 +279,14 @@ def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[st
         }
         if client == "completions" and "seed" in r:
             want["--seed"] = [str(r["seed"])]
-        wrong = [f for f, v in want.items() if f not in argv or _flag_values(argv, f) != v]
+        for flag, key in (("--request-rate", "request_rate"), ("--burstiness", "burstiness")):
+            want[flag] = None if case.get(key) is None else [f"{case[key]:g}"]
+        want["--goodput"] = [f"{k}:{v:g}" for k, v in plan["goodput"].items()] if plan.get("goodput") else None
+        wrong = [
+            f
+            for f, v in want.items()
+            if (v is None and f in argv) or (v is not None and (f not in argv or _flag_values(argv, f) != v))
+        ]
         if client == "official" and "--seed" in argv:
             wrong.append("--seed (the official script passes none)")
         if wrong:
