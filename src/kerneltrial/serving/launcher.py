@@ -187,7 +187,8 @@ if root and "commit" not in fl:
     try:
         git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True, timeout=10).stdout.strip()
         if git("rev-parse", "HEAD"):
-            fl.update(commit=git("rev-parse", "HEAD"), branch=git("rev-parse", "--abbrev-ref", "HEAD"), how="git checkout")
+            branch = git("rev-parse", "--abbrev-ref", "HEAD")
+            fl.update(commit=git("rev-parse", "HEAD"), branch=None if branch == "HEAD" else branch, how="git checkout")
     except Exception:
         pass
 if fl or spec:
