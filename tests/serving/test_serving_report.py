@@ -17,7 +17,7 @@ from kerneltrial.cli import app
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import case_record
 from kerneltrial.serving.protocol import parse_protocol
-from kerneltrial.serving.report import Interval, load_run, parts_of, verdict
+from kerneltrial.serving.report_data import Interval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
 
 from .conftest import FAKE, start_times

@@ -125,7 +125,7 @@ def report(run_dir: RunDir) -> None:
 
 def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
-    from kerneltrial.serving.report import Interval
+    from kerneltrial.serving.report_data import Interval
 
     if not json_:
         typer.echo(compare_runs(run_a, run_b), nl=False)

@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -215,16 +216,18 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     )
 
 
-def _run(
-    proto_text: str,
-    base_dir: Path,
-    run_dir: Path,
-    vllm_opt: str | None,
-    quiet: bool,
-    model: str | None = None,
-    client: str | None = None,
-    override_pins: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunOptions:
+    """The command-line options a serving run takes beside its protocol (each recorded in the run)."""
+
+    vllm: str | None  # --vllm
+    quiet: bool = False
+    model: str | None = None  # --model: replaces server.model (plan.json argv_expanded, tokenizer)
+    client: str | None = None  # --client: replaces bench.client (plan.json client, every client_argv)
+    override_pins: bool = False  # --override-pins (plan.json override_pins, launches.jsonl pins)
+
+
+def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
     """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
     from kerneltrial.serving.accuracy import load_grader
     from kerneltrial.serving.bench import BenchError, resolve_vllm
@@ -233,18 +236,18 @@ def _run(
     from kerneltrial.serving.trial import run_protocol
 
     proto = parse_protocol(proto_text, base_dir)
-    if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
-        proto = proto.with_model(model)
-    if client:  # recorded in provenance (argv) and plan.json (client), and in every run's client_argv
-        proto = proto.with_client(_client(client))
+    if opts.model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
+        proto = proto.with_model(opts.model)
+    if opts.client:  # recorded in provenance (argv) and plan.json (client), and in every run's client_argv
+        proto = proto.with_client(_client(opts.client))
     if proto.accuracy is not None:
         load_grader()  # before the first launch, not an hour later at the first graded answer
-    vllm = resolve_vllm(vllm_opt)
+    vllm = resolve_vllm(opts.vllm)
     install_sigterm_as_interrupt()
-    display = Display(enabled=not quiet)
+    display = Display(enabled=not opts.quiet)
     try:
         summary = run_protocol(
-            proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display, override_pins=override_pins
+            proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display, override_pins=opts.override_pins
         )
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
         raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
@@ -262,18 +265,9 @@ def _run(
     return summary
 
 
-def _execute(
-    proto_text: str,
-    base_dir: Path,
-    run_dir: Path,
-    vllm_opt: str | None,
-    quiet: bool,
-    model: str | None = None,
-    client: str | None = None,
-    override_pins: bool = False,
-) -> None:
+def _execute(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> None:
     """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
-    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model, client, override_pins)
+    summary = _run(proto_text, base_dir, run_dir, opts)
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
@@ -392,7 +386,7 @@ def bench(
     import tomli_w
 
     text = header + tomli_w.dumps(table)
-    _execute(text, Path("."), out_dir or default_out("bench"), vllm, quiet)
+    _execute(text, Path("."), out_dir or default_out("bench"), RunOptions(vllm, quiet))
 
 
 def _preset_server(
@@ -449,7 +443,7 @@ def trial(
     proto, raw = load_protocol(protocol)
     require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
     out = out_dir or default_out("trial")
-    _execute(raw.decode("utf-8"), protocol.parent, out, vllm, quiet, model, client, override_pins)
+    _execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins))
 
 
 @app.command()
@@ -485,7 +479,7 @@ def calibrate(
     _, raw = load_protocol(protocol)
     text, trial_rounds = calibration_protocol(raw.decode("utf-8"), launches)
     run_dir = out_dir or default_out("calibrate")
-    summary = _run(text, protocol.parent, run_dir, vllm, quiet, model, override_pins=override_pins)
+    summary = _run(text, protocol.parent, run_dir, RunOptions(vllm, quiet, model, override_pins=override_pins))
     proto = parse_protocol(text, protocol.parent)
     record = calibration_record(proto.with_model(model) if model else proto, summary, trial_rounds)
     path = write_calibration(run_dir, record)

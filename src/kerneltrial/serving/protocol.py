@@ -284,7 +284,7 @@ class Server(BaseModel):
         default=None,
         description="vllm-plugin-FL's platform table for the server's hardware. VLLM_FL_PER_OP replaces that whole "
         "table: with it stated, the loader refuses an arm whose VLLM_FL_PER_OP would change operators other than the "
-        "ones it swaps in, and the dispatch proof knows every op's order.",
+        "ones it names, and the dispatch proof knows every op's order.",
     )
     nonce: bool = Field(
         default=True,

@@ -274,6 +274,37 @@ def _counts_of(rows: Any) -> Counts:
     return {(str(r["op"]), str(r["impl"])): (int(r["calls"]), int(r["errors"])) for r in rows or []}
 
 
+def verdict_problems(
+    where: str, got: Mapping[str, Any], r: Recount, rel: str, bound: int, layers: int | None
+) -> list[str]:
+    """A launch's recorded dispatch verdict against verify's recount of its records, and the bound
+    on its call counts (call_bounds)."""
+    out = []
+    if got.get("dir") != rel:
+        out.append(f"{where}: dispatch dir {got.get('dir')!r}, expected {rel!r}")
+    if got.get("files") != r.files:
+        out.append(f"{where}: dispatch record files or their sha256 differ from launches.jsonl")
+    if got.get("valid") != r.valid:
+        why = "; ".join(r.broken) or "no rule broken"
+        out.append(f"{where}: dispatch verdict valid={got.get('valid')}, recomputed {r.valid} ({why})")
+    if got.get("processes") != r.processes:
+        out.append(f"{where}: dispatch processes {got.get('processes')}, recounted {r.processes}")
+    if _counts_of(got.get("counts")) != r.counts:
+        out.append(f"{where}: dispatch counts {got.get('counts')} differ from the records' {r.counts}")
+    for (op, impl), (n, _) in sorted(r.counts.items()):
+        if n > bound:
+            out.append(
+                f"{where}: {n} calls of {op} by {impl} in the dispatch records, more than the launch's requests can "
+                f"produce (at most {bound}: {CALLS_PER_LAYER} per layer of {layers or UNKNOWN_LAYERS} (+1) per forward "
+                f"pass, one pass per token sent plus {STARTUP_PASSES} start-up passes): the records were altered"
+            )
+    if got.get("intended") != r.intended:
+        out.append(f"{where}: dispatch intended {got.get('intended')}, recomputed {r.intended}")
+    if "selection" in got and got["selection"] != r.selection:
+        out.append(f"{where}: dispatch selection {got.get('selection')}, the policy reads {r.selection}")
+    return out
+
+
 def check_dispatch(
     path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], problems: list[str]
 ) -> dict[str, bool | None]:
@@ -307,39 +338,29 @@ def check_dispatch(
         rel = f"launches/{i:02d}-{name}/dispatch"
         r = recount(path / rel, arms[name].get("env", {}), plan.get("fl_platform"), texts[name])
         per_arm[name].append(r)
-        if got.get("dir") != rel:
-            problems.append(f"{where}: dispatch dir {got.get('dir')!r}, expected {rel!r}")
-        if got.get("files") != r.files:
-            problems.append(f"{where}: dispatch record files or their sha256 differ from launches.jsonl")
-        if got.get("valid") != r.valid:
-            why = "; ".join(r.broken) or "no rule broken"
-            problems.append(f"{where}: dispatch verdict valid={got.get('valid')}, recomputed {r.valid} ({why})")
-        if got.get("processes") != r.processes:
-            problems.append(f"{where}: dispatch processes {got.get('processes')}, recounted {r.processes}")
-        if _counts_of(got.get("counts")) != r.counts:
-            problems.append(f"{where}: dispatch counts {got.get('counts')} differ from the records' {r.counts}")
-        for (op, impl), (n, _) in sorted(r.counts.items()):
-            if n > bounds.get(i, 0):
-                problems.append(
-                    f"{where}: {n} calls of {op} by {impl} in the dispatch records, more than the launch's requests "
-                    f"can produce (at most {bounds.get(i, 0)}: {CALLS_PER_LAYER} per layer of "
-                    f"{plan.get('model_layers') or UNKNOWN_LAYERS} (+1) per forward pass, one pass per token sent plus "
-                    f"{STARTUP_PASSES} start-up passes): the records were altered"
-                )
-        if got.get("intended") != r.intended:
-            problems.append(f"{where}: dispatch intended {got.get('intended')}, recomputed {r.intended}")
-        if got.get("selection", {}) != r.selection and "selection" in got:
-            problems.append(f"{where}: dispatch selection {got.get('selection')}, the policy reads {r.selection}")
+        problems += verdict_problems(where, got, r, rel, bounds.get(i, 0), plan.get("model_layers"))
         env = row.get("env_set", {})
         if Path(env.get(LOG_ENV, "")).parts[-3:] != Path(rel).parts:
             problems.append(f"{where}: the server's {LOG_ENV} {env.get(LOG_ENV)!r} is not {rel}")
         if env.get(COMPILE_CACHE_ENV) != arms[name].get("env", {}).get(COMPILE_CACHE_ENV, "1"):
             problems.append(f"{where}: the server ran with {COMPILE_CACHE_ENV}={env.get(COMPILE_CACHE_ENV)!r}")
-    validity: dict[str, bool | None] = {}
+    validity = {
+        name: None
+        if not arm["argv"]
+        else bool(per_arm[name]) and all(r.valid for r in per_arm[name]) and name not in never
+        for name, arm in arms.items()
+    }
+    problems += summary_problems(summary, per_arm, validity)
+    return validity
+
+
+def summary_problems(
+    summary: Mapping[str, Any], per_arm: Mapping[str, list[Recount]], validity: Mapping[str, bool | None]
+) -> list[str]:
+    """summary.json's dispatch entry of every arm against the recounted launches."""
+    out = []
     recorded = summary.get("dispatch") or {}
-    for name, arm in arms.items():
-        rs = per_arm[name]
-        validity[name] = None if not arm["argv"] else bool(rs) and all(r.valid for r in rs) and name not in never
+    for name, rs in per_arm.items():
         total: Counts = {}
         for r in rs:
             for k, (n, e) in r.counts.items():
@@ -347,12 +368,12 @@ def check_dispatch(
                 total[k] = (n0 + n, e0 + e)
         s = recorded.get(name)
         if not isinstance(s, dict):
-            problems.append(f"summary.json has no dispatch entry for arm {name}")
+            out.append(f"summary.json has no dispatch entry for arm {name}")
             continue
         if s.get("valid") != validity[name]:
-            problems.append(f"summary dispatch {name}: valid={s.get('valid')}, recomputed {validity[name]}")
+            out.append(f"summary dispatch {name}: valid={s.get('valid')}, recomputed {validity[name]}")
         if _counts_of(s.get("counts")) != total:
-            problems.append(f"summary dispatch {name}: counts {s.get('counts')} differ from the records' {total}")
+            out.append(f"summary dispatch {name}: counts {s.get('counts')} differ from the records' {total}")
     if any(v is False for v in validity.values()) and summary.get("status") == "ok":
-        problems.append("summary status ok although an arm's dispatch proof is invalid")
-    return validity
+        out.append("summary status ok although an arm's dispatch proof is invalid")
+    return out
