@@ -270,7 +270,9 @@ def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[st
     cases = {c["case"]: c for c in plan["cases"]}
     problems = []
     for r in runs:
-        argv, case = r.get("client_argv") or [], cases.get(r.get("case"), {})
+        if "client_argv" not in r:
+            continue  # a run from before the argv was recorded (issue 14)
+        argv, case = r["client_argv"], cases.get(r.get("case"), {})
         want = dict(want_flags) | {
             "--random-input-len": [str(case.get("input_len"))],
             "--random-output-len": [str(case.get("output_len"))],
