@@ -17,8 +17,8 @@ from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
-# The late cheats turn after 40 calls: more than the gate makes for two seeds (at most 13 a check:
-# 4 warm-ups, the checked call, the repeat, 2 stale-result calls, 5 extra shapes), fewer than the
+# The late cheats turn after 40 calls: more than the gate makes for two seeds (at most 12 a check:
+# 4 warm-ups, the checked call, the repeat, 2 stale-result calls, 4 extra shapes), fewer than the
 # gate and the timed calls together (2 seeds x (1 warm-up + 3 rounds x 8 calls) = 50 timed).
 CHEATS = {  # arm -> the message its timed checks must carry
     "user:stale_after_warmup": "wrong result while timed: ",

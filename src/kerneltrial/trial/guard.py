@@ -11,9 +11,9 @@ inputs only.
 Storage offsets: the arm's tensors start where its inputs start in their own storage (the
 offsets ops/inputs.py draws: 0 or a multiple of 16 bytes), or, with `offset_bytes`, every
 storage's first viewed element at that offset. The arm's storage begins inside the flat
-buffer (a DLPack alias of it), so even at offset 0 the canary lies right before it. The flat
-buffer starts GUARD_BYTES (a multiple of 512) into a fresh allocation: a kernel's pointer
-alignment is that of a fresh allocation plus the drawn offset.
+buffer (a DLPack alias of it), so even at offset 0 the canary lies right before it. That
+storage starts GUARD_BYTES (a multiple of 512) into the flat buffer, a fresh allocation: a
+kernel's pointer alignment is that of a fresh allocation plus the drawn offset.
 """
 
 from __future__ import annotations
