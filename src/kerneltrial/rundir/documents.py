@@ -9,8 +9,10 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
 - provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
   them, and with the lead-check counts (`lead`).
-- plan.json `host` (host cost per call, issue 16) only in runs with a host stage.
-- summary.json: `kerneltrial.summary/3`, `/4` (timed checks) and `/5` (host cost per call); `/1`
+- plan.json `host` (host cost per call, issue 16) only in runs with a host stage; `isolated` (and
+  provenance.json `isolation`) only in runs with isolated arms' contract (`checks` 3).
+- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call) and `/6`
+  (isolated arms: the harness's bounds on their own clocks); `/1`
   (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
   slowdown) are still read.
 
@@ -34,6 +36,7 @@ SUMMARY_V2 = "kerneltrial.summary/2"
 SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
 SUMMARY_V5 = "kerneltrial.summary/5"
+SUMMARY_V6 = "kerneltrial.summary/6"
 
 
 class Document(BaseModel):
@@ -123,7 +126,8 @@ class Plan(Document):
     gate: str
     bootstrap: Bootstrap
     calibration: CalibrationRule | None = None  # calibration runs only
-    checks: int  # the timed-check contract: 0 before timed checks, then 1 or 2
+    checks: int  # the timed-check contract: 0 before timed checks, then 1, 2 or 3 (3: isolated arms)
+    isolated: list[str] = []  # checks 3: the arms that ran in a worker process of their own
     exact: bool
     plausibility: PlausibilityRule | None  # None before timed checks
     frozen_at: str | None  # None: not frozen, or a run from before timed checks
@@ -194,6 +198,11 @@ class Confirmation(Document):
     derived_from: list[RunLink]
 
 
+class IsolationRecord(Document):
+    arms: list[str]  # the protocol's isolated arms
+    timeout_s: float  # the deadline of each request to a worker
+
+
 class Provenance(Document):
     kind: Literal["kernel"]
     protocol_sha256: str
@@ -212,6 +221,7 @@ class Provenance(Document):
     impl_modules: dict[str, str]  # sha256 of each user kernel file
     lead: Lead | None = None  # None: before the lead check, or not finished
     confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
+    isolation: IsolationRecord | None = None  # None: a run from before isolated arms
 
 
 def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
@@ -371,6 +381,21 @@ class HostCounts(Document):
     rows: int
 
 
+class IsolationBound(Document):
+    case: str
+    arm: str
+    samples: int
+    claimed_ns_per_call: float  # the worker's own clock
+    bound_ns_per_call: float  # the harness's wall clock around the same samples
+    ratio: float | None
+
+
+class IsolationFigures(Document):
+    arms: list[str]
+    far_inside: float
+    bounds: list[IsolationBound]
+
+
 class Summary(Document):
     schema_: str = Field(alias="schema")
     protocol_sha256: str
@@ -395,6 +420,7 @@ class Summary(Document):
     plausibility: SummaryPlausibility | None  # None before timed checks
     timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
     host: HostCounts | None  # None before host cost (summary/4 and older)
+    isolation: IsolationFigures | None = None  # None before isolated arms (summary/5 and older)
     warnings: list[str]
     inputs_sha256: dict[str, str]
 
@@ -468,6 +494,7 @@ SUMMARY_ADAPTERS = {
     SUMMARY_V3: _summary_v3,
     SUMMARY_V4: _summary_v4,
     SUMMARY_V5: None,
+    SUMMARY_V6: None,
 }
 
 

@@ -209,24 +209,35 @@ def check(
         ),
     ] = 600.0,
     target: Annotated[str | None, TARGET_OPTION] = None,
+    isolate: Annotated[
+        str,
+        typer.Option(
+            help="Arms that run in a worker process of their own, apart from kerneltrial's: user (the "
+            "--impl-module arms; their modules are never imported here), all, or none.",
+        ),
+    ] = "user",
     json_: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
-    from the official formula. Exit 1 on any failure or a check that outlasts --timeout."""
+    from the official formula. Exit 1 on any failure or a check that outlasts --timeout (an
+    isolated arm's worker that outlasts it is killed: that arm fails, the others go on)."""
     from rich.markup import escape
     from rich.table import Table
 
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.isolation import Settings
+    from kerneltrial.trial.remote import Isolation, is_isolated
     from kerneltrial.trial.targets import get_target, targeting
 
+    if isolate not in ("user", "all", "none"):
+        raise CliError(f"unknown --isolate {isolate!r}; use user, all or none")
     profile = get_target(target) if target else None
     out = console(stderr=json_)
-    for spec in impl_module or []:
-        load_user_module(spec)
+    isolation = Isolation(Settings(timeout, launch.device(), profile))
     if all_ == (op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
     operators = all_ops() if all_ else [get_op(op)]
@@ -242,7 +253,12 @@ def check(
     for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
         table.add_column(column)
     calls: list[records.CheckedCall] = []
-    with progress_bar() as bar, targeting(profile):
+    with progress_bar() as bar, targeting(profile), isolation:
+        for spec in impl_module or []:
+            if isolate == "none":
+                load_user_module(spec)
+            else:  # imported in a worker only
+                isolation.module_arms(spec)
         for operator in operators:
             if shape:
                 cases = [
@@ -258,6 +274,7 @@ def check(
                 if impl
                 else [i for i in operator.impls.values() if peers or i.kind != "peer"]
             )
+            impls = [isolation.isolate(i) if isolate == "all" and i.kind != "calibration" else i for i in impls]
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
                 operator.validate(case)
@@ -265,8 +282,10 @@ def check(
                     bar.advance(task)
                     if not i.available or not i.supports(case):
                         continue
+                    # an isolated arm's worker has the same deadline per request, and is killed past it
+                    wait = (lambda _s, _w, work: work()) if is_isolated(i) else within
                     results = [
-                        within(
+                        wait(
                             timeout,
                             f"{operator.name} {case.id} arm {i.name} seed {s}",
                             lambda o=operator, i=i, case=case, s=s: run_check(o, i, case, s, device, exact=exact),
@@ -289,6 +308,7 @@ def check(
                         f"{worst.ulp:.3g}",
                         "/".join(map(str, hist)),
                     )
+            isolation.close_builtin()  # one operator's built-in arms at a time in their workers
     out.print(table)
     if jsonl:
         jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))

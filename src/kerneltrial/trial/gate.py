@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +41,7 @@ import torch
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs, Tolerance
 from kerneltrial.trial import guard, targets
+from kerneltrial.trial.poison import poison_free_blocks, poisoned_allocations
 
 # Upper edges of the ulp histogram bins (distance from the reference in ulps of the output
 # dtype): exactly 0, (0, 1], (1, 2], (2, 4], (4, 16], and a last bin for everything above.
@@ -78,49 +78,6 @@ class Difference:
     max_rel: float
     ulp: float
     within: bool
-
-
-def poison(t: torch.Tensor) -> torch.Tensor:
-    """Fill `t` with a value no correct kernel leaves behind: NaN, or the integer minimum."""
-    if t.is_floating_point() or t.is_complex():
-        t.fill_(math.nan)
-    elif t.dtype != torch.bool:
-        t.fill_(torch.iinfo(t.dtype).min)
-    return t
-
-
-@contextmanager
-def poisoned_allocations(device: torch.device) -> Iterator[None]:
-    """On a CPU, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned
-    tensors while active (the CPU allocator returns fresh zeroed pages, so pre-filling freed
-    memory does not reach the arm). On a GPU nothing is patched: see `poison_free_blocks`."""
-    if device.type == "cuda":
-        yield
-        return
-    originals: dict[tuple[Any, str], Callable[..., torch.Tensor]] = {
-        (torch, "empty"): torch.empty,
-        (torch, "empty_like"): torch.empty_like,
-        (torch, "empty_strided"): torch.empty_strided,
-        (torch.Tensor, "new_empty"): torch.Tensor.new_empty,
-    }
-
-    def poisoning(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        return lambda *args, **kwargs: poison(fn(*args, **kwargs))
-
-    try:
-        for (owner, name), fn in originals.items():
-            setattr(owner, name, poisoning(fn))
-        yield
-    finally:
-        for (owner, name), fn in originals.items():
-            setattr(owner, name, fn)
-
-
-def poison_free_blocks(like: Outputs, copies: int = 4) -> None:
-    """Allocate, poison and free `copies` blocks the size of each expected output, so the
-    caching allocator hands poisoned memory to an arm that allocates its outputs in any way."""
-    blocks = [poison(torch.empty(t.numel(), dtype=t.dtype, device=t.device)) for t in like for _ in range(copies)]
-    del blocks
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ The offset is a multiple of 64 KiB, so a kernel's pointer alignment (and with it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,9 +59,10 @@ def canary(dtype: torch.dtype) -> float | int | bool:
     return 0x5A if dtype.itemsize == 1 else 0x5A5A
 
 
-def guard(inputs: Inputs) -> Guarded:
+def guard(inputs: Inputs, full: Callable[..., torch.Tensor] = torch.full) -> Guarded:
     """Private copies of `inputs` (same values, shapes and strides) inside guarded buffers.
-    Views that share a storage (e.g. Q and K slices of one QKV tensor) keep sharing it."""
+    Views that share a storage (e.g. Q and K slices of one QKV tensor) keep sharing it.
+    `full` allocates the buffers (an isolated arm's live in shared memory: trial/shared.py)."""
     buffers: list[torch.Tensor] = []
     homes: dict[int, tuple[int, int]] = {}  # storage address -> (buffer index, canary length)
     views: dict[str, View] = {}
@@ -73,7 +75,7 @@ def guard(inputs: Inputs) -> Guarded:
         if storage.data_ptr() not in homes:
             whole = torch.empty(0, dtype=value.dtype, device=value.device).set_(storage)
             pad = max(1, GUARD_BYTES // value.element_size())
-            flat = torch.full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
+            flat = full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
             flat[pad : pad + whole.numel()].copy_(whole)
             homes[storage.data_ptr()] = (len(buffers), pad)
             buffers.append(flat)

@@ -20,9 +20,11 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kerneltrial.model_fields import describe
-from kerneltrial.ops.registry import DTYPES, Case
+from kerneltrial.ops.registry import DTYPES, Case, user_stem
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
+
+CALIBRATION_PREFIXES = ("aa:", "slow:")
 
 
 class ProtocolError(ValueError):
@@ -242,6 +244,18 @@ class Protocol(BaseModel):
         description="GPU: an arm faster per call than this fraction of an empty kernel launch is implausible (fails the gate).",
     )
 
+    # Isolation (issue 24): an arm in a worker process of its own cannot patch the harness or read
+    # its frames; the harness draws the values, picks the checked call after the sample, compares.
+    isolate: Literal["user", "all", "none"] | list[str] = Field(
+        default="user",
+        description="Arms that run in a worker process of their own, apart from the harness (docs/DESIGN.md, Checks): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. With user or all no module of impl_modules is imported in kerneltrial's process.",
+    )
+    isolate_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds an isolated arm's worker may take to answer one request (a call, a timed sample); past it the worker is killed and the arm fails that check with `worker hung`.",
+    )
+
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
@@ -270,6 +284,7 @@ class Protocol(BaseModel):
             raise ValueError(f"max_rounds: must be >= rounds ({self.rounds}) when target_ci_width is set")
         if len(set(arms)) != len(arms):
             raise ValueError(f"candidates: an arm is named twice in {arms}")
+        self._isolation_rules(arms)
         if self.phase == "confirmation":
             if len(self.candidates) != 1:
                 raise ValueError(
@@ -284,8 +299,37 @@ class Protocol(BaseModel):
                 )
         return self
 
+    def _isolation_rules(self, arms: list[str]) -> None:
+        if isinstance(self.isolate, list):
+            unknown = [a for a in self.isolate if a not in arms or a.startswith(CALIBRATION_PREFIXES)]
+            if unknown:
+                raise ValueError(
+                    f"isolate: {unknown[0]!r} is not an arm of this protocol that can be isolated (arms: {arms})"
+                )
+        bases = {a.partition(":")[2] for a in arms if a.startswith(CALIBRATION_PREFIXES)}
+        clash = sorted(bases & set(self.isolated()))
+        if clash:
+            raise ValueError(
+                f"isolate: {clash[0]!r} is the base of a calibration arm, which runs in kerneltrial's process; "
+                "an A/A copy is timed as its base is: leave it out of isolate"
+            )
+
     def arms(self) -> list[str]:
         return [self.control, *self.candidates]
+
+    def isolated(self) -> list[str]:
+        """The arms that run in a worker process of their own (`isolate`)."""
+        if self.isolate == "user":
+            return [a for a in self.arms() if a.startswith("user:")]
+        if self.isolate == "all":
+            return [a for a in self.arms() if not a.startswith(CALIBRATION_PREFIXES)]
+        return [] if self.isolate == "none" else list(self.isolate)
+
+    def isolates_module(self, spec: str) -> bool:
+        """Whether user module `spec` is imported in a worker only (never in kerneltrial's process)."""
+        if self.isolate in ("user", "all"):
+            return True
+        return self.isolate != "none" and f"user:{user_stem(spec)}" in self.isolate
 
 
 def freeze_path(path: Path) -> Path:

@@ -14,6 +14,10 @@ The hook wraps `run` of Triton's `JITFunction` (compiled kernels) and `Interpret
 Triton 3.x), and a callable grid is evaluated there with the bound arguments, as Triton does.
 `CompiledKernel.__getitem__` is wrapped too: launchers that cache compiled kernels (FlagGems'
 LibEntry) call it directly with a 3-tuple grid.
+
+The module imports nothing of kerneltrial: an isolated worker (trial/worker.py) loads it by its
+path and checks its arm's launches with the harness's target; the harness counts what the worker
+refused (`note`).
 """
 
 from __future__ import annotations
@@ -96,6 +100,13 @@ def seen() -> int:
 def first_since(mark: int) -> str:
     """The first over-limit launch refused after `seen()` returned `mark`, or ''."""
     return _session.violations[mark] if _session and len(_session.violations) > mark else ""
+
+
+def note(message: str) -> None:
+    """Count an over-limit launch refused in another process (an isolated worker, trial/remote.py)
+    as if it had been refused here, so `first_since` reports it."""
+    if _session is not None and message:
+        _session.violations.append(message)
 
 
 def _refuse(kernel: str, grid: Any) -> None:

@@ -1,0 +1,62 @@
+"""Poisoned outputs: what a kernel leaves unwritten must show, in the gate's process or an isolated worker's.
+
+On a GPU the caching allocator's free blocks of the outputs' sizes are filled with NaN before
+the call (`poison_free_blocks`); on a CPU, whose allocator returns fresh zeroed pages,
+torch.empty* is patched to poison while the arm runs (`poisoned_allocations`).
+
+Self-contained on purpose (torch and the standard library only): the isolated worker
+(trial/worker.py) loads this file by its path, so an arm in its own process is poisoned the
+same way as one in kerneltrial's (the gate, trial/gate.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill `t` with a value no correct kernel leaves behind: NaN, or the integer minimum."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(math.nan)
+    elif t.dtype != torch.bool:
+        t.fill_(torch.iinfo(t.dtype).min)
+    return t
+
+
+@contextmanager
+def poisoned_allocations(device: torch.device) -> Iterator[None]:
+    """On a CPU, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned
+    tensors while active (the CPU allocator returns fresh zeroed pages, so pre-filling freed
+    memory does not reach the arm). On a GPU nothing is patched: see `poison_free_blocks`."""
+    if device.type == "cuda":
+        yield
+        return
+    originals: dict[tuple[Any, str], Callable[..., torch.Tensor]] = {
+        (torch, "empty"): torch.empty,
+        (torch, "empty_like"): torch.empty_like,
+        (torch, "empty_strided"): torch.empty_strided,
+        (torch.Tensor, "new_empty"): torch.Tensor.new_empty,
+    }
+
+    def poisoning(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        return lambda *args, **kwargs: poison(fn(*args, **kwargs))
+
+    try:
+        for (owner, name), fn in originals.items():
+            setattr(owner, name, poisoning(fn))
+        yield
+    finally:
+        for (owner, name), fn in originals.items():
+            setattr(owner, name, fn)
+
+
+def poison_free_blocks(like: Sequence[torch.Tensor], copies: int = 4) -> None:
+    """Allocate, poison and free `copies` blocks the size of each expected output, so the
+    caching allocator hands poisoned memory to an arm that allocates its outputs in any way."""
+    blocks = [poison(torch.empty(t.numel(), dtype=t.dtype, device=t.device)) for t in like for _ in range(copies)]
+    del blocks
