@@ -35,6 +35,7 @@ rounds = 3
 warmup = 1
 calls_per_sample = 2
 l2 = "hot"
+isolate = "none"  # the checks of arms in kerneltrial's process (isolated: tests/trial/test_isolation.py)
 [[cases]]
 shape = [4, 64]
 """
@@ -336,6 +337,8 @@ def test_check_stops_a_kernel_that_never_returns():
             "1",
             "--timeout",
             "3",
+            "--isolate",
+            "none",  # in kerneltrial's process; an isolated one: tests/trial/test_isolation.py
         ],
         capture_output=True,
         text=True,

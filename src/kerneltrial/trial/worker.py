@@ -305,11 +305,20 @@ class Worker:
         """The answer to one request; `refused`: the first over-limit launch (--target) it saw."""
         mark = self.seen()
         try:
+            self.fix_interpreter()
             answer = getattr(self, "on_" + str(message["kind"]))(message)
+            self.fix_interpreter()  # before the arm's first call: it imported triton at its import
         except Exception as exc:  # the arm may raise anything; the harness names it
             text = str(exc).splitlines()[0] if str(exc) else ""
             answer = {"kind": "raised", "type": type(exc).__name__, "message": text}
         return answer | {"refused": self.refused_since(mark)}
+
+    def fix_interpreter(self) -> None:
+        """The interpreter's float32 -> bfloat16 rounding, as in the harness, once triton is imported
+        (by the arm: a worker whose arm uses torch alone never imports it)."""
+        fix = self.shims.get("interpreter_fix")
+        if fix is not None and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
+            fix.patch()
 
     # -- buffers and arguments
 
@@ -337,8 +346,6 @@ class Worker:
         self.device = torch.device(message["device"])
         shims = message["shims"]
         self.shims = {name: load_file(f"_kt_shim_{name}", path) for name, path in shims.items()}
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            self.shims["interpreter_fix"].patch()
         target = message.get("target")
         if target:
             targets = self.shims["targets"]
