@@ -20,6 +20,7 @@ import kerneltrial.analysis.integrity as integrity_module
 import kerneltrial.analysis.links as links_module
 import kerneltrial.analysis.replicates as replicates_module
 import kerneltrial.analysis.verify as verify_module
+import kerneltrial.analysis.verify_isolation as verify_isolation_module
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
@@ -142,7 +143,9 @@ def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
         verify_run_dir(tmp_path)
 
 
-@pytest.mark.parametrize("module", [verify_module, integrity_module, links_module, replicates_module])
+@pytest.mark.parametrize(
+    "module", [verify_module, integrity_module, links_module, replicates_module, verify_isolation_module]
+)
 def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -162,6 +165,7 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
         "kerneltrial.analysis.suite.suite_problems",  # its checks: file hashes and statuses, no figures
         "kerneltrial.analysis.fleet.read_fleet",  # a fleet's record (fleet.json)
         "kerneltrial.analysis.fleet.fleet_checks",  # coverage, devices, and figures from the units' summaries
+        "kerneltrial.analysis.verify_isolation.isolation_problems",  # isolated arms' bounds, recomputed with csv
     }
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 

@@ -636,13 +636,19 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     result = verify_run_dir(run_dir)
     assert result.ok
     skipped = [c.name for c in result.checks if not c.applicable]
-    assert skipped == [*CHECKED_RUN_CHECKS, "triton launch floor", "size-matched copies", "host cost"]
+    assert skipped == [
+        *CHECKED_RUN_CHECKS,
+        "triton launch floor",
+        "size-matched copies",
+        "host cost",
+        "isolation bounds",
+    ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     runner, app = CliRunner(), typer.Typer()
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 3} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 4} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare

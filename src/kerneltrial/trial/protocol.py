@@ -248,7 +248,7 @@ class Protocol(BaseModel):
     # its frames; the harness draws the values, picks the checked call after the sample, compares.
     isolate: Literal["user", "all", "none"] | list[str] = Field(
         default="user",
-        description="Arms that run in a worker process of their own, apart from the harness (docs/DESIGN.md, Checks): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. With user or all no module of impl_modules is imported in kerneltrial's process.",
+        description="Arms that run in a worker process of their own, apart from the harness (docs/DESIGN.md, Checks): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. The module of an isolated user: arm is imported in its worker only, never in kerneltrial's process; an arm a module registers through kerneltrial's registry cannot be isolated.",
     )
     isolate_timeout_s: float = Field(
         default=600.0,
@@ -326,10 +326,10 @@ class Protocol(BaseModel):
         return [] if self.isolate == "none" else list(self.isolate)
 
     def isolates_module(self, spec: str) -> bool:
-        """Whether user module `spec` is imported in a worker only (never in kerneltrial's process)."""
-        if self.isolate in ("user", "all"):
-            return True
-        return self.isolate != "none" and f"user:{user_stem(spec)}" in self.isolate
+        """Whether user module `spec` is imported in a worker only, never in kerneltrial's process: its
+        `user:` arm is isolated. (A module whose `user:` arm is not an arm of the trial is imported
+        here: it registers its arms through kerneltrial's registry, which only this process has.)"""
+        return f"user:{user_stem(spec)}" in self.isolated()
 
 
 def freeze_path(path: Path) -> Path:

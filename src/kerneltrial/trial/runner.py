@@ -176,11 +176,20 @@ def sealed_on_resume(out: Path) -> bool:
     return True
 
 
-def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay, isolation: Isolation) -> list[Impl]:
+def resolve_arms(
+    op: Operator, p: proto.Protocol, delay: Delay, isolation: Isolation, registered: frozenset[str] = frozenset()
+) -> list[Impl]:
     """The protocol's arms, refused before any GPU work when the control is not a control
     (a peer as control leaves the run without a summary) or an arm does not exist; the arms of
-    protocol `isolate` each get a worker process of their own."""
+    protocol `isolate` each get a worker process of their own (not one a user module `registered`
+    here through kerneltrial's registry: its module ran in this process)."""
     arms = [calibration_arm(op, n, delay) if n.startswith(("aa:", "slow:")) else op.impl(n) for n in p.arms()]
+    for name in sorted(registered & set(p.isolated())):
+        raise RunError(
+            f"isolate: arm {name!r} is registered by a user module through kerneltrial's registry, so its module "
+            "was imported in kerneltrial's process; it cannot be isolated: make it the module's top-level "
+            "function named after the operator (arm user:MODULE) or leave it out of isolate"
+        )
     arms = [isolation.isolate(a) if a.name in p.isolated() else a for a in arms]
     control = arms[0]
     if control.kind != "control":
@@ -204,20 +213,23 @@ def check_arms(protocol_path: Path, p: proto.Protocol) -> list[Impl]:
     """Load the protocol's user modules and resolve its arms (names, control): run and freeze
     both refuse a protocol whose arms cannot run, before any work."""
     with Isolation(Settings(p.isolate_timeout_s, launch.device())) as isolation:
-        load_modules(p, protocol_path, isolation)
-        return resolve_arms(get_op(p.op), p, Delay(torch.device("cpu")), isolation)
+        registered = load_modules(p, protocol_path, isolation)
+        return resolve_arms(get_op(p.op), p, Delay(torch.device("cpu")), isolation, registered)
 
 
-def load_modules(p: proto.Protocol, protocol_path: Path, isolation: Isolation) -> None:
+def load_modules(p: proto.Protocol, protocol_path: Path, isolation: Isolation) -> frozenset[str]:
     """Register the arms of the protocol's user modules: a module of an isolated arm is imported in
-    its worker only (`Protocol.isolates_module`), any other one here."""
+    its worker only (`Protocol.isolates_module`), any other one here; returns the names of the arms
+    the modules imported here registered."""
+    registered: set[str] = set()
     for spec in p.impl_modules:
         local = protocol_path.parent / spec
         path = str(local) if spec.endswith(".py") and local.exists() else spec
         if p.isolates_module(spec):
             isolation.module_arms(path)
         else:
-            load_user_module(path)
+            registered |= {impl.name for impl in load_user_module(path)}
+    return frozenset(registered)
 
 
 # ---- stages -------------------------------------------------------------------------------
@@ -633,10 +645,10 @@ def _run_trial(
     device = launch.device()
     timer = make_timer(p.backend, p.l2)
     with Isolation(Settings(p.isolate_timeout_s, device, target, (timer.name, timer.cold))) as isolation:
-        load_modules(p, protocol_path, isolation)
+        registered = load_modules(p, protocol_path, isolation)
         op = get_op(p.op)
         delay = Delay(device)
-        arms = resolve_arms(op, p, delay, isolation)
+        arms = resolve_arms(op, p, delay, isolation, registered)
         if announce is not None:
             announce(arms)
         require_calibration(p, protocol_path, provenance.device_info().get("gpu"))
