@@ -69,8 +69,8 @@ OUTPUT_CAP_FACTOR = 16  # ... or this many times the bytes of its inputs
 ALIGN = 64  # bytes: the start of every tensor packed into one shared buffer
 
 
-class BoundExceeded(WorkerFailure):
-    """The worker claimed a sample took longer than the harness measured around it."""
+class BoundExceeded(WorkerBroken):
+    """The worker claimed a sample took longer than the harness measured around it (stopped)."""
 
 
 def bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -195,7 +195,15 @@ class Remote:
     # ---- gate calls
 
     def call(self, fn: str, args: tuple[Any, ...]) -> Any:
-        """One call of the arm's `fn` on the harness's `args`, as the gate makes it."""
+        """One call of the arm's `fn` on the harness's `args`, as the gate makes it; a worker whose
+        answer breaks the protocol is stopped."""
+        try:
+            return self._call(fn, args)
+        except WorkerBroken:
+            self.handle.stop()
+            raise
+
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
         self.start()
         descs, used = self.arguments(args)
         device = self.handle.settings.device
@@ -385,7 +393,16 @@ class IsolatedArm(timed.TimedArm):
     def sample(
         self, timer: Timer, op: Operator, unit: timed.Unit, calls: int, key: int, graph: bool
     ) -> tuple[int, int, int | None]:
-        """Value sets written, one request, the wall clock around it; then the call to check is drawn."""
+        """Value sets written, one request, the wall clock around it; then the call to check is drawn.
+        A worker whose answer breaks the protocol, or claims more than the bound, is stopped."""
+        try:
+            return self._sample(timer, op, unit, calls, key)
+        except WorkerBroken:
+            assert self.remote is not None
+            self.remote.handle.stop()
+            raise
+
+    def _sample(self, timer: Timer, op: Operator, unit: timed.Unit, calls: int, key: int) -> tuple[int, int, int]:
         if calls != len(self.pool):
             raise ValueError(f"arm {self.impl.name} was bound for {len(self.pool)} calls per sample, not {calls}")
         for j, values in enumerate(self.pool):
@@ -399,8 +416,6 @@ class IsolatedArm(timed.TimedArm):
         wall = time.perf_counter_ns() - start
         ns = _count(answer.get("ns"), "ns")
         if ns > wall:
-            assert self.remote is not None
-            self.remote.handle.stop()
             raise BoundExceeded(
                 f"worker claimed {ns} ns for a sample the harness measured at {wall} ns around it; stopped"
             )

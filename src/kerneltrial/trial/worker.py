@@ -21,11 +21,12 @@ user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kernelt
 `kerneltrial.ops*` import, where the built-in kernels and peers live, and refuses the rest (trial,
 analysis, rundir, ...: the harness).
 
-Requests and answers ("raised" {type, message} answers any request whose work raised):
+Requests and answers ("raised" {type, message} answers any request whose work raised; every
+answer carries `refused`, the first launch over the target's limits the request saw, or ""):
   load {module | op, names, sys_path, shims, target, timer, device}
       -> loaded {pid, defines, kerneltrial_modules}
-  call {fn, args, add, drop, poison_like}     one untimed call (a gate call), poisoned outputs,
-      -> called {outputs, refused}            read after synchronising the current stream
+  call {fn, args, add, drop}                  one untimed call (a gate call), poisoned outputs,
+      -> called {outputs}                     read after synchronising the current stream
          outputs: null (returned None) | [{dtype, shape, stride, offset, storage, nbytes,
                   input (buffer id) | previous (storage index of the last call)}] | returned: TYPE
   fetch {outputs: [[storage, buffer]], snapshots: [[buffer, buffer]]} -> fetched
@@ -33,7 +34,7 @@ Requests and answers ("raised" {type, message} answers any request whose work ra
          stream of the device waited for
   bind {id, fn, args, add, inplace, pool, slots} -> bound   an arm's inputs for timed samples
   warm {id, calls} -> warmed
-  sample {id, calls, key} -> sampled {ns, odd, persistent, refused, retaken, kept_behind}
+  sample {id, calls, key} -> sampled {ns, odd, persistent, retaken, kept_behind}
          before call j, value set j (`pool[j]`) is written into the inputs; after it, its outputs
          are copied into `slots[j]` (both outside the timed intervals); `odd`: {call: metas} of
          outputs that did not fit their slot or are not contiguous; `persistent`: calls whose
