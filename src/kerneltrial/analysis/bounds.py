@@ -17,9 +17,10 @@ import pandas as pd
 from kerneltrial.analysis import stats
 
 # A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
-# then outside the arm's figure. A convention, not a measurement: on the CPU (Triton interpreter,
-# 4x64 rmsnorm, 8 calls per sample, a loaded 2-core machine) honest isolated arms read 1.1-1.6x;
-# on a GPU the pipe's round trip alone (tens of microseconds) puts short kernels far inside.
+# then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):
+# on a loaded 2-core CPU machine, interpreted Triton kernels (tens of ms per call) 1.01-1.04x, torch
+# arms of ~80 us per call 2.9-23x (the round trip and the copies of the outputs dominate); on a GPU
+# the round trip alone (tens of microseconds) puts every short kernel far inside.
 FAR_INSIDE = 2.0
 
 
