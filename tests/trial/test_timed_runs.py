@@ -299,7 +299,7 @@ def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run:
     from kerneltrial.analysis.verify import verify_run_dir
 
     plan = json.loads((cheat_run / "plan.json").read_text())
-    assert plan["checks"] == 2
+    assert plan["checks"] == 3  # 2's contract, and isolated arms (none in this run)
     rows = [r for r in rows_of(cheat_run) if not r["message"].startswith("raised")]
     assert {r["checked_call"] for r in rows} == {0, 1}  # calls_per_sample = 2: both positions get checked
     run = tmp_path / "run"
