@@ -184,9 +184,10 @@ def resolve_arms(
     protocol `isolate` each get a worker process of their own (not one a user module `registered`
     here through kerneltrial's registry: its module ran in this process)."""
     arms = [calibration_arm(op, n, delay) if n.startswith(("aa:", "slow:")) else op.impl(n) for n in p.arms()]
-    for name in sorted(registered & set(p.isolated())):
+    clash = sorted(registered & set(p.isolated()))
+    if clash:
         raise RunError(
-            f"isolate: arm {name!r} is registered by a user module through kerneltrial's registry, so its module "
+            f"isolate: arm {clash[0]!r} is registered by a user module through kerneltrial's registry, so its module "
             "was imported in kerneltrial's process; it cannot be isolated: make it the module's top-level "
             "function named after the operator (arm user:MODULE) or leave it out of isolate"
         )
@@ -515,9 +516,8 @@ def run_host(
     raised = {(r["case"], r["arm"]) for r in read_jsonl(run.timed_checks) if r["message"].startswith(timed.RAISED)}
     planned = {c["case"]: c for c in plan["cases"]}
     specs = {c.id: c for c in cases}
-    isolated = set(
-        plan.get("isolated", [])
-    )  # the host cost of an arm in a worker is its own clock's claim: not measured
+    # the host cost of an arm in a worker would be its own clock's claim: not measured
+    isolated = set(plan.get("isolated", []))
     todo = [
         (case_id, impl)
         for case_id, arms in timed_arms.items()
