@@ -25,7 +25,7 @@ from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.isolation import ArmRaised, Settings, WorkerHung
 from kerneltrial.trial.remote import IsolatedArm, Isolation, timed_arm
-from kerneltrial.trial.runner import run_trial
+from kerneltrial.trial.runner import RunError, check_arms, run_trial
 from kerneltrial.trial.timing import make_timer
 from tests.conftest import REPO
 
@@ -337,3 +337,19 @@ def test_an_isolated_arm_on_the_gpu_shares_its_buffers_through_cuda_ipc():
         unit = timed.Unit.draw(OP, CASE, 0, 0, CALLS, cuda)
         ns, checked, wall = arm.sample(timer, OP, unit, CALLS, 1, False)
         assert 0 < ns <= wall and arm.check(OP, CASE, 0, 0, unit, checked, False, cuda).passed
+
+
+def test_an_arm_a_module_registers_through_the_registry_cannot_be_isolated(tmp_path: Path):
+    module = tmp_path / "registers.py"
+    module.write_text(
+        "from kerneltrial.ops.registry import register_impl\n\n\n"
+        '@register_impl("rmsnorm", "registered_here")\n'
+        "def registered_here(x, weight, eps=1e-6):\n    return x\n"
+    )
+    protocol = tmp_path / "p.toml"
+    protocol.write_text(
+        f'name = "n"\nop = "rmsnorm"\ncandidates = ["registered_here"]\nimpl_modules = ["{module}"]\n'
+        'isolate = ["registered_here"]\n[[cases]]\nshape = [4, 64]\n'
+    )
+    with pytest.raises(RunError, match="isolate: arm 'registered_here' is registered by a user module"):
+        check_arms(protocol, proto.load(protocol))
