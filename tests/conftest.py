@@ -82,3 +82,14 @@ def pytest_configure(config: pytest.Config) -> None:
     catching SIGINT here gives every subprocess the normal Ctrl-C behaviour."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start a real vLLM server run on one xdist worker, one after another (--dist
+    loadgroup): two servers on CI's two cores would slow both and perturb the A/A timing tests.
+    The fleet tests (a local Ray cluster) likewise share a worker."""
+    for item in items:
+        if item.get_closest_marker("serving") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif "fleet" in item.path.parts:  # one local Ray cluster at a time
+            item.add_marker(pytest.mark.xdist_group("ray"))

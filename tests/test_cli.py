@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -76,3 +78,27 @@ def test_the_cli_imports_neither_torch_nor_plotting_nor_pandas():
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("kerneltrial ")
+
+
+MISSPELT = Path(__file__).parent / "fixtures" / "planted" / "package" / "misspelt_entry.py"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "rmsnorm", "--impl-module", str(MISSPELT), "--no-peers"],
+        ["protocol", "new", "rmsnorm", "--impl-module", str(MISSPELT), "--candidate", "control", "--out", "p.toml"],
+    ],
+    ids=["check", "protocol-new"],
+)
+def test_an_impl_module_without_the_operator_s_function_is_bad_input(args, tmp_path, monkeypatch):
+    """The planted misspelt entry point (rms_norm) once read as success: `check` ran only the
+    built-in arms and exited 0. Now exit 2, naming the functions the module does define."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        f"error: {MISSPELT} defines no function rmsnorm (its functions: rms_norm, silu_and_mul); "
+        "name the entry point rmsnorm" in " ".join(result.output.split())
+    )
+    assert not (tmp_path / "p.toml").exists()

@@ -1,13 +1,17 @@
 """Every committed run directory under results/ verifies from its raw rows (as `kerneltrial verify` does),
-superseded runs live under results/archive/, and PERFORMANCE.md is what the current runs generate."""
+its recorded commit is in the repository's history and its git history shows no downgrade, superseded
+runs live under results/archive/, and PERFORMANCE.md is what the current runs generate."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from kerneltrial.analysis.cli import verify_one
+from kerneltrial.analysis.git_history import objects, package_at
 from kerneltrial.analysis.report import superseded_by
 from kerneltrial.analysis.verify import verify_run_dir
 from tests.conftest import REPO
@@ -39,6 +43,100 @@ def test_there_is_committed_evidence():
 def test_committed_run_verifies(run):
     result = verify_one(run)  # the kernel, serving or model verifier, by the directory's kind
     assert result.ok, [c for c in result.checks if not c.ok]
+    commit = (json.loads((run / "provenance.json").read_text()).get("git") or {}).get("commit")
+    if commit and package_at("HEAD").files is not None:  # committed evidence: its commit is always compared
+        check = next(c for c in result.checks if c.name == "source commit")
+        assert check.applicable, check.detail
+
+
+def _git_log(repo: Path, results: str) -> list[tuple[str, str, list[str]]]:
+    """(commit, status, paths) of every change under `results`, oldest first, renames followed."""
+    out = subprocess.run(
+        ["git", "-C", str(repo), "log", "--reverse", "-M", "--name-status", "--format=commit %H", "--", results],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    changes, commit = [], ""
+    for line in filter(None, out.splitlines()):
+        if line.startswith("commit "):
+            commit = line.split()[1]
+        else:
+            status, *paths = line.split("\t")
+            changes.append((commit, status, paths))
+    return changes
+
+
+def history_downgrades(repo: Path, results: str = "results") -> list[str]:
+    """What the git history of committed runs shows that verify, reading one directory, cannot: a
+    file deleted from a run directory that is still committed, or plan.json's `checks` lowered or
+    its `host` removed by a later commit (or in the working tree) than the one that wrote it."""
+    problems: list[str] = []
+    versions: dict[str, list[str]] = {}  # a plan.json's path now -> its versions (`commit:path then`)
+    for commit, status, paths in _git_log(repo, results):
+        if status.startswith("R"):
+            versions[paths[1]] = versions.pop(paths[0], []) + [f"{commit}:{paths[1]}"]
+        elif status == "D" and (repo / paths[0]).parent.joinpath("provenance.json").is_file():
+            problems.append(f"{paths[0]}: deleted in commit {commit[:8]} from a run directory that is still committed")
+        elif status != "D":
+            versions.setdefault(paths[0], []).append(f"{commit}:{paths[0]}")
+    plans = {path: names for path, names in versions.items() if path.endswith("/plan.json")}
+    contents = iter(objects([name for names in plans.values() for name in names], repo) or [])
+    for path, names in plans.items():
+        seen = [(name.partition(":")[0][:8], next(contents)) for name in names]
+        if (repo / path).is_file():
+            seen.append(("the working tree", (repo / path).read_bytes()))
+        contracts = [(where, json.loads(data)) for where, data in seen if data is not None]
+        for (before, old), (after, new) in zip(contracts, contracts[1:], strict=False):
+            if new.get("checks", 0) < old.get("checks", 0) or ("host" in old and "host" not in new):
+                problems.append(
+                    f"{path}: checks {old.get('checks', 0)}{' with host' if 'host' in old else ''} in {before}, "
+                    f"checks {new.get('checks', 0)}{' with host' if 'host' in new else ''} in {after}: a downgrade"
+                )
+    return problems
+
+
+def test_the_history_of_committed_runs_shows_no_downgrade():
+    if package_at("HEAD").files is None:
+        pytest.skip("this checkout has no git history")
+    assert history_downgrades(REPO) == []
+
+
+def test_history_downgrades_catches_a_deleted_file_and_a_lowered_contract(tmp_path):
+    """A planted repository: a run committed with timed checks, then a commit that deletes its
+    timed_checks.jsonl and plan.json's `checks` and `host` (the downgrade of issue 24)."""
+
+    def git(*args: str) -> None:
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True,
+            capture_output=True,
+        )
+
+    run = tmp_path / "results" / "h200" / "run"
+    run.mkdir(parents=True)
+    (run / "provenance.json").write_text("{}")
+    (run / "timed_checks.jsonl").write_text("{}\n")
+    (run / "plan.json").write_text(json.dumps({"checks": 2, "host": {"samples": 5, "calls": 200}}))
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "a run")
+    (run / "timed_checks.jsonl").unlink()
+    (run / "plan.json").write_text(json.dumps({}))
+    git("commit", "-qam", "downgraded")
+    first, second = (f"{c[:8]}" for c in reversed(_log_commits(tmp_path)))
+    assert history_downgrades(tmp_path) == [
+        f"results/h200/run/timed_checks.jsonl: deleted in commit {second} from a run directory that is still committed",
+        f"results/h200/run/plan.json: checks 2 with host in {first}, checks 0 in {second}: a downgrade",
+    ]
+    (run / "plan.json").write_text(json.dumps({"checks": 2, "host": {"samples": 5, "calls": 200}}))
+    git("commit", "-qam", "restored")
+    (run / "plan.json").write_text(json.dumps({"checks": 1}))  # not committed: the working tree counts too
+    assert history_downgrades(tmp_path)[-1].endswith(", checks 1 in the working tree: a downgrade")
+
+
+def _log_commits(repo: Path) -> list[str]:
+    return subprocess.run(["git", "-C", str(repo), "log", "--format=%H"], capture_output=True, text=True).stdout.split()
 
 
 def test_superseded_runs_are_archived():
@@ -66,13 +164,21 @@ def test_misplaced_runs_catches_both_directions(tmp_path):
 
 
 def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
-    """PERFORMANCE.md is never edited by hand: regenerate it with
-    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (results/archive/ is not read)."""
-    from kerneltrial.analysis.performance import write_performance_md
+    """PERFORMANCE.md and results/PERFORMANCE-runs.md are never edited by hand: regenerate both with
+    `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (the per-run
+    tables go to results/PERFORMANCE-runs.md beside it; results/archive/ is not read). The command
+    verifies every run before it writes a line, as it does here."""
+    from typer.testing import CliRunner
+
+    from kerneltrial.analysis.performance_overview import RUNS_FILE
+    from kerneltrial.cli import app
 
     runs = sorted(p for p in (RESULTS / "h200").iterdir() if (p / "summary.json").is_file())
-    generated = write_performance_md(runs, tmp_path / "PERFORMANCE.md").read_text()
-    assert generated == (REPO / "PERFORMANCE.md").read_text()
+    out = tmp_path / "PERFORMANCE.md"
+    done = CliRunner().invoke(app, ["performance", *map(str, runs), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert out.read_text() == (REPO / "PERFORMANCE.md").read_text()
+    assert (tmp_path / RUNS_FILE).read_text() == (REPO / RUNS_FILE).read_text()
 
 
 REPLICATES = sorted(p.parent for p in (REPO / "results").rglob("replicates.json"))

@@ -1,6 +1,8 @@
-"""The front door as a new user meets it (issue 11): `protocol new` without a GPU writes the
+"""The front door as a new user meets it (issues 11 and 25): `protocol new` without a GPU writes the
 small CPU panel and says so; `run` names the arms it cannot time before any timing; `demo`
-can be run again and never overwrites an earlier run."""
+freezes its protocol, says once what interpreter times are, spells out its verdicts, ends with
+the next two commands and never overwrites an earlier run; `inspect` of an unknown operator is
+bad input; the `tiny` model preset is documented; the device scripts refuse unfrozen protocols."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from kerneltrial.ops.registry import get_op
-from kerneltrial.trial.cli import fresh_run_dir
+from kerneltrial.cli import app
+from kerneltrial.model.spec import PRESETS
+from kerneltrial.ops.registry import all_ops, get_op
+from kerneltrial.trial.cli import INTERPRETER_NOTE, NEXT_STEPS, check_cases, demo_lines, fresh_run_dir
+from kerneltrial.trial.panel import beyond_grid_case
 from tests.conftest import REPO
 
 PROTOCOL = """
@@ -79,4 +85,81 @@ def test_demo_again_writes_a_fresh_run_directory(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert (earlier / "summary.json").read_text() == '{"earlier": true}'
     assert (out / "run-2" / "summary.json").is_file() and (out / "run-2" / "report.md").is_file()
-    assert "NOT GPU performance" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert said.count("not GPU performance") == 1 and said.count(INTERPRETER_NOTE) == 1
+    assert (out / "run-2.protocol.toml.freeze.json").is_file() and "- protocol frozen at " in (
+        out / "run-2" / "report.md"
+    ).read_text()
+    assert said.endswith(" ".join(NEXT_STEPS))
+
+
+def test_demo_lines_spell_out_the_verdicts() -> None:
+    summary = {
+        "is_gpu": False,
+        "label": "host clock, Triton interpreter on a CPU: NOT GPU performance",
+        "aggregates": {"fast": {"geomean": 1.25, "wins": 1, "ties": 0, "losses": 2, "inconclusive": 1}},
+    }
+    lines = demo_lines(summary, [{"passed": True}, {"passed": False}])
+    assert lines == [
+        "correctness: 1 of 2 checks passed",
+        "  fast: geomean speedup 1.250 over the control; verdicts over the cases: "
+        "1 win, 0 ties, 2 losses, 1 inconclusive",
+    ]  # no timing line: without a GPU, INTERPRETER_NOTE said it once
+    assert demo_lines(summary | {"is_gpu": True, "label": "CUDA events, cold L2"}, [])[-1] == (
+        "timing: CUDA events, cold L2"
+    )
+
+
+def test_the_interpreters_default_check_panel_covers_every_shape_and_every_layout() -> None:
+    """`check` without a GPU (panel `quick`): each small case once, the layouts in turn; `small`
+    keeps every pair (issue 25: `check --all` within 10 minutes on 2 CPU cores)."""
+    for op in all_ops():
+        quick, small = (check_cases(op, None, None, None, panel) for panel in ("quick", "small"))
+        beyond = beyond_grid_case(op)  # both panels end with the case of more than 65535 rows
+        assert len(small) == (len(op.small_cases) + 1) * len(op.layouts) and set(quick) <= set(small)
+        assert [(c.shape, c.dtype) for c in quick] == [
+            *((c.shape, c.dtype) for c in op.small_cases),
+            (beyond.shape, beyond.dtype),
+        ], op.name
+        assert {c.layout for c in quick} == set(op.layouts), op.name
+
+
+def test_inspect_of_an_unknown_operator_is_bad_input() -> None:
+    done = CliRunner().invoke(app, ["inspect", str(REPO / "submissions" / "zimage_qk_rmsnorm.zip"), "--op", "nosuch"])
+    assert done.exit_code == 2, done.output
+    assert done.output.startswith("error: unknown operator 'nosuch'; known: rmsnorm")
+
+
+def test_the_tiny_model_preset_is_documented() -> None:
+    shown = " ".join(CliRunner().invoke(app, ["model", "--help"], terminal_width=200).output.split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for name in PRESETS:
+        assert f"`{name}`" in shown and f"`{name}`" in readme, name
+    assert "`tiny` (2 layers, hidden 64, vocabulary 512" in shown and 'model = "tiny"' in readme
+
+
+def device_script(tmp_path: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`name` run from a copy of scripts/device/ whose setup.sh only says it was reached."""
+    scripts = tmp_path / "scripts" / "device"
+    scripts.mkdir(parents=True, exist_ok=True)
+    for script in ("frozen.sh", name):
+        (scripts / script).write_text((REPO / "scripts" / "device" / script).read_text())
+    (scripts / "setup.sh").write_text("echo setup reached; return 1\n")
+    return subprocess.run(["bash", f"scripts/device/{name}", *args], capture_output=True, text=True, cwd=tmp_path)
+
+
+def test_device_scripts_refuse_an_unfrozen_protocol_unless_exploratory(tmp_path: Path) -> None:
+    (tmp_path / "protocols" / "suite").mkdir(parents=True)
+    for path in ("a.toml", "b.toml", "suite/a.toml", "suite/b.toml"):
+        (tmp_path / "protocols" / path).write_text("")
+    for path in ("a.toml", "suite/a.toml"):
+        (tmp_path / "protocols" / f"{path}.freeze.json").write_text("{}")
+    refused = device_script(tmp_path, "panels.sh", "60", "a", "b=other", "check")
+    assert refused.returncode == 2 and "setup reached" not in refused.stdout
+    assert refused.stderr.startswith("refusing protocols/b.toml: it is not frozen, so its evidence would not be")
+    assert "pass --exploratory as the first argument" in refused.stderr
+    assert "setup reached" in device_script(tmp_path, "panels.sh", "60", "a", "check").stdout
+    assert "setup reached" in device_script(tmp_path, "panels.sh", "--exploratory", "60", "a", "b").stdout
+    suite = device_script(tmp_path, "suite.sh", "suite", "E0")
+    assert suite.returncode == 2 and suite.stderr.startswith("refusing protocols/suite/b.toml")
+    assert "setup reached" in device_script(tmp_path, "suite.sh", "--exploratory", "suite", "E0").stdout

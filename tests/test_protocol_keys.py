@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from kerneltrial.model.spec import Protocol as ModelProtocol
 from kerneltrial.model_fields import undocumented
 from kerneltrial.protocol_keys import reference, render
 from kerneltrial.serving.protocol import Protocol as ServingProtocol
@@ -24,6 +25,7 @@ def test_committed_reference_is_generated():
 def test_every_protocol_key_has_a_description():
     assert undocumented(KernelProtocol) == []
     assert undocumented(ServingProtocol) == []
+    assert undocumented(ModelProtocol) == []
 
 
 class _Inner(BaseModel):

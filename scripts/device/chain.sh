@@ -4,7 +4,10 @@
 # package the confirmed module (interface check on this GPU under --target ascend), inspect
 # the archive; then the planted 70000-program grid under both targets. Everything lands under
 # results/h200/ and submissions/, packed into $OUT/runs.tar.gz.
-# Usage: bash scripts/device/chain.sh OP [N]
+# Usage: bash scripts/device/chain.sh [--exploratory] OP [N] (the confirmation protocol must be
+# frozen, scripts/device/frozen.sh; `run` refuses an unfrozen confirmation whatever the flag).
+. scripts/device/frozen.sh; exploratory_flag "$1"; [ $EXPLORATORY = 1 ] && shift
+require_frozen protocols/$1-confirm.toml || exit 2
 . scripts/device/setup.sh || exit 1
 op=$1; n=${2:-3}
 conf=protocols/$op-confirm.toml; out=results/h200/$op-confirm; reps=$out-replicates

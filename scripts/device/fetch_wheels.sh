@@ -19,6 +19,13 @@ for pkg in sglang==0.5.23 apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d .whl "$pkg"
 done
+# FlashInfer (the `flashinfer` peer, ops/peers_flashinfer.py): 0.6.7.post3 is a 9.2 MB wheel and
+# imports flashinfer.norm / flashinfer.activation with apache-tvm-ffi (above) and the image's
+# nvidia-ml-py alone (docs/NOTES.md, issue 27); 0.7.x is 101 MB and would need slimming. Its
+# kernels build with nvcc and ninja at first use. QuACK is not fetched: its CuTe DSL compiler
+# (nvidia-cutlass-dsl-libs-cu12, 87 MiB in one .so) exceeds one call's 64 MiB (docs/NOTES.md).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform any -d .whl flashinfer-python==0.6.7.post3
 # The sglang wheel is 39 MB, mostly Rust extensions the kernel namespace never imports; keep
 # sglang/kernels/ (Python and the JIT CUDA sources) and the .py files of sglang/srt/.
 python3 scripts/device/slim_wheel.py .whl/sglang-0.5.23-*.whl sglang/kernels/ --py-only sglang/srt/

@@ -7,6 +7,13 @@
 # An unfinished run directory already in results/h200/ (carried back from an earlier
 # call) is resumed, not restarted. OUTNAME may leave results/h200/ (e.g.
 # planted/rmsnorm-cheats=../h200-planted/rmsnorm-cheats); everything under results/ is packed.
+# Every protocol named must be frozen (scripts/device/frozen.sh), unless the first argument is
+# --exploratory: bash scripts/device/panels.sh --exploratory SECONDS_EACH NAME...
+. scripts/device/frozen.sh; exploratory_flag "$1"; [ $EXPLORATORY = 1 ] && shift
+for arg in "${@:2}"; do
+  name=${arg%%=*}; [ "$name" = check ] && continue; [ "$name" = calibration ] && name=calibration/rmsnorm-aa
+  require_frozen protocols/$name.toml || exit 2
+done
 . scripts/device/setup.sh || exit 1
 limit=$1; shift
 mkdir -p results/h200 results/h200-checks $OUT/logs

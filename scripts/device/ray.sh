@@ -8,6 +8,10 @@
 # here with exit 2. A fleet directory already in results/h200x2/ (carried back from a call cut
 # short) is resumed: finished units are kept. The driver gets SIGINT at SECONDS_EACH so that it
 # stops cleanly (fleet.json written). Export KERNELTRIAL_SOURCE_COMMIT when the tree is a copy.
+# protocols/rmsnorm.toml must be frozen (scripts/device/frozen.sh), unless the first argument is
+# --exploratory: bash scripts/device/ray.sh --exploratory SECONDS_EACH [OUTPREFIX]
+. scripts/device/frozen.sh; exploratory_flag "$1"; [ $EXPLORATORY = 1 ] && shift
+require_frozen protocols/rmsnorm.toml || exit 2
 . scripts/device/setup.sh || exit 1
 python3 -c "import ray" 2>/dev/null || { echo "Ray is not installed here: pip install 'kerneltrial[ray]'"; exit 2; }
 limit=$1; prefix=${2:-rmsnorm-fleet}

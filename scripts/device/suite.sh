@@ -6,6 +6,10 @@
 # finished runs are kept. The suite gets SIGINT at 540 s so that it stops cleanly (rows kept,
 # suite.json written) and the pack still happens inside a 600 s call; call again to go on.
 # Export KERNELTRIAL_SOURCE_COMMIT when the tree is a copy (see scripts/device/panels.sh).
+# Every protocol of protocols/NAME/ must be frozen (scripts/device/frozen.sh), unless the first
+# argument is --exploratory: bash scripts/device/suite.sh --exploratory NAME TAG [OUTNAME]
+. scripts/device/frozen.sh; exploratory_flag "$1"; [ $EXPLORATORY = 1 ] && shift
+require_frozen protocols/$1/*.toml || exit 2
 . scripts/device/setup.sh || exit 1
 name=$1; tag=$2; out=results/h200/${3:-$name-$tag}
 mkdir -p results/h200 $OUT/logs

@@ -9,6 +9,19 @@ apart from the library's internal types so that those can change without breakin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DrawnInputs:
+    """What a check's checked call ran on (trial/gate.py `Drawn`)."""
+
+    offsets: dict[str, int]  # storage offset of each input tensor, bytes
+    scalars: dict[str, float]  # eps, cap, ...
+    nonfinite: int  # NaN and +-Inf input elements
+    absmax: float  # the largest finite |input|
+    other_offset: int | None  # the repeated call's storage offset, bytes
+    extra: list[str]  # the extra shapes checked
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,14 @@ class CheckedCall:
     ulp: float
     message: str
     ulp_hist: list[int]
+    inputs_seed: int | None  # the inputs seed of the command (ops/inputs.py)
+    drawn: DrawnInputs | None
+
+
+def checked_call(op: str, row: dict[str, Any]) -> CheckedCall:
+    """A correctness.jsonl row of `op` (trial/gate.py `CheckResult.row`) as a CheckedCall."""
+    drawn = row.get("drawn")
+    return CheckedCall(op=op, **{**row, "drawn": DrawnInputs(**drawn) if drawn else None})
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,7 @@ class CheckResult:
     schema: str = field(default="kerneltrial.check-result/1", init=False)
     device: str
     interpreted: bool  # Triton interpreter on the CPU
+    inputs_seed: int  # every check's inputs were drawn from it (check --inputs-seed reproduces them)
     passed: int
     failed: int
     failing_arms: list[str]  # "op/arm" of every arm with a failed check

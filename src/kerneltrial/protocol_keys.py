@@ -1,7 +1,7 @@
 """Every protocol key, generated from the pydantic models: `python -m kerneltrial.protocol_keys`.
 
 The output is docs/PROTOCOL_KEYS.md (a test keeps the committed file equal to it). The
-rendering needs only pydantic; `reference()` imports the two protocol modules when called
+rendering needs only pydantic; `reference()` imports the three protocol modules when called
 (the kernel one imports torch through the operator registry, runs nothing).
 """
 
@@ -99,7 +99,8 @@ def render(model: type[BaseModel], title: str, intro: str, table: str = "", dept
 
 
 def reference() -> str:
-    """The whole reference: the kernel protocol, then the serving protocol."""
+    """The whole reference: the kernel protocol, the serving protocol, the model protocol."""
+    from kerneltrial.model.spec import Protocol as ModelProtocol
     from kerneltrial.serving.protocol import Protocol as ServingProtocol
     from kerneltrial.trial.protocol import Protocol as KernelProtocol
 
@@ -115,7 +116,13 @@ def reference() -> str:
         "Top-level keys, the tables `[server]`, `[bench]`, `[acceptance]`, the optional `[accuracy]` "
         "and an `[[arms]]` array; example: protocols/serving/minicpm5-2b-flaggems.toml.",
     )
-    return f"{HEADER}\n{kernel}\n{serving}"
+    model = render(
+        ModelProtocol,
+        "Model protocol (`kerneltrial model`)",
+        "Top-level keys, the `[correctness]` table and `[[prefill]]` / `[[decode]]` arrays; example: "
+        "protocols/model/minicpm5-2b.toml (eager and CUDA-graph modes).",
+    )
+    return f"{HEADER}\n{kernel}\n{serving}\n{model}"
 
 
 if __name__ == "__main__":

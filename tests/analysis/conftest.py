@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,3 +17,39 @@ def run_dir(tmp_path: Path) -> Path:
     path = write_run_dir(tmp_path / "run")
     write_summary(path)
     return path
+
+
+CPU_PROTOCOL = """
+name = "publication-cpu"
+op = "rmsnorm"
+control = "control"
+candidates = ["packed_r4_w4"]
+seeds = [0]
+rounds = 2
+warmup = 1
+calls_per_sample = 1
+l2 = "hot"
+[[cases]]
+shape = [4, 64]
+"""
+
+
+@pytest.fixture(scope="session")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real, finished and verified run of the current contract (checks 3, host stage), on the CPU:
+    one rmsnorm case, the control and one candidate, one seed, two rounds. Built once per session
+    (about 20 s under the Triton interpreter); tests tamper with copies of it (`copy_of`)."""
+    from kerneltrial.trial.runner import run_trial
+
+    root = tmp_path_factory.mktemp("cpu_run")
+    protocol = root / "p.toml"
+    protocol.write_text(CPU_PROTOCOL)
+    return run_trial(protocol, root / "run")
+
+
+@pytest.fixture
+def copy_of(cpu_run: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """A fresh copy of the session's CPU run under this test's tmp_path, named `name`."""
+    import shutil
+
+    return lambda name: Path(shutil.copytree(cpu_run, tmp_path / name))

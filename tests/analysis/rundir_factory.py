@@ -142,6 +142,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     if checked:
         provenance.update(
             device={"gpu": "NVIDIA H200"} if spec.is_gpu else {"gpu": None, "cpu": "x86_64"},
+            triton_interpreter=not spec.is_gpu,  # verify's device check: the interpreter runs only on a CPU
             versions={"python": "3.11.7", "torch": "2.13.0", "triton": "3.6.0"},
             freeze=None if spec.frozen_at is None else {"sha256": sha, "frozen_at": spec.frozen_at},
             impl_modules={},

@@ -14,7 +14,8 @@ from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
-from kerneltrial.analysis.report import CEILING_PNG, SPEEDUP_PNG, VERDICTS_PNG, write_report
+from kerneltrial.analysis.performance_overview import RUNS_FILE
+from kerneltrial.analysis.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, VERDICTS_PNG, write_report
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
@@ -46,13 +47,18 @@ def test_report_renders_figures_and_every_case_and_arm(run_dir: Path) -> None:
     assert "passed by `fast`" in report
 
 
+def per_run_tables(runs: list[Path], tmp_path: Path) -> str:
+    """The per-run tables `write_performance_md` writes beside PERFORMANCE.md (RUNS_FILE)."""
+    write_performance_md(runs, tmp_path / "PERFORMANCE.md")
+    return (tmp_path / RUNS_FILE).read_text()
+
+
 def test_performance_md_covers_each_run(tmp_path: Path) -> None:
     first = write_run_dir(tmp_path / "run_a")
     second = write_run_dir(tmp_path / "run_b", RunSpec(gate="no_loss"))
     for path in (first, second):
         write_summary(path)
-    out = write_performance_md([first, second], tmp_path / "PERFORMANCE.md")
-    text = out.read_text()
+    text = per_run_tables([first, second], tmp_path)
     assert "## rmsnorm: `run_a`" in text and "## rmsnorm: `run_b`" in text
     assert "gate `no_loss`: passed by `fast`" in text
     assert "device: gpu None, cpu x86_64" in text and "versions: python 3.11" in text
@@ -126,8 +132,11 @@ def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path, cli: tupl
     compared = runner.invoke(app, ["compare", str(run_dir), str(run_dir)])
     assert compared.exit_code == 0 and f"| `{C1}` | `fast` | 0.800 | 0.800 | 1.000 |" in compared.output
     out = tmp_path / "PERFORMANCE.md"
-    assert runner.invoke(app, ["performance", str(run_dir), "--out", str(out)]).exit_code == 0
-    assert "# Performance" in out.read_text()
+    runs_out = tmp_path / "runs.md"
+    args = ["performance", str(run_dir), "--out", str(out), "--runs-out", str(runs_out)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "# Performance" in out.read_text() and "](runs.md)" in out.read_text()
+    assert "## rmsnorm: `run`" in runs_out.read_text() and "](PERFORMANCE.md)" in runs_out.read_text()
 
 
 # ---------------------------------------------------------------- scope sentence and errata
@@ -147,7 +156,7 @@ def test_every_run_section_states_what_the_cis_cover(run_dir: Path, tmp_path: Pa
     assert SCOPE in write_report(run_dir).read_text()
     other = write_run_dir(tmp_path / "other")
     write_summary(other)
-    text = write_performance_md([run_dir, other], tmp_path / "PERFORMANCE.md").read_text()
+    text = per_run_tables([run_dir, other], tmp_path)
     assert text.count(SCOPE) == 2
 
 
@@ -166,24 +175,24 @@ def test_errata_follow_the_timing_line_and_mark_the_overview(tmp_path: Path) -> 
     timing = next(i for i, line in enumerate(report) if line.startswith("Timing: "))
     assert report[timing + 1 : timing + 6] == [
         "",
-        "## Errata",
+        f"## {ERRATA_HEADING}",
         "",
-        "The peer arm ran with a stale build; its medians are not comparable.",
+        "> The peer arm ran with a stale build; its medians are not comparable.",  # quoted: not a figure
         "",
     ]
     assert "## Errata" not in write_report(plain).read_text()
-    text = write_performance_md([fixed, plain], tmp_path / "PERFORMANCE.md").read_text()
+    text = per_run_tables([fixed, plain], tmp_path)
     # overview: both runs listed (kerneltrial and the peer both time 1000 ns per call), only `fixed` marked
     assert "| `rmsnorm` (`fixed`) (errata) | `contiguous` | small | 2 |" in text
     assert "| `rmsnorm` (`plain`) | `contiguous` | small | 2 |" in text
-    assert "### Errata" in text and text.count("stale build") == 1
+    assert f"### {ERRATA_HEADING}" in text and text.count("stale build") == 1
     assert verify_run_dir(fixed).ok  # ERRATA.md is not a raw file: the run still verifies
 
 
 def test_superseded_runs_leave_the_overview_for_the_earlier_runs_table(tmp_path: Path) -> None:
     old, new = _two_peer_runs(tmp_path, "old", "new")
     (old / "ERRATA.md").write_text("Superseded by: `new`\nReason: measured with the old timer.\n")
-    text = write_performance_md([old, new], tmp_path / "PERFORMANCE.md").read_text()
+    text = per_run_tables([old, new], tmp_path)
     assert "| `rmsnorm` (`new`) | `contiguous` | small | 2 |" in text
     assert "(`old`)" not in text.split("## Earlier runs")[0]
     assert "## rmsnorm: `new`" in text and "## rmsnorm: `old`" not in text

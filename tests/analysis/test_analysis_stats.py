@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kerneltrial.analysis import stats
+from kerneltrial.analysis.gate_rule import parse_gate
 from kerneltrial.analysis.stats import BootstrapRule, Interval
 
 RULE = BootstrapRule(resamples=1000, seed=7, confidence=0.95)
@@ -131,7 +132,7 @@ def test_aggregate_without_cases() -> None:
     ],
 )
 def test_parse_gate(rule: str, no_loss: bool, floor: float | None) -> None:
-    gate = stats.parse_gate(rule)
+    gate = parse_gate(rule)
     assert (gate.no_loss, gate.min_geomean, gate.rule) == (no_loss, floor, rule)
 
 
@@ -151,7 +152,7 @@ def test_parse_gate(rule: str, no_loss: bool, floor: float | None) -> None:
 )
 def test_parse_gate_rejects_and_names_the_string(rule: str) -> None:
     with pytest.raises(ValueError) as error:
-        stats.parse_gate(rule)
+        parse_gate(rule)
     assert repr(rule) in str(error.value)
     assert "no_loss" in str(error.value)  # says what is accepted
 
@@ -161,13 +162,13 @@ def _agg(geomean: float | None, losses: int) -> stats.ArmAggregate:
 
 
 def test_gate_verdict() -> None:
-    both = stats.parse_gate("no_loss and geomean>=1.02")
+    both = parse_gate("no_loss and geomean>=1.02")
     assert stats.gate_verdict(both, _agg(1.02, 0), 0).passed  # exactly at the floor passes
     fail = stats.gate_verdict(both, _agg(1.019, 1), 0)
     assert not fail.passed and len(fail.reasons) == 2
     assert not stats.gate_verdict(both, _agg(1.5, 0), failed_correctness_cases=1).passed
     assert not stats.gate_verdict(both, _agg(None, 0), 0).passed
-    assert stats.gate_verdict(stats.parse_gate("no_loss"), _agg(0.9, 0), 0).passed
+    assert stats.gate_verdict(parse_gate("no_loss"), _agg(0.9, 0), 0).passed
 
 
 def test_ratio_interval_holds_whenever_both_intervals_do() -> None:

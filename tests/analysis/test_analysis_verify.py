@@ -16,9 +16,12 @@ import typer
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
 from typer.testing import CliRunner
 
+import kerneltrial.analysis.git_history as git_history_module
 import kerneltrial.analysis.integrity as integrity_module
 import kerneltrial.analysis.links as links_module
+import kerneltrial.analysis.provenance_checks as provenance_checks_module
 import kerneltrial.analysis.replicates as replicates_module
+import kerneltrial.analysis.schema_requirements as schema_requirements_module
 import kerneltrial.analysis.verify as verify_module
 import kerneltrial.analysis.verify_isolation as verify_isolation_module
 from kerneltrial.analysis.cli import mount
@@ -144,7 +147,17 @@ def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", [verify_module, integrity_module, links_module, replicates_module, verify_isolation_module]
+    "module",
+    [
+        verify_module,
+        integrity_module,
+        links_module,
+        replicates_module,
+        schema_requirements_module,
+        provenance_checks_module,
+        git_history_module,
+        verify_isolation_module,
+    ],
 )
 def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
@@ -158,8 +171,15 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
     assert not [name for name in imported if "stats" in name or "summary" in name or "pandas" in name]
     analysis = {name for name in imported if name.startswith("kerneltrial.analysis")}
     assert analysis <= {
+        "kerneltrial.analysis.derived",  # report.md against the renderers' output: a page check, no figure
         "kerneltrial.analysis.integrity",
+        "kerneltrial.analysis.integrity.package_digest",
+        "kerneltrial.analysis.git_history.package_at",
+        "kerneltrial.analysis.schema_requirements",
+        "kerneltrial.analysis.provenance_checks",
         "kerneltrial.analysis.links",
+        "kerneltrial.analysis.publication.titled",  # the UNVERIFIED mark of a page title
+        "kerneltrial.analysis.report.write_report",  # replicates: `report` writes each run's page (not verify)
         "kerneltrial.analysis.replicates.table_problems",
         "kerneltrial.analysis.suite.read_suite",  # a suite's record (suite.json)
         "kerneltrial.analysis.suite.suite_problems",  # its checks: file hashes and statuses, no figures

@@ -1,6 +1,6 @@
 """The PERFORMANCE.md overview: our entry point against the fastest timed peer, per case."""
 
-from kerneltrial.analysis.performance import best_peer_rows
+from kerneltrial.analysis.peer_rows import best_peer_rows
 from kerneltrial.rundir.documents import ArmFigures, SummaryCase
 
 
@@ -21,6 +21,7 @@ def entry(kind: str, ns: float | None) -> ArmFigures:
         host_ns_per_call=None,
         host_samples=0,
         host_behind=None,
+        fraction_of_floor=None,
         throttled_samples=0,
         spread=None,
         messages=[],
@@ -31,7 +32,7 @@ def entry(kind: str, ns: float | None) -> ArmFigures:
 def case(name: str, arms: dict[str, ArmFigures]) -> SummaryCase:
     return SummaryCase(
         case=name, shape=[1, 2], layout="contiguous", dtype="bfloat16", bytes=8, calls=1, rounds=7,
-        units_planned=21, injected_delay_ns=None, arms=arms,
+        units_planned=21, injected_delay_ns=None, arms=arms, floor_ns=None,
     )  # fmt: skip
 
 

@@ -1,12 +1,13 @@
-"""PERFORMANCE.md's overview against issue 16's targets: regimes, bands, marks, floors, host cost,
-on constructed summaries."""
+"""The per-run overview against issue 16's targets (results/PERFORMANCE-runs.md): regimes, bands,
+marks, the one-row case, host cost, on constructed summaries."""
 
 from __future__ import annotations
 
+from kerneltrial.analysis import peer_rows
 from kerneltrial.analysis import performance as perf
-from kerneltrial.analysis.performance import MET, MISSED, UNKNOWN, UNRESOLVED
+from kerneltrial.analysis.peer_rows import MET, MISSED, UNKNOWN, UNRESOLVED
 from kerneltrial.analysis.stats import Interval
-from kerneltrial.rundir.documents import ArmFigures, Ceilings, SummaryCase
+from kerneltrial.rundir.documents import ArmFigures, SummaryCase
 
 MIB = 1 << 20
 
@@ -24,7 +25,7 @@ def arm(
         kind=kind, status=status if ns is not None else "not timed", median_ns_per_call=ns, n_samples=21,
         ci_units=21, speedup=None, ci_low=ci[0] if ci else None, ci_high=ci[1] if ci else None, verdict=None,
         gbps=None, pct_of_copy_ceiling=pct, throttled_samples=0, spread=None, messages=[], reason=None,
-        host_ns_per_call=host_ns, host_samples=5 if host_ns else 0, host_behind=behind if host_ns else None,
+        host_ns_per_call=host_ns, host_samples=5 if host_ns else 0, host_behind=behind if host_ns else None, fraction_of_floor=None,
     )  # fmt: skip
 
 
@@ -32,24 +33,24 @@ def case(shape: list[int], nbytes: int, arms: dict[str, ArmFigures], layout: str
     name = "x".join(map(str, shape)) + f"/{layout}/bfloat16"
     return SummaryCase(
         case=name, shape=shape, layout=layout, dtype="bfloat16", bytes=nbytes, calls=1, rounds=7,
-        units_planned=21, injected_delay_ns=None, arms=arms,
+        units_planned=21, injected_delay_ns=None, arms=arms, floor_ns=None,
     )  # fmt: skip
 
 
 def test_regimes_split_at_4_and_64_mib() -> None:
-    assert [perf.regime(n) for n in (0, 4 * MIB - 1, 4 * MIB, 64 * MIB - 1, 64 * MIB, 10**12)] == [
+    assert [peer_rows.regime(n) for n in (0, 4 * MIB - 1, 4 * MIB, 64 * MIB - 1, 64 * MIB, 10**12)] == [
         "small", "small", "mid", "mid", "large", "large",
     ]  # fmt: skip
 
 
 def test_marks_use_the_band_when_there_is_one() -> None:
-    assert perf.mark_at_least(1.10, 1.2) == MET and perf.mark_at_least(1.10, 1.05) == MISSED
-    assert perf.mark_at_least(1.10, 1.2, Interval(1.12, 1.3)) == MET
-    assert perf.mark_at_least(1.10, 1.2, Interval(1.05, 1.3)) == UNRESOLVED  # straddles: not claimed either way
-    assert perf.mark_at_least(1.10, 1.05, Interval(1.0, 1.09)) == MISSED
-    assert perf.mark_at_least(1.10, None) == UNKNOWN
-    assert perf.mark_at_most(1.15, 1.15) == MET and perf.mark_at_most(1.15, 1.2) == MISSED
-    assert perf.mark_at_most(15.0, None) == UNKNOWN
+    assert peer_rows.mark_at_least(1.10, 1.2) == MET and peer_rows.mark_at_least(1.10, 1.05) == MISSED
+    assert peer_rows.mark_at_least(1.10, 1.2, Interval(1.12, 1.3)) == MET
+    assert peer_rows.mark_at_least(1.10, 1.2, Interval(1.05, 1.3)) == UNRESOLVED  # straddles: not claimed either way
+    assert peer_rows.mark_at_least(1.10, 1.05, Interval(1.0, 1.09)) == MISSED
+    assert peer_rows.mark_at_least(1.10, None) == UNKNOWN
+    assert peer_rows.mark_at_most(1.15, 1.15) == MET and peer_rows.mark_at_most(1.15, 1.2) == MISSED
+    assert peer_rows.mark_at_most(15.0, None) == UNKNOWN
 
 
 def test_the_fastest_peer_is_the_timed_peer_of_smallest_median_and_its_band_comes_from_both_cis() -> None:
@@ -60,7 +61,7 @@ def test_the_fastest_peer_is_the_timed_peer_of_smallest_median_and_its_band_come
         "cheat": arm("peer", 10.0, ci=(90.0, 110.0), status="implausible"),  # no honest median: never the best
         "flaggems": arm("peer", None),
     }
-    (row,) = perf.best_peer_rows([case([1, 2048], 8192, arms)])
+    (row,) = peer_rows.best_peer_rows([case([1, 2048], 8192, arms)])
     assert row.peer == "liger" and row.ratio == 900.0 / 800.0
     assert row.interval == Interval(1.2 / 1.2, 1.3 / 1.0)
 
@@ -73,7 +74,7 @@ def test_the_fastest_peers_band_covers_the_pick_among_peers() -> None:
         "liger": arm("peer", 900.0, ci=(1.0, 1.2)),  # fastest by median
         "flaggems": arm("peer", 950.0, ci=(0.9, 1.25)),  # its CI high is the largest
     }
-    (row,) = perf.best_peer_rows([case([1, 2048], 8192, arms)])
+    (row,) = peer_rows.best_peer_rows([case([1, 2048], 8192, arms)])
     assert row.peer == "liger" and row.interval == Interval(1.2 / 1.25, 1.3 / 1.0)
 
 
@@ -83,10 +84,10 @@ def test_the_worst_case_mark_reads_every_cases_band() -> None:
         perf.PeerRow("a", "contiguous", MIB, 100.0, "liger", 96.0, None, Interval(0.955, 0.965)),
         perf.PeerRow("b", "contiguous", MIB, 100.0, "liger", 99.0, None, Interval(0.90, 1.08)),
     ]
-    assert perf.mark_every_case(0.95, rows) == UNRESOLVED
-    assert perf.mark_every_case(0.95, rows[:1]) == MET
+    assert peer_rows.mark_every_case(0.95, rows) == UNRESOLVED
+    assert peer_rows.mark_every_case(0.95, rows[:1]) == MET
     assert (
-        perf.mark_every_case(0.95, [*rows, perf.PeerRow("c", "contiguous", MIB, 100.0, "liger", 90.0, None, None)])
+        peer_rows.mark_every_case(0.95, [*rows, perf.PeerRow("c", "contiguous", MIB, 100.0, "liger", 90.0, None, None)])
         == MISSED
     )
 
@@ -97,7 +98,7 @@ def test_a_case_where_ours_is_not_timed_marks_its_group_missed() -> None:
     good = {"kerneltrial": arm("candidate", 500.0, ci=(1.5, 1.6)), "liger": arm("peer", 900.0, ci=(0.9, 1.0))}
     failed = {"kerneltrial": arm("candidate", None, status="failed correctness"), "liger": arm("peer", 900.0)}
     cases = [case([1, 2048], MIB, good), case([2, 2048], MIB, failed), case([3, 2048], MIB, failed, "row_strided")]
-    rows = perf.device_rows("run", perf.best_peer_rows(cases), perf.untimed_cases(cases))
+    rows = perf.device_rows("run", peer_rows.best_peer_rows(cases), peer_rows.untimed_cases(cases))
     assert rows[0][3:] == ["1 (ours not timed: 1)", rows[0][4], MISSED, rows[0][6], MISSED]
     assert rows[1] == ["run", "`row_strided`", "small", "0 (ours not timed: 1)", "–", MISSED, "–", MISSED]
 
@@ -112,7 +113,7 @@ def test_device_rows_separate_layouts_and_regimes() -> None:
         case([4096, 2048], 100 * MIB, two(1000.0, 940.0, (0.9, 0.95), (1.0, 1.02))),  # large: 0.94 [0.882, 0.95]
         case([4096, 2048], 100 * MIB, two(1000.0, 1300.0, (1.3, 1.35), (1.0, 1.01)), layout="row_strided"),
     ]
-    rows = perf.device_rows("run", perf.best_peer_rows(cases), perf.untimed_cases(cases))
+    rows = perf.device_rows("run", peer_rows.best_peer_rows(cases), peer_rows.untimed_cases(cases))
     assert [row[1:4] for row in rows] == [
         ["`contiguous`", "small", "2"],
         ["`contiguous`", "large", "1"],
@@ -166,17 +167,6 @@ def test_bandwidth_rows_judge_each_case_against_the_copy_of_its_own_traffic() ->
     assert perf.bandwidth_row("run", "contiguous", cases)[9:] == ["94.7", "93.3 (`8192x2048/contiguous/bfloat16`)", MET]
 
 
-def test_the_floor_is_tritons_where_measured_else_torchs_and_says_which() -> None:
-    both = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1, launch_floor_ns=3500.0,
-                    launch_samples=10, triton_launch_floor_ns=4000.0, triton_launch_samples=10)  # fmt: skip
-    old = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1, launch_floor_ns=3500.0,
-                   launch_samples=10)  # fmt: skip
-    none = Ceilings(copy_gbps=1.0, copy_samples=1, read_gbps=1.0, read_samples=1)
-    assert perf.launch_floor(both) == (4000.0, "Triton")
-    assert perf.launch_floor(old) == (3500.0, "torch `add_`, no Triton floor in this run")
-    assert perf.launch_floor(none) is None
-
-
 def test_the_one_row_case_is_the_small_case_of_fewest_rows() -> None:
     ours = {"kerneltrial": arm("candidate", 4600.0)}
     cases = [
@@ -185,9 +175,9 @@ def test_the_one_row_case_is_the_small_case_of_fewest_rows() -> None:
         case([1, 2048], 12288, ours),
         case([1, 2048], 8192, {"kerneltrial": arm("candidate", None)}, layout="row_strided"),  # not timed
     ]
-    picked = perf.one_row_case(cases)
+    picked = peer_rows.one_row_case(cases)
     assert picked is not None and picked.case == "1x2048/row_gate/bfloat16"
-    assert perf.one_row_case([case([1024, 16384], 64 * MIB, ours)]) is None  # no small case: no claim
+    assert peer_rows.one_row_case([case([1024, 16384], 64 * MIB, ours)]) is None  # no small case: no claim
 
 
 def test_host_cost_leaves_out_device_bound_cases() -> None:

@@ -39,6 +39,7 @@ from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
+from kerneltrial.analysis.performance_overview import RUNS_FILE
 from kerneltrial.analysis.report import write_report
 from kerneltrial.analysis.summary import build_summary, write_summary
 from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
@@ -418,22 +419,24 @@ def test_file_changed_after_the_run_fails_the_manifest(checked: Path) -> None:
 
 
 def test_unlisted_file_fails_the_manifest_but_report_and_errata_do_not(checked: Path) -> None:
-    write_report(checked)
     (checked / "ERRATA.md").write_text("A note written after the run.\n")
+    write_report(checked)  # after ERRATA.md: the report quotes it
     _ok(checked)
     (checked / "extra_timings.csv").write_text("case,seed\n")
     (checked / "figures").mkdir()
     (checked / "figures" / "speedup.png").write_bytes(b"png")  # only top-level figures are report output
+    (checked / "win.png").write_bytes(b"png")  # and only the report's own figure names
     assert _failed(checked) == {
-        "manifest": "['extra_timings.csv', 'figures/speedup.png'] not in manifest.json: "
-        "added after the run (only report.md, *.png and ERRATA.md may be)"
+        "manifest": "['extra_timings.csv', 'figures/speedup.png', 'win.png'] not in manifest.json: "
+        "added after the run (only report.md, ERRATA.md, speedup.png, verdicts.png, ceiling.png may be)"
     }
 
 
 def test_missing_manifest_fails(checked: Path) -> None:
     (checked / "manifest.json").unlink()
     assert _failed(checked) == {
-        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run"
+        "required files": "manifest.json is missing (a run of checks 1 writes it)",
+        "manifest": "manifest.json is missing: a run with timed checks writes it last, over every file of the run",
     }
 
 
@@ -637,18 +640,22 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     assert result.ok
     skipped = [c.name for c in result.checks if not c.applicable]
     assert skipped == [
+        "source commit",  # the factory's commit abc123 is not in this checkout's history
         *CHECKED_RUN_CHECKS,
         "triton launch floor",
         "size-matched copies",
+        "speed-of-light floor",
         "host cost",
         "isolation bounds",
+        "report.md",
+        "ERRATA.md",
     ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     runner, app = CliRunner(), typer.Typer()
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 4} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 8} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare
@@ -661,7 +668,7 @@ def test_report_shows_timed_checks_statuses_ulps_and_freeze(checked: Path) -> No
     assert "- plausibility: not judged (not a GPU run timed with CUDA events)" in report
     assert f"**failed while timed** in 1 sample(s): {RAISE} |" in report
     assert (
-        "| arm | geomean [CI] | mean | worst case | W/T/L/I | failed correctness | failed while timed | "
+        "| arm | geomean [CI] | mean | worst case | wins/ties/losses/inconclusive | failed correctness | failed while timed | "
         "implausible |" in report
     )
     assert (
@@ -695,8 +702,9 @@ def test_old_reports_take_the_freeze_from_provenance(run_dir: Path) -> None:
 
 
 def test_performance_md_shows_inconclusive_counts(tie_band_run: Path, tmp_path: Path) -> None:
-    text = write_performance_md([tie_band_run], tmp_path / "PERFORMANCE.md").read_text()
-    assert "| W/T/L/I |" in text and "| 0/0/0/2 |" in text
+    write_performance_md([tie_band_run], tmp_path / "PERFORMANCE.md")
+    text = (tmp_path / RUNS_FILE).read_text()
+    assert "| wins/ties/losses/inconclusive |" in text and "| 0/0/0/2 |" in text
 
 
 def test_compare_shows_verdicts_including_inconclusive(tie_band_run: Path, cheat: Path) -> None:

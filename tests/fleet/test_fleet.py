@@ -201,6 +201,9 @@ def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_sa
     assert code in (0, 1), output
     assert [u.attempts for u in read_fleet(shard_copy).units] == [1, 1]  # nothing ran again
     assert_combined_as_by_hand(shard_copy)
+    assert set(failed(shard_copy)) == {"report.md"}  # rendered before the record was combined again: stale
+    code, output = run_cli("report", str(shard_copy))  # a stale page does not stop its own rendering
+    assert code == 0, output
     assert verify_run_dir(shard_copy).ok, failed(shard_copy)
 
 

@@ -18,6 +18,12 @@ def expected(logits: torch.Tensor, cap: float = sa.CAP) -> torch.Tensor:
     return sa.reference(logits, cap)[0]
 
 
+def drawn(case: Case, seed: int) -> tuple[torch.Tensor, float]:
+    """make_inputs' logits and the cap it drew for them."""
+    values = sa.make_inputs(case, seed=seed, device=torch.device("cpu"))
+    return values["logits"], values["cap"]
+
+
 def test_reference_and_oracle_take_the_first_tied_index():
     row = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0]], dtype=torch.bfloat16)
     assert expected(row).tolist() == [1]
@@ -25,12 +31,12 @@ def test_reference_and_oracle_take_the_first_tied_index():
 
 
 def test_saturated_logits_tie_after_capping():
-    """400 and 500 both cap to exactly 30.0 in fp32: the earlier one wins, though argmax of
+    """300 and 360 both cap to exactly 30.0 in fp32: the earlier one wins, though argmax of
     the raw logits (or of float64 capped values) is the later one. Row 0 puts them in one
     4096-chunk, row 1 in different chunks (one span of the rows_skip kernels)."""
-    logits = sa.LOGIT_SCALE * torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
+    logits = sa.LOGIT_SCALE * sa.CAP * torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
     logits = logits.to(torch.bfloat16)
-    low, high = sa.SATURATED
+    low, high = (m * sa.CAP for m in sa.SATURATED)
     logits[0, [700, 2100]] = torch.tensor([low, high], dtype=torch.bfloat16)
     logits[1, [700, 9000]] = torch.tensor([low, high], dtype=torch.bfloat16)
     assert expected(logits).tolist() == [700, 700]
@@ -42,22 +48,44 @@ def test_saturated_logits_tie_after_capping():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_make_inputs_plants_ties_saturation_and_special_rows(seed):
-    """Every row but the tail row holds tied maxima; saturated ties (raw argmax != answer) in
-    the odd rows for even seeds and the even rows for odd seeds, except the special rows:
-    a zero row (answer 0), a tail row (answer: the last index) and a tiny row."""
-    logits = sa.make_inputs(Case((16, 1536)), seed=seed, device=torch.device("cpu"))["logits"]
-    first = expected(logits)
-    capped = sa.CAP * torch.tanh(logits.float() / sa.CAP)
+    """Every finite row but the tail row holds tied maxima; saturated ties (raw argmax != answer)
+    in the odd rows for even seeds and the even rows for odd seeds, except the special rows:
+    a zero row (answer 0), a tail row (answer: the last index), a tiny row, a large row (no
+    logit where implementations of tanh disagree) and a row with a NaN or an Inf."""
+    logits, cap = drawn(Case((16, 1536)), seed)
+    first = expected(logits, cap)
+    capped = cap * torch.tanh(logits.float() / cap)
     last = capped.shape[-1] - 1 - torch.argmax(capped.flip(-1), dim=-1)
     top = logits.float().abs().amax(dim=-1)
     zero, tail, tiny = (top == 0), (first == 1535), (top > 0) & (top < 1e-20)
-    assert [int(m.sum()) for m in (zero, tail, tiny)] == [1, 1, 1]
+    nonfinite = ~torch.isfinite(logits.float()).all(dim=-1)
+    large = ((logits.float().abs() >= sa.SAFE_BELOW * cap).sum(dim=-1) > 4) & ~nonfinite  # saturated rows: 2
+    assert [int(m.sum()) for m in (zero, tail, tiny, large, nonfinite)] == [1, 1, 1, 1, 1]
     assert int(first[zero]) == 0
-    assert bool((first < last)[~tail].all()), "every row but the tail row holds at least two tied maxima"
-    ordinary = ~(zero | tail | tiny)
+    ratio = logits[large].float().abs() / cap
+    assert not bool(((ratio >= sa.SAFE_BELOW) & (ratio < sa.SATURATED[0])).any())
+    assert bool((first < last)[~tail & ~nonfinite].all()), "every finite row but the tail row holds tied maxima"
+    ordinary = ~(zero | tail | tiny | large | nonfinite)
     saturated = (torch.arange(16) + seed) % 2 == 1
     raw = torch.argmax(logits, dim=-1)
     assert bool((raw != first)[saturated & ordinary].all()) and bool((raw == first)[~saturated & ordinary].all())
+
+
+def test_every_kernel_ranks_nan_above_every_value_as_torch_argmax_does():
+    """torch.argmax answers the first NaN of a row; +-Inf caps to +-cap like a saturated logit.
+    The NaN sits after a +Inf (the raw maximum does not grow there: the tanh skip must not pass
+    over it), after a saturated logit in another span, and at a chunk's last lane."""
+    nan, inf = float("nan"), float("inf")
+    gen = torch.Generator().manual_seed(3)
+    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(4, 20000, generator=gen)).to(torch.bfloat16)
+    logits[0, [100, 9000]] = torch.tensor([inf, nan], dtype=torch.bfloat16)
+    logits[1, [5, 17000, 19999]] = torch.tensor([500.0, nan, nan], dtype=torch.bfloat16)
+    logits[2, [8191, 8192]] = torch.tensor([nan, inf], dtype=torch.bfloat16)
+    logits[3, [3, 7]] = torch.tensor([inf, -inf], dtype=torch.bfloat16)
+    want = [9000, 17000, 8191, 3]
+    assert expected(logits).tolist() == want and sa.oracle(logits, sa.CAP)[0].tolist() == want
+    for name in KERNELS:
+        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == want, name
 
 
 TIE_POSITIONS = [
@@ -73,7 +101,7 @@ def test_every_kernel_returns_the_first_of_planted_ties(name):
     """Ties placed within a lane, across lanes, across chunks and across spans of a split row."""
     fn = OP.impl(name).resolve()
     gen = torch.Generator().manual_seed(5)
-    logits = (sa.LOGIT_SCALE * torch.randn(len(TIE_POSITIONS), 20000, generator=gen)).to(torch.bfloat16)
+    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(len(TIE_POSITIONS), 20000, generator=gen)).to(torch.bfloat16)
     for row, positions in enumerate(TIE_POSITIONS):
         logits[row, list(positions)] = logits[row].max() + 1
     assert fn(logits, sa.CAP).tolist() == [min(p) for p in TIE_POSITIONS]
@@ -115,9 +143,9 @@ def test_launch_grid_stays_within_max_grid(monkeypatch):
 
     monkeypatch.setattr(launch, "MAX_GRID", 3)
     monkeypatch.setattr(launch, "bounded_grid", recording)
-    logits = sa.make_inputs(Case((9, 3000)), seed=2, device=torch.device("cpu"))["logits"]
+    logits, cap = drawn(Case((9, 3000)), 2)
     for name in ("control", "packed_r4_w4", "rows_skip_c4096_w8", "split_p16_c4096_w8"):
-        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == expected(logits).tolist(), name
+        assert OP.impl(name).resolve()(logits, cap).tolist() == expected(logits, cap).tolist(), name
     assert grids and max(grids) == 3
 
 
@@ -191,10 +219,10 @@ def counters_are_zero() -> bool:
 def planted_rows(seed: int, n: int = 40000) -> tuple[torch.Tensor, list[int]]:
     """Rows whose answers sit in different spans of every one-launch geometry: ties across
     spans (the first span's copy wins, listed later or earlier), and saturated pairs in both
-    orders (400 then 500: the earlier 400 wins; 500 then 400: the earlier 500 wins)."""
+    orders (300 then 360: the earlier 300 wins; 360 then 300: the earlier 360 wins)."""
     gen = torch.Generator().manual_seed(seed)
-    logits = (sa.LOGIT_SCALE * torch.randn(6, n, generator=gen)).to(torch.bfloat16)
-    low, high = sa.SATURATED
+    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(6, n, generator=gen)).to(torch.bfloat16)
+    low, high = (m * sa.CAP for m in sa.SATURATED)
     want = []
     for row, positions in enumerate([(17000, 3, 33000), (1023, 1024, 39999), (0, 16384, 32768)]):
         logits[row, list(positions)] = logits[row].max() + 1
@@ -222,8 +250,8 @@ def test_one_launch_merge_is_exact_and_resets_its_counters(name):
         assert fn(logits, sa.CAP).tolist() == want, (name, seed)
         assert counters_are_zero(), name
     # a strided view and a different row count share the cached counters
-    wide = sa.make_inputs(Case((5, 20000), layout="row_strided"), seed=9, device=torch.device("cpu"))["logits"]
-    assert fn(wide, sa.CAP).tolist() == expected(wide).tolist()
+    wide, cap = drawn(Case((5, 20000), layout="row_strided"), 9)
+    assert fn(wide, cap).tolist() == expected(wide, cap).tolist()
     assert counters_are_zero()
 
 
@@ -232,9 +260,9 @@ def test_one_launch_merge_with_many_items_per_program(name, monkeypatch):
     """A grid of 3 programs walks every span of every row: each program merges the rows whose
     last ticket it draws, and the counters still end at 0."""
     monkeypatch.setattr(launch, "MAX_GRID", 3)
-    logits = sa.make_inputs(Case((7, 9000)), seed=4, device=torch.device("cpu"))["logits"]
+    logits, cap = drawn(Case((7, 9000)), 4)
     for _ in range(2):
-        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == expected(logits).tolist()
+        assert OP.impl(name).resolve()(logits, cap).tolist() == expected(logits, cap).tolist()
         assert counters_are_zero()
 
 
@@ -276,8 +304,8 @@ def test_cached_launches_are_keyed_on_the_grid_limit():
 def test_scratch_is_reused_and_allocated_once_per_stream():
     """A call allocates only its output: the merge buffers of the one-launch kernel are the
     same tensors from call to call."""
-    logits = sa.make_inputs(Case((2, 20000)), seed=1, device=torch.device("cpu"))["logits"]
-    sa.softcap_row_argmax(logits, sa.CAP)
+    logits, cap = drawn(Case((2, 20000)), 1)
+    sa.softcap_row_argmax(logits, cap)
     before = {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()}
-    assert sa.softcap_row_argmax(logits, sa.CAP).tolist() == expected(logits).tolist()
+    assert sa.softcap_row_argmax(logits, cap).tolist() == expected(logits, cap).tolist()
     assert {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()} == before

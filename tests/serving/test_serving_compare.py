@@ -56,3 +56,27 @@ def test_a_serving_run_and_a_kernel_run_are_not_compared(clean_run: Path, tmp_pa
     (kernel / "provenance.json").write_text(json.dumps({"kind": "kernel"}))
     r = CliRunner().invoke(app, ["compare", str(clean_run), str(kernel)])
     assert r.exit_code == 2 and "is a serving run" in r.output and "compare two runs of one kind" in r.output
+
+
+def test_compare_and_report_refuse_a_serving_run_whose_summary_was_edited(
+    clean_run: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Publication verifies (issue 24): an edited figure keeps the run from being shown, unless
+    --unverified, which puts UNVERIFIED in every title."""
+    from kerneltrial.analysis.publication import UNVERIFIED
+
+    run = Path(shutil.copytree(clean_run, tmp_path / "edited"))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["results"]["B"]["in16-out8-c2-n6"]["launches"][0]["total_token_throughput"] *= 3
+    (run / "summary.json").write_text(json.dumps(summary))
+    for command in (["compare", str(clean_run), str(run)], ["report", str(run)]):
+        refused = CliRunner().invoke(app, command)
+        assert refused.exit_code == 1 and f"{run} fails verification" in refused.output, refused.output
+        assert "serving run (" in refused.output  # the failed check, named
+    marked = CliRunner().invoke(app, ["compare", str(clean_run), str(run), "--unverified"])
+    assert marked.exit_code == 0 and marked.stdout.splitlines()[0] == f"# Serving runs compared ({UNVERIFIED}: " + (
+        "rendered with --unverified: `kerneltrial verify` was not required to pass)"
+    )
+    assert CliRunner().invoke(app, ["report", str(run), "--unverified"]).exit_code == 0
+    assert (run / "report.md").read_text().startswith(f"# Serving trial {run.name} ({UNVERIFIED}: ")

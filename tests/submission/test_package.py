@@ -1,5 +1,5 @@
 """Submission archives (issue 12, package): the layout, the receipt, the identity check against a
-confirmed run, the interface check in a fresh interpreter, and `inspect`'s rejections."""
+confirmed run, the isolated interface check, and `inspect`'s rejections."""
 
 from __future__ import annotations
 
@@ -307,9 +307,15 @@ def test_the_confirmed_run_record_names_phase_gate_and_rule(chain, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["absent.py", "--out", "s.zip"], "absent.py is not a file"),
-        ([GOOD, "--out", "s.tar"], "must end in .zip"),
+        (["absent.py", "--out", "s.zip", "--unconfirmed"], "absent.py is not a file"),
+        ([GOOD, "--out", "s.tar", "--unconfirmed"], "must end in .zip"),
         ([GOOD, "--out", "s.zip", "--confirmed", "absent-run"], "is not a run directory"),
+        (
+            [GOOD, "--out", "s.zip"],
+            "no --confirmed run: pass the confirmation run that tested "
+            f"{GOOD} (--confirmed RUN_DIR), or --unconfirmed to package code no confirmation run tested",
+        ),
+        ([GOOD, "--out", "s.zip", "--confirmed", "run", "--unconfirmed"], "--unconfirmed with --confirmed"),
     ],
 )
 def test_package_exits_2_on_bad_input(tmp_path, monkeypatch, args, message):
@@ -321,7 +327,7 @@ def test_package_exits_2_on_bad_input(tmp_path, monkeypatch, args, message):
 def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def rms_norm(x, weight, eps=1e-6):\n    return x\n")
-    code, output = invoke("package", "rmsnorm", module, "--out", tmp_path / "s.zip")
+    code, output = invoke("package", "rmsnorm", module, "--out", tmp_path / "s.zip", "--unconfirmed")
     assert (
         code == 1
         and "refused: the archive would be rejected: no entry point: m.py has no top-level function rmsnorm" in output
@@ -330,16 +336,23 @@ def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
 
 @pytest.mark.slow
 def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
-    """The happy path: identity, layout, interface check in a fresh interpreter, receipt; then the
+    """The happy path: layout, the isolated interface check, an unconfirmed receipt; then the
     receipt catches an archive whose code was changed afterwards."""
     module, rule = tmp_path / "ruled_rmsnorm.py", tmp_path / "ruled_rmsnorm.rule.toml"
     module.write_text(RULED)
     rule.write_text("eps_floor = 0.0\n")
     out = tmp_path / "ship" / "submission.zip"
-    code, output = invoke("package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend")
+    code, output = invoke(
+        "package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend", "--unconfirmed"
+    )
     assert code == 0, output
-    assert "interface check passed on cpu: 20 gate checks, every launch within the ascend limits" in output
+    assert (
+        "interface check passed on cpu (isolated: no kerneltrial importable): 20 gate checks, every launch within "
+        "the ascend limits; UNCONFIRMED: no confirmation run tested this code" in output
+    )
     receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
+    assert receipt.schema_id == "kerneltrial.receipt/3" and receipt.confirmation == "unconfirmed"
+    assert receipt.interface_check.process == "isolated"
     assert receipt.op == "rmsnorm" and receipt.signature == "rmsnorm(x, weight, eps=1e-6) -> Tensor"
     assert [(f.name, f.size) for f in receipt.files] == [
         ("ruled_rmsnorm.py", len(RULED)),
@@ -349,12 +362,13 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     assert receipt.tested_in == []
     assert receipt.interface_check.target == "ascend" and receipt.kerneltrial_version
     receipt_file = tmp_path / "ship" / "submission.receipt.json"
-    assert invoke("inspect", out, "--receipt", receipt_file)[0] == 0
+    code, output = invoke("inspect", out, "--receipt", receipt_file)
+    assert code == 0 and "matches its receipt (confirmation: UNCONFIRMED, packaged with --unconfirmed" in output
     tampered = tmp_path / "tampered.zip"
     tampered.write_bytes(build({"ruled_rmsnorm.py": RULED.encode() + b"# edited\n", rule.name: rule.read_bytes()}))
     code, output = invoke("inspect", tampered, "--receipt", receipt_file)
     assert code == 1 and "receipt mismatch: ruled_rmsnorm.py has sha256" in output, output
-    code, output = invoke("package", "rmsnorm", module, "--out", out)
+    code, output = invoke("package", "rmsnorm", module, "--out", out, "--unconfirmed")
     assert code == 2 and "exists; a package is never overwritten" in output
 
 
@@ -367,12 +381,12 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
         (
             "huge_grid",
             ["--target", "ascend"],
-            "interface check failed: gate: 1x64/contiguous/bfloat16 seed 0: kernel _one_program_per_item "
-            "launched grid (70000,), over the ascend limit",
+            "interface check failed: gate: 1x64/contiguous/bfloat16 seed 0: raised GridLimitError: kernel "
+            "_one_program_per_item launched grid (70000,), over the ascend limit",
         ),
     ],
 )
-def test_the_interface_check_refuses_what_fails_in_a_fresh_interpreter(tmp_path, module, args, reason):
+def test_the_interface_check_refuses_what_fails_where_the_target_runs_it(tmp_path, module, args, reason):
     """A data file left out (the module reads it at import), a wrong kernel, a grid Ascend rejects."""
     path = {
         "ruled": tmp_path / "ruled_rmsnorm.py",
@@ -382,6 +396,80 @@ def test_the_interface_check_refuses_what_fails_in_a_fresh_interpreter(tmp_path,
     if module == "ruled":
         path.write_text(RULED)
         (tmp_path / "ruled_rmsnorm.rule.toml").write_text("eps_floor = 0.0\n")  # beside it, but not packed
-    code, output = invoke("package", "rmsnorm", path, "--out", tmp_path / "s.zip", *args)
+    code, output = invoke("package", "rmsnorm", path, "--out", tmp_path / "s.zip", "--unconfirmed", *args)
     assert code == 1 and reason in output, output
     assert not (tmp_path / "s.zip").exists()
+
+
+def test_package_refuses_the_planted_stub_that_execs_its_packed_txt(tmp_path):
+    module = REPO / "tests" / "fixtures" / "planted" / "package" / "exec_from_data.py"
+    code, output = invoke(
+        "package", "rmsnorm", module, "--out", tmp_path / "s.zip", "--data", module.with_suffix(".txt"), "--unconfirmed"
+    )
+    assert code == 1 and "refused: the archive would be rejected: code from data: exec_from_data.py line 6" in output
+
+
+RECEIPT_3 = {
+    "schema": "kerneltrial.receipt/3",
+    "op": "rmsnorm",
+    "signature": "rmsnorm(x, weight, eps=1e-6) -> Tensor",
+    "module": "good_rmsnorm.py",
+    "kerneltrial_version": "0.1.0",
+    "archive": {"name": "s.zip", "sha256": "0" * 64, "size": 1},
+    "files": [],
+    "tested_in": [],
+    "confirmation": "unconfirmed",
+    "interface_check": {"target": None, "device": "cpu", "checks": 20, "process": "isolated"},
+}
+
+
+def test_receipts_before_receipt_3_read_as_checked_in_harness_and_confirmed_by_their_runs():
+    committed = Receipt.read(REPO / "submissions" / "zimage_qk_rmsnorm.receipt.json")
+    assert committed.schema_id == "kerneltrial.receipt/2"
+    assert (committed.confirmation, committed.interface_check.process) == ("confirmed", "in-harness")
+    old = {k: v for k, v in RECEIPT_3.items() if k != "confirmation"} | {"schema": "kerneltrial.receipt/2"}
+    old["interface_check"] = {k: v for k, v in RECEIPT_3["interface_check"].items() if k != "process"}
+    assert Receipt.model_validate(old).confirmation == "unconfirmed"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"confirmation": None}, "confirmation"),
+        ({"confirmation": "confirmed"}, "a receipt is confirmed exactly when it names the runs that tested it"),
+        ({"interface_check": {"target": None, "device": "cpu", "checks": 20}}, "process"),
+    ],
+)
+def test_a_receipt_3_states_its_confirmation_and_process(change, message):
+    from pydantic import ValidationError
+
+    data = {k: v for k, v in (RECEIPT_3 | change).items() if v is not None}
+    with pytest.raises(ValidationError, match=message):
+        Receipt.model_validate(data)
+
+
+def test_inspect_shows_the_receipt_s_confirmation_and_interface_check(tmp_path):
+    code, output = invoke(
+        "inspect",
+        REPO / "submissions" / "zimage_qk_rmsnorm.zip",
+        "--receipt",
+        REPO / "submissions" / "zimage_qk_rmsnorm.receipt.json",
+    )
+    assert code == 0 and (
+        "matches its receipt (confirmation: confirmed in 4 run(s); interface check in-harness, imported where "
+        "kerneltrial was (receipt before receipt/3), on cuda, 56 gate checks)" in output
+    ), output
+    archive = tmp_path / "s.zip"
+    archive.write_bytes(build({"good_rmsnorm.py": GOOD_SOURCE}))
+    found = inspect_archive(archive.read_bytes(), "s.zip", OPERATORS)
+    receipt = tmp_path / "s.receipt.json"
+    receipt.write_text(
+        Receipt.model_validate(
+            RECEIPT_3 | {"archive": found.archive.model_dump(), "files": [f.model_dump() for f in found.files]}
+        ).model_dump_json(by_alias=True)
+    )
+    code, output = invoke("inspect", archive, "--receipt", receipt)
+    assert code == 0 and (
+        "(confirmation: UNCONFIRMED, packaged with --unconfirmed: no confirmation run tested this code; "
+        "interface check isolated, no kerneltrial importable, on cpu, 20 gate checks)" in output
+    ), output

@@ -64,8 +64,19 @@ def test_run_refuses_a_confirmation_reusing_a_seed(chain):
     proto.freeze(chain["confirm"])
     code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
     assert code == 2, output
-    assert "seeds [1] were used by the linked run results/explore; a confirmation takes fresh seeds" in output
+    assert "seed 1 draws inputs the linked run results/explore drew (seeds 1 and 1 are equal" in output
     assert not (chain["root"] / "run").exists()
+
+
+@pytest.mark.parametrize("seed", [2**32 + 1, 1 - 7919])
+def test_run_refuses_a_confirmation_seed_drawing_the_linked_runs_inputs(chain, seed):
+    """Another number, the same inputs: 2**32 + 1 seeds a CPU generator as 1 does, and the
+    fresh-buffer inputs of 1 - 7919 are the checked inputs of 1 (the linked run used 0 and 1;
+    the protocol hides seed 1 from exploratory_seeds)."""
+    rewrite(chain["confirm"], seeds=[seed], exploratory_seeds=[0])
+    proto.freeze(chain["confirm"])
+    with pytest.raises(proto.ProtocolError, match=f"seed {seed} draws inputs the linked run results/explore drew"):
+        check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
 
 
 @pytest.mark.parametrize("edit", ["summary", "rule", "missing run", "other rule"])

@@ -74,7 +74,7 @@ def test_a_built_in_arm_isolated_has_kerneltrial_ops_and_nothing_of_the_harness(
         assert gate.check(OP, impl, CASE, 0, CPU).passed
         modules = iso.remotes[0].handle.modules
     assert "kerneltrial.ops.registry" in modules
-    assert all(m == "kerneltrial" or m.startswith("kerneltrial.ops") for m in modules), modules
+    assert all(m == "kerneltrial" or m.startswith(("kerneltrial.ops", "kerneltrial.rundir")) for m in modules), modules
 
 
 # ---------------------------------------------------------------- the two cheats
@@ -134,11 +134,12 @@ def test_a_hung_worker_is_killed_at_the_deadline_and_the_next_call_gets_a_fresh_
 
 
 @pytest.mark.slow
-def test_check_names_a_hung_isolated_arm_and_goes_on_with_the_others():
+def test_check_names_a_hung_isolated_arm_and_goes_on_with_the_others(tmp_path: Path):
+    jsonl = tmp_path / "checks.jsonl"
     done = subprocess.run(
         [sys.executable, "-m", "kerneltrial.cli", "check", "rmsnorm", "--impl-module"]
         + [str(PLANTED / "never_returns.py"), "--impl", "user:never_returns", "--impl", "packed_r4_w4"]
-        + ["--shape", "4x64", "--layout", "contiguous", "--seeds", "1", "--timeout", "3"],
+        + ["--shape", "4x64", "--layout", "contiguous", "--seeds", "1", "--timeout", "3", "--jsonl", str(jsonl)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -146,7 +147,9 @@ def test_check_names_a_hung_isolated_arm_and_goes_on_with_the_others():
     )
     assert done.returncode == 1, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if "user:never_returns" in line)
-    assert "FAIL raised WorkerHung: worker hung: no answer to 'call' in time (3 s a request); killed" in row
+    assert "FAIL seed 0: raised WorkerHung: worker hung" in row
+    (hung,) = [c for c in map(json.loads, jsonl.read_text().splitlines()) if c["arm"] == "user:never_returns"]
+    assert "raised WorkerHung: worker hung: no answer to 'call' in time (3 s a request); killed" in hung["message"]
     assert "pass" in next(line for line in done.stdout.splitlines() if "packed_r4_w4" in line)
     assert "1 passed, 1 failed" in done.stdout
 

@@ -41,6 +41,21 @@ def test_validation_names_the_field(extra, field):
     assert field in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("seeds", "how"),
+    [
+        (2**32, "equal modulo 2**32"),  # a CPU generator keeps the seed's low 32 bits
+        (7919, "gate stream 0 of seed 7919 is gate stream 1 of seed 0"),  # seed 0's fresh-buffer inputs
+    ],
+)
+def test_confirmation_seeds_must_draw_fresh_streams_not_just_other_numbers(seeds, how):
+    text = f'phase = "confirmation"\nexploratory_seeds = [0]\nseeds = [{seeds}]\n' + BASE
+    with pytest.raises(proto.ProtocolError, match="seed .* draws inputs of the exploratory phase") as info:
+        proto.parse(text)
+    assert how in str(info.value)
+    assert proto.parse(text.replace(f"seeds = [{seeds}]", "seeds = [5]")).seeds == [5]
+
+
 def test_confirmation_names_one_candidate():
     text = 'phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE.replace(
         '["packed_r4_w4"]', '["packed_r4_w4", "wide"]'

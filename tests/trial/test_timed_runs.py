@@ -17,6 +17,9 @@ from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
+# The late cheats turn after 40 calls: more than the gate makes for two seeds (at most 13 a check:
+# 4 warm-ups, the checked call, the repeat, 2 stale-result calls, 5 extra shapes), fewer than the
+# gate and the timed calls together (2 seeds x (1 warm-up + 3 rounds x 8 calls) = 50 timed).
 CHEATS = {  # arm -> the message its timed checks must carry
     "user:stale_after_warmup": "wrong result while timed: ",
     "user:watches_the_gate": "wrong result while timed: ",
@@ -33,7 +36,7 @@ impl_modules = [{modules}]
 seeds = [0, 1]
 rounds = 3
 warmup = 1
-calls_per_sample = 2
+calls_per_sample = 8
 l2 = "hot"
 isolate = "none"  # the checks of arms in kerneltrial's process (isolated: tests/trial/test_isolation.py)
 [[cases]]
@@ -132,7 +135,7 @@ def test_a_write_into_strided_padding_is_caught():
     op = get_op("rmsnorm")
     values = op.make_inputs(Case((4, 64), layout="row_strided"), 0, torch.device("cpu"))
     g = guard.guard(values)
-    assert g.inputs["x"].storage_offset() > 0 and guard.problems(op, g, values) == ""
+    assert guard.problems(op, g, values) == ""
     x = g.inputs["x"]
     torch.as_strided(x, (1,), (1,), x.storage_offset() + x.shape[-1]).fill_(7)  # the gap after row 0
     assert guard.problems(op, g, values).startswith("wrote outside its output")
@@ -301,11 +304,12 @@ def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run:
     plan = json.loads((cheat_run / "plan.json").read_text())
     assert plan["checks"] == 3  # 2's contract, and isolated arms (none in this run)
     rows = [r for r in rows_of(cheat_run) if not r["message"].startswith("raised")]
-    assert {r["checked_call"] for r in rows} == {0, 1}  # calls_per_sample = 2: both positions get checked
+    checked = {r["checked_call"] for r in rows}
+    assert checked <= set(range(8)) and len(checked) > 3  # calls_per_sample = 8: positions vary
     run = tmp_path / "run"
     shutil.copytree(cheat_run, run)
     tampered = rows_of(run)
-    tampered[0]["checked_call"] = 2  # no such call in a 2-call sample
+    tampered[0]["checked_call"] = 8  # no such call in an 8-call sample
     (run / "timed_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tampered))
     failures = [c for c in verify_run_dir(run).checks if not c.ok]
     assert any("checked_call" in c.detail for c in failures), failures
@@ -360,3 +364,22 @@ def test_a_units_value_sets_keep_the_seeds_scalar_arguments():
         assert {values["eps"] for values in unit.pool} == {eps}
         assert len({values["x"].sum().item() for values in unit.pool}) == 4  # the tensors are fresh
     assert op.make_inputs(case, 0, torch.device("cpu"))["eps"] != op.make_inputs(case, 1, torch.device("cpu"))["eps"]
+
+
+def test_the_run_records_its_inputs_seed_and_a_reviewer_rebuilds_the_checked_inputs(cheat_run: Path):
+    """plan.json and provenance.json record the run's inputs seed (drawn at start), every
+    correctness row what its checked call ran on: make_inputs under that seed rebuilds it."""
+    from kerneltrial.ops import inputs as inp
+
+    plan = json.loads((cheat_run / "plan.json").read_text())
+    seed = json.loads((cheat_run / "provenance.json").read_text())["inputs_seed"]
+    assert isinstance(seed, int) and plan["inputs_seed"] == seed
+    row = next(r for r in rows(cheat_run / "correctness.jsonl") if r["arm"] == "control" and r["seed"] == 1)
+    assert row["inputs_seed"] == seed
+    op = get_op("rmsnorm")
+    with inp.drawing(seed):
+        values = op.make_inputs(Case((4, 64)), 1, torch.device("cpu"))
+        g = guard.guard(values)
+        assert gate.describe(values, g).offsets == row["drawn"]["offsets"]
+        assert row["drawn"]["extra"] == [c.id for c in inp.extra_cases(op, Case((4, 64)), 1)]
+    assert row["drawn"]["scalars"] == {"eps": values["eps"]}

@@ -1,4 +1,4 @@
-"""The harness's bound on isolated arms' own clocks (summary/6, plan.json `checks` 3).
+"""The harness's bound on isolated arms' own clocks (summary/7, plan.json `checks` 3).
 
 An isolated arm times its calls in its own process (trial/worker.py); the harness measures the
 wall clock around the same sample, from the request it sends to the answer it reads (timings.csv

@@ -3,6 +3,11 @@
 Thin: parse arguments, call the library, print. Errors and exit codes follow
 `cli_support`: bad input (a missing directory, a directory that is not a run directory)
 is one `error:` line and exit 2; a run that fails verification exits 1.
+
+Publication verifies: `report`, `compare` and `performance` run the independent verification
+of every run they render first (`require_verified`, each directory once per command) and
+refuse a run that fails it, exit 1, naming the failed checks; `--unverified` renders anyway
+and every page then says UNVERIFIED in its title (analysis/publication.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
-from kerneltrial.rundir.layout import kind_of
+from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
 
 if TYPE_CHECKING:
     from kerneltrial.analysis.verify import VerifyResult
@@ -29,6 +35,13 @@ Json = Annotated[
 ]
 
 
+Unverified = Annotated[
+    bool,
+    typer.Option(
+        "--unverified",
+        help="Render without requiring `kerneltrial verify` to pass; every page then says UNVERIFIED in its title.",
+    ),
+]
 NoRegrade = Annotated[
     bool,
     typer.Option(
@@ -43,7 +56,9 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
     """The kernel verifier (kernel, replicate, suite and fleet directories), the serving one or the model
     one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
     every accuracy answer."""
-    from kerneltrial.analysis.verify import VerifyResult, verify_run_dir  # imported here: `--help` stays fast
+    from kerneltrial.analysis import derived
+    from kerneltrial.analysis.provenance_checks import commit_problems
+    from kerneltrial.analysis.verify import VerifyResult, check_written_after, verify_run_dir  # `--help` stays fast
 
     kind = kind_of(run_dir)
     if kind == "model":
@@ -51,16 +66,53 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
 
         result = VerifyResult(run_dir)
         result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+        result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
+        check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("model", run_dir))
         return result
     if kind != "serving":
         return verify_run_dir(run_dir)
+    from kerneltrial.serving.report import load_run, render
     from kerneltrial.serving.verify import verify_serving_run
 
     result = VerifyResult(run_dir)
     result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
     if not regrade:
         result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
+    check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(load_run(run_dir), unverified))
     return result
+
+
+def _derived_page(check_name: str) -> bool:
+    """A check of a page `report` writes (a run's report.md, a replicate directory's replicates.md),
+    named bare or prefixed with the run of a suite, fleet or replicate directory."""
+    return any(check_name == page or check_name.endswith(f": {page}") for page in (REPORT, REPLICATES_MD))
+
+
+def require_verified(run_dirs: list[Path], unverified: bool, regrade: bool = True) -> None:
+    """Before anything is rendered: every run directory passes the independent verification
+    (each verified once), else CliError exit 1 naming the failed checks. A stale or edited
+    report.md does not block: no command renders from it, and `report` writes it again (a line
+    on stderr names it). `unverified`: nothing is verified, and a line on stderr says the pages
+    will say so."""
+    if unverified:
+        typer.echo("not verified (--unverified): every page written says UNVERIFIED in its title", err=True)
+        return
+    for run_dir in dict.fromkeys(run_dirs):
+        result = verify_one(run_dir, regrade=regrade)
+        for check in result.failures:
+            if _derived_page(check.name):
+                typer.echo(
+                    f"{run_dir}: {check.name} is not the rendering of its directory; `report` renders it again",
+                    err=True,
+                )
+        if any(not _derived_page(c.name) for c in result.failures):
+            failed = [f"{c.name} ({c.detail})" for c in result.failures if not _derived_page(c.name)]
+            raise CliError(
+                f"{run_dir} fails verification, so it is not rendered: {len(failed)} check(s) failed: "
+                + "; ".join(failed)
+                + ". See `kerneltrial verify`; --unverified renders it with UNVERIFIED in every title",
+                ExitCode.FAILED,
+            )
 
 
 def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False) -> None:
@@ -94,43 +146,73 @@ def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False
         raise typer.Exit(ExitCode.FAILED)
 
 
-def report(run_dir: RunDir) -> None:
-    """Write report.md and PNG figures into RUN_DIR, drawn from its summary.json (the kernel or
-    the serving report, by the directory's kind; a suite or fleet: each run's, and one for the whole)."""
+def _write_report(run_dir: Path, unverified: bool) -> Path:
+    """The report of `run_dir` by its kind (a replicate, suite or fleet directory: each run's, then the whole's)."""
     kind = kind_of(run_dir)
     if kind == "model":
         from kerneltrial.analysis.model_report import write_model_report
 
-        typer.echo(f"wrote {write_model_report(run_dir)}")
-        return
+        return write_model_report(run_dir, unverified)
     if kind == "serving":
         from kerneltrial.serving.report import write_serving_report
 
-        typer.echo(f"wrote {write_serving_report(run_dir)}")
-        return
+        return write_serving_report(run_dir, unverified)
+    if kind == "replicates":
+        from kerneltrial.analysis.replicates import write_replicates_report
+
+        return write_replicates_report(run_dir, unverified)
     if kind == "suite":
         from kerneltrial.analysis.suite import write_suite_report
 
-        typer.echo(f"wrote {write_suite_report(run_dir)}")
-        return
+        return write_suite_report(run_dir, unverified)
     if kind == "fleet":
         from kerneltrial.analysis.fleet import write_fleet_report
 
-        typer.echo(f"wrote {write_fleet_report(run_dir)}")
-        return
+        return write_fleet_report(run_dir, unverified)
     from kerneltrial.analysis.report import write_report
 
-    typer.echo(f"wrote {write_report(run_dir)}")
+    return write_report(run_dir, unverified)
 
 
-def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
+def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrade = False) -> None:
+    """Verify RUN_DIR, then write report.md and PNG figures into it, drawn from its summary.json (the
+    kernel, model or serving report, by the directory's kind; a replicate, suite or fleet directory:
+    each run's, and one for the whole). A run that fails verification is not rendered (exit 1)."""
+    if kind_of(run_dir) == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
+        from kerneltrial.serving.report import load_run
+
+        load_run(run_dir)
+    require_verified([run_dir], unverified, regrade=not no_regrade)
+    typer.echo(f"wrote {_write_report(run_dir, unverified)}")
+
+
+def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:
+    """A --json comparison has no title: its notes open with the unverified mark instead."""
+    from kerneltrial.analysis.publication import UNVERIFIED, UNVERIFIED_NOTE
+
+    return [f"{UNVERIFIED}: {UNVERIFIED_NOTE}", *notes] if unverified else notes
+
+
+def require_common(run_a: Path, run_b: Path, rows: int, only_in_a: list[str], only_in_b: list[str]) -> None:
+    """Two runs with nothing in common compare nothing: exit 1 and say what each run holds alone."""
+    if rows == 0:
+        raise CliError(
+            f"{run_a} and {run_b} have no case and arm in common, so there is nothing to compare "
+            f"(only in A: {', '.join(only_in_a) or 'nothing'}; only in B: {', '.join(only_in_b) or 'nothing'}); "
+            "compare runs of the same cases",
+            ExitCode.FAILED,
+        )
+
+
+def _compare_serving(run_a: Path, run_b: Path, json_: bool, unverified: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
     from kerneltrial.serving.report import Interval
 
-    if not json_:
-        typer.echo(compare_runs(run_a, run_b), nl=False)
-        return
     compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
+    if not json_:
+        typer.echo(compare_runs(run_a, run_b, unverified), nl=False)
+        return
 
     def interval(i: Interval | None) -> records.LaunchInterval | None:
         return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
@@ -139,7 +221,7 @@ def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
         records.ServingCompareResult(
             run_a=str(run_a),
             run_b=str(run_b),
-            notes=compared.notes,
+            notes=_unverified_notes(compared.notes, unverified),
             rows=[
                 records.ComparedServingCase(
                     r.arm,
@@ -161,22 +243,31 @@ def _compare_serving(run_a: Path, run_b: Path, json_: bool) -> None:
     )
 
 
-def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
-    """Show two runs side by side. Kernel runs of one operator: median in A, median in B, ratio
-    B/A, each run's speedup over its control with the CI, and each run's verdict. Serving runs:
-    per arm and case, total tok/s and mean TTFT over launches with their interval, ratio B/A."""
+def compare(
+    run_a: RunDir,
+    run_b: RunDir,
+    json_: Json = False,
+    unverified: Unverified = False,
+    no_regrade: NoRegrade = False,
+) -> None:
+    """Verify both runs, then show them side by side. Kernel runs of one operator: median in A,
+    median in B, ratio B/A, each run's speedup over its control with the CI, and each run's verdict.
+    Serving runs: per arm and case, total tok/s and mean TTFT over launches with their interval,
+    ratio B/A. A run that fails verification is not shown (exit 1)."""
     kinds = (kind_of(run_a), kind_of(run_b))
+    if "serving" in kinds and kinds != ("serving", "serving"):
+        raise CliError(f"{run_a} is a {kinds[0]} run, {run_b} a {kinds[1]} run: compare two runs of one kind")
+    require_verified([run_a, run_b], unverified, regrade=not no_regrade)
     if "serving" in kinds:
-        if kinds != ("serving", "serving"):
-            raise CliError(f"{run_a} is a {kinds[0]} run, {run_b} a {kinds[1]} run: compare two runs of one kind")
-        _compare_serving(run_a, run_b, json_)
+        _compare_serving(run_a, run_b, json_, unverified)
         return
     from kerneltrial.analysis.compare import Speedup, compare_runs, comparison
 
-    if not json_:
-        typer.echo(compare_runs(run_a, run_b), nl=False)
-        return
     compared = comparison(run_a, run_b)
+    require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
+    if not json_:
+        typer.echo(compare_runs(run_a, run_b, unverified), nl=False)
+        return
 
     def speedup(s: Speedup | None) -> records.Speedup | None:
         return None if s is None else records.Speedup(s.value, s.ci_low, s.ci_high)
@@ -187,7 +278,7 @@ def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
             run_b=str(run_b),
             timing_a=compared.label_a,
             timing_b=compared.label_b,
-            notes=compared.notes,
+            notes=_unverified_notes(compared.notes, unverified),
             rows=[
                 records.ComparedArm(
                     r.case,
@@ -210,12 +301,24 @@ def compare(run_a: RunDir, run_b: RunDir, json_: Json = False) -> None:
 
 def performance(
     run_dirs: RunDirs,
-    out: Annotated[Path, typer.Option("--out", help="Markdown file to write.")] = Path("PERFORMANCE.md"),
+    out: Annotated[Path, typer.Option("--out", help="Markdown file to write (the first page).")] = Path(
+        "PERFORMANCE.md"
+    ),
+    runs_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--runs-out", help="The per-run tables' file (default: results/PERFORMANCE-runs.md beside --out)."
+        ),
+    ] = None,
+    unverified: Unverified = False,
 ) -> None:
-    """Render several run directories' summaries as one markdown file, such as PERFORMANCE.md."""
+    """Verify every run directory, then render their summaries as PERFORMANCE.md (per operator and
+    regime) and its per-run tables (results/PERFORMANCE-runs.md). A run that fails verification
+    stops it before anything is written (exit 1)."""
     from kerneltrial.analysis.performance import write_performance_md
 
-    typer.echo(f"wrote {write_performance_md(run_dirs, out)}")
+    require_verified(run_dirs, unverified)
+    typer.echo(f"wrote {write_performance_md(run_dirs, out, runs_out, unverified)}")
 
 
 def mount(app: typer.Typer) -> None:

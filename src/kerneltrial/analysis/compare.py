@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.report import operator_name, speedup_cell, us_cell
 from kerneltrial.rundir.documents import ArmFigures, Summary, read_summary
 from kerneltrial.rundir.errors import RunDirError
@@ -131,10 +132,17 @@ def comparison(a: Path, b: Path) -> Comparison:
     )
 
 
-def compare_runs(a: Path, b: Path) -> str:
-    """The markdown comparison of `a` and `b` (see `comparison`)."""
+def compare_runs(a: Path, b: Path, unverified: bool = False) -> str:
+    """The markdown comparison of `a` and `b` (see `comparison`); `unverified`: the title says the
+    runs were not required to verify."""
     compared = comparison(a, b)
-    lines = [f"A: `{a}` ({compared.label_a})", f"B: `{b}` ({compared.label_b})", ""]
+    lines = [
+        titled("# Kernel runs compared", unverified),
+        "",
+        f"A: `{a}` ({compared.label_a})",
+        f"B: `{b}` ({compared.label_b})",
+        "",
+    ]
     for note in compared.notes:
         lines += [note, ""]
     lines += [

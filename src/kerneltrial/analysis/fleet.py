@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.replicates import case_row
 from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
 from kerneltrial.rundir.files import read_json, write_json
@@ -484,10 +485,14 @@ def _verdict(mode: Mode, arm: FleetArm) -> str:
     return f"gate over the whole panel {judged}, geomean {_fmt(panel.geomean)} {ci}; {every}"
 
 
-def fleet_markdown(root: Path) -> str:
+def fleet_markdown(root: Path, unverified: bool = False) -> str:
+    """The fleet's report.md (a function of the directory: verify renders it again and compares)."""
     fleet = read_fleet(root)
     lines = [
-        f"# Fleet run: {fleet.mode}, {len(fleet.units)} units of protocol {fleet.protocol_sha256[:12]}...",
+        titled(
+            f"# Fleet run: {fleet.mode}, {len(fleet.units)} units of protocol {fleet.protocol_sha256[:12]}...",
+            unverified,
+        ),
         "",
         f"- cluster: {fleet.address or 'local'}; started {fleet.started_at}, finished {fleet.finished_at or 'NOT FINISHED'}",
         "",
@@ -533,14 +538,15 @@ def fleet_markdown(root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_fleet_report(root: Path) -> Path:
-    """Each finished unit's report.md, then the fleet's report.md; returns its path."""
+def write_fleet_report(root: Path, unverified: bool = False) -> Path:
+    """Each finished unit's report.md, then the fleet's report.md; returns its path.
+    `unverified`: every title says the fleet was not required to verify."""
     from kerneltrial.analysis.report import write_report  # matplotlib: not on verify's path
 
     root = Path(root)
     for u in read_fleet(root).units:
         if (root / u.run / SUMMARY).is_file():
-            write_report(root / u.run)
+            write_report(root / u.run, unverified)
     path = root / REPORT
-    path.write_text(fleet_markdown(root))
+    path.write_text(fleet_markdown(root, unverified))
     return path

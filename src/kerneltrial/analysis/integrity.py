@@ -24,20 +24,20 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import MANIFEST, SOURCE_ARCHIVE
+from kerneltrial.rundir.layout import ERRATA, MANIFEST, REPORT, REPORT_FIGURES, SOURCE_ARCHIVE
 
 MANIFEST_SCHEMA = "kerneltrial.manifest/1"
 PACKAGE_PREFIX = "kerneltrial/"
-# files a person or `kerneltrial report` may add after the run; everything else must be in the manifest
-ADDED_AFTER_RUN = ("report.md", "ERRATA.md")
-ADDED_AFTER_RUN_SUFFIX = ".png"
+# files a person or `kerneltrial report` may add after the run; everything else must be in the manifest.
+# report.md is checked as a derived file and ERRATA.md by its own rule (analysis/derived.py).
+ADDED_AFTER_RUN = (REPORT, ERRATA, *REPORT_FIGURES)
 REQUIRED_VERSIONS = ("python", "torch", "triton")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _added_after_run(relative: str) -> bool:
-    """report.md, ERRATA.md and PNG figures at the top of the run directory."""
-    return "/" not in relative and (relative in ADDED_AFTER_RUN or relative.endswith(ADDED_AFTER_RUN_SUFFIX))
+    """report.md, ERRATA.md and the report's figures, at the top of the run directory."""
+    return relative in ADDED_AFTER_RUN
 
 
 def manifest_problems(run_dir: Path) -> list[str]:
@@ -67,9 +67,7 @@ def manifest_problems(run_dir: Path) -> list[str]:
     present = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
     unlisted = [r for r in present if r != MANIFEST and r not in listed and not _added_after_run(r)]
     if unlisted:
-        problems.append(
-            f"{unlisted} not in {MANIFEST}: added after the run (only report.md, *.png and ERRATA.md may be)"
-        )
+        problems.append(f"{unlisted} not in {MANIFEST}: added after the run (only {', '.join(ADDED_AFTER_RUN)} may be)")
     return problems
 
 
@@ -77,10 +75,9 @@ class ArchiveError(ValueError):
     """source.tar.gz is not an archive of the package's .py files."""
 
 
-def archive_source_digest(path: Path) -> str:
-    """The package digest of the files in source.tar.gz, defined as `provenance.source_digest`:
-    sha256 over relpath (posix, without "kerneltrial/") + NUL + bytes + NUL, in the order in which
-    pathlib sorts the paths (component by component)."""
+def archive_members(path: Path) -> dict[str, bytes]:
+    """The .py files of source.tar.gz: {relative path without "kerneltrial/": bytes}; ArchiveError
+    for anything else in it, or an unreadable archive."""
     members: dict[str, bytes] = {}
     try:
         with tarfile.open(path, "r:gz") as archive:
@@ -104,10 +101,22 @@ def archive_source_digest(path: Path) -> str:
         raise ArchiveError(f"not a readable .tar.gz ({error})") from error
     if not members:
         raise ArchiveError("it holds no .py file")
+    return members
+
+
+def package_digest(files: dict[str, bytes]) -> str:
+    """The package digest, defined as `provenance.source_digest`: sha256 over relpath (posix,
+    without "kerneltrial/") + NUL + bytes + NUL, in the order in which pathlib sorts the paths
+    (component by component). Of the archive's members or of a commit's files (analysis/git_history.py)."""
     digest = hashlib.sha256()  # written out, not rundir.hashing.digest_of: verify recomputes the runner's digest
-    for relative in sorted(members, key=lambda r: PurePosixPath(r).parts):
-        digest.update(relative.encode() + b"\0" + members[relative] + b"\0")
+    for relative in sorted(files, key=lambda r: PurePosixPath(r).parts):
+        digest.update(relative.encode() + b"\0" + files[relative] + b"\0")
     return digest.hexdigest()
+
+
+def archive_source_digest(path: Path) -> str:
+    """The package digest of the files in source.tar.gz."""
+    return package_digest(archive_members(path))
 
 
 def source_problems(run_dir: Path, provenance: dict[str, Any]) -> list[str]:

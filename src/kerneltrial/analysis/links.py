@@ -2,7 +2,8 @@
 
 A link is a path and the sha256 it had when the confirmation was written. It resolves when
 the file (rule) or run directory (summary.json, manifest.json when recorded) exists and
-hashes as recorded. Seeds are fresh when no linked run's plan.json lists any of them; that
+hashes as recorded. Seeds are fresh when none draws the inputs of a seed a linked run's
+plan.json lists (rundir/streams.py: the derived streams are compared, not the numbers); that
 plan.json must hash as the run's (linked) summary.json records it.
 `run` checks the protocol's links before any work (paths relative to the protocol's folder);
 the run records them in provenance.json `confirmation` (paths relative to the run directory)
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.rundir import streams
 from kerneltrial.rundir.hashing import sha256_file
 
 
@@ -87,8 +89,8 @@ def link_problems(links: Links, base: Path) -> list[str]:
     return [p for p in problems if p]
 
 
-def _plan_of(root: Path, link_path: str) -> tuple[list[int] | None, str]:
-    """The seeds in `root`/plan.json, or None and why they cannot be trusted. plan.json is not
+def _plan_of(root: Path, link_path: str) -> tuple[dict[str, Any] | None, str]:
+    """`root`/plan.json, or None and why its seeds cannot be trusted. plan.json is not
     linked itself: it must hash as the run's summary.json (which the link hashes) records it in
     `inputs_sha256`, so an edited plan cannot hide a reused seed."""
     plan = root / "plan.json"
@@ -107,19 +109,22 @@ def _plan_of(root: Path, link_path: str) -> tuple[list[int] | None, str]:
             f"the linked run {link_path}: plan.json hashes to {actual[:12]}..., its summary.json records "
             f"{recorded[:12]}... (edited since the run)"
         )
-    return [int(s) for s in json.loads(plan.read_text()).get("seeds", [])], ""
+    return json.loads(plan.read_text()), ""
 
 
-def seed_problems(links: Links, base: Path, seeds: list[int]) -> list[str]:
-    """A message per linked run whose plan.json lists one of `seeds`, is missing, or does not
-    hash as its summary.json records (both `run` and `verify` refuse those)."""
+def seed_problems(links: Links, base: Path, seeds: list[int], bounds: streams.Bounds) -> list[str]:
+    """A message per linked run whose plan.json's seeds draw the inputs one of `seeds` draws (a
+    run within `bounds`; streams.shared_stream), is missing, or does not hash as its
+    summary.json records (both `run` and `verify` refuse those)."""
     problems = []
     for run in links.runs:
-        used, problem = _plan_of(base / run.path, run.path)
-        if used is None:
+        plan, problem = _plan_of(base / run.path, run.path)
+        if plan is None:
             problems.append(problem)
             continue
-        reused = sorted(set(seeds) & set(used))
-        if reused:
-            problems.append(f"seeds {reused} were used by the linked run {run.path}; a confirmation takes fresh seeds")
+        used = [int(s) for s in plan.get("seeds", [])]
+        for seed, how in streams.shared_streams(seeds, used, bounds.wider(streams.plan_bounds(plan))):
+            problems.append(
+                f"seed {seed} draws inputs the linked run {run.path} drew ({how}); a confirmation takes fresh seeds"
+            )
     return problems

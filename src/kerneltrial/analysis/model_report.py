@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.files import read_json, read_jsonl
 
 HOST_BOUND = 0.8  # device busy below this share of the wall time: the call waits on the host
@@ -37,76 +38,131 @@ def _pct(value: float | None) -> str:
 
 def case_lines(cid: str, case: dict[str, Any]) -> list[str]:
     drift = case.get("drift")
-    lines = [f"### {cid} ({case['phase']}, {case['tokens_per_call']} tokens per call)", ""]
+    graph = "mode" in case  # summary schema 3: modes, the weight-read floor, exclusions
+    mode = f", {case['mode']} mode" if graph else ""
+    lines = [f"### {cid} ({case['phase']}{mode}, {case['tokens_per_call']} tokens per call)", ""]
     if drift is not None and abs(drift - 1) > 0.05:
         lines += [
             f"**Drift:** the second half of the rounds ran {drift:.2f}x the first half's time (every arm's median): the machine changed during this case.",
             "",
         ]
+    if graph:
+        lines += [
+            f"Weight-read floor: {case['floor']['bytes'] / 1e9:.3f} GB at the run's copy rate = "
+            f"{case['floor']['ns'] / 1e6:.3f} ms (x floor: the median over it; device x floor: the profiled call's "
+            "device time over it).",
+            "",
+        ]
+    floor_head, floor_rule = (" x floor | device x floor |", "---:|---:|") if graph else ("", "")
     lines += [
-        "| arm | median ms | tokens/s | vs eager [CI] | vs torch_eager [CI] | vs kerneltrial [CI] | share | device busy | ops' time (ms) |",
-        "|---|---:|---:|---|---|---|---:|---:|---|",
+        "| arm | median ms | tokens/s | vs eager [CI] | vs torch_eager [CI] | vs kerneltrial [CI] | share | device busy | ops' time (ms) |"
+        + floor_head,
+        "|---|---:|---:|---|---|---|---:|---:|---|" + floor_rule,
     ]
     for arm, e in case["arms"].items():
         attr = e.get("attribution") or {}
         regions = ", ".join(f"{op} {ns / 1e6:.3f}" for op, ns in attr.get("regions_ns", {}).items())
         busy = attr.get("device_busy")
         busy_cell = _pct(busy) + (" (host-bound)" if busy is not None and busy < HOST_BOUND else "")
+        floor_cells = f" {_times(e.get('vs_floor'))} | {_times(e.get('device_vs_floor'))} |" if graph else ""
         lines.append(
             f"| {arm} | {e['median_ns'] / 1e6:.3f} | {e['tokens_per_s']:.1f} | {_ratio(e.get('vs_eager'))} | "
             f"{_ratio(e.get('vs_torch_eager'))} | {_ratio(e.get('vs_kerneltrial'))} | {_pct(attr.get('share'))} | "
-            f"{busy_cell} | {regions} |"
+            f"{busy_cell} | {regions} |" + floor_cells
         )
+    excluded = case.get("excluded") or {}
+    if excluded:
+        lines += ["", "Not timed here: " + "; ".join(f"{arm} ({why})" for arm, why in excluded.items()) + "."]
     return [*lines, ""]
 
 
-def render(run_dir: Path) -> str:
+def _times(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def correctness_lines(run_dir: Path, summary: dict[str, Any]) -> list[str]:
+    """The gate's table: teacher-forced rows (schema 3), or the free-running greedy rows of older runs."""
+    rows = read_jsonl(run_dir / "correctness.jsonl")
+    if rows and "top1_agreement" in rows[0]:
+        lines = [
+            "Teacher-forced: every arm's logits on the same prompts + float32-chosen tokens, against the float32 "
+            "model (max distance relative to its max logit; limit `oracle_factor` x eager's) and its top-1 tokens "
+            "(agreement at least eager's minus `top1_margin`).",
+            "",
+            "| arm | passed | calls per forward | to float32 (limit) | to eager | top-1 agreement (limit) | note |",
+            "|---|---|---|---:|---:|---:|---|",
+        ]
+        for row in rows:
+            limit = row.get("top1_limit")
+            top1 = f"{row['top1_agreement']:.3f}" + ("" if limit is None else f" ({limit:.3f})")
+            lines.append(_gate_cells(row) + f" {top1} | {row['message']} |")
+    else:
+        lines = [
+            "Logits: distance of the prompts' last-position logits to the float32 model (relative to its max "
+            "logit; an arm passes at most `oracle_factor` x eager's own distance) and to eager's.",
+            "",
+            "| arm | passed | calls per forward | to float32 (limit) | to eager | identical greedy steps | note |",
+            "|---|---|---|---:|---:|---:|---|",
+        ]
+        for row in rows:
+            note = row["message"]
+            div = row.get("first_divergence")
+            if div and div["near_tie"]:
+                note = note or f"near-tie divergence at step {div['step']} (margin {div['margin']:.2g})"
+            lines.append(_gate_cells(row) + f" {row.get('greedy_identical_steps', '')} | {note} |")
+    return lines + [f"| {arm} | not run | | | | | {reason} |" for arm, reason in summary["unavailable"].items()]
+
+
+def _gate_cells(row: dict[str, Any]) -> str:
+    calls = ", ".join(f"{k} {v}" for k, v in row["calls_per_forward"].items())
+    rel, oracle, limit = row.get("logits_rel_diff"), row.get("oracle_rel_error"), row.get("oracle_rel_error_limit")
+    to_oracle = "" if oracle is None else f"{oracle:.3g}" + ("" if limit is None else f" ({limit:.3g})")
+    return (
+        f"| {row['arm']} | {'yes' if row['passed'] else '**no**'} | {calls} | {to_oracle} | "
+        f"{'' if rel is None else f'{rel:.3g}'} |"
+    )
+
+
+def render(run_dir: Path, unverified: bool = False) -> str:
+    """report.md of a model run: a function of the run directory alone (verify renders it again
+    and compares, analysis/derived.py); `unverified`: the title says it was not verified."""
     plan = read_json(run_dir / "plan.json")
     summary = read_json(run_dir / "summary.json")
     lines = [
-        f"# Model trial: {plan['model']} ({plan['dtype']})",
+        titled(f"# Model trial: {plan['model']} ({plan['dtype']})", unverified),
         "",
         f"Timing: {summary['timing_label']}. {plan['rounds']} interleaved rounds per case after "
         f"{plan.get('warmup', 0)} untimed ones, {plan['calls_per_sample']} call(s) per sample; "
         f"{summary.get('method', 'ratio of medians, paired bootstrap')}, tie band ±{plan['tie_band']:.0%}.",
         DESCRIPTION,
-        "",
-        "## Correctness (before timing)",
-        "",
-        "Logits: distance of the prompts' last-position logits to the float32 model (relative to its max "
-        "logit; an arm passes at most `oracle_factor` x eager's own distance) and to eager's.",
-        "",
-        "| arm | passed | calls per forward | to float32 (limit) | to eager | identical greedy steps | note |",
-        "|---|---|---|---:|---:|---:|---|",
     ]
-    for row in read_jsonl(run_dir / "correctness.jsonl"):
-        calls = ", ".join(f"{k} {v}" for k, v in row["calls_per_forward"].items())
-        rel = row.get("logits_rel_diff")
-        oracle = row.get("oracle_rel_error")
-        limit = row.get("oracle_rel_error_limit")
-        to_oracle = "" if oracle is None else f"{oracle:.3g}" + ("" if limit is None else f" ({limit:.3g})")
-        note = row["message"]
-        div = row.get("first_divergence")
-        if div and div["near_tie"]:
-            note = note or f"near-tie divergence at step {div['step']} (margin {div['margin']:.2g})"
-        lines.append(
-            f"| {row['arm']} | {'yes' if row['passed'] else '**no**'} | {calls} | {to_oracle} | "
-            f"{'' if rel is None else f'{rel:.3g}'} | {row.get('greedy_identical_steps', '')} | {note} |"
-        )
-    for arm, reason in summary["unavailable"].items():
-        lines.append(f"| {arm} | not run | | | | | {reason} |")
-    lines += ["", "## Timing", ""]
+    if "copy" in summary:
+        lines += ["", run_line(summary)]
+    lines += ["", "## Correctness (before timing)", "", *correctness_lines(run_dir, summary), "", "## Timing", ""]
     for cid, case in summary["cases"].items():
         lines += case_lines(cid, case)
     return "\n".join(lines)
 
 
-def performance_section(run_dir: Path) -> list[str]:
+def run_line(summary: dict[str, Any]) -> str:
+    """Schema 3's run-wide facts: the graph mode, the fresh inputs and their checks, the copy rate."""
+    checks, copy = summary["timed_checks"], summary["copy"]
+    graphs = any(case["mode"] == "graph" for case in summary["cases"].values())
+    return (
+        (f"Graph mode (cases ending in -graph): {summary['graph_label']}. " if graphs else "")
+        + "Every timed call ran on fresh inputs (inputs.csv: each round's "
+        f"from its seed); one call of every round was checked against the float32 model: {checks['failed']} of "
+        f"{checks['rows']} checks failed. Copy rate (the floor's): {copy['gbps']:.1f} GB/s, "
+        f"{copy['samples']} copies of {copy['bytes'] / 2**30:.3g} GiB (read + written)."
+    )
+
+
+def performance_section(run_dir: Path, unverified: bool = False) -> list[str]:
     """The run's section in PERFORMANCE.md: its timing tables under the run's name."""
     plan = read_json(run_dir / "plan.json")
     summary = read_json(run_dir / "summary.json")
     lines = [
-        f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model",
+        titled(f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model", unverified),
         "",
         f"Timing: {summary['timing_label']}; {plan['rounds']} interleaved rounds. Arms not timed: "
         + (", ".join(f"{a} ({why})" for a, why in summary["unavailable"].items()) or "none")
@@ -115,12 +171,14 @@ def performance_section(run_dir: Path) -> list[str]:
         + ".",
         "",
     ]
+    if "copy" in summary:
+        lines += [run_line(summary), ""]
     for cid, case in summary["cases"].items():
         lines += ["#" + line if line.startswith("### ") else line for line in case_lines(cid, case)]
     return lines
 
 
-def write_model_report(run_dir: Path) -> Path:
+def write_model_report(run_dir: Path, unverified: bool = False) -> Path:
     path = run_dir / "report.md"
-    path.write_text(render(run_dir))
+    path.write_text(render(run_dir, unverified))
     return path

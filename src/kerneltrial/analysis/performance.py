@@ -1,16 +1,19 @@
-"""PERFORMANCE.md: the overview against issue 16's targets, each current run's section, the
-model-level trials, then the superseded runs.
+"""PERFORMANCE.md and its per-run tables: `write_performance_md` writes the first page
+(analysis/performance_overview.py: per operator and regime; then which current runs were
+preregistered, one table: whether each run's protocol was frozen, said nowhere else; then the
+model-level trials) and results/PERFORMANCE-runs.md (RUNS_FILE: the overview against issue 16's
+targets run by run, each current run's section, then the superseded runs).
 
-Every figure is drawn from summary.json (no raw file is read). The overview separates what
-one geomean over a hand-picked panel hides (issue 16, item 5):
-- regimes by bytes moved per call: small < 4 MiB, mid 4-64 MiB, large >= 64 MiB (`regime`);
-  4 MiB is the issue's "at least 80% of copy bandwidth from 4 MB of traffic up", 64 MiB is
-  just above the H200's 60 MiB L2, so large traffic cannot be served from cache;
-- layouts as each protocol names them (contiguous, row_strided, qkv_slice, row_gate, ...);
+Every figure is drawn from summary.json (no raw file is read). The per-run overview separates
+what one geomean over a hand-picked panel hides (issue 16, item 5):
+- regimes by bytes moved per call (analysis/peer_rows.py `regime`) and layouts as each
+  protocol names them (contiguous, row_strided, qkv_slice, row_gate, ...);
 - intervals, not only point ratios: per case the ratio of two speedups over the control, each
   with its paired bootstrap CI from summary.json (`stats.ratio_interval`), and per group the
   geomean band of those (`stats.geomean_interval`);
-- each figure beside its target with a mark (`mark_at_least`, `mark_at_most`).
+- each figure beside its target with a mark (`mark_at_least`, `mark_at_most`);
+- the speed-of-light floor and the one row against the best peer and the same-size copy
+  (analysis/performance_overview.py, analysis/floor.py).
 A run whose ERRATA.md has a line `Superseded by: RUN` (and, optionally, `Reason: ...`) is an
 earlier run: it is listed, with its successor and reason, under "Earlier runs" instead of in the
 overview and the per-run sections; its successor must be among the run directories given, so
@@ -19,7 +22,7 @@ that no figure silently disappears.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -27,8 +30,40 @@ import numpy as np
 
 from kerneltrial.analysis import stats
 from kerneltrial.analysis.model_report import performance_section
+from kerneltrial.analysis.peer_rows import (
+    EAGER,
+    LARGE_FROM,
+    MID_FROM,
+    MISSED,
+    OURS,
+    REGIMES,
+    PeerRow,
+    band_text,
+    best_peer_rows,
+    copy_pcts,
+    geomean_of,
+    mark_at_least,
+    mark_at_most,
+    mark_every_case,
+    pct_cells,
+    regime,
+    timed_entry,
+    untimed_cases,
+)
+from kerneltrial.analysis.performance_overview import (
+    FLOOR_HEADER,
+    ONE_ROW_HEADER,
+    ONE_ROW_MARGIN,
+    ONE_ROW_TEXT,
+    RUNS_FILE,
+    CurrentRun,
+    floor_model_text,
+    floor_rows,
+    one_row,
+    overview_page,
+)
+from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.report import (
-    REASON,
     errata,
     errata_field,
     freeze_record,
@@ -39,150 +74,24 @@ from kerneltrial.analysis.report import (
     run_section,
     superseded_by,
 )
-from kerneltrial.rundir.documents import ArmFigures, Ceilings, Summary, SummaryCase, read_summary
+from kerneltrial.analysis.summary import UNFROZEN_WARNING
+from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import kind_of
-
-OURS = "kerneltrial"  # the exported entry point of every operator
-EAGER = "torch_eager"  # the peer every operator has: the host cost a caller pays without a kernel library
-TIMED = "timed"  # only timed figures count: implausible or failed arms have no honest median
-
-MIB = 1 << 20
-MID_FROM = 4 * MIB  # issue 16: ">= 80% of copy bandwidth from 4 MB of traffic up"
-LARGE_FROM = 64 * MIB  # above the H200's 60 MiB L2
-REGIMES = ("small", "mid", "large")
+from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
 
 # issue 16's targets
 GEOMEAN_TARGET = 1.10  # geomean over the fastest installed peer
 WORST_TARGET = 0.95  # no case below
 COPY_TARGET = 80.0  # % of copy bandwidth, from 4 MB up
-FLOOR_TARGET = 1.15  # one row within 15% of the launch floor
 HOST_TARGET_US = 15.0  # host µs per call, and at most torch eager's
-
-MET, MISSED, UNRESOLVED, UNKNOWN = "met", "**missed**", "unresolved", "–"
-
-
-def regime(nbytes: int) -> str:
-    """small, mid or large by bytes moved per call (boundaries in the module docstring)."""
-    return "small" if nbytes < MID_FROM else "mid" if nbytes < LARGE_FROM else "large"
-
-
-def mark_at_least(target: float, value: float | None, interval: stats.Interval | None = None) -> str:
-    """met / missed against `value >= target`; with an interval, unresolved when it straddles the target."""
-    if value is None:
-        return UNKNOWN
-    if interval is None:
-        return MET if value >= target else MISSED
-    return MET if interval.low >= target else MISSED if interval.high < target else UNRESOLVED
-
-
-def mark_at_most(target: float, value: float | None) -> str:
-    """met / missed against `value <= target`."""
-    return UNKNOWN if value is None else MET if value <= target else MISSED
-
-
-def _geomean(values: list[float]) -> float:
-    return float(np.exp(np.mean(np.log(values))))
-
-
-def _ci(entry: ArmFigures) -> stats.Interval | None:
-    """An arm's speedup CI over the control, or None where summary.json has none."""
-    if entry.ci_low is None or entry.ci_high is None:
-        return None
-    return stats.Interval(entry.ci_low, entry.ci_high)
 
 
 # ---------------------------------------------------------------- per case
-
-
-@dataclass(frozen=True)
-class PeerRow:
-    """One case: our entry point's median against the fastest timed peer's."""
-
-    case: str
-    layout: str
-    bytes: int
-    ours: float
-    peer: str
-    peer_ns: float
-    pct: float | None  # our % of the copy ceiling
-    interval: stats.Interval | None  # of the ratio; None where either arm has no CI over the control
-
-    @property
-    def ratio(self) -> float:
-        """The peer's median over ours: > 1, ours is faster."""
-        return self.peer_ns / self.ours
-
-
-def _timed(case: SummaryCase, name: str) -> ArmFigures | None:
-    entry = case.arms.get(name)
-    return entry if entry is not None and entry.status == TIMED and entry.median_ns_per_call else None
-
-
-def _fastest_peer_interval(peers: list[ArmFigures]) -> stats.Interval | None:
-    """An interval for the fastest peer's speedup over the control: [max of the peers' CI lows,
-    max of their CI highs]. The fastest is picked by point median, so using only its own CI would
-    ignore the pick; this holds whenever every peer's CI does. None when a peer has no CI."""
-    cis = [_ci(peer) for peer in peers]
-    if any(ci is None for ci in cis):
-        return None
-    return stats.Interval(max(ci.low for ci in cis if ci), max(ci.high for ci in cis if ci))
-
-
-def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
-    """Per case with our entry point and some peer timed: ours against the peer of smallest median."""
-    rows = []
-    for case in cases:
-        ours = _timed(case, OURS)
-        peers = {name: e for name, e in case.arms.items() if e.kind == "peer" and _timed(case, name)}
-        if ours is None or not peers:
-            continue
-        best = min(peers, key=lambda name: peers[name].median_ns_per_call or 0.0)
-        ours_ci, fastest_ci = _ci(ours), _fastest_peer_interval(list(peers.values()))
-        interval = stats.ratio_interval(ours_ci, fastest_ci) if ours_ci and fastest_ci else None
-        rows.append(
-            PeerRow(
-                case.case,
-                case.layout,
-                case.bytes,
-                ours.median_ns_per_call or 0.0,
-                best,
-                peers[best].median_ns_per_call or 0.0,
-                ours.pct_of_copy_ceiling,
-                interval,
-            )
-        )
-    return rows
-
-
 def _groups(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(layout, regime) keys in layout order of first appearance, regimes small to large."""
     layouts = list(dict.fromkeys(layout for layout, _ in keys))
     present = set(keys)
     return [(layout, r) for layout in layouts for r in REGIMES if (layout, r) in present]
-
-
-def _band(interval: stats.Interval | None) -> str:
-    return "" if interval is None else f" [{interval.low:.3f}, {interval.high:.3f}]"
-
-
-def mark_every_case(target: float, rows: list[PeerRow]) -> str:
-    """ "No case below target" over every case's band (its point value where it has none): met when
-    every case's low is at or above the target, missed when some case's high is below it."""
-    bands = [r.interval or stats.Interval(r.ratio, r.ratio) for r in rows]
-    if all(b.low >= target for b in bands):
-        return MET
-    return MISSED if any(b.high < target for b in bands) else UNRESOLVED
-
-
-def untimed_cases(cases: list[SummaryCase]) -> dict[tuple[str, str], list[str]]:
-    """Per (layout, regime): the cases where our entry point has no timed median (it failed, was
-    implausible, or was not run): they are not in the ratios, and their group cannot meet a target."""
-    found: dict[tuple[str, str], list[str]] = {}
-    for case in cases:
-        if _timed(case, OURS) is None:
-            found.setdefault((case.layout, regime(case.bytes)), []).append(case.case)
-    return found
 
 
 def device_rows(run: str, rows: list[PeerRow], untimed: dict[tuple[str, str], list[str]]) -> list[list[str]]:
@@ -195,7 +104,7 @@ def device_rows(run: str, rows: list[PeerRow], untimed: dict[tuple[str, str], li
         if not group:
             body.append([run, f"`{layout}`", where, f"0 (ours not timed: {len(missing)})", "–", MISSED, "–", MISSED])
             continue
-        geomean = _geomean([r.ratio for r in group])
+        geomean = geomean_of([r.ratio for r in group])
         intervals = [r.interval for r in group if r.interval is not None]
         band = stats.geomean_interval(intervals) if len(intervals) == len(group) else None
         worst = min(group, key=lambda r: r.ratio)
@@ -205,28 +114,13 @@ def device_rows(run: str, rows: list[PeerRow], untimed: dict[tuple[str, str], li
                 f"`{layout}`",
                 where,
                 str(len(group)) + (f" (ours not timed: {len(missing)})" if missing else ""),
-                f"{geomean:.3f}{_band(band)}",
+                f"{geomean:.3f}{band_text(band)}",
                 MISSED if missing else mark_at_least(GEOMEAN_TARGET, geomean, band),
-                f"{worst.ratio:.3f}{_band(worst.interval)} (`{worst.case}` vs `{worst.peer}`)",
+                f"{worst.ratio:.3f}{band_text(worst.interval)} (`{worst.case}` vs `{worst.peer}`)",
                 MISSED if missing else mark_every_case(WORST_TARGET, group),
             ]
         )
     return body
-
-
-def _pct_of_matched(case: SummaryCase, entry: ArmFigures) -> float | None:
-    """Our % of the copy of this case's own traffic (None: the run did not measure it)."""
-    if case.matched_copy_gbps is None or entry.gbps is None:
-        return None
-    return 100.0 * entry.gbps / case.matched_copy_gbps
-
-
-def _pct_cells(pcts: dict[str, float]) -> tuple[list[str], float | None]:
-    """Median and worst-case cells of {case: %}, and the worst value."""
-    if not pcts:
-        return ["–", "–"], None
-    worst = min(pcts, key=pcts.__getitem__)
-    return [f"{float(np.median(list(pcts.values()))):.1f}", f"{pcts[worst]:.1f} (`{worst}`)"], pcts[worst]
 
 
 def bandwidth_row(run: str, layout: str, cases: list[SummaryCase], cold: bool = True) -> list[str] | None:
@@ -237,27 +131,24 @@ def bandwidth_row(run: str, layout: str, cases: list[SummaryCase], cold: bool = 
     cells, worst_all = [], None
     for where in ("mid", "large"):
         timed = [
-            (c, e) for c in cases if c.layout == layout and regime(c.bytes) == where for e in [_timed(c, OURS)] if e
+            (c, e)
+            for c in cases
+            if c.layout == layout and regime(c.bytes) == where
+            for e in [timed_entry(c, OURS)]
+            if e
         ]
         big = {c.case: e.pct_of_copy_ceiling for c, e in timed if e.pct_of_copy_ceiling is not None}
         if not big:
             cells += ["0", "–", "–"]
             continue
-        big_cells, worst = _pct_cells(big)
+        big_cells, worst = pct_cells(big)
         worst_all = worst if worst_all is None else min(worst_all, worst)
         cells += [str(len(big)), *big_cells]
     if worst_all is None:
         return None
-    matched = {
-        c.case: pct
-        for c in cases
-        if c.layout == layout and regime(c.bytes) != "small"
-        for e in [_timed(c, OURS)]
-        if e
-        for pct in [_pct_of_matched(c, e) if cold else None]
-        if pct is not None
-    }
-    matched_cells, matched_worst = _pct_cells(matched)
+    big_cases = [c for c in cases if c.layout == layout and regime(c.bytes) != "small"]
+    matched = copy_pcts(big_cases) if cold else {}
+    matched_cells, matched_worst = pct_cells(matched)
     return [
         run,
         f"`{layout}`",
@@ -265,39 +156,6 @@ def bandwidth_row(run: str, layout: str, cases: list[SummaryCase], cold: bool = 
         mark_at_least(COPY_TARGET, worst_all),
         *matched_cells,
         mark_at_least(COPY_TARGET, matched_worst),
-    ]
-
-
-def one_row_case(cases: list[SummaryCase]) -> SummaryCase | None:
-    """The small-regime case of fewest rows (leading dimension; then fewest bytes) where our entry
-    point was timed; None when the panel has none (a panel of wide rows only says nothing of the floor)."""
-    timed = [c for c in cases if regime(c.bytes) == "small" and _timed(c, OURS) is not None]
-    return min(timed, key=lambda c: (c.shape[0], c.bytes)) if timed else None
-
-
-def launch_floor(ceilings: Ceilings) -> tuple[float, str] | None:
-    """The run's launch floor and which: the Triton kernel's where measured, else torch's `add_`."""
-    if ceilings.triton_launch_floor_ns is not None:
-        return ceilings.triton_launch_floor_ns, "Triton"
-    if ceilings.launch_floor_ns is not None:
-        return ceilings.launch_floor_ns, "torch `add_`, no Triton floor in this run"
-    return None
-
-
-def floor_row(run: str, summary: Summary) -> list[str] | None:
-    case, floor = one_row_case(summary.cases), launch_floor(summary.ceilings)
-    if case is None:
-        return None
-    ours = case.arms[OURS].median_ns_per_call or 0.0
-    ratio = None if floor is None else ours / floor[0]
-    floor_cell = "–" if floor is None else f"{floor[0] / 1e3:.2f} ({floor[1]})"
-    return [
-        run,
-        f"`{case.case}`",
-        f"{ours / 1e3:.2f}",
-        floor_cell,
-        num_cell(ratio, ".2f"),
-        mark_at_most(FLOOR_TARGET, ratio),
     ]
 
 
@@ -322,7 +180,7 @@ def host_row(run: str, cases: list[SummaryCase]) -> list[str] | None:
         str(len(ours)),
         f"{float(np.median(ours)):.1f} ({max(ours):.1f})",
         num_cell(eager, ".1f"),
-        f"{_geomean(ratios):.2f} ({max(ratios):.2f})" if ratios else "–",
+        f"{geomean_of(ratios):.2f} ({max(ratios):.2f})" if ratios else "–",
         mark_at_most(1.0, max(ratios) if ratios else None),
         mark_at_most(HOST_TARGET_US, max(ours)),
     ]
@@ -332,24 +190,41 @@ def host_row(run: str, cases: list[SummaryCase]) -> list[str] | None:
 
 
 def _run_cell(run_dir: Path, summary: Summary) -> str:
-    """The operator and run, marked where the run has errata or its protocol was not frozen
-    (its settings, panel included, were not preregistered: `report.freeze_line`)."""
-    marks = [m for m, on in (("errata", errata(run_dir)), ("not frozen", _not_frozen(run_dir, summary))) if on]
-    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + "".join(f" ({m})" for m in marks)
+    """The operator and run, marked where the run has errata (whether its protocol was frozen
+    is said once per run, in `preregistration_table`)."""
+    return f"`{operator_name(run_dir, summary)}` (`{Path(run_dir).name}`)" + (" (errata)" if errata(run_dir) else "")
 
 
-def _not_frozen(run_dir: Path, summary: Summary) -> bool:
-    recorded, frozen_at = freeze_record(run_dir, summary)
-    return recorded and frozen_at is None
+def preregistration_table(run_dirs: list[Path]) -> list[str]:
+    """The one place PERFORMANCE.md says whether each current kernel run's protocol was frozen
+    before it ran (its settings, panel included, preregistered), so no figure repeats it."""
+    rows, frozen = [], 0
+    for run_dir in run_dirs:
+        summary = read_summary(run_dir)
+        recorded, frozen_at = freeze_record(run_dir, summary)
+        frozen += frozen_at is not None
+        state = f"frozen at {frozen_at}" if frozen_at else "**not frozen**" if recorded else "not recorded (older run)"
+        rows.append([f"`{Path(run_dir).name}`", f"`{operator_name(run_dir, summary)}`", state])
+    return [
+        "## Preregistration",
+        "",
+        f"{frozen} of {len(rows)} current kernel runs had their protocol frozen (`kerneltrial protocol freeze`) "
+        "before they ran; the others' settings, panel included, were not preregistered. Said here once per run, "
+        "not beside each figure.",
+        "",
+        *markdown_table(["run", "operator", "protocol"], rows),
+        "",
+    ]
 
 
 def overview_table(run_dirs: list[Path]) -> list[str]:
     """Our entry point against issue 16's targets, per run: device time vs the fastest peer by
-    layout and regime, % of copy bandwidth, one row vs the launch floor, host cost."""
-    device, bandwidth, floor, host, unmeasured, confidences = [], [], [], [], [], set()
+    layout and regime, % of copy bandwidth and of the speed-of-light floor, one row vs the best peer
+    and the same-size copy (analysis/performance_overview.py), host cost."""
+    device, bandwidth, floor, one, host, unmeasured, confidences = [], [], [], [], [], [], set()
     for run_dir in run_dirs:
         summary = read_summary(run_dir)
-        if not any(_timed(c, OURS) for c in summary.cases):
+        if not any(timed_entry(c, OURS) for c in summary.cases):
             continue
         run = _run_cell(run_dir, summary)
         confidences.add(summary.bootstrap.confidence)
@@ -357,20 +232,22 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
         layouts = list(dict.fromkeys(c.layout for c in summary.cases))
         cold = summary.l2 == "cold" and summary.backend == "cuda-events"
         bandwidth += [row for layout in layouts if (row := bandwidth_row(run, layout, summary.cases, cold))]
-        floor += [row for row in (floor_row(run, summary),) if row]
+        current = CurrentRun(Path(run_dir), summary, "")
+        floor += floor_rows(run, current)
+        one += [row for row in (one_row(run, current),) if row]
         row = host_row(run, summary.cases)
         if row:
             host.append(row)
         else:
             unmeasured.append(run)
-    if not (device or bandwidth or floor):
+    if not (device or bandwidth or one):
         return []
     lines = [
         "## Overview: `kerneltrial` against issue 16's targets",
         "",
         f"Targets (issue 16): geomean >= {GEOMEAN_TARGET:g} over the fastest installed peer and no case below "
         f"{WORST_TARGET:g}; >= {COPY_TARGET:g}% of copy bandwidth from 4 MB of traffic up; one row within "
-        f"{100 * (FLOOR_TARGET - 1):.0f}% of a trivial kernel's launch floor; host cost per call at most torch "
+        f"{100 * ONE_ROW_MARGIN:.0f}% of a trivial kernel moving its bytes (the same-size copy); host cost per call at most torch "
         f"eager's and at most {HOST_TARGET_US:g} µs. Marks: met, **missed**, unresolved (the band straddles the "
         "target), – (not measured).",
         "",
@@ -421,20 +298,11 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
             "",
         ]
     if floor:
-        lines += [
-            "### One row against the launch floor",
-            "",
-            "The small-regime case of fewest rows (leading dimension; runs without a small case are left out) "
-            "against the run's launch floor: the median of one-element "
-            "Triton kernel launches (ceilings.csv `triton_launch`, what our entry points' launches cost at least) "
-            "where the run measured it, else torch's one-element `add_` (`launch`), as named. Medians in µs.",
-            "",
-            *markdown_table(
-                ["operator (run)", "case (fewest rows)", "ours µs", "floor µs", "ours / floor", f"<= {FLOOR_TARGET:g}"],
-                floor,
-            ),
-            "",
-        ]
+        lines += ["### Speed-of-light floor", "", floor_model_text(), ""]
+        lines += [*markdown_table(FLOOR_HEADER, floor), ""]
+    if one:
+        lines += ["### One row against the best peer and the same-size copy", "", ONE_ROW_TEXT, ""]
+        lines += [*markdown_table(ONE_ROW_HEADER, one), ""]
     if host:
         lines += [
             "### Host cost per call",
@@ -504,7 +372,7 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
                 f"`{Path(run_dir).name}`",
                 f"`{operator_name(run_dir, read_summary(run_dir))}`",
                 f"`{successor}`",
-                errata_field(run_dir, REASON) or "-",
+                errata_field(run_dir, ERRATA_REASON) or "-",
                 started,
                 num_cell(mine, ".0f"),
                 num_cell(theirs, ".0f"),
@@ -526,9 +394,18 @@ def earlier_runs_table(earlier: list[Path], by_name: dict[str, Path]) -> list[st
     )
 
 
-def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
-    """Render one markdown file covering several run directories (e.g. PERFORMANCE.md):
-    the overview and a section per current run, then the table of superseded runs."""
+def _without_freeze_warning(summary: Summary) -> Summary:
+    """The summary without its "not frozen" warning: `preregistration_table` says it."""
+    return summary.model_copy(update={"warnings": [w for w in summary.warnings if w != UNFROZEN_WARNING]})
+
+
+def write_performance_md(
+    run_dirs: list[Path], out: Path, runs_out: Path | None = None, unverified: bool = False
+) -> Path:
+    """Render PERFORMANCE.md (`out`): the first page (analysis/performance_overview.py) and the
+    model-level trials; and the per-run tables (`runs_out`, default RUNS_FILE beside `out`): issue
+    16's overview per run, a section per current run, then the table of superseded runs. Returns `out`.
+    `unverified`: the titles and every run's heading say the runs were not required to verify."""
     if not run_dirs:
         raise RunDirError("no run directories given; pass at least one")
     run_dirs = sorted((Path(d) for d in run_dirs), key=lambda d: d.name)  # one order, whatever the shell's glob gives
@@ -537,29 +414,45 @@ def write_performance_md(run_dirs: list[Path], out: Path) -> Path:
     models = [d for d in current if kind_of(d) == "model"]
     current = [d for d in current if d not in models]
     check_successors(run_dirs)
-    sections = [run_section(d, read_summary(d), level=2) for d in current]
-    lines = [
-        "# Performance",
-        "",
+    out = Path(out)
+    runs_out = out.parent / RUNS_FILE if runs_out is None else Path(runs_out)
+    intro = (
         "Generated by `kerneltrial performance` from committed run directories; medians are per call, "
         "speedup = median(control) / median(arm) with a paired bootstrap CI. "
-        "Runs labelled NOT GPU performance were timed on a CPU.",
+        "Runs labelled NOT GPU performance were timed on a CPU."
+    )
+    link = relative_link(runs_out, out.parent)
+    page = [
+        titled("# Performance", unverified),
+        "",
+        f"{intro} Every run's tables (each layout, issue 16's targets, per case): [{link}]({link}).",
         "",
     ]
-    lines += overview_table(current)
-    for section in sections:
-        lines += section + [""]
+    page += overview_page(current)
+    page += preregistration_table(current)
     if models:
-        lines += [
+        page += [
             "## Model level",
             "",
             "Whole-model trials (`kerneltrial model`): tokens/s of a prefill pass or one decode step per arm.",
             "",
         ]
         for d in models:
-            lines += performance_section(d) + [""]
+            page += performance_section(d, unverified) + [""]
+    runs = [titled("# Performance: every run", unverified), "", f"{intro} The first page is [PERFORMANCE.md]"
+            f"({relative_link(out, runs_out.parent)}).", ""]  # fmt: skip
+    runs += overview_table(current)
+    for d in current:
+        runs += run_section(d, _without_freeze_warning(read_summary(d)), level=2, unverified=unverified, freeze=False)
+        runs += [""]
     if earlier:
-        lines += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
-    out = Path(out)
-    out.write_text("\n".join(lines))
+        runs += earlier_runs_table(earlier, {d.name: d for d in run_dirs})
+    out.write_text("\n".join(page))
+    runs_out.parent.mkdir(parents=True, exist_ok=True)
+    runs_out.write_text("\n".join(runs))
     return out
+
+
+def relative_link(target: Path, start: Path) -> str:
+    """`target` relative to the folder `start`, with forward slashes (a markdown link)."""
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import REPLICATES, REPLICATES_MD
 
@@ -127,10 +128,11 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def to_markdown(table: ReplicateTable) -> str:
+def to_markdown(table: ReplicateTable, unverified: bool = False) -> str:
+    """replicates.md (verify renders it again from the recomputed table and compares)."""
     n = len(table.runs)
     lines = [
-        f"# Replicates: {n} runs of protocol {table.protocol_sha256[:12]}...",
+        titled(f"# Replicates: {n} runs of protocol {table.protocol_sha256[:12]}...", unverified),
         "",
         f"Order seeds {table.order_seeds}. Between-run spread of the speedup (range, sd) next to the mean within-run CI width.",
         "",
@@ -157,6 +159,25 @@ def to_markdown(table: ReplicateTable) -> str:
 def write_table(root: Path, table: ReplicateTable) -> None:
     (root / REPLICATES).write_text(json.dumps(table.record(), indent=2) + "\n")
     (root / REPLICATES_MD).write_text(to_markdown(table))
+
+
+def recorded_runs(root: Path) -> int:
+    """N of a replicate directory: replicates.json `requested_runs` (replicates/1: the run-* present)."""
+    recorded = json.loads((root / REPLICATES).read_text())
+    return int(recorded.get("requested_runs") or len([d for d in root.glob("run-*") if d.is_dir()]))
+
+
+def write_replicates_report(root: Path, unverified: bool = False) -> Path:
+    """Each run's report.md (and figures), then replicates.md from the table recomputed from the
+    runs; returns replicates.md's path. `unverified`: every title says the runs were not required to verify."""
+    from kerneltrial.analysis.report import write_report  # matplotlib: not on verify's path
+
+    table = cross_run(root, recorded_runs(root))
+    for name in table.runs:
+        write_report(root / name, unverified)
+    path = root / REPLICATES_MD
+    path.write_text(to_markdown(table, unverified))
+    return path
 
 
 def table_problems(root: Path) -> list[str]:

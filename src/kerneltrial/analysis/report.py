@@ -5,23 +5,29 @@ Every figure is drawn from summary.json (nothing is recomputed here); provenance
 protocol.toml only supply the device, versions and operator name. Runs without a GPU are
 labelled "NOT GPU performance" in every heading and figure title. A run directory may hold
 an ERRATA.md (corrections written after the run; the raw files are never edited): its text
-is shown under "Errata" in the run's section and the overview marks the run "(errata)".
+is quoted under "Errata (written by hand ...; not checked ...)" in the run's section, so that no
+line of it reads as a measured figure, and the overview marks the run "(errata)".
+report.md is a derived file: `report_text` is a function of the run directory, and verify
+renders it again and compares (analysis/derived.py). With `unverified` every title says so.
 A line `Superseded by: RUN` (and, optionally, `Reason: ...`) in it retires the run
 (`superseded_by`; analysis/performance.py).
 A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
-frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, W/T/L/I counts
+frozen (or a loud NOT FROZEN line), the timed checks, the plausibility limits, wins/ties/losses/inconclusive counts
 with the cases failed while timed or implausible, and each arm's ulp histogram.
 """
 
 from __future__ import annotations
 
+import textwrap
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.documents import (
     AACalibration,
     ArmFigures,
@@ -32,15 +38,22 @@ from kerneltrial.rundir.documents import (
     read_provenance,
     read_summary,
 )
-from kerneltrial.rundir.layout import ERRATA, PROTOCOL, PROVENANCE, REPORT
+from kerneltrial.rundir.layout import (
+    CEILING_PNG,
+    ERRATA,
+    PROTOCOL,
+    PROVENANCE,
+    REPORT,
+    SPEEDUP_PNG,
+    VERDICTS_PNG,
+)
+from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 
-SPEEDUP_PNG = "speedup.png"
-VERDICTS_PNG = "verdicts.png"
-CEILING_PNG = "ceiling.png"
-SUPERSEDED = "Superseded by:"
-REASON = "Reason:"
+# ERRATA.md is written by hand after the run: pages quote it under this heading, never as figures
+ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
+TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
 SCOPE = (
     "Confidence intervals cover noise within this session (machine state, clocks) only; "
     "a re-run on another machine may differ by more."
@@ -269,7 +282,7 @@ def _realized_note(figures: SlowCalibration) -> str:
 
 
 def aggregate_table(summary: Summary) -> list[str]:
-    """One row per compared arm; a run with timed checks adds inconclusive verdicts (W/T/L/I)
+    """One row per compared arm; a run with timed checks adds inconclusive verdicts (wins/ties/losses/inconclusive)
     and the cases failed while timed or implausible."""
     checked = summary.timed_checks is not None
     rows = []
@@ -297,7 +310,7 @@ def aggregate_table(summary: Summary) -> list[str]:
         "geomean [CI]",
         "mean",
         "worst case",
-        "W/T/L/I" if checked else "wins/ties/losses",
+        "wins/ties/losses/inconclusive" if checked else "wins/ties/losses",
         "failed correctness",
     ] + ["failed while timed", "implausible"] * checked
     return markdown_table([*header, f"gate `{summary.gate.rule}`"], rows)
@@ -366,7 +379,7 @@ def checks_lines(summary: Summary) -> list[str]:
 
 
 def isolation_lines(summary: Summary, h: str) -> list[str]:
-    """The isolated arms' own figures beside the harness's wall bound of the same samples (summary/6)."""
+    """The isolated arms' own figures beside the harness's wall bound of the same samples (summary/7)."""
     figures = summary.isolation
     if figures is None or not figures.arms:
         return []
@@ -446,25 +459,44 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------- figures
 
 
-def _title(summary: Summary, text: str) -> str:
-    return text if summary.is_gpu else f"{text}\n({summary.label})"
+def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -> str:
+    """The title (marked when the run was not verified), and the timing label of a run that is not
+    GPU performance, each wrapped to the figure's width (about TITLE_CHARS_PER_INCH characters of
+    the default title font)."""
+    width = max(20, int(fig.get_figwidth() * TITLE_CHARS_PER_INCH))
+    text = titled(text, unverified)
+    lines = [text] if summary.is_gpu else [text, f"({summary.label})"]
+    return "\n".join(textwrap.fill(line, width) for line in lines)
 
 
 def _save(fig: Figure, ax: Any, path: Path) -> Path:
-    """Legend, layout and the PNG: the common end of every figure."""
-    ax.legend(fontsize="small")
+    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every figure."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
-def plot_speedups(summary: Summary, path: Path) -> Path:
+def _log_speedup_axis(ax: Any, values: list[float]) -> None:
+    """A log y axis for ratios (2x and 0.5x equally far from 1), labelled with plain numbers:
+    1-2-5 ticks over a decade or more, evenly spaced ticks over a narrower range (a log axis
+    would show none there)."""
+    ax.set_yscale("log")
+    low, high = min(values, default=1.0), max(values, default=1.0)
+    wide = high / low >= 10 if low > 0 else True
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)) if wide else MaxNLocator(nbins=6))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
     arms = summary.compared_arms()
     cases = [c.case for c in summary.cases]
     band = summary.tie_band
     fig = Figure(figsize=(max(6.0, 1.2 * len(cases) * max(1, len(arms)) ** 0.5 + 2), 4.5))
     ax = fig.subplots()
+    shown = [1 - band, 1 + band]
     ax.axhspan(1 - band, 1 + band, color="0.85", label=f"tie band ±{band:g}")
     ax.axhline(1.0, color="black", linewidth=1)
     width = 0.8 / max(1, len(arms))
@@ -479,6 +511,7 @@ def plot_speedups(summary: Summary, path: Path) -> Path:
                 ys.append(entry.speedup)
                 lows.append(entry.speedup - entry.ci_low)
                 highs.append(entry.ci_high - entry.speedup)
+                shown += [entry.ci_low, entry.ci_high]
             elif entry.status in DISQUALIFIED_MARKERS:
                 disqualified.setdefault(entry.status, []).append(i + offset)
         line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
@@ -492,12 +525,13 @@ def plot_speedups(summary: Summary, path: Path) -> Path:
                 label=f"{name}: {status}",
             )
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
-    ax.set_ylabel(f"speedup vs {summary.control} (×)")
-    ax.set_title(_title(summary, "Speedup per case with bootstrap CI"))
+    _log_speedup_axis(ax, shown)
+    ax.set_ylabel(f"speedup vs {summary.control} (×, log scale)")
+    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", fig, unverified))
     return _save(fig, ax, path)
 
 
-def plot_verdicts(summary: Summary, path: Path) -> Path:
+def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
     inconclusive, failed while timed and implausible)."""
     arms = summary.compared_arms()
@@ -519,12 +553,13 @@ def plot_verdicts(summary: Summary, path: Path) -> Path:
             continue
         ax.bar(arms, counts, bottom=bottom, label=label, color=color)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of cases: no 0.5 ticks
     ax.set_ylabel("cases")
-    ax.set_title(_title(summary, "Verdicts per arm"))
+    ax.set_title(_title(summary, "Verdicts per arm", fig, unverified))
     return _save(fig, ax, path)
 
 
-def plot_ceiling(summary: Summary, path: Path) -> Path:
+def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path:
     """% of the copy ceiling per case and arm (control included)."""
     arms = [a.name for a in summary.arms if a.available]
     cases = [c.case for c in summary.cases]
@@ -538,29 +573,41 @@ def plot_ceiling(summary: Summary, path: Path) -> Path:
     ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
     ax.set_ylabel("% of copy ceiling")
     copy = summary.ceilings.copy_gbps
-    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)"))
+    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)", fig, unverified))
     return _save(fig, ax, path)
 
 
 # ---------------------------------------------------------------- documents
 
 
-def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
-    """The markdown body shared by report.md and PERFORMANCE.md for one run."""
-    h = "#" * level
+def errata_lines(run_dir: Path, h: str) -> list[str]:
+    """ERRATA.md quoted under its heading (nothing when the run has none): hand-written text, set
+    apart so that no line of it reads as a figure of the run."""
     corrections = errata(run_dir)
+    if not corrections:
+        return []
+    return [f"{h}# {ERRATA_HEADING}", "", *(f"> {line}".rstrip() for line in corrections.splitlines()), ""]
+
+
+def run_section(
+    run_dir: Path, summary: Summary, level: int = 1, unverified: bool = False, freeze: bool = True
+) -> list[str]:
+    """The markdown body shared by report.md and PERFORMANCE.md for one run; `unverified`: its
+    title says the run was rendered without passing `kerneltrial verify`; `freeze` False: without
+    the freeze line, which PERFORMANCE.md gives in one table."""
+    h = "#" * level
     lines = [
-        f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`",
+        titled(f"{h} {operator_name(run_dir, summary)}: `{Path(run_dir).name}`", unverified),
         "",
         f"Timing: {banner(summary)}",
         "",
-        *([f"{h}# Errata", "", corrections, ""] if corrections else []),
+        *errata_lines(run_dir, h),
         SCOPE,
         "",
         f"- protocol sha256: `{summary.protocol_sha256}`",
         f"- backend `{summary.backend}`, L2 `{summary.l2}`, control `{summary.control}`, "
         f"tie band ±{summary.tie_band:g}",
-        *[line for line in (freeze_line(run_dir, summary),) if line],
+        *[line for line in (freeze_line(run_dir, summary) if freeze else None,) if line],
         _ceilings_line(summary.ceilings),
         *[line for line in (clocks_line(summary), rounds_line(summary)) if line],
         *checks_lines(summary),
@@ -586,14 +633,11 @@ def run_section(run_dir: Path, summary: Summary, level: int = 1) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path) -> Path:
-    """Write report.md and its PNG figures into the run directory; returns report.md's path."""
+def report_text(run_dir: Path, unverified: bool = False) -> str:
+    """report.md of a kernel run: a function of the run directory alone (verify renders it again
+    and compares, analysis/derived.py)."""
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    plot_speedups(summary, run_dir / SPEEDUP_PNG)
-    plot_verdicts(summary, run_dir / VERDICTS_PNG)
-    plot_ceiling(summary, run_dir / CEILING_PNG)
-    lines = run_section(run_dir, summary) + [
+    lines = run_section(run_dir, read_summary(run_dir), unverified=unverified) + [
         "",
         "## Figures",
         "",
@@ -605,6 +649,17 @@ def write_report(run_dir: Path) -> Path:
         "",
         "Figures are drawn from summary.json; `kerneltrial verify` rebuilds every figure from the raw rows.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path, unverified: bool = False) -> Path:
+    """Write report.md and its PNG figures into the run directory; returns report.md's path.
+    `unverified`: every title says the run was rendered without passing `kerneltrial verify`."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    plot_speedups(summary, run_dir / SPEEDUP_PNG, unverified)
+    plot_verdicts(summary, run_dir / VERDICTS_PNG, unverified)
+    plot_ceiling(summary, run_dir / CEILING_PNG, unverified)
     path = run_dir / REPORT
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(report_text(run_dir, unverified))
     return path

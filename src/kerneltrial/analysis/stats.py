@@ -11,13 +11,14 @@ nanosecond (1e9 bytes / 1e9 ns), so `gbps = bytes / ns_per_call`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 from scipy.stats import gmean
+
+from kerneltrial.analysis.gate_rule import Gate
 
 WIN, TIE, LOSS, INCONCLUSIVE = "win", "tie", "loss", "inconclusive"
 
@@ -51,15 +52,6 @@ class ArmAggregate:
     ties: int
     losses: int
     inconclusive: int = 0  # always 0 under the summary/1-3 verdict rule
-
-
-@dataclass(frozen=True)
-class Gate:
-    """A parsed gate rule: `no_loss`, `geomean>=X`, or both joined by ` and `."""
-
-    rule: str
-    no_loss: bool
-    min_geomean: float | None
 
 
 @dataclass(frozen=True)
@@ -181,28 +173,6 @@ def aggregate_arm(
         losses=counts[LOSS],
         inconclusive=counts[INCONCLUSIVE],
     )
-
-
-_GEOMEAN_TERM = re.compile(r"geomean>=(\d+(?:\.\d+)?)")
-
-
-def parse_gate(rule: str) -> Gate:
-    """Parse a preregistered gate: `no_loss`, `geomean>=X`, or both joined by ` and `."""
-    fix = "use 'no_loss', 'geomean>=X' (e.g. 'geomean>=1.02'), or both joined by ' and '"
-    no_loss = False
-    min_geomean: float | None = None
-    terms = [term.strip() for term in rule.split(" and ")]
-    if len(terms) != len(set(terms)):
-        raise ValueError(f"gate {rule!r} repeats a term; {fix}")
-    for term in terms:
-        match = _GEOMEAN_TERM.fullmatch(term)
-        if term == "no_loss":
-            no_loss = True
-        elif match and min_geomean is None and float(match.group(1)) > 0:
-            min_geomean = float(match.group(1))
-        else:
-            raise ValueError(f"unknown gate term {term!r} in gate {rule!r}; {fix}")
-    return Gate(rule=rule, no_loss=no_loss, min_geomean=min_geomean)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
@@ -142,12 +143,13 @@ def run_table(summary: Summary) -> list[str]:
     return lines
 
 
-def suite_markdown(root: Path) -> str:
+def suite_markdown(root: Path, unverified: bool = False) -> str:
+    """The suite's report.md (a function of the directory: verify renders it again and compares)."""
     from kerneltrial.analysis.performance import overview_table  # matplotlib: not on verify's path
 
     suite = read_suite(root)
     commit = suite.git.commit or "unknown"
-    lines = [f"# Suite `{suite.name}`, tag `{suite.tag}`", ""]
+    lines = [titled(f"# Suite `{suite.name}`, tag `{suite.tag}`", unverified), ""]
     if suite.description:
         lines += [suite.description.strip(), ""]
     lines += [
@@ -179,14 +181,15 @@ def suite_markdown(root: Path) -> str:
     return "\n".join(lines)
 
 
-def write_suite_report(root: Path) -> Path:
-    """Each finished run's report.md (and figures), then the suite's report.md; returns its path."""
+def write_suite_report(root: Path, unverified: bool = False) -> Path:
+    """Each finished run's report.md (and figures), then the suite's report.md; returns its path.
+    `unverified`: every title says the suite was not required to verify."""
     from kerneltrial.analysis.report import write_report
 
     root = Path(root)
     for entry in read_suite(root).runs:
         if entry.status == "finished":
-            write_report(root / entry.run)
+            write_report(root / entry.run, unverified)
     path = root / REPORT
-    path.write_text(suite_markdown(root))
+    path.write_text(suite_markdown(root, unverified))
     return path

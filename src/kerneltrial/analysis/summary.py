@@ -5,10 +5,12 @@ with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run dire
 format") and computes the figures with `analysis.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
-plan.json `checks` and `host` pick the schema, one adapter each (`SchemaV3` to `SchemaV6`): a run
-without `checks` (every run before issue 10) gets `kerneltrial.summary/3`, unchanged; `"checks": 1`
-or 2 gets `kerneltrial.summary/4`, and with `host` (issue 16) `kerneltrial.summary/5`; `"checks": 3`
-(isolated arms, issue 24) `kerneltrial.summary/6`, each described after the schema-3 fields.
+plan.json `checks`, `host`, `floor` and `isolated` pick the schema, one adapter each (`SchemaV3`
+to `SchemaV7`): a run without `checks` (every run before issue 10) gets `kerneltrial.summary/3`,
+unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, with `host` (issue 16)
+`kerneltrial.summary/5`, and with `floor` too (issue 27) `kerneltrial.summary/6`; `"checks": 3`
+(isolated arms, issue 24; with `host` and `floor`) `kerneltrial.summary/7`, each described after
+the schema-3 fields.
 
 summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
@@ -63,7 +65,12 @@ Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
   device was still busy at the end: device-bound, see trial/timing.py `host_sample`);
   inputs_sha256 also covers host.csv.
 
-Schema `kerneltrial.summary/6` (plan.json `"checks": 3`, isolated arms) adds, over schema 5:
+Schema `kerneltrial.summary/6` (plan.json `floor`, issue 27) adds, over schema 5:
+  every case floor_ns (the speed-of-light floor: the Triton launch floor + bytes / copy_gbps,
+  analysis/floor.py; null without `triton_launch` or `copy` rows) and in every arm entry
+  fraction_of_floor (floor_ns / median_ns_per_call; null where either is null).
+
+Schema `kerneltrial.summary/7` (plan.json `"checks": 3`, isolated arms, issue 24) adds, over schema 6:
   isolation: {arms (plan's `isolated`), far_inside, bounds: [{case, arm, samples,
   claimed_ns_per_call, bound_ns_per_call, ratio}]}: per timed (case, isolated arm) the median
   ns / calls the arm's worker claimed and the median wall_ns / calls the harness measured around
@@ -86,8 +93,9 @@ from typing import Any
 
 import pandas as pd
 
-from kerneltrial.analysis import stats
+from kerneltrial.analysis import gate_rule, stats
 from kerneltrial.analysis.bounds import isolation_fields
+from kerneltrial.analysis.floor import CaseFloors
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
@@ -103,7 +111,8 @@ from kerneltrial.rundir.layout import (
 SCHEMA_V3 = "kerneltrial.summary/3"
 SCHEMA_V4 = "kerneltrial.summary/4"
 SCHEMA_V5 = "kerneltrial.summary/5"
-SCHEMA = "kerneltrial.summary/6"
+SCHEMA_V6 = "kerneltrial.summary/6"
+SCHEMA = "kerneltrial.summary/7"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -291,7 +300,7 @@ class SchemaV3:
         return {}
 
     def gate_verdict(
-        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+        self, gate: gate_rule.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
     ) -> stats.GateVerdict:
         return stats.gate_verdict(gate, agg, sum(c["arms"][name]["status"] == FAILED for c in cases))
 
@@ -303,6 +312,10 @@ class SchemaV3:
 
     def host_fields(self, case_id: str, arm: str) -> dict[str, Any]:
         """Host cost figures of one (case, arm): none before summary/5."""
+        return {}
+
+    def floor_fields(self, case_bytes: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The case's speed-of-light floor (and each arm's fraction of it): none before summary/6."""
         return {}
 
 
@@ -376,7 +389,7 @@ class SchemaV4(SchemaV3):
         }
 
     def gate_verdict(
-        self, gate: stats.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
+        self, gate: gate_rule.Gate, agg: stats.ArmAggregate, name: str, cases: list[dict[str, Any]]
     ) -> stats.GateVerdict:
         disqualified = []
         for cause in (FAILED, FAILED_WHILE_TIMED, IMPLAUSIBLE):
@@ -464,14 +477,32 @@ class SchemaV5(SchemaV4):
 
 @dataclass
 class SchemaV6(SchemaV5):
-    """plan.json `checks` 3 (issue 24, isolated arms): summary/6."""
+    """plan.json `floor` (issue 27): summary/6, the floor figures of analysis/floor.py."""
+
+    floors: CaseFloors | None = None
+
+    schema = SCHEMA_V6
+
+    @classmethod
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV6:
+        launches = run.ceilings[run.ceilings["kind"] == TRITON_LAUNCH]["ns"].to_numpy(dtype=float)
+        floors = CaseFloors.for_plan(run.plan, stats.launch_floor(launches), copy_gbps)
+        return replace(super().from_run(run, copy_gbps, read_gbps), floors=floors)
+
+    def floor_fields(self, case_bytes: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return self.floors.fields(case_bytes, arms) if self.floors else {}
+
+
+@dataclass
+class SchemaV7(SchemaV6):
+    """plan.json `checks` 3 (issue 24, isolated arms): summary/7."""
 
     timings: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     schema = SCHEMA
 
     @classmethod
-    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV6:
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV7:
         if "wall_ns" not in run.timings.columns:
             raise RunDirError("plan.json has checks 3 but timings.csv has no wall_ns column (the harness's bound)")
         return replace(super().from_run(run, copy_gbps, read_gbps), timings=run.timings)
@@ -486,11 +517,12 @@ def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -
     if checks is None:
         return SchemaV3()
     if checks in (1, 2) and not isinstance(checks, bool):  # 2: every call on fresh values, a random one checked
-        return (SchemaV5 if "host" in run.plan else SchemaV4).from_run(run, copy_gbps, read_gbps)
-    if checks == 3 and not isinstance(checks, bool) and "host" in run.plan:  # 3: and isolated arms
-        return SchemaV6.from_run(run, copy_gbps, read_gbps)
+        schema = SchemaV6 if "floor" in run.plan else SchemaV5 if "host" in run.plan else SchemaV4
+        return schema.from_run(run, copy_gbps, read_gbps)
+    if checks == 3 and not isinstance(checks, bool) and {"host", "floor"} <= run.plan.keys():  # 3: isolated arms
+        return SchemaV7.from_run(run, copy_gbps, read_gbps)
     raise RunDirError(
-        f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1, 2 and 3 (3 with host; "
+        f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1, 2 and 3 (3 with host and floor; "
         "or none); update kerneltrial to read this run"
     )
 
@@ -618,6 +650,7 @@ def _case_summary(
         "dtype": case.get("dtype"),
         "bytes": case["bytes"],
         **matched_copy_field(matched, int(case["bytes"])),
+        **schema.floor_fields(int(case["bytes"]), arms),
         "calls": case["calls"],
         "rounds": rounds,
         "units_planned": units,
@@ -676,7 +709,7 @@ def _add_speedup(
 def aggregates_and_gate(
     cases: list[dict[str, Any]], plan: dict[str, Any], control: str, rule: stats.BootstrapRule, schema: SchemaV3
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    gate = stats.parse_gate(plan["gate"])
+    gate = gate_rule.parse_gate(plan["gate"])
     aggregates: dict[str, Any] = {}
     verdicts: dict[str, Any] = {}
     for arm in plan["arms"]:

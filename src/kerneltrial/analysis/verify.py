@@ -46,6 +46,17 @@ summary must not claim a Triton floor.
 Likewise `copy_matched` rows (a copy of each case's traffic) get the check `size-matched copies`:
 well-formed rows, exactly one size per case's bytes (rounded down to even), and every case's
 matched_copy_gbps their median GB/s.
+
+A run whose plan.json has `floor` (issue 27) needs a schema-6 summary and gets the check
+`speed-of-light floor`: plan.json names the model this code knows (rundir/layout.py
+FLOOR_MODEL), every case's floor_ns is the median `triton_launch` ns + its bytes / the median
+`copy` GB/s, and every arm's fraction_of_floor is that floor / its median ns per call, recomputed
+from timings.csv. Older runs list the check as not applicable and must claim no floor figure.
+Every kernel run also gets `required files` and `no downgrade` (analysis/schema_requirements.py:
+the declared contract's files and keys are present, and no witness shows a later contract than
+the one declared), `source commit` and `device` (analysis/provenance_checks.py), and `report.md`
+and `ERRATA.md` (analysis/derived.py: the page is the rendering of the directory; the hand-written
+errata's machine-read lines are well formed).
 """
 
 from __future__ import annotations
@@ -63,12 +74,25 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import integrity, links
+from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
 from kerneltrial.analysis.verify_isolation import isolation_problems
+from kerneltrial.rundir import streams
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, MANIFEST, REPLICATES, SOURCE_ARCHIVE, TIMED_CHECKS, kind_of
+from kerneltrial.rundir.layout import (
+    ERRATA,
+    FLOOR_MODEL,
+    HOST,
+    INPUT_FILES,
+    MANIFEST,
+    REPLICATES,
+    REPLICATES_MD,
+    REPORT,
+    SOURCE_ARCHIVE,
+    TIMED_CHECKS,
+    kind_of,
+)
 
 REL_TOL = 1e-9
 BASE_FIGURE_FIELDS = (
@@ -88,7 +112,8 @@ SCHEMA_2 = "kerneltrial.summary/2"  # before the realized slowdown of slow: arms
 SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `checks`)
 SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1` or 2
 SCHEMA_5 = "kerneltrial.summary/5"  # plan.json `"checks"` and `host` (host cost per call)
-SCHEMA_6 = "kerneltrial.summary/6"  # plan.json `"checks": 3` (isolated arms and the harness's bounds)
+SCHEMA_6 = "kerneltrial.summary/6"  # and plan.json `floor` (the speed-of-light floor, issue 27)
+SCHEMA_7 = "kerneltrial.summary/7"  # plan.json `"checks": 3` (isolated arms and the harness's bounds)
 CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
 HOST_FIELDS = ("host_ns_per_call", "host_samples", "host_behind")
 CHECKS_EVERY_CALL = 2  # checks 2: fresh values before every call, a random call of each sample checked
@@ -195,7 +220,8 @@ class Contract:
     realized: bool  # realized slowdown of slow: arms (schema 3 on)
     checked: bool  # timed checks, plausibility, inconclusive, ulp histograms, file integrity (schema 4)
     host: bool = False  # host cost per call, host.csv (schema 5)
-    isolation: bool = False  # isolated arms, the harness's wall bounds (schema 6)
+    floor: bool = False  # the speed-of-light floor per case and arm (schema 6)
+    isolation: bool = False  # isolated arms, the harness's wall bounds (schema 7)
 
     def verdict(self, low: float, high: float, band: float) -> str:
         """win / loss outside the band; schema 4: tie only inside it, else inconclusive; before: tie."""
@@ -216,7 +242,8 @@ CONTRACTS = {
         Contract(SCHEMA_3, clocks=True, realized=True, checked=False),
         Contract(SCHEMA_4, clocks=True, realized=True, checked=True),
         Contract(SCHEMA_5, clocks=True, realized=True, checked=True, host=True),
-        Contract(SCHEMA_6, clocks=True, realized=True, checked=True, host=True, isolation=True),
+        Contract(SCHEMA_6, clocks=True, realized=True, checked=True, host=True, floor=True),
+        Contract(SCHEMA_7, clocks=True, realized=True, checked=True, host=True, floor=True, isolation=True),
     )
 }
 
@@ -240,6 +267,13 @@ class VerifyResult:
 
     def not_applicable(self, name: str, why: str) -> None:
         self.checks.append(Check(name, True, why, applicable=False))
+
+    def record(self, name: str, problems: list[str] | None, detail: str) -> None:
+        """`add`, or, when `problems` is None, `not_applicable` with `detail` as the reason."""
+        if problems is None:
+            self.not_applicable(name, detail)
+        else:
+            self.add(name, problems, detail)
 
 
 # ---------------------------------------------------------------- reading
@@ -528,6 +562,7 @@ def _verify_replicates(root: Path) -> VerifyResult:
         for check in verify_run_dir(root / name).checks:
             result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    check_written_after(result, root, root / REPLICATES_MD, derived.renderer("replicates", root))
     return result
 
 
@@ -546,6 +581,7 @@ def _verify_suite(root: Path) -> VerifyResult:
             checks = [Check("run directory", False, str(error))]
         result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
+    check_written_after(result, root, root / REPORT, derived.renderer("suite", root))
     return result
 
 
@@ -565,7 +601,22 @@ def _verify_fleet(root: Path) -> VerifyResult:
         result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
     for name, problems, detail in fleet_checks(root):
         result.add(name, problems, detail)
+    check_written_after(result, root, root / REPORT, derived.renderer("fleet", root))
     return result
+
+
+def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render: derived.Render) -> None:
+    """The files written after the run (analysis/derived.py): `page` (report.md or replicates.md) is
+    what its renderer gives, and ERRATA.md's machine-read lines are well formed; each not
+    applicable where the directory has none."""
+    checks = (
+        (page.name, derived.derived_problems(page, render), "what `kerneltrial report` renders from this directory"),
+        (ERRATA, derived.errata_problems(run_dir), "its `Superseded by:` and `Reason:` lines are well formed"),
+    )
+    for name, problems, detail in checks:
+        result.record(
+            name, problems, detail if problems is not None else f"not applicable: no {name} in this directory"
+        )
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
@@ -597,26 +648,79 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     )
     _check_protocol(run_dir, plan, result)
     _check_confirmation(run_dir, provenance, plan, result)
+    floor = _check_contract(run_dir, plan, provenance, correctness, ceiling_rows, result)
+    result.record("source commit", *provenance_checks.commit_problems(provenance))
+    clock_readings = [s.sm_mhz for s in samples if s.sm_mhz is not None]
+    result.add("device", *provenance_checks.device_problems(provenance, plan, ceiling_rows, clock_readings))
     outcome = _correctness_outcome(plan, correctness, result)
     timed = None
     if contract.checked:
         timed = _check_timed_checks(run_dir, plan, summary, samples, outcome, result)
         _check_integrity(run_dir, plan, provenance, digest, correctness, result)
     else:
-        for name in CHECKED_RUN_CHECKS:
-            result.not_applicable(name, "not applicable: plan.json has no `checks` (a run from before timed checks)")
+        why = "plan.json has no `checks` (a run from before timed checks)"
+        _not_checked(CHECKED_RUN_CHECKS, why, floor.checks >= 1, result)
     _check_rows(plan, samples, outcome, result, timed)
     _check_order(plan, samples, outcome, result, timed)
     _check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
     if contract.host:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
-        result.not_applicable("host cost", "not applicable: plan.json has no `host` (a run from before host cost)")
+        _not_checked(("host cost",), "plan.json has no `host` (a run from before host cost)", floor.host, result)
     if contract.isolation:
         result.add("isolation bounds", *isolation_problems(run_dir, plan, summary, _median))
     else:
-        result.not_applicable("isolation bounds", "not applicable: plan.json checks < 3 (a run from before isolation)")
+        why = "plan.json checks < 3 (a run from before isolation)"
+        _not_checked(("isolation bounds",), why, floor.checks >= CHECKS_ISOLATED, result)
+    check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("kernel", run_dir))
     return result
+
+
+def _check_contract(
+    run_dir: Path,
+    plan: dict[str, Any],
+    provenance: dict[str, Any],
+    correctness: list[dict[str, Any]],
+    ceiling_rows: list[dict[str, str]],
+    result: VerifyResult,
+) -> schema_requirements.WriterContract:
+    """`required files` (what the declared contract makes a run hold) and `no downgrade` (the
+    declaration is not below what the code and rows show; analysis/schema_requirements.py).
+    Returns the least contract the witnesses show."""
+    declared = schema_requirements.declared(plan)
+    result.add(
+        "required files",
+        schema_requirements.required_problems(run_dir, plan, provenance, declared),
+        f"every file and key a run of {declared} writes is present",
+    )
+    floor, witnesses = schema_requirements.writer_floor(
+        run_dir, plan, provenance, correctness, {row["kind"] for row in ceiling_rows}
+    )
+    result.add(
+        "no downgrade",
+        schema_requirements.downgrade_problems(declared, witnesses),
+        f"plan.json declares {declared}; "
+        + (
+            f"no later contract shown by {', '.join(w.what for w in witnesses)}"
+            if witnesses
+            else "no witness of a later one"
+        ),
+    )
+    return floor
+
+
+def _not_checked(names: tuple[str, ...], why: str, required: bool, result: VerifyResult) -> None:
+    """Checks a run's declared contract does not have: not applicable, or failed where `no
+    downgrade` shows the run was written under a contract that has them."""
+    for name in names:
+        if required:
+            result.add(
+                name,
+                [f"not checked: {why}, yet the run was written under a contract that has it (see no downgrade)"],
+                "",
+            )
+        else:
+            result.not_applicable(name, f"not applicable: {why}")
 
 
 def _check_host(
@@ -629,6 +733,11 @@ def _check_host(
 ) -> None:
     """host.csv covers every (case, arm) timed to the end of its case with plan `host.samples`
     samples of `host.calls` calls, and the summary's host figures are its medians and counts."""
+    if not (run_dir / HOST).is_file():
+        result.add(
+            "host cost", [f"{HOST} is missing: a plan with `host` measures the host cost of every timed arm"], ""
+        )
+        return
     settings = plan["host"]
     samples, calls = int(settings["samples"]), int(settings["calls"])
     raised = set(timed.raised) if timed else set()
@@ -976,8 +1085,8 @@ def _check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[st
     seeds = [int(s) for s in plan.get("seeds", [])]
     result.add(
         "confirmation seeds fresh",
-        links.seed_problems(found, run_dir, seeds),
-        f"seeds {seeds} were used by no derived-from run (its plan.json as its summary.json records it)",
+        links.seed_problems(found, run_dir, seeds, streams.plan_bounds(plan)),
+        f"seeds {seeds} draw inputs no derived-from run drew (its plan.json as its summary.json records it)",
     )
 
 
@@ -1063,7 +1172,15 @@ def _check_schema(
                 f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1, 2 and 3 "
                 "(or none); update kerneltrial to verify this run"
             )
-        wanted = SCHEMA_6 if plan["checks"] == CHECKS_ISOLATED else SCHEMA_5 if "host" in plan else SCHEMA_4
+        wanted = (
+            SCHEMA_7
+            if plan["checks"] == CHECKS_ISOLATED
+            else SCHEMA_6
+            if "floor" in plan
+            else SCHEMA_5
+            if "host" in plan
+            else SCHEMA_4
+        )
         result.add(
             "summary schema",
             []
@@ -1071,6 +1188,7 @@ def _check_schema(
             else [
                 f"summary schema {schema!r} is not {wanted}, which a plan with checks {plan['checks']}"
                 + (" and host" if "host" in plan else "")
+                + (" and floor" if "floor" in plan else "")
                 + " needs"
             ],
             f"{schema}",
@@ -1385,6 +1503,49 @@ def _check_matched_copies(
     result.add(name, problems, f"{len(rates)} sizes, {len(rows)} samples")
 
 
+def _check_floor(
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    ceiling_rows: list[dict[str, str]],
+    per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
+    contract: Contract,
+    result: VerifyResult,
+) -> None:
+    """The speed-of-light floor (schema 6): each case's floor_ns is the median `triton_launch` ns
+    plus its bytes over the median `copy` GB/s, and each arm's fraction_of_floor that floor over
+    its median ns per call (null where the summary has no median). Older runs must claim none."""
+    name = "speed-of-light floor"
+    cases = summary.get("cases", [])
+    claimed = [str(c.get("case")) for c in cases if "floor_ns" in c] + [
+        f"{c.get('case')}/{arm}" for c in cases for arm, e in c.get("arms", {}).items() if "fraction_of_floor" in e
+    ]
+    if not contract.floor:
+        if claimed:
+            result.add(name, [f"{claimed[:3]} have floor figures but plan.json has no `floor`"], "")
+        else:
+            result.not_applicable(name, "not applicable: plan.json has no `floor` (a run from before it)")
+        return
+    problems = [] if plan["floor"] == FLOOR_MODEL else [f"plan.json floor {plan['floor']!r} is not {FLOOR_MODEL}"]
+    kind = FLOOR_MODEL["launch"]  # its well-formed rows, as `triton launch floor` takes them (it names bad ones)
+    sets, _ = _ceiling_sets([r for r in ceiling_rows if r["kind"] == kind], kind, None)
+    launches = [ns for values in sets.values() for ns in values]
+    launch, rate = (_median(launches) if launches else None), _ceiling_median(ceiling_rows, FLOOR_MODEL["rate"])
+    recorded = {str(c.get("case")): c for c in cases}
+    for case in plan["cases"]:
+        case_id = str(case["case"])
+        entry = recorded.get(case_id, {})
+        floor = launch + int(case["bytes"]) / rate if launch is not None and rate else None
+        problems += _diff(f"case {case_id}", entry, {"floor_ns": floor}, ("floor_ns",))
+        for arm, figures in entry.get("arms", {}).items():
+            times = per_unit.get((case_id, arm))
+            timed = figures.get("median_ns_per_call") is not None and times and floor is not None
+            expected = floor / _median(list(times.values())) if timed else None
+            problems += _diff(
+                f"case {case_id} arm {arm}", figures, {"fraction_of_floor": expected}, ("fraction_of_floor",)
+            )
+    result.add(name, problems, f"launch {launch} ns + bytes / {rate} GB/s, per case and arm")
+
+
 def _launch_floor(ceiling_rows: list[dict[str, str]]) -> float | None:
     launches = [float(r["ns"]) for r in ceiling_rows if r["kind"] == "launch"]
     return _median(launches) if launches else None
@@ -1485,6 +1646,7 @@ def _check_figures(
     )
     _check_triton_floor(recorded_ceilings, ceiling_rows, result)
     _check_matched_copies(plan, summary, ceiling_rows, result)
+    _check_floor(plan, summary, ceiling_rows, per_unit, contract, result)
     limits = _limits(plan, ceiling_rows) if contract.checked else None
     if contract.checked:
         _check_checked_summary(plan, summary, ceiling_rows, result)

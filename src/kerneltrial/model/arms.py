@@ -6,6 +6,11 @@ dispatchers), `torch_eager` (the torch formulas), `torch_compile`, `liger`, `fla
 `user:PATH.py` loads a user's module (functions named after the operators, as in operator
 trials); an operator it does not define runs the torch formula, and the plan records that.
 An arm missing an implementation is unavailable, with the registry's reason.
+
+The Track 2 serving arms as model arms (issue 30): E1 takes kerneltrial's RMSNorm and
+residual-add + RMSNorm (vllm-plugin-FL's `rms_norm` covers both), E2 kerneltrial's
+SiLU-and-mul, E3 both; an operator an arm does not replace runs the torch formula, so E1-E3
+differ from torch_eager only in what they replace (E0, the unpatched model, is `eager`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,13 @@ from pathlib import Path
 from kerneltrial.model.build import OPS, OpTable
 from kerneltrial.ops.registry import get_op, load_user_module
 
-FALLBACK = "torch_eager"  # what a user module's missing operator runs
+FALLBACK = "torch_eager"  # what a user module's missing operator, and what a Track 2 arm does not replace, runs
+OURS = "kerneltrial"
+TRACK2: dict[str, dict[str, str]] = {
+    "E1": {"rmsnorm": OURS, "fused_add_rmsnorm": OURS, "silu_and_mul": FALLBACK},
+    "E2": {"rmsnorm": FALLBACK, "fused_add_rmsnorm": FALLBACK, "silu_and_mul": OURS},
+    "E3": {"rmsnorm": OURS, "fused_add_rmsnorm": OURS, "silu_and_mul": OURS},
+}
 
 
 class ArmUnavailable(RuntimeError):
@@ -40,7 +51,7 @@ def near_miss(arm: str, path: Path, missing: list[str]) -> None:
 
 def op_table(arm: str, base_dir: Path) -> OpTable:
     """The arm's three implementations, resolved now (so an unavailable one fails early)."""
-    names = dict.fromkeys(OPS, arm)
+    names = dict(TRACK2[arm]) if arm in TRACK2 else dict.fromkeys(OPS, arm)
     if arm.startswith("user:"):
         spec = arm.removeprefix("user:")
         path = Path(spec) if Path(spec).is_absolute() else base_dir / spec

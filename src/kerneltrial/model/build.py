@@ -278,23 +278,38 @@ def static_cache(model: torch.nn.Module, length: int) -> Any:
     return StaticCache(config=model.config, max_cache_len=length)
 
 
-def rewind(model: torch.nn.Module, cache: Any, position: int) -> dict[str, Any]:
-    """The forward keywords that make the next call write the cache at `position`, so a
-    decode step can be repeated on the same cache with the same result."""
+def rewind(model: torch.nn.Module, cache: Any, position: torch.Tensor, n: int) -> dict[str, Any]:
+    """The forward keywords that make the next call write `n` tokens into the cache from
+    `position` (a 0-d int64 tensor on the model's device), so a decode step can be repeated on
+    one cache. Device tensors only: the same code is captured in a CUDA graph and replayed
+    with another position in the buffer."""
     if "cache_position" in inspect.signature(model.forward).parameters:
-        return {"cache_position": torch.tensor([position], device=model.device)}
+        return {"cache_position": position + torch.arange(n, device=position.device)}
     layers = getattr(cache, "layers", None)
-    if not layers or not all(hasattr(layer, "cumulative_length") for layer in layers):
+    if not layers or not all(isinstance(getattr(layer, "cumulative_length", None), torch.Tensor) for layer in layers):
         raise ModelError(
-            "this transformers version's StaticCache exposes neither cache_position nor cumulative_length; "
+            "this transformers version's StaticCache exposes neither cache_position nor a cumulative_length tensor; "
             "decode steps cannot be repeated on one cache (use transformers 5.x)"
         )
     for layer in layers:
-        if isinstance(layer.cumulative_length, torch.Tensor):
-            layer.cumulative_length.fill_(position)
-        else:
-            layer.cumulative_length = position
+        layer.cumulative_length.copy_(position)
     return {}
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """The static cache's key and value tensors, every layer (allocated by its first update)."""
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def restore(cache: Any, saved: list[torch.Tensor]) -> None:
+    """Write `saved` (a copy of `cache_tensors`) back: the positions the last calls wrote are undone."""
+    with torch.inference_mode():  # the cache's tensors were made in inference mode
+        for tensor, copy in zip(cache_tensors(cache), saved, strict=True):
+            tensor.copy_(copy)
+
+
+def position_tensor(position: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(position, dtype=torch.int64, device=device)
 
 
 def prefill_call(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -303,12 +318,15 @@ def prefill_call(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1]
 
 
-def step(model: torch.nn.Module, cache: Any, ids: torch.Tensor, position: int) -> torch.Tensor:
-    """Logits of `ids` [batch, n] written at cache positions position..position+n-1."""
+def step(model: torch.nn.Module, cache: Any, ids: torch.Tensor, position: torch.Tensor | int) -> torch.Tensor:
+    """Logits of `ids` [batch, n] (the last position's) written at cache positions
+    position..position+n-1; `position` an int or a 0-d device tensor (a graph's static buffer)."""
     batch, n = ids.shape
-    positions = torch.arange(position, position + n, device=ids.device).expand(batch, n)
+    if not isinstance(position, torch.Tensor):
+        position = position_tensor(position, ids.device)
+    positions = (position + torch.arange(n, device=ids.device)).expand(batch, n)
     with torch.inference_mode():
-        extra = rewind(model, cache, position)
+        extra = rewind(model, cache, position, n)
         out = model(
             input_ids=ids,
             position_ids=positions,
@@ -320,10 +338,10 @@ def step(model: torch.nn.Module, cache: Any, ids: torch.Tensor, position: int) -
     return out.logits[:, -1]
 
 
-def greedy(model: torch.nn.Module, prompts: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Greedy decoding: the tokens [prompts, steps] and the logits that chose each token
-    (the prompt's last position first)."""
-    cache = static_cache(model, prompts.shape[1] + steps + 1)
+def greedy(model: torch.nn.Module, prompts: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding: the tokens [prompts, steps] and the logits [prompts, steps, vocab]
+    that chose them (the prompt's last position first)."""
+    cache = static_cache(model, prompts.shape[1] + steps)
     logits = step(model, cache, prompts, 0)
     chosen: list[torch.Tensor] = []
     seen = [logits]
@@ -333,5 +351,16 @@ def greedy(model: torch.nn.Module, prompts: torch.Tensor, steps: int) -> tuple[t
         if k + 1 < steps:
             logits = step(model, cache, token, prompts.shape[1] + k)
             seen.append(logits)
-    tokens = torch.cat(chosen, dim=1) if chosen else prompts.new_empty(prompts.shape[0], 0)
-    return tokens, seen
+    return torch.cat(chosen, dim=1), torch.stack(seen, dim=1)
+
+
+def teacher_forced(model: torch.nn.Module, prompts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [prompts, steps, vocab] of the sequence prompts + tokens, one decode step per
+    token: step 0 at the prompt's last position, step k after tokens[:, :k], whatever the
+    model would have chosen (so every arm's step k has the same prefix)."""
+    steps = tokens.shape[1]
+    cache = static_cache(model, prompts.shape[1] + steps)
+    seen = [step(model, cache, prompts, 0)]
+    for k in range(steps - 1):
+        seen.append(step(model, cache, tokens[:, k : k + 1], prompts.shape[1] + k))
+    return torch.stack(seen, dim=1)

@@ -19,10 +19,16 @@ def model(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
 ) -> None:
     """Time a causal LM whose RMSNorm, residual-add + RMSNorm and SiLU-and-mul run each arm's
-    implementation, after a model-level correctness gate (logits, greedy tokens, call counts).
+    implementation, after a model-level correctness gate (teacher-forced logits against the
+    float32 model, call counts), on fresh inputs every call, eagerly and/or replayed from CUDA
+    graphs (the protocol's `modes`).
 
     Arms: eager (the Hugging Face code), torch_eager, kerneltrial, liger,
     torch_compile, flaggems, user:PATH.py. Then `kerneltrial verify OUT` and `kerneltrial report OUT`.
+
+    The protocol's `model`: a built-in preset, `minicpm5-2b` (MiniCPM5-2B's shapes, 42 layers:
+    a GPU) or `tiny` (2 layers, hidden 64, vocabulary 512, random weights: minutes on a CPU
+    through the Triton interpreter, for a first try), or a local Hugging Face config directory.
     """
     from kerneltrial.model.runner import run_model_trial  # here: `--help` stays fast
 

@@ -1,26 +1,26 @@
 """The model-trial runner: protocol in, run directory out.
 
 Stages, each writing raw rows as it goes:
-1. build the model once (every arm shares its weights) and patch its routers;
-2. correctness, every arm before any timing: last-position logits on fixed prompts against
-   the eager arm, greedy tokens for the stated steps, and the routed call counts per
-   forward pass (the proof that the arm's kernels ran); an arm that fails is not timed;
-3. rounds per case: untimed warm-up calls of every timed arm, then in each round every timed
-   arm once, in a seeded random order; one sample is `calls_per_sample` calls between two
-   device synchronisations, timed by the host clock (what a caller waits for: host and GPU);
-4. attribution: one profiled call per arm and case, the time inside each routed operator
-   and the total (the share the replaceable operators hold bounds any gain from them);
+1. build the model once (every arm shares its weights), keep a float32 copy of it (the
+   oracle of every check) and patch the model's routers;
+2. correctness, every arm before any timing (model/gate.py): teacher-forced logits against
+   the float32 model and eager's distance to it, top-1 agreement, the routed call counts
+   per forward pass (the proof that the arm's kernels ran); an arm that fails is not timed;
+3. the copy rate of this device (copies.csv): the weight-read floor's denominator;
+4. per case and mode (model/cases.py): graph mode captures every arm's call first
+   (captures.jsonl); untimed warm-up rounds, then in each round every arm once, in a seeded
+   random order, on the round's fresh inputs (inputs.csv); one sample is `calls_per_sample`
+   calls between two device synchronisations, timed by the host clock (what a caller waits
+   for: host and GPU); one call of every round checked against the float32 model
+   (timed_checks.jsonl); one profiled call per arm (attribution.csv, kernels.csv);
 5. summary.json (model/summary.py), provenance's end, manifest.json.
 """
 
 from __future__ import annotations
 
-import bisect
-import copy
-import random
+import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +28,35 @@ import torch
 
 from kerneltrial.model import summary as model_summary
 from kerneltrial.model.arms import ArmUnavailable, op_table
-from kerneltrial.model.build import (
-    OPS,
-    REGION,
-    ModelError,
-    Router,
-    build_model,
-    expected_calls,
-    greedy,
-    patch,
-    prefill_call,
-    static_cache,
-    step,
+from kerneltrial.model.build import ModelError, OpTable, Patched, Router, build_model, patch
+from kerneltrial.model.cases import ArmCall, Records, Trial, context_ids, eager_calls, graph_calls, prepare, run_case
+from kerneltrial.model.floor import copy_samples, floor_bytes
+from kerneltrial.model.gate import check_arm, oracle_of
+from kerneltrial.model.layout import (
+    ATTRIBUTION_COLUMNS,
+    CAPTURES,
+    COPIES,
+    COPY_COLUMNS,
+    GRAPH_CUDA,
+    GRAPH_IDENTITY,
+    INPUT_COLUMNS,
+    INPUTS,
+    KERNEL_COLUMNS,
+    KERNELS,
+    PROFILES,
+    TIMED_CHECKS,
+    TIMING_COLUMNS,
+    TIMING_LABEL_CPU,
+    TIMING_LABEL_GPU,
 )
-from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, load_protocol
+from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, ProtocolError, case_id, load_protocol
 from kerneltrial.rundir import provenance as source_provenance
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, now, read_json, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
 from kerneltrial.trial import provenance
+from kerneltrial.trial.protocol import freeze_record
 
-TIMING_COLUMNS = ["case", "round", "position", "arm", "calls", "ns", "start_ns"]  # start_ns: since the first sample
-ATTRIBUTION_COLUMNS = ["case", "arm", "region", "ns", "calls"]
-KERNELS = "kernels.csv"  # on a GPU: the kernels each routed region launched in the profiled call
-KERNEL_COLUMNS = ["case", "arm", "region", "kernel", "ns", "count"]
-Regions = dict[str, tuple[int, int]]
-Kernels = dict[str, dict[str, tuple[int, int]]]  # region -> kernel name -> (ns, count)
-TIMING_LABEL_GPU = "host clock between device synchronisations: what a caller waits for (host and GPU)"
-TIMING_LABEL_CPU = "host clock, Triton interpreter on a CPU: NOT GPU performance"
-PROFILES = "profiles"  # the profiler's table of each attributed call
 Progress = Callable[[str], None]
 Case = Prefill | Decode
 
@@ -67,242 +67,6 @@ class ModelRunError(RuntimeError):
 
 def tokens_per_call(case: Case) -> int:
     return case.batch * case.tokens if isinstance(case, Prefill) else case.batch
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _ids(vocab: int, shape: tuple[int, int], seed: int, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, shape, generator=generator).to(device)
-
-
-# --- correctness -----------------------------------------------------------------------
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want| over all prompts' last-position logits."""
-    return float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-30)
-
-
-@dataclass(frozen=True)
-class Oracle:
-    """A float32 copy of the (unpatched) model: the prompts' last-position logits and its
-    greedy tokens."""
-
-    logits: torch.Tensor
-    tokens: torch.Tensor
-
-
-def oracle_of(model: torch.nn.Module, prompts: torch.Tensor, steps: int) -> Oracle:
-    exact = copy.deepcopy(model).float()
-    try:
-        return Oracle(logits=prefill_call(exact, prompts).float(), tokens=greedy(exact, prompts, steps)[0])
-    finally:
-        del exact
-        if prompts.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What every arm is checked against: eager's greedy tokens and logits, and eager's
-    distance to the float32 logits."""
-
-    tokens: torch.Tensor
-    logits: list[torch.Tensor]
-    eager_error: float
-
-
-def check_arm(
-    model: torch.nn.Module,
-    router: Router,
-    arm: str,
-    p: Protocol,
-    oracle: Oracle,
-    reference: Reference | None,
-    prompts: torch.Tensor,
-) -> tuple[dict[str, Any], Reference]:
-    """The arm's correctness row, and the reference its result makes (eager's is used)."""
-    router.arm = arm
-    router.counts.clear()
-    prefill_call(model, prompts)
-    counts = {op: router.counts[op] for op in OPS}
-    expected = expected_calls(int(model.config.num_hidden_layers), eager=(arm == BASELINE))
-    tokens, logits = greedy(model, prompts, p.correctness.greedy_steps)
-    error = relative_error(logits[0], oracle.logits)
-    row: dict[str, Any] = {
-        "arm": arm,
-        "calls_per_forward": counts,
-        "expected_calls_per_forward": expected,
-        "oracle_rel_error": error,
-        "greedy_tokens": tokens.tolist(),
-        "passed": True,
-        "message": "",
-    }
-    if reference is None:
-        row["float32_tokens"] = oracle.tokens.tolist()
-    problems = []
-    if counts != expected:
-        problems.append(
-            f"routed calls per forward {counts} differ from the model's {expected}: the arm's operators did not all run"
-        )
-    if reference is not None:
-        limit = p.correctness.oracle_factor * reference.eager_error
-        row |= {"logits_rel_diff": relative_error(logits[0], reference.logits[0]), "oracle_rel_error_limit": limit}
-        if error > limit:
-            problems.append(
-                f"last-position logits are {error:.3g} of their max from the float32 model, more than "
-                f"{p.correctness.oracle_factor} x eager's {reference.eager_error:.3g}"
-            )
-        row |= greedy_agreement(tokens, reference.tokens, reference.logits, p.correctness.near_tie, oracle.tokens)
-        d = row["first_divergence"]
-        if d is not None and not (d["near_tie"] or d["agrees_with_float32"]):
-            problems.append(
-                f"greedy tokens diverge from eager at step {d['step']} (prompt {d['prompt']}: {d['token']} vs {d['reference']}) "
-                f"where eager's top-two margin {d['margin']:.3g} is not a near-tie and the float32 model chose "
-                f"{d['float32_token']}"
-            )
-    if problems:
-        row["passed"] = False
-        row["message"] = "; ".join(problems)
-    return row, Reference(tokens=tokens, logits=logits, eager_error=error)
-
-
-def greedy_agreement(
-    tokens: torch.Tensor, ref_tokens: torch.Tensor, ref_logits: list[torch.Tensor], tol: float, exact: torch.Tensor
-) -> dict[str, Any]:
-    """Steps of identical greedy tokens and the first divergence, with eager's top-two margin
-    there (relative to its max logit: within `tol` it is a near-tie) and whether the arm's
-    token is the float32 model's (`exact`) after the same prefix: then eager, not the arm,
-    left the exact model's path."""
-    steps = ref_tokens.shape[1]
-    for k in range(steps):
-        differ = (tokens[:, k] != ref_tokens[:, k]).nonzero()
-        if differ.numel():
-            prompt = int(differ[0, 0])
-            top = ref_logits[k][prompt].float().topk(2).values
-            margin = float(top[0] - top[1]) / max(float(ref_logits[k][prompt].float().abs().max()), 1e-30)
-            return {
-                "greedy_identical_steps": k,
-                "first_divergence": {
-                    "step": k,
-                    "prompt": prompt,
-                    "token": int(tokens[prompt, k]),
-                    "reference": int(ref_tokens[prompt, k]),
-                    "margin": margin,
-                    "near_tie": margin <= tol,
-                    "float32_token": int(exact[prompt, k]),
-                    "agrees_with_float32": bool(
-                        torch.equal(ref_tokens[prompt, :k], exact[prompt, :k]) and tokens[prompt, k] == exact[prompt, k]
-                    ),
-                },
-            }
-    return {"greedy_identical_steps": steps, "first_divergence": None}
-
-
-# --- timing ------------------------------------------------------------------------------
-
-
-def case_call(
-    model: torch.nn.Module, case: Case, p: Protocol, index: int, device: torch.device
-) -> Callable[[], object]:
-    """The timed call of a case: a prefill forward, or one decode step on a filled cache."""
-    vocab = int(model.config.vocab_size)
-    if isinstance(case, Prefill):
-        ids = _ids(vocab, (case.batch, case.tokens), p.seed + 1000 + index, device)
-        return lambda: prefill_call(model, ids)
-    cache = static_cache(model, case.context + 1)
-    step(model, cache, _ids(vocab, (case.batch, case.context), p.seed + 1000 + index, device), 0)
-    token = _ids(vocab, (case.batch, 1), p.seed + 2000 + index, device)
-    return lambda: step(model, cache, token, case.context)
-
-
-def sample_ns(call: Callable[[], object], calls: int, device: torch.device) -> int:
-    _synchronize(device)
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        call()
-    _synchronize(device)
-    return time.perf_counter_ns() - start
-
-
-def round_order(seed: int, case_index: int, round_index: int, arms: list[str]) -> list[str]:
-    """The arms of one round in a seeded random order (verify recomputes it)."""
-    order = list(arms)
-    random.Random(f"{seed}/{case_index}/{round_index}").shuffle(order)
-    return order
-
-
-def attribute(
-    model: torch.nn.Module, router: Router, call: Callable[[], object], device: torch.device, table: Path
-) -> tuple[Regions, Kernels]:
-    """region -> (ns, calls) of one profiled call: each routed operator, `total` (the device
-    time of all kernels of the call on a GPU; its host time on a CPU) and `wall` (the call's
-    host time, synchronised); and on a GPU the kernels each region launched (what an arm's
-    implementation really ran). The profiler's own table of the call goes to `table`, for a
-    reader who asks where the rest of the time went."""
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    router.annotate = True
-    try:
-        call()
-        _synchronize(device)
-        with profile(activities=activities) as prof:
-            wall = sample_ns(call, 1, device)
-    finally:
-        router.annotate = False
-    sort = "self_device_time_total" if gpu else "self_cpu_time_total"
-    table.write_text(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=80) + "\n")
-    found, device_us, kernels = (device_regions if gpu else host_regions)(prof.events())
-    found["total"] = (round(device_us * 1000) if gpu else wall, 1)
-    found["wall"] = (wall, 1)
-    return found, kernels
-
-
-def host_regions(events: list[Any]) -> tuple[Regions, float, Kernels]:
-    """On a CPU: each region's host time (its record_function ranges); no device time, no kernels."""
-    found: Regions = {}
-    for e in events:
-        if e.name.startswith(REGION):
-            ns, calls = found.get(e.name.removeprefix(REGION), (0, 0))
-            found[e.name.removeprefix(REGION)] = (ns + round(e.cpu_time_total * 1000), calls + 1)
-    return found, 0.0, {}
-
-
-def device_regions(events: list[Any]) -> tuple[Regions, float, Kernels]:
-    """On a GPU: each region's kernel time and all kernels' time (us), on the device timeline.
-
-    A record_function leaves a device-side range spanning the kernels launched inside it; a
-    kernel belongs to the region whose range holds its start. Counted on the device because
-    the host-side tree misses kernels launched outside ATen (Triton's launcher): the first
-    H200 runs attributed no time to our kernels (results/archive/h200/minicpm5-2b-model-r2)."""
-    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    ranges = sorted(
-        (e.time_range.start, e.time_range.end, e.name.removeprefix(REGION)) for e in device if e.name.startswith(REGION)
-    )
-    starts = [r[0] for r in ranges]
-    kernels = [e for e in device if not e.name.startswith(REGION) and not getattr(e, "is_user_annotation", False)]
-    found: Regions = {}
-    names: Kernels = {}
-    for _, _, name in ranges:
-        ns, calls = found.get(name, (0, 0))
-        found[name] = (ns, calls + 1)
-        names.setdefault(name, {})
-    for k in kernels:
-        i = bisect.bisect_right(starts, k.time_range.start) - 1
-        if i >= 0 and k.time_range.start < ranges[i][1]:
-            region = ranges[i][2]
-            k_ns = round(k.time_range.elapsed_us() * 1000)
-            ns, calls = found[region]
-            found[region] = (ns + k_ns, calls)
-            ns, count = names[region].get(k.name, (0, 0))
-            names[region][k.name] = (ns + k_ns, count + 1)
-    return found, float(sum(k.time_range.elapsed_us() for k in kernels)), names
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -316,71 +80,165 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def prepare(out: Path, data: bytes) -> None:
+def new_run_dir(out: Path, data: bytes) -> None:
     if out.exists() and any(out.iterdir()):
         raise ModelRunError(f"{out} is not empty; a run directory is never overwritten: choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     (out / PROTOCOL).write_bytes(data)
 
 
-def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = None) -> Path:
-    """Run the protocol into `out` (a new directory); returns `out`."""
-    say = progress or (lambda _: None)
-    p, data = load_protocol(protocol_path)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tables = {}
-    unavailable = {}
+def resolve_arms(p: Protocol, base_dir: Path) -> tuple[dict[str, OpTable], dict[str, str]]:
+    """Each arm's implementations, and the peers that cannot run here with their reason."""
+    tables: dict[str, OpTable] = {}
+    unavailable: dict[str, str] = {}
     for arm in p.arms:
         if arm == BASELINE:
             continue
         try:
-            tables[arm] = op_table(arm, protocol_path.parent)
+            tables[arm] = op_table(arm, base_dir)
         except ArmUnavailable as exc:
             if arm.startswith("user:"):  # a peer may be absent; the user's own arm must run
                 raise
             unavailable[arm] = str(exc)
-    prepare(out, data)
-    digest = sha256_bytes(data)
-    source = source_provenance.source_files()
-    record = provenance.collect(digest, source) | {"kind": "model"}
+    return tables, unavailable
+
+
+def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = None) -> Path:
+    """Run the protocol into `out` (a new directory); returns `out`."""
+    say = progress or (lambda _: None)
+    p, data = load_protocol(protocol_path)
+    freeze = frozen(protocol_path, data)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tables, unavailable = resolve_arms(p, protocol_path.parent)
+    new_run_dir(out, data)
+    record = provenance.collect(sha256_bytes(data), source_provenance.source_files()) | {
+        "kind": "model",
+        "freeze": freeze,
+    }
     record["versions"]["transformers"] = _transformers_version()
     write_json(out / PROVENANCE, record)
 
     say(f"building {p.model} ({p.dtype}, {'checkpoint' if p.checkpoint else 'random weights'}) on {device}")
     model = build_model(p, device)
-    prompts = _ids(int(model.config.vocab_size), (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
-    oracle = oracle_of(model, prompts, p.correctness.greedy_steps)
+    vocab = int(model.config.vocab_size)
+    prompts = context_ids(vocab, (p.correctness.prompts, p.correctness.prompt_tokens), p.seed, device)
+    oracle = oracle_of(model, prompts, p.correctness.steps)
     router = Router(tables=tables)
     patched = patch(model, router)
     if not patched.norms or not patched.mlps or not patched.layers:
         raise ModelError(f"found {patched} in the model: nothing to route; is it a Llama-style decoder?")
-
-    passed: list[str] = []
-    with jsonl_appender(out / CORRECTNESS) as append:
-        reference = None
-        for arm in [BASELINE, *tables]:
-            row, result = check_arm(model, router, arm, p, oracle, reference, prompts)
-            if arm == BASELINE:
-                reference = result
-            append(row)
-            say(f"correctness {arm}: {'pass' if row['passed'] else 'FAIL: ' + row['message']}")
-            if row["passed"]:
-                passed.append(arm)
+    passed = run_gate(model, router, p, oracle, prompts, out, say, list(tables))
     if BASELINE not in passed:
         raise ModelRunError(
             f"the eager arm's routed calls differ from the model's ({patched} routed for "
             f"{model.config.num_hidden_layers} layers): a norm, MLP or layer class the patcher does not recognise "
             "would run unpatched in every arm (src/kerneltrial/model/build.py says what it matches)"
         )
+    with csv_appender(out / COPIES, COPY_COLUMNS) as append:
+        for row in copy_samples(device):
+            append(row)
+    write_json(
+        out / PLAN,
+        plan_of(p, model, device, patched, tables, unavailable, passed)
+        | {"protocol_sha256": sha256_bytes(data), "frozen_at": freeze["frozen_at"] if freeze else None},
+    )
+    (out / PROFILES).mkdir()
+    with records(out) as rec:
+        trial = Trial(model, oracle, router, p, device, out, rec, time.perf_counter_ns(), say)
+        for index, (case, mode) in enumerate(p.runs()):
+            run_one(trial, case, mode, index, passed)
+    write_json(out / SUMMARY, model_summary.build(out))
+    write_json(out / PROVENANCE, read_json(out / PROVENANCE) | {"finished_at": now()})
+    write_manifest(out)
+    return out
 
-    plan = {
-        "protocol_sha256": digest,
+
+def frozen(path: Path, data: bytes) -> dict[str, str] | None:
+    """The protocol's freeze record (`kerneltrial protocol freeze`), or None; a protocol edited
+    after it was frozen is refused."""
+    record = freeze_record(path)
+    if record is not None and record["sha256"] != sha256_bytes(data):
+        raise ProtocolError(
+            f"{path} changed after it was frozen at {record['frozen_at']} (sha256 {record['sha256'][:12]}...); "
+            "restore it or write a new protocol"
+        )
+    return record
+
+
+def run_gate(
+    model: torch.nn.Module,
+    router: Router,
+    p: Protocol,
+    oracle: Any,
+    prompts: torch.Tensor,
+    out: Path,
+    say: Progress,
+    arms: list[str],
+) -> list[str]:
+    """correctness.jsonl, eager first (its result is every other arm's scale); the arms that passed."""
+    passed: list[str] = []
+    with jsonl_appender(out / CORRECTNESS) as append:
+        reference = None
+        for arm in [BASELINE, *arms]:
+            row, result = check_arm(model, router, arm, p.correctness, oracle, reference, prompts)
+            if arm == BASELINE:
+                reference = result
+            append(row)
+            say(f"correctness {arm}: {'pass' if row['passed'] else 'FAIL: ' + row['message']}")
+            if row["passed"]:
+                passed.append(arm)
+    return passed
+
+
+@contextlib.contextmanager
+def records(out: Path) -> Any:
+    with (
+        csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing,
+        csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr,
+        csv_appender(out / KERNELS, KERNEL_COLUMNS) as kernels,
+        csv_appender(out / INPUTS, INPUT_COLUMNS) as inputs,
+        jsonl_appender(out / CAPTURES) as captures,
+        jsonl_appender(out / TIMED_CHECKS) as checks,
+    ):
+        yield Records(timing, attr, kernels, inputs, captures, checks)
+
+
+def run_one(t: Trial, case: Case, mode: str, index: int, passed: list[str]) -> None:
+    """One (case, mode): its state, its arms' calls (captured in graph mode), its rounds."""
+    s = prepare(t, case, mode, index)  # type: ignore[arg-type]
+    calls: dict[str, ArmCall]
+    if mode == "graph":
+        calls, graphs = graph_calls(t, s, passed)
+        if BASELINE not in calls:
+            t.say(f"{s.cid}: eager cannot be captured; the case is not timed")
+            calls = {}
+    else:
+        calls, graphs = eager_calls(t, s, passed), {}
+    if calls:
+        run_case(t, s, calls)
+    del calls, graphs, s
+    if t.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def plan_of(
+    p: Protocol,
+    model: torch.nn.Module,
+    device: torch.device,
+    patched: Patched,
+    tables: dict[str, OpTable],
+    unavailable: dict[str, str],
+    passed: list[str],
+) -> dict[str, Any]:
+    """plan.json (schema 3): what the run does, written before the first timed sample."""
+    return {
         "model": p.model,
         "config": model.config.to_dict() if hasattr(model.config, "to_dict") else {},
         "dtype": p.dtype,
         "device": str(device),
         "is_gpu": device.type == "cuda",
         "timing_label": TIMING_LABEL_GPU if device.type == "cuda" else TIMING_LABEL_CPU,
+        "graph_label": GRAPH_CUDA if device.type == "cuda" else GRAPH_IDENTITY,
         "patched": {"norms": patched.norms, "mlps": patched.mlps, "layers": patched.layers},
         "arms": [
             {
@@ -392,16 +250,7 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
             }
             for arm in p.arms
         ],
-        "cases": [
-            {
-                "case": c.id,
-                "phase": "prefill" if isinstance(c, Prefill) else "decode",
-                "batch": c.batch,
-                "tokens_per_call": tokens_per_call(c),
-                **({"tokens": c.tokens} if isinstance(c, Prefill) else {"context": c.context}),
-            }
-            for c in p.cases
-        ],
+        "cases": [case_record(model, c, mode) for c, mode in p.runs()],
         "seed": p.seed,
         "rounds": p.rounds,
         "warmup": p.warmup,
@@ -410,50 +259,23 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         "confidence": p.confidence,
         "attribution": p.attribution,
         "correctness": p.correctness.model_dump(),
+        "modes": list(p.modes),
+        "graph_prefill": p.graph_prefill,
     }
-    write_json(out / PLAN, plan)
 
-    (out / PROFILES).mkdir()
-    origin = time.perf_counter_ns()
-    with (
-        csv_appender(out / TIMINGS, TIMING_COLUMNS) as timing,
-        csv_appender(out / ATTRIBUTION, ATTRIBUTION_COLUMNS) as attr,
-        csv_appender(out / KERNELS, KERNEL_COLUMNS) as kernel_row,
-    ):
-        for index, case in enumerate(p.cases):
-            router.arm = BASELINE  # a decode case's cache prefix is filled by the model's own code
-            call = case_call(model, case, p, index, device)
-            for w in range(p.warmup):  # untimed rounds, interleaved as the timed ones are
-                for arm in round_order(p.seed, index, -1 - w, passed):
-                    router.arm = arm
-                    call()
-            _synchronize(device)
-            for r in range(p.rounds):
-                for position, arm in enumerate(round_order(p.seed, index, r, passed)):
-                    router.arm = arm
-                    start = time.perf_counter_ns() - origin
-                    ns = sample_ns(call, p.calls_per_sample, device)
-                    timing([case.id, r, position, arm, p.calls_per_sample, ns, start])
-                say(f"{case.id}: round {r + 1}/{p.rounds}")
-            if p.attribution:
-                for arm in passed:
-                    router.arm = arm
-                    table = out / PROFILES / f"{case.id}-{arm.replace(':', '_').replace('/', '_')}.txt"
-                    regions, kernels = attribute(model, router, call, device, table)
-                    for region, (ns, calls) in regions.items():
-                        attr([case.id, arm, region, ns, calls])
-                    for region, named in kernels.items():
-                        for name, (ns, count) in sorted(named.items()):
-                            kernel_row([case.id, arm, region, name, ns, count])
-            del call
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
 
-    write_json(out / SUMMARY, model_summary.build(out))
-    record = read_json(out / PROVENANCE) | {"finished_at": now()}
-    write_json(out / PROVENANCE, record)
-    write_manifest(out)
-    return out
+def case_record(model: torch.nn.Module, c: Case, mode: str) -> dict[str, Any]:
+    prefill = isinstance(c, Prefill)
+    cache = 0 if prefill else c.context + 1
+    return {
+        "case": case_id(c, mode),  # type: ignore[arg-type]
+        "mode": mode,
+        "phase": "prefill" if prefill else "decode",
+        "batch": c.batch,
+        "tokens_per_call": tokens_per_call(c),
+        **({"tokens": c.tokens} if prefill else {"context": c.context}),
+        "floor_bytes": floor_bytes(model, tokens_per_call(c), c.batch, cache).record(),
+    }
 
 
 def write_manifest(out: Path) -> None:

@@ -1,384 +1,389 @@
 """Independent verification of a model-trial run directory.
 
 It re-derives what the runner claims from the raw files, with its own code where the figure
-is arithmetic (medians, paired ratios and their intervals, verdicts, the round order), and
-returns the problems found (none: the directory stands). Checks, one function each:
+is arithmetic (medians, paired ratios and their intervals, verdicts, the round order, the
+input draws, the floor), and returns the problems found (none: the directory stands).
+Checks, one function each, for every schema:
 - `manifest`: every file listed with its sha256, none added or missing;
 - `finished`: provenance records the end (an interrupted run is not evidence);
 - `protocol`: the copied protocol's sha256 is the one the plan was built from;
-- `rounds`: every timed arm has one sample per round in every case, in the seeded order;
-schema 2 (model-summary/2):
-- `plan_matches_protocol`: arms, cases, rounds, seed and every rule are the protocol's;
-- `gate_v2`: every arm's pass or fail re-derived from its row's numbers (call counts the
-  model's config needs, logits against eager's own distance to float32, near-ties), every
-  available arm that passed timed and no other;
-- `order_v2`: the samples' start times follow the case / round / position order;
-- `figures_v2`: every figure, verdict and key of summary.json recomputed;
-schema 1 (the first runs, now archived): `gate` and `figures_v1` (the bootstrap rule).
+schema 3 (model-summary/3; older runs: model/verify_legacy.py):
+- `plan_matches_protocol`: arms, (case, mode)s, rounds, seed, modes and every rule are the protocol's;
+- `gate_v3`: every arm's teacher-forced verdict re-derived from its row (call counts, distance
+  against eager's times the factor, top-1 agreement recomputed from the recorded tokens against
+  eager's minus the margin), every available arm that passed timed and no other;
+- `inputs_v3`: every call of every round (warm-up ones too) has its row, whose seed is the
+  rule's and whose position and ids digest are what that seed draws (numpy's PCG64, redrawn here);
+- `captures_v3`: graph cases have one capture row per timed arm, a captured one with the
+  model's call counts; an arm not captured is not timed there, nor any arm where eager is not;
+- `rounds`, `order_of_starts`: every case's arms have one sample per round in the seeded order,
+  started in case / round / position order;
+- `checks_v3`: one checked call per round, the same for every arm; every verdict re-derived
+  from the distances (the limit: the factor x the largest of the rounds' scales, eager's
+  Python-forward distance, which in eager mode is its timed call's);
+- `figures_v3`: every figure, verdict, exclusion and key of summary.json recomputed, the copy
+  rate from copies.csv, each case's floor bytes from the config and its floor from the rate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as t_dist
 
+from kerneltrial.model.layout import CAPTURES, COPIES, GRAPH_CUDA, GRAPH_IDENTITY, INPUTS, TIMED_CHECKS
+from kerneltrial.model.verify_common import (
+    REL,
+    arm_figures,
+    close,
+    expected_calls,
+    finished,
+    gate_rows,
+    indexed,
+    manifest,
+    order_of_starts,
+    plan_problems,
+    protocol,
+    rounds,
+    run_records,
+    timing_rules,
+)
+from kerneltrial.model.verify_legacy import verify_legacy
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 
-REL = 1e-9
-
-
-def _close(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(a, b, rel_tol=REL, abs_tol=1e-12)
-
-
-def manifest(run: Path) -> list[str]:
-    listed: dict[str, str] = read_json(run / "manifest.json")
-    present = {str(f.relative_to(run)) for f in run.rglob("*") if f.is_file()} - {
-        "manifest.json",
-        "report.md",
-        "ERRATA.md",
-    }
-    problems = [f"manifest: {name} is not listed" for name in sorted(present - set(listed))]
-    for name, digest in sorted(listed.items()):
-        path = run / name
-        if not path.is_file():
-            problems.append(f"manifest: {name} is listed but missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"manifest: {name} changed after the run (sha256 differs)")
-    return problems
-
-
-def finished(run: Path) -> list[str]:
-    if not read_json(run / "provenance.json").get("finished_at"):
-        return ["finished: provenance.json has no finished_at: the run was interrupted, it is not evidence"]
-    return []
-
-
-def protocol(run: Path, plan: dict[str, Any]) -> list[str]:
-    if sha256_file(run / "protocol.toml") != plan["protocol_sha256"]:
-        return ["protocol: protocol.toml is not the protocol the plan was built from"]
-    return []
-
-
-def gate(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    by_arm = {row["arm"]: row for row in rows}
-    problems = []
-    if not by_arm.get("eager", {}).get("passed"):
-        problems.append("gate: the eager reference has no passing correctness row")
-    for arm in plan["arms"]:
-        row = by_arm.get(arm["name"])
-        if arm["timed"] and (row is None or not row["passed"]):
-            problems.append(f"gate: {arm['name']} was timed without a passing correctness row")
-        if row is not None and row["passed"] and row["calls_per_forward"] != row["expected_calls_per_forward"]:
-            problems.append(
-                f"gate: {arm['name']} passed with call counts {row['calls_per_forward']} != {row['expected_calls_per_forward']}"
-            )
-        if row is not None and not row["passed"] and arm["timed"]:
-            problems.append(f"gate: {arm['name']} failed correctness but was timed")
-    return problems
-
-
-def _order(seed: int, case_index: int, round_index: int, arms: list[str]) -> list[str]:
-    order = list(arms)
-    random.Random(f"{seed}/{case_index}/{round_index}").shuffle(order)
-    return order
-
-
-def rounds(plan: dict[str, Any], timings: list[dict[str, str]]) -> list[str]:
-    timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    seen: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
-    problems = []
-    for row in timings:
-        seen[(row["case"], int(row["round"]))].append((int(row["position"]), row["arm"]))
-        if int(row["calls"]) != plan["calls_per_sample"]:
-            problems.append(
-                f"rounds: {row['case']} round {row['round']} {row['arm']} has {row['calls']} calls per sample"
-            )
-    for index, case in enumerate(plan["cases"]):
-        for r in range(plan["rounds"]):
-            got = [arm for _, arm in sorted(seen.get((case["case"], r), []))]
-            want = _order(plan["seed"], index, r, timed)
-            if got != want:
-                problems.append(f"rounds: {case['case']} round {r} ran {got}, the seed gives {want}")
-    return problems
-
-
-def _speedup_ci(ref: np.ndarray, arm: np.ndarray, resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, ref.size, size=(resamples, ref.size))
-    ratios = np.median(ref[idx], axis=1) / np.median(arm[idx], axis=1)
-    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(low), float(high)
-
-
-def _indexed(
-    timings: list[dict[str, str]], attribution: list[dict[str, str]]
-) -> tuple[dict[tuple[str, str], dict[int, float]], dict[tuple[str, str], dict[str, int]]]:
-    """ns per call by (case, arm) and round, and attributed ns by (case, arm) and region."""
-    per: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for row in timings:
-        per[(row["case"], row["arm"])][int(row["round"])] = int(row["ns"]) / int(row["calls"])
-    regions: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
-    for row in attribution:
-        regions[(row["case"], row["arm"])][row["region"]] = int(row["ns"])
-    return per, regions
-
-
-def figures_v1(
-    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]
-) -> list[str]:
-    per, regions = _indexed(timings, attribution)
-    boot = plan["bootstrap"]
-    problems = []
-    for case in plan["cases"]:
-        cid = case["case"]
-        claimed = summary["cases"].get(cid, {}).get("arms", {})
-        for arm in [a["name"] for a in plan["arms"] if a["timed"]]:
-            entry = claimed.get(arm)
-            samples = per.get((cid, arm))
-            if entry is None or not samples:
-                problems.append(
-                    f"figures: {cid} {arm} is timed but has {'no summary entry' if samples else 'no samples'}"
-                )
-                continue
-            med = float(np.median(list(samples.values())))
-            if not _close(entry["median_ns"], med) or not _close(
-                entry["tokens_per_s"], case["tokens_per_call"] * 1e9 / med
-            ):
-                problems.append(f"figures: {cid} {arm} median {entry['median_ns']} != recomputed {med}")
-            for ref in ("eager", "torch_eager"):
-                key = f"vs_{ref}"
-                if ref == arm or (cid, ref) not in per:
-                    continue
-                if key not in entry:
-                    problems.append(f"figures: {cid} {arm} has no {key}")
-                    continue
-                common = sorted(set(per[(cid, ref)]) & set(samples))
-                a = np.array([per[(cid, ref)][r] for r in common])
-                b = np.array([samples[r] for r in common])
-                want = float(np.median(a) / np.median(b))
-                low, high = _speedup_ci(a, b, boot["resamples"], boot["seed"], boot["confidence"])
-                got = entry[key]
-                if not (_close(got["speedup"], want) and _close(got["ci"][0], low) and _close(got["ci"][1], high)):
-                    problems.append(
-                        f"figures: {cid} {arm} {key} {got['speedup']} [{got['ci']}] != recomputed {want} [{low}, {high}]"
-                    )
-            found = dict(regions.get((cid, arm), {}))
-            total = found.pop("total", 0)
-            found.pop("wall", None)
-            share = sum(found.values()) / total if total else None
-            got_share = (entry.get("attribution") or {}).get("share")
-            if found and not _close(got_share, share):
-                problems.append(f"figures: {cid} {arm} share {got_share} != recomputed {share}")
-    return problems
-
-
-# --- schema 2 (model-summary/2): the run re-derived from its protocol and raw rows ----------
-
-SUMMARY_V2 = "kerneltrial.model-summary/2"
-GPU_LABEL = "host clock between device synchronisations: what a caller waits for (host and GPU)"
-CPU_LABEL = "host clock, Triton interpreter on a CPU: NOT GPU performance"
+SUMMARY_V3 = "kerneltrial.model-summary/3"
+ArmsOf = dict[str, list[str]]  # case -> the arms it times
 
 
 def plan_matches_protocol(run: Path, plan: dict[str, Any]) -> list[str]:
-    """The plan says what the protocol says: arms, cases, rounds, seed and every rule."""
-    from kerneltrial.model.spec import parse_protocol
+    """The plan says what the protocol says: arms, cases, rounds, seed, modes and every rule."""
+    from kerneltrial.model.spec import case_id, parse_protocol
 
     p = parse_protocol((run / "protocol.toml").read_text())
     want = {
         "arms": list(p.arms),
-        "cases": [c.id for c in p.cases],
-        "rounds": p.rounds,
-        "warmup": p.warmup,
-        "seed": p.seed,
-        "calls_per_sample": p.calls_per_sample,
-        "tie_band": p.tie_band,
-        "confidence": p.confidence,
-        "attribution": p.attribution,
+        "cases": [case_id(c, m) for c, m in p.runs()],
+        **timing_rules(p),
         "correctness": p.correctness.model_dump(),
+        "modes": list(p.modes),
+        "graph_prefill": p.graph_prefill,
     }
-    got = dict(want) | {key: plan.get(key) for key in want}
-    got["arms"] = [a["name"] for a in plan["arms"]]
-    got["cases"] = [c["case"] for c in plan["cases"]]
-    return [f"plan: {key} is {got[key]!r}, the protocol says {want[key]!r}" for key in want if got[key] != want[key]]
+    return plan_problems(want, plan)
 
 
-def expected_calls(layers: int, eager: bool) -> dict[str, int]:
-    """model/build.py's rule, written again: verify re-derives the gate without importing the
-    runner's torch-heavy modules (and a change to the rule must be made in both)."""
-    if eager:
-        return {"rmsnorm": 2 * layers + 1, "fused_add_rmsnorm": 0, "silu_and_mul": layers}
-    return {"rmsnorm": layers + 1, "fused_add_rmsnorm": layers, "silu_and_mul": layers}
-
-
-def gate_v2(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Every verdict of the gate re-derived from the row's own numbers and the protocol's rule."""
+def gate_v3(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Every verdict of the teacher-forced gate re-derived from the row's numbers and the rule:
+    the top-1 agreement recomputed from the arm's tokens, the limits from eager's row."""
     rule = plan["correctness"]
-    layers = int(plan["config"]["num_hidden_layers"])
-    by_arm = {row["arm"]: row for row in rows}
-    problems = [] if len(by_arm) == len(rows) else ["gate: an arm has more than one correctness row"]
-    eager = by_arm.get("eager")
-    if eager is None or not eager["passed"] or eager["calls_per_forward"] != expected_calls(layers, True):
-        return [*problems, "gate: the eager reference has no passing row with the model's call counts"]
-    for arm in plan["arms"]:
-        name, row = arm["name"], by_arm.get(arm["name"])
-        if not arm["available"]:
-            if row is not None or arm["timed"]:
-                problems.append(f"gate: {name} is unavailable but has a correctness row or was timed")
-            continue
-        if row is None:
-            problems.append(f"gate: {name} is available but has no correctness row")
-            continue
-        passed = row["calls_per_forward"] == expected_calls(layers, name == "eager")
-        if name != "eager":
-            limit = rule["oracle_factor"] * eager["oracle_rel_error"]
-            if not math.isclose(row["oracle_rel_error_limit"], limit, rel_tol=REL):
-                problems.append(f"gate: {name}'s logits limit {row['oracle_rel_error_limit']} is not {limit}")
-            passed = passed and row["oracle_rel_error"] <= limit
-            div = row["first_divergence"]
-            problems += divergence_problems(name, row, eager)
-            if div is not None:
-                near = div["margin"] <= rule["near_tie"]
-                if div["near_tie"] != near:
-                    problems.append(
-                        f"gate: {name}'s divergence margin {div['margin']} is called near_tie={div['near_tie']}"
-                    )
-                passed = passed and (near or div.get("agrees_with_float32", False))
-        if row["passed"] != passed:
-            problems.append(f"gate: {name} is recorded passed={row['passed']}, its numbers give {passed}")
-        if arm["timed"] != passed:
-            problems.append(f"gate: {name} timed={arm['timed']} but its correctness gives passed={passed}")
+    problems = []
+    eager = next((r for r in rows if r["arm"] == "eager"), None)
+    for row in rows if eager is not None and "float32_tokens" in eager else []:
+        top1 = agreement(row["top1_tokens"], eager["float32_tokens"])
+        if not math.isclose(row["top1_agreement"], top1, rel_tol=REL):
+            problems.append(f"gate: {row['arm']}'s top-1 agreement {row['top1_agreement']} is not its tokens' {top1}")
+
+    def rule_of(name: str, row: dict[str, Any], eager: dict[str, Any]) -> tuple[bool, list[str]]:
+        top1 = agreement(row["top1_tokens"], eager["float32_tokens"])
+        passed = row["oracle_rel_error"] <= row["oracle_rel_error_limit"] and top1 >= row["top1_limit"]
+        return passed, limit_problems(name, row, eager, rule)
+
+    return problems + gate_rows(plan, rows, rule_of)
+
+
+def agreement(tokens: list[list[int]], exact: list[list[int]]) -> float:
+    """The share of (prompt, step) positions where the arm's top-1 is the float32 model's token."""
+    pairs = [(a, b) for mine, theirs in zip(tokens, exact, strict=True) for a, b in zip(mine, theirs, strict=True)]
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+def limit_problems(name: str, row: dict[str, Any], eager: dict[str, Any], rule: dict[str, Any]) -> list[str]:
+    problems = []
+    limit = rule["oracle_factor"] * eager["oracle_rel_error"]
+    if not math.isclose(row["oracle_rel_error_limit"], limit, rel_tol=REL):
+        problems.append(f"gate: {name}'s logits limit {row['oracle_rel_error_limit']} is not {limit}")
+    top1_limit = agreement(eager["top1_tokens"], eager["float32_tokens"]) - rule["top1_margin"]
+    if not math.isclose(row["top1_limit"], top1_limit, rel_tol=REL, abs_tol=1e-12):
+        problems.append(f"gate: {name}'s top-1 limit {row['top1_limit']} is not eager's agreement minus the margin")
     return problems
 
 
-def divergence_problems(name: str, row: dict[str, Any], eager: dict[str, Any]) -> list[str]:
-    """The first divergence recomputed from the recorded greedy tokens (eager's, the arm's and
-    the float32 model's; runs before they were recorded carry none, and are read as written)."""
-    if "greedy_tokens" not in row or "greedy_tokens" not in eager:
+# --- fresh inputs ----------------------------------------------------------------------------
+
+
+def input_seed(seed: int, case: str, round_index: int) -> int:
+    """model/inputs.py's rule, written again."""
+    text = f"kerneltrial.model-inputs/{seed}/{case}/{round_index}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def redraw(seed: int, vocab: int, case: dict[str, Any], calls: int) -> list[tuple[int, str]]:
+    """(position, ids digest) of every call the seed draws for the case (position -1: prefill)."""
+    rng = np.random.default_rng(seed)
+    tokens = case.get("tokens", 1)
+    digests = []
+    for _ in range(calls):
+        ids = rng.integers(0, vocab, size=(case["batch"], tokens), dtype=np.int64)
+        digests.append(hashlib.sha256(np.ascontiguousarray(ids, dtype="<i8").tobytes()).hexdigest())
+    if case["phase"] == "prefill":
+        return [(-1, d) for d in digests]
+    context = case["context"]
+    span = min(context, max(calls, (context + 1) // 2))
+    chosen = rng.choice(span, size=calls, replace=False) + (context - span + 1)
+    return list(zip(sorted((int(q) for q in chosen), reverse=True), digests, strict=True))
+
+
+def inputs_v3(plan: dict[str, Any], rows: list[dict[str, str]], arms_of: ArmsOf) -> list[str]:
+    """Every round's inputs are what the rule's seed draws, one row per call, for every case timed."""
+    vocab, calls = int(plan["config"]["vocab_size"]), plan["calls_per_sample"]
+    seen: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
+    for row in rows:
+        seen[(row["case"], int(row["round"]))].append(row)
+    problems = []
+    for case in plan["cases"]:
+        cid = case["case"]
+        for r in [*range(-plan["warmup"], 0), *range(plan["rounds"])] if arms_of[cid] else []:
+            got = sorted(seen.pop((cid, r), []), key=lambda x: int(x["call"]))
+            seed = input_seed(plan["seed"], cid, r)
+            want = [(str(k), str(seed), str(q), d) for k, (q, d) in enumerate(redraw(seed, vocab, case, calls))]
+            if [(x["call"], x["seed"], x["position"], x["ids_sha256"]) for x in got] != want:
+                problems.append(f"inputs: {cid} round {r}'s inputs are not what seed {seed} draws")
+    problems += [f"inputs: {cid} round {r} has inputs but the plan times no such round" for cid, r in sorted(seen)]
+    return problems
+
+
+# --- graph mode and timed checks -------------------------------------------------------------
+
+
+def captures_v3(plan: dict[str, Any], captures: list[dict[str, Any]]) -> tuple[list[str], ArmsOf]:
+    """The problems of captures.jsonl, and each case's arms: the timed ones, less in graph
+    mode those not captured (all of them where eager is not)."""
+    layers = int(plan["config"]["num_hidden_layers"])
+    timed = [a["name"] for a in plan["arms"] if a["timed"]]
+    by_case: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in captures:
+        by_case[row["case"]][row["arm"]] = row
+    problems: list[str] = []
+    arms_of: ArmsOf = {}
+    for case in plan["cases"]:
+        cid, rows = case["case"], by_case.pop(case["case"], {})
+        if case["mode"] == "eager":
+            arms_of[cid] = timed
+            problems += [f"captures: {cid} is an eager case but has capture rows"] if rows else []
+            continue
+        if sorted(rows) != sorted(timed):
+            problems.append(f"captures: {cid} has capture rows for {sorted(rows)}, the timed arms are {sorted(timed)}")
+        for arm, row in rows.items():
+            counts_ok = row["calls_per_forward"] == expected_calls(layers, arm == "eager")
+            if row["captured"] and not counts_ok:
+                problems.append(f"captures: {cid} {arm} is captured with call counts {row['calls_per_forward']}")
+            if not row["captured"] and not row["reason"]:
+                problems.append(f"captures: {cid} {arm} is not captured and gives no reason")
+        captured = [arm for arm in timed if rows.get(arm, {}).get("captured")]
+        arms_of[cid] = captured if "eager" in captured else []
+    problems += [f"captures: {cid} is not a case of the plan" for cid in sorted(by_case)]
+    return problems, arms_of
+
+
+def checks_v3(plan: dict[str, Any], checks: list[dict[str, Any]], arms_of: ArmsOf) -> tuple[list[str], ArmsOf]:
+    """The timed checks' problems, and each case's arms that failed one."""
+    keys = {"case", "round", "call", "arm", "distance", "scale", "limit", "passed", "message"}
+    malformed = [row for row in checks if set(row) != keys]
+    if malformed:
+        return [f"checks: a timed check has the keys {sorted(malformed[0])}, not {sorted(keys)}"], {}
+    by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in checks:
+        by_case[row["case"]].append(row)
+    problems: list[str] = []
+    failed: ArmsOf = {}
+    for case in plan["cases"]:
+        rows = by_case.pop(case["case"], [])
+        problems += case_checks(plan, case, rows, arms_of[case["case"]])
+        failed[case["case"]] = sorted({row["arm"] for row in rows if not row["passed"]})
+    return problems + [f"checks: {cid} is not a case of the plan" for cid in sorted(by_case)], failed
+
+
+def case_checks(plan: dict[str, Any], case: dict[str, Any], rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    cid = case["case"]
+    want = {(r, arm) for r in [*range(-plan["warmup"], 0), *range(plan["rounds"])] for arm in arms}
+    if {(row["round"], row["arm"]) for row in rows} != want or len(rows) != len(want):
+        return [f"checks: {cid} lacks a timed check of some round and arm, or has one too many"]
+    if not rows:  # a graph case where eager could not be captured: no rounds
         return []
-    mine, ref, exact = row["greedy_tokens"], eager["greedy_tokens"], eager["float32_tokens"]
-    want = None
-    for k in range(len(ref[0]) if ref else 0):
-        prompts = [i for i in range(len(ref)) if mine[i][k] != ref[i][k]]
-        if prompts:
-            i = prompts[0]
-            agrees = ref[i][:k] == exact[i][:k] and mine[i][k] == exact[i][k]
-            want = {"step": k, "prompt": i, "token": mine[i][k], "reference": ref[i][k], "agrees_with_float32": agrees}
-            break
-    got = row["first_divergence"]
-    got = (
-        None
-        if got is None
-        else {key: got.get(key) for key in ("step", "prompt", "token", "reference", "agrees_with_float32")}
-    )
-    return [] if got == want else [f"gate: {name}'s first divergence {got} is not what its tokens give: {want}"]
+    problems = []
+    calls: dict[int, set[int]] = defaultdict(set)
+    scales: dict[int, set[float]] = defaultdict(set)
+    for row in rows:
+        calls[row["round"]].add(row["call"])
+        scales[row["round"]].add(row["scale"])
+    if any(len(k) != 1 or not 0 <= min(k) < plan["calls_per_sample"] for k in calls.values()):
+        problems.append(f"checks: {cid} checks more than one call of a round, or a call the round did not make")
+    own = case["mode"] != "eager" or all(r["distance"] == r["scale"] for r in rows if r["arm"] == "eager")
+    if any(len(v) != 1 for v in scales.values()) or not own:
+        problems.append(f"checks: {cid}'s scale differs between a round's rows, or is not eager's own distance")
+    limit = plan["correctness"]["oracle_factor"] * max(max(v) for v in scales.values())
+    for row in rows:
+        passed = row["distance"] <= limit
+        if row["passed"] != passed or not close(row["limit"], limit):
+            problems.append(
+                f"checks: {cid} round {row['round']} {row['arm']}: passed={row['passed']} limit "
+                f"{row['limit']}, its distance gives passed={passed} limit {limit}"
+            )
+        if not passed and not row["message"].startswith("wrong result while timed: "):
+            problems.append(f"checks: {cid} round {row['round']} {row['arm']} failed without its named message")
+    return problems
 
 
-def order_v2(plan: dict[str, Any], timings: list[dict[str, str]]) -> list[str]:
-    """The samples' start times follow the plan's order: case, round, seeded position."""
-    index = {c["case"]: i for i, c in enumerate(plan["cases"])}
-    ordered = sorted(timings, key=lambda r: (index.get(r["case"], -1), int(r["round"]), int(r["position"])))
-    starts = [int(r["start_ns"]) for r in ordered]
-    if any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
-        return ["rounds: sample start times do not follow the case / round / position order"]
+# --- figures ---------------------------------------------------------------------------------
+
+
+def llama_weight_bytes(config: dict[str, Any], size: int) -> int:
+    """Every weight a Llama forward reads in full: the layers, the final norm and the head
+    (the input embedding table only as the head, when tied)."""
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or h // heads
+    attention = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    if config.get("attention_bias"):
+        attention += heads * head_dim + 2 * kv * head_dim + h
+    mlp = 3 * h * i + ((2 * i + h) if config.get("mlp_bias") else 0)
+    return size * (layers * (attention + mlp + 2 * h) + h + config["vocab_size"] * h)
+
+
+def floor_bytes_problems(plan: dict[str, Any], case: dict[str, Any]) -> list[str]:
+    config = plan["config"]
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}[plan["dtype"]]
+    got = case["floor_bytes"]
+    want = {"embedding_rows": case["tokens_per_call"] * config["hidden_size"] * size, "kv_cache": 0}
+    if case["phase"] == "decode":
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        want["kv_cache"] = (
+            (2 * config["num_hidden_layers"] * case["batch"] * config["num_key_value_heads"] * head_dim)
+            * (case["context"] + 1)
+            * size
+        )
+    if config.get("model_type") == "llama":  # other models' weights are read as the runner counted them
+        want["weights"] = llama_weight_bytes(config, size)
+    if any(got.get(key) != value for key, value in want.items()):
+        return [f"figures: {case['case']}'s floor bytes {got} are not the config's {want}"]
     return []
 
 
-def _paired(
-    ref: dict[int, float], arm: dict[int, float], confidence: float
-) -> tuple[float, tuple[float, float] | None]:
-    rounds_ = sorted(set(ref) & set(arm))
-    logs = np.log(np.array([ref[r] for r in rounds_]) / np.array([arm[r] for r in rounds_]))
-    mean = float(logs.mean())
-    if logs.size < 2:
-        return math.exp(mean), None
-    half = float(t_dist.ppf((1 + confidence) / 2, logs.size - 1)) * float(logs.std(ddof=1)) / math.sqrt(logs.size)
-    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+def copy_gbps(rows: list[dict[str, str]]) -> float | None:
+    """The copies' median rate (bytes per ns), None when the rows are not samples 0..n-1 of
+    positive bytes and times."""
+    if [int(r["sample"]) for r in rows] != list(range(len(rows))) or not rows:
+        return None
+    if any(int(r["bytes"]) <= 0 or int(r["ns"]) <= 0 for r in rows):
+        return None
+    return float(np.median([int(r["bytes"]) / int(r["ns"]) for r in rows]))
 
 
-def _verdict(ci: tuple[float, float] | None, band: float) -> str:
-    if ci is None:
-        return "inconclusive"
-    low, high = ci
-    if low > 1 + band:
-        return "win"
-    if high < 1 - band:
-        return "loss"
-    return "tie" if 1 - band <= low and high <= 1 + band else "inconclusive"
-
-
-def figures_v2(
+def figures_v3(
+    run: Path,
     plan: dict[str, Any],
-    timings: list[dict[str, str]],
-    attribution: list[dict[str, str]],
     rows: list[dict[str, Any]],
     summary: dict[str, Any],
+    arms_of: ArmsOf,
+    failed: ArmsOf,
 ) -> list[str]:
-    timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    per, regions = _indexed(timings, attribution)
-    problems = []
-    want_label = GPU_LABEL if plan["is_gpu"] else CPU_LABEL
-    if summary.get("timing_label") != want_label or plan.get("timing_label") != want_label:
-        problems.append(f"figures: the timing label does not match the device (is_gpu {plan['is_gpu']})")
-    if summary.get("correctness") != {r["arm"]: {"passed": r["passed"], "message": r["message"]} for r in rows}:
-        problems.append("figures: summary.json's correctness differs from correctness.jsonl")
-    if summary.get("unavailable") != {a["name"]: a["reason"] for a in plan["arms"] if not a["available"]}:
-        problems.append("figures: summary.json's unavailable arms differ from the plan's")
-    if set(summary["cases"]) != {c["case"] for c in plan["cases"]}:
-        problems.append(f"figures: summary.json's cases {sorted(summary['cases'])} are not the plan's")
+    per, regions = indexed(read_csv(run / "timings.csv"), read_csv(run / "attribution.csv"))
+    checks = read_jsonl(run / TIMED_CHECKS)
+    problems = run_records(plan, rows, summary)
+    graph_label = GRAPH_CUDA if plan["is_gpu"] else GRAPH_IDENTITY
+    if summary.get("graph_label") != graph_label or plan.get("graph_label") != graph_label:
+        problems.append("figures: the graph label does not match the device")
+    if summary.get("timed_checks") != {"rows": len(checks), "failed": sum(not r["passed"] for r in checks)}:
+        problems.append("figures: summary.json's timed-check counts are not timed_checks.jsonl's")
+    gbps = copy_gbps(read_csv(run / COPIES))
+    if gbps is None or not close((summary.get("copy") or {}).get("gbps"), gbps):
+        return [*problems, f"figures: the copy rate {summary.get('copy')} is not copies.csv's median ({gbps})"]
     for case in plan["cases"]:
-        cid = case["case"]
-        claimed = summary["cases"].get(cid, {}).get("arms", {})
-        if set(claimed) != set(timed):
-            problems.append(f"figures: {cid} reports arms {sorted(claimed)}, the timed arms are {sorted(timed)}")
-        for arm in timed:
-            samples, entry = per.get((cid, arm), {}), claimed.get(arm)
-            if sorted(samples) != list(range(plan["rounds"])) or entry is None:
-                problems.append(f"figures: {cid} {arm} lacks its {plan['rounds']} rounds or its summary entry")
-                continue
-            med = float(np.median(list(samples.values())))
-            if not (_close(entry["median_ns"], med) and entry["samples"] == len(samples)):
-                problems.append(f"figures: {cid} {arm} median {entry['median_ns']} != recomputed {med}")
-            refs = [r for r in ("eager", "torch_eager", "kerneltrial") if r != arm and r in timed]
-            if {k for k in entry if k.startswith("vs_")} != {f"vs_{r}" for r in refs}:
-                problems.append(f"figures: {cid} {arm} compares with other references than {refs}")
-            for ref in refs:
-                got = entry.get(f"vs_{ref}", {})
-                est, ci = _paired(per[(cid, ref)], samples, plan["confidence"])
-                same_ci = (got.get("ci") is None) == (ci is None) and (ci is None or all(map(_close, got["ci"], ci)))
-                if not (
-                    _close(got.get("speedup"), est) and same_ci and got.get("verdict") == _verdict(ci, plan["tie_band"])
-                ):
-                    problems.append(
-                        f"figures: {cid} {arm} vs_{ref} {got} != recomputed {est} {ci} {_verdict(ci, plan['tie_band'])}"
-                    )
-            found = dict(regions.get((cid, arm), {}))
-            if plan["attribution"] and "total" not in found:
-                problems.append(f"figures: {cid} {arm} has no attribution rows")
-                continue
-            attr = entry.get("attribution")
-            if found:
-                device = found.pop("total")
-                found.pop("wall", None)
-                ok = attr is not None and attr["regions_ns"] == found and attr["device_ns"] == device
-                ok = (
-                    ok
-                    and _close(attr["share"], sum(found.values()) / med)
-                    and _close(attr["device_busy"], device / med if plan["is_gpu"] else None)
-                )
-                if not ok:
-                    problems.append(f"figures: {cid} {arm} attribution {attr} != recomputed from attribution.csv")
+        problems += case_figures(
+            plan, case, summary["cases"].get(case["case"], {}), arms_of, failed, per, regions, gbps
+        )
     return problems
+
+
+def case_figures(
+    plan: dict[str, Any],
+    case: dict[str, Any],
+    claimed: dict[str, Any],
+    arms_of: ArmsOf,
+    failed: ArmsOf,
+    per: Any,
+    regions: Any,
+    gbps: float,
+) -> list[str]:
+    cid = case["case"]
+    problems = floor_bytes_problems(plan, case)
+    floor_ns = sum(case["floor_bytes"].values()) / gbps
+    arms = [a for a in arms_of[cid] if a not in failed.get(cid, [])]
+    timed = [a["name"] for a in plan["arms"] if a["timed"]]
+    if (claimed.get("mode"), claimed.get("phase")) != (case["mode"], case["phase"]):
+        problems.append(f"figures: {cid}'s mode or phase is not the plan's")
+    if not close((claimed.get("floor") or {}).get("ns"), floor_ns):
+        problems.append(f"figures: {cid}'s floor {claimed.get('floor')} is not {floor_ns} ns")
+    if set(claimed.get("excluded", {})) != set(timed) - set(arms):
+        problems.append(
+            f"figures: {cid} excludes {sorted(claimed.get('excluded', {}))}, its rows exclude {sorted(set(timed) - set(arms))}"
+        )
+    entries = claimed.get("arms", {})
+    if set(entries) != set(arms):
+        return [*problems, f"figures: {cid} reports arms {sorted(entries)}, its rows give {sorted(arms)}"]
+    for arm in arms:
+        entry = entries[arm]
+        if sorted(per.get((cid, arm), {})) != list(range(plan["rounds"])):
+            problems.append(f"figures: {cid} {arm} lacks its {plan['rounds']} rounds")
+            continue
+        problems += arm_figures(plan, cid, arm, entry, arms, per, regions)
+        attr = entry.get("attribution")
+        device = attr["device_ns"] / floor_ns if attr and plan["is_gpu"] else None
+        if not (
+            close(entry.get("vs_floor"), entry["median_ns"] / floor_ns) and close(entry.get("device_vs_floor"), device)
+        ):
+            problems.append(f"figures: {cid} {arm}'s figures against the floor are not its median's and device time's")
+    return problems
+
+
+def freeze_problems(run: Path, plan: dict[str, Any]) -> list[str]:
+    """The freeze record is null or the protocol's ({sha256 of protocol.toml, frozen_at}), and
+    plan.json's frozen_at says the same."""
+    record = read_json(run / "provenance.json").get("freeze", "absent")
+    if record == "absent" or "frozen_at" not in plan:
+        return ["freeze: a schema 3 run records its freeze (provenance.json freeze, plan.json frozen_at)"]
+    if record is None:
+        return [] if plan["frozen_at"] is None else [f"freeze: plan.json frozen_at {plan['frozen_at']!r}, not frozen"]
+    if not isinstance(record, dict) or record.get("sha256") != sha256_file(run / "protocol.toml"):
+        return ["freeze: the freeze record is not of this protocol.toml (its sha256 differs)"]
+    if plan["frozen_at"] != record.get("frozen_at"):
+        return [f"freeze: plan.json frozen_at {plan['frozen_at']!r} != the freeze record's {record.get('frozen_at')!r}"]
+    return []
+
+
+def verify_v3(run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    for name in (INPUTS, CAPTURES, COPIES, TIMED_CHECKS):
+        if not (run / name).is_file():
+            return [f"files: a schema 3 run has {name}; it is missing"]
+    timings = read_csv(run / "timings.csv")
+    capture_problems, arms_of = captures_v3(plan, read_jsonl(run / CAPTURES))
+    check_problems, failed = checks_v3(plan, read_jsonl(run / TIMED_CHECKS), arms_of)
+    return [
+        *plan_matches_protocol(run, plan),
+        *freeze_problems(run, plan),
+        *gate_v3(plan, rows),
+        *inputs_v3(plan, read_csv(run / INPUTS), arms_of),
+        *capture_problems,
+        *rounds(plan, timings, arms_of),
+        *order_of_starts(plan, timings),
+        *check_problems,
+        *figures_v3(run, plan, rows, summary, arms_of, failed),
+    ]
 
 
 def verify_model_run(run: Path) -> list[str]:
@@ -387,17 +392,12 @@ def verify_model_run(run: Path) -> list[str]:
         if not (run / name).is_file():
             raise RunDirError(f"{run}: {name} is missing; not a finished model run directory")
     plan = read_json(run / "plan.json")
-    timings = read_csv(run / "timings.csv")
     rows = read_jsonl(run / "correctness.jsonl")
     summary = read_json(run / "summary.json")
-    attribution = read_csv(run / "attribution.csv")
-    common = [*manifest(run), *finished(run), *protocol(run, plan), *rounds(plan, timings)]
-    if summary.get("schema") != SUMMARY_V2:  # the first runs (results/archive/h200/minicpm5-2b-model-r*)
-        return [*common, *gate(plan, rows), *figures_v1(plan, timings, attribution, summary)]
-    return [
-        *common,
-        *plan_matches_protocol(run, plan),
-        *gate_v2(plan, rows),
-        *order_v2(plan, timings),
-        *figures_v2(plan, timings, attribution, rows, summary),
-    ]
+    common = [*manifest(run), *finished(run), *protocol(run, plan)]
+    if summary.get("schema") == SUMMARY_V3:
+        return [*common, *verify_v3(run, plan, rows, summary)]
+    if "modes" in plan:  # written by schema 3's runner: its files and checks are not optional
+        return [*common, f"schema: plan.json is schema 3's (it has modes), summary.json says {summary.get('schema')}"]
+    timings = read_csv(run / "timings.csv")
+    return [*common, *verify_legacy(run, plan, timings, rows, summary, read_csv(run / "attribution.csv"))]

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_flashinfer as fi
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, add_impl, register_impl, register_op
@@ -144,23 +145,6 @@ def _fused_add_rms_norm_wide(
 
 
 # ---- launches ---------------------------------------------------------------------------
-
-
-def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    """`t` [..., N] as a [rows, N] view with unit stride in N, or ValueError (never a copy)."""
-    if t.dim() == 2:  # already rows: skip view's host cost
-        rows = t
-    else:
-        try:
-            rows = t.view(-1, t.shape[-1])
-        except RuntimeError:
-            rows = None
-    if rows is None or (rows.stride(-1) != 1 and t.shape[-1] > 1):
-        raise ValueError(
-            f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be written in place "
-            "as [rows, N] with unit stride in N; pass a contiguous or row-strided tensor"
-        )
-    return rows
 
 
 @cache
@@ -267,7 +251,7 @@ def fused_add_rms_norm_rows(
     """Launch `_fused_add_rms_norm_rows`: `block_rows` rows per step; `max_programs` caps the
     grid below MAX_GRID (persistent programs); `vectorise` passes the `vector_width` hint
     (the control goes without: block_rows=1, vectorise=False is the reference geometry)."""
-    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    xr, rr = launch.in_place_rows(x, "x"), launch.in_place_rows(residual, "residual")
     n_rows, n = xr.shape
     strides = (xr.stride(0), rr.stride(0))
     plan = rows_launch(
@@ -280,7 +264,7 @@ def fused_add_rms_norm_wide(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
 ) -> None:
     """Launch `_fused_add_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
-    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    xr, rr = launch.in_place_rows(x, "x"), launch.in_place_rows(residual, "residual")
     n_rows, n = xr.shape
     plan = wide_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), launch.MAX_GRID)
     run(xr, rr, weight, eps, gemma, plan)
@@ -290,7 +274,7 @@ def fused_add_rms_norm_auto(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
 ) -> None:
     """The exported entry point (`auto_launch`)."""
-    xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+    xr, rr = launch.in_place_rows(x, "x"), launch.in_place_rows(residual, "residual")
     n_rows, n = xr.shape
     plan = auto_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), launch.MAX_GRID)
     run(xr, rr, weight, eps, gemma, plan)
@@ -300,16 +284,17 @@ def fused_add_rms_norm_auto(
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x and residual at offsets, zero, tiny and eps-scale in the same rows of both (so
-    their sum is too); eps 1e-6 or 1e-5 by seed (the coverage inputs.py describes)."""
+    """x and residual at drawn offsets, the special rows of the normalisations in the same rows
+    of both (so their sum has them too), a drawn eps (the coverage inputs.py describes)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
     residual = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
+    eps = inp.draw_eps(gen, 1e-6)
     picked = inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device)
-    inp.scale_rows(x, picked)
-    inp.scale_rows(residual, picked)
+    inp.scale_rows(x, picked, eps)
+    inp.scale_rows(residual, picked, eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
-    return {"x": x, "residual": residual, "weight": weight, "eps": inp.eps_for(seed, 1e-6)}
+    return {"x": x, "residual": residual, "weight": weight, "eps": eps}
 
 
 def reference_fused_add_rmsnorm(
@@ -406,7 +391,7 @@ def liger_in_place(casting_mode: int, offset: float) -> Callable[[object], Calla
         from liger_kernel.ops.utils import calculate_settings
 
         def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-            xr, rr = in_place_rows(x, "x"), in_place_rows(residual, "residual")
+            xr, rr = launch.in_place_rows(x, "x"), launch.in_place_rows(residual, "residual")
             n_rows, n = xr.shape
             block, warps = calculate_settings(n)
             rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -513,6 +498,11 @@ def _register(
             "_fused_add_rms_norm_forward_kernel",
             liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0),
         ),
+    )
+    fi.register_flashinfer(  # peers_flashinfer.py states the kernel's contract
+        name,
+        fi.flashinfer_loader("norm", name, fi.fused_add_in_place),
+        f"norm.{name} (JIT CUDA, in place), statistics of the unrounded sum, one rounding after the weight",
     )
     if gemma:  # peers_sglang.py states each kernel's contract
         sgl.register_sglang(

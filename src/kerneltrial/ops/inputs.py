@@ -1,18 +1,25 @@
-"""Random inputs for operators: seeded, on the target device.
+"""Random inputs for operators: seeded, on the target device, from a domain a kernel cannot learn.
 
 Layouts shared by several operators:
 - `contiguous`: a contiguous tensor;
 - `row_strided`: the first N columns of a wider tensor (a row stride larger than N),
   the layout of a slice taken from a bigger activation.
 
+The inputs seed. Every generator is seeded from the active *inputs seed* (`drawing`) and the
+integer seed a caller derives (the protocol seed, seed + 7919, a timed unit's value set...):
+`check`, the package interface check and every `run` draw a fresh inputs seed from the
+operating system (recorded: `check` prints it and takes it back with --inputs-seed, plan.json
+`inputs_seed`), so the values, offsets, scalars and extra shapes of a run cannot be computed
+in advance from its protocol; with none active (tests, old runs) the integer seed alone seeds
+the generator, as before. rundir/streams.py lists the integers a seed derives.
+
 Coverage. Every operator's `make_inputs` draws the following, because each one exposes a
-wrong kernel that passed the check panel without it (tests/ops/test_coverage.py plants
-one defect per item and shows the gate catching it):
-- a storage offset: every tensor `randn` draws (and so every layout's tensors, weights
-  included) is a view OFFSET_BYTES into a larger random buffer, so a kernel that addresses
-  the storage from its start instead of the tensor's data pointer reads other values.
-  256 bytes keep every alignment a kernel may rely on (16-byte vectors, 128-byte lines):
-  timings on these inputs are those of a fresh allocation;
+wrong kernel that passed the check panel without it (tests/ops/test_coverage.py and
+tests/ops/test_domain.py plant one defect per item and show the gate catching it):
+- a storage offset per tensor (`randn`): 0 (a fresh allocation) or a multiple of OFFSET_ALIGN
+  bytes up to OFFSET_STEPS of them, drawn; the guard keeps it (trial/guard.py) and the gate
+  calls every arm once more with the same values at the other kind of offset. 16-byte steps
+  keep the alignment Triton specialises on, so a nonzero offset costs a kernel no speed;
 - special rows (`pick_rows`, `scale_rows`), placed at seeded positions:
   - ZERO, a row of zeros: its norm is 0 and only eps keeps rsqrt finite (a kernel without
     eps writes 0 * inf = NaN); for an argmax, a row of ties across every lane;
@@ -20,40 +27,98 @@ one defect per item and shows the gate catching it):
     keeps bf16 and fp32 values exact): its squares underflow to 0 in fp32, so a kernel
     that guards exact zero rows instead of adding eps divides by zero, and an argmax
     whose tanh cancels near 0 loses the order of the row;
-  - EPS_SCALE, a row scaled by 2**-10 (rms ~ 1e-3, a mean square ~ 1e-6, as large as
-    eps): its result depends on eps, so a kernel that ignores the eps argument is wrong
+  - EPS_SCALE, a row scaled to an rms of about sqrt(eps) (the nearest power of two): its
+    result depends on eps, so a kernel that ignores or replaces the eps argument is wrong
     there by a factor up to 2.4 (elsewhere eps moves the result by ~1e-6 relative,
     invisible under any tolerance);
-  only as many kinds as leave one ordinary row (none in a single-row tensor);
-- eps (`eps_for`): the operator's default eps for even seeds and the other of EPS_VALUES
-  for odd ones; the gate's seeds 0 and 1 check both, so a kernel that hard-codes its
-  default fails.
+  - LARGE, a row scaled by 2**k, k in LARGE_EXPONENTS (|x| up to ~1.6e4): a kernel that
+    clamps its inputs (|x| > 32, say) is wrong there;
+  - NONFINITE, a row with one NaN, +Inf or -Inf (by the row's index): the official formula
+    propagates it (NaN rows, zeros and NaN after an Inf in a norm, the first NaN's index for
+    an argmax), and the gate requires the same non-finite elements in the output;
+  only as many kinds as leave one ordinary row, in the order given (none in a single-row
+  tensor);
+- eps (`draw_eps`): the operator's default for a quarter of the draws, else log-uniform in
+  EPS_RANGE, so a kernel that hard-codes or special-cases eps values fails;
+- extra shapes (`extra_cases`): besides its case, each thorough gate check calls the arm
+  on shapes drawn for it: each of the operator's real model widths with probability 1/2
+  (odd row counts up to 9), and up to two more shapes of odd rows and widths, so neither
+  the widths nor the number of distinct shapes of a run is the panel's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
-ROW_PAD = 64  # extra columns of the wider tensor behind a `row_strided` view
-OFFSET_BYTES = 256  # where every drawn tensor starts inside its buffer
+from kerneltrial.ops.registry import Case, Operator
+from kerneltrial.rundir.streams import EXTRA_SHAPES_MAX
 
-ZERO, TINY, EPS_SCALE = "zero", "tiny", "eps_scale"
-NORM_ROWS = (ZERO, TINY, EPS_SCALE)  # special rows of the normalisation operators
+ROW_PAD = 64  # extra columns of the wider tensor behind a `row_strided` view
+OFFSET_ALIGN = 16  # bytes: nonzero storage offsets are multiples of this
+OFFSET_STEPS = 64  # ... from 1 to this many of them (up to 1 KiB)
+
+ZERO, TINY, EPS_SCALE, LARGE, NONFINITE = "zero", "tiny", "eps_scale", "large", "nonfinite"
+NORM_ROWS = (ZERO, TINY, EPS_SCALE, LARGE, NONFINITE)  # special rows of the normalisation operators
 TINY_EXPONENTS = (80, 100)  # a TINY row is scaled by 2**-k, k in this range (inclusive)
-EPS_SCALE_FACTOR = 2.0**-10
-EPS_VALUES = (1e-6, 1e-5)  # the eps values `eps_for` alternates between
+LARGE_EXPONENTS = (6, 12)  # a LARGE row is scaled by 2**k, k in this range (inclusive)
+NONFINITE_VALUES = (math.nan, math.inf, -math.inf)  # what a NONFINITE row holds, by its index
+EPS_RANGE = (1e-8, 1e-4)  # eps drawn log-uniformly in this range (or the operator's default)
+INPUTS_SEED_BITS = 63
+
+_active: list[int | None] = [None]  # the inputs seed `drawing` made active (every thread sees it)
+
+
+def new_inputs_seed() -> int:
+    """A fresh inputs seed from the operating system's randomness."""
+    return secrets.randbits(INPUTS_SEED_BITS)
+
+
+@contextmanager
+def drawing(inputs_seed: int | None) -> Iterator[None]:
+    """Seed every generator from `inputs_seed` (and the caller's integer seed) while active, in
+    every thread (`check` runs each check in a worker thread)."""
+    previous, _active[0] = _active[0], inputs_seed
+    try:
+        yield
+    finally:
+        _active[0] = previous
+
+
+def active_inputs_seed() -> int | None:
+    return _active[0]
+
+
+def stream_seed(seed: int) -> int:
+    """The generator seed of integer seed `seed` under the active inputs seed (itself when none)."""
+    salt = _active[0]
+    if salt is None:
+        return seed
+    digest = hashlib.sha256(f"{salt}/{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def generator(seed: int, device: torch.device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(stream_seed(seed))
+
+
+def draw_offset(dtype: torch.dtype, gen: torch.Generator) -> int:
+    """A storage offset in elements: 0 for half of the draws, else 1..OFFSET_STEPS times OFFSET_ALIGN bytes."""
+    k = int(torch.randint(0, 2 * OFFSET_STEPS, (1,), generator=gen, device=gen.device))
+    return 0 if k < OFFSET_STEPS else (k - OFFSET_STEPS + 1) * OFFSET_ALIGN // dtype.itemsize
 
 
 def randn(
     shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: torch.device, scale: float = 1.0
 ) -> torch.Tensor:
     """Standard normal values (times `scale`) rounded to `dtype`: a contiguous tensor of
-    `shape` at a storage offset of OFFSET_BYTES into a random buffer (see the module doc)."""
-    offset = OFFSET_BYTES // dtype.itemsize
+    `shape` at a drawn storage offset into a random buffer (see the module doc)."""
+    offset = draw_offset(dtype, gen)
     buffer = (torch.randn(offset + numel(shape), generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
     return buffer[offset:].view(shape)
 
@@ -66,7 +131,7 @@ def with_layout(
     device: torch.device,
     scale: float = 1.0,
 ) -> torch.Tensor:
-    """A random tensor of `shape` in `contiguous` or `row_strided` layout (at an offset)."""
+    """A random tensor of `shape` in `contiguous` or `row_strided` layout (at a drawn offset)."""
     if layout == "contiguous":
         return randn(shape, dtype, gen, device, scale)
     if layout == "row_strided":
@@ -75,10 +140,17 @@ def with_layout(
     raise ValueError(f"unknown layout {layout!r}; expected 'contiguous' or 'row_strided'")
 
 
-def eps_for(seed: int, default: float) -> float:
-    """`default` for even seeds, the other of EPS_VALUES for odd seeds."""
-    other = EPS_VALUES[1] if default == EPS_VALUES[0] else EPS_VALUES[0]
-    return default if seed % 2 == 0 else other
+def uniform(gen: torch.Generator) -> float:
+    """One value uniform in [0, 1) from `gen`."""
+    return float(torch.rand((), generator=gen, device=gen.device, dtype=torch.float64))
+
+
+def draw_eps(gen: torch.Generator, default: float) -> float:
+    """`default` for a quarter of the draws, else log-uniform in EPS_RANGE."""
+    if uniform(gen) < 0.25:
+        return default
+    low, high = (math.log(e) for e in EPS_RANGE)
+    return math.exp(low + (high - low) * uniform(gen))
 
 
 def rows_of(t: torch.Tensor) -> int:
@@ -105,27 +177,41 @@ def pick_rows(n_rows: int, kinds: tuple[str, ...], gen: torch.Generator, device:
     return dict(zip(kinds, rows, strict=True))
 
 
-def row_factor(kind: str, r: int) -> float:
-    """What a special row is multiplied by: 0, or an exact power of two (TINY's exponent
-    follows the row index, so tensors sharing a pick, e.g. x and residual, scale alike)."""
+def row_factor(kind: str, r: int, eps: float | None = None) -> float:
+    """What a scaled special row is multiplied by: 0, or an exact power of two (TINY's and
+    LARGE's exponents follow the row index, so tensors sharing a pick, e.g. x and residual,
+    scale alike; EPS_SCALE's is the power of two nearest sqrt(eps))."""
     if kind == ZERO:
         return 0.0
     if kind == TINY:
         low, high = TINY_EXPONENTS
         return 2.0 ** -(low + r % (high - low + 1))
+    if kind == LARGE:
+        low, high = LARGE_EXPONENTS
+        return 2.0 ** (low + r % (high - low + 1))
     if kind == EPS_SCALE:
-        return EPS_SCALE_FACTOR
-    raise ValueError(f"unknown special row {kind!r}; expected one of {ZERO}, {TINY}, {EPS_SCALE}")
+        if eps is None:
+            raise ValueError("an eps_scale row needs the eps it is scaled to")
+        return 2.0 ** round(math.log2(math.sqrt(eps)))
+    raise ValueError(f"unknown scaled row {kind!r}; expected one of {ZERO}, {TINY}, {EPS_SCALE}, {LARGE}")
 
 
-def scale_rows(t: torch.Tensor, picked: dict[str, int]) -> None:
-    """Make the picked rows of `t` special, in place (ZERO rows are +0.0 throughout)."""
+def nonfinite_column(r: int, width: int) -> int:
+    """The column of a NONFINITE row's non-finite element (spread over the row by its index)."""
+    return (r * 7919 + width // 2) % width
+
+
+def scale_rows(t: torch.Tensor, picked: dict[str, int], eps: float | None = None) -> None:
+    """Make the picked rows of `t` special, in place (ZERO rows are +0.0 throughout; a
+    NONFINITE row gets its value at `nonfinite_column`)."""
     for kind, r in picked.items():
         view = row(t, r)
         if kind == ZERO:
             view.zero_()
+        elif kind == NONFINITE:
+            view[nonfinite_column(r, view.shape[-1])] = NONFINITE_VALUES[r % len(NONFINITE_VALUES)]
         else:
-            view.mul_(row_factor(kind, r))
+            view.mul_(row_factor(kind, r, eps))
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -133,3 +219,37 @@ def numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+# ---- extra shapes -----------------------------------------------------------------------
+
+EXTRA_MAX_RANDOM = 2  # random extra shapes per check: 0..this many
+REAL_ROWS = (1, 3, 5, 7, 9)  # rows of a real-width extra shape
+RANDOM_ROWS = (11, 63)  # odd rows of a random extra shape, in this range
+RANDOM_WIDTHS = (3, 1023)  # odd widths of a random extra shape, in this range
+
+
+def _pick(digest: bytes, at: int, choices: tuple[int, ...]) -> int:
+    return choices[int.from_bytes(digest[at : at + 2], "little") % len(choices)]
+
+
+def extra_cases(op: Operator, case: Case, seed: int) -> list[Case]:
+    """The extra shapes of the gate check of (`case`, `seed`) under the active inputs seed, in
+    the case's dtype and layout (see the module doc); shapes the operator refuses, and the
+    case's own, are left out."""
+    digest = hashlib.sha256(f"{_active[0]}/{op.name}/{case.id}/{seed}/extra".encode()).digest()
+    shapes = [
+        op.extra_shape(_pick(digest, 2 * i + 1, REAL_ROWS), width)
+        for i, width in enumerate(op.real_widths)
+        if digest[2 * i] % 2 == 0
+    ]
+    odd_rows = tuple(range(RANDOM_ROWS[0] | 1, RANDOM_ROWS[1] + 1, 2))
+    odd_widths = tuple(range(RANDOM_WIDTHS[0] | 1, RANDOM_WIDTHS[1] + 1, 2))
+    for k in range(digest[20] % (EXTRA_MAX_RANDOM + 1)):
+        shapes.append(op.extra_shape(_pick(digest, 21 + 4 * k, odd_rows), _pick(digest, 23 + 4 * k, odd_widths)))
+    cases = []
+    for shape in dict.fromkeys(shapes):
+        extra = Case(shape, case.dtype, case.layout)
+        if shape != case.shape and not op.refusal(extra):
+            cases.append(extra)
+    return cases[:EXTRA_SHAPES_MAX]

@@ -58,3 +58,20 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     return rows
+
+
+def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """`t` [..., N] as a [rows, N] view with unit stride in N, or ValueError (never a copy)."""
+    if t.dim() == 2:  # already rows: skip view's host cost
+        rows = t
+    else:
+        try:
+            rows = t.view(-1, t.shape[-1])
+        except RuntimeError:
+            rows = None
+    if rows is None or (rows.stride(-1) != 1 and t.shape[-1] > 1):
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} and strides {t.stride()} cannot be written in place "
+            "as [rows, N] with unit stride in N; pass a contiguous or row-strided tensor"
+        )
+    return rows

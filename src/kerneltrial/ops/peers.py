@@ -8,7 +8,12 @@ Operator modules call `register_peers` with the pieces that exist for them.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,9 +33,24 @@ def import_attr(module: str, attr: str, package: str) -> Any:
         raise Unavailable(f"{package} has no {module}.{attr} in this version") from exc
 
 
+def require_installed(module: str, package: str) -> None:
+    """Unavailable naming the package to install when `module` cannot be found (nothing is imported)."""
+    if module not in sys.modules and importlib.util.find_spec(module) is None:
+        raise Unavailable(f"{package} is not installed ({module})")
+
+
 def require_cuda(package: str) -> None:
     if not torch.cuda.is_available():
         raise Unavailable(f"{package} needs a CUDA device; none is visible")
+
+
+def require_nvcc(what: str) -> None:
+    """nvcc, found as SGLang's and FlashInfer's JIT builds find it (SGLang's jit/utils/compile/
+    toolchain.py `cuda_home`, FlashInfer's jit/cpp_ext.py `get_cuda_path`): $CUDA_HOME or
+    $CUDA_PATH, else nvcc on PATH, else /usr/local/cuda."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    if shutil.which("nvcc") is None and not Path(home, "bin", "nvcc").is_file():
+        raise Unavailable(f"{what} need nvcc; none on PATH or in {home}/bin")
 
 
 RECOMPILE_LIMIT = 1024  # distinct shapes one compiled peer may serve in a process

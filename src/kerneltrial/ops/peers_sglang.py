@@ -52,19 +52,16 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import os
-import shutil
 import sys
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 
 from kerneltrial.ops import launch
-from kerneltrial.ops.peers import Loader, import_attr, require_cuda
+from kerneltrial.ops.peers import Loader, import_attr, require_cuda, require_installed, require_nvcc
 from kerneltrial.ops.registry import Impl, Unavailable, add_impl
 
 PACKAGE = "sglang"
@@ -87,12 +84,8 @@ def kernels_package() -> None:
 
 
 def require_jit() -> None:
-    """SGLang's JIT CUDA kernels compile with nvcc through tvm-ffi at first call; nvcc is
-    found as SGLang finds it (jit/utils/compile/toolchain.py, `cuda_home`): $CUDA_HOME or
-    $CUDA_PATH, else nvcc on PATH, else /usr/local/cuda."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    if shutil.which("nvcc") is None and not Path(home, "bin", "nvcc").is_file():
-        raise Unavailable(f"SGLang's JIT CUDA kernels need nvcc; none on PATH or in {home}/bin")
+    """SGLang's JIT CUDA kernels compile with nvcc through tvm-ffi at first call (peers.require_nvcc)."""
+    require_nvcc("SGLang's JIT CUDA kernels")
     import_attr("tvm_ffi", "load_module", "apache-tvm-ffi")
 
 
@@ -100,8 +93,7 @@ def sglang_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., A
     """Loader for `sglang.kernels.ops.<module>.<attr>`; `adapt` wraps it into the operator's signature."""
 
     def load() -> Callable[..., Any]:
-        if PACKAGE not in sys.modules and importlib.util.find_spec(PACKAGE) is None:
-            raise Unavailable(f"{PACKAGE} is not installed ({PACKAGE})")
+        require_installed(PACKAGE, PACKAGE)
         require_cuda("SGLang")
         if jit:
             require_jit()

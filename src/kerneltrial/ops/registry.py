@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from collections.abc import Callable
@@ -25,15 +26,13 @@ from typing import Any, Literal
 
 import torch
 
+from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
+
 Inputs = dict[str, Any]
 Outputs = tuple[torch.Tensor, ...]
 ImplKind = Literal["control", "candidate", "peer", "user", "calibration"]
 
-DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_BYTES}
 
 
 class RegistryError(ValueError):
@@ -54,7 +53,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{'x'.join(map(str, self.shape))}/{self.layout}/{self.dtype}"
+        return case_id(self.shape, self.layout, self.dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -72,6 +71,16 @@ class Tolerance:
 
     rtol: float
     atol: float
+
+
+# Widths a kernel may special-case that no panel holds, checked as extra shapes (ops/inputs.py,
+# `extra_cases`): the hidden sizes of Qwen2-0.5B (896), Llama-3.2-3B (3072) and Qwen2-7B (3584).
+REAL_WIDTHS = (896, 3072, 3584)
+
+
+def rows_by_width(rows: int, width: int) -> tuple[int, ...]:
+    """The shape of an extra case: `rows` rows of `width` elements."""
+    return (rows, width)
 
 
 # Default tolerances against both the reference and the float64 oracle. bf16: rtol 0.016
@@ -138,6 +147,8 @@ class Operator:
     exact: bool = False  # integer outputs compared exactly (e.g. argmax indices)
     contiguous_outputs: bool = False  # the interface returns contiguous tensors (the gate checks it)
     shape_rule: Callable[[tuple[int, ...]], str] | None = None  # returns a complaint, or "" when the shape is fine
+    real_widths: tuple[int, ...] = REAL_WIDTHS  # widths of the extra shapes the gate draws (ops/inputs.py)
+    extra_shape: Callable[[int, int], tuple[int, ...]] = rows_by_width  # (rows, width) -> an extra case's shape
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     impls: dict[str, Impl] = field(default_factory=dict)
 
@@ -153,15 +164,20 @@ class Operator:
             f"{self.name}: an implementation returned {type(returned).__name__}; expected a tensor ({self.signature})"
         )
 
+    def refusal(self, case: Case) -> str:
+        """Why the operator cannot take `case` (naming the fix), or '' when it can."""
+        if case.dtype not in self.dtypes:
+            return f"{self.name} takes dtype {', '.join(self.dtypes)}, not {case.dtype!r}"
+        if case.layout not in self.layouts:
+            return f"{self.name} has no layout {case.layout!r}; use one of {', '.join(self.layouts)}"
+        complaint = self.shape_rule(case.shape) if self.shape_rule else ""
+        return f"{self.name}: shape {'x'.join(map(str, case.shape))} {complaint}" if complaint else ""
+
     def validate(self, case: Case) -> None:
         """Refuse a case the operator cannot take, with a message that names the fix."""
-        if case.dtype not in self.dtypes:
-            raise RegistryError(f"{self.name} takes dtype {', '.join(self.dtypes)}, not {case.dtype!r}")
-        if case.layout not in self.layouts:
-            raise RegistryError(f"{self.name} has no layout {case.layout!r}; use one of {', '.join(self.layouts)}")
-        complaint = self.shape_rule(case.shape) if self.shape_rule else ""
-        if complaint:
-            raise RegistryError(f"{self.name}: shape {'x'.join(map(str, case.shape))} {complaint}")
+        refusal = self.refusal(case)
+        if refusal:
+            raise RegistryError(refusal)
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
@@ -240,25 +256,46 @@ def load_builtin_ops() -> None:
             importlib.import_module(f"kerneltrial.ops.{info.name}")
 
 
-def load_user_module(spec: str) -> list[Impl]:
+def load_user_module(spec: str, op: str | None = None) -> list[Impl]:
     """Register a user's kernels from a file path or a dotted module name.
 
     Every top-level function named after an operator becomes an arm called
     `user:<module>` (kind `user`); the module may also use `register_impl` itself.
+    With `op`, a module that adds no arm of that operator is refused, naming the functions it
+    does define (a misspelt entry point must not read as a check of the built-in arms).
     """
     load_builtin_ops()
-    before = {(op.name, n): i for op in _OPERATORS.values() for n, i in op.impls.items()}
+    if op is not None:
+        get_op(op)
+    before = {(o.name, n): i for o in _OPERATORS.values() for n, i in o.impls.items()}
     module, stem = _import_user_module(spec)
-    for op in _OPERATORS.values():
-        fn = getattr(module, op.name, None)
+    for operator in _OPERATORS.values():
+        fn = getattr(module, operator.name, None)
         if callable(fn):  # loading the same module again replaces its arms
-            op.impls[f"user:{stem}"] = Impl(
-                op=op.name, name=f"user:{stem}", kind="user", loader=lambda fn=fn: fn, doc=f"{op.name} from {spec}"
+            operator.impls[f"user:{stem}"] = Impl(
+                op=operator.name,
+                name=f"user:{stem}",
+                kind="user",
+                loader=lambda fn=fn: fn,
+                doc=f"{operator.name} from {spec}",
             )
-    added = [i for op in _OPERATORS.values() for n, i in op.impls.items() if before.get((op.name, n)) is not i]
+    added = [i for o in _OPERATORS.values() for n, i in o.impls.items() if before.get((o.name, n)) is not i]
+    if op is not None and not any(impl.op == op for impl in added):
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
+        raise no_function_named(spec, op, functions)
     if not added:
         raise no_operator_function(spec)
     return added
+
+
+def no_function_named(spec: str, op: str, functions: list[str]) -> RegistryError:
+    """The error for a user module given for operator `op` that defines no function `op`."""
+    return RegistryError(
+        f"{spec} defines no function {op} (its functions: {', '.join(functions) or 'none'}); "
+        f"name the entry point {op}, or register it with kerneltrial.ops.registry.register_impl"
+    )
 
 
 def no_operator_function(spec: str) -> RegistryError:

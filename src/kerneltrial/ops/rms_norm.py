@@ -28,6 +28,8 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_flashinfer as fi
+from kerneltrial.ops import peers_quack as quack
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
@@ -216,13 +218,14 @@ def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x at an offset, with a zero, a tiny and an eps-scale row; eps 1e-6 or 1e-5 by seed
-    (the coverage inputs.py describes)."""
+    """x and weight at drawn offsets, x with the special rows of the normalisations, a drawn
+    eps (the coverage inputs.py describes)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device))
+    eps = inp.draw_eps(gen, 1e-6)
+    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device), eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
-    return {"x": x, "weight": weight, "eps": inp.eps_for(seed, 1e-6)}
+    return {"x": x, "weight": weight, "eps": eps}
 
 
 def reference_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor]:
@@ -320,6 +323,11 @@ def _register(
         if rbw
         else None,
     )
+    rounding = "one rounding after the weight" if rbw else "the operator's contract"
+    fi.register_flashinfer(  # peers_flashinfer.py and peers_quack.py state each kernel's contract
+        name, fi.flashinfer_loader("norm", "rmsnorm", fi.rmsnorm_out), f"norm.rmsnorm (JIT CUDA), {rounding}"
+    )
+    quack.register_quack(name, f"rmsnorm (CuTe DSL), {rounding}")
     if rbw:  # peers_sglang.py states each kernel's contract
         sgl.register_sglang(
             name,

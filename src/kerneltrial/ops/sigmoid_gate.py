@@ -40,6 +40,7 @@ from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, regi
 
 NAME = "sigmoid_gate_mul"
 LAYOUTS = ("contiguous", "row_gate")
+SPECIAL_ROWS = (inp.ZERO, inp.TINY, inp.LARGE, inp.NONFINITE)  # inputs.py, "Coverage"
 FLAT_TILES = ((512, 4), (1024, 4), (2048, 8))  # (BLOCK, warps) of the flat candidates
 ROW_TILES = ((1024, 4), (2048, 8))  # (BLOCK_D, warps) of the row-tile candidates
 DISPATCH_ROW_TILE = 1024  # the dispatcher's row tiles for row gates on rows at least this wide
@@ -182,15 +183,16 @@ def sigmoid_gate_auto(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     """x ~ N(0, 1); gate ~ N(0, 3^2) so sigmoid spans nearly (0, 1); gate [..., 1] for row_gate.
-    Coverage (inputs.py): both at offsets; a zero row and a tiny row, in x and its gates
-    alike (a kernel that skips all-zero rows as padding leaves their outputs unwritten)."""
+    Coverage (inputs.py): both at drawn offsets; zero, tiny, large and non-finite rows, in x
+    and its gates alike (a kernel that skips all-zero rows as padding leaves their outputs
+    unwritten)."""
     if case.layout not in LAYOUTS:
         raise ValueError(f"unknown layout {case.layout!r}; expected one of {', '.join(LAYOUTS)}")
     gen = inp.generator(seed, device)
     x = inp.randn(case.shape, case.torch_dtype, gen, device)
     gate_shape = (*case.shape[:-1], 1) if case.layout == "row_gate" else case.shape
     gate = inp.randn(gate_shape, case.torch_dtype, gen, device, scale=3.0)
-    picked = inp.pick_rows(inp.rows_of(x), (inp.ZERO, inp.TINY), gen, device)
+    picked = inp.pick_rows(inp.rows_of(x), SPECIAL_ROWS, gen, device)
     inp.scale_rows(x, picked)
     inp.scale_rows(gate, picked)
     return {"x": x, "gate": gate}

@@ -36,12 +36,14 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
+from kerneltrial.ops import peers_flashinfer as fi
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
 from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
 
 NAME = "silu_and_mul"
 LAYOUTS = ("contiguous", "row_strided")
+SPECIAL_ROWS = (inp.ZERO, inp.TINY, inp.LARGE, inp.NONFINITE)  # inputs.py, "Coverage"
 PACK_ELEMENTS = 4096  # packed steps hold at most this many output elements (rows x BLOCK_D)
 PACKINGS = ((4, 4), (16, 4))  # (most rows per step, warps) of the packed candidates
 TILES = ((1024, 4), (2048, 4), (2048, 8))  # (BLOCK_D, warps) of the column-tiled candidates
@@ -158,11 +160,11 @@ def silu_and_mul_auto(x: torch.Tensor) -> torch.Tensor:
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x at an offset, with a zero and a tiny row (the coverage inputs.py describes; a
-    kernel that skips all-zero rows as padding leaves their outputs unwritten)."""
+    """x at a drawn offset, with zero, tiny, large and non-finite rows (the coverage inputs.py
+    describes; a kernel that skips all-zero rows as padding leaves their outputs unwritten)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=2.0)
-    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), (inp.ZERO, inp.TINY), gen, device))
+    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), SPECIAL_ROWS, gen, device))
     return {"x": x}
 
 
@@ -220,6 +222,7 @@ register_op(
         shape_rule=lambda shape: (
             "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)"
         ),
+        extra_shape=lambda rows, d: (rows, 2 * d),  # the extra shapes' widths are d: x is [rows, 2d]
     )
 )
 
@@ -262,5 +265,11 @@ sgl.register_sglang(  # peers_sglang.py states the kernel's contract
     NAME,
     sgl.sglang_loader("activation", "silu_and_mul", sgl.silu_and_mul, jit=True),
     "activation.silu_and_mul (JIT CUDA, fast math), one rounding, contiguous only",
+    layouts=("contiguous",),
+)
+fi.register_flashinfer(  # peers_flashinfer.py states the kernel's contract
+    NAME,
+    fi.flashinfer_loader("activation", "silu_and_mul", fi.silu_and_mul),
+    "activation.silu_and_mul (JIT CUDA), one rounding, contiguous only",
     layouts=("contiguous",),
 )

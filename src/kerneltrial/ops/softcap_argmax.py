@@ -13,11 +13,15 @@ maxima explicitly. Integer outputs are compared exactly (`Operator.exact`).
 
 fp32 tanh is not correctly rounded anywhere: torch's CPU and CUDA tanh and the kernels'
 `softcap` (a series below |x/cap| = 0.25, (1 - e^-2a) / (1 + e^-2a) above, at most ~5
-fp32 ulps from torch) order two distinct bf16 logits identically except at the edge of
-fp32 saturation, 7 * cap < |x| < 9.1 * cap, where neighbouring capped values are a few
-ulps apart and implementations may disagree on whether they tie. Inputs are finite; the
-same holds for subnormal logits (|x| < 1.2e-38), which x / cap and x * (1 / cap) round
-differently (and a GPU may flush to zero).
+fp32 ulps from torch) order two distinct bf16 logits identically except near the edge of
+fp32 saturation, SAFE_BELOW * cap < |x| < 9.1 * cap, where neighbouring capped values are
+a few ulps apart (about 5 at 6 * cap, 30 at 5 * cap) and implementations may disagree on
+whether they tie; `make_inputs` draws no logit there. The same holds for subnormal logits
+(|x| < 1.2e-38), which x / cap and x * (1 / cap) round differently (and a GPU may flush to
+zero). Non-finite logits follow torch.argmax: +-Inf caps to +-cap, and NaN is larger than
+every value (a row with a NaN answers the index of its first NaN); the kernels rank a NaN's
+capped value as +Inf and its raw value above every other (`raw_key`), so the tanh skip
+never passes over it.
 
 Bytes moved: read rows * vocab logits, write rows int64 indices.
 
@@ -56,6 +60,7 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -71,11 +76,17 @@ from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, regi
 
 NAME = "softcap_row_argmax"
 LAYOUTS = ("contiguous", "row_strided")
-CAP = 30.0  # Gemma's final-logit softcap
-LOGIT_SCALE = 4.0  # random logits ~ N(0, 4^2): far below the fp32 saturation edge of CAP
-SATURATED = (400.0, 500.0)  # planted logits that both cap to exactly CAP in fp32 (bf16-exact)
+CAP = 30.0  # Gemma's final-logit softcap: the usual cap (tests, calibration)
+# make_inputs draws the cap log-uniformly in CAP_RANGE (a multiple of 1/16): a kernel that
+# hard-codes a cap is wrong wherever the planted pairs below saturate under one cap and not
+# the other (for a hard-coded 30: drawn caps below 27.3 or above 57, 82% of the draws).
+CAP_RANGE = (2.0, 120.0)
+LOGIT_SCALE = 4.0 / 30.0  # random logits ~ N(0, (LOGIT_SCALE * cap)^2): far below saturation
+SATURATED = (10.0, 12.0)  # planted logits at these multiples of cap: both cap to exactly cap in fp32
+UNSATURATED = (4.8, 4.9)  # a planted pair that does not saturate: the later, larger one wins
+SAFE_BELOW = 5.0  # no drawn |logit| lies in [SAFE_BELOW, SATURATED[0]) * cap (see the module doc)
 TAIL = "tail"  # a special row of make_inputs whose only maximum is its last element
-SPECIAL_ROWS = (inp.ZERO, TAIL, inp.TINY)  # in this order while rows last (one ordinary row kept)
+SPECIAL_ROWS = (inp.ZERO, TAIL, inp.TINY, inp.LARGE, inp.NONFINITE)  # in this order while rows last
 
 CONTROL_BLOCK = 8192  # the control's chunk: the largest block it keeps in registers
 PACK_ELEMENTS = 4096  # packed steps hold at most this many elements (rows x BLOCK_N)
@@ -100,7 +111,8 @@ LONG_SPAN = 65536
 def softcap(x, cap, inv_cap):
     """cap * tanh(x / cap) in fp32: an odd series to x^9 below |x/cap| = 0.25 (remainder
     < 1e-8 relative), (1 - t) / (1 + t) with t = exp(-2|x/cap|) above. Monotonic; exactly
-    +-cap from |x/cap| ~ 9.1 on, like fp32 tanh."""
+    +-cap from |x/cap| ~ 9.1 on, like fp32 tanh; +Inf for a NaN (larger than every capped
+    value, as torch.argmax ranks NaN)."""
     y = x * inv_cap
     a = tl.abs(y)
     s = tl.minimum(a, 0.25)
@@ -108,7 +120,14 @@ def softcap(x, cap, inv_cap):
     series = s + s * s2 * (-1.0 / 3.0 + s2 * (2.0 / 15.0 + s2 * (-17.0 / 315.0 + s2 * (62.0 / 2835.0))))
     t = tl.exp(-2.0 * a)
     r = tl.where(a < 0.25, series, (1.0 - t) / (1.0 + t))
-    return cap * tl.where(y < 0, -r, r)
+    return tl.where(x == x, cap * tl.where(y < 0, -r, r), float("inf"))
+
+
+@triton.jit
+def raw_key(x):
+    """A raw logit ordered as its capped value is, ties aside: NaN above everything (+Inf),
+    +Inf as the largest finite value (both cap to cap), the rest as they are."""
+    return tl.where(x == x, tl.minimum(x, 3.4028234663852886e38), float("inf"))
 
 
 @triton.jit
@@ -197,7 +216,7 @@ def _walk_span(x_row, lo, hi, cap, inv_cap, BLOCK_N: tl.constexpr):
         idx = start + cols
         mask = idx < hi
         x = tl.load(x_row + idx, mask=mask, other=0.0).to(tl.float32)
-        x_top = tl.max(tl.where(mask, x, float("-inf")), axis=0)
+        x_top = tl.max(tl.where(mask, raw_key(x), float("-inf")), axis=0)
         if x_top > seen:  # only such a chunk can hold a strictly larger capped value
             v = tl.where(mask, softcap(x, cap, inv_cap), float("-inf"))
             v_top = tl.max(v, axis=0)
@@ -263,7 +282,7 @@ def _argmax_stream(
             nxt = start + BLOCK_N + cols  # prefetch: issued before this chunk is examined
             x_next = tl.load(x_row + nxt, mask=nxt < hi, other=float("-inf"))
             xf = x.to(tl.float32)  # masked lanes hold -inf
-            x_top = tl.max(xf, axis=0)
+            x_top = tl.max(raw_key(xf), axis=0)
             if x_top > seen:  # only such a chunk can hold a strictly larger capped value
                 idx = start + cols
                 v = tl.where(idx < hi, softcap(xf, cap, inv_cap), float("-inf"))
@@ -482,25 +501,46 @@ def plant_ties(logits: torch.Tensor, gen: torch.Generator) -> None:
     logits.scatter_(1, torch.cat([early, late], dim=1), top.expand(n_rows, 2))
 
 
-def saturated_rows(n_rows: int, seed: int, device: torch.device, skip: int | None = None) -> torch.Tensor:
-    """Every other row: the odd rows for even seeds, the even rows for odd seeds, so that
-    single-row inputs (a decode step) are saturated for odd seeds; never row `skip`."""
-    rows = torch.arange((seed + 1) % 2, n_rows, 2, device=device)
-    return rows if skip is None else rows[rows != skip]
+def draw_cap(gen: torch.Generator) -> float:
+    """A cap log-uniform in CAP_RANGE, rounded to a multiple of 1/16 (exact in fp32)."""
+    low, high = (math.log(c) for c in CAP_RANGE)
+    return round(math.exp(low + (high - low) * inp.uniform(gen)) * 16) / 16
 
 
-def plant_saturation(logits: torch.Tensor, gen: torch.Generator, rows: torch.Tensor) -> None:
-    """In `rows`, put SATURATED[1] at a random position of the second half and SATURATED[0]
-    in the first half: distinct logits that cap to the same fp32 value, so the earlier,
-    smaller logit is the answer (a kernel that skips tanh, or a decode path that takes the
-    raw argmax, returns the later one)."""
+def plant_pair(logits: torch.Tensor, gen: torch.Generator, rows: torch.Tensor, values: tuple[float, float]) -> None:
+    """In `rows`, values[0] at a random position of the first half, values[1] of the second."""
     n = logits.shape[-1]
     if rows.numel() == 0:
         return
     early = torch.randint(0, n // 2, rows.shape, generator=gen, device=logits.device)
     late = torch.randint(n // 2, n, rows.shape, generator=gen, device=logits.device)
-    logits[rows, early] = SATURATED[0]
-    logits[rows, late] = SATURATED[1]
+    logits[rows, early] = values[0]
+    logits[rows, late] = values[1]
+
+
+def plant_large(row: torch.Tensor, r: int, cap: float) -> None:
+    """Scale a row as inputs.LARGE does, then move every |logit| in [SAFE_BELOW, SATURATED[0])
+    * cap up by that band's width, into saturation (no implementation-defined ties)."""
+    v = row.float() * inp.row_factor(inp.LARGE, r)
+    a = v.abs()
+    band = (a >= SAFE_BELOW * cap) & (a < SATURATED[0] * cap)
+    shift = (SATURATED[0] - SAFE_BELOW) * cap
+    row.copy_(torch.where(band, v.sign() * (a + shift), v))
+
+
+def saturated_rows(n_rows: int, seed: int, device: torch.device, skip: tuple[int, ...] = ()) -> torch.Tensor:
+    """Every other row: the odd rows for even seeds, the even rows for odd seeds, so that
+    single-row inputs (a decode step) are saturated for odd seeds; never the rows in `skip`."""
+    rows = torch.arange((seed + 1) % 2, n_rows, 2, device=device)
+    return rows[~torch.isin(rows, torch.tensor(skip, dtype=rows.dtype, device=device))]
+
+
+def plant_saturation(logits: torch.Tensor, gen: torch.Generator, rows: torch.Tensor, cap: float) -> None:
+    """In `rows`, put SATURATED[1] * cap at a random position of the second half and
+    SATURATED[0] * cap in the first half: distinct logits that cap to the same fp32 value, so
+    the earlier, smaller logit is the answer (a kernel that skips tanh, or a decode path that
+    takes the raw argmax, or a cap much smaller than `cap`, returns the later one)."""
+    plant_pair(logits, gen, rows, (SATURATED[0] * cap, SATURATED[1] * cap))
 
 
 def plant_tail(row: torch.Tensor) -> None:
@@ -511,21 +551,33 @@ def plant_tail(row: torch.Tensor) -> None:
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """Logits ~ N(0, LOGIT_SCALE^2) at an offset (inputs.py, "Coverage") with tied maxima
-    in every row, saturated ties in every other row (`saturated_rows`), and, in seeded rows
-    (`SPECIAL_ROWS`, as many as leave one ordinary row), a row of zeros (every element
-    ties), a TAIL row (`plant_tail`) and a tiny row (|x| ~ 1e-23 and below: a tanh that
-    cancels near 0, e.g. (exp(2y) - 1) / (exp(2y) + 1), caps the whole row to 0)."""
+    """A drawn cap (`draw_cap`); logits ~ N(0, (LOGIT_SCALE * cap)^2) at a drawn offset
+    (inputs.py, "Coverage") with tied maxima in every row, saturated ties in every other row
+    (`saturated_rows`), an unsaturated pair (UNSATURATED * cap, answered by the later one
+    unless a kernel's cap is much smaller) in the others, and, in seeded rows (`SPECIAL_ROWS`,
+    as many as leave one ordinary row), a row of zeros (every element ties), a TAIL row
+    (`plant_tail`), a tiny row (|x| ~ 1e-23 and below: a tanh that cancels near 0, e.g.
+    (exp(2y) - 1) / (exp(2y) + 1), caps the whole row to 0), a large row (`plant_large`) and
+    a row with a NaN or an Inf."""
     gen = inp.generator(seed, device)
-    logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE)
+    cap = draw_cap(gen)
+    logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE * cap)
     picked = inp.pick_rows(inp.rows_of(logits), SPECIAL_ROWS, gen, device)
-    tail = picked.pop(TAIL, None)
+    tail, large = picked.pop(TAIL, None), picked.pop(inp.LARGE, None)
+    unplanted = tuple(r for r in (tail, picked.get(inp.TINY)) if r is not None)  # a tiny pair would not tie
+    saturated = saturated_rows(logits.shape[0], seed, device, skip=unplanted)
+    others = torch.tensor(
+        sorted(set(range(logits.shape[0])) - set(saturated.tolist()) - set(unplanted)), dtype=torch.int64, device=device
+    )
+    plant_pair(logits, gen, others, (UNSATURATED[0] * cap, UNSATURATED[1] * cap))
     plant_ties(logits, gen)
-    plant_saturation(logits, gen, saturated_rows(logits.shape[0], seed, device, skip=tail))
+    plant_saturation(logits, gen, saturated, cap)
     if tail is not None:
         plant_tail(logits[tail])
+    if large is not None:
+        plant_large(logits[large], large, cap)
     inp.scale_rows(logits, picked)
-    return {"logits": logits, "cap": CAP}
+    return {"logits": logits, "cap": cap}
 
 
 def reference(logits: torch.Tensor, cap: float) -> tuple[torch.Tensor]:
@@ -535,8 +587,10 @@ def reference(logits: torch.Tensor, cap: float) -> tuple[torch.Tensor]:
 
 def oracle(logits: torch.Tensor, cap: float) -> tuple[torch.Tensor]:
     """Capped values in float64, rounded once to fp32 (where the semantics place the ties),
-    then the smallest index among the maxima, written out rather than left to argmax."""
+    then the smallest index among the maxima (a NaN ranked above every value, as
+    torch.argmax ranks it), written out rather than left to argmax."""
     capped = (cap * torch.tanh(logits.double() / cap)).float()
+    capped = torch.where(torch.isnan(capped), torch.full_like(capped, math.inf), capped)
     is_max = capped == capped.max(dim=-1, keepdim=True).values
     positions = torch.arange(capped.shape[-1], device=capped.device).expand_as(capped)
     return (torch.where(is_max, positions, capped.shape[-1]).min(dim=-1).values,)

@@ -193,23 +193,24 @@ def qkv_slices(
     return fused.select(-3, QKV_INDEX["q"]), fused.select(-3, QKV_INDEX["k"])
 
 
-def special_heads(x: torch.Tensor, gen: torch.Generator, device: torch.device) -> None:
-    """A zero, a tiny and an eps-scale (token, head) row of `x`, written through its view
+def special_heads(x: torch.Tensor, gen: torch.Generator, device: torch.device, eps: float) -> None:
+    """The special (token, head) rows of the normalisations in `x`, written through its view
     (for `qkv_slice`, into the fused tensor): the coverage inputs.py describes."""
-    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device))
+    inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device), eps)
 
 
 def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
-    """x in `contiguous` layout, or the K slice of a fused QKV tensor (`qkv_slice`), at an
-    offset, with special rows; eps EPS or 1e-6 by seed (inputs.py, "Coverage")."""
+    """x in `contiguous` layout, or the K slice of a fused QKV tensor (`qkv_slice`), at a
+    drawn offset, with special rows; a drawn eps (inputs.py, "Coverage")."""
     gen = inp.generator(seed, device)
     if case.layout == "qkv_slice":
         x = qkv_slices(case.shape, case.torch_dtype, gen, device)[1]
     else:
         x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    special_heads(x, gen, device)
+    eps = inp.draw_eps(gen, EPS)
+    special_heads(x, gen, device, eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
-    return {"x": x, "weight": weight, "eps": inp.eps_for(seed, EPS)}
+    return {"x": x, "weight": weight, "eps": eps}
 
 
 def make_pair_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
@@ -221,12 +222,13 @@ def make_pair_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     else:
         q = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
         k = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    special_heads(q, gen, device)
-    special_heads(k, gen, device)
+    eps = inp.draw_eps(gen, EPS)
+    special_heads(q, gen, device, eps)
+    special_heads(k, gen, device, eps)
     d = case.shape[-1]
     q_weight = inp.randn((d,), case.torch_dtype, gen, device)
     k_weight = inp.randn((d,), case.torch_dtype, gen, device)
-    return {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": inp.eps_for(seed, EPS)}
+    return {"q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight, "eps": eps}
 
 
 def eager(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -283,6 +285,17 @@ GPU = tuple(
 ) + tuple(Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
 
 
+# Head dims of real models for the gate's extra shapes (ops/inputs.py, `extra_cases`): GPT-2 and
+# Llama-3.2-1B (64), Phi-3 (96), Gemma (256); Z-Image's 128 is in the panels.
+HEAD_DIMS = (64, 96, 256)
+EXTRA_HEADS = 3  # heads of an extra shape: [tokens, EXTRA_HEADS, head_dim]
+
+
+def token_heads_shape(tokens: int, head_dim: int) -> tuple[int, ...]:
+    """An extra case's shape: `tokens` tokens of EXTRA_HEADS heads."""
+    return (tokens, EXTRA_HEADS, head_dim)
+
+
 def describe(geometry: Geometry) -> str:
     if geometry.block_rows == 1:
         return "one row per program, next-pow2 block"
@@ -308,6 +321,8 @@ def _register() -> None:
             shape_rule=lambda shape: (
                 "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
             ),
+            real_widths=HEAD_DIMS,
+            extra_shape=token_heads_shape,
         )
     )
     for name, geometry in module.GEOMETRIES.items():
@@ -342,6 +357,8 @@ def _register() -> None:
             shape_rule=lambda shape: (
                 "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
             ),
+            real_widths=HEAD_DIMS,
+            extra_shape=token_heads_shape,
         )
     )
     for name, geometry in module.GEOMETRIES.items():

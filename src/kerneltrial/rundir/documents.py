@@ -11,8 +11,9 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   them, and with the lead-check counts (`lead`).
 - plan.json `host` (host cost per call, issue 16) only in runs with a host stage; `isolated` (and
   provenance.json `isolation`) only in runs with isolated arms' contract (`checks` 3).
-- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call) and `/6`
-  (isolated arms: the harness's bounds on their own clocks); `/1`
+- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call), `/6`
+  (the speed-of-light floor per case and arm, plan.json `floor`) and `/7` (isolated arms: the
+  harness's bounds on their own clocks); `/1`
   (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
   slowdown) are still read.
 
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
-from kerneltrial.rundir.layout import PLAN, PROVENANCE, SUMMARY
+from kerneltrial.rundir.layout import PLAN, PROTOCOL, PROVENANCE, SUMMARY
 
 SUMMARY_V1 = "kerneltrial.summary/1"
 SUMMARY_V2 = "kerneltrial.summary/2"
@@ -37,6 +38,7 @@ SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
 SUMMARY_V5 = "kerneltrial.summary/5"
 SUMMARY_V6 = "kerneltrial.summary/6"
+SUMMARY_V7 = "kerneltrial.summary/7"
 
 
 class Document(BaseModel):
@@ -134,6 +136,7 @@ class Plan(Document):
     order_seed_override: bool = False  # True: `run --order-seed` replaced the protocol's (replicates)
     target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
     host: HostRule | None = None  # None: a run from before the host-cost stage
+    inputs_seed: int | None = None  # the run's inputs seed (ops/inputs.py); None: a run from before them
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +224,7 @@ class Provenance(Document):
     impl_modules: dict[str, str]  # sha256 of each user kernel file
     lead: Lead | None = None  # None: before the lead check, or not finished
     confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
+    inputs_seed: int | None = None  # the run's inputs seed, recorded at start (plan.json copies it)
     isolation: IsolationRecord | None = None  # None: a run from before isolated arms
 
 
@@ -259,6 +263,7 @@ class ArmFigures(Document):
     host_ns_per_call: float | None  # median host time per call; None: not measured (before summary/5)
     host_samples: int
     host_behind: int | None  # samples whose device was still busy at the end; None before summary/5
+    fraction_of_floor: float | None  # the case's floor / this median (analysis/floor.py); None before summary/6
 
     @property
     def device_bound(self) -> bool:
@@ -273,6 +278,7 @@ class SummaryCase(Document):
     dtype: str
     bytes: int
     matched_copy_gbps: float | None = None  # a copy of this case's traffic; None: not measured (before issue 16)
+    floor_ns: float | None  # the speed-of-light floor (analysis/floor.py); None before summary/6 or unmeasured
     calls: int
     rounds: int | None  # None in summary/1
     units_planned: int | None
@@ -420,9 +426,15 @@ class Summary(Document):
     plausibility: SummaryPlausibility | None  # None before timed checks
     timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
     host: HostCounts | None  # None before host cost (summary/4 and older)
-    isolation: IsolationFigures | None = None  # None before isolated arms (summary/5 and older)
+    isolation: IsolationFigures | None  # None before isolated arms (summary/6 and older)
     warnings: list[str]
     inputs_sha256: dict[str, str]
+
+    @property
+    def records_floor(self) -> bool:
+        """Whether cases and arms carry the floor figures (summary/6 on); older runs' floor is computed
+        from their ceilings (analysis/floor.py)."""
+        return self.schema_ in (SUMMARY_V6, SUMMARY_V7)
 
     @property
     def records_spreads(self) -> bool:
@@ -465,6 +477,24 @@ def _summary_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "cases": cases, "host": None}
 
 
+def _summary_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/5 and older: no speed-of-light floor (plan.json had no `floor`)."""
+    cases = [
+        {
+            **case,
+            "floor_ns": None,
+            "arms": {name: {**entry, "fraction_of_floor": None} for name, entry in case["arms"].items()},
+        }
+        for case in data["cases"]
+    ]
+    return {**data, "cases": cases}
+
+
+def _summary_v6(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/6 and older: no isolated arms (plan.json had no `checks` 3)."""
+    return {**data, "isolation": None}
+
+
 def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
     """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
     cases = [
@@ -487,14 +517,15 @@ def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "calibration": {**data["calibration"], "arms": arms}}
 
 
-# each version's adapter, applied from the document's version on (summary/1 passes all four)
+# each version's adapter, applied from the document's version on (summary/1 passes all six)
 SUMMARY_ADAPTERS = {
     SUMMARY_V1: _summary_v1,
     SUMMARY_V2: _summary_v2,
     SUMMARY_V3: _summary_v3,
     SUMMARY_V4: _summary_v4,
-    SUMMARY_V5: None,
-    SUMMARY_V6: None,
+    SUMMARY_V5: _summary_v5,
+    SUMMARY_V6: _summary_v6,
+    SUMMARY_V7: None,
 }
 
 
@@ -503,9 +534,7 @@ def read_summary(run_dir: Path) -> Summary:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     if not (run_dir / SUMMARY).is_file():
-        raise RunDirError(
-            f"{run_dir}: no {SUMMARY}; write it first (the runner does, or analysis.summary.write_summary)"
-        )
+        raise RunDirError(f"{run_dir}: no {SUMMARY}; {_why_no_summary(run_dir)}")
     data = _document(run_dir, SUMMARY)
     versions = list(SUMMARY_ADAPTERS)
     if data.get("schema") not in versions:
@@ -517,6 +546,19 @@ def read_summary(run_dir: Path) -> Summary:
         adapter = SUMMARY_ADAPTERS[version]
         data = adapter(data) if adapter else data
     return validate(Summary, data, run_dir / SUMMARY)
+
+
+def _why_no_summary(run_dir: Path) -> str:
+    """What to do about a kernel run directory without summary.json: an interrupted run
+    (provenance.json without finished_at) continues with `run --resume`."""
+    provenance = run_dir / PROVENANCE
+    if provenance.is_file() and not read_json(provenance).get("finished_at"):
+        return (
+            "the run did not finish (interrupted or still running): continue it with "
+            f"`kerneltrial run PROTOCOL --out {run_dir} --resume`, PROTOCOL being the file it started from "
+            f"(the same bytes as {run_dir / PROTOCOL})"
+        )
+    return "the runner writes it when a run ends; is this a run directory (`kerneltrial run ... --out DIR`)?"
 
 
 # ---------------------------------------------------------------- reading

@@ -25,6 +25,10 @@ CEILINGS = "ceilings.csv"
 # ceilings.csv kinds measured from issue 16 on (optional: earlier runs lack them)
 COPY_MATCHED = "copy_matched"  # a copy of one case's traffic (`bytes`)
 TRITON_LAUNCH = "triton_launch"  # a one-element Triton kernel: the Triton launch floor
+# plan.json `floor` (issue 27): the speed-of-light model of each case, named by the ceilings.csv
+# kinds it reads: floor = median(`triton_launch`) + bytes / median GB/s of the 1 GiB `copy`
+# (analysis/floor.py states the model; a plan with it gets a summary/6)
+FLOOR_MODEL = {"launch": TRITON_LAUNCH, "rate": "copy"}
 # plan.json arm kinds that may take only some layouts (the arm's `layouts`): a peer (e.g. one that
 # takes only contiguous rows) and a calibration copy of one. A candidate must take every layout:
 # unavailable in a case, it would leave the gate there.
@@ -34,8 +38,15 @@ TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
-REPORT = "report.md"
-ERRATA = "ERRATA.md"
+REPORT = "report.md"  # derived: verify renders it again and compares (analysis/derived.py)
+ERRATA = "ERRATA.md"  # written by hand after the run: neither derived nor in the manifest
+ERRATA_SUPERSEDED = "Superseded by:"  # an ERRATA.md line that retires the run: `Superseded by: RUN`
+ERRATA_REASON = "Reason:"  # beside it: why
+# the figures `kerneltrial report` writes into a kernel run directory (outside its manifest, like report.md)
+SPEEDUP_PNG = "speedup.png"
+VERDICTS_PNG = "verdicts.png"
+CEILING_PNG = "ceiling.png"
+REPORT_FIGURES = (SPEEDUP_PNG, VERDICTS_PNG, CEILING_PNG)
 # A replicate directory (`kerneltrial replicate`): run-1..N, each a kernel run directory, and the cross-run table.
 REPLICATES = "replicates.json"
 REPLICATES_MD = "replicates.md"
@@ -48,6 +59,15 @@ FLEET_PIECES = "pieces"
 FLEET_WORKERS = "workers"
 FLEET_LOGS = "logs"
 INPUT_FILES = (PLAN, CORRECTNESS, TIMINGS, CEILINGS)  # the raw files every summary is computed from
+# The input dtypes a case may name, with their bytes per element (torch-free: a protocol is
+# validated before torch is imported; ops/registry.py maps the names to torch dtypes).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def case_id(shape: tuple[int, ...] | list[int], layout: str, dtype: str) -> str:
+    """A case as every file of a kernel run directory names it, e.g. `4096x2048/contiguous/bfloat16`."""
+    return f"{'x'.join(map(str, shape))}/{layout}/{dtype}"
+
 
 # serving run directories
 LAUNCHES = "launches.jsonl"

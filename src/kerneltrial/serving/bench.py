@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.serving import vllm_platform
 from kerneltrial.serving.launcher import Server, stop_group
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, percentile_word
 
@@ -144,11 +145,10 @@ def run_bench(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = dict(os.environ)
-    full_env.setdefault("HF_HUB_OFFLINE", "1")
-    full_env.update(env or {})
+    full_env, choice = vllm_platform.process_env(argv[0], {"HF_HUB_OFFLINE": "1", **os.environ, **(env or {})})
     with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.write(f"# platform: {choice.reason}\n".encode())
         log.flush()
         proc = subprocess.Popen(
             argv,

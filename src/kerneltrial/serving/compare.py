@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.serving.report import Interval, ServingRun, arm_case, load_run
 
 
@@ -96,10 +97,11 @@ def _ratio_cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.4f}"
 
 
-def compare_runs(a: Path, b: Path) -> str:
-    """The markdown comparison of serving runs `a` and `b` (see `comparison`)."""
+def compare_runs(a: Path, b: Path, unverified: bool = False) -> str:
+    """The markdown comparison of serving runs `a` and `b` (see `comparison`); `unverified`: the
+    title says the runs were not required to verify."""
     c = comparison(a, b)
-    lines = [f"A: `{a}`", f"B: `{b}`", ""]
+    lines = [titled("# Serving runs compared", unverified), "", f"A: `{a}`", f"B: `{b}`", ""]
     for note in c.notes:
         lines += [note, ""]
     lines += [

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from kerneltrial.serving import supervise
+from kerneltrial.serving import supervise, vllm_platform
 from kerneltrial.serving.lifecycle import (
     PORT_WAIT_S,
     PortTaken,
@@ -124,19 +124,6 @@ def probe_versions(python: str | None, timeout: float = 60.0) -> dict[str, Any]:
     return data
 
 
-def python_for(exe: str) -> str | None:
-    """The interpreter next to an executable (venv layout), or the executable if it is python."""
-    path = shutil.which(exe) or exe
-    p = Path(path)
-    if p.name.startswith("python"):
-        return str(p)
-    for cand in ("python", "python3"):
-        q = p.parent / cand
-        if q.exists():
-            return str(q)
-    return None
-
-
 def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> list[str]:
     """SIGINT the process group, wait; SIGTERM, wait; SIGKILL. Returns the signals sent."""
     pgid = proc.pid  # start_new_session=True: the leader's (the supervisor's) pid is the group id
@@ -187,8 +174,7 @@ class Server:
             wait_for_port(s.host, s.port, s.port_wait_s)
         except PortTaken as e:
             raise LaunchError(str(e)) from None
-        env = dict(os.environ)
-        env.update(s.env)
+        env, choice = vllm_platform.process_env(s.argv[0], {**os.environ, **s.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
         t0 = time.time()
@@ -204,6 +190,7 @@ class Server:
         self.record = {
             "argv": list(s.argv),
             "env_set": dict(s.env),
+            "platform": {"added": choice.added, "reason": choice.reason},
             "operator_env": operator_env(env),
             "pid": self.proc.pid,  # the supervisor's, the group leader's
             "pgid": self.proc.pid,

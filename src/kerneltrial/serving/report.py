@@ -26,6 +26,7 @@ from typing import TypeVar
 from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kerneltrial.analysis.publication import titled
 from kerneltrial.analysis.stats import t_half_width
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
@@ -605,7 +606,7 @@ def dispatch_lines(run: ServingRun) -> list[str]:
 # ---------------------------------------------------------------- figures
 
 
-def plot_metric(run: ServingRun, metric: str, path: Path) -> Path:
+def plot_metric(run: ServingRun, metric: str, path: Path, unverified: bool = False) -> Path:
     """One panel per case: each launch's figure (dots) and the arm's mean with its interval (bar)."""
     cases = run.plan.cases
     fig = Figure(figsize=(4.5 * len(cases), 4))
@@ -641,16 +642,19 @@ def plot_metric(run: ServingRun, metric: str, path: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
         if k == 0:
             ax.legend(fontsize="small")
-    fig.suptitle(f"{run.name}: {label} per arm and launch" + ("" if run.gpu else " (no GPU recorded)"))
+    fig.suptitle(
+        titled(f"{run.name}: {label} per arm and launch" + ("" if run.gpu else " (no GPU recorded)"), unverified)
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
 
 
-def render(run: ServingRun) -> str:
+def render(run: ServingRun, unverified: bool = False) -> str:
+    """report.md of a serving run (verify renders it again and compares); `unverified`: the title says so."""
     s = run.summary
     lines = [
-        f"# Serving trial {run.name}",
+        titled(f"# Serving trial {run.name}", unverified),
         "",
         f"Status: {s.status}"
         + (f"; failures: {'; '.join(s.failures)}" if s.failures else "")
@@ -677,12 +681,13 @@ def render(run: ServingRun) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_serving_report(run_dir: Path) -> Path:
-    """Write report.md, throughput.png and ttft.png into a serving run directory; returns report.md."""
+def write_serving_report(run_dir: Path, unverified: bool = False) -> Path:
+    """Write report.md, throughput.png and ttft.png into a serving run directory; returns report.md.
+    `unverified`: every title says the run was not required to verify."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
-    plot_metric(run, "throughput", run_dir / THROUGHPUT_PNG)
-    plot_metric(run, "ttft", run_dir / TTFT_PNG)
+    plot_metric(run, "throughput", run_dir / THROUGHPUT_PNG, unverified)
+    plot_metric(run, "ttft", run_dir / TTFT_PNG, unverified)
     path = run_dir / REPORT
-    path.write_text(render(run))
+    path.write_text(render(run, unverified))
     return path

@@ -59,10 +59,10 @@ from kerneltrial.serving.launcher import (
     ServerSpec,
     operator_env,
     probe_versions,
-    python_for,
 )
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
+from kerneltrial.serving.vllm_platform import interpreter_of
 
 Event = Callable[..., None]
 # vLLM keys its compiled-model cache on model and config, not on plugins: without this an E1
@@ -385,7 +385,7 @@ def run_protocol(
         "platform": platform.platform(),
         "git": git_state(),
         "gpu": nvidia_smi(GPU_FIELDS, units=True),
-        "client": {"vllm": vllm, "versions": probe_versions(python_for(vllm))},
+        "client": {"vllm": vllm, "versions": probe_versions(interpreter_of(vllm))},
         "server_versions": {},
         "environment": operator_env(os.environ),
         "timings": {},
@@ -419,7 +419,7 @@ def run_protocol(
                 else:
                     argv_x = proto.expand(arm)
                     if name not in prov["server_versions"]:
-                        prov["server_versions"][name] = probe_versions(python_for(argv_x[0]))
+                        prov["server_versions"][name] = probe_versions(interpreter_of(argv_x[0]))
                     spec = ServerSpec(
                         argv_x,
                         proto.server.model_id,

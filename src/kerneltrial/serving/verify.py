@@ -162,6 +162,29 @@ def incomplete(prov: dict[str, Any], summarised: bool) -> str | None:
     return None
 
 
+def _launch_problems(
+    where: str, rows: list[dict[str, Any]], launches: list[int], per_launch: list[dict[str, float]], recorded: Any
+) -> list[str]:
+    """The summary's per-launch figures, which report and compare show with their intervals: one
+    entry per launch run, its kept runs (all but the first, the warm-up rule) and their mean figures."""
+    entries = [e for e in recorded if isinstance(e, dict)] if isinstance(recorded, list) else []
+    if [e.get("launch") for e in entries] != launches:
+        return [f"{where}: summary launches {[e.get('launch') for e in entries]} are not the launches run {launches}"]
+    problems = []
+    for launch, entry, figures in zip(launches, entries, per_launch, strict=True):
+        kept = [r["run"] for r in sorted((r for r in rows if r["launch"] == launch), key=lambda r: r["run"])[1:]]
+        if entry.get("kept_runs") != kept:
+            problems.append(
+                f"{where} launch {launch}: summary kept_runs {entry.get('kept_runs')}, the runs after warm-up are {kept}"
+            )
+        problems += [
+            f"{where} launch {launch}: summary {k} = {entry[k]}, recomputed {v}"
+            for k, v in figures.items()
+            if k in entry and not _close(entry[k], v)
+        ]
+    return problems
+
+
 def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
     path = Path(path)
@@ -267,6 +290,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
                         ) / len(lr)
                 per_launch.append(recomputed)
             recomputed_launches[(a, cid)] = list(zip(launches, per_launch, strict=True))
+            problems += _launch_problems(f"{a}/{cid}", rr, launches, per_launch, s.get("launches"))
             for k in per_launch[0]:
                 if k in s:
                     keys_seen.add(k)

@@ -15,6 +15,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kerneltrial.submission.codecheck import entry_name_problem, source_problem
 from kerneltrial.submission.interface import mismatch, module_constants, params_of_def
 from kerneltrial.submission.receipt import FileRecord, Receipt
 
@@ -163,15 +164,6 @@ def _entry_point(module: str, source: bytes, operators: Mapping[str, str], op: s
     problem = mismatch(operators[op], params_of_def(defs[op], module_constants(tree)))
     if problem:
         raise Rejected(f"entry point: {problem}")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots = [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots = [node.module.split(".")[0]]
-        else:
-            continue
-        if "kerneltrial" in roots:
-            raise Rejected(f"{module} imports kerneltrial, which the target does not have; inline what it uses")
     return op
 
 
@@ -205,9 +197,14 @@ def inspect_archive(
     (`DATA_SUFFIXES`), a top-level `def OP` bound once (OP given, from the receipt, or the one
     operator the module names)
     whose parameters match `operators[OP]` (a registry signature), no top-level function named
-    after another operator, no import of kerneltrial; the receipt, when given, must describe
-    these bytes. Raises `Rejected` with a one-line reason."""
+    after another operator, ASCII names, no import of kerneltrial and no code loaded from
+    data (`codecheck`); the receipt, when given, must describe these bytes. Raises `Rejected`
+    with a one-line reason."""
     entries = _read_entries(data)
+    for name in sorted(entries):
+        problem = entry_name_problem(name)
+        if problem:
+            raise Rejected(problem)
     folded = sorted(n.casefold() for n in entries)
     if len(set(folded)) != len(folded):
         raise Rejected("two entries differ only in case; they collide on a case-insensitive file system")
@@ -226,6 +223,9 @@ def inspect_archive(
     module = modules[0]
     if not module[:-3].isidentifier():
         raise Rejected(f"{module} cannot be imported by its name; name the file like a Python identifier")
+    problem = source_problem(module, entries[module])
+    if problem:
+        raise Rejected(problem)
     op = _entry_point(module, entries[module], operators, op or (receipt.op if receipt else None))
     # last, so a hand-made archive gets the more specific reasons above first
     if build(entries) != data:

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kerneltrial.cli_support import CliError, ExitCode
 from kerneltrial.trial.cli import TARGET_OPTION
+
+if TYPE_CHECKING:
+    from kerneltrial.submission.receipt import Receipt
 
 
 def package(
@@ -24,21 +27,30 @@ def package(
             "and rule sha256 must match the packed bytes."
         ),
     ] = None,
+    unconfirmed: Annotated[
+        bool,
+        typer.Option(
+            "--unconfirmed",
+            help='Package without a --confirmed run; the receipt then says "confirmation": "unconfirmed".',
+        ),
+    ] = False,
     target: Annotated[str | None, TARGET_OPTION] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds the interface check may take.")] = 1800.0,
 ) -> None:
     """Build a submission archive (MODULE at the top level, data files beside it, deterministic
-    bytes) and its receipt, after checking that MODULE is the confirmed code (--confirmed), that
-    the archive passes `inspect`, and that it imports in a fresh interpreter with exactly one
-    entry point OP of the operator's signature that passes the correctness gate (with the launch
-    limits of --target). Exit 1 when refused, naming why; 2 on bad input (a missing file, an
-    --out that is not a .zip, a --confirmed path that is no run directory)."""
+    bytes) and its receipt, after checking that MODULE is the confirmed code (--confirmed; or
+    --unconfirmed, said in the receipt), that the archive passes `inspect`, and that, unpacked
+    and run where no kerneltrial module is importable (as the target runs it), it has exactly one
+    entry point OP of the operator's signature whose outputs pass the correctness gate (with the
+    launch limits of --target). Exit 1 when refused, naming why; 2 on bad input (a missing file,
+    an --out that is not a .zip, a --confirmed path that is no run directory, neither or both of
+    --confirmed and --unconfirmed)."""
     from kerneltrial.submission.package import BadInput, PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
 
     try:
-        receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout)
+        receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout, unconfirmed)
     except BadInput as exc:
         raise CliError(str(exc), ExitCode.BAD_INPUT) from None
     except PackageError as exc:
@@ -46,9 +58,13 @@ def package(
     check = receipt.interface_check
     typer.echo(
         f"packaged {out} (sha256 {receipt.archive.sha256}, {len(receipt.files)} file(s)); receipt {receipt_path(out)}\n"
-        f"interface check passed on {check.device}: {check.checks} gate checks"
+        f"interface check passed on {check.device} (isolated: no kerneltrial importable): {check.checks} gate checks"
         + (f", every launch within the {check.target} limits" if check.target else "")
-        + (f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}" if receipt.tested_in else "")
+        + (
+            f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}"
+            if receipt.tested_in
+            else "; UNCONFIRMED: no confirmation run tested this code (the receipt says so)"
+        )
     )
 
 
@@ -59,8 +75,10 @@ def inspect(
 ) -> None:
     """Re-check a submission archive without importing it: no path traversal, absolute path,
     link, duplicate or oversized entry; one module with a top-level function named after the
-    operator, of its signature, and no other entry point; the receipt, if given, matches.
-    Exit 0 when accepted, 1 when rejected (one line says why), 2 on bad input."""
+    operator, of its signature, and no other entry point; ASCII names; no code loaded from a
+    data entry or a string (exec, eval, compile, importlib, runpy, pickle, ...); the receipt, if
+    given, matches, and its confirmation and interface check are shown. Exit 0 when accepted,
+    1 when rejected (one line says why), 2 on bad input."""
     from pydantic import ValidationError
 
     from kerneltrial.ops.registry import all_ops
@@ -69,20 +87,37 @@ def inspect(
 
     if not archive.is_file():
         raise CliError(f"{archive} is not a file")
+    signatures = {o.name: o.signature for o in all_ops()}
+    if op is not None and op not in signatures:  # bad input (exit 2), not a rejected archive
+        raise CliError(f"unknown operator {op!r}; known: {', '.join(signatures)}")
     try:
         recorded = Receipt.read(receipt) if receipt else None
     except (OSError, ValidationError) as exc:
         raise CliError(f"{receipt} is not a kerneltrial receipt: {str(exc).splitlines()[0]}") from None
     try:
-        found = inspect_archive(
-            archive.read_bytes(), archive.name, {o.name: o.signature for o in all_ops()}, op, recorded
-        )
+        found = inspect_archive(archive.read_bytes(), archive.name, signatures, op, recorded)
     except Rejected as exc:
         raise CliError(f"rejected {archive}: {exc}", ExitCode.FAILED) from None
     typer.echo(
         f"accepted {archive}: entry point {found.op} in {found.module}, {len(found.files)} file(s), "
-        f"sha256 {found.archive.sha256}" + (", matches its receipt" if recorded else "")
+        f"sha256 {found.archive.sha256}" + (f", matches its receipt ({_receipt_line(recorded)})" if recorded else "")
     )
+
+
+def _receipt_line(receipt: Receipt) -> str:
+    """What a receipt says about the code's confirmation and its interface check."""
+    check = receipt.interface_check
+    confirmation = (
+        f"confirmation: confirmed in {len(receipt.tested_in)} run(s)"
+        if receipt.confirmation == "confirmed"
+        else "confirmation: UNCONFIRMED, packaged with --unconfirmed: no confirmation run tested this code"
+    )
+    process = (
+        "isolated, no kerneltrial importable"
+        if check.process == "isolated"
+        else "in-harness, imported where kerneltrial was (receipt before receipt/3)"
+    )
+    return f"{confirmation}; interface check {process}, on {check.device}, {check.checks} gate checks"
 
 
 def mount(app: typer.Typer) -> None:

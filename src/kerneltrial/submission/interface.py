@@ -3,15 +3,13 @@ registry `signature` (e.g. `zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor`), 
 order, with the same defaults, and nothing else. The Track 1 workflow's package that every
 chip rejected had an entry point that did not match the interface; this is that check.
 
-Parameters are read from source with `ast` (`inspect` of an archive imports nothing) or from
-a live function (the interface check, after importing the archive in a fresh interpreter).
+Parameters are read from source with `ast`: the module's (`inspect` of an archive imports
+nothing) or the live function's signature text (the interface check's worker imports it).
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,27 +88,26 @@ def params_of_def(node: ast.FunctionDef | ast.AsyncFunctionDef, constants: dict[
     return params
 
 
-def params_of_callable(fn: Callable[..., Any]) -> list[Param]:
-    """The parameters of a live function (`inspect.signature`)."""
-    kinds: dict[Any, Kind] = {
-        inspect.Parameter.POSITIONAL_ONLY: "positional",
-        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
-        inspect.Parameter.VAR_POSITIONAL: "*args",
-        inspect.Parameter.KEYWORD_ONLY: "keyword-only",
-        inspect.Parameter.VAR_KEYWORD: "**kwargs",
-    }
-    return [
-        Param(p.name, kinds[p.kind], p.default is not p.empty, p.default, repr(p.default))
-        for p in inspect.signature(fn).parameters.values()
-    ]
+def _parse_def(head: str) -> ast.FunctionDef:
+    node = ast.parse(f"def {head}: pass").body[0]
+    assert isinstance(node, ast.FunctionDef)
+    return node
+
+
+def params_of_signature(text: str) -> list[Param] | None:
+    """The parameters of a live function from its `inspect.signature` text (`(x, weight,
+    eps=1e-06)`, as the interface check's worker reports it), read as source; None when the
+    text is not Python (a default whose repr is no expression)."""
+    try:
+        return params_of_def(_parse_def(f"f{text}"))
+    except SyntaxError:
+        return None
 
 
 def declared(signature: str) -> tuple[str, list[Param]]:
     """The head (`op(x, weight, eps=1e-5)`) and parameters of a registry signature."""
     head = signature[: signature.index(")") + 1]
-    node = ast.parse(f"def {head}: pass").body[0]
-    assert isinstance(node, ast.FunctionDef)
-    return head, params_of_def(node)
+    return head, params_of_def(_parse_def(head))
 
 
 def mismatch(signature: str, got: list[Param]) -> str:

@@ -11,18 +11,17 @@ In order, each step refusing the package with a one-line reason:
    behaviour, so the archived code and rule are what that run confirmed;
 2. layout: the archive (`archive.build`) must pass `archive.inspect_archive`, the same static
    check `kerneltrial inspect` runs;
-3. interface: in a fresh interpreter, the archive unpacked, imported and gated (`probe`), with
-   the target's launch limits when one is named.
-Only then are the archive and its receipt (`receipt.Receipt`) written.
+3. interface: the archive unpacked and imported in a process where no kerneltrial module is
+   importable, its outputs gated by this process (`isolated.interface_check`), with the
+   target's launch limits when one is named.
+Without a `confirmed` run it refuses (bad input) unless `unconfirmed` is set; the receipt then
+says `"confirmation": "unconfirmed"`. Only then are the archive and its receipt written.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -30,12 +29,11 @@ from pathlib import Path, PurePosixPath
 from kerneltrial import __version__
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.submission.archive import Rejected, build, inspect_archive
-from kerneltrial.submission.probe import ProbeResult
 from kerneltrial.submission.receipt import FileRecord, InterfaceRecord, Receipt, RunRecord, receipt_path
 
 # The interface check gates every case of the operator's panel twice; on a CPU (interpreter) the
 # small panel takes well under a minute, so this bound only stops a module that hangs.
-PROBE_TIMEOUT_S = 1800.0
+INTERFACE_TIMEOUT_S = 1800.0
 
 
 class PackageError(Exception):
@@ -130,37 +128,6 @@ def confirmed_run(run_dir: Path, module: Path, packed: Mapping[str, bytes], op: 
     )
 
 
-def _child_env() -> dict[str, str]:
-    """This process's environment, with this kerneltrial first on the path: the check runs the
-    code that is packaging, not another installed copy."""
-    import kerneltrial
-
-    root = str(Path(kerneltrial.__file__).resolve().parents[1])
-    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-
-
-def interface_check(archive: bytes, op: str, target: str | None, timeout: float) -> ProbeResult:
-    """`probe` in a fresh interpreter, started in an empty folder (so nothing beside the caller's
-    working directory can stand in for a file the archive lacks)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "submission.zip"
-        path.write_bytes(archive)
-        command = [sys.executable, "-m", "kerneltrial.submission.probe", str(path), op, *([target] if target else [])]
-        try:
-            done = subprocess.run(
-                command, cwd=folder, env=_child_env(), capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            raise PackageError(
-                f"interface check did not finish within {timeout:g} s (a kernel that never returns?)"
-            ) from None
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise PackageError(f"interface check crashed (exit {done.returncode}): {last}")
-        return ProbeResult.parse(lines[-1])
-
-
 def package(
     op: str,
     module: Path,
@@ -168,10 +135,12 @@ def package(
     data: Sequence[Path] = (),
     confirmed: Sequence[Path] = (),
     target: str | None = None,
-    timeout: float = PROBE_TIMEOUT_S,
+    timeout: float = INTERFACE_TIMEOUT_S,
+    unconfirmed: bool = False,
 ) -> Receipt:
     """Check, then write `out` and its receipt; return the receipt (see the module's docstring)."""
     from kerneltrial.ops.registry import all_ops, get_op
+    from kerneltrial.submission.isolated import WorkerEnded, interface_check
     from kerneltrial.trial.targets import get_target
 
     operator = get_op(op)
@@ -179,6 +148,13 @@ def package(
         get_target(target)
     if out.suffix != ".zip":
         raise BadInput(f"--out {out} must end in .zip")
+    if bool(confirmed) == unconfirmed:
+        raise BadInput(
+            "--unconfirmed with --confirmed: a package is either confirmed or not; drop one"
+            if unconfirmed
+            else f"no --confirmed run: pass the confirmation run that tested {module} (--confirmed RUN_DIR), "
+            "or --unconfirmed to package code no confirmation run tested (the receipt then says so)"
+        )
     for path in (out, receipt_path(out)):
         if path.exists():
             raise BadInput(f"{path} exists; a package is never overwritten: choose another --out")
@@ -197,7 +173,10 @@ def package(
         inspection = inspect_archive(archive, out.name, {o.name: o.signature for o in all_ops()}, op=op)
     except Rejected as exc:
         raise PackageError(f"the archive would be rejected: {exc}") from None
-    result = interface_check(archive, op, target, timeout)
+    try:
+        result = interface_check(archive, op, target, timeout)
+    except WorkerEnded as exc:
+        raise PackageError(f"interface check {exc}") from None
     if not result.passed:
         raise PackageError(f"interface check failed: {result.reason}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +189,8 @@ def package(
         archive=inspection.archive,
         files=list(inspection.files),
         tested_in=tested,
-        interface_check=InterfaceRecord(target=target, device=result.device, checks=result.checks),
+        confirmation="confirmed" if tested else "unconfirmed",
+        interface_check=InterfaceRecord(target=target, device=result.device, checks=result.checks, process="isolated"),
     )
     receipt.write(receipt_path(out))
     return receipt

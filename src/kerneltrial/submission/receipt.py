@@ -1,21 +1,27 @@
 """The receipt `package` writes beside a submission archive: what is inside it (sha256 and size
 of every file and of the archive), what it implements (the operator and its signature), which
-kerneltrial checked it, where it was tested, and the interface check it passed.
-`inspect --receipt` compares an archive with it."""
+kerneltrial checked it, where it was tested (or that it was not: `confirmation`), and the
+interface check it passed (and how: `interface_check.process`).
+`inspect --receipt` compares an archive with it and shows both."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kerneltrial.rundir.hashing import sha256_bytes
 
-RECEIPT_SCHEMA = "kerneltrial.receipt/2"
-# receipt/1 (before package checked the run's phase, gate, verify and rule) is still read: its
-# run records lack the fields below marked "receipt/2".
+RECEIPT_SCHEMA = "kerneltrial.receipt/3"
+# Older receipts are still read. receipt/1 (before package checked the run's phase, gate, verify
+# and rule): its run records lack the fields below marked "receipt/2". receipt/1 and /2 (before
+# the isolated interface check and --unconfirmed) lack `confirmation` and
+# `interface_check.process`: read as confirmed when they name a run (package had no other way
+# then), else unconfirmed, and as checked in-harness.
+RECEIPT_SCHEMA_2 = "kerneltrial.receipt/2"
 RECEIPT_SCHEMA_1 = "kerneltrial.receipt/1"
+Confirmation = Literal["confirmed", "unconfirmed"]
 
 
 class FileRecord(BaseModel):
@@ -48,19 +54,25 @@ class RunRecord(BaseModel):
 
 
 class InterfaceRecord(BaseModel):
-    """The interface check the archive passed: imported in a fresh interpreter, gated."""
+    """The interface check the archive passed: unpacked, imported and gated on the panel."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: str | None
     device: str
     checks: int
+    # "isolated" (receipt/3): run where no kerneltrial module was importable, outputs judged by
+    # the harness (submission/isolated.py); "in-harness" (receipt/1, /2): imported into a
+    # process that had imported kerneltrial first
+    process: Literal["isolated", "in-harness"]
 
 
 class Receipt(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["kerneltrial.receipt/2", "kerneltrial.receipt/1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
+    schema_id: Literal["kerneltrial.receipt/3", "kerneltrial.receipt/2", "kerneltrial.receipt/1"] = Field(
+        default=RECEIPT_SCHEMA, alias="schema"
+    )
     op: str
     signature: str
     module: str
@@ -68,14 +80,34 @@ class Receipt(BaseModel):
     archive: FileRecord
     files: list[FileRecord]
     tested_in: list[RunRecord]
+    # "unconfirmed": packaged with --unconfirmed, no confirmation run tested these bytes
+    confirmation: Confirmation
     interface_check: InterfaceRecord
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adapt_older(cls, data: Any) -> Any:
+        """receipt/1 and /2 as receipt/3 reads them (see RECEIPT_SCHEMA_2)."""
+        if not isinstance(data, dict) or data.get("schema") not in (RECEIPT_SCHEMA_1, RECEIPT_SCHEMA_2):
+            return data
+        check = data.get("interface_check")
+        return data | {
+            "confirmation": "confirmed" if data.get("tested_in") else "unconfirmed",
+            "interface_check": check | {"process": "in-harness"} if isinstance(check, dict) else check,
+        }
 
     @model_validator(mode="after")
     def _complete_run_records(self) -> Receipt:
-        if self.schema_id == RECEIPT_SCHEMA:
-            for run in self.tested_in:
-                if None in (run.phase, run.arm, run.gate, run.gate_passed, run.rule):
-                    raise ValueError(f"{RECEIPT_SCHEMA}: tested_in {run.run_dir} lacks phase, arm, gate or rule")
+        if self.schema_id == RECEIPT_SCHEMA_1:
+            return self
+        for run in self.tested_in:
+            if None in (run.phase, run.arm, run.gate, run.gate_passed, run.rule):
+                raise ValueError(f"{self.schema_id}: tested_in {run.run_dir} lacks phase, arm, gate or rule")
+        if (self.confirmation == "confirmed") != bool(self.tested_in):
+            raise ValueError(
+                f"confirmation {self.confirmation!r} with {len(self.tested_in)} tested_in run(s): "
+                "a receipt is confirmed exactly when it names the runs that tested it"
+            )
         return self
 
     def write(self, path: Path) -> None:

@@ -23,6 +23,9 @@ from kerneltrial.trial.targets import TARGETS
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from kerneltrial.ops.registry import Case, Impl, Operator
+    from kerneltrial.trial.gate import CheckResult
+
 T = TypeVar("T")
 TARGET_OPTION = typer.Option(
     "--target",
@@ -183,15 +186,27 @@ def check(
         str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh random inputs per check: seeds 0..N-1.")] = 2,
+    inputs_seed: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Seed every draw (values, offsets, eps/cap, extra shapes) from this; default: a fresh one, printed.",
+        ),
+    ] = None,
     panel: Annotated[
         str,
         typer.Option(
-            help="Default cases: 'small' (CPU-sized) or 'gpu' (realistic); default small without a GPU, gpu with one."
+            help="Default cases: 'quick' (the CPU-sized cases, each in one layout, the layouts in turn: the "
+            "default without a GPU), 'small' (every CPU-sized case in every layout) or 'gpu' (realistic: the "
+            "default with one)."
         ),
     ] = "auto",
     impl_module: Annotated[
         list[str] | None,
-        typer.Option("--impl-module", help="A user's kernel file or module; its operator functions become arms."),
+        typer.Option(
+            "--impl-module",
+            help="A user's kernel file or module; its operator functions become arms (with OP, it must define OP).",
+        ),
     ] = None,
     peers: Annotated[bool, typer.Option(help="Include peers (torch eager, torch.compile, Liger, FlagGems).")] = True,
     jsonl: Annotated[Path | None, typer.Option(help="Also write every check as a JSON line here.")] = None,
@@ -222,14 +237,17 @@ def check(
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
     from the official formula. Exit 1 on any failure or a check that outlasts --timeout (an
-    isolated arm's worker that outlasts it is killed: that arm fails, the others go on)."""
+    isolated arm's worker that outlasts it is killed: that arm fails, the others go on); 2 on
+    bad input (an --impl-module that defines no function OP names the functions it does)."""
     from rich.markup import escape
     from rich.table import Table
 
+    from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
-    from kerneltrial.ops.registry import Case, all_ops, get_op, load_user_module
+    from kerneltrial.ops.registry import all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
     from kerneltrial.trial.isolation import Settings
+    from kerneltrial.trial.panel import skip_reason
     from kerneltrial.trial.remote import Isolation, is_isolated
     from kerneltrial.trial.targets import get_target, targeting
 
@@ -240,47 +258,47 @@ def check(
     isolation = Isolation(Settings(timeout, launch.device(), profile))
     if all_ == (op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
+    if panel not in ("auto", *PANELS):
+        raise CliError(f"unknown panel {panel!r}; use {', '.join(PANELS)} or auto")
+    user_modules = impl_module or []
+    for spec in user_modules if isolate == "none" else []:  # else imported in a worker only (below)
+        load_user_module(spec, op)
     operators = all_ops() if all_ else [get_op(op)]
     device = launch.device()
-    use_gpu_panel = panel == "gpu" or (panel == "auto" and device.type == "cuda")
-    if panel not in ("auto", "small", "gpu"):
-        raise CliError(f"unknown panel {panel!r}; use small, gpu or auto")
+    if panel == "auto":
+        panel = "gpu" if device.type == "cuda" else "quick"
     table = Table(
         title=f"correctness on {device.type}"
         + (" (Triton interpreter)" if launch.interpreted() else "")
-        + (f", launches checked against {profile.name}" if profile else "")
+        + (f", launches checked against {profile.name}" if profile else ""),
+        caption=CHECK_COLUMNS_NOTE,
     )
-    for column in ("operator", "case", "arm", "seeds", "result", "max abs", "max rel", "ulp", "ulp histogram"):
+    for column in CHECK_COLUMNS:
         table.add_column(column)
     calls: list[records.CheckedCall] = []
-    with progress_bar() as bar, targeting(profile), isolation:
-        for spec in impl_module or []:
-            if isolate == "none":
-                load_user_module(spec)
-            else:  # imported in a worker only
-                isolation.module_arms(spec)
+    requested: dict[str, list[Impl]] = {}
+    not_checked: list[str] = []
+    drawn_from = inp.new_inputs_seed() if inputs_seed is None else inputs_seed
+    with progress_bar() as bar, targeting(profile), isolation, inp.drawing(drawn_from):
+        for spec in user_modules if isolate != "none" else []:
+            isolation.module_arms(spec, op)
+        for o in operators:
+            arms = requested_arms(o, impl, peers)
+            requested[o.name] = [
+                isolation.isolate(i) if isolate == "all" and i.kind != "calibration" else i for i in arms
+            ]
         for operator in operators:
-            if shape:
-                cases = [
-                    Case(parse_shape(s), dtype or operator.dtypes[0], lay)
-                    for s in shape
-                    for lay in (layout or operator.layouts)
-                ]
-            else:
-                base = operator.gpu_cases if use_gpu_panel else operator.small_cases
-                cases = [Case(c.shape, c.dtype, lay) for c in base for lay in (layout or operator.layouts)]
-            impls = (
-                [operator.impl(n) for n in impl]
-                if impl
-                else [i for i in operator.impls.values() if peers or i.kind != "peer"]
-            )
-            impls = [isolation.isolate(i) if isolate == "all" and i.kind != "calibration" else i for i in impls]
+            cases = check_cases(operator, shape, dtype, layout, panel)
+            impls = requested[operator.name]
             task = bar.add_task(operator.name, total=len(cases) * len(impls))
             for case in cases:
                 operator.validate(case)
+                not_checked += [
+                    f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
+                ]
                 for i in impls:
                     bar.advance(task)
-                    if not i.available or not i.supports(case):
+                    if not i.available or not i.supports(case) or skip_reason(i, case):
                         continue
                     # an isolated arm's worker has the same deadline per request, and is killed past it
                     wait = (lambda _s, _w, work: work()) if is_isolated(i) else within
@@ -292,27 +310,16 @@ def check(
                         )
                         for s in range(seeds)
                     ]
-                    calls += [records.CheckedCall(op=operator.name, **r.row()) for r in results]
-                    bad = [r for r in results if not r.passed]
-                    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
-                    status = "[green]pass[/green]" if not bad else f"[red]FAIL[/red] {escape(bad[0].message)}"
-                    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
-                    table.add_row(
-                        escape(operator.name),
-                        escape(case.id),
-                        escape(i.name),
-                        str(seeds),
-                        status,
-                        f"{worst.max_abs:.3g}",
-                        f"{worst.max_rel:.3g}",
-                        f"{worst.ulp:.3g}",
-                        "/".join(map(str, hist)),
-                    )
+                    calls += [records.checked_call(operator.name, r.row()) for r in results]
+                    row = check_row(operator.name, case.id, i.name, results)
+                    table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
             isolation.close_builtin()  # one operator's built-in arms at a time in their workers
     out.print(table)
+    out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
     if jsonl:
         jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
-    skipped = sorted({f"{o.name}/{i.name}: {i.reason}" for o in operators for i in o.impls.values() if not i.available})
+    skipped = sorted({f"{o}/{i.name}: {i.reason}" for o, impls in requested.items() for i in impls if not i.available})
+    skipped += not_checked
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
@@ -322,6 +329,7 @@ def check(
             records.CheckResult(
                 device=device.type,
                 interpreted=launch.interpreted(),
+                inputs_seed=drawn_from,
                 passed=len(calls) - len(failed),
                 failed=len(failed),
                 failing_arms=list(dict.fromkeys(f"{c.op}/{c.arm}" for c in failed)),
@@ -331,6 +339,69 @@ def check(
         )
     if failed:
         raise typer.Exit(ExitCode.FAILED)
+
+
+CHECK_COLUMNS = (
+    "operator",
+    "case",
+    "arm",
+    "seeds",
+    "result",
+    "max abs (worse of formula, oracle)",
+    "max rel (worse of formula, oracle)",
+    "ulp (worse of formula, oracle)",
+    "ulps from formula: 0/≤1/≤2/≤4/≤16/>16",
+)
+CHECK_COLUMNS_NOTE = (
+    "max abs, max rel, ulp: the largest difference over the seeds from either reference, the official torch "
+    "formula or the float64 oracle; a kernel identical to the formula still differs from the oracle by the "
+    "formula's own rounding. The histogram counts output elements by their distance from the formula only."
+)
+
+
+def requested_arms(operator: Operator, impl: list[str] | None, peers: bool) -> list[Impl]:
+    """The arms `check` runs for `operator`: those named with --impl, else every implementation
+    (peers unless --no-peers). Only these are reported, as checked or as skipped."""
+    if impl:
+        return [operator.impl(n) for n in impl]
+    return [i for i in operator.impls.values() if peers or i.kind != "peer"]
+
+
+PANELS = ("quick", "small", "gpu")
+
+
+def check_cases(
+    operator: Operator, shape: list[str] | None, dtype: str | None, layout: list[str] | None, panel: str
+) -> list[Case]:
+    """The cases `check` runs, in the --layout(s) (default: every layout of the operator): the
+    --shape cases in each; else the `gpu` or `small` panel in each; else (`quick`, the default
+    without a GPU) each small case in one layout, the layouts in turn, so every shape and every
+    layout is checked but not every pair: half the interpreter's time of `small` for two layouts
+    (`check --all` within 10 minutes on 2 CPU cores, issue 25). Without a GPU, the panels add the
+    case of more than 65535 rows (trial/panel.py; `quick`: in the first layout)."""
+    from kerneltrial.ops.registry import Case
+    from kerneltrial.trial.panel import beyond_grid_case, check_panel
+
+    layouts = layout or operator.layouts
+    if shape:
+        return [Case(parse_shape(s), dtype or operator.dtypes[0], lay) for s in shape for lay in layouts]
+    if panel == "quick":
+        quick = [Case(c.shape, c.dtype, layouts[i % len(layouts)]) for i, c in enumerate(operator.small_cases)]
+        beyond = beyond_grid_case(operator)
+        return [*quick, Case(beyond.shape, beyond.dtype, layouts[0])]
+    return check_panel(operator, gpu=panel == "gpu", layouts=layouts)
+
+
+def check_row(op: str, case: str, arm: str, results: list[CheckResult]) -> list[str]:
+    """One row of `check`'s table: the arm's seeds in one case (the first failure's message)."""
+    bad = [r for r in results if not r.passed]
+    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
+    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
+    status = "pass" if not bad else f"FAIL seed {bad[0].seed}: {bad[0].message}"
+    return [op, case, arm, str(len(results)), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}"] + [
+        f"{worst.ulp:.3g}",
+        "/".join(map(str, hist)),
+    ]
 
 
 protocol_app = sub_app("Write and freeze preregistered protocols.")
@@ -366,7 +437,7 @@ def protocol_new(
 
     human, err = console(), console(stderr=True)
     operator = get_op(op)
-    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec) if impl.op == op]
+    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec, op) if impl.op == op]
     # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
     modules = [
         os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec
@@ -407,15 +478,29 @@ def protocol_new(
 
 @protocol_app.command("freeze")
 def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
-    """Record the protocol's sha256 and the time; `run` refuses it once changed. A protocol
-    whose arms do not exist here or whose control is not a control is refused."""
+    """Record the protocol's sha256 and the time; `run` (and `model`, for a whole-model protocol)
+    refuses it once changed. A kernel protocol whose arms do not exist here or whose control is
+    not a control is refused."""
+    import tomllib
+
     from kerneltrial.trial import protocol as proto
-    from kerneltrial.trial.runner import check_arms
 
     if not file.is_file():
         raise CliError(f"protocol file {file} does not exist")
-    check_arms(file, proto.parse(file.read_text(), str(file)))
-    record = proto.freeze(file)
+    text = file.read_text()
+    try:
+        is_model = "model" in tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CliError(f"{file}: not valid TOML: {exc}") from None
+    if is_model:
+        from kerneltrial.model.spec import load_protocol
+
+        load_protocol(file)
+    else:
+        from kerneltrial.trial.runner import check_arms
+
+        check_arms(file, proto.parse(text, str(file)))
+    record = proto.freeze(file, validated=True)
     console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 
 
@@ -454,6 +539,15 @@ def run(
     With --ray: a fleet directory (one run per work unit and the combined figures); exit 0 when
     some candidate holds on every GPU (--replicas) or passes the protocol's gate over the whole
     panel (--shard cases)."""
+    from kerneltrial.trial import protocol as proto
+    from kerneltrial.trial.preflight import preflight
+
+    # torch-free, before any heavy import: a missing file, a bad key, a case too large for this
+    # machine (a fleet's workers judge their own memory) is refused at once
+    if ray:
+        proto.load(protocol)
+    else:
+        preflight(protocol)
     from kerneltrial.trial.runner import run_trial
     from kerneltrial.trial.targets import get_target
 
@@ -566,26 +660,60 @@ def fresh_run_dir(out: Path) -> Path:
     return next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
 
 
+INTERPRETER_NOTE = (
+    "No GPU visible: the demo runs through the Triton interpreter on this CPU. Its times describe the "
+    "interpreter, not GPU performance, and torch_eager (native torch) against the interpreted Triton control "
+    "compares an interpreter with compiled code, not two kernels: its large speedup says nothing about either."
+)
+NEXT_STEPS = (
+    "next, your own kernel (a module with `def rmsnorm(x, weight, eps=1e-6)`): "
+    "kerneltrial check rmsnorm --impl-module my_kernels.py --impl user:my_kernels",
+    "next, a frozen trial of it: kerneltrial protocol new rmsnorm --impl-module my_kernels.py --out my-trial.toml "
+    "&& kerneltrial protocol freeze my-trial.toml && kerneltrial run my-trial.toml --out runs/my-trial",
+)
+
+
+def verdict_counts(wins: int, ties: int, losses: int, inconclusive: int) -> str:
+    """An arm's verdicts over the cases, in words: `1 win, 1 tie, 0 losses, 0 inconclusive`."""
+    words = [
+        (wins, "win", "wins"),
+        (ties, "tie", "ties"),
+        (losses, "loss", "losses"),
+        (inconclusive, "inconclusive", "inconclusive"),
+    ]
+    return ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in words)
+
+
+def demo_lines(summary: dict[str, Any], checks: list[dict[str, Any]]) -> list[str]:
+    """What the demo prints after its run: correctness, each arm's geomean and verdicts, the timing (GPU)."""
+    lines = [f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed"]
+    for arm, agg in summary.get("aggregates", {}).items():
+        geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
+        counts = verdict_counts(agg["wins"], agg["ties"], agg["losses"], agg.get("inconclusive", 0))
+        lines.append(f"  {arm}: geomean speedup {geomean} over the control; verdicts over the cases: {counts}")
+    # without a GPU the label repeats INTERPRETER_NOTE, said once already
+    return [*lines, f"timing: {summary.get('label', '')}"] if summary.get("is_gpu") else lines
+
+
 def demo(
     out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo"),
 ) -> None:
-    """The built-in default: check rmsnorm, run a small trial, verify it, write its report.
-    Run it again and it writes a fresh run directory beside the last (run-2, run-3, ...).
+    """The built-in default: check rmsnorm, freeze a small trial's protocol, run it, verify it,
+    write its report, and name the next two commands to try. Run it again and it writes a fresh
+    run directory beside the last (run-2, run-3, ...).
 
     With a GPU it times real kernels (CUDA events); without one it runs the same pipeline
     through the Triton interpreter on the CPU and says so: those times are not GPU performance."""
     from kerneltrial.analysis.report import write_report
     from kerneltrial.analysis.verify import verify_run_dir
     from kerneltrial.ops import launch
+    from kerneltrial.trial import protocol as proto
     from kerneltrial.trial.runner import run_trial
 
     human = console()
     gpu = launch.device().type == "cuda"
     if not gpu:
-        human.print(
-            "[yellow]No GPU visible: running through the Triton interpreter on the CPU. "
-            "Times below describe the interpreter, NOT GPU performance.[/yellow]"
-        )
+        human.print(INTERPRETER_NOTE, style="yellow", soft_wrap=True, markup=False)
     run_dir = fresh_run_dir(out)
     protocol_file = out / f"{run_dir.name}.protocol.toml"
     protocol_file.write_text(
@@ -596,23 +724,17 @@ def demo(
             shape_b=[65536, 2048] if gpu else [8, 5120],
         )
     )
+    frozen = proto.freeze(protocol_file)  # preregistered before anything runs, like any trial
+    human.print(f"protocol {protocol_file} frozen at {frozen['frozen_at']}", soft_wrap=True, markup=False)
     with progress_bar() as bar:
         root = run_trial(protocol_file, run_dir, progress=bar)
     result = verify_run_dir(root)
-    report = write_report(root)
-    summary = read_json(root / SUMMARY)
-    checks = read_jsonl(root / CORRECTNESS)
-    human.print(f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed")
-    for arm, agg in summary.get("aggregates", {}).items():
-        geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
-        human.print(
-            f"  {arm}: geomean speedup {geomean} over the control, {agg['wins']}W/{agg['ties']}T/{agg['losses']}L/"
-            f"{agg.get('inconclusive', 0)}I",
-            soft_wrap=True,
-            markup=False,
-        )
-    human.print(f"timing: {summary.get('label', '')}", soft_wrap=True, markup=False)
+    report = write_report(root, unverified=not result.ok)  # a failed verify: its titles say so
+    for line in demo_lines(read_json(root / SUMMARY), read_jsonl(root / CORRECTNESS)):
+        human.print(line, soft_wrap=True, markup=False)
     human.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}", soft_wrap=True, markup=False)
+    for line in NEXT_STEPS:
+        human.print(line, soft_wrap=True, markup=False)
     if not result.ok:
         raise typer.Exit(ExitCode.FAILED)
 

@@ -141,7 +141,7 @@ def check_confirmation(protocol_path: Path, p: proto.Protocol) -> Links | None:
                 f"candidates {p.candidates}: a confirmation confirms the dispatcher it links, "
                 f"so its one candidate is user:{module.stem}"
             )
-    problems += seed_problems(links, base, p.seeds)
+    problems += seed_problems(links, base, p.seeds, p.stream_bounds())
     if problems:
         raise proto.ProtocolError(f"{protocol_path}: {'; '.join(problems)}")
     return links

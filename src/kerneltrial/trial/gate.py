@@ -1,29 +1,35 @@
 """The correctness gate: every arm must compute the operator on fresh inputs before it is timed.
 
-One check = one (case, seed, arm):
-1. fresh random inputs for the seed; the official formula (`reference`) and the float64
-   `oracle` are computed on copies;
-2. the arm gets private copies inside canary-guarded buffers (`guard`), at a nonzero
-   storage offset; a seeded, varying number of unchecked calls comes first, so the
-   checked call is not the n-th call of a fixed count;
-3. outputs must not contain what a kernel leaves behind unwritten: on a GPU the caching
+One check = one (case, seed, arm), drawn under the active inputs seed (ops/inputs.py):
+1. fresh random inputs for the seed (storage offsets, special rows, NaN/Inf, eps or cap
+   drawn); the official formula (`reference`) and the float64 `oracle` are computed on copies;
+2. the arm gets private copies inside canary-guarded buffers (`guard`), at the drawn storage
+   offsets; a seeded, varying number of unchecked calls (on other values, the same scalars)
+   comes first, so the checked call is not the n-th call of a fixed count;
+3. outputs must not contain what a kernel leaves behind unwritten (`poison`): on a GPU the caching
    allocator's free blocks of the outputs' sizes are filled with NaN before the call; on a
    CPU (whose allocator hands out fresh pages) torch.empty* is patched to poison while the
    arm runs (a kernel can see that patch, and the gate's call stack: docs/DESIGN.md, "Checks",
    says what it can still do);
 4. the arm runs; the current stream is synchronised;
 5. outputs must have the reference's shape and dtype (contiguous where the interface says
-   so), hold no NaN the reference does not hold, and lie within the operator's tolerance
-   of both the reference and the oracle (integer outputs, and `exact` checks: equal to the
-   reference bit for bit);
+   so), be NaN and +-Inf exactly where the reference is (the reference's propagation of
+   non-finite inputs is the rule), and lie within the operator's tolerance of both the
+   reference and the oracle (integer outputs, and `exact` checks: equal to the reference bit
+   for bit, so -0.0 differs from +0.0; any NaN equals any NaN: payloads and the sign of a NaN
+   are not compared, as hardware propagates them differently);
 6. every byte of the guarded buffers must hold what it must: inputs unchanged (except the
    documented in-place outputs), canaries and strided padding untouched;
 7. anti-cheat calls (`thorough`, the default): no output may alias an input or the
    reference's result, nor the arm's previous output while that is still alive (a
-   persistent buffer); a repeated call on the same input must be bit-identical (races);
+   persistent buffer); a repeated call on the same values with every tensor moved to the
+   other kind of storage offset (0 when the first input sat at a nonzero one, else
+   OTHER_OFFSET_BYTES) must be right and bit-identical (offset-dependent kernels, races);
    results must follow new inputs in fresh buffers and new values in the same buffers
-   (memoisation keyed on pointers or shapes). Results are read after synchronising only
-   the current stream, so work left unsynchronised on a side stream shows up as wrong.
+   (memoisation keyed on pointers or shapes); then one call on each extra shape drawn for
+   the check (ops/inputs.py `extra_cases`: real model widths, odd row counts). Results are
+   read after synchronising only the current stream, so work left unsynchronised on a side
+   stream shows up as wrong.
 The runner applies steps 5 and 6 to a timed call of every sample too (`timed.TimedArm`).
 With a target active (`check`/`run --target`), a Triton launch over its grid limits fails
 the check with the kernel's name and grid (`targets`).
@@ -34,12 +40,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
+from kerneltrial.ops import inputs as inp
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs, Tolerance
+from kerneltrial.rundir import streams
 from kerneltrial.trial import guard, targets
 from kerneltrial.trial.poison import poison_free_blocks, poisoned_allocations
 
@@ -47,11 +55,26 @@ from kerneltrial.trial.poison import poison_free_blocks, poisoned_allocations
 # dtype): exactly 0, (0, 1], (1, 2], (2, 4], (4, 16], and a last bin for everything above.
 ULP_BIN_EDGES = (0.0, 1.0, 2.0, 4.0, 16.0)
 EXTRA_CALLS_MAX = 3  # the gate makes 1..1+EXTRA_CALLS_MAX unchecked calls before the checked one
-# Those calls run on other values: a caching allocator that hands the checked call a block an
-# unchecked call wrote must not hold the right answer (GPU poisoning relies on free blocks).
-# Even: the warm-up values keep the checked call's eps (eps alternates with the seed's parity), so a
-# compiled peer compiles during the warm-up, not during the checked call.
-WARMUP_SEED_OFFSET = 1_000_004
+# Those calls run on other values (streams.WARMUP_SEED_OFFSET): a caching allocator that hands the
+# checked call a block an unchecked call wrote must not hold the right answer (GPU poisoning relies
+# on free blocks). They take the checked call's scalars (eps, cap), so a compiled peer compiles
+# during the warm-up, not during the checked call.
+OTHER_OFFSET_BYTES = 256  # the repeated call's storage offset when the checked call's first input sat at 0
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What the checked call of a check ran on (a reviewer rebuilds the values with
+    `make_inputs(case, seed)` under `inputs_seed`): each tensor's storage offset in bytes, the
+    scalar arguments, how many input elements are NaN or +-Inf, the largest finite |input|,
+    the storage offset of the repeated call (thorough checks) and the extra shapes checked."""
+
+    offsets: dict[str, int]
+    scalars: dict[str, float]
+    nonfinite: int
+    absmax: float
+    other_offset: int | None = None
+    extra: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +90,8 @@ class CheckResult:
     ulp: float
     message: str
     ulp_hist: list[int] = field(default_factory=lambda: [0] * (len(ULP_BIN_EDGES) + 1))
+    inputs_seed: int | None = None  # the inputs seed active for the check (ops/inputs.py)
+    drawn: Drawn | None = None
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +103,13 @@ class Difference:
     max_rel: float
     ulp: float
     within: bool
+    first_bad: tuple[int, ...] | None = None  # index of the first element outside the bound
+
+
+# A reference row no larger than this is the result of a zero or TINY input row (ops/inputs.py:
+# normal values scaled by 2**-80 or less, so |x| / sqrt(eps) is a few 2**-70 at most; an ordinary
+# row's largest output is of order 1): there only eps keeps rsqrt finite.
+TINY_REFERENCE = 2.0**-60
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:
@@ -113,12 +145,28 @@ CHUNK = 1 << 24
 
 
 def _chunks(out: torch.Tensor, expected: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(out, expected, |out - expected| with NaN as inf) in float64, CHUNK elements at a time."""
+    """(out, expected, error) in float64, CHUNK elements at a time: the error is 0 where both
+    are equal (the same infinity included) or both NaN, inf where only one is NaN or the
+    infinities differ, else |out - expected|."""
     o_flat, e_flat = out.reshape(-1), expected.reshape(-1)
     for start in range(0, o_flat.numel(), CHUNK):
         o, e = o_flat[start : start + CHUNK].double(), e_flat[start : start + CHUNK].double()
-        err = (o - e).abs()
-        yield o, e, torch.where(torch.isnan(o) | torch.isnan(e), torch.full_like(err, math.inf), err)
+        nan_o, nan_e = torch.isnan(o), torch.isnan(e)
+        err = torch.where(o == e, torch.zeros_like(o), (o - e).abs())
+        err = torch.where(nan_o | nan_e, torch.where(nan_o & nan_e, 0.0, math.inf), err)
+        yield o, e, err
+
+
+def _scaled(err: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """err / scale, 0 where err is 0 and inf where the quotient is undefined."""
+    return torch.where(err == 0, err, (err / scale).nan_to_num(nan=math.inf))
+
+
+def _same_bits(o: torch.Tensor, e: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
+    """Equal bit for bit (float64 holds every value of a narrower dtype exactly): equal, with
+    the same sign (-0.0 is not +0.0), or both NaN (NaN payloads are not compared)."""
+    nan = torch.isnan(o) & torch.isnan(e)
+    return nan | ((err == 0) & (torch.signbit(o) == torch.signbit(e)))
 
 
 def ulp_histogram(got: Outputs, reference: Outputs) -> list[int]:
@@ -131,27 +179,72 @@ def ulp_histogram(got: Outputs, reference: Outputs) -> list[int]:
         edges = torch.tensor(ULP_BIN_EDGES, dtype=torch.float64, device=g.device)
         for _, e, err in _chunks(g, r):
             if g.is_floating_point():
-                ulps = torch.where(err == 0, err, err / ulp_of(e, g.dtype))
+                ulps = _scaled(err, ulp_of(e, g.dtype))
             else:
                 ulps = torch.where(err == 0, err, torch.full_like(err, math.inf))
             counts += torch.bincount(torch.bucketize(ulps, edges), minlength=len(counts)).cpu()
     return [int(c) for c in counts]
 
 
+def first_index(mask: torch.Tensor, shape: tuple[int, ...], start: int = 0) -> tuple[int, ...]:
+    """The index in `shape` of the first True of the flat `mask`, whose element 0 is flat
+    element `start` (row-major, as `reshape(-1)` orders them)."""
+    flat = start + int(mask.reshape(-1).nonzero()[0, 0])
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
 def difference(out: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None) -> Difference:
-    """Largest differences of `out` from `expected`; `tol` None means exact equality."""
+    """Largest differences of `out` from `expected`, and the first element outside the bound;
+    `tol` None means equal bit for bit (`_same_bits`). NaN matches NaN and an infinity the same
+    infinity, under any tolerance."""
     max_abs = max_rel = max_ulp = 0.0
-    within = True
-    for _, e, err in _chunks(out, expected):
-        rel = (err / e.abs().clamp_min(1e-30)).nan_to_num(nan=math.inf)
-        ulp = (err / ulp_of(e, out.dtype)).nan_to_num(nan=math.inf) if out.is_floating_point() else err
-        within = within and bool((err == 0).all() if tol is None else (err <= tol.atol + tol.rtol * e.abs()).all())
+    first_bad: tuple[int, ...] | None = None
+    for k, (o, e, err) in enumerate(_chunks(out, expected)):
+        rel = _scaled(err, e.abs().clamp_min(1e-30))
+        ulp = _scaled(err, ulp_of(e, out.dtype)) if out.is_floating_point() else err
+        if tol is None:
+            bound = _same_bits(o, e, err)
+        else:  # an infinity is within no tolerance of another value
+            bound = (err == 0) | ((err <= tol.atol + tol.rtol * e.abs()) & torch.isfinite(e))
+        if first_bad is None and not bool(bound.all()):
+            first_bad = first_index(~bound, tuple(out.shape), k * CHUNK)
         max_abs, max_rel, max_ulp = (
             max(max_abs, float(err.max())),
             max(max_rel, float(rel.max())),
             max(max_ulp, float(ulp.max())),
         )
-    return Difference(max_abs, max_rel, max_ulp, within)
+    return Difference(max_abs, max_rel, max_ulp, first_bad is None, first_bad)
+
+
+def non_finite(label: str, what: str, bad: torch.Tensor, reference: torch.Tensor, otherwise: str) -> str:
+    """The failure of output elements that are `what` (NaN or Inf) where the reference is not:
+    how many, the first index, and the likely cause. When every such row is wholly bad and its
+    reference is zero or tiny (a zero or TINY input row), the cause named is a dropped eps."""
+    message = (
+        f"{label} has {int(bad.sum())} {what} element(s) (the first at index {first_index(bad, tuple(bad.shape))})"
+    )
+    if bad.dim() >= 1 and bad.shape[-1] > 0:
+        rows = bad.reshape(-1, bad.shape[-1])
+        hit = rows.any(dim=1)
+        tiny = reference.reshape(-1, bad.shape[-1]).abs().amax(dim=1) <= TINY_REFERENCE
+        if bool((rows[hit].all(dim=1) & tiny[hit]).all()):
+            return (
+                f"{message} in whole rows where the reference is zero or below {TINY_REFERENCE:g} (a zero or tiny "
+                "input row, where only eps keeps rsqrt finite): likely a kernel that drops eps from the mean square"
+            )
+    return f"{message}: {otherwise}"
+
+
+# Output elements no correct kernel writes where the reference holds a number: (name, test, the cause
+# named unless `non_finite` finds a dropped eps)
+NON_FINITE: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
+    ("NaN", torch.isnan, "unwritten, invalid, or not finished when the current stream was synchronised"),
+    ("Inf", torch.isinf, "an overflow where the reference is finite?"),
+)
 
 
 def _fail(message: str) -> tuple[Difference, str]:
@@ -178,14 +271,17 @@ def compare(
             return _fail(
                 f"{label} is not contiguous (strides {tuple(g.stride())}); the interface returns a contiguous tensor"
             )
-        if g.is_floating_point() and bool((torch.isnan(g) & ~torch.isnan(r)).any()):
-            count = int((torch.isnan(g) & ~torch.isnan(r)).sum())
+        for what, test, otherwise in NON_FINITE:
+            bad = test(g) & ~test(r) if g.is_floating_point() else None
+            if bad is not None and bool(bad.any()):
+                return _fail(non_finite(label, what, bad, r, otherwise))
+        finite = torch.isfinite(g) & ~torch.isfinite(r) if g.is_floating_point() else None
+        if finite is not None and bool(finite.any()):
             return _fail(
-                f"{label} has {count} NaN element(s): unwritten, invalid, or not finished when the current stream was synchronised"
+                f"{label} has {int(finite.sum())} finite element(s) where the reference is NaN or Inf (the first at "
+                f"index {first_index(finite, tuple(finite.shape))}): non-finite inputs must propagate as the official "
+                "formula propagates them"
             )
-        if g.is_floating_point() and bool((torch.isinf(g) & ~torch.isinf(r)).any()):
-            count = int((torch.isinf(g) & ~torch.isinf(r)).sum())
-            return _fail(f"{label} has {count} Inf element(s) where the reference is finite (overflow?)")
         checks = (("reference", r, None if exact else tol), ("float64 oracle", o.to(r.dtype) if op.exact else o, tol))
         for against, expected_values, bound in checks:
             d = difference(g, expected_values, bound)
@@ -197,9 +293,11 @@ def compare(
             )
             if not d.within:
                 rule = "exact equality" if bound is None else f"rtol {bound.rtol}, atol {bound.atol}"
+                at = d.first_bad or ()
                 return (
                     worst,
-                    f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule})",
+                    f"{label} differs from the {against}: max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g} ({rule}); "
+                    f"first at index {at}: {g[at].item():.6g}, expected {expected_values[at].item():.6g}",
                 )
     return worst, ""
 
@@ -285,25 +383,63 @@ def checked_outputs(
 
 def extra_calls(case: Case, seed: int, arm: str) -> int:
     """How many unchecked calls precede the checked one: 1..1+EXTRA_CALLS_MAX, seeded per
-    (case, seed, arm) so the checked call is not at a position a kernel could count to."""
-    digest = hashlib.sha256(f"{case.id}/{seed}/{arm}".encode()).digest()
+    (inputs seed, case, seed, arm) so the checked call is not at a position a kernel could count to."""
+    digest = hashlib.sha256(f"{inp.active_inputs_seed()}/{case.id}/{seed}/{arm}".encode()).digest()
     return 1 + digest[0] % (EXTRA_CALLS_MAX + 1)
 
 
-def repeated(
-    op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device, first: Outputs, exact: bool
+def describe(values: Inputs, g: guard.Guarded) -> Drawn:
+    """What a checked call runs on (`Drawn`): the arm's storage offsets, scalars, non-finite count, largest |x|."""
+    tensors = [v for v in values.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    finite = [t[torch.isfinite(t)] for t in tensors]
+    return Drawn(
+        offsets={name: t.storage_offset() * t.element_size() for name, t in zip(g.views, g.tensors, strict=True)},
+        scalars={k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        nonfinite=sum(int((~torch.isfinite(t)).sum()) for t in tensors),
+        absmax=max((float(f.abs().max()) for f in finite if f.numel()), default=0.0),
+    )
+
+
+def other_offset(g: guard.Guarded) -> int:
+    """The repeated call's storage offset in bytes: 0 when the checked call's first input sat at a
+    nonzero offset, else OTHER_OFFSET_BYTES."""
+    return 0 if g.tensors[0].storage_offset() else OTHER_OFFSET_BYTES
+
+
+def moved(
+    op: Operator,
+    fn: Callable[..., Any],
+    case: Case,
+    values: Inputs,
+    expect: tuple[Outputs, Outputs],
+    first: Outputs,
+    offset: int,
+    exact: bool,
+    device: torch.device,
 ) -> str:
-    """Extra calls that expose persistent buffers, caching, stale results and races (see `check`)."""
-    same = guard.guard(op.make_inputs(case, seed, device))
+    """The same values again, every input at storage offset `offset` bytes: right, bit-identical
+    to the first call (`first`), and not in the first call's output buffer."""
+    same = guard.guard(values, offset_bytes=offset)
     again = call(op, fn, same.inputs, device, first)
     message = persistent(op, again, first)
     if message:
         return message
+    _, wrong = checked_outputs(op, case, same, values, again, *expect, exact)
+    if wrong:
+        return f"storage offset: with its inputs at offset {offset} bytes the {wrong}; address tensors from their data pointers"
     for i, (a, b) in enumerate(zip(first, again, strict=True)):
-        if not torch.equal(a, b):
-            diff = difference(b, a, None)
-            return f"non-deterministic: a repeated call on the same input changed output {i} (max abs {diff.max_abs:.3g}); a race in a reduction?"
-    values = op.make_inputs(case, seed + 7919, device)
+        diff = difference(b, a, None)
+        if not diff.within:
+            return (
+                f"non-deterministic: a repeated call on the same input (at storage offset {offset}) changed "
+                f"output {i} (max abs {diff.max_abs:.3g}); a race in a reduction?"
+            )
+    return ""
+
+
+def stale(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: torch.device, exact: bool) -> str:
+    """New inputs in fresh buffers, then new values written into the same buffers, must give new results."""
+    values = op.make_inputs(case, seed + streams.FRESH_SEED_OFFSET, device)
     fresh = guard.guard(values)
     reference, oracle = expected(op, values)
     _, message = checked_outputs(
@@ -313,7 +449,7 @@ def repeated(
         return (
             f"stale result: on new inputs in fresh buffers the {message}; results must follow the inputs (memoisation?)"
         )
-    values = op.make_inputs(case, seed + 104729, device)
+    values = op.make_inputs(case, seed + streams.SAME_BUFFERS_SEED_OFFSET, device)
     guard.write(fresh, values)
     reference, oracle = expected(op, values)
     _, message = checked_outputs(
@@ -324,15 +460,33 @@ def repeated(
     return ""
 
 
+def extra_shapes(
+    op: Operator, fn: Callable[..., Any], extras: list[Case], seed: int, device: torch.device, exact: bool
+) -> str:
+    """One checked call on each extra shape drawn for the check (ops/inputs.py `extra_cases`)."""
+    for k, extra in enumerate(extras):
+        values = op.make_inputs(extra, streams.extra_seed(seed, k), device)
+        g = guard.guard(values)
+        reference, oracle = expected(op, values)
+        got = call(op, fn, g.inputs, device, reference)
+        _, message = checked_outputs(op, extra, g, values, got, reference, oracle, exact)
+        if message:
+            return f"at the drawn shape {extra.id}: {message}"
+    return ""
+
+
 def check(
     op: Operator, impl: Impl, case: Case, seed: int, device: torch.device, thorough: bool = True, exact: bool = False
 ) -> CheckResult:
-    """Run one correctness check of `impl` on `case` with inputs drawn from `seed`.
+    """Run one correctness check of `impl` on `case` with inputs drawn from `seed` (under the
+    active inputs seed).
 
     `thorough` adds the anti-cheat calls: outputs must not alias inputs, the reference or
-    the previous output; a repeated call on the same input must give bit-identical outputs;
-    results must follow new inputs in fresh buffers and new values written into the same
-    buffers. `exact` requires bit-identical output to the reference."""
+    the previous output; a repeated call on the same values at the other kind of storage
+    offset must give right, bit-identical outputs; results must follow new inputs in fresh
+    buffers and new values written into the same buffers; the extra shapes drawn for the
+    check must be right too. `exact` requires bit-identical output to the reference."""
+    drawn: Drawn | None = None
 
     def result(diff: Difference | None, message: str, hist: list[int] | None = None) -> CheckResult:
         d = diff or Difference(math.nan, math.nan, math.nan, False)
@@ -346,6 +500,8 @@ def check(
             d.ulp,
             message,
             hist or [0] * (len(ULP_BIN_EDGES) + 1),
+            inp.active_inputs_seed(),
+            drawn,
         )
 
     fn = impl.resolve()
@@ -354,15 +510,25 @@ def check(
     launches = targets.seen()  # an over-limit launch fails the check even if the arm caught the error
     try:
         values = op.make_inputs(case, seed, device)
+        scalars = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
         reference, oracle = expected(op, values)
-        for _ in range(extra_calls(case, seed, impl.name)):  # warm-up: JIT/compile outside the checked call, on
-            fn(*guard.guard(op.make_inputs(case, seed + WARMUP_SEED_OFFSET, device)).inputs.values())  # other values
+        for _ in range(extra_calls(case, seed, impl.name)):  # warm-up: JIT/compile outside the checked call,
+            warm = op.make_inputs(case, seed + streams.WARMUP_SEED_OFFSET, device) | scalars  # on other values
+            fn(*guard.guard(warm).inputs.values())
         inputs = guard.guard(values)
+        drawn = describe(values, inputs)
         got = call(op, fn, inputs.inputs, device, reference)
         diff, message = checked_outputs(op, case, inputs, values, got, reference, oracle, exact)
         hist = ulp_histogram(got, reference)
         if not message and thorough:
-            message = aliasing(op, got, inputs.inputs, reference) or repeated(op, fn, case, seed, device, got, exact)
+            extras = inp.extra_cases(op, case, seed)
+            drawn = replace(drawn, other_offset=other_offset(inputs), extra=[c.id for c in extras])
+            message = (
+                aliasing(op, got, inputs.inputs, reference)
+                or moved(op, fn, case, values, (reference, oracle), got, drawn.other_offset or 0, exact, device)
+                or stale(op, fn, case, seed, device, exact)
+                or extra_shapes(op, fn, extras, seed, device, exact)
+            )
     except Exception as exc:  # an arm may fail in any way; the gate records it
         raised = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return result(None, targets.first_since(launches) or raised)

@@ -1,15 +1,19 @@
 """Guarded inputs: every tensor an arm receives lives inside a larger buffer with canaries.
 
 `guard(inputs)` copies each input's storage into a flat buffer with GUARD_BYTES of canary
-before and after it and gives the arm views at the same shape and strides, at a nonzero
-storage offset. After the arm's calls `problems` compares the whole buffer, bit for bit,
-with what it must hold: the canaries, the untouched padding of strided views, and the
-values of every input that is not a documented in-place output. A write anywhere else is
-"wrote outside its output"; a changed input is "modified its input(s)". The gate and the
-timed checks both call arms on guarded inputs only.
+before and after it and gives the arm views at the same shape and strides. After the arm's
+calls `problems` compares the whole buffer, bit for bit, with what it must hold: the
+canaries, the untouched padding of strided views, and the values of every input that is not
+a documented in-place output. A write anywhere else is "wrote outside its output"; a changed
+input is "modified its input(s)". The gate and the timed checks both call arms on guarded
+inputs only.
 
-The offset is a multiple of 64 KiB, so a kernel's pointer alignment (and with it Triton's
-16-byte specialisation) is the same as on a fresh allocation.
+Storage offsets: the arm's tensors start where its inputs start in their own storage (the
+offsets ops/inputs.py draws: 0 or a multiple of 16 bytes), or, with `offset_bytes`, every
+storage's first viewed element at that offset. The arm's storage begins inside the flat
+buffer (a DLPack alias of it), so even at offset 0 the canary lies right before it. The flat
+buffer starts GUARD_BYTES (a multiple of 512) into a fresh allocation: a kernel's pointer
+alignment is that of a fresh allocation plus the drawn offset.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class View:
     buffer: int  # index into Guarded.buffers
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    offset: int
+    offset: int  # in the flat buffer
 
 
 @dataclass
@@ -59,12 +63,27 @@ def canary(dtype: torch.dtype) -> float | int | bool:
     return 0x5A if dtype.itemsize == 1 else 0x5A5A
 
 
-def guard(inputs: Inputs, full: Callable[..., torch.Tensor] = torch.full) -> Guarded:
-    """Private copies of `inputs` (same values, shapes and strides) inside guarded buffers.
-    Views that share a storage (e.g. Q and K slices of one QKV tensor) keep sharing it.
-    `full` allocates the buffers (an isolated arm's live in shared memory: trial/shared.py)."""
+def _first_offsets(inputs: Inputs) -> dict[int, int]:
+    """Storage address -> the smallest storage offset of the inputs viewing that storage."""
+    first: dict[int, int] = {}
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor):
+            key = value.untyped_storage().data_ptr()
+            first[key] = min(first.get(key, value.storage_offset()), value.storage_offset())
+    return first
+
+
+def guard(inputs: Inputs, offset_bytes: int | None = None, full: Callable[..., torch.Tensor] = torch.full) -> Guarded:
+    """Private copies of `inputs` (same values, shapes and strides) inside guarded buffers, at
+    the inputs' own storage offsets or, with `offset_bytes`, each storage's first viewed element
+    at that many bytes. Views that share a storage (e.g. Q and K slices of one QKV tensor)
+    keep sharing it. `full` allocates the buffers (an isolated arm's live in shared memory:
+    trial/shared.py)."""
     buffers: list[torch.Tensor] = []
     homes: dict[int, tuple[int, int]] = {}  # storage address -> (buffer index, canary length)
+    aliases: list[torch.Tensor] = []  # per buffer: the arm's storage, from its start in the buffer
+    starts: list[int] = []  # per buffer: where the arm's storage starts in it
+    first = _first_offsets(inputs)
     views: dict[str, View] = {}
     out: Inputs = {}
     for name, value in inputs.items():
@@ -78,11 +97,14 @@ def guard(inputs: Inputs, full: Callable[..., torch.Tensor] = torch.full) -> Gua
             flat = full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
             flat[pad : pad + whole.numel()].copy_(whole)
             homes[storage.data_ptr()] = (len(buffers), pad)
+            moved = 0 if offset_bytes is None else first[storage.data_ptr()] - offset_bytes // value.element_size()
+            starts.append(pad + moved)
+            aliases.append(torch.from_dlpack(flat[pad + moved :]))
             buffers.append(flat)
         index, pad = homes[storage.data_ptr()]
         view = View(index, tuple(value.shape), tuple(value.stride()), pad + value.storage_offset())
         views[name] = view
-        out[name] = buffers[index].as_strided(view.shape, view.stride, view.offset)
+        out[name] = aliases[index].as_strided(view.shape, view.stride, view.offset - starts[index])
     writers = {
         name: torch.empty(0, dtype=out[name].dtype, device=out[name].device).set_(
             buffers[v.buffer].untyped_storage(), v.offset, v.shape, v.stride

@@ -242,6 +242,7 @@ class WorkerHandle:
     process: Process | None = None
     arena: Arena = field(init=False)
     defines: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)  # a sealed module's own top-level functions
     modules: list[str] = field(default_factory=list)  # the kerneltrial modules the worker says it holds
     generation: int = 0
 
@@ -274,6 +275,7 @@ class WorkerHandle:
             self.stop()
             raise WorkerBroken(f"worker broke the protocol: a sealed worker imported {modules}; killed")
         self.defines = [str(n) for n in answer.get("defines", [])]
+        self.functions = [str(n) for n in answer.get("functions", [])]
         self.modules = [str(m) for m in modules or []]
         return self.process
 

@@ -1,12 +1,14 @@
-"""Poisoned outputs: what a kernel leaves unwritten must show, in the gate's process or an isolated worker's.
+"""Poisoned outputs (the gate's step 3): memory an arm's outputs may come from is filled with a
+value no correct kernel leaves behind, so an element the arm never writes shows as wrong.
 
 On a GPU the caching allocator's free blocks of the outputs' sizes are filled with NaN before
 the call (`poison_free_blocks`); on a CPU, whose allocator returns fresh zeroed pages,
 torch.empty* is patched to poison while the arm runs (`poisoned_allocations`).
 
-Self-contained on purpose (torch and the standard library only): the isolated worker
-(trial/worker.py) loads this file by its path, so an arm in its own process is poisoned the
-same way as one in kerneltrial's (the gate, trial/gate.py).
+Torch and the standard library only, nothing of kerneltrial, on purpose: the processes where no
+kerneltrial module is importable load this file by its path, so an arm there is poisoned the
+same way as in the gate (trial/gate.py): the isolated worker (trial/worker.py) and the package
+interface check's worker (submission/target_worker.py).
 """
 
 from __future__ import annotations

@@ -14,15 +14,20 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kerneltrial.analysis.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
-from kerneltrial.ops.registry import DTYPES, Case, user_stem
+from kerneltrial.rundir import streams
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
+
+if TYPE_CHECKING:  # torch-free at import: `run` validates a protocol before any heavy import
+    from kerneltrial.ops.registry import Case
 
 CALIBRATION_PREFIXES = ("aa:", "slow:")
 
@@ -41,7 +46,7 @@ class CaseSpec(BaseModel):
         default="contiguous",
         description="Memory layout of the inputs, one of the operator's (e.g. contiguous, row_strided, qkv_slice).",
     )
-    dtype: str = Field(default="bfloat16", description=f"Input dtype: {', '.join(DTYPES)}.")
+    dtype: str = Field(default="bfloat16", description=f"Input dtype: {', '.join(DTYPE_BYTES)}.")
 
     @field_validator("shape")
     @classmethod
@@ -53,11 +58,17 @@ class CaseSpec(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, dtype: str) -> str:
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
         return dtype
 
+    @property
+    def id(self) -> str:
+        return case_id(self.shape, self.layout, self.dtype)
+
     def case(self) -> Case:
+        from kerneltrial.ops.registry import Case
+
         return Case(tuple(self.shape), self.dtype, self.layout)
 
 
@@ -259,9 +270,7 @@ class Protocol(BaseModel):
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
-        from kerneltrial.analysis.stats import parse_gate  # the one grammar the summary uses too
-
-        parse_gate(gate)
+        parse_gate(gate)  # the one grammar the summary uses too
         return gate
 
     @field_validator("calls_per_sample")
@@ -273,7 +282,7 @@ class Protocol(BaseModel):
 
     @model_validator(mode="after")
     def _phase_rules(self) -> Protocol:
-        ids = [c.case().id for c in self.cases]
+        ids = [c.id for c in self.cases]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
             raise ValueError(f"cases: {repeated[0]} is listed twice")
@@ -292,10 +301,11 @@ class Protocol(BaseModel):
                 )
             if not self.exploratory_seeds:
                 raise ValueError("exploratory_seeds: a confirmation lists the seeds its exploratory phase used")
-            reused = sorted(set(self.seeds) & set(self.exploratory_seeds))
+            reused = streams.shared_streams(self.seeds, self.exploratory_seeds, self.stream_bounds())
             if reused:
+                seed, how = reused[0]
                 raise ValueError(
-                    f"seeds: a confirmation must use fresh seeds; {reused} were used in the exploratory phase"
+                    f"seeds: a confirmation must use fresh seeds; seed {seed} draws inputs of the exploratory phase ({how})"
                 )
         return self
 
@@ -329,7 +339,14 @@ class Protocol(BaseModel):
         """Whether user module `spec` is imported in a worker only, never in kerneltrial's process: its
         `user:` arm is isolated. (A module whose `user:` arm is not an arm of the trial is imported
         here: it registers its arms through kerneltrial's registry, which only this process has.)"""
+        from kerneltrial.ops.registry import user_stem  # torch-free at import (see `Case` above)
+
         return f"user:{user_stem(spec)}" in self.isolated()
+
+    def stream_bounds(self) -> streams.Bounds:
+        """How far this protocol's timed streams reach (rundir/streams.py)."""
+        calls = self.calls_per_sample if isinstance(self.calls_per_sample, int) else streams.AUTO_CALLS_LIMIT
+        return streams.Bounds(max(self.rounds, self.max_rounds), calls)
 
 
 def freeze_path(path: Path) -> Path:
@@ -375,9 +392,11 @@ def freeze_record(path: Path) -> dict[str, str] | None:
     return json.loads(record.read_text()) if record.exists() else None
 
 
-def freeze(path: Path) -> dict[str, str]:
-    """Validate `path` and record its sha256 and the time; refuse to re-freeze a changed file."""
-    parse(path.read_text(), str(path))
+def freeze(path: Path, validated: bool = False) -> dict[str, str]:
+    """Validate `path` as a kernel protocol (unless the caller `validated` it: a whole-model
+    protocol) and record its sha256 and the time; refuse to re-freeze a changed file."""
+    if not validated:
+        parse(path.read_text(), str(path))
     record = freeze_path(path)
     digest = sha256_file(path)
     if record.exists():

@@ -478,15 +478,16 @@ class Isolation:
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
 
-    def module_arms(self, spec: str) -> list[Impl]:
+    def module_arms(self, spec: str, op: str | None = None) -> list[Impl]:
         """Register the `user:` arms of a user module (a .py path or a dotted name) without importing
-        it here: a worker imports it and says which operators it defines."""
+        it here: a worker imports it and says which operators it defines. With `op`, a module that
+        defines no function `op` is refused, as `registry.load_user_module` refuses it."""
         path = Path(spec)
         if spec.endswith(".py") and not path.is_file():
             raise RegistryError(f"user module {spec!r} does not exist; pass a .py file or a dotted module name")
         module = str(path.resolve()) if spec.endswith(".py") or path.exists() else spec
         ops = registry.all_ops()
-        remote = self.remote(ArmSource("sealed", module=module), [op.name for op in ops])
+        remote = self.remote(ArmSource("sealed", module=module), [o.name for o in ops])
         try:
             remote.start()
         except (ArmRaised, WorkerFailure) as exc:
@@ -494,17 +495,19 @@ class Isolation:
                 f"user module {spec} failed to import in an isolated worker: {type(exc).__name__}: {exc}"
             ) from None
         added = []
-        for op in ops:
-            if op.name in remote.handle.defines:
+        for operator in ops:
+            if operator.name in remote.handle.defines:
                 name = f"user:{registry.user_stem(spec)}"
-                op.impls[name] = Impl(
-                    op=op.name,
+                operator.impls[name] = Impl(
+                    op=operator.name,
                     name=name,
                     kind="user",
-                    loader=lambda n=op.name: RemoteFn(remote, n),
-                    doc=f"{op.name} from {spec}, in an isolated worker",
+                    loader=lambda n=operator.name: RemoteFn(remote, n),
+                    doc=f"{operator.name} from {spec}, in an isolated worker",
                 )
-                added.append(op.impls[name])
+                added.append(operator.impls[name])
+        if op is not None and not any(a.op == op for a in added):
+            raise registry.no_function_named(spec, op, remote.handle.functions)
         if not added:
             raise registry.no_operator_function(spec)
         return added

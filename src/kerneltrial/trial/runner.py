@@ -1,6 +1,8 @@
 """The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
 
-Stages, each appending raw rows as it measures them (flushed per row):
+First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
+memory), before the run directory exists. Then stages, each appending raw rows as it measures
+them (flushed per row):
 1. correctness: every arm x case x seed through the gate; an arm failing a case is not
    timed in that case;
 2. ceilings: device-to-device copy and a read-only stream on the same device, and two launch
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from kerneltrial.analysis.links import Links
+from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.rundir import provenance as source_provenance
@@ -47,7 +50,8 @@ from kerneltrial.rundir.files import (
     write_json,
 )
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import COPY_MATCHED, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
+from kerneltrial.rundir.layout import COPY_MATCHED, FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
+from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import (
@@ -62,6 +66,7 @@ from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
 from kerneltrial.trial.isolation import Settings
+from kerneltrial.trial.preflight import preflight
 from kerneltrial.trial.remote import Isolation, RemoteFn, timed_arm
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
@@ -156,6 +161,7 @@ def prepare(
     record.update(
         freeze=proto.freeze_record(protocol_path),
         impl_modules=modules,
+        inputs_seed=inp.active_inputs_seed(),
         isolation={"arms": p.isolated(), "timeout_s": p.isolate_timeout_s},
     )
     if links is not None:
@@ -320,7 +326,7 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
     inputs = op.make_inputs(case, p.seeds[0], device)
     for _ in range(p.warmup):
         fn(*inputs.values())
-    calls = calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3)
+    calls = calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3, AUTO_CALLS_LIMIT)
     timer.release()
     return calls
 
@@ -571,6 +577,7 @@ def build_plan(
         "timing_label": label(timer),
         "l2": p.l2,
         "order_seed": p.order_seed if order_seed is None else order_seed,
+        "inputs_seed": inp.active_inputs_seed(),
         **({"order_seed_override": True} if order_seed is not None else {}),
         "arms": [
             {"name": a.name, "kind": a.kind, "available": a.available, "reason": a.reason}
@@ -587,6 +594,7 @@ def build_plan(
         "seeds": p.seeds,
         "rounds": p.rounds,
         "host": {"samples": p.host_samples, "calls": host_calls(p.host_calls, timer.is_gpu)},
+        "floor": dict(FLOOR_MODEL),  # the speed-of-light model summary/6 reports (analysis/floor.py)
         "tie_band": p.tie_band,
         "gate": p.gate,
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},
@@ -627,8 +635,16 @@ def run_trial(
     `announce` sees the resolved arms before any work (the CLI lists unavailable ones);
     `order_seed` replaces the protocol's seed of the round order (recorded in plan.json);
     `target`: every Triton launch is checked against its grid limits (plan.json records it)."""
-    with targeting(target):
+    with targeting(target), inp.drawing(inputs_seed_of(RunDir(out), resume)):
         return _run_trial(protocol_path, out, resume, progress, announce, order_seed, target)
+
+
+def inputs_seed_of(run: RunDir, resume: bool) -> int | None:
+    """The run's inputs seed (ops/inputs.py): a resumed run's, from its provenance.json (None:
+    started before inputs seeds), else a fresh one; `prepare` records it, plan.json copies it."""
+    if resume and run.provenance.exists():
+        return read_json(run.provenance).get("inputs_seed")
+    return inp.new_inputs_seed()
 
 
 def _run_trial(
@@ -640,7 +656,7 @@ def _run_trial(
     order_seed: int | None,
     target: Target | None,
 ) -> Path:
-    p = proto.load(protocol_path)
+    p = preflight(protocol_path)  # the file, its keys, every case against free memory: before the run directory
     links = check_confirmation(protocol_path, p)
     device = launch.device()
     timer = make_timer(p.backend, p.l2)

@@ -46,7 +46,6 @@ class Arena:
     device: torch.device
     folder: Path | None = None
     buffers: dict[int, Buffer] = field(default_factory=dict)
-    by_storage: dict[int, int] = field(default_factory=dict)  # data_ptr of a buffer's storage -> its id
     next_id: int = 0
 
     def allocate(self, nbytes: int) -> Buffer:
@@ -68,7 +67,6 @@ class Arena:
             desc = {"id": self.next_id, "nbytes": nbytes, "path": str(path)}
         buffer = Buffer(self.next_id, flat, desc)
         self.buffers[buffer.id] = buffer
-        self.by_storage[flat.untyped_storage().data_ptr()] = buffer.id
         return buffer
 
     def full(
@@ -87,23 +85,26 @@ class Arena:
 
     def describe(self, t: torch.Tensor) -> dict[str, Any]:
         """The wire form of a tensor that lives in one of this arena's buffers."""
-        buffer = self.by_storage.get(t.untyped_storage().data_ptr())
-        if buffer is None:
-            raise ValueError("a tensor outside the shared buffers cannot be handed to an isolated worker")
-        return {
-            "buffer": buffer,
-            "dtype": dtype_name(t.dtype),
-            "shape": list(t.shape),
-            "stride": list(t.stride()),
-            "offset": t.storage_offset(),
-        }
+        ptr = t.untyped_storage().data_ptr()
+        for buffer in self.buffers.values():
+            # a guarded input's storage may start inside its buffer (trial/guard.py keeps the
+            # inputs' own storage offsets): the wire offset counts from the buffer's start
+            skip = ptr - buffer.bytes.data_ptr()
+            if 0 <= skip < buffer.bytes.numel() and skip % t.element_size() == 0:
+                return {
+                    "buffer": buffer.id,
+                    "dtype": dtype_name(t.dtype),
+                    "shape": list(t.shape),
+                    "stride": list(t.stride()),
+                    "offset": skip // t.element_size() + t.storage_offset(),
+                }
+        raise ValueError("a tensor outside the shared buffers cannot be handed to an isolated worker")
 
     def release(self, ids: list[int]) -> None:
         for i in ids:
             buffer = self.buffers.pop(i, None)
             if buffer is None:
                 continue
-            self.by_storage.pop(buffer.bytes.untyped_storage().data_ptr(), None)
             if "path" in buffer.desc:
                 Path(buffer.desc["path"]).unlink(missing_ok=True)
 

@@ -15,9 +15,10 @@ Triton 3.x), and a callable grid is evaluated there with the bound arguments, as
 `CompiledKernel.__getitem__` is wrapped too: launchers that cache compiled kernels (FlagGems'
 LibEntry) call it directly with a 3-tuple grid.
 
-The module imports nothing of kerneltrial: an isolated worker (trial/worker.py) loads it by its
-path and checks its arm's launches with the harness's target; the harness counts what the worker
-refused (`note`).
+Standard library only, nothing of kerneltrial: the processes where no kerneltrial module is
+importable load this file by its path. An isolated worker (trial/worker.py) checks its arm's
+launches with the harness's target, and the harness counts what the worker refused (`note`);
+the package interface check's worker (submission/target_worker.py) runs a copy of it.
 """
 
 from __future__ import annotations

@@ -34,20 +34,12 @@ import torch
 from torch.autograd.graph import increment_version
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs
+from kerneltrial.rundir.streams import CALL_STRIDE, values_seed
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.timing import Hooks, Timer
 
-VALUES_SEED_BASE = 1_000_000_007  # far from the gate's seeds (protocol seeds, +7919, +104729, +1000003)
-ROUNDS_PER_SEED = 10_007  # values_seed is unique per (seed, round) below this many rounds
-CALL_STRIDE = 100_000_007  # value set j of a unit: values_seed + j * CALL_STRIDE (unique below 10**4 seeds)
-
 WRONG = "wrong result while timed: "
 RAISED = "raised while timed: "
-
-
-def values_seed(seed: int, round_index: int) -> int:
-    """Seed of the fresh input values of one (seed, round) unit, the same for every arm."""
-    return VALUES_SEED_BASE + ROUNDS_PER_SEED * seed + round_index
 
 
 @dataclass
@@ -84,7 +76,7 @@ class Unit:
     def draw(cls, op: Operator, case: Case, seed: int, round_index: int, calls: int, device: torch.device) -> Unit:
         """Fresh tensors for every call; the scalar arguments (eps, cap) stay those of the
         (case, seed): a compiled peer must not recompile, nor a captured CUDA graph replay a
-        stale eps, inside a timed sample (eps alternates with the seed's parity)."""
+        stale eps, inside a timed sample (make_inputs draws them per seed)."""
         base = values_seed(seed, round_index)
         scalars = {k: v for k, v in op.make_inputs(case, seed, device).items() if not isinstance(v, torch.Tensor)}
         return cls(op, base, [op.make_inputs(case, base + j * CALL_STRIDE, device) | scalars for j in range(calls)])

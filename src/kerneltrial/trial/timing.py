@@ -244,7 +244,8 @@ def label(timer: Timer) -> str:
     return f"CUDA events, {'cold' if timer.cold else 'hot'} L2"
 
 
-def calls_for(timer: Timer, call: Call, target_ns: float, limit: int = 1000) -> int:
-    """Calls per sample so a sample lasts about `target_ns` (at least one call)."""
+def calls_for(timer: Timer, call: Call, target_ns: float, limit: int) -> int:
+    """Calls per sample so a sample lasts about `target_ns` (at least one call, at most `limit`:
+    the runner passes rundir/streams.py's AUTO_CALLS_LIMIT, which the streams' bounds assume)."""
     single = median([timer.sample(call, 1) for _ in range(3)])
     return max(1, min(limit, round(target_ns / max(single, 1.0))))

@@ -17,9 +17,9 @@ harness), trial/poison.py (poisoned outputs for the gate's calls), trial/timing.
 Timer: an isolated arm is timed as an in-process one is) and trial/targets.py (the launch limits
 of `--target`). None of them holds harness state. Before anything else it takes kerneltrial out of
 reach: a finder first on sys.meta_path refuses `kerneltrial` and every submodule (MODE `sealed`,
-user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kerneltrial` and
-`kerneltrial.ops*` import, where the built-in kernels and peers live, and refuses the rest (trial,
-analysis, rundir, ...: the harness).
+user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kerneltrial`,
+`kerneltrial.ops*` (where the built-in kernels and peers live) and the torch-free constants of
+`kerneltrial.rundir*` they read import, and refuses the rest (trial, analysis, ...: the harness).
 
 Requests and answers ("raised" {type, message} answers any request whose work raised; every
 answer carries `refused`, the first launch over the target's limits the request saw, or ""):
@@ -52,6 +52,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import json
 import os
 import struct
@@ -66,13 +67,16 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
 PACKAGE = "kerneltrial"
-REGISTRY_ALLOWED = ("kerneltrial", "kerneltrial.ops")  # and their submodules below kerneltrial.ops
+# MODE registry: the packages (and their submodules) a built-in arm imports, the operators and the
+# torch-free ground floor they build on (ops/inputs.py and ops/registry.py read rundir's constants);
+# never the harness (trial/, analysis/)
+REGISTRY_ALLOWED = ("kerneltrial.ops", "kerneltrial.rundir")
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 PARENT_POLL_S = 1.0
 
 
 class Refuse(importlib.abc.MetaPathFinder):
-    """First on sys.meta_path: kerneltrial (in MODE registry: all but kerneltrial.ops) is not importable."""
+    """First on sys.meta_path: kerneltrial (in MODE registry: all but REGISTRY_ALLOWED) is not importable."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -80,7 +84,8 @@ class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name != PACKAGE and not name.startswith(PACKAGE + "."):
             return None
-        if self.mode == "registry" and (name in REGISTRY_ALLOWED or name.startswith("kerneltrial.ops.")):
+        allowed = name == PACKAGE or any(name == p or name.startswith(p + ".") for p in REGISTRY_ALLOWED)
+        if self.mode == "registry" and allowed:
             return None
         raise ModuleNotFoundError(
             f"{name} is not importable in kerneltrial's isolated worker: the arm runs in a process of "
@@ -293,6 +298,7 @@ class Worker:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.functions: dict[str, Any] = {}
+        self.own_functions: list[str] = []  # a sealed module's top-level functions, for the harness's error
         self.buffers: dict[int, Any] = {}
         self.binds: dict[int, Bind] = {}
         self.held: list[Any] = []  # the last gate call's output storages
@@ -359,7 +365,13 @@ class Worker:
         names = [str(n) for n in message["names"]]
         self.functions = self.load_arm(message, names)
         loaded = sorted(m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + "."))
-        return {"kind": "loaded", "pid": os.getpid(), "defines": sorted(self.functions), "kerneltrial_modules": loaded}
+        return {
+            "kind": "loaded",
+            "pid": os.getpid(),
+            "defines": sorted(self.functions),
+            "functions": self.own_functions,
+            "kerneltrial_modules": loaded,
+        }
 
     def load_arm(self, message: dict[str, Any], names: list[str]) -> dict[str, Any]:
         """The functions `names` of the arm: a module's top-level functions, or (MODE registry)
@@ -376,6 +388,9 @@ class Worker:
             module = load_file(f"arm_{Path(spec).stem}", spec)
         else:
             module = importlib.import_module(spec)
+        self.own_functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
         return {n: getattr(module, n) for n in names if callable(getattr(module, n, None))}
 
     def refused_since(self, mark: int) -> str:
