@@ -30,8 +30,19 @@ def tiny_model() -> Path:
     return Path(os.environ.get("KERNELTRIAL_TINY_MODEL", REPO / ".cache" / "tiny-llama"))
 
 
+def shared() -> Path:
+    """The shared data and vendored sources next to the checkout (../shared), or $KERNELTRIAL_SHARED
+    (a worktree elsewhere points it at the checkout's)."""
+    return Path(os.environ.get("KERNELTRIAL_SHARED") or REPO.parent / "shared")
+
+
 def math500() -> Path:
-    return REPO.parent / "shared" / "data" / "math500" / "test.jsonl"
+    return shared() / "data" / "math500" / "test.jsonl"
+
+
+def official_script() -> Path:
+    """The official FlagOS throughput script in the vendored vllm-plugin-FL snapshot."""
+    return shared() / "vendor" / "vllm-plugin-FL" / "benchmarks" / "benchmark_throughput_flagos.py"
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,13 @@
 """A tiny OpenAI-compatible server for fault tests (stdlib only, loopback only).
 
-  python fake_server.py --port P [--model-id tiny] [--mode ok|503|exit] [--die-after N]
-                        [--ignore-sigint] [--spawn-child] [--pidfile F] [--answer TEXT]
+  python fake_server.py --port P [--model-id tiny] [--served-model-name NAME ...] [--mode ok|503|exit]
+                        [--die-after N] [--ignore-sigint] [--spawn-child] [--pidfile F] [--answer TEXT]
+                        [--reuse-port] [--bind-delay S]
 
-/v1/models lists --model-id (mode ok), answers 503 (mode 503); mode exit quits at once
-with code 3. /v1/completions streams max_tokens chunks like vLLM (and a usage chunk);
+/v1/models lists the --served-model-name names (as vLLM does), else --model-id (mode ok),
+answers 503 (mode 503); mode exit quits at once with code 3. A request naming another model
+gets 404, as from vLLM. --reuse-port binds with SO_REUSEPORT (as vLLM does: a second server may
+share the port); --bind-delay S waits S seconds before binding (vLLM binds after its start-up). /v1/completions streams max_tokens chunks like vLLM (and a usage chunk);
 /v1/chat/completions answers --answer. --die-after N: the process exits (code 9) when the
 N-th completion request arrives. --spawn-child starts a sleeping child in the same process
 group (to check that the whole group is stopped). With KERNELTRIAL_DISPATCH_LOG set (the
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -50,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
             if ARGS.mode == "503":
                 self._json(503, {"error": "loading"})
             else:
-                self._json(200, {"object": "list", "data": [{"id": ARGS.model_id, "object": "model"}]})
+                self._json(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in names()]})
         else:
             self._json(404, {"error": "not found"})
 
@@ -58,6 +62,9 @@ class Handler(BaseHTTPRequestHandler):
         global COUNT
         n = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(n) or b"{}")
+        if body.get("model") and body["model"] not in names():
+            self._json(404, {"error": f"The model `{body['model']}` does not exist."})
+            return
         with LOCK:
             COUNT += 1
             if ARGS.die_after and COUNT >= ARGS.die_after:
@@ -96,6 +103,16 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+def names() -> list[str]:
+    return ARGS.served_model_name or [ARGS.model_id]
+
+
+class ReusePortServer(ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+
 def write_dispatch_record() -> None:
     """What a server with kerneltrial's vLLM plugin leaves in KERNELTRIAL_DISPATCH_LOG: the
     plugin loaded for the operators the arm selects (KERNELTRIAL_VLLM_OPS), each of their
@@ -118,6 +135,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model-id", default="tiny")
+    ap.add_argument("--served-model-name", nargs="+")
+    ap.add_argument("--reuse-port", action="store_true")
+    ap.add_argument("--bind-delay", type=float, default=0.0)
     ap.add_argument("--mode", default="ok", choices=["ok", "503", "exit"])
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--token-delay", type=float, default=0.002)
@@ -137,9 +157,10 @@ def main() -> None:
     write_dispatch_record()
     if ARGS.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    time.sleep(ARGS.bind_delay)
+    srv = (ReusePortServer if ARGS.reuse_port else ThreadingHTTPServer)(("127.0.0.1", ARGS.port), Handler)
     srv.daemon_threads = True
-    print(f"fake server on 127.0.0.1:{ARGS.port} serving {ARGS.model_id}", flush=True)
+    print(f"fake server on 127.0.0.1:{ARGS.port} serving {names()}", flush=True)
     try:
         srv.serve_forever(poll_interval=0.1)
     except KeyboardInterrupt:

@@ -32,9 +32,9 @@ from kerneltrial.serving.acceptance import (
 )
 from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import free_port
+from kerneltrial.serving.order import launch_order, williams_rows
 from kerneltrial.serving.protocol import Arm, parse_protocol
-from kerneltrial.serving.report import load_run, verdict
-from kerneltrial.serving.trial import launch_order, williams_rows
+from kerneltrial.serving.report_data import load_run, verdict
 from kerneltrial.serving.verify import verify_serving_run
 
 from .conftest import FAKE, start_times

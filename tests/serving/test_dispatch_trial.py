@@ -16,15 +16,10 @@ import pytest
 from kerneltrial.plugins import OURS
 from kerneltrial.plugins.records import OpCount, PluginLoad, ProcessRecord
 from kerneltrial.serving.launcher import LaunchError, free_port
+from kerneltrial.serving.order import launch_order
 from kerneltrial.serving.protocol import Protocol, parse_protocol
-from kerneltrial.serving.trial import (
-    acceptance,
-    dispatch_dir,
-    dispatch_summary,
-    launch_order,
-    prove_launch,
-    run_protocol,
-)
+from kerneltrial.serving.summary import acceptance, dispatch_summary
+from kerneltrial.serving.trial import dispatch_dir, prove_launch, run_protocol
 from kerneltrial.serving.verify import verify_serving_run
 
 CASE = "in32-out8-c2-n4"

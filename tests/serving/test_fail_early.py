@@ -64,6 +64,9 @@ def test_the_cli_refuses_it_with_exit_2_and_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: MATH-500 file") and "no-such-math500.jsonl not found" in line
+    # the fix `serve trial` can take: the protocol's key (it has no --data option; issue 26)
+    assert line.endswith("set [accuracy] data (relative to the protocol's folder) to the path of a test.jsonl")
+    assert "--data" not in line
     assert not out.exists() and not marker.exists()
 
 
@@ -152,7 +155,7 @@ def test_a_port_held_by_a_stale_server_is_named_with_exit_2(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: a server from run {tmp_path / 'killed-run'} (pid {stale.pid}, started at ")
-    assert line.endswith(f"still holds port {port}; stop it with `kill -- -{stale.pid}`")
+    assert line.endswith(f"holds port {port}, bound or not; stop it with `kill -- -{stale.pid}`")
     assert not (tmp_path / "run").exists() and not (tmp_path / "launched").exists()
 
 

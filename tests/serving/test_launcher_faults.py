@@ -78,10 +78,10 @@ def test_server_exits_at_start(tmp_path, port, fake_argv):
 
 def test_wrong_model_id(tmp_path, port, fake_argv):
     srv = Server(
-        ServerSpec(fake_argv(port, "--model-id", "other"), "tiny", port=port, ready_timeout_s=20),
+        ServerSpec(fake_argv(port, "--served-model-name", "other"), "tiny", port=port, ready_timeout_s=20),
         tmp_path / "server.log",
     )
-    with pytest.raises(LaunchError, match=r"lists models \['other'\], not 'tiny'"):
+    with pytest.raises(LaunchError, match=r"lists models \['other', 'kt-[0-9a-f]{16}'\], not 'tiny'"):
         with srv:
             pass
     _assert_gone(srv)
@@ -228,7 +228,8 @@ def test_the_port_record_lives_as_long_as_the_server(tmp_path, port, fake_argv, 
     with srv:
         rec = read_record(port)
         assert rec is not None and rec.pid == srv.proc.pid and rec.alive
-        assert rec.run_dir == str(tmp_path) and rec.kerneltrial_pid == os.getpid() and rec.argv == fake_argv(port)
+        assert rec.run_dir == str(tmp_path) and rec.kerneltrial_pid == os.getpid()
+        assert rec.argv == [*fake_argv(port), "--served-model-name", "tiny", srv.nonce]  # the argv that ran
         assert (server_records / f"port-{port}.json").is_file()
     assert read_record(port) is None
 

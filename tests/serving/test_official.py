@@ -16,9 +16,9 @@ from kerneltrial.serving.cli import app
 from kerneltrial.serving.presets import PLUMBING, PresetError, get_preset, presets
 from kerneltrial.serving.protocol import VLLM_BENCH_DEFAULT_SEED, load_protocol, parse_protocol
 
-from .conftest import FAKE, REPO, vllm_venv
+from .conftest import FAKE, REPO, official_script, vllm_venv
 
-OFFICIAL_SCRIPT = REPO.parent / "shared" / "vendor" / "vllm-plugin-FL" / "benchmarks" / "benchmark_throughput_flagos.py"
+OFFICIAL_SCRIPT = official_script()
 PROTOCOLS = [REPO / "protocols" / "serving" / n for n in ("minicpm5-2b-t2.toml", "minicpm5-2b-flaggems.toml")]
 
 BASE = """
@@ -190,8 +190,9 @@ argv = sys.argv[1:]
 with open({record!r}, "w") as f:
     json.dump({{"argv": argv, "maca": os.environ.get("MACA_VISIBLE_DEVICES")}}, f)
 port = argv[argv.index("--port") + 1]
-name = argv[argv.index("--served-model-name") + 1]
-os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--model-id", name])
+i = argv.index("--served-model-name") + 1
+names = argv[i : next((j for j in range(i, len(argv)) if argv[j].startswith("-")), len(argv))]
+os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names])
 """
 
 
@@ -212,8 +213,10 @@ def test_launch_preset_runs_the_official_command_and_records_argv_and_env(tmp_pa
     served = json.loads(record.read_text())
     want = ["serve", "/models/m", *SOURCE_FLAGS["minicpm5-2b-metax"], *PLUMBING, "--max-num-seqs", "32"]
     want = [{"{host}": "127.0.0.1", "{port}": str(port), "{model_id}": "minicpm5-2b"}.get(a, a) for a in want]
-    assert served == {"argv": want, "maca": "0"}
     launch = json.loads((out / "launch.json").read_text())["record"]
+    nonce = launch["nonce"]  # the launch's nonce, served beside the model id (who answers: issue 26)
+    want.insert(want.index("minicpm5-2b") + 1, nonce)
+    assert served == {"argv": want, "maca": "0"}
     assert launch["argv"] == [str(exe), *want] and launch["env_set"] == {"MACA_VISIBLE_DEVICES": "0"}
     assert launch["operator_env"]["MACA_VISIBLE_DEVICES"] == "0"  # the device selection, in the environment record
 
@@ -224,8 +227,9 @@ import os, sys
 argv = sys.argv[1:]
 if argv[0] == "serve":
     port = argv[argv.index("--port") + 1]
-    name = argv[argv.index("--served-model-name") + 1]
-    os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--model-id", name])
+    i = argv.index("--served-model-name") + 1
+    names = argv[i : next((j for j in range(i, len(argv)) if argv[j].startswith("-")), len(argv))]
+    os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names])
 os.execv({client!r}, [{client!r}, *argv])
 """
 

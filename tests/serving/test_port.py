@@ -101,8 +101,8 @@ def test_a_recorded_server_whose_kerneltrial_still_runs_is_named_at_once(tmp_pat
         assert time.monotonic() - t0 < 5  # no wait: that kerneltrial (this test) will not release it
         started = read_record(port).started_at  # type: ignore[union-attr]
         assert str(e.value) == (
-            f"a server from run {tmp_path / 'run-x'} (pid {proc.pid}, started at {started}) still holds port {port}; "
-            f"stop it with `kill -- -{proc.pid}`"
+            f"a server from run {tmp_path / 'run-x'} (pid {proc.pid}, started at {started}) holds port {port}, "
+            f"bound or not; stop it with `kill -- -{proc.pid}`"
         )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV, OURS
 from kerneltrial.serving.cli import app
 from kerneltrial.serving.dispatch_proof import intended_ops
+from kerneltrial.serving.order import launch_order
 from kerneltrial.serving.protocol import (
     OPERATOR_SELECTION_ENV,
     ProtocolError,
@@ -19,7 +20,6 @@ from kerneltrial.serving.protocol import (
     non_operator_difference,
     parse_protocol,
 )
-from kerneltrial.serving.trial import launch_order
 
 from .conftest import REPO
 

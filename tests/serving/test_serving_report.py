@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from kerneltrial.cli import app
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import case_record
 from kerneltrial.serving.protocol import parse_protocol
-from kerneltrial.serving.report import Interval, load_run, parts_of, verdict
+from kerneltrial.serving.report_data import Interval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
 
 from .conftest import FAKE, start_times
@@ -87,8 +88,14 @@ def test_report_command_renders_a_serving_run(run_dir: Path):
     r = CliRunner().invoke(app, ["report", str(run_dir)])
     assert r.exit_code == 0, r.output
     md = (run_dir / "report.md").read_text()
-    for png in ("throughput.png", "ttft.png"):
+    for png in ("throughput.png", "ttft.png", "latency.png"):
         assert (run_dir / png).stat().st_size > 1000 and f"]({png})" in md
+    # p50 and p99 of TTFT, TPOT, ITL and E2E per arm and case, as summary.json has them (issue 26)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    e1 = summary["results"]["E1"]["in8-out4-c1-n2"]
+    assert "| arm | p50 TTFT ms | p99 TTFT ms | p50 TPOT ms | p99 TPOT ms | p50 ITL ms | p99 ITL ms |" in md
+    cells = [f"{e1[f'{s}_{m}_ms']:.1f}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("median", "p99")]
+    assert "| E1 | " + " | ".join(cells) + " |" in md
     assert "| E1 | arm | `KERNELTRIAL_VLLM_OPS=rms_norm` | rms_norm -> kerneltrial |" in md
     assert "- environment: `VLLM_DISABLE_COMPILE_CACHE=1`" in md
     assert "### in8-out4-c1-n2" in md and "### in16-out4-c2-n4" in md
@@ -132,9 +139,22 @@ def test_intervals_and_comparisons_follow_the_run_files(run_dir: Path):
         assert c.gain == pytest.approx(want, rel=1e-12) and c.throughput_ok and c.ttft_ok
     assert [a.name for a in parts_of(run, run.plan.arms[3])] == ["E1", "E2"]
     assert parts_of(run, run.plan.arms[1]) == []
-    i = Interval.of([1.0, 2.0, 3.0], 0.95)
-    assert i.mean == 2.0 and i.low == pytest.approx(2 - 4.302653 * (1 / 3**0.5), rel=1e-6)
     assert Interval.of([5.0], 0.95).low is None and Interval.of([5.0], 0.95).cell(".1f") == "5.0 (n=1)"
+
+
+def test_intervals_are_on_the_log_scale_and_never_negative():
+    """Issue 26: three noisy launches gave "913.5 tok/s [-5004, 6831]" on the raw scale."""
+    values = [120.0, 2500.0, 120.5]
+    mean = sum(values) / 3
+    raw_low = mean - 4.302653 * statistics.stdev(values) / 3**0.5
+    assert raw_low < 0  # the planted case: the raw-scale interval goes negative
+    i = Interval.of(values, 0.95)
+    logs = [math.log(v) for v in values]
+    half = 4.302653 * statistics.stdev(logs) / 3**0.5
+    assert i.mean == pytest.approx(math.exp(sum(logs) / 3), rel=1e-12)  # the geometric mean
+    assert (i.low, i.high) == pytest.approx((i.mean * math.exp(-half), i.mean * math.exp(half)), rel=1e-6)
+    assert 0 < i.low < min(values) and i.n == 3
+    assert Interval.of([0.0, 1.0], 0.95).low is None  # a zero has no log: the plain mean, no interval
 
 
 def test_report_shows_accuracy_and_dispatch_when_recorded(run_dir: Path, tmp_path: Path):

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from kerneltrial.cli import app
 from kerneltrial.serving import accuracy, metrics, trial
+from kerneltrial.serving import summary as summary_mod
 from kerneltrial.serving.bench import request_rows
 from kerneltrial.serving.launcher import free_port
 from kerneltrial.serving.protocol import parse_protocol
@@ -224,7 +225,7 @@ def _forge_runs(run: Path, arm: str, edit: Any, rewrite_requests: bool = True) -
                     cells = {"launch": row["launch"], "arm": row["arm"], "case": row["case"], "run": row["run"], **rq}
                     w.writerow([cells.get(f, "") for f in trial.REQUEST_FIELDS])
     summary = json.loads((run / "summary.json").read_text())
-    summary["results"] = trial.summarise(proto, rows, summary["accuracy"], summary["protocol_sha256"], [], [])[
+    summary["results"] = summary_mod.summarise(proto, rows, summary["accuracy"], summary["protocol_sha256"], [], [])[
         "results"
     ]
     (run / "summary.json").write_text(json.dumps(summary))

@@ -19,6 +19,7 @@ import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
+from kerneltrial.rundir.documents import read_summary
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
 
@@ -71,11 +72,12 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
         return result
     if kind != "serving":
         return verify_run_dir(run_dir)
-    from kerneltrial.serving.report import load_run, render
-    from kerneltrial.serving.verify import verify_serving_run
+    from kerneltrial.serving.report import render
+    from kerneltrial.serving.report_data import load_run
+    from kerneltrial.serving.verify import verified_detail, verify_serving_run
 
     result = VerifyResult(run_dir)
-    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), "every serving figure matches")
+    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), verified_detail(run_dir))
     if not regrade:
         result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
     check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(load_run(run_dir), unverified))
@@ -178,10 +180,13 @@ def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrad
     """Verify RUN_DIR, then write report.md and PNG figures into it, drawn from its summary.json (the
     kernel, model or serving report, by the directory's kind; a replicate, suite or fleet directory:
     each run's, and one for the whole). A run that fails verification is not rendered (exit 1)."""
-    if kind_of(run_dir) == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
-        from kerneltrial.serving.report import load_run
+    kind = kind_of(run_dir)
+    if kind == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
+        from kerneltrial.serving.report_data import load_run
 
         load_run(run_dir)
+    elif kind == "kernel":  # likewise; an interrupted run is told to resume
+        read_summary(run_dir)
     require_verified([run_dir], unverified, regrade=not no_regrade)
     typer.echo(f"wrote {_write_report(run_dir, unverified)}")
 
@@ -206,7 +211,7 @@ def require_common(run_a: Path, run_b: Path, rows: int, only_in_a: list[str], on
 
 def _compare_serving(run_a: Path, run_b: Path, json_: bool, unverified: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
-    from kerneltrial.serving.report import Interval
+    from kerneltrial.serving.report_data import Interval
 
     compared = comparison(run_a, run_b)
     require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)

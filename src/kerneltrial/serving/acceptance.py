@@ -3,7 +3,7 @@ verify all call these pure functions (no file access).
 
 Launches are the unit. Per arm and case, the figure of one launch is the mean over its kept
 runs (the warm-up rule). Every round launches every arm once (launch order: counterbalanced
-reversed-pair blocks, `trial.launch_order`), so a round pairs the arms. Per round r the log
+reversed-pair blocks, `order.launch_order`), so a round pairs the arms. Per round r the log
 ratio d_r = ln(arm_r / against_r) of total tok/s and of mean TTFT; over the n rounds both arms
 ran, the estimate is exp(mean d) (the geometric mean of the per-round ratios) and the interval
 exp(mean d -+ t_{(1+c)/2, n-1} sd(d) / sqrt(n)) (Student t on the paired log ratios).

@@ -133,8 +133,18 @@ def level_label(level: Any) -> str:
     return f"Level {s}" if s.isdigit() else s
 
 
-def load_problems(source: str, level: str | None = "Level 3", limit: int | None = None) -> list[Problem]:
-    """Problems from a JSONL path (or `hf:NAME` to load from the hub), filtered by level."""
+# Where the caller took the data path and the level from, for the fix an error names: `serve
+# accuracy`'s options, or a protocol's [accuracy] keys (`serve trial` has no --data option).
+CLI_KEYS = ("--data", "--level")
+PROTOCOL_KEYS = ("[accuracy] data (relative to the protocol's folder)", "[accuracy] level")
+
+
+def load_problems(
+    source: str, level: str | None = "Level 3", limit: int | None = None, keys: tuple[str, str] = CLI_KEYS
+) -> list[Problem]:
+    """Problems from a JSONL path (or `hf:NAME` to load from the hub), filtered by level; errors
+    name `keys` (the data path's and the level's) as what to fix."""
+    data_key, level_key = keys
     rows: list[dict[str, Any]]
     if source.startswith(HF_PREFIX):
         try:
@@ -147,14 +157,14 @@ def load_problems(source: str, level: str | None = "Level 3", limit: int | None 
     else:
         path = Path(source)
         if not path.is_file():
-            raise AccuracyError(f"MATH-500 file {source} not found; pass --data PATH to a test.jsonl")
+            raise AccuracyError(f"MATH-500 file {source} not found; set {data_key} to the path of a test.jsonl")
         rows = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except ValueError:
-                    raise AccuracyError(f"{source} line {n} is not JSON; pass a JSONL file") from None
+                    raise AccuracyError(f"{source} line {n} is not JSON; set {data_key} to a JSONL file") from None
     want = level_label(level) if level else None
     out: list[Problem] = []
     for i, r in enumerate(rows):
@@ -167,7 +177,7 @@ def load_problems(source: str, level: str | None = "Level 3", limit: int | None 
             Problem(i, str(r.get("unique_id", i)), str(r["problem"]), str(r["answer"]), lv, str(r.get("subject", "")))
         )
     if not out:
-        raise AccuracyError(f"no problem of level {want!r} in {source}; check --level (e.g. 'Level 3' or 3)")
+        raise AccuracyError(f"no problem of level {want!r} in {source}; check {level_key} (e.g. 'Level 3' or 3)")
     return out[:limit] if limit else out
 
 

@@ -15,12 +15,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kerneltrial.serving import vllm_platform
 from kerneltrial.serving.launcher import Server, stop_group
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, percentile_word
 
 VLLM_ENV = "KERNELTRIAL_VLLM"
+# the official script's request path (serving/official.py)
+OFFICIAL_BACKEND, OFFICIAL_ENDPOINT = "openai-chat", "/v1/chat/completions"
 
 
 class BenchError(RuntimeError):
@@ -33,17 +36,72 @@ class Case:
     output_len: int
     concurrency: int
     num_requests: int
+    label: str = ""  # the built-in set it comes from (serving/official.py: "seed 1", "script p4096d1024")
+    request_rate: float | None = None  # `vllm bench serve --request-rate` (req/s); None: inf, all sent at once
+    burstiness: float | None = None  # `--burstiness` (gamma shape of the arrival gaps; 1: Poisson); needs a rate
 
     @property
     def id(self) -> str:
-        return f"in{self.input_len}-out{self.output_len}-c{self.concurrency}-n{self.num_requests}"
+        base = f"in{self.input_len}-out{self.output_len}-c{self.concurrency}-n{self.num_requests}"
+        rate = "" if self.request_rate is None else f"-r{self.request_rate:g}"
+        return base + rate + ("" if self.burstiness is None else f"-b{self.burstiness:g}")
 
     def as_list(self) -> list[int]:
         return [self.input_len, self.output_len, self.concurrency, self.num_requests]
 
+    def as_toml(self) -> list[int] | dict[str, Any]:
+        """How a protocol writes it: the 4-list, or a table when it has a rate."""
+        if self.request_rate is None:
+            return self.as_list()
+        table: dict[str, Any] = dict(zip(CASE_KEYS, self.as_list(), strict=True)) | {"request_rate": self.request_rate}
+        return table | ({} if self.burstiness is None else {"burstiness": self.burstiness})
+
+    def load_argv(self) -> list[str]:
+        """The client's options for the case's arrival process (none: all requests at once)."""
+        rate = [] if self.request_rate is None else ["--request-rate", f"{self.request_rate:g}"]
+        return rate + ([] if self.burstiness is None else ["--burstiness", f"{self.burstiness:g}"])
+
+
+CASE_KEYS = ("input_len", "output_len", "concurrency", "num_requests")
+CASE_TABLE_KEYS = (*CASE_KEYS, "request_rate", "burstiness")
+
+
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _case_table(item: dict[str, Any]) -> list[Case]:
+    """A case table: the four sizes (concurrency may be a list: a sweep, one case each), and an
+    optional request_rate (req/s) and burstiness."""
+    unknown = sorted(set(item) - set(CASE_TABLE_KEYS))
+    if unknown or any(k not in item for k in CASE_KEYS):
+        raise ValueError(f"case {item!r} needs keys {', '.join(CASE_KEYS)} (and optionally request_rate, burstiness)")
+    sweep = item["concurrency"] if isinstance(item["concurrency"], list) else [item["concurrency"]]
+    sizes = [item["input_len"], item["output_len"], *sweep, item["num_requests"]]
+    if not sweep or not all(_positive_int(x) for x in sizes):
+        raise ValueError(f"case {item!r}: the lengths, each concurrency and num_requests must be positive integers")
+    rate, burst = item.get("request_rate"), item.get("burstiness")
+    for name, v in (("request_rate", rate), ("burstiness", burst)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
+            raise ValueError(f"case {item!r}: {name} must be a positive number, got {v!r}")
+    if burst is not None and rate is None:
+        raise ValueError(f"case {item!r}: burstiness shapes the gaps of a request_rate; set request_rate too")
+    return [
+        Case(
+            item["input_len"],
+            item["output_len"],
+            c,
+            item["num_requests"],
+            request_rate=None if rate is None else float(rate),
+            burstiness=None if burst is None else float(burst),
+        )
+        for c in sweep
+    ]
+
 
 def parse_cases(value: Any) -> list[Case]:
-    """[[input_len, output_len, concurrency, num_requests], ...] (JSON text or a list)."""
+    """[[input_len, output_len, concurrency, num_requests], ...] (JSON text or a list); an item may
+    be a table with those keys, request_rate and burstiness, and a list of concurrencies (a sweep)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -53,6 +111,12 @@ def parse_cases(value: Any) -> list[Case]:
         raise ValueError("cases must be a non-empty list like [[4096,1024,64,256]]")
     cases: list[Case] = []
     for item in value:
+        if isinstance(item, Case):
+            cases.append(item)
+            continue
+        if isinstance(item, dict):
+            cases += _case_table(item)
+            continue
         if (
             not isinstance(item, list | tuple)
             or len(item) != 4
@@ -87,7 +151,18 @@ def bench_argv(
     result_file: str,
     seed: int,
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+    served_name: str | None = None,
+    client: str = "completions",
+    goodput: dict[str, float] | None = None,
 ) -> list[str]:
+    """The client's argv; `served_name` (a launch's nonce) is the model name every request sends.
+    client "official": the organisers' argv (serving/official.py), which passes no --seed. The
+    case's request rate and burstiness and the goodput SLOs (ms) follow the request path."""
+    load = case.load_argv() + goodput_argv(goodput)
+    if client == "official":
+        url = urlsplit(base_url)
+        argv = official_argv(vllm, url.hostname or "127.0.0.1", url.port or 80, model_id, tokenizer or model_id, case)
+        return argv + load + recording(result_dir, result_file, percentiles, served_name)
     argv = [
         vllm,
         "bench",
@@ -127,7 +202,59 @@ def bench_argv(
     ]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
-    return argv
+    if served_name:
+        argv += ["--served-model-name", served_name]
+    return argv + load
+
+
+def goodput_argv(goodput: dict[str, float] | None) -> list[str]:
+    """`--goodput ttft:MS tpot:MS e2el:MS`: the SLOs a request must meet to count as good."""
+    return ["--goodput", *(f"{k}:{v:g}" for k, v in goodput.items())] if goodput else []
+
+
+# what vLLM's client records for a request the server answered with HTTP 404 (response.reason,
+# vllm/benchmarks/lib/endpoint_request_func.py): the model name it sent is unknown to that server
+NOT_FOUND = "Not Found"
+
+
+def foreign_answers(raw: dict[str, Any]) -> int:
+    """Requests of a run answered 404: with a launch's nonce as the model name, a server that does
+    not serve it (another server on the same port) answered them."""
+    return sum(1 for e in raw.get("errors") or [] if str(e).strip() == NOT_FOUND)
+
+
+def official_argv(vllm: str, host: str, port: int, model_id: str, tokenizer: str, case: Case) -> list[str]:
+    """The official script's `vllm bench serve` argv for one case (serving/official.py), in its
+    order, with the site's values."""
+    # fmt: off
+    return [
+        vllm, "bench", "serve",
+        "--host", host,
+        "--port", str(port),
+        "--backend", OFFICIAL_BACKEND,
+        "--model", model_id,
+        "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--endpoint", OFFICIAL_ENDPOINT,
+        "--ignore-eos",
+        "--trust-remote-code",
+        "--random-input-len", str(case.input_len),
+        "--random-output-len", str(case.output_len),
+        "--num-prompts", str(case.num_requests),
+        "--max-concurrency", str(case.concurrency),
+    ]
+    # fmt: on
+
+
+def recording(result_dir: Path, result_file: str, percentiles: tuple[float, ...], served_name: str | None) -> list[str]:
+    """What kerneltrial appends to the official argv: where and what the client records, and the
+    launch's nonce as the requests' model name. None of it changes the prompts or the load."""
+    out = [
+        *("--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file),
+        *("--percentile-metrics", "ttft,tpot,itl,e2el"),
+        *("--metric-percentiles", ",".join(percentile_word(p) for p in percentiles), "--disable-tqdm"),
+    ]
+    return [*out, "--served-model-name", served_name] if served_name else out
 
 
 def run_bench(
@@ -171,7 +298,8 @@ def run_bench(
                     if server_died:
                         break
                     raise BenchError(
-                        f"benchmark client still running after {timeout_s:.0f} s; raise --bench-timeout or see {log_path}"
+                        f"benchmark client still running after {timeout_s:.0f} s; raise bench.timeout_s (--bench-timeout) "
+                        f"or see {log_path}"
                     )
                 time.sleep(0.2)
         except BaseException:

@@ -1,41 +1,53 @@
-"""`kerneltrial serve calibrate`: can this set-up tell the baseline from itself?
+"""`kerneltrial serve calibrate`: can this set-up tell the baseline from itself, and does it have
+the power the protocol's noise band asks for?
 
 The calibration is an A/A trial: the protocol's settings (server, cases, repeats, seed,
 acceptance rule) with two arms that are both the baseline (same argv, same environment),
-named A (role baseline) and A-prime (role candidate), `--launches` launches each (default the
-protocol's rounds). No accuracy gate: the calibration measures the noise of throughput and
-TTFT. It writes an ordinary serving run directory plus calibration.json: per case the intervals
-of the gain and the TTFT ratio (serving/acceptance.py) and their widths, and the
-false-acceptance rate: the fraction of A/A comparisons the rule accepts, counted over every
-case in both directions (A-prime against A and A against A-prime; a trial's labels are
-arbitrary, so the swapped comparison is as likely a trial as the other). It estimates the
-probability that the rule accepts a candidate no different from the baseline at this number of
-launches on this set-up; from one calibration it rests on 2 x cases comparisons, so it is
-coarse (resolution 1 / comparisons), and comparisons of one case share their launches.
+named A (role baseline) and A-prime (role candidate), L = `--launches` launches each. No accuracy
+gate: the calibration measures the noise of throughput and TTFT. It judges the trial the protocol
+describes, n = its `rounds` launches per arm, and writes an ordinary serving run directory plus
+calibration.json. It passes only when all three hold (issue 26: `--launches 2` used to pass with a
+gain interval of +-2,391,912%, from a false-acceptance rate estimated on 2 comparisons):
+
+- power: per case, the per-round log ratios d_r = ln(A-prime_r / A_r) of total tok/s and of mean
+  TTFT over the L rounds give the noise sd; a trial of n rounds then has interval half-widths
+  exp(t(n-1) sd / sqrt(n)) - 1, which must be below the noise band (TTFT: below ttft_ratio_max - 1).
+  Otherwise the record says how many launches per arm the observed noise would need;
+- enough comparisons: the false-acceptance rate is estimated from every A/A trial of n rounds that
+  the L rounds contain (each n-subset of rounds, each case, both label directions; a trial's
+  labels are arbitrary), at least ceil(1 / max_false_acceptance_rate) of them, so the estimate
+  can resolve the stated level. Subsets share launches: the count gives resolution, not
+  independence (the rate is coarse; the power criterion is the one that carries weight);
+- the rate itself: the rule accepts at most max_false_acceptance_rate of those comparisons.
 
 A trial protocol may require a passed calibration (`[acceptance] calibration = DIR`):
-`require_calibration` checks before the first launch that it calibrated the same model, the
-same server argv and environment apart from operator selection and the same cases, and that
-its false-acceptance rate is at most the trial's `max_false_acceptance_rate`.
+`require_calibration` checks before the first launch that it calibrated the same model, server
+argv and environment apart from operator selection, cases, rule and trial size, and passed.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy import stats
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
-from kerneltrial.serving.acceptance import MIN_ROUNDS, compare_case
+from kerneltrial.serving.acceptance import MIN_ROUNDS, LaunchFigure, Rule, compare_case
+from kerneltrial.serving.order import planned_launches
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
-from kerneltrial.serving.trial import acceptance_rule, launch_figures, planned_launches
+from kerneltrial.serving.summary import acceptance_rule, launch_figures
 
 CALIBRATION = "calibration.json"
-SCHEMA = "kerneltrial.serving-calibration/1"
+SCHEMA = "kerneltrial.serving-calibration/2"
 ARM_A, ARM_A_PRIME = "A", "A-prime"
+MAX_SUBSETS = 5000  # n-subsets of the calibration's rounds judged per case (a seeded sample beyond)
 
 
 class CalibrationError(ValueError):
@@ -43,10 +55,13 @@ class CalibrationError(ValueError):
 
 
 class Comparison(BaseModel):
+    """One A/A trial of n rounds drawn from the calibration, judged by the acceptance rule."""
+
     model_config = ConfigDict(frozen=True)
     case: str
     arm: str
     against: str
+    rounds: list[int]
     gain: float
     gain_low: float
     gain_high: float
@@ -55,13 +70,19 @@ class Comparison(BaseModel):
     ttft_ratio_high: float
     accepted: bool  # the rule's throughput and TTFT criteria both met: a false acceptance
 
-    @property
-    def gain_width(self) -> float:
-        return self.gain_high - self.gain_low
 
-    @property
-    def ttft_width(self) -> float:
-        return self.ttft_ratio_high - self.ttft_ratio_low
+class Noise(BaseModel):
+    """One case's launch noise and what it means for a trial of n rounds."""
+
+    model_config = ConfigDict(frozen=True)
+    case: str
+    rounds: int  # paired rounds of the calibration the sd is taken over
+    gain_sd: float  # sd of the per-round log ratios of total tok/s
+    ttft_sd: float  # the same of mean TTFT
+    gain_half_width: float  # of a trial of n rounds: exp(t sd / sqrt(n)) - 1
+    ttft_half_width: float
+    powered: bool  # both half-widths below their bounds (noise band, ttft_ratio_max - 1)
+    launches_needed: int | None  # launches per arm that bring both below (None: a bound is not positive)
 
 
 class CalibrationRecord(BaseModel):
@@ -74,21 +95,44 @@ class CalibrationRecord(BaseModel):
     argv: list[str]  # the baseline's argv, before {port}/{model} are filled in
     env: dict[str, str]
     cases: list[str]
-    launches_per_arm: int
+    launches_per_arm: int  # L, of the calibration
+    trial_rounds: int  # n, of the trial it calibrates (the protocol's rounds)
     noise_band: float
     ttft_ratio_max: float
     confidence: float
     status: str  # the A/A run's summary status
+    noise: list[Noise]
     comparisons: list[Comparison]
+    comparisons_needed: int | None  # ceil(1 / max_false_acceptance_rate); None for a rate of 0
     false_acceptances: int
     false_acceptance_rate: float
     max_false_acceptance_rate: float
     passed: bool
+    reasons: list[str]  # why it did not pass (empty when it did)
     sentence: str
 
 
-def calibration_protocol(text: str, launches: int | None) -> str:
-    """The protocol's settings with arms A and A-prime, both its baseline (else its first arm)."""
+def comparisons_needed(max_rate: float) -> int | None:
+    """A rate estimated from k comparisons moves in steps of 1/k: resolving `max_rate` needs 1/max_rate."""
+    return math.ceil(1 / max_rate - 1e-9) if max_rate > 0 else None
+
+
+def comparisons_available(launches: int, trial_rounds: int, cases: int) -> int:
+    return min(math.comb(launches, trial_rounds), MAX_SUBSETS) * 2 * cases
+
+
+def default_launches(trial_rounds: int, cases: int, max_rate: float) -> int:
+    """The fewest launches per arm (even: whole A B / B A blocks) whose n-subsets give enough comparisons."""
+    need = comparisons_needed(max_rate) or 0
+    L = max(trial_rounds, MIN_ROUNDS)
+    while comparisons_available(L, trial_rounds, cases) < need or L % 2:
+        L += 1
+    return L
+
+
+def calibration_protocol(text: str, launches: int | None) -> tuple[str, int]:
+    """The protocol's settings with arms A and A-prime, both its baseline (else its first arm), and
+    L launches each (`launches`, else default_launches); also n, the rounds of the trial calibrated."""
     import tomli_w
 
     data = tomllib.loads(text)
@@ -96,43 +140,106 @@ def calibration_protocol(text: str, launches: int | None) -> str:
     if not arms:
         raise CalibrationError("the protocol has no [[arms]]; a calibration needs a baseline arm to copy")
     base = next((a for a in arms if a.get("role") == "baseline"), arms[0])
-    rounds = data.get("rounds", 1) if launches is None else launches
-    if rounds < MIN_ROUNDS:
+    n = int(data.get("rounds", 1))
+    if n < MIN_ROUNDS:
         raise CalibrationError(
-            f"a calibration with {rounds} launch(es) per arm has no interval; pass --launches {2 * MIN_ROUNDS} "
-            f"(at least {MIN_ROUNDS}; an even number completes the A B / B A blocks)"
+            f"the protocol's trial has {n} launch(es) per arm, which gives no interval to calibrate; set rounds >= "
+            f"{MIN_ROUNDS} in the protocol (an even number completes the A B / B A blocks)"
+        )
+    acceptance = data.get("acceptance", {})
+    cases = len(data.get("bench", {}).get("cases", [])) or 1
+    L = (
+        launches
+        if launches is not None
+        else default_launches(n, cases, acceptance.get("max_false_acceptance_rate", 0.05))
+    )
+    if L < n:
+        raise CalibrationError(
+            f"--launches {L} is below the trial's {n} rounds: each A/A comparison is a trial of {n} rounds; "
+            f"pass --launches {default_launches(n, cases, acceptance.get('max_false_acceptance_rate', 0.05))}"
         )
     copy = {k: v for k, v in base.items() if k in ("argv", "env")}
     data.update(
         name=f"{data.get('name', 'serving-trial')}-calibration",
-        rounds=rounds,
+        rounds=L,
         arms=[{"name": ARM_A, "role": "baseline", **copy}, {"name": ARM_A_PRIME, "role": "candidate", **copy}],
     )
     data.pop("accuracy", None)
-    data.get("acceptance", {}).pop("calibration", None)
-    return tomli_w.dumps(data)
+    acceptance.pop("calibration", None)
+    return tomli_w.dumps(data), n
 
 
-def calibration_record(proto: Protocol, summary: dict[str, Any]) -> CalibrationRecord:
-    """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary."""
-    rule = acceptance_rule(proto)
-    rounds = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
-    comparisons = []
-    for case in proto.bench.cases:
+def _half_width(sd: float, n: int, confidence: float) -> float:
+    """exp(t(n-1) sd / sqrt(n)) - 1: a trial of n rounds' interval half-width, as a fraction."""
+    return math.exp(float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)) - 1
+
+
+def launches_needed(gain_sd: float, ttft_sd: float, rule: Rule) -> int | None:
+    """The fewest launches per arm n whose half-widths t(n-1) sd / sqrt(n) (log scale) are below
+    ln(1 + noise_band) and ln(ttft_ratio_max); None when a bound is not positive (no n gets there).
+    The search starts at the normal approximation's n, which the t quantile only raises."""
+    bounds = (math.log1p(rule.noise_band), math.log(rule.ttft_ratio_max))
+    if min(bounds) <= 0:
+        return None
+    z = float(stats.norm.ppf((1 + rule.confidence) / 2))
+    n = max(MIN_ROUNDS, math.ceil((z * max(gain_sd / bounds[0], ttft_sd / bounds[1])) ** 2))
+    while True:
+        scale = float(stats.t.ppf((1 + rule.confidence) / 2, n - 1)) / math.sqrt(n)
+        if scale * gain_sd < bounds[0] and scale * ttft_sd < bounds[1]:
+            return n
+        n += 1
+
+
+def _sd(values: list[float]) -> float:
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def case_noise(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n: int, rule: Rule) -> Noise:
+    """The sd of the per-round log ratios of A-prime (b) to A (a) and the half-widths of a trial of n rounds."""
+    mine, theirs = {f.round: f for f in b}, {f.round: f for f in a}
+    rounds = sorted(mine.keys() & theirs.keys())
+    gain = [math.log(mine[r].throughput / theirs[r].throughput) for r in rounds]
+    ttft = [math.log(mine[r].ttft_ms / theirs[r].ttft_ms) for r in rounds]
+    gain_sd, ttft_sd = _sd(gain), _sd(ttft)
+    gh, th = _half_width(gain_sd, n, rule.confidence), _half_width(ttft_sd, n, rule.confidence)
+    powered = gh < rule.noise_band and th < rule.ttft_ratio_max - 1
+    return Noise(
+        case=case,
+        rounds=len(rounds),
+        gain_sd=gain_sd,
+        ttft_sd=ttft_sd,
+        gain_half_width=gh,
+        ttft_half_width=th,
+        powered=powered,
+        launches_needed=launches_needed(gain_sd, ttft_sd, rule),
+    )
+
+
+def subsets(rounds: list[int], n: int) -> list[tuple[int, ...]]:
+    """Every n-subset of the rounds, or a seeded sample of MAX_SUBSETS of them."""
+    if math.comb(len(rounds), n) <= MAX_SUBSETS:
+        return list(itertools.combinations(rounds, n))
+    return sorted(random.Random(0).sample(list(itertools.combinations(rounds, n)), MAX_SUBSETS))
+
+
+def case_comparisons(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n: int, rule: Rule) -> list[Comparison]:
+    """Every A/A trial of n rounds in the calibration's rounds, both label directions, judged by the rule."""
+    figures = {ARM_A: a, ARM_A_PRIME: b}
+    rounds = sorted({f.round for f in a} & {f.round for f in b})
+    out = []
+    for subset in subsets(rounds, n):
         for arm, against in ((ARM_A_PRIME, ARM_A), (ARM_A, ARM_A_PRIME)):
-            c = compare_case(
-                case.id,
-                launch_figures(summary["results"][arm][case.id], rounds),
-                launch_figures(summary["results"][against][case.id], rounds),
-                rule,
-            )
+            pick = [[f for f in figures[x] if f.round in subset] for x in (arm, against)]
+            c = compare_case(case, pick[0], pick[1], rule)
             if c.throughput is None or c.ttft is None or c.throughput.interval is None or c.ttft.interval is None:
-                continue  # a failed case: the run's status says so
-            comparisons.append(
+                continue
+            out.append(
                 Comparison(
-                    case=case.id,
+                    case=case,
                     arm=arm,
                     against=against,
+                    rounds=list(subset),
                     gain=c.throughput.estimate - 1,
                     gain_low=c.throughput.interval.low - 1,
                     gain_high=c.throughput.interval.high - 1,
@@ -142,18 +249,31 @@ def calibration_record(proto: Protocol, summary: dict[str, Any]) -> CalibrationR
                     accepted=c.throughput_ok and c.ttft_ok,
                 )
             )
+    return out
+
+
+def calibration_record(proto: Protocol, summary: dict[str, Any], trial_rounds: int) -> CalibrationRecord:
+    """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary."""
+    rule = acceptance_rule(proto)
+    round_of = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
+    noise, comparisons = [], []
+    for case in proto.bench.cases:
+        a = launch_figures(summary["results"][ARM_A][case.id], round_of)
+        b = launch_figures(summary["results"][ARM_A_PRIME][case.id], round_of)
+        if a and b and len({f.round for f in a} & {f.round for f in b}) >= MIN_ROUNDS:
+            noise.append(case_noise(case.id, a, b, trial_rounds, rule))
+            comparisons += case_comparisons(case.id, a, b, trial_rounds, rule)
+    bound = proto.acceptance.max_false_acceptance_rate
     false = sum(c.accepted for c in comparisons)
     rate = false / len(comparisons) if comparisons else 1.0
-    bound = proto.acceptance.max_false_acceptance_rate
-    passed = summary["status"] == "ok" and bool(comparisons) and rate <= bound
-    widths = ", ".join(
-        f"{c.case} gain +-{c.gain_width / 2:.2%}, TTFT +-{c.ttft_width / 2:.4f}" for c in comparisons[::2]
-    )
-    sentence = (
-        f"Calibration {'passed' if passed else 'FAILED'}: the rule accepted {false} of {len(comparisons)} A/A "
-        f"comparison(s) (false-acceptance rate {rate:.2f}, at most {bound:g}) with {proto.rounds} launches per arm; "
-        f"interval half-widths: {widths or 'none (no case completed)'}"
-    )
+    need = comparisons_needed(bound)
+    reasons = _reasons(summary["status"], noise, len(proto.bench.cases), trial_rounds, rule, len(comparisons), need)
+    if comparisons and rate > bound:
+        reasons.append(
+            f"the rule accepted {false} of {len(comparisons)} A/A comparisons (false-acceptance rate {rate:.3f}, above "
+            f"max_false_acceptance_rate {bound:g}): it cannot tell this set-up from itself; widen noise_band or add rounds"
+        )
+    passed = not reasons
     base = proto.arm("baseline") or proto.arms[0]
     return CalibrationRecord(
         schema_=SCHEMA,
@@ -163,17 +283,65 @@ def calibration_record(proto: Protocol, summary: dict[str, Any]) -> CalibrationR
         env=base.env,
         cases=[c.id for c in proto.bench.cases],
         launches_per_arm=proto.rounds,
+        trial_rounds=trial_rounds,
         noise_band=rule.noise_band,
         ttft_ratio_max=rule.ttft_ratio_max,
         confidence=rule.confidence,
         status=summary["status"],
+        noise=noise,
         comparisons=comparisons,
+        comparisons_needed=need,
         false_acceptances=false,
         false_acceptance_rate=rate,
         max_false_acceptance_rate=bound,
         passed=passed,
-        sentence=sentence,
+        reasons=reasons,
+        sentence=_sentence(passed, reasons, noise, trial_rounds, false, len(comparisons), rate, bound),
     )
+
+
+def _reasons(
+    status: str, noise: list[Noise], cases: int, n: int, rule: Rule, available: int, need: int | None
+) -> list[str]:
+    """Why a calibration does not pass: a failed A/A run, too little power, too few comparisons."""
+    out = []
+    if status != "ok" or len(noise) < cases:
+        out.append(f"the A/A run did not complete every case (status {status}); calibrate again")
+    for x in noise:
+        if x.powered:
+            continue
+        more = (
+            f"the observed noise needs {x.launches_needed} launches per arm (rounds = {x.launches_needed})"
+            if x.launches_needed is not None
+            else "no number of launches gets there (noise_band and ttft_ratio_max - 1 must be positive)"
+        )
+        out.append(
+            f"{x.case}: a trial of {n} launches per arm has a gain interval of +-{x.gain_half_width:.2%} and a TTFT "
+            f"interval of +-{x.ttft_half_width:.2%} (per-round log-ratio sd {x.gain_sd:.2%} and {x.ttft_sd:.2%} over "
+            f"{x.rounds} rounds), not below the noise band {rule.noise_band:.2%} and ttft_ratio_max "
+            f"{rule.ttft_ratio_max} - 1: {more}"
+        )
+    if need is None:
+        out.append("max_false_acceptance_rate 0 cannot be estimated from finitely many comparisons; set it above 0")
+    elif available < need:
+        out.append(
+            f"{available} A/A comparison(s) cannot estimate a false-acceptance rate of {1 / need:.3g} (at least {need} "
+            f"are needed: each {n}-round subset of the calibration's rounds, each case, both directions); pass "
+            f"--launches {default_launches(n, cases, 1 / need)}"
+        )
+    return out
+
+
+def _sentence(
+    passed: bool, reasons: list[str], noise: list[Noise], n: int, false: int, total: int, rate: float, bound: float
+) -> str:
+    widths = ", ".join(f"{x.case} gain +-{x.gain_half_width:.2%}, TTFT +-{x.ttft_half_width:.2%}" for x in noise)
+    head = (
+        f"Calibration {'passed' if passed else 'FAILED'} for trials of {n} launches per arm: interval half-widths "
+        f"{widths or 'none (no case completed)'}; the rule accepted {false} of {total} A/A comparison(s) "
+        f"(false-acceptance rate {rate:.3f}, at most {bound:g})"
+    )
+    return head if passed else f"{head}. Not passed: " + "; ".join(reasons)
 
 
 def write_calibration(run_dir: Path, record: CalibrationRecord) -> Path:
@@ -189,6 +357,11 @@ def read_calibration(run_dir: Path) -> CalibrationRecord:
             f"no {CALIBRATION} in {run_dir}; run `kerneltrial serve calibrate PROTOCOL --out {run_dir}` first"
         )
     data = read_json(path)
+    if isinstance(data, dict) and data.get("schema") != SCHEMA:
+        raise CalibrationError(
+            f"{path} is a {data.get('schema')} calibration, from before its power check (issue 26); calibrate again "
+            f"with this kerneltrial (`kerneltrial serve calibrate PROTOCOL --out DIR`)"
+        )
     try:
         return CalibrationRecord.model_validate(data)
     except ValidationError as e:
@@ -198,8 +371,8 @@ def read_calibration(run_dir: Path) -> CalibrationRecord:
 
 def require_calibration(proto: Protocol, base_dir: Path) -> None:
     """Refuse (CalibrationError, one line) unless the protocol's calibration run passed for the
-    same model, server argv and environment (apart from operator selection) and cases, with a
-    false-acceptance rate at most this protocol's bound. Nothing to check without `calibration`."""
+    same model, server argv and environment (apart from operator selection), cases, acceptance
+    rule and trial size (rounds). Nothing to check without `calibration`."""
     name = proto.acceptance.calibration
     if name is None:
         return
@@ -217,12 +390,13 @@ def require_calibration(proto: Protocol, base_dir: Path) -> None:
     cases = [c.id for c in proto.bench.cases]
     if record.cases != cases:
         raise CalibrationError(f"{where} calibrated cases {record.cases}, this trial runs {cases}; calibrate them")
-    if record.status != "ok":
-        raise CalibrationError(f"{where} did not finish its runs (status {record.status}); calibrate again")
-    bound = proto.acceptance.max_false_acceptance_rate
-    if not record.false_acceptance_rate <= bound:
+    a = proto.acceptance
+    mine = (a.noise_band, a.ttft_ratio_max, a.confidence, proto.rounds)
+    theirs = (record.noise_band, record.ttft_ratio_max, record.confidence, record.trial_rounds)
+    if mine != theirs:
         raise CalibrationError(
-            f"{where} has a false-acceptance rate {record.false_acceptance_rate:.2f} above this protocol's "
-            f"max_false_acceptance_rate {bound:g}: the rule cannot tell this set-up from itself; add launches "
-            "(rounds) or widen noise_band"
+            f"{where} calibrated (noise_band, ttft_ratio_max, confidence, rounds) = {theirs}, this trial has {mine}; "
+            "calibrate this protocol"
         )
+    if not record.passed:
+        raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")

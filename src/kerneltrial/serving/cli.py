@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,15 @@ PRESET_HELP = (
     "Built-in official command (minicpm5-2b = NVIDIA, minicpm5-2b-iluvatar, minicpm5-2b-metax; needs --model); "
     "extra server arguments go after `--`. Sources: docs/serving.md."
 )
+CLIENT_HELP = (
+    "Benchmark client: completions (kerneltrial's: --backend vllm --endpoint /v1/completions) or official (the "
+    "organisers' argv from benchmark_throughput_flagos.py: --backend openai-chat --endpoint /v1/chat/completions "
+    "--trust-remote-code, no --seed). The accuracy gate always uses the chat endpoint."
+)
+PINS_HELP = (
+    "Launch even when the server environment does not match the protocol's [pins] (vllm-plugin-FL commit, FlagGems, "
+    "vLLM): recorded in launches.jsonl and plan.json, and the run's scope is proxy."
+)
 OVERRIDE_HELP = (
     "Let an extra server argument after `--` replace this flag of the preset (e.g. --override max-model-len); "
     "without it a flag the preset sets is refused."
@@ -41,6 +51,12 @@ app = cli_support.app(
     ),
     epilog=cli_support.EXIT_CODES_HELP,
 )
+
+
+def _client(client: str) -> str:
+    if client not in ("completions", "official"):
+        raise CliError(f"--client {client!r} is not completions or official")
+    return client
 
 
 def default_out(kind: str) -> Path:
@@ -188,6 +204,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         out.print(f"candidate {escape(acc['candidate'])} vs baseline {escape(acc['baseline'])}: {verdict}")
         for r in acc["reasons"]:
             out.print(f"  - {r}", markup=False)
+    if sc := summary.get("scope"):
+        why = f" ({'; '.join(sc['reasons'])})" if sc["reasons"] else ""
+        out.print(f"scope: {sc['kind']} on {sc['hardware']}{why}", markup=False)
     for f in summary.get("failures", []):
         out.print(f"failure: {f}", markup=False, style="red")
     out.print(
@@ -197,9 +216,18 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     )
 
 
-def _run(
-    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunOptions:
+    """The command-line options a serving run takes beside its protocol (each recorded in the run)."""
+
+    vllm: str | None  # --vllm
+    quiet: bool = False
+    model: str | None = None  # --model: replaces server.model (plan.json argv_expanded, tokenizer)
+    client: str | None = None  # --client: replaces bench.client (plan.json client, every client_argv)
+    override_pins: bool = False  # --override-pins (plan.json override_pins, launches.jsonl pins)
+
+
+def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
     """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
     from kerneltrial.serving.accuracy import load_grader
     from kerneltrial.serving.bench import BenchError, resolve_vllm
@@ -208,15 +236,19 @@ def _run(
     from kerneltrial.serving.trial import run_protocol
 
     proto = parse_protocol(proto_text, base_dir)
-    if model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
-        proto = proto.with_model(model)
+    if opts.model:  # recorded in provenance (argv) and plan.json (argv_expanded, tokenizer)
+        proto = proto.with_model(opts.model)
+    if opts.client:  # recorded in provenance (argv) and plan.json (client), and in every run's client_argv
+        proto = proto.with_client(_client(opts.client))
     if proto.accuracy is not None:
         load_grader()  # before the first launch, not an hour later at the first graded answer
-    vllm = resolve_vllm(vllm_opt)
+    vllm = resolve_vllm(opts.vllm)
     install_sigterm_as_interrupt()
-    display = Display(enabled=not quiet)
+    display = Display(enabled=not opts.quiet)
     try:
-        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display)
+        summary = run_protocol(
+            proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display, override_pins=opts.override_pins
+        )
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
         raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
@@ -233,11 +265,9 @@ def _run(
     return summary
 
 
-def _execute(
-    proto_text: str, base_dir: Path, run_dir: Path, vllm_opt: str | None, quiet: bool, model: str | None = None
-) -> None:
+def _execute(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> None:
     """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
-    summary = _run(proto_text, base_dir, run_dir, vllm_opt, quiet, model)
+    summary = _run(proto_text, base_dir, run_dir, opts)
     if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
@@ -246,8 +276,12 @@ def _execute(
 def bench(
     ctx: typer.Context,
     cases: str = typer.Option(
-        None, "--cases", help="JSON list [[input_len, output_len, concurrency, num_requests], ...]."
+        None,
+        "--cases",
+        help="JSON list [[input_len, output_len, concurrency, num_requests], ...], or a built-in set: seed (the "
+        "Track 2 seed's cases) or script (the official throughput script's scenarios).",
     ),
+    client: str = typer.Option("completions", "--client", help=CLIENT_HELP),
     repeats: int = typer.Option(
         4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."
     ),
@@ -305,10 +339,11 @@ def bench(
         raise CliError("--override replaces a flag of a --preset; pass --preset NAME")
     if seeding not in ("official", "per_run"):
         raise CliError(f"--seeding {seeding!r} is not official or per_run")
+    _client(client)
     table: dict[str, Any] = {"name": "bench", "rounds": 1, "repeats": repeats}
     server: dict[str, Any] = {"ready_timeout_s": ready_timeout}
     arm: dict[str, Any] = {"name": "server", "role": "arm"}
-    case_list = parse_cases(cases) if cases else None
+    case_list: list[Any] | str | None = cases if cases in ("seed", "script") else parse_cases(cases) if cases else None
     header = ""
     if preset:
         if model_id:
@@ -343,14 +378,15 @@ def bench(
     if tokenizer:
         server["tokenizer"] = tokenizer
     table["server"] = server
-    table["bench"] = {"cases": [c.as_list() for c in case_list], "timeout_s": bench_timeout, "seeding": seeding}
+    listed = case_list if isinstance(case_list, str) else [c.as_toml() for c in case_list]
+    table["bench"] = {"cases": listed, "timeout_s": bench_timeout, "seeding": seeding, "client": client}
     if seed is not None:
         table["bench"]["seed"] = seed
     table["arms"] = [arm]
     import tomli_w
 
     text = header + tomli_w.dumps(table)
-    _execute(text, Path("."), out_dir or default_out("bench"), vllm, quiet)
+    _execute(text, Path("."), out_dir or default_out("bench"), RunOptions(vllm, quiet))
 
 
 def _preset_server(
@@ -387,6 +423,8 @@ def trial(
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-trial-TIMESTAMP)."),
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
+    client: str = typer.Option(None, "--client", help=CLIENT_HELP + " Default: the protocol's bench.client."),
+    override_pins: bool = typer.Option(False, "--override-pins", help=PINS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/B trial: fresh launch per arm, in counterbalanced blocks (A B, B A), preregistered acceptance.
@@ -404,7 +442,8 @@ def trial(
 
     proto, raw = load_protocol(protocol)
     require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
-    _execute(raw.decode("utf-8"), protocol.parent, out_dir or default_out("trial"), vllm, quiet, model)
+    out = out_dir or default_out("trial")
+    _execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins))
 
 
 @app.command()
@@ -412,29 +451,37 @@ def calibrate(
     protocol: Path = typer.Argument(..., help="TOML protocol whose baseline arm is calibrated."),
     out_dir: Path = typer.Option(None, "--out", help="New run directory (default runs/serve-calibrate-TIMESTAMP)."),
     launches: int = typer.Option(
-        None, "--launches", help="Launches per arm (default: the protocol's rounds; at least 2, even is best)."
+        None,
+        "--launches",
+        help="Launches per arm, at least the protocol's rounds (default: the fewest, even, whose subsets of "
+        "rounds give enough A/A comparisons to estimate max_false_acceptance_rate).",
     ),
     vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
     model: str = typer.Option(None, "--model", help="Model path filling {model} (overrides server.model)."),
+    override_pins: bool = typer.Option(False, "--override-pins", help=PINS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A/A calibration: the baseline arm against itself with the protocol's settings.
 
     Writes a serving run directory (arms A and A-prime, both the baseline; no accuracy gate)
-    and calibration.json: each case's gain and TTFT-ratio intervals and widths, and the
-    false-acceptance rate (A/A comparisons the acceptance rule accepts, both directions of
-    every case). A trial protocol names the directory in [acceptance] calibration. Exit 0 when
-    the rate is at most max_false_acceptance_rate, 1 when it is not or a run failed.
+    and calibration.json. It judges trials of the protocol's rounds: per case the noise (sd of
+    the per-round log ratios) and the interval half-widths such a trial would have, and the
+    false-acceptance rate over every A/A trial of that size the launches contain (each subset
+    of rounds, each case, both directions). Passes only when the half-widths are below the
+    noise band (and ttft_ratio_max - 1), there are at least 1/max_false_acceptance_rate
+    comparisons, and the rate is at most max_false_acceptance_rate; otherwise it says how many
+    launches the observed noise would need. A trial protocol names the directory in
+    [acceptance] calibration. Exit 0 when it passed, 1 when not or a run failed.
     """
     from kerneltrial.serving.calibration import calibration_protocol, calibration_record, write_calibration
     from kerneltrial.serving.protocol import load_protocol, parse_protocol
 
     _, raw = load_protocol(protocol)
-    text = calibration_protocol(raw.decode("utf-8"), launches)
+    text, trial_rounds = calibration_protocol(raw.decode("utf-8"), launches)
     run_dir = out_dir or default_out("calibrate")
-    summary = _run(text, protocol.parent, run_dir, vllm, quiet, model)
+    summary = _run(text, protocol.parent, run_dir, RunOptions(vllm, quiet, model, override_pins=override_pins))
     proto = parse_protocol(text, protocol.parent)
-    record = calibration_record(proto.with_model(model) if model else proto, summary)
+    record = calibration_record(proto.with_model(model) if model else proto, summary, trial_rounds)
     path = write_calibration(run_dir, record)
     console().print(f"{record.sentence}; {path}", markup=False, soft_wrap=True)
     if not record.passed:
@@ -501,7 +548,7 @@ def accuracy(
             argv, mid, p = server_from_argv(list(ctx.args), model_id, port)
             spec_s = ServerSpec(argv, mid, port=p, ready_timeout_s=ready_timeout)
             with Server(spec_s, run_dir / "server.log") as srv:
-                res = acc_mod.run_accuracy(spec_s.base_url, mid, spec, run_dir)
+                res = acc_mod.run_accuracy(spec_s.base_url, srv.served_name, spec, run_dir)
                 srv.check_alive("the accuracy run")
         else:
             if not model_id:

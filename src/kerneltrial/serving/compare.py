@@ -3,7 +3,7 @@
 Comparing two serving runs means: the same arm and case measured twice (another day, machine
 or build of the server). For every (arm, case) both runs measured: total tok/s and mean TTFT
 in A and in B, each the mean over launches (the unit a serving protocol replicates) with its
-95% Student-t interval across launches (report.Interval), and the ratio B/A of the means.
+95% Student-t interval across launches (report_data.Interval), and the ratio B/A of the means.
 Arms or cases only one run has are listed, never silently dropped. Reads plan.json and
 summary.json through report.load_run; nothing is recomputed (that is `verify`).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneltrial.analysis.publication import titled
-from kerneltrial.serving.report import Interval, ServingRun, arm_case, load_run
+from kerneltrial.serving.report_data import Interval, ServingRun, arm_case, load_run
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ server process in DIR (kerneltrial/plugins/records.py). `check_launch(DIR, arm_e
 them and decides, from the arm's own environment, what should have run:
 
 - the vLLM plugin: KERNELTRIAL_VLLM_OPS=rms_norm,silu_and_mul swaps those ops in;
-- vllm-plugin-FL: VLLM_FL_PER_OP whose first token for an op is `vendor:kerneltrial` or
-  `impl:vendor.kerneltrial` selects ours (a VLLM_FL_CONFIG file is not read here);
+- vllm-plugin-FL: an op whose order, as the plugin's policy reads it (fl_policy.py: VLLM_FL_CONFIG's
+  file, then VLLM_FL_OP_CONFIG's, then VLLM_FL_PER_OP, then the platform table; the vendor filters),
+  starts with `vendor:kerneltrial` or `impl:vendor.kerneltrial` selects ours; the verdict records
+  every dispatch op's order and where it came from (`selection`);
 - the implementation is KERNELTRIAL_KERNELS (a candidate's module) or kerneltrial's own.
 
 Valid only if every intended op was served (> 0 calls) by the intended implementation, no
@@ -19,13 +21,12 @@ with the first reason found.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneltrial.plugins import (
     DISPATCH_OPS,
     FALLBACK,
-    FL_IMPL_ID,
     FL_VENDOR,
     OPS_ENV,
     impl_label,
@@ -33,9 +34,9 @@ from kerneltrial.plugins import (
     parse_ops,
 )
 from kerneltrial.plugins.records import ProcessRecord
+from kerneltrial.serving.fl_policy import FILE_ENVS, Platform, selection
 
 FL_PER_OP_ENV = "VLLM_FL_PER_OP"
-FL_SELECTORS = (f"vendor:{FL_VENDOR}", f"impl:{FL_IMPL_ID}")
 
 
 @dataclass(frozen=True)
@@ -55,17 +56,37 @@ class DispatchVerdict:
     intended: dict[str, str]  # dispatch op -> implementation label
     served: tuple[Served, ...]
     processes: int
+    selection: dict[str, str] = field(default_factory=dict)  # dispatch op -> "order (where it came from)"
 
 
-def intended_ops(env: Mapping[str, str]) -> dict[str, str]:
-    """Dispatch op -> implementation label that the arm's environment selects (empty: baseline)."""
+Files = Mapping[str, str | None]  # VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG -> the file's text (None: not a file)
+
+
+def fl_selection(env: Mapping[str, str], platform: Platform | None, files: Files | None) -> dict[str, str]:
+    """Each dispatch op's vllm-plugin-FL order as the policy reads it, and its source (empty when the
+    arm sets none of the plugin's selection variables and no platform table is stated)."""
+    if not any(env.get(v) for v in (FL_PER_OP_ENV, *FILE_ENVS)) and platform is None:
+        return {}
+    sel = selection(env, platform, files or {})
+    out = {}
+    for op in sorted(DISPATCH_OPS):
+        order, source = sel.order(op)
+        shown = "|".join(order) if order is not None else "unknown"
+        out[op] = f"{shown} ({source}" + ("" if sel.ours_allowed() else f"; the vendor filters drop {FL_VENDOR}") + ")"
+    return out
+
+
+def intended_ops(
+    env: Mapping[str, str], platform: Platform | None = None, files: Files | None = None
+) -> dict[str, str]:
+    """Dispatch op -> implementation label that the arm's environment selects (empty: baseline):
+    KERNELTRIAL_VLLM_OPS, and the ops vllm-plugin-FL's policy gives to vendor kerneltrial first.
+    SelectionError when a selection file the policy reads is missing or malformed."""
     label = impl_label(kernels_module(env))
     ops = set(parse_ops(env.get(OPS_ENV, "")))
-    for part in env.get(FL_PER_OP_ENV, "").split(";"):
-        op, _, order = part.partition("=")
-        tokens = [t.strip() for t in order.split("|") if t.strip()]
-        if op.strip() in DISPATCH_OPS and tokens and tokens[0] in FL_SELECTORS:
-            ops.add(op.strip())
+    if any(env.get(v) for v in (FL_PER_OP_ENV, *FILE_ENVS)) or platform is not None:
+        sel = selection(env, platform, files or {})
+        ops |= {op for op in DISPATCH_OPS if sel.selects_ours(op)}
     return {op: label for op in sorted(ops)}
 
 
@@ -86,11 +107,15 @@ def served(records: list[ProcessRecord]) -> tuple[Served, ...]:
     return tuple(Served(op, impl, n, e) for (op, impl), (n, e) in sorted(totals.items()))
 
 
-def decide(records: list[ProcessRecord], intended: Mapping[str, str]) -> DispatchVerdict:
+def decide(
+    records: list[ProcessRecord], intended: Mapping[str, str], chosen: Mapping[str, str] | None = None
+) -> DispatchVerdict:
+    """The verdict on a launch's records; `chosen` (fl_selection) is recorded and named in a reason."""
     rows = served(records)
+    orders = dict(chosen or {})
 
     def verdict(valid: bool, reason: str) -> DispatchVerdict:
-        return DispatchVerdict(valid, reason, dict(intended), rows, len(records))
+        return DispatchVerdict(valid, reason, dict(intended), rows, len(records), orders)
 
     for rec in records:
         for load in rec.loads:
@@ -112,7 +137,8 @@ def decide(records: list[ProcessRecord], intended: Mapping[str, str]) -> Dispatc
     for r in rows:  # every recorded implementation is a kerneltrial plugin's
         op = kernel_ops.get(r.op, r.op)
         if intended.get(op) != r.impl and r.calls:
-            return verdict(False, f"{r.op}: {r.calls} calls of {r.impl}, which this arm does not select for {op}")
+            why = f" (its vllm-plugin-FL order: {orders[op]})" if op in orders else ""
+            return verdict(False, f"{r.op}: {r.calls} calls of {r.impl}, which this arm does not select for {op}{why}")
     for op, label in intended.items():
         n = sum(r.calls for r in rows if r.impl == label and kernel_ops.get(r.op) == op)
         if n == 0:
@@ -123,11 +149,15 @@ def decide(records: list[ProcessRecord], intended: Mapping[str, str]) -> Dispatc
     return verdict(True, detail)
 
 
-def check_launch(directory: Path, arm_env: Mapping[str, str]) -> DispatchVerdict:
-    """The verdict for one launch: its records in `directory`, its arm's environment."""
+def check_launch(
+    directory: Path, arm_env: Mapping[str, str], platform: Platform | None = None, files: Files | None = None
+) -> DispatchVerdict:
+    """The verdict for one launch: its records in `directory`, its arm's environment, the platform
+    table and the selection files the plugin's policy reads."""
     try:
-        intended = intended_ops(arm_env)
+        intended = intended_ops(arm_env, platform, files)
+        chosen = fl_selection(arm_env, platform, files)
         records = read_records(directory)
-    except ValueError as e:
+    except ValueError as e:  # SelectionError too: a selection file the plugin cannot read either
         return DispatchVerdict(False, str(e), {}, (), 0)
-    return decide(records, intended)
+    return decide(records, intended, chosen)

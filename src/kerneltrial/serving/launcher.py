@@ -1,11 +1,18 @@
 """Start a server command in its own process group, gate it, stop it, record what it was.
 
 Gates (each raises LaunchError with a one-line reason): the executable must exist; the port
-must be free before the start (waited for up to port_wait_s, then the holder is named); the
-process must stay alive; `/v1/models` must answer HTTP 2xx listing the expected model id
-within the readiness timeout. The server runs under supervise.py, the leader of its own
-process group, which stops the group if kerneltrial dies (even by kill -9); while it runs, the
-port's record (lifecycle.py) names it to a later start. Stopping sends SIGINT to the group,
+must be free and claimed before the start (lifecycle.claim_port: waited for up to port_wait_s,
+then the holder is named; a record naming a live process refuses it, bound or not); the
+process must stay alive; `/v1/models` must answer HTTP 2xx listing the expected model id and
+the launch's nonce within the readiness timeout. The server runs under supervise.py, the leader
+of its own process group, which stops the group if kerneltrial dies (even by kill -9); while it
+runs, the port's record (lifecycle.py) names it to a later start.
+
+Who answers (issue 26): each launch gets a nonce, a random model name added to the server's
+`--served-model-name` (vLLM serves every name listed). Readiness requires /v1/models to list it,
+`confirm_answers` probes again before each benchmark run, and the benchmark client and the
+accuracy run send it as the model name, so a request that reaches another server on the same
+port (vLLM binds with SO_REUSEPORT) fails instead of being measured. Stopping sends SIGINT to the group,
 waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing outside that
 group is signalled.
 """
@@ -13,6 +20,7 @@ group is signalled.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -30,15 +38,21 @@ from kerneltrial.serving import supervise, vllm_platform
 from kerneltrial.serving.lifecycle import (
     PORT_WAIT_S,
     PortTaken,
+    claim_port,
     forget_server,
     group_alive,
     record_server,
-    wait_for_port,
 )
 
 OPERATOR_ENV_PREFIXES = ("VLLM_", "FLAGGEMS", "USE_FLAGGEMS", "GEMS_", "TRITON_", "KERNELTRIAL_")
 # MACA_VISIBLE_DEVICES: MetaX's device selection (the minicpm5-2b-metax preset's source exports it)
 OPERATOR_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MACA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD", "HF_HUB_OFFLINE")
+NONCE_PREFIX = "kt-"
+SERVED_NAME_FLAG = "--served-model-name"
+# /v1/models probes after readiness and before each benchmark run: every probe opens a new
+# connection, which SO_REUSEPORT hands to one of the listening servers by a hash of its source
+# port, so 8 probes miss a second server on the port with probability 1/2^8.
+ANSWER_PROBES = 8
 
 
 class LaunchError(RuntimeError):
@@ -55,6 +69,7 @@ class ServerSpec:
     ready_timeout_s: float = 900.0
     stop_grace_s: float = 30.0
     port_wait_s: float = PORT_WAIT_S
+    nonce: bool = True  # add a per-launch nonce to --served-model-name (vLLM's); off: who answers is not checked
 
     @property
     def base_url(self) -> str:
@@ -70,6 +85,46 @@ def free_port(host: str = "127.0.0.1") -> int:
 def operator_env(env: Mapping[str, str]) -> dict[str, str]:
     """Environment variables that select operators or devices (VLLM_*, FlagGems, ...)."""
     return {k: v for k, v in sorted(env.items()) if k.startswith(OPERATOR_ENV_PREFIXES) or k in OPERATOR_ENV_NAMES}
+
+
+def new_nonce() -> str:
+    return NONCE_PREFIX + secrets.token_hex(8)
+
+
+def argv_with_nonce(argv: list[str], model_id: str, nonce: str) -> list[str]:
+    """argv with `nonce` added to vLLM's --served-model-name, after the names it lists. Without
+    the flag, vLLM serves its model under the model's own name (`--model M` or `serve M`): that
+    name and the nonce are added (a command without either, like a test server, gets model_id)."""
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token.startswith(SERVED_NAME_FLAG + "="):
+            return [*out[:i], SERVED_NAME_FLAG, token.split("=", 1)[1], nonce, *out[i + 1 :]]
+        if token == SERVED_NAME_FLAG:
+            j = i + 1
+            while j < len(out) and not out[j].startswith("-"):
+                j += 1
+            return [*out[:j], nonce, *out[j:]]
+    return [*out, SERVED_NAME_FLAG, _own_model_name(out) or model_id, nonce]
+
+
+def _own_model_name(argv: list[str]) -> str | None:
+    """The model vLLM serves when no --served-model-name is given: `--model M`, else `serve M`."""
+    for i, token in enumerate(argv[:-1]):
+        if token == "--model":
+            return argv[i + 1]
+        if token.startswith("--model="):
+            return token.split("=", 1)[1]
+    if "serve" in argv[:-1] and not argv[argv.index("serve") + 1].startswith("-"):
+        return argv[argv.index("serve") + 1]
+    return None
+
+
+def foreign_answer_message(port: int, ids: list[str], nonce: str) -> str:
+    return (
+        f"a server on port {port} lists {ids}, without this launch's nonce {nonce!r}: another server answers on "
+        "this port (vLLM binds with SO_REUSEPORT, so two servers can share one); stop it or pick another port. "
+        "A server that does not take vLLM's `--served-model-name NAME NONCE` needs server.nonce = false"
+    )
 
 
 def list_models(base_url: str, timeout: float = 5.0) -> tuple[int, list[str]]:
@@ -100,6 +155,44 @@ for group in ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processo
     except Exception:
         pass
 out["plugins"] = plugins
+fl = {}
+for name in ("vllm-plugin-fl", "vllm_plugin_fl", "vllm_fl"):
+    try:
+        d = m.distribution(name)
+    except Exception:
+        continue
+    fl["version"] = d.version
+    try:
+        url = json.loads(d.read_text("direct_url.json") or "{}")
+    except Exception:
+        url = {}
+    vcs = url.get("vcs_info") or {}
+    if vcs.get("commit_id"):
+        fl.update(commit=vcs["commit_id"], branch=vcs.get("requested_revision"), how="direct_url.json vcs_info")
+    elif str(url.get("url", "")).startswith("file://"):
+        fl["checkout"] = url["url"][len("file://"):]
+    break
+import importlib.util, os, re, subprocess
+spec = importlib.util.find_spec("vllm_fl")
+root = fl.get("checkout") or (os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None)
+if root and "commit" not in fl:
+    try:
+        txt = open(os.path.join(root, "vllm_fl", "_version.py")).read()
+        sha = re.search(r"(?:^|[.+-])g([0-9a-f]{7,40})(?:[.+-]|$)", re.search(r'__version__[^=]*= "([^"]*)"', txt).group(1))
+        if sha:
+            fl.update(commit=sha.group(1), how="vllm_fl/_version.py")
+    except Exception:
+        pass
+if root and "commit" not in fl:
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        if git("rev-parse", "HEAD"):
+            branch = git("rev-parse", "--abbrev-ref", "HEAD")
+            fl.update(commit=git("rev-parse", "HEAD"), branch=None if branch == "HEAD" else branch, how="git checkout")
+    except Exception:
+        pass
+if fl or spec:
+    out["vllm_plugin_fl"] = fl
 print(json.dumps(out))
 """
 
@@ -162,6 +255,8 @@ class Server:
         self.record: dict[str, Any] = {}
         self._log: Any = None
         self.echo = echo
+        self.nonce: str | None = new_nonce() if spec.nonce else None
+        self.claimed = False  # this launch holds the port's record (lifecycle.claim_port)
 
     # -- gates -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -170,16 +265,18 @@ class Server:
             raise LaunchError("the server command is empty; pass it after `--` or use a preset")
         if shutil.which(s.argv[0]) is None:
             raise LaunchError(f"cannot start server {s.argv[0]!r}: not found or not executable; check the command path")
+        argv = argv_with_nonce(s.argv, s.model_id, self.nonce) if self.nonce else list(s.argv)
         try:
-            wait_for_port(s.host, s.port, s.port_wait_s)
+            claim_port(s.host, s.port, self.run_dir, argv, s.port_wait_s)
         except PortTaken as e:
             raise LaunchError(str(e)) from None
-        env, choice = vllm_platform.process_env(s.argv[0], {**os.environ, **s.env})
+        self.claimed = True
+        env, choice = vllm_platform.process_env(argv[0], {**os.environ, **s.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
         t0 = time.time()
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", supervise.__file__, str(os.getpid()), str(s.stop_grace_s), "--", *s.argv],
+            [sys.executable, "-I", supervise.__file__, str(os.getpid()), str(s.stop_grace_s), "--", *argv],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -188,7 +285,7 @@ class Server:
         )
         self.timings["spawned_at"] = t0
         self.record = {
-            "argv": list(s.argv),
+            "argv": argv,
             "env_set": dict(s.env),
             "platform": {"added": choice.added, "reason": choice.reason},
             "operator_env": operator_env(env),
@@ -197,9 +294,15 @@ class Server:
             "host": s.host,
             "port": s.port,
             "model_id": s.model_id,
+            "nonce": self.nonce,
             "log": str(self.log_path),
         }
-        record_server(s.port, s.host, self.proc.pid, self.run_dir, s.argv)
+        record_server(s.port, s.host, self.proc.pid, self.run_dir, argv)
+
+    @property
+    def served_name(self) -> str:
+        """The model name requests send: the nonce (only this launch's server answers to it), else the model id."""
+        return self.nonce or self.spec.model_id
 
     def wait_ready(self) -> None:
         assert self.proc is not None
@@ -214,21 +317,47 @@ class Server:
             try:
                 status, ids = list_models(s.base_url, timeout=2.0)
                 if 200 <= status < 300:
-                    if s.model_id in ids:
-                        break
-                    raise LaunchError(
-                        f"server is up but lists models {ids}, not {s.model_id!r}; fix --model-id / --served-model-name"
-                    )
+                    self._judge_models(ids)
+                    break
                 last = f"HTTP {status}"
             except httpx.HTTPError as e:
                 last = type(e).__name__
             if time.monotonic() >= deadline:
                 raise LaunchError(
                     f"server not ready after {s.ready_timeout_s:.0f} s (last /v1/models: {last}); "
-                    f"raise --ready-timeout or see {self.log_path}"
+                    f"raise server.ready_timeout_s (--ready-timeout) or see {self.log_path}"
                 )
             time.sleep(0.5)
         self.timings["ready_s"] = time.monotonic() - t0
+        self.confirm_answers("readiness")
+
+    def _judge_models(self, ids: list[str]) -> None:
+        """An answer of /v1/models: the model id, and this launch's nonce, must be listed."""
+        s = self.spec
+        if self.nonce and self.nonce not in ids:
+            raise LaunchError(foreign_answer_message(s.port, ids, self.nonce))
+        if s.model_id not in ids:
+            raise LaunchError(
+                f"server is up but lists models {ids}, not {s.model_id!r}; fix server.model_id (--model-id) or the "
+                "server's --served-model-name"
+            )
+
+    def confirm_answers(self, before: str) -> None:
+        """ANSWER_PROBES answers of /v1/models, each on a new connection, all listing this launch's
+        nonce: no other server shares the port. Recorded (probes, when) in the launch record."""
+        if not self.nonce:
+            return
+        for _ in range(ANSWER_PROBES):
+            try:
+                status, ids = list_models(self.spec.base_url, timeout=5.0)
+            except httpx.HTTPError as e:
+                raise LaunchError(
+                    f"server stopped answering /v1/models ({type(e).__name__}) before {before}; see {self.log_path}"
+                ) from None
+            if not 200 <= status < 300:
+                raise LaunchError(f"/v1/models answered HTTP {status} before {before}; see {self.log_path}")
+            self._judge_models(ids)
+        self.record.setdefault("answer_checks", []).append({"before": before, "probes": ANSWER_PROBES})
 
     def check_alive(self, during: str = "the benchmark") -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -242,6 +371,9 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is None:
+            if self.claimed:  # refused or failed before it spawned: release the claim
+                forget_server(self.spec.port, None)
+                self.claimed = False
             return
         t0 = time.monotonic()
         self.record["exit_code_before_stop"] = self.proc.poll()

@@ -18,7 +18,9 @@ Pure functions on plain data, matching vllm/benchmarks/serve.py (vLLM 0.32,
 - max_output_tokens_per_s, printed as "Peak output token throughput (tok/s)": the successful
   requests' tokens (the first at start + ttft, each next one ITL later) counted in one-second
   buckets from the earliest successful start; the fullest bucket. Needs `start_times`, which
-  `--save-detailed` writes (absent: the figure is left out, never guessed).
+  `--save-detailed` writes (absent: the figure is left out, never guessed);
+- request_goodput (with `--goodput` SLOs in ms): successful requests whose TTFT, TPOT (0 for a
+  one-token output) and E2E each meet their SLO, per second of the run's duration.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")  # the SLOs `vllm bench serve --goodput` takes (ms)
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
 # figures averaged over kept runs in a summary (higher-is-better first)
 SUMMARY_KEYS = (
@@ -49,6 +52,7 @@ SUMMARY_KEYS = (
     "mean_e2el_ms",
     "median_e2el_ms",
     "p99_e2el_ms",
+    "request_goodput",
 )
 
 
@@ -110,8 +114,25 @@ def peak_output_tokens_per_s(raw: Mapping[str, Any], ok: Sequence[bool]) -> floa
     return float(np.max(buckets))
 
 
-def run_metrics(raw: Mapping[str, Any], percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
-    """Every figure of one bench run, recomputed from its per-request arrays."""
+def goodput(raw: Mapping[str, Any], ok: Sequence[bool], slos: Mapping[str, float], duration: float) -> float:
+    """vLLM's request_goodput (calculate_metrics, serve.py): successful requests that meet every SLO
+    (ms; a request of one output token has TPOT 0), per second of the run."""
+    good = 0
+    for i, g in enumerate(ok):
+        if not g:
+            continue
+        n_out, lat, ttft = int(raw["output_lens"][i]), float(raw["latencies"][i]), float(raw["ttfts"][i])
+        value = {"ttft": ttft, "tpot": (lat - ttft) / (n_out - 1) if n_out > 1 else 0.0, "e2el": lat}
+        good += all(value[k] <= ms / 1000 for k, ms in slos.items())
+    return good / duration
+
+
+def run_metrics(
+    raw: Mapping[str, Any],
+    percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+    slos: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Every figure of one bench run, recomputed from its per-request arrays (request_goodput with SLOs)."""
     ok = success_flags(raw)
     duration = float(raw["duration"])
     if duration <= 0:
@@ -135,6 +156,8 @@ def run_metrics(raw: Mapping[str, Any], percentiles: Iterable[float] = DEFAULT_P
     }
     if raw.get("start_times") is not None:
         out["max_output_tokens_per_s"] = peak_output_tokens_per_s(raw, ok)
+    if slos:
+        out["request_goodput"] = goodput(raw, ok, slos, duration)
     out.update(describe_ms("ttft", ttft, pct))
     out.update(describe_ms("tpot", tpots(raw, ok), pct))
     out.update(describe_ms("itl", itl, pct))

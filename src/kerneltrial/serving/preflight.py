@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kerneltrial.serving.accuracy import load_problems
+from kerneltrial.serving.accuracy import PROTOCOL_KEYS, load_problems
 from kerneltrial.serving.lifecycle import PortTaken, wait_for_port
 from kerneltrial.serving.protocol import Protocol
 
@@ -64,7 +64,7 @@ def check_inputs(proto: Protocol, vllm: str) -> None:
     the server executables, the benchmark client, the model and tokenizer, and the port (waited
     for up to server.port_wait_s). PreflightError (exit 2) names the bad value and the fix."""
     if proto.accuracy is not None:  # a missing or malformed data file, not an hour later
-        load_problems(proto.accuracy.data, proto.accuracy.level, proto.accuracy.limit)
+        load_problems(proto.accuracy.data, proto.accuracy.level, proto.accuracy.limit, PROTOCOL_KEYS)
     launched = [a for a in proto.arms if not a.external]
     for arm in launched:
         check_executable(

@@ -41,14 +41,16 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kerneltrial.model_fields import describe
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
 from kerneltrial.serving.accuracy import AccuracySpec
 from kerneltrial.serving.bench import Case, parse_cases
+from kerneltrial.serving.fl_policy import FILE_ENVS, PER_OP_ENV, Platform, selection
 from kerneltrial.serving.lifecycle import PORT_WAIT_S
-from kerneltrial.serving.metrics import DEFAULT_PERCENTILES
+from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, GOODPUT_KEYS
+from kerneltrial.serving.official import CASE_SETS
 
 # `vllm bench serve`'s default --seed (vllm/benchmarks/datasets/datasets.py, add_dataset_parser,
 # vLLM 0.32.0): the seed of every run of the official throughput script, which passes none
@@ -187,6 +189,65 @@ def non_operator_difference(ref: Arm, arm: Arm) -> str | None:
     )
 
 
+def per_op_confound(ref: Arm, arm: Arm, platform: Platform | None) -> str | None:
+    """Why `arm`'s VLLM_FL_PER_OP would change an operator other than the ones it names, compared
+    with `ref` (the baseline), with the value that would not; None when it changes only those.
+    VLLM_FL_PER_OP replaces the platform's whole table (fl_policy.py), so an op it does not name falls
+    to the default order: on Ascend an E1 naming only rms_norm also changes attention and rotary."""
+    if arm.env.get(PER_OP_ENV, "") == ref.env.get(PER_OP_ENV, ""):
+        return None
+    if any(arm.env.get(v) or ref.env.get(v) for v in FILE_ENVS):
+        return None  # a selection file replaces the table for every op: the dispatch proof reads it
+    mine, theirs = selection(arm.env, platform, {}), selection(ref.env, platform, {})
+    ops = sorted(set(mine.per_op) | set(theirs.per_op) | set(platform.op_backends if platform else ()))
+    own = set(mine.per_op)  # the ops the arm names: its deliberate changes
+    changed = []
+    for op in ops:
+        (a, _), (b, _) = mine.order(op), theirs.order(op)
+        if op not in own and (a is None or b is None or a != b):
+            changed.append((op, a, b))
+    if not changed and (mine.complete and theirs.complete):
+        return None
+    if platform is None:  # an op neither names gets the unstated platform order in one arm, the default in the other
+        return (
+            f"arm {arm.name} sets {PER_OP_ENV}, which replaces vllm-plugin-FL's whole per-operator table: without that "
+            f"table the loader cannot tell whether it changes operators other than {', '.join(sorted(own)) or 'its own'}; "
+            "state it in [server.fl_platform] (name and op_backends from vllm_fl/dispatch/config/PLATFORM.yaml of the "
+            "server's vllm-plugin-FL)"
+        )
+    shown = "; ".join(
+        f"{op} ({'|'.join(b or ())} in {ref.name}, {'|'.join(a or ())} in {arm.name})" for op, a, b in changed
+    )
+    fixed = ";".join(
+        [f"{op}={'|'.join(order)}" for op, order in mine.per_op.items()]
+        + [f"{op}={'|'.join(b or ())}" for op, _, b in changed]
+    )
+    return (
+        f"arm {arm.name}: {PER_OP_ENV} replaces the {platform.name} platform's whole per-operator table, so it would "
+        f"also change {shown}; name them as {ref.name} has them: {PER_OP_ENV} = {fixed!r}"
+    )
+
+
+class FlPlatform(BaseModel):
+    model_config = _CONFIG
+
+    name: str = Field(min_length=1, description="The platform (vllm-plugin-FL's vendor name: nvidia, ascend, ...).")
+    op_backends: dict[str, list[str]] = Field(
+        description="Its table `op_backends` (vllm_fl/dispatch/config/PLATFORM.yaml of the server's "
+        "vllm-plugin-FL): op -> backend tokens in order.",
+    )
+    prefer: Literal["flagos", "vendor", "reference"] = Field(default="flagos", description="Its table's `prefer`.")
+    allow_vendors: list[str] | None = Field(default=None, description="Its table's `allow_vendors`, if set.")
+    deny_vendors: list[str] = Field(default=[], description="Its table's `deny_vendors`, if set.")
+    source: str = Field(default="", description="Where the table was copied from (file, commit).")
+
+    @property
+    def table(self) -> Platform:
+        allow = frozenset(self.allow_vendors) if self.allow_vendors is not None else None
+        ops = {op: tuple(order) for op, order in self.op_backends.items()}
+        return Platform(self.name, ops, self.prefer, allow, frozenset(self.deny_vendors))
+
+
 class Server(BaseModel):
     model_config = _CONFIG
 
@@ -219,6 +280,18 @@ class Server(BaseModel):
         ge=0,
         description="Seconds a launch waits for a taken port to be released before it fails, naming what holds it.",
     )
+    fl_platform: FlPlatform | None = Field(
+        default=None,
+        description="vllm-plugin-FL's platform table for the server's hardware. VLLM_FL_PER_OP replaces that whole "
+        "table: with it stated, the loader refuses an arm whose VLLM_FL_PER_OP would change operators other than the "
+        "ones it names, and the dispatch proof knows every op's order.",
+    )
+    nonce: bool = Field(
+        default=True,
+        description="Add a per-launch nonce to the server's --served-model-name (vLLM serves every name listed) and "
+        "send it as the model name of every request, so only this launch's server can answer; false for a server "
+        "that does not take vLLM's --served-model-name (who answers is then not checked, and the launch records so).",
+    )
 
     @field_validator("model")
     @classmethod
@@ -237,8 +310,23 @@ class Bench(BaseModel):
     model_config = _CONFIG
 
     cases: list[Case] = Field(
-        description="Throughput cases, each [input_len, output_len, concurrency, num_requests] of positive integers.",
-        json_schema_extra={"toml_type": "list of [int, int, int, int]"},
+        description="Throughput cases, each [input_len, output_len, concurrency, num_requests] of positive integers; "
+        'or a built-in set, each case labelled with it: "seed" (the Track 2 seed\'s two cases) or "script" (the '
+        "official throughput script's scenarios, num_requests = concurrency; serving/official.py).",
+        json_schema_extra={"toml_type": 'list of [int, int, int, int] or tables, or "seed" or "script"'},
+    )
+    goodput: dict[str, float] | None = Field(
+        default=None,
+        description="Goodput SLOs in ms, passed as `vllm bench serve --goodput KEY:MS`: keys ttft, tpot, e2el; a "
+        "request is good when it meets every one; request_goodput (good requests / duration) is recorded and "
+        "verified. A case may be a table {input_len, output_len, concurrency, num_requests, request_rate, "
+        "burstiness}: request_rate (req/s) and burstiness pass through, and a list of concurrencies is a sweep.",
+    )
+    client: Literal["completions", "official"] = Field(
+        default="completions",
+        description="The benchmark client's request path: completions = kerneltrial's `--backend vllm --endpoint "
+        "/v1/completions`; official = the organisers' argv (benchmark_throughput_flagos.py: `--backend openai-chat "
+        "--endpoint /v1/chat/completions --trust-remote-code`, no --seed), plus kerneltrial's recording options.",
     )
     timeout_s: float = Field(
         default=3600.0, gt=0, description="Seconds one `vllm bench serve` run may take before it is stopped."
@@ -266,7 +354,27 @@ class Bench(BaseModel):
     @field_validator("cases", mode="before")
     @classmethod
     def _cases(cls, value: Any) -> list[Case]:
+        if isinstance(value, str) and value in CASE_SETS:
+            return list(CASE_SETS[value])
         return parse_cases(value)
+
+    @field_validator("goodput")
+    @classmethod
+    def _slos(cls, goodput: dict[str, float] | None) -> dict[str, float] | None:
+        for key, ms in (goodput or {}).items():
+            if key not in GOODPUT_KEYS or not ms > 0:
+                raise ValueError(f"{key} = {ms}: SLOs are ttft, tpot or e2el with a positive number of ms")
+        return goodput
+
+    @model_validator(mode="after")
+    def _official_seeds(self) -> Bench:
+        if self.client == "official" and (self.seeding, self.seed) != ("official", VLLM_BENCH_DEFAULT_SEED):
+            raise ValueError(
+                f"client official sends no --seed, as the official script does (every run: the client's default "
+                f"{VLLM_BENCH_DEFAULT_SEED}); remove seeding = {self.seeding!r} and seed = {self.seed}, or use "
+                'client = "completions"'
+            )
+        return self
 
     @field_validator("percentiles", mode="before")
     @classmethod
@@ -306,15 +414,41 @@ class Acceptance(BaseModel):
     calibration: str | None = Field(
         default=None,
         description="A `serve calibrate` run directory (relative paths from the protocol's folder) that must have "
-        "passed with the same model, server argv (apart from operator selection) and cases before the first launch.",
+        "passed (power and false acceptance, for this protocol's rounds) with the same model, server argv (apart from "
+        "operator selection), cases and acceptance rule before the first launch.",
     )
     max_false_acceptance_rate: float = Field(
         default=0.05,
         ge=0,
         le=1,
-        description="Largest false-acceptance rate (A/A comparisons the rule accepts) a calibration may show: "
-        "`serve calibrate` passes at most this, and a trial requiring a calibration checks it against this.",
+        description="Largest false-acceptance rate (A/A trials of this protocol's rounds the rule accepts) a "
+        "calibration may show; `serve calibrate` also needs at least 1 / this many A/A comparisons to estimate it.",
     )
+
+
+class PluginPin(BaseModel):
+    model_config = _CONFIG
+
+    commit: str = Field(min_length=7, description="vllm-plugin-FL commit (a prefix of 7 or more hex digits).")
+    branch: str | None = Field(default=None, description="Its branch, checked when the install records one.")
+
+
+class Pins(BaseModel):
+    model_config = _CONFIG
+
+    vllm_plugin_fl: PluginPin | None = Field(default=None, description="vllm-plugin-FL's commit and branch.")
+    flag_gems: str | None = Field(default=None, description="FlagGems version (e.g. 5.3.5).")
+    vllm: str | None = Field(default=None, description="vLLM version (a local part such as +cpu is ignored).")
+
+    def flat(self) -> dict[str, str | None]:
+        """As serving/pins.py compares them."""
+        fl = self.vllm_plugin_fl
+        return {
+            "vllm": self.vllm,
+            "flag_gems": self.flag_gems,
+            "vllm_plugin_fl_commit": fl.commit if fl else None,
+            "vllm_plugin_fl_branch": fl.branch if fl else None,
+        }
 
 
 class Protocol(BaseModel):
@@ -336,6 +470,11 @@ class Protocol(BaseModel):
     accuracy: AccuracySpec | None = Field(
         default=None,
         description="Optional MATH-500 gate: every arm is measured once, the candidate must pass.",
+    )
+    pins: Pins = Field(
+        default=Pins(),
+        description="The server environment's vllm-plugin-FL commit (and branch), FlagGems and vLLM versions: a "
+        "launch whose server interpreter has others is refused unless the run passes --override-pins (recorded).",
     )
     arms: list[Arm] = Field(description="Server configurations, each launched fresh in every round.")
 
@@ -365,6 +504,15 @@ class Protocol(BaseModel):
                 raise ValueError(diff)
         return arms
 
+    @model_validator(mode="after")
+    def _per_op_changes_only_the_arms_ops(self) -> Protocol:
+        ref = next((a for a in self.arms if a.role == "baseline"), self.arms[0])
+        platform = self.server.fl_platform.table if self.server.fl_platform else None
+        for arm in self.arms:
+            if arm is not ref and (problem := per_op_confound(ref, arm, platform)) is not None:
+                raise ValueError(problem)
+        return self
+
     def arm(self, role: str) -> Arm | None:
         return next((a for a in self.arms if a.role == role), None)
 
@@ -380,6 +528,15 @@ class Protocol(BaseModel):
                 a = a.replace(k, v)
             out.append(a)
         return out
+
+    def with_client(self, client: str) -> Protocol:
+        """This protocol with bench.client replaced (`serve trial --client`), validated again."""
+        data = self.model_dump()
+        data["bench"] |= {"client": client, "cases": self.bench.cases}
+        try:
+            return Protocol.model_validate(data)
+        except ValidationError as e:
+            raise ProtocolError(f"--client {client}: {describe(e, Protocol)}") from None
 
     def with_model(self, model: str) -> Protocol:
         """This protocol with server.model replaced (`serve trial --model`); a tokenizer that followed the

@@ -16,14 +16,14 @@ Run directory (see docs/serving.md):
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import random
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +34,18 @@ from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
 from kerneltrial.serving import metrics
-from kerneltrial.serving.acceptance import (
-    METHOD,
-    LaunchFigure,
-    Rule,
-    accuracy_check,
-    case_record,
-    compare_case,
-    dispatch_check,
-    judge,
-)
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
+    Case,
     bench_argv,
     case_dict,
+    foreign_answers,
     request_rows,
     run_bench,
 )
-from kerneltrial.serving.dispatch_proof import Served, check_launch
+from kerneltrial.serving.dispatch_proof import Files, check_launch
+from kerneltrial.serving.fl_policy import FILE_ENVS, Platform
 from kerneltrial.serving.launcher import (
     LaunchError,
     Server,
@@ -60,14 +53,18 @@ from kerneltrial.serving.launcher import (
     operator_env,
     probe_versions,
 )
+from kerneltrial.serving.order import PlannedLaunch, planned_launches
+from kerneltrial.serving.pins import devices_record, installed, pin_mismatches, scope, vendor_devices
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
+from kerneltrial.serving.summary import LaunchProof, summarise
 from kerneltrial.serving.vllm_platform import interpreter_of
 
 Event = Callable[..., None]
 # vLLM keys its compiled-model cache on model and config, not on plugins: without this an E1
 # launch can load the graph E0 saved and serve it without our ops (docs/serving.md).
 COMPILE_CACHE_ENV = "VLLM_DISABLE_COMPILE_CACHE"
+SELECTION_DIR = "selection"  # selection/ARM/VAR: copies of the files VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG name
 GPU_FIELDS = ("name", "driver_version", "memory.total", "clocks.max.sm", "clocks.sm", "power.limit", "pci.bus_id")
 REQUEST_FIELDS = [
     "launch",
@@ -88,69 +85,6 @@ REQUEST_FIELDS = [
 ]
 
 
-def williams_rows(k: int) -> list[list[int]]:
-    """The k rows of a Williams square: row r is (0, 1, k-1, 2, k-2, ...) + r mod k. Every index
-    is at every position once; for even k each index follows every other once (carry-over
-    balance); for odd k the rows with their reverses (the second half of each block) balance it."""
-    first = [0] + [(j + 1) // 2 if j % 2 else k - j // 2 for j in range(1, k)]
-    return [[(i + r) % k for i in first] for r in range(k)]
-
-
-def launch_order(arms: list[Arm], rounds: int, seed: int) -> list[tuple[int, int, str]]:
-    """(round, position, arm name): every round launches every arm once, in counterbalanced
-    reversed-pair blocks. Block b is rounds 2b and 2b+1: row b mod k of a Williams square, then
-    the same row reversed (two arms: A B B A, then B A A B). The arms' labels are shuffled once
-    by the seed, so the order is a pure function of (arm names, rounds, seed). Over a complete
-    design (k blocks, 2k rounds) every arm is at every position equally often; within a block
-    every arm's mean position is the same, so a linear drift cancels from each arm's mean."""
-    names = [a.name for a in arms]
-    random.Random(seed).shuffle(names)
-    rows = williams_rows(len(names))
-    order = []
-    for r in range(rounds):
-        block, second = divmod(r, 2)
-        row = [names[i] for i in rows[block % len(names)]]
-        order += [(r, pos, n) for pos, n in enumerate(row[::-1] if second else row)]
-    return order
-
-
-def block_of(round_: int) -> int:
-    """The counterbalanced block (launch_order) a round belongs to."""
-    return round_ // 2
-
-
-@dataclass(frozen=True)
-class PlannedLaunch:
-    """One launch of launch_order: plan.json lists them, each launches.jsonl row begins with one,
-    and verify recomputes them from protocol.toml."""
-
-    launch: int
-    round: int
-    block: int
-    position: int
-    arm: str
-
-
-def planned_launches(arms: list[Arm], rounds: int, seed: int) -> list[PlannedLaunch]:
-    """launch_order numbered, each round with its block."""
-    return [PlannedLaunch(i, r, block_of(r), p, n) for i, (r, p, n) in enumerate(launch_order(arms, rounds, seed))]
-
-
-@dataclass(frozen=True)
-class LaunchProof:
-    """One launch's dispatch verdict, as launches.jsonl stores it under `dispatch`."""
-
-    launch: int
-    arm: str
-    dir: str  # the records' folder, relative to the run directory
-    valid: bool
-    reason: str
-    intended: dict[str, str]  # dispatch op -> implementation the arm selects (empty: baseline)
-    processes: int  # server processes that left a record
-    counts: tuple[Served, ...]  # calls per kernel-level op and implementation, over the processes
-    files: dict[str, str]  # record file name -> sha256
-
-
 def dispatch_dir(out: Path, tag: str) -> Path:
     return out / layout.LAUNCH_DIR / tag / layout.DISPATCH_DIR
 
@@ -161,43 +95,40 @@ def server_env(arm: Arm, records: Path) -> dict[str, str]:
     return {COMPILE_CACHE_ENV: "1", **arm.env, LOG_ENV: str(records.resolve())}
 
 
-def prove_launch(out: Path, launch: int, tag: str, arm: Arm) -> LaunchProof:
-    """The verdict on a stopped launch's call records (every process has written its last)."""
+def prove_launch(
+    out: Path, launch: int, tag: str, arm: Arm, platform: Platform | None = None, files: Files | None = None
+) -> LaunchProof:
+    """The verdict on a stopped launch's call records (every process has written its last), with the
+    platform table and the selection files (their copies in the run directory) the plugin's policy read."""
     records = dispatch_dir(out, tag)
-    v = check_launch(records, arm.env)
-    files = {p.name: sha256_file(p) for p in sorted(records.glob("dispatch-*.json"))}
+    v = check_launch(records, arm.env, platform, files)
+    hashes = {p.name: sha256_file(p) for p in sorted(records.glob("dispatch-*.json"))}
     rel = str(records.relative_to(out))
-    return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, files)
+    return LaunchProof(launch, arm.name, rel, v.valid, v.reason, v.intended, v.processes, v.served, hashes, v.selection)
 
 
-def dispatch_summary(proto: Protocol, proofs: list[LaunchProof]) -> dict[str, dict[str, Any]]:
-    """Per arm: valid only if every launch of it was (None for an external server: no records)."""
-    out: dict[str, dict[str, Any]] = {}
-    for arm in proto.arms:
-        mine = [p for p in proofs if p.arm == arm.name]
-        totals: dict[tuple[str, str], list[int]] = {}
-        for p in mine:
-            for c in p.counts:
-                t = totals.setdefault((c.op, c.impl), [0, 0])
-                t[0] += c.calls
-                t[1] += c.errors
-        bad = [p for p in mine if not p.valid]
-        valid: bool | None
-        if arm.external:
-            valid, reason = None, "external server: not launched by the trial, no dispatch records"
-        elif not mine:
-            valid, reason = False, "not launched"
-        elif bad:
-            valid, reason = False, f"launch {bad[0].launch}: {bad[0].reason}"
-        else:
-            valid, reason = True, f"all {len(mine)} launch(es) valid"
-        out[arm.name] = {
-            "valid": valid,
-            "reason": reason,
-            "launches": [p.launch for p in mine],
-            "counts": [asdict(Served(op, impl, n, e)) for (op, impl), (n, e) in sorted(totals.items())],
-        }
-    return out
+def copy_selection_files(out: Path, arm: Arm) -> dict[str, dict[str, Any]]:
+    """The files the arm's VLLM_FL_CONFIG / VLLM_FL_OP_CONFIG name, copied into the run directory
+    (selection/ARM/VAR) at the start: the dispatch proof and verify read these copies. A path that is
+    not a file is recorded as such (the plugin then ignores VLLM_FL_CONFIG; VLLM_FL_OP_CONFIG fails)."""
+    out_files: dict[str, dict[str, Any]] = {}
+    for var in FILE_ENVS:
+        path = arm.env.get(var, "").strip()
+        if not path:
+            continue
+        if not Path(path).is_file():
+            out_files[var] = {"path": path, "copy": None, "sha256": None}
+            continue
+        rel = Path(SELECTION_DIR) / arm.name / var
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(Path(path).read_bytes())
+        out_files[var] = {"path": path, "copy": str(rel), "sha256": sha256_file(out / rel)}
+    return out_files
+
+
+def selection_texts(out: Path, copies: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """The selection files' text, from their copies (None: not a file where the server ran)."""
+    return {var: (out / c["copy"]).read_text() if c.get("copy") else None for var, c in copies.items()}
 
 
 def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
@@ -210,170 +141,71 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     return sha256_bytes(protocol_bytes)
 
 
-def summarise(
-    proto: Protocol,
-    runs: list[dict[str, Any]],
-    acc: dict[str, dict[str, Any]],
-    sha: str,
-    failures: list[str],
-    proofs: list[LaunchProof],
+ACCURACY_KEYS = (
+    "n",
+    "correct",
+    "errors",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "gate",
+    "required_n",
+    "n_rule",
+    "passed",
+    "truncated",
+    "grader",
+)
+
+
+def plan_doc(
+    proto: Protocol, sha: str, order: list[PlannedLaunch], copies: dict[str, dict[str, dict[str, Any]]]
 ) -> dict[str, Any]:
-    """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts."""
-    results: dict[str, dict[str, Any]] = {}
-    for arm in proto.arms:
-        results[arm.name] = {}
-        for case in proto.bench.cases:
-            rows = [r for r in runs if r["arm"] == arm.name and r["case"] == case.id]
-            failed = [r for r in rows if r["status"] != "ok"]
-            launches = sorted({r["launch"] for r in rows})
-            entry: dict[str, Any] = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
-            complete = (
-                all(len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches)
-                and len(launches) == proto.rounds
-            )
-            if failed or not rows or not complete:
-                entry["status"] = "FAILED" if failed else "INCOMPLETE"
-                results[arm.name][case.id] = entry
-                continue
-            per_launch = []
-            for L in launches:
-                lrows = sorted((r for r in rows if r["launch"] == L), key=lambda r: r["run"])
-                s = metrics.summarise_case(lrows, drop_first=1)
-                per_launch.append({"launch": L, "kept_runs": [r["run"] for r in lrows[1:]], **s})
-            entry["launches"] = per_launch
-            entry["status"] = "ok"
-            for k in metrics.SUMMARY_KEYS:
-                if all(k in g for g in per_launch):
-                    entry[k] = metrics.pooled_mean(per_launch, k)
-            results[arm.name][case.id] = entry
-    dispatch = dispatch_summary(proto, proofs)
-    summary: dict[str, Any] = {
-        "kind": "serving",
-        "protocol_sha256": sha,
-        "warmup": {
-            "drop_first": 1,
-            "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches",
-        },
-        "arms": [a.name for a in proto.arms],
-        "cases": [case_dict(c) for c in proto.bench.cases],
-        "results": results,
-        "accuracy": acc,
-        "dispatch": dispatch,
-        "acceptance": acceptance(proto, results, acc, dispatch),
-        "failures": failures,
-    }
-    ok = not failures and all(e["status"] == "ok" for a in results.values() for e in a.values())
-    summary["status"] = "ok" if ok else "failed"
-    return summary
-
-
-def acceptance_rule(proto: Protocol) -> Rule:
-    a = proto.acceptance
-    return Rule(a.noise_band, a.ttft_ratio_max, a.confidence)
-
-
-def launch_figures(entry: Mapping[str, Any], rounds: Mapping[int, int]) -> list[LaunchFigure] | None:
-    """The per-launch figures of a summarised (arm, case), each with its round; None unless ok."""
-    if entry["status"] != "ok":
-        return None
-    return [
-        LaunchFigure(rounds[g["launch"]], g["total_token_throughput"], g["mean_ttft_ms"]) for g in entry["launches"]
-    ]
-
-
-def acceptance(
-    proto: Protocol,
-    results: dict[str, Any],
-    acc: dict[str, dict[str, Any]],
-    dispatch: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any] | None:
-    """The candidate against the baseline by serving/acceptance.py's rule, as summary.json stores it."""
-    base, cand = proto.arm("baseline"), proto.arm("candidate")
-    if base is None or cand is None:
-        return None
-    rule = acceptance_rule(proto)
-    rounds = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
-    cases = [
-        compare_case(
-            case.id,
-            launch_figures(results[cand.name][case.id], rounds),
-            launch_figures(results[base.name][case.id], rounds),
-            rule,
-        )
-        for case in proto.bench.cases
-    ]
-    checks = []
-    accuracy_ok: bool | None = None
-    if proto.accuracy is not None:
-        a = acc.get(cand.name)
-        accuracy_ok = bool(a and a.get("passed"))
-        checks.append(
-            accuracy_check(a["accuracy"] if a else None, a["errors"] if a else 0, accuracy_ok, proto.accuracy.gate)
-        )
-    # an arm that did not demonstrably run its operators is not the arm it claims to be: a
-    # candidate whose kernel served no call, or a baseline that ran ours, compares nothing
-    proofs = [
-        dispatch_check(role, a.name, dispatch[a.name]["valid"], dispatch[a.name]["reason"])
-        for role, a in (("baseline", base), ("candidate", cand))
-    ]
-    v = judge(cand.name, base.name, cases, [*checks, *proofs], rule)
+    """plan.json: everything the run will do, written before the first launch."""
     return {
-        "baseline": base.name,
-        "candidate": cand.name,
-        "noise_band": rule.noise_band,
-        "ttft_ratio_max": rule.ttft_ratio_max,
-        "confidence": rule.confidence,
-        "method": METHOD,
-        "cases": {c.case: case_record(c) for c in v.cases},
-        "reasons": list(v.reasons),
-        "accuracy_ok": accuracy_ok,
-        "dispatch_ok": all(p.passed for p in proofs),
-        "verdict": v.verdict,
-        "accepted": v.accepted,
-    }
-
-
-def run_protocol(
-    proto: Protocol,
-    protocol_bytes: bytes,
-    out: Path,
-    vllm: str,
-    argv: list[str] | None = None,
-    event: Event | None = None,
-) -> dict[str, Any]:
-    """Run every launch of the protocol into `out`; return summary.json's content.
-
-    Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
-    was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
-    "finished", "failed" (with the error) or "interrupted", with the time and the launch it
-    stopped in: a directory still "running" is a run that was killed (verify refuses it).
-    """
-    emit: Event = event or (lambda *a, **k: None)
-    check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
-    sha = prepare_dir(out, protocol_bytes)
-    order = planned_launches(proto.arms, proto.rounds, proto.seed)
-    arms = {a.name: a for a in proto.arms}
-    plan = {
         "protocol_sha256": sha,
-        "arms": [a.model_dump() | {"argv_expanded": proto.expand(a)} for a in proto.arms],
+        "arms": [
+            a.model_dump() | {"argv_expanded": proto.expand(a), "selection_files": copies[a.name]} for a in proto.arms
+        ],
+        "fl_platform": proto.server.fl_platform.model_dump() if proto.server.fl_platform else None,
         "cases": [case_dict(c) for c in proto.bench.cases],
         "rounds": proto.rounds,
         "repeats": proto.repeats,
         "seed": proto.seed,
+        "client": proto.bench.client,  # the request path: completions (kerneltrial's) or official (the organisers')
+        "goodput": proto.bench.goodput,  # SLOs (ms) of --goodput; each case's request_rate/burstiness is in cases
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
         "launches": [asdict(x) for x in order],
         "warmup": {"drop_first": 1},
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
+        "nonce": proto.server.nonce,  # each launch's nonce is in launches.jsonl, its runs send it (issue 26)
+        "model_layers": model_layers(proto.server.model),
         "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
         "acceptance": proto.acceptance.model_dump(),
         "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
     }
-    write_json(out / layout.PLAN, plan)
-    prov: dict[str, Any] = {
+
+
+def model_layers(model: str | None) -> int | None:
+    """num_hidden_layers of a local model's config.json (also under text_config), else None: the
+    bound on plausible kernel calls per request that verify applies (verify_dispatch.py)."""
+    config = Path(model or "") / "config.json"
+    if not model or not config.is_file():
+        return None
+    try:
+        doc = json.loads(config.read_text())
+    except ValueError:
+        return None
+    layers = doc.get("num_hidden_layers") or (doc.get("text_config") or {}).get("num_hidden_layers")
+    return int(layers) if isinstance(layers, int) else None
+
+
+def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any]:
+    return {
         "kind": "serving",
         "protocol_sha256": sha,
         "argv": argv if argv is not None else sys.argv,
@@ -385,135 +217,75 @@ def run_protocol(
         "platform": platform.platform(),
         "git": git_state(),
         "gpu": nvidia_smi(GPU_FIELDS, units=True),
+        "devices": devices_record(vendor_devices()),  # every vendor tool's answer (serving/pins.py)
         "client": {"vllm": vllm, "versions": probe_versions(interpreter_of(vllm))},
         "server_versions": {},
         "environment": operator_env(os.environ),
         "timings": {},
     }
-    write_json(out / layout.PROVENANCE, prov)
-    runs: list[dict[str, Any]] = []
-    acc: dict[str, dict[str, Any]] = {}
-    failures: list[str] = []
-    proofs: list[LaunchProof] = []
+
+
+def run_protocol(
+    proto: Protocol,
+    protocol_bytes: bytes,
+    out: Path,
+    vllm: str,
+    argv: list[str] | None = None,
+    event: Event | None = None,
+    override_pins: bool = False,
+) -> dict[str, Any]:
+    """Run every launch of the protocol into `out`; return summary.json's content.
+    `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
+
+    Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
+    was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
+    "finished", "failed" (with the error) or "interrupted", with the time and the launch it
+    stopped in: a directory still "running" is a run that was killed (verify refuses it).
+    """
+    check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
+    sha = prepare_dir(out, protocol_bytes)
+    order = planned_launches(proto.arms, proto.rounds, proto.seed)
+    copies = {a.name: copy_selection_files(out, a) for a in proto.arms}
+    plan = plan_doc(proto, sha, order, copies) | {"pins": proto.pins.flat(), "override_pins": override_pins}
+    write_json(out / layout.PLAN, plan)
+    t = _Trial(
+        proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None), copies, override_pins
+    )
+    write_json(out / layout.PROVENANCE, t.prov)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
     (out / layout.RUNS).touch()  # likewise: a trial whose first launch failed still has its (empty) run table
-    total = len(order) * len(proto.bench.cases) * proto.repeats
-    emit("start", total=total)
+    t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
     t_all = time.monotonic()
     summarised = True  # a failure the runner knows (a gate) still gets its summary
     try:
         for planned in order:
-            launch, name = planned.launch, planned.arm
-            arm = arms[name]
-            prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
-            tag = f"{launch:02d}-{name}"
-            row: dict[str, Any] = asdict(planned) | {"status": "running"}
-            t0 = time.monotonic()
-            server: Server | None = None
-            proof: LaunchProof | None = None
-            try:
-                if arm.external:
-                    base_url = proto.url()
-                    ctx: Any = _Null()
-                else:
-                    argv_x = proto.expand(arm)
-                    if name not in prov["server_versions"]:
-                        prov["server_versions"][name] = probe_versions(interpreter_of(argv_x[0]))
-                    spec = ServerSpec(
-                        argv_x,
-                        proto.server.model_id,
-                        proto.server.host,
-                        proto.server.port,
-                        server_env(arm, dispatch_dir(out, tag)),
-                        proto.server.ready_timeout_s,
-                        proto.server.stop_grace_s,
-                        proto.server.port_wait_s,
-                    )
-                    server = Server(spec, out / layout.LAUNCH_DIR / tag / "server.log", run_dir=out)
-                    base_url = spec.base_url
-                    ctx = server
-                    emit("launch", launch=launch, arm=name, argv=argv_x)
-                with ctx:
-                    if server is not None:
-                        row["ready_s"] = server.timings.get("ready_s")
-                    _bench_launch(proto, arm, launch, tag, base_url, vllm, server, out, runs, failures, emit)
-                    if proto.accuracy is not None and name not in acc:
-                        emit("accuracy", arm=name)
-                        t_acc = time.monotonic()
-                        res = run_accuracy(
-                            base_url, proto.server.model_id, proto.accuracy, out / layout.ACCURACY_DIR / name
-                        )
-                        if server is not None:
-                            server.check_alive("the accuracy run")
-                        acc[name] = {
-                            k: res[k]
-                            for k in (
-                                "n",
-                                "correct",
-                                "errors",
-                                "accuracy",
-                                "ci_low",
-                                "ci_high",
-                                "confidence",
-                                "gate",
-                                "required_n",
-                                "n_rule",
-                                "passed",
-                                "truncated",
-                                "grader",
-                            )
-                        }
-                        row["accuracy_s"] = time.monotonic() - t_acc
-                if server is not None:  # stopped: its processes have written their last records
-                    proof = prove_launch(out, launch, tag, arm)
-                row["status"] = "ok"
-            except (LaunchError, BenchError) as e:
-                row["status"] = "error"
-                row["error"] = str(e)
-                failures.append(f"launch {launch} ({name}): {e}")
-                if server is not None:
-                    proof = prove_launch(out, launch, tag, arm)
-                    if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
-                        raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
-                raise
-            except KeyboardInterrupt:
-                row["status"] = "interrupted"
-                raise
-            finally:
-                row["wall_s"] = time.monotonic() - t0
-                if server is not None:
-                    row.update({k: v for k, v in server.record.items()})
-                    row["timings"] = dict(server.timings)
-                if proof is not None:
-                    proofs.append(proof)
-                    row["dispatch"] = asdict(proof)
-                    if not proof.valid:
-                        failures.append(f"launch {launch} ({name}): dispatch proof invalid: {proof.reason}")
-                append_jsonl(out / layout.LAUNCHES, row)
-        prov["status"] = "finished"
-        del prov["stopped_in"]
+            t.launch(planned)
+        t.prov["status"] = "finished"
+        del t.prov["stopped_in"]
     except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
-        prov["status"] = "interrupted"
+        t.prov["status"] = "interrupted"
         summarised = False
         raise
     except (LaunchError, BenchError) as e:
-        prov["status"] = "failed"
-        prov["error"] = str(e)
+        t.prov["status"] = "failed"
+        t.prov["error"] = str(e)
         raise
     except Exception as e:  # anything else: recorded as the failure it is, never left "running"
-        prov["status"] = "failed"
-        prov["error"] = f"{type(e).__name__}: {e}"
+        t.prov["status"] = "failed"
+        t.prov["error"] = f"{type(e).__name__}: {e}"
         summarised = False
         raise
     finally:
-        prov["finished_at"] = now()
-        prov["timings"]["total_s"] = time.monotonic() - t_all
-        write_json(out / layout.PROVENANCE, prov)
+        t.prov["finished_at"] = now()
+        t.prov["timings"]["total_s"] = time.monotonic() - t_all
+        t.prov["scope"] = scope(proto.bench.client, proto.pins.flat(), t.pin_rows, t.prov["devices"])
+        write_json(out / layout.PROVENANCE, t.prov)
         if summarised:
-            summary = summarise(proto, runs, acc, sha, failures, proofs)
+            summary = summarise(proto, t.runs, t.acc, sha, t.failures, t.proofs, t.refused)
+            summary["scope"] = t.prov["scope"]  # official or proxy, with the hardware (serving/pins.py)
             write_json(out / layout.SUMMARY, summary)
-            emit("done", summary=summary)
+            t.emit("done", summary=summary)
     return summary
 
 
@@ -525,70 +297,209 @@ class _Null:
         return None
 
 
-def _bench_launch(
-    proto: Protocol,
-    arm: Arm,
-    launch: int,
-    tag: str,
-    base_url: str,
-    vllm: str,
-    server: Server | None,
-    out: Path,
-    runs: list[dict[str, Any]],
-    failures: list[str],
-    emit: Event,
-) -> None:
-    for case in proto.bench.cases:
-        for k in range(proto.repeats):
-            seed = proto.bench.run_seed(k)
-            rdir = out / layout.RAW_DIR / tag / case.id
-            argv = bench_argv(
-                vllm,
-                base_url,
-                proto.server.model_id,
-                proto.server.effective_tokenizer,
-                case,
-                rdir,
-                f"run{k}.json",
-                seed,
-                proto.bench.percentiles,
+@dataclass
+class _Trial:
+    """A running trial: what it has measured so far, appended to the run directory as it goes."""
+
+    proto: Protocol
+    out: Path
+    vllm: str
+    prov: dict[str, Any]
+    emit: Event
+    copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
+    override: bool = False  # --override-pins: a pin mismatch is recorded, not refused
+    pin_rows: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    acc: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    proofs: list[LaunchProof] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
+
+    def check_pins(self, arm: Arm, row: dict[str, Any]) -> None:
+        """The arm's server interpreter against the protocol's [pins] (serving/pins.py), recorded in the
+        launch's row; LaunchError when a pin does not match and the run has no --override-pins."""
+        if arm.name not in self.prov["server_versions"]:
+            self.prov["server_versions"][arm.name] = probe_versions(interpreter_of(self.proto.expand(arm)[0]))
+        pinned = self.proto.pins.flat()
+        have = installed(self.prov["server_versions"][arm.name])
+        wrong = pin_mismatches(pinned, have)
+        record = {"pinned": pinned, "installed": have, "mismatches": wrong, "overridden": bool(wrong) and self.override}
+        self.pin_rows.append(record)
+        row["pins"] = record
+        if wrong and not self.override:
+            raise LaunchError(
+                f"arm {arm.name}'s server environment does not match the protocol's [pins]: {'; '.join(wrong)}; install "
+                "the pinned versions (docs/serving.md, 'GPU install recipe') or pass --override-pins (recorded)"
             )
-            emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
-            t0 = time.monotonic()
-            row: dict[str, Any] = {
-                "launch": launch,
-                "arm": arm.name,
-                "case": case.id,
-                "run": k,
-                "seeding": proto.bench.seeding,
-                "seed": seed,
-                "client_argv": argv,
-                "num_requests": case.num_requests,
-                "raw": str((rdir / f"run{k}.json").relative_to(out)),
-            }
-            try:
-                raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
-            except (LaunchError, BenchError) as e:
-                row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
-                if (rdir / f"run{k}.json").is_file():
-                    row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
-                runs.append(row)
-                append_jsonl(out / layout.RUNS, row)
-                raise
-            row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
-            row["wall_s"] = time.monotonic() - t0
-            m = metrics.run_metrics(raw, proto.bench.percentiles)
-            if m["completed"] != case.num_requests:
-                row["status"] = "FAILED"
-                row["reason"] = f"completed {m['completed']} of {case.num_requests} requests"
-                failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
-            else:
-                row["status"] = "ok"
-            row.update(m)
-            runs.append(row)
+
+    def server(self, arm: Arm, tag: str) -> Server:
+        argv = self.proto.expand(arm)
+        s = self.proto.server
+        spec = ServerSpec(
+            argv,
+            s.model_id,
+            s.host,
+            s.port,
+            server_env(arm, dispatch_dir(self.out, tag)),
+            s.ready_timeout_s,
+            s.stop_grace_s,
+            s.port_wait_s,
+            s.nonce,
+        )
+        return Server(spec, self.out / layout.LAUNCH_DIR / tag / "server.log", run_dir=self.out)
+
+    def launch(self, planned: PlannedLaunch) -> None:
+        """One launch: start (unless external), bench every case, accuracy once per arm, stop, prove."""
+        launch, name = planned.launch, planned.arm
+        arm = self.proto.arms[[a.name for a in self.proto.arms].index(name)]
+        self.prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
+        tag = f"{launch:02d}-{name}"
+        row: dict[str, Any] = asdict(planned) | {"status": "running"}
+        t0 = time.monotonic()
+        server: Server | None = None
+        proof: LaunchProof | None = None
+        try:
+            if not arm.external:
+                self.check_pins(arm, row)  # refused here (LaunchError) when a pin does not match
+            server = None if arm.external else self.server(arm, tag)
+            if server is not None:
+                self.emit("launch", launch=launch, arm=name, argv=server.spec.argv)
+            with server if server is not None else _Null():
+                if server is not None:
+                    row["ready_s"] = server.timings.get("ready_s")
+                self.measure(arm, launch, tag, server, row)
+            if server is not None:  # stopped: its processes have written their last records
+                proof = self.prove(launch, tag, arm)
+            row["status"] = "ok"
+        except (LaunchError, BenchError) as e:
+            spawned = arm.external or (server is not None and server.proc is not None)
+            row["status"] = "error" if spawned else "refused"  # refused: nothing ran, nothing to prove
+            row["error"] = str(e)
+            self.failures.append(f"launch {launch} ({name}){'' if spawned else ' refused before it started'}: {e}")
+            if not spawned:
+                self.refused[launch] = name
+                row["spawned"] = False
+            elif server is not None:
+                proof = self.prove(launch, tag, arm)
+                if not proof.valid:  # e.g. a plugin that failed to load stopped the server: say why
+                    raise type(e)(f"{e}; dispatch proof: {proof.reason}") from e
+            raise
+        except KeyboardInterrupt:
+            row["status"] = "interrupted"
+            raise
+        finally:
+            self.close_launch(row, t0, server, proof)
+
+    def prove(self, launch: int, tag: str, arm: Arm) -> LaunchProof:
+        platform = self.proto.server.fl_platform.table if self.proto.server.fl_platform else None
+        return prove_launch(self.out, launch, tag, arm, platform, selection_texts(self.out, self.copies[arm.name]))
+
+    def close_launch(self, row: dict[str, Any], t0: float, server: Server | None, proof: LaunchProof | None) -> None:
+        """The launch's row in launches.jsonl: timings, the server's record, the dispatch verdict."""
+        row["wall_s"] = time.monotonic() - t0
+        if server is not None:
+            row["spawned"] = server.proc is not None
+            row.update(server.record)
+            row["timings"] = dict(server.timings)
+        if proof is not None:
+            self.proofs.append(proof)
+            row["dispatch"] = asdict(proof)
+            if not proof.valid:
+                self.failures.append(f"launch {row['launch']} ({row['arm']}): dispatch proof invalid: {proof.reason}")
+        append_jsonl(self.out / layout.LAUNCHES, row)
+
+    def measure(self, arm: Arm, launch: int, tag: str, server: Server | None, row: dict[str, Any]) -> None:
+        """Every case's runs, then (the arm's first launch) the accuracy run."""
+        base_url = server.spec.base_url if server is not None else self.proto.url()
+        for case in self.proto.bench.cases:
+            for k in range(self.proto.repeats):
+                self.bench_run(arm, launch, tag, case, k, base_url, server)
+        spec = self.proto.accuracy
+        if spec is None or arm.name in self.acc:
+            return
+        self.emit("accuracy", arm=arm.name)
+        t_acc = time.monotonic()
+        model = server.served_name if server is not None else self.proto.server.model_id
+        res = run_accuracy(base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name)
+        if server is not None:
+            server.check_alive("the accuracy run")
+        self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
+        row["accuracy_s"] = time.monotonic() - t_acc
+
+    def bench_run(
+        self, arm: Arm, launch: int, tag: str, case: Case, k: int, base_url: str, server: Server | None
+    ) -> None:
+        """Run k of a case: the client, its raw file, the run's row and its requests' rows."""
+        proto, out = self.proto, self.out
+        seed = proto.bench.run_seed(k)
+        rdir = out / layout.RAW_DIR / tag / case.id
+        argv = bench_argv(
+            self.vllm,
+            base_url,
+            proto.server.model_id,
+            proto.server.effective_tokenizer,
+            case,
+            rdir,
+            f"run{k}.json",
+            seed,
+            proto.bench.percentiles,
+            server.served_name if server is not None else None,
+            proto.bench.client,
+            proto.bench.goodput,
+        )
+        self.emit("run", launch=launch, arm=arm.name, case=case.id, run=k)
+        if server is not None:
+            server.confirm_answers(f"{case.id} run {k}")
+        t0 = time.monotonic()
+        row: dict[str, Any] = {
+            "launch": launch,
+            "arm": arm.name,
+            "case": case.id,
+            "run": k,
+            "seeding": proto.bench.seeding,
+            "seed": seed,
+            "client_argv": argv,
+            "num_requests": case.num_requests,
+            "raw": str((rdir / f"run{k}.json").relative_to(out)),
+        }
+        try:
+            raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
+        except (LaunchError, BenchError) as e:
+            row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
+            if (rdir / f"run{k}.json").is_file():
+                row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+            self.runs.append(row)
             append_jsonl(out / layout.RUNS, row)
-            with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS) as append:
-                for rq in request_rows(raw):
-                    cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
-                    append([cells.get(field, "") for field in REQUEST_FIELDS])
-            emit("ran", row=row)
+            raise
+        row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
+        row["wall_s"] = time.monotonic() - t0
+        figures, foreign = self.judge_run(raw, case, server)
+        row.update(figures)
+        if row["status"] != "ok":
+            self.failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
+        self.runs.append(row)
+        append_jsonl(out / layout.RUNS, row)
+        with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS) as append:
+            for rq in request_rows(raw):
+                cells = {"launch": launch, "arm": arm.name, "case": case.id, "run": k, **rq}
+                append([cells.get(f, "") for f in REQUEST_FIELDS])
+        if foreign:  # not a measurement of this arm: stop the trial
+            raise LaunchError(row["reason"])
+        self.emit("ran", row=row)
+
+    def judge_run(self, raw: dict[str, Any], case: Case, server: Server | None) -> tuple[dict[str, Any], bool]:
+        """A run's figures and status, and whether another server answered: FAILED when a request
+        got another server's 404 (for the launch's nonce) or fewer than num_requests completed."""
+        m = metrics.run_metrics(raw, self.proto.bench.percentiles, self.proto.bench.goodput)
+        foreign = foreign_answers(raw) if server is not None and server.nonce else 0
+        if foreign and server is not None:
+            reason = (
+                f"{foreign} request(s) got HTTP 404 for this launch's nonce {server.nonce!r}: a server that does not "
+                f"serve it answered them, i.e. another server shares port {server.spec.port}; stop it or pick "
+                "another port"
+            )
+            return {"status": "FAILED", "reason": reason, **m}, True
+        if m["completed"] != case.num_requests:
+            reason = f"completed {m['completed']} of {case.num_requests} requests"
+            return {"status": "FAILED", "reason": reason, **m}, False
+        return {"status": "ok", **m}, False

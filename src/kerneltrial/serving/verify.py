@@ -8,7 +8,7 @@ per-request times against the run's duration and concurrency, requests.csv, the 
 against the seed, and every stored answer re-graded. Three things it takes from the code it
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
 running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
-order (trial.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
+order (order.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
 and the report apply, fed here with verify's own figures). An empty list means everything matched.
 """
 
@@ -55,7 +55,14 @@ def _stats(xs: list[float], name: str, pcts: list[float]) -> dict[str, float]:
     return out
 
 
-def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
+def _good(raw: dict[str, Any], i: int, slos: dict[str, float]) -> bool:
+    """Request i meets every SLO (ms): TTFT, TPOT (0 for a single output token), E2E latency."""
+    lat, ttft, n = raw["latencies"][i], raw["ttfts"][i], raw["output_lens"][i]
+    tpot = (lat - ttft) / (n - 1) if n > 1 else 0.0
+    return all({"ttft": ttft, "tpot": tpot, "e2el": lat}[k] * 1000 <= ms for k, ms in slos.items())
+
+
+def recompute_run(raw: dict[str, Any], pcts: list[float], slos: dict[str, float] | None = None) -> dict[str, float]:
     n = len(raw["input_lens"])
     good = [not raw["errors"][i] and raw["latencies"][i] > 0 for i in range(n)]
     dur = raw["duration"]
@@ -79,6 +86,8 @@ def recompute_run(raw: dict[str, Any], pcts: list[float]) -> dict[str, float]:
     }
     if raw.get("start_times") is not None:
         out["max_output_tokens_per_s"] = _peak_tokens_per_s(raw, good)
+    if slos:
+        out["request_goodput"] = sum(1 for i in range(n) if good[i] and _good(raw, i, slos)) / dur
     out |= _stats([raw["ttfts"][i] for i in range(n) if good[i]], "ttft", pcts)
     out |= _stats(tp, "tpot", pcts)
     out |= _stats([x for i in range(n) if good[i] for x in raw["itls"][i]], "itl", pcts)
@@ -185,6 +194,24 @@ def _launch_problems(
     return problems
 
 
+def verified_detail(path: Path) -> str:
+    """What `kerneltrial verify` says of a serving run whose checks all pass. A run that failed
+    (a launch refused, a gate, a dispatch proof) verifies as the record of its failure, and the
+    line says so: it shows what happened, it is no evidence for any arm."""
+    if not (Path(path) / "provenance.json").is_file():
+        return "every serving figure matches"  # verify_serving_run names the missing file
+    prov = read_json(Path(path) / "provenance.json")
+    summary_path = Path(path) / "summary.json"
+    summary = read_json(summary_path) if summary_path.is_file() else {}
+    if prov.get("status") != "failed" and summary.get("status") == "ok":
+        return "every serving figure matches"
+    why = prov.get("error") or next(iter(summary.get("failures") or []), "a run or a dispatch proof failed")
+    return (
+        f"every serving figure matches, as the record of a FAILED run ({why}): it shows what happened, "
+        "it is no evidence for any arm"
+    )
+
+
 def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
     path = Path(path)
@@ -206,6 +233,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
         if doc.get("protocol_sha256") != sha:
             problems.append(f"{name} protocol_sha256 does not match protocol.toml (sha256 {sha[:12]}...)")
     pcts = [float(p) for p in plan.get("percentiles", [99])]
+    slos = plan.get("goodput")  # --goodput SLOs (ms); before issue 26: none
     repeats, rounds = int(plan["repeats"]), int(plan["rounds"])
     rows = _read_jsonl(path / "runs.jsonl", problems)
     concurrency = {c["case"]: int(c["concurrency"]) for c in plan["cases"]}
@@ -224,7 +252,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
         if "completed" not in r:
             continue
         raw = json.loads(rawp.read_text())
-        got = recompute_run(raw, pcts)
+        got = recompute_run(raw, pcts, slos)
         for k, v in got.items():
             if k not in r or not _close(r[k], v):
                 problems.append(f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}")
@@ -284,9 +312,10 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
                         "output_throughput",
                         "request_throughput",
                         "max_output_tokens_per_s",
+                        "request_goodput",
                     ):
                         recomputed[k] = math.fsum(
-                            recompute_run(json.loads((path / r["raw"]).read_text()), pcts)[k] for r in lr
+                            recompute_run(json.loads((path / r["raw"]).read_text()), pcts, slos)[k] for r in lr
                         ) / len(lr)
                 per_launch.append(recomputed)
             recomputed_launches[(a, cid)] = list(zip(launches, per_launch, strict=True))
@@ -332,6 +361,9 @@ def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
     launches = _read_jsonl(path / "launches.jsonl", problems)
     finished = prov.get("status") == "finished"
     problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
+    problems += evidence.nonce_problems(plan, launches, rows)
+    problems += evidence.client_problems(plan, rows)
+    problems += evidence.pins_problems(path, plan, launches, summary, prov)
     dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
     # acceptance verdict: serving/acceptance.py's rule, on the per-launch figures recomputed above

@@ -19,7 +19,17 @@ a sentence that names the run and the invariant it breaks.
 - requests.csv (`requests_table_problems`): the trial's copy of every request, written from the
   raw file when the run ended;
 - launch order (`launch_order_problems`): launch_order(arms, rounds, seed) of the protocol,
-  each launch with its round's block (trial.planned_launches);
+  each launch with its round's block (order.planned_launches);
+- the client's argv (`client_problems`): every run sent the case's lengths, concurrency and prompt
+  count down the plan's request path (client `completions`: --backend vllm --endpoint
+  /v1/completions --seed S; `official`: the organisers' --backend openai-chat --endpoint
+  /v1/chat/completions --trust-remote-code and no --seed);
+- pins and scope (`pins_problems`): plan.json's pins are protocol.toml's, every launch's recorded
+  mismatches are those of its recorded versions against them (serving/pins.py's comparison, a
+  definition), a mismatch without --override-pins was refused, and the scope is recomputed;
+- who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
+  and every run of that launch sent it as the model name, so a request another server answered
+  failed instead of being counted (issue 26);
 - grades (`regrade_problems`): every stored answer graded again by the same grader version.
 
 What these cannot prove: a run directory whose raw arrays, figures, tables and logs were all
@@ -39,8 +49,9 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
+from kerneltrial.serving.order import PlannedLaunch, planned_launches
+from kerneltrial.serving.pins import pin_mismatches, scope
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
-from kerneltrial.serving.trial import PlannedLaunch, planned_launches
 
 TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
 # The client's duration beyond its requests' span: its set-up before the first request and the
@@ -60,6 +71,7 @@ CLIENT_FIGURES = (
     "mean_tpot_ms",
     "mean_itl_ms",
     "mean_e2el_ms",
+    "request_goodput",
 )
 SHOWN = 5  # problems of one kind listed before "and N more"
 
@@ -151,7 +163,11 @@ def client_figure_problems(raw: dict[str, Any], recomputed: dict[str, float], wh
     out = []
     for key in CLIENT_FIGURES:
         vllms = raw.get(key)
-        if isinstance(vllms, (int, float)) and not math.isclose(vllms, recomputed[key], rel_tol=1e-6, abs_tol=1e-9):
+        if (
+            key in recomputed
+            and isinstance(vllms, (int, float))
+            and not math.isclose(vllms, recomputed[key], rel_tol=1e-6, abs_tol=1e-9)
+        ):
             out.append(
                 f"{where}: vLLM's own {key} in the raw file is {vllms}, its per-request arrays give "
                 f"{recomputed[key]}: the arrays or the figure were altered"
@@ -232,6 +248,126 @@ def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launch
             break
     if finished and len(launches) != len(want):
         problems.append(f"launches.jsonl has {len(launches)} launches, {rule} gives {len(want)} for a finished run")
+    return problems
+
+
+NONCE_FLAG = "--served-model-name"
+# the request path of each client mode, as docs/serving.md states it (written out here, apart from bench.py)
+CLIENT_FLAGS = {
+    "completions": {"--backend": ["vllm"], "--endpoint": ["/v1/completions"]},
+    "official": {"--backend": ["openai-chat"], "--endpoint": ["/v1/chat/completions"], "--trust-remote-code": []},
+}
+
+
+def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """Every run's client_argv sends its case down the plan's request path (plan.json `client`;
+    runs before issue 26 have none and used `completions`), with the case's request rate and
+    burstiness and the plan's goodput SLOs, and no load option the plan does not name."""
+    client = plan.get("client", "completions")
+    want_flags = CLIENT_FLAGS.get(client)
+    if want_flags is None:
+        return [f"plan.json names client {client!r}, not completions or official"]
+    cases = {c["case"]: c for c in plan["cases"]}
+    problems = []
+    for r in runs:
+        if "client_argv" not in r:
+            continue  # a run from before the argv was recorded (issue 14)
+        argv, case = r["client_argv"], cases.get(r.get("case"), {})
+        want = dict(want_flags) | {
+            "--random-input-len": [str(case.get("input_len"))],
+            "--random-output-len": [str(case.get("output_len"))],
+            "--max-concurrency": [str(case.get("concurrency"))],
+            "--num-prompts": [str(case.get("num_requests"))],
+        }
+        if client == "completions" and "seed" in r:
+            want["--seed"] = [str(r["seed"])]
+        for flag, key in (("--request-rate", "request_rate"), ("--burstiness", "burstiness")):
+            want[flag] = None if case.get(key) is None else [f"{case[key]:g}"]
+        want["--goodput"] = [f"{k}:{v:g}" for k, v in plan["goodput"].items()] if plan.get("goodput") else None
+        wrong = [
+            f
+            for f, v in want.items()
+            if (v is None and f in argv) or (v is not None and (f not in argv or _flag_values(argv, f) != v))
+        ]
+        if client == "official" and "--seed" in argv:
+            wrong.append("--seed (the official script passes none)")
+        if wrong:
+            problems.append(
+                f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}: its client argv "
+                f"differs from the {client} client's for its case in {', '.join(wrong)}"
+            )
+    return _capped(problems, "runs whose client argv differs from the plan's")
+
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    """The values after `flag` in argv, up to the next option."""
+    if flag not in argv:
+        return []
+    i = argv.index(flag) + 1
+    j = next((k for k in range(i, len(argv)) if argv[k].startswith("-")), len(argv))
+    return argv[i:j]
+
+
+def nonce_problems(plan: dict[str, Any], launches: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+    """With plan.json `nonce` true: every spawned launch has a nonce that its server's argv lists in
+    --served-model-name, and every run of that launch sent it as the model name."""
+    if not plan.get("nonce"):
+        return []  # before issue 26, or server.nonce = false (who answers was not checked)
+    external = {a["name"] for a in plan["arms"] if not a.get("argv")}
+    nonces = {}
+    problems = []
+    for row in launches:
+        if row.get("arm") in external or "pid" not in row:
+            continue  # an external server, or a launch refused before it spawned
+        nonce = row.get("nonce")
+        if not nonce or nonce not in _flag_values(row.get("argv") or [], NONCE_FLAG):
+            problems.append(f"launch {row.get('launch')} ({row.get('arm')}): its server was not given a nonce to serve")
+        nonces[row.get("launch")] = nonce
+    for r in runs:
+        if r.get("launch") not in nonces:
+            continue
+        sent = _flag_values(r.get("client_argv") or [], NONCE_FLAG)
+        if sent != [nonces[r["launch"]]]:
+            problems.append(
+                f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}: the client sent model "
+                f"name {sent or 'none'}, not its launch's nonce {nonces[r['launch']]!r}: another server could have "
+                "answered it"
+            )
+    return _capped(problems, "runs without their launch's nonce")
+
+
+def pins_problems(
+    path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], prov: dict[str, Any]
+) -> list[str]:
+    """plan.json's pins are protocol.toml's; each launch's pin record is its comparison; a mismatch
+    not overridden was refused; summary.json's scope is the one these records give."""
+    if "pins" not in plan:
+        return []  # before issue 26
+    try:
+        proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
+    except (ProtocolError, UnicodeDecodeError) as error:
+        return [f"{PROTOCOL} does not parse, so the pins cannot be checked: {error}"]
+    problems = []
+    if plan["pins"] != proto.pins.flat():
+        problems.append(f"plan.json pins {plan['pins']} are not protocol.toml's {proto.pins.flat()}")
+    rows = [r for r in launches if "pins" in r]
+    for r in rows:
+        where = f"launch {r.get('launch')} ({r.get('arm')})"
+        rec = r["pins"]
+        want = pin_mismatches(plan["pins"], rec.get("installed") or {})
+        if rec.get("mismatches") != want:
+            problems.append(f"{where}: pin mismatches {rec.get('mismatches')}, its recorded versions give {want}")
+        if want and not plan.get("override_pins") and r.get("status") != "refused":
+            problems.append(f"{where}: its server did not match the pins ({'; '.join(want)}) but was not refused")
+    got = summary.get("scope")
+    if got is not None:
+        want_scope = scope(
+            plan.get("client", "completions"), plan["pins"], [r["pins"] for r in rows], prov.get("devices") or []
+        )
+        if (got.get("kind"), got.get("reasons")) != (want_scope["kind"], want_scope["reasons"]):
+            problems.append(
+                f"summary scope {got.get('kind')} ({got.get('reasons')}), the records give {want_scope['kind']} ({want_scope['reasons']})"
+            )
     return problems
 
 

@@ -1,0 +1,183 @@
+"""Who answers (issue 26): a second trial started on a port whose owner had not bound it yet, and
+both servers answered (vLLM binds with SO_REUSEPORT). Now a launch claims the port's record
+before it spawns, a record naming a live process refuses every other launch, bound or not, and
+each launch's nonce (an extra --served-model-name) is checked at readiness, before every run and
+in every request. Fake servers; the real-vLLM race is in test_real_vllm_issue26.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, argv_with_nonce
+from kerneltrial.serving.lifecycle import PortTaken, claim_port, port_is_free, read_record
+from kerneltrial.serving.verify import verify_serving_run
+
+from .conftest import FAKE, REPO
+from .test_acceptance import run_trial, synthetic_bench, trial_text
+
+HOST = "127.0.0.1"
+
+
+def test_the_nonce_joins_the_names_vllm_serves():
+    n = "kt-0123456789abcdef"
+    assert argv_with_nonce(["vllm", "serve", "/m", "--served-model-name", "a", "--port", "1"], "a", n) == [
+        *("vllm", "serve", "/m", "--served-model-name", "a", n, "--port", "1")
+    ]
+    assert argv_with_nonce(["vllm", "serve", "/m", "--served-model-name=a"], "a", n) == [
+        *("vllm", "serve", "/m", "--served-model-name", "a", n)
+    ]
+    # no --served-model-name: vLLM serves the model under its own name, which stays served
+    assert argv_with_nonce(["vllm", "serve", "/m", "--port", "1"], "/m", n)[-3:] == ["--served-model-name", "/m", n]
+    assert argv_with_nonce(["python", "-m", "x", "--model", "/m"], "id", n)[-2:] == ["/m", n]
+    assert argv_with_nonce(["srv", "--port", "1"], "tiny", n)[-2:] == ["tiny", n]  # no model: the model id
+
+
+def foreign_server(port: int) -> subprocess.Popen[bytes]:
+    """Another server on the port, as vLLM binds (SO_REUSEPORT), serving the model id but not the nonce."""
+    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--reuse-port"], start_new_session=True)
+    time.sleep(1.0)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_readiness_refuses_a_server_that_does_not_echo_the_nonce(tmp_path, port, fake_argv):
+    srv = Server(
+        ServerSpec(fake_argv(port, "--reuse-port", "--bind-delay", "2"), "tiny", port=port, ready_timeout_s=20),
+        tmp_path / "server.log",
+    )
+    try:
+        srv.start()  # claimed and spawned; ours binds in 2 s
+        other = foreign_server(port)  # binds first, after our port check: the issue's race
+        with pytest.raises(
+            LaunchError, match=rf"a server on port {port} lists \['tiny'\], without this launch's nonce"
+        ):
+            srv.wait_ready()
+    finally:
+        srv.stop()
+        stop(other)
+    assert read_record(port) is None  # the record went with our server
+
+
+def test_a_server_that_joins_the_port_is_caught_before_the_next_run(tmp_path, monkeypatch):
+    """The second server starts during run 0; the probes before run 1 find it (8 probes, each a new
+    connection: SO_REUSEPORT spreads them over both servers)."""
+    others: list[subprocess.Popen[bytes]] = []
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        if not others:
+            others.append(foreign_server(server.spec.port))
+        return base(argv, json_path, log_path, timeout_s, server)
+
+    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
+    try:
+        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
+    finally:
+        for p in others:
+            stop(p)
+    assert code == 1 and "without this launch's nonce" in output, output
+    rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
+    assert rows[0]["status"] == "error" and "another server answers on this port" in rows[0]["error"]
+    assert rows[0]["nonce"].startswith("kt-")
+    assert [c["before"] for c in rows[0]["answer_checks"]] == ["readiness", "in8-out4-c1-n2 run 0"]  # then caught
+
+
+def test_requests_answered_by_another_server_fail_the_run_and_stop_the_trial(tmp_path, monkeypatch):
+    """The client sends the nonce as the model name: a server without it answers 404 (vLLM records
+    `Not Found`), so those requests are not measured as this arm's."""
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        assert argv[argv.index("--served-model-name") + 1] == server.nonce  # every request names the nonce
+        raw = base(argv, json_path, log_path, timeout_s, server)
+        raw["errors"][0], raw["latencies"][0], raw["completed"] = (
+            "Not Found",
+            0.0,
+            1,
+        )  # planted: one reached another server
+        json_path.write_text(json.dumps(raw))
+        return raw
+
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), bench)
+    assert code == 1 and "1 request(s) got HTTP 404 for this launch's nonce" in output, output
+    run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
+    assert run["status"] == "FAILED" and "another server shares port" in run["reason"]
+    assert verify_serving_run(out) == []  # the record of that failure verifies
+
+
+def hold_in_another_kerneltrial(port: int, out: Path, *server: str) -> subprocess.Popen[str]:
+    """`kerneltrial serve launch --hold` in its own process (another kerneltrial), once its port record exists."""
+    cmd = [sys.executable, "-m", "kerneltrial.serving", "launch", "--hold", "120", "--ready-timeout", "300"]
+    cmd += ["--model-id", "tiny", "--out", str(out), "--", *server]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 60
+    while read_record(port) is None or read_record(port).pid is None:  # type: ignore[union-attr]
+        assert proc.poll() is None and time.monotonic() < end, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    return proc
+
+
+def refused_while_unbound(port: int, tmp_path: Path, argv: list[str], other: Path) -> None:
+    """A second launch on the port of another kerneltrial's server that has not bound yet: refused at
+    once (not after port_wait_s), naming that server, and nothing was spawned."""
+    assert port_is_free(HOST, port)  # nothing listens yet: the old check let the second trial in here
+    srv = Server(ServerSpec(argv, "tiny", port=port, port_wait_s=30), tmp_path / "second.log")
+    t0 = time.monotonic()
+    with pytest.raises(
+        LaunchError, match=rf"a server from run {other} \(pid \d+, .*\) holds port {port}, bound or not"
+    ):
+        with srv:
+            pass
+    assert time.monotonic() - t0 < 5 and srv.proc is None
+    assert read_record(port).run_dir == str(other)  # type: ignore[union-attr]  # the other claim stands
+
+
+def test_two_trials_one_port_the_second_is_refused_while_the_first_has_not_bound(tmp_path, port, fake_argv):
+    first = hold_in_another_kerneltrial(port, tmp_path / "first", *fake_argv(port, "--bind-delay", "30"))
+    try:
+        refused_while_unbound(port, tmp_path, fake_argv(port), tmp_path / "first")
+    finally:
+        first.send_signal(signal.SIGTERM)  # kerneltrial stops its server and exits 130
+        assert first.wait(timeout=60) == 130
+    assert read_record(port) is None
+
+
+def test_a_live_claim_refuses_another_claim_and_a_dead_one_is_taken_over(tmp_path, port):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = Path(os.environ["XDG_STATE_HOME"]) / "kerneltrial" / "servers" / f"port-{port}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        claim = {"port": port, "host": HOST, "pid": None, "start_ticks": None, "kerneltrial_pid": sleeper.pid}
+        claim |= {"run_dir": "run-a", "argv": ["vllm"], "started_at": "t", "kerneltrial_ticks": None}
+        path.write_text(json.dumps(claim))
+        with pytest.raises(PortTaken, match=rf"port {port} is claimed by kerneltrial pid {sleeper.pid} \(run run-a"):
+            claim_port(HOST, port, tmp_path, ["x"], 0.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    mine = claim_port(HOST, port, tmp_path, ["x"], 0.5)  # its kerneltrial is gone: the claim is stale
+    assert mine.pid is None and read_record(port) == mine
+
+
+def test_verify_fails_a_run_that_did_not_send_its_launchs_nonce(tmp_path, monkeypatch):
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1, 1)))
+    assert code == 1 and verify_serving_run(out) == [], output  # INCONCLUSIVE (one launch per arm), verified
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    argv = row["client_argv"]
+    row["client_argv"] = argv[: argv.index("--served-model-name")]  # planted: the model id, not the nonce
+    (out / "runs.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    assert any("the client sent model name none, not its launch's nonce 'kt-" in p for p in verify_serving_run(out))
