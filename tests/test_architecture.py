@@ -183,6 +183,32 @@ def test_rundir_loads_without_heavy_packages() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def kerneltrial_imports(path: Path, top_only: bool) -> set[str]:
+    """The kerneltrial modules `path` imports (`top_only`: at its top level only)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    names = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in nodes if isinstance(n, ast.ImportFrom)}
+    return {name for name in names if name.split(".")[0] == "kerneltrial"}
+
+
+def test_the_isolated_worker_and_the_files_it_loads_import_nothing_of_kerneltrial() -> None:
+    """trial/worker.py runs in a process where kerneltrial is not importable (trial/isolation.py):
+    it imports nothing of it anywhere (its MODE registry reaches the built-in kernels through
+    importlib, by name), and the self-contained files it loads by path import none at their top."""
+    from kerneltrial.trial.isolation import SHIMS, WORKER
+
+    assert kerneltrial_imports(WORKER, top_only=False) == set()
+    assert {name: kerneltrial_imports(path, top_only=True) for name, path in SHIMS.items()} == {n: set() for n in SHIMS}
+
+
+def test_the_worker_check_finds_a_planted_import(tmp_path: Path) -> None:
+    planted = tmp_path / "worker.py"
+    planted.write_text("import torch\n\ndef f():\n    from kerneltrial.trial import gate\n")
+    assert kerneltrial_imports(planted, top_only=False) == {"kerneltrial.trial"}
+    assert kerneltrial_imports(planted, top_only=True) == set()
+
+
 # ---------------------------------------------------------------- the checker itself
 
 

@@ -36,7 +36,7 @@ shape = [4, 64]
 
 @pytest.fixture(scope="session")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real, finished and verified run of the current contract (checks 2, host stage), on the CPU:
+    """A real, finished and verified run of the current contract (checks 3, host stage), on the CPU:
     one rmsnorm case, the control and one candidate, one seed, two rounds. Built once per session
     (about 20 s under the Triton interpreter); tests tamper with copies of it (`copy_of`)."""
     from kerneltrial.trial.runner import run_trial

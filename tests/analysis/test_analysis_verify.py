@@ -23,6 +23,7 @@ import kerneltrial.analysis.provenance_checks as provenance_checks_module
 import kerneltrial.analysis.replicates as replicates_module
 import kerneltrial.analysis.schema_requirements as schema_requirements_module
 import kerneltrial.analysis.verify as verify_module
+import kerneltrial.analysis.verify_isolation as verify_isolation_module
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.summary import write_summary
 from kerneltrial.analysis.verify import verify_run_dir
@@ -155,6 +156,7 @@ def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
         schema_requirements_module,
         provenance_checks_module,
         git_history_module,
+        verify_isolation_module,
     ],
 )
 def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) -> None:
@@ -183,6 +185,7 @@ def test_verify_is_independent_of_stats_and_summary(module: types.ModuleType) ->
         "kerneltrial.analysis.suite.suite_problems",  # its checks: file hashes and statuses, no figures
         "kerneltrial.analysis.fleet.read_fleet",  # a fleet's record (fleet.json)
         "kerneltrial.analysis.fleet.fleet_checks",  # coverage, devices, and figures from the units' summaries
+        "kerneltrial.analysis.verify_isolation.isolation_problems",  # isolated arms' bounds, recomputed with csv
     }
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]
 

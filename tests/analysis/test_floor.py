@@ -98,7 +98,7 @@ def test_a_committed_summary_5_reads_without_the_floor_and_computes_it_from_its_
 def test_a_new_run_records_the_floor_and_verifies(trial: Path) -> None:
     assert json.loads((trial / "plan.json").read_text())["floor"] == FLOOR_MODEL
     summary = read_summary(trial)
-    assert summary.schema_ == "kerneltrial.summary/6" and summary.records_floor
+    assert summary.schema_ == "kerneltrial.summary/7" and summary.records_floor
     rows = list(csv.DictReader((trial / "ceilings.csv").open()))
     launch = statistics.median(float(r["ns"]) for r in rows if r["kind"] == "triton_launch")
     rate = statistics.median(int(r["bytes"]) / float(r["ns"]) for r in rows if r["kind"] == "copy")
@@ -141,7 +141,7 @@ def test_a_summary_relabelled_5_without_the_floor_is_caught(trial: Path, tmp_pat
     edit_json(path / "summary.json", downgrade)
     found = checks(path)
     ok, _, detail = found["summary schema"]
-    assert not ok and "is not kerneltrial.summary/6, which a plan with checks 2 and host and floor needs" in detail
+    assert not ok and "is not kerneltrial.summary/7, which a plan with checks 3 and host and floor needs" in detail
     ok, _, detail = found[CHECK]
     assert not ok and "floor_ns: summary None != recomputed" in detail
 

@@ -51,12 +51,31 @@ def rewrite_rows(path: Path, keep: Callable[[dict[str, str]], bool], change: Cal
                 writer.writerow(row)
 
 
+def drop_column(path: Path, name: str) -> None:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        fields, rows = [f for f in reader.fieldnames or [] if f != name], list(reader)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def scrub_isolation(run: Path) -> None:
+    """The traces of contract 3 (isolated arms) removed: plan `isolated`, provenance `isolation`, wall_ns."""
+    edit_json(run / "plan.json", lambda plan: plan.pop("isolated"))
+    edit_json(run / "provenance.json", lambda provenance: provenance.pop("isolation"))
+    drop_column(run / "timings.csv", "wall_ns")
+
+
 def downgrade(run: Path) -> None:
-    """The issue's forgery: the timed-check contract's plan keys and files deleted, the candidate's
-    timings cut to a third, the summary recomputed from the edited rows (an older schema)."""
+    """The issue's forgery: the timed-check contract's plan keys and files deleted (and the
+    isolation traces), the candidate's timings cut to a third, the summary recomputed from the
+    edited rows (an older schema)."""
     edit_json(
         run / "plan.json", lambda plan: [plan.pop(k) for k in ("checks", "exact", "plausibility", "frozen_at", "host")]
     )
+    scrub_isolation(run)
     for name in TIMED_CHECK_FILES:
         (run / name).unlink()
 
@@ -80,8 +99,9 @@ def test_the_untampered_run_verifies_with_the_new_checks(cpu_run: Path) -> None:
     result = verify_run_dir(cpu_run)
     assert result.ok, result.failures
     names = {c.name: c for c in result.checks}
-    assert names["required files"].detail == "every file and key a run of checks 2 with a host stage writes is present"
+    assert names["required files"].detail == "every file and key a run of checks 3 with a host stage writes is present"
     assert "timed checks record checked_call" in names["no downgrade"].detail
+    assert "timings.csv has a wall_ns column" in names["no downgrade"].detail
     assert names["device"].detail == "a CPU run (plan.json and the interpreter flag agree)"
 
 
@@ -129,11 +149,34 @@ def test_a_file_or_key_of_the_declared_contract_missing_is_named(copy_of: Callab
     edit_json(run / "provenance.json", lambda p: p["git"].pop("source_sha256"))
     seal(run)
     assert failed(run)["required files"] == (
-        "source.tar.gz is missing (a run of checks 2 with a host stage writes it); "
-        "provenance.json has no `git.source_sha256` (a run of checks 2 with a host stage writes it); "
-        "host.csv is missing (a run of checks 2 with a host stage writes it)"
+        "source.tar.gz is missing (a run of checks 3 with a host stage writes it); "
+        "provenance.json has no `git.source_sha256` (a run of checks 3 with a host stage writes it); "
+        "host.csv is missing (a run of checks 3 with a host stage writes it)"
     )
     assert failed(run)["host cost"].startswith("host.csv is missing: a plan with `host` measures")
+
+
+def test_a_run_of_checks_3_without_its_isolation_keys_is_named(copy_of: Callable[[str], Path]) -> None:
+    run = copy_of("no-isolation-keys")
+    scrub_isolation(run)
+    seal(run)
+    assert failed(run)["required files"] == (
+        "plan.json has no `isolated` (a run of checks 3 with a host stage writes it); "
+        "provenance.json has no `isolation` (a run of checks 3 with a host stage writes it); "
+        "timings.csv has no `wall_ns` column (a run of checks 3 with a host stage writes it)"
+    )
+
+
+def test_a_run_of_checks_3_relabelled_2_is_caught_by_its_isolation_traces(copy_of: Callable[[str], Path]) -> None:
+    run = copy_of("relabelled-2")
+    edit_json(run / "plan.json", lambda plan: plan.update(checks=2))
+    write_summary(run, overwrite=True)
+    seal(run)
+    detail = failed(run)["no downgrade"]
+    for witness in ("plan.json has `isolated`", "provenance.json has `isolation`", "timings.csv has a wall_ns column"):
+        assert (
+            f"plan.json declares checks 2 with a host stage, but {witness} shows a run written under checks 3" in detail
+        )
 
 
 def test_a_gpu_name_written_into_a_cpu_run_is_caught(copy_of: Callable[[str], Path]) -> None:

@@ -646,6 +646,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
         "size-matched copies",
         "speed-of-light floor",
         "host cost",
+        "isolation bounds",
         "report.md",
         "ERRATA.md",
     ]
@@ -654,7 +655,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     mount(app)
     output = runner.invoke(app, ["verify", str(run_dir)]).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 7} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 8} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare

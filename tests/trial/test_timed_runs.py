@@ -38,6 +38,7 @@ rounds = 3
 warmup = 1
 calls_per_sample = 8
 l2 = "hot"
+isolate = "none"  # the checks of arms in kerneltrial's process (isolated: tests/trial/test_isolation.py)
 [[cases]]
 shape = [4, 64]
 """
@@ -301,7 +302,7 @@ def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run:
     from kerneltrial.analysis.verify import verify_run_dir
 
     plan = json.loads((cheat_run / "plan.json").read_text())
-    assert plan["checks"] == 2
+    assert plan["checks"] == 3  # 2's contract, and isolated arms (none in this run)
     rows = [r for r in rows_of(cheat_run) if not r["message"].startswith("raised")]
     checked = {r["checked_call"] for r in rows}
     assert checked <= set(range(8)) and len(checked) > 3  # calls_per_sample = 8: positions vary
@@ -340,6 +341,8 @@ def test_check_stops_a_kernel_that_never_returns():
             "1",
             "--timeout",
             "3",
+            "--isolate",
+            "none",  # in kerneltrial's process; an isolated one: tests/trial/test_isolation.py
         ],
         capture_output=True,
         text=True,

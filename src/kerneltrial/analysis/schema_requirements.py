@@ -1,10 +1,11 @@
 """No downgrade: the contract a run was written under fixes what it must hold.
 
 A kernel run declares its run-directory contract at plan time: plan.json `checks` (the
-timed-check contract, 1 or 2; absent before issue 10) and `host` (the host-cost stage). The
-declaration fixes which files, plan keys and provenance keys the run must have
-(`REQUIREMENTS`); a missing one is a failure with its name (`required_problems`), not a check
-listed as not applicable.
+timed-check contract, 1, 2 or 3; absent before issue 10) and `host` (the host-cost stage). The
+declaration fixes which files, plan keys, provenance keys and timings.csv columns the run must
+have (`requirements`; 3, isolated arms: plan.json `isolated`, provenance.json `isolation`,
+timings.csv `wall_ns`); a missing one is a failure with its name (`required_problems`), not a
+check listed as not applicable.
 
 The declaration is itself a file a forger can edit: deleting `checks` (with timed_checks.jsonl,
 manifest.json and source.tar.gz) would make the run read as one from before timed checks, whose
@@ -16,8 +17,9 @@ below it (`downgrade_problems`):
   commit's), each read for the contract it writes (`writer_contract`);
 - traces in the raw files that only a writer of that contract leaves: the files themselves,
   the timed-check keys of plan.json, `ulp_hist` in correctness rows, `launch` rows in
-  ceilings.csv, `checked_call` in timed checks, and the issue-16 ceiling kinds (written only by
-  runners with the host stage).
+  ceilings.csv, `checked_call` in timed checks, the issue-16 ceiling kinds (written only by
+  runners with the host stage), and the isolation traces of contract 3 (plan.json `isolated`,
+  provenance.json `isolation`, the `wall_ns` column of timings.csv).
 What it cannot catch: a forger who removes every witness and names a commit from before timed
 checks (or one this checkout does not know) has written an older run from scratch; docs/DESIGN.md
 ("What verify can and cannot prove") says what answers that.
@@ -25,6 +27,7 @@ checks (or one this checkout does not know) has written an older run from scratc
 
 from __future__ import annotations
 
+import csv
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,11 +37,20 @@ from typing import Any
 from kerneltrial.analysis import integrity
 from kerneltrial.analysis.git_history import package_at
 from kerneltrial.rundir.files import read_jsonl
-from kerneltrial.rundir.layout import COPY_MATCHED, HOST, MANIFEST, SOURCE_ARCHIVE, TIMED_CHECKS, TRITON_LAUNCH
+from kerneltrial.rundir.layout import (
+    COPY_MATCHED,
+    HOST,
+    MANIFEST,
+    SOURCE_ARCHIVE,
+    TIMED_CHECKS,
+    TIMINGS,
+    TRITON_LAUNCH,
+)
 
 CHECKS_CONSTANT = re.compile(rb"^CHECKS_VERSION = (\d+)", re.MULTILINE)  # trial/runner.py since 7e5e53b
 HOST_KEY = re.compile(rb'"host":\s*\{\s*"samples"')  # plan.json's host stage, written since b961c2c
 RUNNER_PACKAGE = "trial/"  # where the runner that writes plan.json lives in the package
+CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`, timings.csv `wall_ns`
 
 
 @dataclass(frozen=True)
@@ -65,11 +77,13 @@ class Witness:
 
 @dataclass(frozen=True)
 class Requirement:
-    """What a declared contract makes a run hold: files, plan.json keys, provenance.json keys (dotted)."""
+    """What a declared contract makes a run hold: files, plan.json keys, provenance.json keys
+    (dotted), timings.csv columns."""
 
     files: tuple[str, ...]
     plan_keys: tuple[str, ...]
     provenance_keys: tuple[str, ...]
+    timing_columns: tuple[str, ...] = ()
 
 
 TIMED_CHECKS_REQUIREMENT = Requirement(
@@ -78,6 +92,7 @@ TIMED_CHECKS_REQUIREMENT = Requirement(
     ("freeze", "git.source_sha256", "finished_at"),
 )
 HOST_REQUIREMENT = Requirement((HOST,), ("host",), ())
+ISOLATION_REQUIREMENT = Requirement((), ("isolated",), ("isolation",), ("wall_ns",))
 
 
 def declared(plan: dict[str, Any]) -> WriterContract:
@@ -89,7 +104,11 @@ def declared(plan: dict[str, Any]) -> WriterContract:
 def requirements(contract: WriterContract) -> list[Requirement]:
     return [
         r
-        for r, needed in ((TIMED_CHECKS_REQUIREMENT, contract.checks >= 1), (HOST_REQUIREMENT, contract.host))
+        for r, needed in (
+            (TIMED_CHECKS_REQUIREMENT, contract.checks >= 1),
+            (HOST_REQUIREMENT, contract.host),
+            (ISOLATION_REQUIREMENT, contract.checks >= CHECKS_ISOLATED),
+        )
         if needed
     ]
 
@@ -102,17 +121,28 @@ def _dotted(document: dict[str, Any], key: str) -> bool:
     return True
 
 
+def timing_columns(run_dir: Path) -> list[str]:
+    """The header of timings.csv ([] without the file: the raw-file checks name it)."""
+    path = run_dir / TIMINGS
+    if not path.is_file():
+        return []
+    with path.open(newline="") as handle:
+        return next(csv.reader(handle), [])
+
+
 def required_problems(
     run_dir: Path, plan: dict[str, Any], provenance: dict[str, Any], contract: WriterContract
 ) -> list[str]:
     """Every file and key `contract` requires, present: one named line per missing one."""
     problems = []
+    columns = timing_columns(run_dir)
     for requirement in requirements(contract):
         problems += [f"{name} is missing" for name in requirement.files if not (run_dir / name).is_file()]
         problems += [f"plan.json has no `{key}`" for key in requirement.plan_keys if key not in plan]
         problems += [
             f"provenance.json has no `{key}`" for key in requirement.provenance_keys if not _dotted(provenance, key)
         ]
+        problems += [f"{TIMINGS} has no `{c}` column" for c in requirement.timing_columns if c not in columns]
     return [f"{p} (a run of {contract} writes it)" for p in problems]
 
 
@@ -142,7 +172,11 @@ def _code_witnesses(run_dir: Path, provenance: dict[str, Any]) -> list[Witness]:
 
 
 def _row_witnesses(
-    run_dir: Path, plan: dict[str, Any], correctness: list[dict[str, Any]], ceiling_kinds: set[str]
+    run_dir: Path,
+    plan: dict[str, Any],
+    provenance: dict[str, Any],
+    correctness: list[dict[str, Any]],
+    ceiling_kinds: set[str],
 ) -> list[Witness]:
     """Traces in the raw files that only a writer of a contract leaves."""
     timed = WriterContract(1, False)
@@ -166,6 +200,22 @@ def _row_witnesses(
         found.append(Witness(WriterContract(2, True), f"ceilings.csv has {newer} rows"))
     if (run_dir / TIMED_CHECKS).is_file() and any("checked_call" in row for row in read_jsonl(run_dir / TIMED_CHECKS)):
         found.append(Witness(WriterContract(2, False), "timed checks record checked_call"))
+    return found + _isolation_witnesses(run_dir, plan, provenance)
+
+
+def _isolation_witnesses(run_dir: Path, plan: dict[str, Any], provenance: dict[str, Any]) -> list[Witness]:
+    """The traces only a writer of contract 3 (isolated arms) leaves."""
+    isolated = WriterContract(CHECKS_ISOLATED, False)
+    found = [
+        Witness(isolated, f"{name} has `{key}`")
+        for name, doc, key in (
+            ("plan.json", plan, "isolated"),
+            ("provenance.json", provenance, "isolation"),
+        )
+        if key in doc
+    ]
+    if "wall_ns" in timing_columns(run_dir):
+        found.append(Witness(isolated, f"{TIMINGS} has a wall_ns column"))
     return found
 
 
@@ -177,7 +227,9 @@ def writer_floor(
     ceiling_kinds: set[str],
 ) -> tuple[WriterContract, list[Witness]]:
     """The least contract every witness allows, and the witnesses."""
-    witnesses = _code_witnesses(run_dir, provenance) + _row_witnesses(run_dir, plan, correctness, ceiling_kinds)
+    witnesses = _code_witnesses(run_dir, provenance) + _row_witnesses(
+        run_dir, plan, provenance, correctness, ceiling_kinds
+    )
     floor = WriterContract(max((w.least.checks for w in witnesses), default=0), any(w.least.host for w in witnesses))
     return floor, witnesses
 

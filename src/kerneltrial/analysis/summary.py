@@ -5,11 +5,12 @@ with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run dire
 format") and computes the figures with `analysis.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
-plan.json `checks`, `host` and `floor` pick the schema, one adapter each (`SchemaV3`, `SchemaV4`,
-`SchemaV5`, `SchemaV6`): a run without `checks` (every run before issue 10) gets
-`kerneltrial.summary/3`, unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, with `host`
-(issue 16) `kerneltrial.summary/5`, and with `floor` too (issue 27) `kerneltrial.summary/6`, each
-described after the schema-3 fields.
+plan.json `checks`, `host`, `floor` and `isolated` pick the schema, one adapter each (`SchemaV3`
+to `SchemaV7`): a run without `checks` (every run before issue 10) gets `kerneltrial.summary/3`,
+unchanged; `"checks": 1` or 2 gets `kerneltrial.summary/4`, with `host` (issue 16)
+`kerneltrial.summary/5`, and with `floor` too (issue 27) `kerneltrial.summary/6`; `"checks": 3`
+(isolated arms, issue 24; with `host` and `floor`) `kerneltrial.summary/7`, each described after
+the schema-3 fields.
 
 summary.json (schema `kerneltrial.summary/3`):
   schema, protocol_sha256, backend, is_gpu, l2, op, label (plan's timing_label if given),
@@ -69,6 +70,13 @@ Schema `kerneltrial.summary/6` (plan.json `floor`, issue 27) adds, over schema 5
   analysis/floor.py; null without `triton_launch` or `copy` rows) and in every arm entry
   fraction_of_floor (floor_ns / median_ns_per_call; null where either is null).
 
+Schema `kerneltrial.summary/7` (plan.json `"checks": 3`, isolated arms, issue 24) adds, over schema 6:
+  isolation: {arms (plan's `isolated`), far_inside, bounds: [{case, arm, samples,
+  claimed_ns_per_call, bound_ns_per_call, ratio}]}: per timed (case, isolated arm) the median
+  ns / calls the arm's worker claimed and the median wall_ns / calls the harness measured around
+  the same samples (analysis/bounds.py); a warning for each claim more than `far_inside` times
+  inside its bound. Isolated arms have no host.csv rows (host figures null).
+
 Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
 from issue 16 on, trial/floor.py), `ceilings` gains triton_launch_floor_ns (their median) and
 triton_launch_samples (their count); summaries of runs without such rows have neither key.
@@ -86,6 +94,7 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial.analysis import gate_rule, stats
+from kerneltrial.analysis.bounds import isolation_fields
 from kerneltrial.analysis.floor import CaseFloors
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
@@ -102,7 +111,8 @@ from kerneltrial.rundir.layout import (
 SCHEMA_V3 = "kerneltrial.summary/3"
 SCHEMA_V4 = "kerneltrial.summary/4"
 SCHEMA_V5 = "kerneltrial.summary/5"
-SCHEMA = "kerneltrial.summary/6"
+SCHEMA_V6 = "kerneltrial.summary/6"
+SCHEMA = "kerneltrial.summary/7"
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 
 TIMED = "timed"
@@ -471,7 +481,7 @@ class SchemaV6(SchemaV5):
 
     floors: CaseFloors | None = None
 
-    schema = SCHEMA
+    schema = SCHEMA_V6
 
     @classmethod
     def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV6:
@@ -483,6 +493,24 @@ class SchemaV6(SchemaV5):
         return self.floors.fields(case_bytes, arms) if self.floors else {}
 
 
+@dataclass
+class SchemaV7(SchemaV6):
+    """plan.json `checks` 3 (issue 24, isolated arms): summary/7."""
+
+    timings: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    schema = SCHEMA
+
+    @classmethod
+    def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV7:
+        if "wall_ns" not in run.timings.columns:
+            raise RunDirError("plan.json has checks 3 but timings.csv has no wall_ns column (the harness's bound)")
+        return replace(super().from_run(run, copy_gbps, read_gbps), timings=run.timings)
+
+    def top_level_fields(self, warnings: list[str]) -> dict[str, Any]:
+        return super().top_level_fields(warnings) | {"isolation": isolation_fields(self.plan, self.timings, warnings)}
+
+
 def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:
     """The adapter plan.json `checks` and `host` ask for; RunDirError for a version this code does not know."""
     checks = run.plan.get("checks")
@@ -491,9 +519,11 @@ def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -
     if checks in (1, 2) and not isinstance(checks, bool):  # 2: every call on fresh values, a random one checked
         schema = SchemaV6 if "floor" in run.plan else SchemaV5 if "host" in run.plan else SchemaV4
         return schema.from_run(run, copy_gbps, read_gbps)
+    if checks == 3 and not isinstance(checks, bool) and {"host", "floor"} <= run.plan.keys():  # 3: isolated arms
+        return SchemaV7.from_run(run, copy_gbps, read_gbps)
     raise RunDirError(
-        f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1 and 2 (or none); "
-        "update kerneltrial to read this run"
+        f"plan.json checks {checks!r}: this kerneltrial reads timed-check contracts 1, 2 and 3 (3 with host and floor; "
+        "or none); update kerneltrial to read this run"
     )
 
 

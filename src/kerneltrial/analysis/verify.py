@@ -27,6 +27,12 @@ reasons, the ulp histograms, frozen_at, and the file integrity of analysis/integ
 (manifest, source archive, provenance, freeze). For older runs these checks are listed as not
 applicable.
 
+A run whose plan.json has `"checks": 3` (issue 24, isolated arms) needs a schema-6 summary and gets
+the check `isolation bounds` (analysis/verify_isolation.py): plan `isolated` is what the protocol
+names, every timing row of an isolated arm claims no more than the harness's wall bound beside it
+(and no other row has one), the summary's bounds and far-inside warnings follow; isolated arms
+have no host.csv rows.
+
 A run whose plan.json has `host` (issue 16) needs a schema-5 summary: host.csv holds exactly
 `host.samples` rows (samples 0..n-1, `host.calls` calls each) for every (case, arm) that passed
 correctness and did not raise while timed, and nothing else; each arm entry's host_ns_per_call
@@ -69,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
+from kerneltrial.analysis.verify_isolation import isolation_problems
 from kerneltrial.rundir import streams
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
@@ -106,9 +113,11 @@ SCHEMA_3 = "kerneltrial.summary/3"  # before timed checks (plan.json without `ch
 SCHEMA_4 = "kerneltrial.summary/4"  # plan.json `"checks": 1` or 2
 SCHEMA_5 = "kerneltrial.summary/5"  # plan.json `"checks"` and `host` (host cost per call)
 SCHEMA_6 = "kerneltrial.summary/6"  # and plan.json `floor` (the speed-of-light floor, issue 27)
+SCHEMA_7 = "kerneltrial.summary/7"  # plan.json `"checks": 3` (isolated arms and the harness's bounds)
 CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
 HOST_FIELDS = ("host_ns_per_call", "host_samples", "host_behind")
 CHECKS_EVERY_CALL = 2  # checks 2: fresh values before every call, a random call of each sample checked
+CHECKS_ISOLATED = 3  # checks 3: as 2, and plan `isolated` arms whose timing rows carry the harness's bound
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
@@ -212,6 +221,7 @@ class Contract:
     checked: bool  # timed checks, plausibility, inconclusive, ulp histograms, file integrity (schema 4)
     host: bool = False  # host cost per call, host.csv (schema 5)
     floor: bool = False  # the speed-of-light floor per case and arm (schema 6)
+    isolation: bool = False  # isolated arms, the harness's wall bounds (schema 7)
 
     def verdict(self, low: float, high: float, band: float) -> str:
         """win / loss outside the band; schema 4: tie only inside it, else inconclusive; before: tie."""
@@ -233,6 +243,7 @@ CONTRACTS = {
         Contract(SCHEMA_4, clocks=True, realized=True, checked=True),
         Contract(SCHEMA_5, clocks=True, realized=True, checked=True, host=True),
         Contract(SCHEMA_6, clocks=True, realized=True, checked=True, host=True, floor=True),
+        Contract(SCHEMA_7, clocks=True, realized=True, checked=True, host=True, floor=True, isolation=True),
     )
 }
 
@@ -656,6 +667,11 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         _check_host(run_dir, plan, summary, outcome, timed, result)
     else:
         _not_checked(("host cost",), "plan.json has no `host` (a run from before host cost)", floor.host, result)
+    if contract.isolation:
+        result.add("isolation bounds", *isolation_problems(run_dir, plan, summary, _median))
+    else:
+        why = "plan.json checks < 3 (a run from before isolation)"
+        _not_checked(("isolation bounds",), why, floor.checks >= CHECKS_ISOLATED, result)
     check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("kernel", run_dir))
     return result
 
@@ -725,10 +741,11 @@ def _check_host(
     settings = plan["host"]
     samples, calls = int(settings["samples"]), int(settings["calls"])
     raised = set(timed.raised) if timed else set()
+    isolated = set(plan.get("isolated") or [])  # an isolated arm's host cost is not measured
     expected = {
         (case, arm, s)
         for (case, arm), state in outcome.items()
-        if state == "passed" and (case, arm) not in raised
+        if state == "passed" and (case, arm) not in raised and arm not in isolated
         for s in range(samples)
     }
     problems: list[str] = []
@@ -816,7 +833,7 @@ def _check_timed_checks(
             ],
         ),
     ]
-    if plan.get("checks") == CHECKS_EVERY_CALL:  # a random call of each sample checked: which one is recorded
+    if plan.get("checks") in (CHECKS_EVERY_CALL, CHECKS_ISOLATED):  # a random call of each sample checked: which one
         calls = {str(c["case"]): int(c["calls"]) for c in plan["cases"]}
         listed.append(
             (
@@ -1150,12 +1167,20 @@ def _check_schema(
     a run without `checks` a schema 1-3 one (schema 1 only for raw files without the newer fields)."""
     schema = summary.get("schema")
     if "checks" in plan:
-        if plan["checks"] not in (1, CHECKS_EVERY_CALL) or isinstance(plan["checks"], bool):
+        if plan["checks"] not in (1, CHECKS_EVERY_CALL, CHECKS_ISOLATED) or isinstance(plan["checks"], bool):
             raise RunDirError(
-                f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1 and 2 "
+                f"plan.json checks {plan['checks']!r}: this kerneltrial verifies timed-check contracts 1, 2 and 3 "
                 "(or none); update kerneltrial to verify this run"
             )
-        wanted = SCHEMA_6 if "floor" in plan else SCHEMA_5 if "host" in plan else SCHEMA_4
+        wanted = (
+            SCHEMA_7
+            if plan["checks"] == CHECKS_ISOLATED
+            else SCHEMA_6
+            if "floor" in plan
+            else SCHEMA_5
+            if "host" in plan
+            else SCHEMA_4
+        )
         result.add(
             "summary schema",
             []

@@ -284,16 +284,32 @@ def load_user_module(spec: str, op: str | None = None) -> list[Impl]:
         functions = sorted(
             n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
         )
-        raise RegistryError(
-            f"{spec} defines no function {op} (its functions: {', '.join(functions) or 'none'}); "
-            f"name the entry point {op}, or register it with kerneltrial.ops.registry.register_impl"
-        )
+        raise no_function_named(spec, op, functions)
     if not added:
-        raise RegistryError(
-            f"{spec} defines no operator function; name a top-level function after an operator "
-            f"({', '.join(_OPERATORS)}) or use kerneltrial.ops.registry.register_impl"
-        )
+        raise no_operator_function(spec)
     return added
+
+
+def no_function_named(spec: str, op: str, functions: list[str]) -> RegistryError:
+    """The error for a user module given for operator `op` that defines no function `op`."""
+    return RegistryError(
+        f"{spec} defines no function {op} (its functions: {', '.join(functions) or 'none'}); "
+        f"name the entry point {op}, or register it with kerneltrial.ops.registry.register_impl"
+    )
+
+
+def no_operator_function(spec: str) -> RegistryError:
+    """The error for a user module that defines no function named after an operator."""
+    return RegistryError(
+        f"{spec} defines no operator function; name a top-level function after an operator "
+        f"({', '.join(_OPERATORS)}) or use kerneltrial.ops.registry.register_impl"
+    )
+
+
+def user_stem(spec: str) -> str:
+    """The short name the arms of user module `spec` (a .py path or a dotted name) carry: `user:<stem>`."""
+    path = Path(spec)
+    return path.stem if spec.endswith(".py") or path.exists() else spec.rsplit(".", 1)[-1]
 
 
 def _import_user_module(spec: str) -> tuple[Any, str]:
@@ -312,8 +328,8 @@ def _import_user_module(spec: str) -> tuple[Any, str]:
         except Exception as exc:  # a user's file may raise anything at import
             del sys.modules[name]
             raise RegistryError(f"user module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
-        return module, path.stem
+        return module, user_stem(spec)
     try:
-        return importlib.import_module(spec), spec.rsplit(".", 1)[-1]
+        return importlib.import_module(spec), user_stem(spec)
     except Exception as exc:
         raise RegistryError(f"user module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc

@@ -9,9 +9,11 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
 - provenance.json: without the freeze record and kernel hashes (`freeze`, `impl_modules`), with
   them, and with the lead-check counts (`lead`).
-- plan.json `host` (host cost per call, issue 16) only in runs with a host stage.
-- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call) and `/6`
-  (the speed-of-light floor per case and arm, plan.json `floor`); `/1`
+- plan.json `host` (host cost per call, issue 16) only in runs with a host stage; `isolated` (and
+  provenance.json `isolation`) only in runs with isolated arms' contract (`checks` 3).
+- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call), `/6`
+  (the speed-of-light floor per case and arm, plan.json `floor`) and `/7` (isolated arms: the
+  harness's bounds on their own clocks); `/1`
   (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
   slowdown) are still read.
 
@@ -36,6 +38,7 @@ SUMMARY_V3 = "kerneltrial.summary/3"
 SUMMARY_V4 = "kerneltrial.summary/4"
 SUMMARY_V5 = "kerneltrial.summary/5"
 SUMMARY_V6 = "kerneltrial.summary/6"
+SUMMARY_V7 = "kerneltrial.summary/7"
 
 
 class Document(BaseModel):
@@ -125,7 +128,8 @@ class Plan(Document):
     gate: str
     bootstrap: Bootstrap
     calibration: CalibrationRule | None = None  # calibration runs only
-    checks: int  # the timed-check contract: 0 before timed checks, then 1 or 2
+    checks: int  # the timed-check contract: 0 before timed checks, then 1, 2 or 3 (3: isolated arms)
+    isolated: list[str] = []  # checks 3: the arms that ran in a worker process of their own
     exact: bool
     plausibility: PlausibilityRule | None  # None before timed checks
     frozen_at: str | None  # None: not frozen, or a run from before timed checks
@@ -197,6 +201,11 @@ class Confirmation(Document):
     derived_from: list[RunLink]
 
 
+class IsolationRecord(Document):
+    arms: list[str]  # the protocol's isolated arms
+    timeout_s: float  # the deadline of each request to a worker
+
+
 class Provenance(Document):
     kind: Literal["kernel"]
     protocol_sha256: str
@@ -216,6 +225,7 @@ class Provenance(Document):
     lead: Lead | None = None  # None: before the lead check, or not finished
     confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
     inputs_seed: int | None = None  # the run's inputs seed, recorded at start (plan.json copies it)
+    isolation: IsolationRecord | None = None  # None: a run from before isolated arms
 
 
 def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
@@ -377,6 +387,21 @@ class HostCounts(Document):
     rows: int
 
 
+class IsolationBound(Document):
+    case: str
+    arm: str
+    samples: int
+    claimed_ns_per_call: float  # the worker's own clock
+    bound_ns_per_call: float  # the harness's wall clock around the same samples
+    ratio: float | None
+
+
+class IsolationFigures(Document):
+    arms: list[str]
+    far_inside: float
+    bounds: list[IsolationBound]
+
+
 class Summary(Document):
     schema_: str = Field(alias="schema")
     protocol_sha256: str
@@ -401,6 +426,7 @@ class Summary(Document):
     plausibility: SummaryPlausibility | None  # None before timed checks
     timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
     host: HostCounts | None  # None before host cost (summary/4 and older)
+    isolation: IsolationFigures | None  # None before isolated arms (summary/6 and older)
     warnings: list[str]
     inputs_sha256: dict[str, str]
 
@@ -408,7 +434,7 @@ class Summary(Document):
     def records_floor(self) -> bool:
         """Whether cases and arms carry the floor figures (summary/6 on); older runs' floor is computed
         from their ceilings (analysis/floor.py)."""
-        return self.schema_ == SUMMARY_V6
+        return self.schema_ in (SUMMARY_V6, SUMMARY_V7)
 
     @property
     def records_spreads(self) -> bool:
@@ -464,6 +490,11 @@ def _summary_v5(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "cases": cases}
 
 
+def _summary_v6(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/6 and older: no isolated arms (plan.json had no `checks` 3)."""
+    return {**data, "isolation": None}
+
+
 def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
     """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
     cases = [
@@ -486,14 +517,15 @@ def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "calibration": {**data["calibration"], "arms": arms}}
 
 
-# each version's adapter, applied from the document's version on (summary/1 passes all five)
+# each version's adapter, applied from the document's version on (summary/1 passes all six)
 SUMMARY_ADAPTERS = {
     SUMMARY_V1: _summary_v1,
     SUMMARY_V2: _summary_v2,
     SUMMARY_V3: _summary_v3,
     SUMMARY_V4: _summary_v4,
     SUMMARY_V5: _summary_v5,
-    SUMMARY_V6: None,
+    SUMMARY_V6: _summary_v6,
+    SUMMARY_V7: None,
 }
 
 

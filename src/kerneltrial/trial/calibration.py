@@ -163,7 +163,7 @@ def calibration_protocol(protocol_path: Path) -> str:
         phase="exploratory",
         candidates=[f"aa:{control}", f"slow:{control}"],
     )
-    for key in ("calibration_run", "exploratory_seeds"):
+    for key in ("calibration_run", "exploratory_seeds", "isolate"):  # its arms run in kerneltrial's process
         data.pop(key, None)
     text = tomli_w.dumps(data)
     proto.parse(text, f"calibration of {protocol_path}")

@@ -224,12 +224,20 @@ def check(
         ),
     ] = 600.0,
     target: Annotated[str | None, TARGET_OPTION] = None,
+    isolate: Annotated[
+        str,
+        typer.Option(
+            help="Arms that run in a worker process of their own, apart from kerneltrial's: user (the "
+            "--impl-module arms; their modules are never imported here), all, or none.",
+        ),
+    ] = "user",
     json_: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Correctness gate: fresh inputs per seed, poisoned outputs, NaN fails, inputs unchanged,
     nothing written outside the outputs, compared with the official formula and a float64
     oracle. The last column counts output elements 0 / <=1 / <=2 / <=4 / <=16 / >16 ulps
-    from the official formula. Exit 1 on any failure or a check that outlasts --timeout; 2 on
+    from the official formula. Exit 1 on any failure or a check that outlasts --timeout (an
+    isolated arm's worker that outlasts it is killed: that arm fails, the others go on); 2 on
     bad input (an --impl-module that defines no function OP names the functions it does)."""
     from rich.markup import escape
     from rich.table import Table
@@ -238,16 +246,22 @@ def check(
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import all_ops, get_op, load_user_module
     from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.isolation import Settings
     from kerneltrial.trial.panel import skip_reason
+    from kerneltrial.trial.remote import Isolation, is_isolated
     from kerneltrial.trial.targets import get_target, targeting
 
+    if isolate not in ("user", "all", "none"):
+        raise CliError(f"unknown --isolate {isolate!r}; use user, all or none")
     profile = get_target(target) if target else None
     out = console(stderr=json_)
+    isolation = Isolation(Settings(timeout, launch.device(), profile))
     if all_ == (op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
     if panel not in ("auto", *PANELS):
         raise CliError(f"unknown panel {panel!r}; use {', '.join(PANELS)} or auto")
-    for spec in impl_module or []:
+    user_modules = impl_module or []
+    for spec in user_modules if isolate == "none" else []:  # else imported in a worker only (below)
         load_user_module(spec, op)
     operators = all_ops() if all_ else [get_op(op)]
     device = launch.device()
@@ -262,10 +276,17 @@ def check(
     for column in CHECK_COLUMNS:
         table.add_column(column)
     calls: list[records.CheckedCall] = []
-    requested = {o.name: requested_arms(o, impl, peers) for o in operators}
+    requested: dict[str, list[Impl]] = {}
     not_checked: list[str] = []
     drawn_from = inp.new_inputs_seed() if inputs_seed is None else inputs_seed
-    with progress_bar() as bar, targeting(profile), inp.drawing(drawn_from):
+    with progress_bar() as bar, targeting(profile), isolation, inp.drawing(drawn_from):
+        for spec in user_modules if isolate != "none" else []:
+            isolation.module_arms(spec, op)
+        for o in operators:
+            arms = requested_arms(o, impl, peers)
+            requested[o.name] = [
+                isolation.isolate(i) if isolate == "all" and i.kind != "calibration" else i for i in arms
+            ]
         for operator in operators:
             cases = check_cases(operator, shape, dtype, layout, panel)
             impls = requested[operator.name]
@@ -279,8 +300,10 @@ def check(
                     bar.advance(task)
                     if not i.available or not i.supports(case) or skip_reason(i, case):
                         continue
+                    # an isolated arm's worker has the same deadline per request, and is killed past it
+                    wait = (lambda _s, _w, work: work()) if is_isolated(i) else within
                     results = [
-                        within(
+                        wait(
                             timeout,
                             f"{operator.name} {case.id} arm {i.name} seed {s}",
                             lambda o=operator, i=i, case=case, s=s: run_check(o, i, case, s, device, exact=exact),
@@ -290,6 +313,7 @@ def check(
                     calls += [records.checked_call(operator.name, r.row()) for r in results]
                     row = check_row(operator.name, case.id, i.name, results)
                     table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
+            isolation.close_builtin()  # one operator's built-in arms at a time in their workers
     out.print(table)
     out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
     if jsonl:

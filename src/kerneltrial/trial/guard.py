@@ -18,6 +18,7 @@ kernel's pointer alignment is that of a fresh allocation plus the drawn offset.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -72,11 +73,12 @@ def _first_offsets(inputs: Inputs) -> dict[int, int]:
     return first
 
 
-def guard(inputs: Inputs, offset_bytes: int | None = None) -> Guarded:
+def guard(inputs: Inputs, offset_bytes: int | None = None, full: Callable[..., torch.Tensor] = torch.full) -> Guarded:
     """Private copies of `inputs` (same values, shapes and strides) inside guarded buffers, at
     the inputs' own storage offsets or, with `offset_bytes`, each storage's first viewed element
     at that many bytes. Views that share a storage (e.g. Q and K slices of one QKV tensor)
-    keep sharing it."""
+    keep sharing it. `full` allocates the buffers (an isolated arm's live in shared memory:
+    trial/shared.py)."""
     buffers: list[torch.Tensor] = []
     homes: dict[int, tuple[int, int]] = {}  # storage address -> (buffer index, canary length)
     aliases: list[torch.Tensor] = []  # per buffer: the arm's storage, from its start in the buffer
@@ -92,7 +94,7 @@ def guard(inputs: Inputs, offset_bytes: int | None = None) -> Guarded:
         if storage.data_ptr() not in homes:
             whole = torch.empty(0, dtype=value.dtype, device=value.device).set_(storage)
             pad = max(1, GUARD_BYTES // value.element_size())
-            flat = torch.full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
+            flat = full((pad + whole.numel() + pad,), canary(value.dtype), dtype=value.dtype, device=value.device)
             flat[pad : pad + whole.numel()].copy_(whole)
             homes[storage.data_ptr()] = (len(buffers), pad)
             moved = 0 if offset_bytes is None else first[storage.data_ptr()] - offset_bytes // value.element_size()

@@ -1,14 +1,20 @@
 """Poisoned outputs (the gate's step 3): memory an arm's outputs may come from is filled with a
 value no correct kernel leaves behind, so an element the arm never writes shows as wrong.
 
-Torch only, nothing of kerneltrial: the package interface check's worker, where no kerneltrial
-module is importable, runs a copy of this file (submission/target_worker.py).
+On a GPU the caching allocator's free blocks of the outputs' sizes are filled with NaN before
+the call (`poison_free_blocks`); on a CPU, whose allocator returns fresh zeroed pages,
+torch.empty* is patched to poison while the arm runs (`poisoned_allocations`).
+
+Torch and the standard library only, nothing of kerneltrial, on purpose: the processes where no
+kerneltrial module is importable load this file by its path, so an arm there is poisoned the
+same way as in the gate (trial/gate.py): the isolated worker (trial/worker.py) and the package
+interface check's worker (submission/target_worker.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,7 +57,7 @@ def poisoned_allocations(device: torch.device) -> Iterator[None]:
             setattr(owner, name, fn)
 
 
-def poison_free_blocks(like: tuple[torch.Tensor, ...], copies: int = 4) -> None:
+def poison_free_blocks(like: Sequence[torch.Tensor], copies: int = 4) -> None:
     """Allocate, poison and free `copies` blocks the size of each expected output, so the
     caching allocator hands poisoned memory to an arm that allocates its outputs in any way."""
     blocks = [poison(torch.empty(t.numel(), dtype=t.dtype, device=t.device)) for t in like for _ in range(copies)]

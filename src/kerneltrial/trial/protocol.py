@@ -29,6 +29,8 @@ from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
 if TYPE_CHECKING:  # torch-free at import: `run` validates a protocol before any heavy import
     from kerneltrial.ops.registry import Case
 
+CALIBRATION_PREFIXES = ("aa:", "slow:")
+
 
 class ProtocolError(ValueError):
     """A protocol that cannot run; the message names the field and the fix."""
@@ -253,6 +255,18 @@ class Protocol(BaseModel):
         description="GPU: an arm faster per call than this fraction of an empty kernel launch is implausible (fails the gate).",
     )
 
+    # Isolation (issue 24): an arm in a worker process of its own cannot patch the harness or read
+    # its frames; the harness draws the values, picks the checked call after the sample, compares.
+    isolate: Literal["user", "all", "none"] | list[str] = Field(
+        default="user",
+        description="Arms that run in a worker process of their own, apart from the harness (docs/DESIGN.md, Checks): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. The module of an isolated user: arm is imported in its worker only, never in kerneltrial's process; an arm a module registers through kerneltrial's registry cannot be isolated.",
+    )
+    isolate_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds an isolated arm's worker may take to answer one request (a call, a timed sample); past it the worker is killed and the arm fails that check with `worker hung`.",
+    )
+
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
@@ -279,6 +293,7 @@ class Protocol(BaseModel):
             raise ValueError(f"max_rounds: must be >= rounds ({self.rounds}) when target_ci_width is set")
         if len(set(arms)) != len(arms):
             raise ValueError(f"candidates: an arm is named twice in {arms}")
+        self._isolation_rules(arms)
         if self.phase == "confirmation":
             if len(self.candidates) != 1:
                 raise ValueError(
@@ -294,8 +309,39 @@ class Protocol(BaseModel):
                 )
         return self
 
+    def _isolation_rules(self, arms: list[str]) -> None:
+        if isinstance(self.isolate, list):
+            unknown = [a for a in self.isolate if a not in arms or a.startswith(CALIBRATION_PREFIXES)]
+            if unknown:
+                raise ValueError(
+                    f"isolate: {unknown[0]!r} is not an arm of this protocol that can be isolated (arms: {arms})"
+                )
+        bases = {a.partition(":")[2] for a in arms if a.startswith(CALIBRATION_PREFIXES)}
+        clash = sorted(bases & set(self.isolated()))
+        if clash:
+            raise ValueError(
+                f"isolate: {clash[0]!r} is the base of a calibration arm, which runs in kerneltrial's process; "
+                "an A/A copy is timed as its base is: leave it out of isolate"
+            )
+
     def arms(self) -> list[str]:
         return [self.control, *self.candidates]
+
+    def isolated(self) -> list[str]:
+        """The arms that run in a worker process of their own (`isolate`)."""
+        if self.isolate == "user":
+            return [a for a in self.arms() if a.startswith("user:")]
+        if self.isolate == "all":
+            return [a for a in self.arms() if not a.startswith(CALIBRATION_PREFIXES)]
+        return [] if self.isolate == "none" else list(self.isolate)
+
+    def isolates_module(self, spec: str) -> bool:
+        """Whether user module `spec` is imported in a worker only, never in kerneltrial's process: its
+        `user:` arm is isolated. (A module whose `user:` arm is not an arm of the trial is imported
+        here: it registers its arms through kerneltrial's registry, which only this process has.)"""
+        from kerneltrial.ops.registry import user_stem  # torch-free at import (see `Case` above)
+
+        return f"user:{user_stem(spec)}" in self.isolated()
 
     def stream_bounds(self) -> streams.Bounds:
         """How far this protocol's timed streams reach (rundir/streams.py)."""

@@ -27,6 +27,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from kerneltrial.rundir.files import (
 )
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import COPY_MATCHED, FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
+from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
 from kerneltrial.trial import gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import (
@@ -63,15 +65,20 @@ from kerneltrial.trial.calibration import (
 from kerneltrial.trial.clocks import ClockReader
 from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
+from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.preflight import preflight
+from kerneltrial.trial.remote import Isolation, RemoteFn, timed_arm
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
-TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz"]
+# wall_ns: the harness's wall clock around an isolated arm's sample (its bound); empty for an arm in this process
+TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz", "wall_ns"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
-CHECKS_VERSION = 2  # plan.json `checks`: 2 = fresh values before every call, a random call checked (docs/DESIGN.md)
+# plan.json `checks` (docs/DESIGN.md): 2 = fresh values before every call, a random call checked; 3 = and
+# isolated arms (plan `isolated`), whose samples carry the harness's wall bound (timings.csv `wall_ns`)
+CHECKS_VERSION = 3
 
 
 class RunError(RuntimeError):
@@ -151,7 +158,12 @@ def prepare(
     source = source_provenance.source_files()  # read once: the archive and the recorded digest agree
     source_provenance.write_source_archive(run.source, source)  # before provenance.json: a resumable run has it
     record = provenance.collect(digest, source)
-    record.update(freeze=proto.freeze_record(protocol_path), impl_modules=modules, inputs_seed=inp.active_inputs_seed())
+    record.update(
+        freeze=proto.freeze_record(protocol_path),
+        impl_modules=modules,
+        inputs_seed=inp.active_inputs_seed(),
+        isolation={"arms": p.isolated(), "timeout_s": p.isolate_timeout_s},
+    )
     if links is not None:
         record["confirmation"] = links.rebased(protocol_path.resolve().parent, out).record()
     write_json(run.provenance, record)
@@ -170,10 +182,22 @@ def sealed_on_resume(out: Path) -> bool:
     return True
 
 
-def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
+def resolve_arms(
+    op: Operator, p: proto.Protocol, delay: Delay, isolation: Isolation, registered: frozenset[str] = frozenset()
+) -> list[Impl]:
     """The protocol's arms, refused before any GPU work when the control is not a control
-    (a peer as control leaves the run without a summary) or an arm does not exist."""
+    (a peer as control leaves the run without a summary) or an arm does not exist; the arms of
+    protocol `isolate` each get a worker process of their own (not one a user module `registered`
+    here through kerneltrial's registry: its module ran in this process)."""
     arms = [calibration_arm(op, n, delay) if n.startswith(("aa:", "slow:")) else op.impl(n) for n in p.arms()]
+    clash = sorted(registered & set(p.isolated()))
+    if clash:
+        raise RunError(
+            f"isolate: arm {clash[0]!r} is registered by a user module through kerneltrial's registry, so its module "
+            "was imported in kerneltrial's process; it cannot be isolated: make it the module's top-level "
+            "function named after the operator (arm user:MODULE) or leave it out of isolate"
+        )
+    arms = [isolation.isolate(a) if a.name in p.isolated() else a for a in arms]
     control = arms[0]
     if control.kind != "control":
         controls = ", ".join(i.name for i in op.impls.values() if i.kind == "control")
@@ -195,14 +219,24 @@ def resolve_arms(op: Operator, p: proto.Protocol, delay: Delay) -> list[Impl]:
 def check_arms(protocol_path: Path, p: proto.Protocol) -> list[Impl]:
     """Load the protocol's user modules and resolve its arms (names, control): run and freeze
     both refuse a protocol whose arms cannot run, before any work."""
-    load_modules(p, protocol_path)
-    return resolve_arms(get_op(p.op), p, Delay(torch.device("cpu")))
+    with Isolation(Settings(p.isolate_timeout_s, launch.device())) as isolation:
+        registered = load_modules(p, protocol_path, isolation)
+        return resolve_arms(get_op(p.op), p, Delay(torch.device("cpu")), isolation, registered)
 
 
-def load_modules(p: proto.Protocol, protocol_path: Path) -> None:
+def load_modules(p: proto.Protocol, protocol_path: Path, isolation: Isolation) -> frozenset[str]:
+    """Register the arms of the protocol's user modules: a module of an isolated arm is imported in
+    its worker only (`Protocol.isolates_module`), any other one here; returns the names of the arms
+    the modules imported here registered."""
+    registered: set[str] = set()
     for spec in p.impl_modules:
         local = protocol_path.parent / spec
-        load_user_module(str(local) if spec.endswith(".py") and local.exists() else spec)
+        path = str(local) if spec.endswith(".py") and local.exists() else spec
+        if p.isolates_module(spec):
+            isolation.module_arms(path)
+        else:
+            registered |= {impl.name for impl in load_user_module(path)}
+    return frozenset(registered)
 
 
 # ---- stages -------------------------------------------------------------------------------
@@ -287,10 +321,12 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
     if p.calls_per_sample != "auto":
         return int(p.calls_per_sample)
     fn = impl.resolve()
+    if isinstance(fn, RemoteFn) and fn.local is not None:  # a built-in arm in a worker: sized on its own code here
+        fn = fn.local
     inputs = op.make_inputs(case, p.seeds[0], device)
     for _ in range(p.warmup):
         fn(*inputs.values())
-    calls = calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3)
+    calls = calls_for(timer, lambda: fn(*inputs.values()), p.target_sample_us * 1e3, AUTO_CALLS_LIMIT)
     timer.release()
     return calls
 
@@ -390,8 +426,8 @@ def run_rounds(
                     remaining = [r for r in todo if (case.id, seed, r, impl.name) not in done]
                     if (case.id, impl.name) in dropped or not remaining:
                         continue
-                    arm = timed.TimedArm.make(impl, initial)
                     try:
+                        arm = timed_arm(op, impl, initial, calls)
                         for _ in range(p.warmup):
                             arm.call()
                     except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
@@ -413,11 +449,9 @@ def run_rounds(
                     for position, name in enumerate(order):
                         if (case.id, seed, round_index, name) in done:
                             continue
-                        arm, checked = prepared[name], timed.checked_call(calls)
+                        arm = prepared[name]
                         try:
-                            ns = timer.sample(
-                                arm.call, calls, key=hash(name), hooks=arm.hooks(op, unit, checked, copy=graph)
-                            )
+                            ns, checked, wall = arm.sample(timer, op, unit, calls, hash(name) % 2**31, graph)
                             sm, mem = clocks.read()
                             check = arm.check(
                                 op, case, seed, round_index, unit, checked, p.exact, device, persistent=not graph
@@ -437,6 +471,7 @@ def run_rounds(
                                 ns,
                                 "" if sm is None else sm,
                                 "" if mem is None else mem,
+                                "" if wall is None else wall,
                             ]
                         )
                         samples[(case.id, seed, round_index, name)] = ns / calls
@@ -487,11 +522,15 @@ def run_host(
     raised = {(r["case"], r["arm"]) for r in read_jsonl(run.timed_checks) if r["message"].startswith(timed.RAISED)}
     planned = {c["case"]: c for c in plan["cases"]}
     specs = {c.id: c for c in cases}
+    # the host cost of an arm in a worker would be its own clock's claim: not measured
+    isolated = set(plan.get("isolated", []))
     todo = [
         (case_id, impl)
         for case_id, arms in timed_arms.items()
         for impl in arms
-        if (case_id, impl.name) not in raised and any((case_id, impl.name, s) not in done for s in range(samples))
+        if (case_id, impl.name) not in raised
+        and impl.name not in isolated
+        and any((case_id, impl.name, s) not in done for s in range(samples))
     ]
     task = progress.add_task("host cost", total=len(todo))
     with csv_appender(run.host, HOST_COLUMNS) as append:
@@ -531,6 +570,7 @@ def build_plan(
         "backend": timer.name,
         "is_gpu": timer.is_gpu,
         "checks": CHECKS_VERSION,
+        "isolated": p.isolated(),
         "exact": p.exact,
         "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
@@ -616,55 +656,66 @@ def _run_trial(
     order_seed: int | None,
     target: Target | None,
 ) -> Path:
-    from kerneltrial.analysis.summary import write_summary
-
     p = preflight(protocol_path)  # the file, its keys, every case against free memory: before the run directory
     links = check_confirmation(protocol_path, p)
-    load_modules(p, protocol_path)
-    op = get_op(p.op)
     device = launch.device()
-    delay = Delay(device)
-    arms = resolve_arms(op, p, delay)
-    if announce is not None:
-        announce(arms)
-    require_calibration(p, protocol_path, provenance.device_info().get("gpu"))
-    cases = [c.case() for c in p.cases]
-    for case in cases:
-        if case.layout not in op.layouts:
-            raise RunError(
-                f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}"
-            )
-        op.validate(case)
     timer = make_timer(p.backend, p.l2)
-    if resume and sealed_on_resume(out):
-        return out
-    run, digest = prepare(out, protocol_path, p, resume, links)
-    progress = progress or _NoProgress()
+    with Isolation(Settings(p.isolate_timeout_s, device, target, (timer.name, timer.cold))) as isolation:
+        registered = load_modules(p, protocol_path, isolation)
+        op = get_op(p.op)
+        delay = Delay(device)
+        arms = resolve_arms(op, p, delay, isolation, registered)
+        if announce is not None:
+            announce(arms)
+        require_calibration(p, protocol_path, provenance.device_info().get("gpu"))
+        cases = [c.case() for c in p.cases]
+        for case in cases:
+            if case.layout not in op.layouts:
+                raise RunError(
+                    f"case {case.id}: {op.name} has no layout {case.layout!r}; use one of {', '.join(op.layouts)}"
+                )
+            op.validate(case)
+        if resume and sealed_on_resume(out):
+            return out
+        run, digest = prepare(out, protocol_path, p, resume, links)
+        trial = Trial(run, p, op, arms, cases, timer, device, delay, progress or _NoProgress())
+        return _measure(trial, digest, resume, order_seed, target)
 
+
+@dataclass(frozen=True)
+class Trial:
+    """What the stages of one run share."""
+
+    run: RunDir
+    p: proto.Protocol
+    op: Operator
+    arms: list[Impl]
+    cases: list[Case]
+    timer: Timer
+    device: torch.device
+    delay: Delay
+    progress: Any
+
+
+def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target: Target | None) -> Path:
+    """The stages from correctness to the manifest (module docstring)."""
+    from kerneltrial.analysis.summary import write_summary
+
+    run, p, op, timer, device, delay, progress = t.run, t.p, t.op, t.timer, t.device, t.delay, t.progress
     delay.measure_rate()
-    passed = run_correctness(run, op, arms, cases, p.seeds, device, progress, exact=p.exact)
-    run_ceilings(run, timer, device, [op.bytes_moved(c) for c in cases])
-    timed_arms = {c.id: [a for a in arms if passed[(c.id, a.name)]] for c in cases}
+    passed = run_correctness(run, op, t.arms, t.cases, p.seeds, device, progress, exact=p.exact)
+    run_ceilings(run, timer, device, [op.bytes_moved(c) for c in t.cases])
+    timed_arms = {c.id: [a for a in t.arms if passed[(c.id, a.name)]] for c in t.cases}
     if run.plan.exists():
-        plan = read_json(run.plan)
-        if plan.get("checks") != CHECKS_VERSION:
-            raise RunError(
-                f"{out} was started by a kerneltrial without timed checks (plan.json checks "
-                f"{plan.get('checks')!r}); it cannot be resumed by this one: start a new run"
-            )
-        if order_seed is not None and order_seed != plan["order_seed"]:
-            raise RunError(f"{out} was started with order seed {plan['order_seed']}; resume it with that seed")
-        if plan.get("target") != (target.record() if target else None):
-            started = (plan.get("target") or {}).get("name", "(none)")
-            raise RunError(f"{out} was started with --target {started}; resume it with the same --target")
+        plan = resumed_plan(run, order_seed, target)
     else:
         frozen = read_json(run.provenance).get("freeze")
         plan = build_plan(
             p,
             op,
             timer,
-            arms,
-            cases,
+            t.arms,
+            t.cases,
             timed_arms,
             digest,
             delay,
@@ -674,7 +725,7 @@ def _run_trial(
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
     run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
-    run_host(run, op, plan, cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
+    run_host(run, op, plan, t.cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it
     record = read_json(run.provenance)
@@ -691,6 +742,23 @@ def _run_trial(
     write_json(run.provenance, record)
     write_manifest(run)
     return run.root
+
+
+def resumed_plan(run: RunDir, order_seed: int | None, target: Target | None) -> dict[str, Any]:
+    """plan.json of the run being resumed, refused when it was started another way."""
+    out = run.root
+    plan = read_json(run.plan)
+    if plan.get("checks") != CHECKS_VERSION:
+        raise RunError(
+            f"{out} was started by a kerneltrial with another timed-check contract (plan.json checks "
+            f"{plan.get('checks')!r}, this one writes {CHECKS_VERSION}); it cannot be resumed by this one: start a new run"
+        )
+    if order_seed is not None and order_seed != plan["order_seed"]:
+        raise RunError(f"{out} was started with order seed {plan['order_seed']}; resume it with that seed")
+    if plan.get("target") != (target.record() if target else None):
+        started = (plan.get("target") or {}).get("name", "(none)")
+        raise RunError(f"{out} was started with --target {started}; resume it with the same --target")
+    return plan
 
 
 def calibrate(protocol_path: Path, out: Path, resume: bool = False, progress: Any = None) -> Path:

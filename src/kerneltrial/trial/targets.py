@@ -15,8 +15,10 @@ Triton 3.x), and a callable grid is evaluated there with the bound arguments, as
 `CompiledKernel.__getitem__` is wrapped too: launchers that cache compiled kernels (FlagGems'
 LibEntry) call it directly with a 3-tuple grid.
 
-Standard library only, nothing of kerneltrial: the package interface check's worker, where no
-kerneltrial module is importable, runs a copy of this file (submission/target_worker.py).
+Standard library only, nothing of kerneltrial: the processes where no kerneltrial module is
+importable load this file by its path. An isolated worker (trial/worker.py) checks its arm's
+launches with the harness's target, and the harness counts what the worker refused (`note`);
+the package interface check's worker (submission/target_worker.py) runs a copy of it.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def seen() -> int:
 def first_since(mark: int) -> str:
     """The first over-limit launch refused after `seen()` returned `mark`, or ''."""
     return _session.violations[mark] if _session and len(_session.violations) > mark else ""
+
+
+def note(message: str) -> None:
+    """Count an over-limit launch refused in another process (an isolated worker, trial/remote.py)
+    as if it had been refused here, so `first_since` reports it."""
+    if _session is not None and message:
+        _session.violations.append(message)
 
 
 def _refuse(kernel: str, grid: Any) -> None:

@@ -36,7 +36,7 @@ from torch.autograd.graph import increment_version
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs
 from kerneltrial.rundir.streams import CALL_STRIDE, values_seed
 from kerneltrial.trial import gate, guard
-from kerneltrial.trial.timing import Hooks
+from kerneltrial.trial.timing import Hooks, Timer
 
 WRONG = "wrong result while timed: "
 RAISED = "raised while timed: "
@@ -112,6 +112,20 @@ class TimedArm:
             increment_version(t)
         self.last[0] = self.fn(*self.inputs.inputs.values())
 
+    def sample(
+        self, timer: Timer, op: Operator, unit: Unit, calls: int, key: int, graph: bool
+    ) -> tuple[int, int, int | None]:
+        """One timed sample on the unit's value sets: (ns, the call to check, the harness's wall
+        bound). In the harness's process the checked call is drawn first, so that the hooks keep
+        its outputs only; there is no separate bound (None). An isolated arm draws it after the
+        sample and returns the wall clock around it (trial/remote.py)."""
+        checked = checked_call(calls)
+        return timer.sample(self.call, calls, key=key, hooks=self.hooks(op, unit, checked, copy=graph)), checked, None
+
+    def persistent_problem(self, op: Operator, got: Outputs) -> str:
+        """'' unless the checked output reuses the storage of the arm's previous one, still held."""
+        return gate.persistent(op, got, self.previous)
+
     def hooks(self, op: Operator, unit: Unit, checked: int, copy: bool = False) -> Hooks:
         """Value set j before call j; after call `checked`, its outputs are kept for the check,
         copied when the next call overwrites them (in-place outputs; `copy`: a graph's outputs)."""
@@ -144,7 +158,7 @@ class TimedArm:
             WRONG + wrong
             if wrong
             else guard.problems(op, self.inputs, unit.pool[-1], timed=True)
-            or (gate.persistent(op, got, self.previous) if persistent else "")
+            or (self.persistent_problem(op, got) if persistent else "")
         )
         self.previous = () if op.inplace else got
         gate.settle(device)  # side-stream work the arm left behind ends here, before the next arm

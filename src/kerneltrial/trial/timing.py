@@ -27,6 +27,9 @@ outside every timed interval. Each call then has its own event pair (hot L2 too:
 `before` just wrote are in L2), and under `cuda-graph` each call is one replay of a graph of
 one call. The runner writes fresh values before every call and keeps one call's result for
 its check (trial/timed.py).
+
+The module imports nothing of kerneltrial at its top: an isolated worker (trial/worker.py)
+loads it by its path and times its arm with the same `Timer` (`timer_for`).
 """
 
 from __future__ import annotations
@@ -37,8 +40,6 @@ from dataclasses import dataclass, field
 from statistics import median
 
 import torch
-
-from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
 
 Call = Callable[[], object]
 
@@ -218,8 +219,13 @@ def make_timer(backend: str, l2: str) -> Timer:
         )
     if backend == "cuda-graph" and l2 == "cold":
         raise ValueError("backend 'cuda-graph' times replays on a hot L2; set l2 = 'hot' in the protocol")
-    timer = Timer(name=backend, is_gpu=gpu, cold=(l2 == "cold"))
-    if gpu and timer.cold:
+    return timer_for(backend, gpu, l2 == "cold")
+
+
+def timer_for(backend: str, is_gpu: bool, cold: bool) -> Timer:
+    """A Timer of a resolved backend (an isolated worker builds its own with the harness's settings)."""
+    timer = Timer(name=backend, is_gpu=is_gpu, cold=cold)
+    if is_gpu and cold:
         timer._flush = torch.empty(2 * l2_bytes() // 4, dtype=torch.float32, device="cuda")
     return timer
 
@@ -238,7 +244,8 @@ def label(timer: Timer) -> str:
     return f"CUDA events, {'cold' if timer.cold else 'hot'} L2"
 
 
-def calls_for(timer: Timer, call: Call, target_ns: float, limit: int = AUTO_CALLS_LIMIT) -> int:
-    """Calls per sample so a sample lasts about `target_ns` (at least one call)."""
+def calls_for(timer: Timer, call: Call, target_ns: float, limit: int) -> int:
+    """Calls per sample so a sample lasts about `target_ns` (at least one call, at most `limit`:
+    the runner passes rundir/streams.py's AUTO_CALLS_LIMIT, which the streams' bounds assume)."""
     single = median([timer.sample(call, 1) for _ in range(3)])
     return max(1, min(limit, round(target_ns / max(single, 1.0))))

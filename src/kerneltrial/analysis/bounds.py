@@ -1,0 +1,59 @@
+"""The harness's bound on isolated arms' own clocks (summary/7, plan.json `checks` 3).
+
+An isolated arm times its calls in its own process (trial/worker.py); the harness measures the
+wall clock around the same sample, from the request it sends to the answer it reads (timings.csv
+`wall_ns`). The arm's figure is what is published; the bound is what the harness can vouch for:
+an arm that controls its process can claim any time up to it (docs/DESIGN.md, "Checks"). The
+summary puts both side by side for every (case, isolated arm) that was timed, and warns where the
+claim is far inside the bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from kerneltrial.analysis import stats
+
+# A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
+# then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):
+# on a loaded 2-core CPU machine, interpreted Triton kernels (tens of ms per call) 1.01-1.04x, torch
+# arms of ~80 us per call 2.9-23x (the round trip and the copies of the outputs dominate); on a GPU
+# the round trip alone (tens of microseconds) puts every short kernel far inside.
+FAR_INSIDE = 2.0
+
+
+def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str:
+    return (
+        f"case {case}: isolated arm {arm} claims {claimed / 1e3:.4g} us per call, {bound / claimed:.1f}x inside "
+        f"the harness's wall bound of {bound / 1e3:.4g} us: the figure rests on the arm's own clock"
+    )
+
+
+def isolation_fields(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> dict[str, Any]:
+    """summary.json `isolation`: {arms (plan `isolated`), far_inside, bounds: [{case, arm, samples,
+    claimed_ns_per_call, bound_ns_per_call, ratio}]} in plan order of cases and arms; medians over
+    the (case, arm)'s timings rows of ns / calls and wall_ns / calls; ratio = bound / claimed."""
+    isolated = [str(a) for a in plan.get("isolated", [])]
+    bounds = []
+    for case in plan["cases"]:
+        for arm in isolated:
+            rows = timings[(timings["case"] == case["case"]) & (timings["arm"] == arm)]
+            if rows.empty:
+                continue
+            claimed = stats.median((rows["ns"] / rows["calls"]).to_numpy(dtype=float))
+            bound = stats.median((pd.to_numeric(rows["wall_ns"]) / rows["calls"]).to_numpy(dtype=float))
+            bounds.append(
+                {
+                    "case": str(case["case"]),
+                    "arm": arm,
+                    "samples": len(rows),
+                    "claimed_ns_per_call": claimed,
+                    "bound_ns_per_call": bound,
+                    "ratio": bound / claimed if claimed > 0 else None,
+                }
+            )
+            if claimed > 0 and bound > FAR_INSIDE * claimed:
+                warnings.append(far_inside_warning(str(case["case"]), arm, claimed, bound))
+    return {"arms": isolated, "far_inside": FAR_INSIDE, "bounds": bounds}

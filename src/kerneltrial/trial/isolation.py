@@ -1,0 +1,304 @@
+"""The harness's side of an isolated worker: start it, talk to it under a deadline, name how it died.
+
+A worker (trial/worker.py) is started with `python -I` by file path, in a fresh temporary working
+directory, as its own process group, with two pipes it alone holds besides the harness; its output
+goes to a log file nobody parses. Every request waits at most `Settings.timeout_s` for its answer.
+A worker that misses it is killed (its whole process group) and the request raises `WorkerHung`;
+one that dies raises `WorkerCrashed` (killed by a signal) or `WorkerExited` (it exited); one that
+answers what the protocol does not allow raises `WorkerBroken` and is killed. Each is a failure of
+the arm the worker runs, never of the trial: the caller records it as that arm's check and carries
+on, and the arm's next request starts a fresh worker (`WorkerHandle`).
+
+Answers are JSON read by `json.loads` and checked field by field where they are used: nothing a
+worker sends is executed or unpickled here. An arm's own exception comes back as its type name and
+first line and is raised here as an `ArmRaised` subclass of that name, so that a check's message
+reads as it does for an arm in the harness's process ("raised RuntimeError: ...").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from kerneltrial.trial import targets
+from kerneltrial.trial.shared import Arena
+
+WORKER = Path(__file__).with_name("worker.py")
+SHIMS = {  # self-contained files the worker loads by path (worker.py says why)
+    "interpreter_fix": Path(__file__).parents[1] / "ops" / "interpreter_fix.py",
+    "poison": Path(__file__).with_name("poison.py"),
+    "timing": Path(__file__).with_name("timing.py"),
+    "targets": Path(__file__).with_name("targets.py"),
+}
+HEADER = struct.Struct(">I")
+MAX_ANSWER = 64 << 20  # bytes of one answer: far above any honest one (metadata only; data is shared)
+REAP_S = 5.0  # how long a worker that closed its pipe gets to exit before it is killed
+# The deadline of `load` is at least this: a fresh worker imports torch and triton (4.7 s for a
+# one-function module on a loaded 2-core CPU machine), whatever the deadline of a call.
+LOAD_S = 120.0
+IDENTIFIER_MAX = 64
+
+
+class WorkerFailure(RuntimeError):
+    """The worker of an arm failed; the arm fails the check, the trial goes on."""
+
+
+class WorkerCrashed(WorkerFailure):
+    """Killed by a signal."""
+
+
+class WorkerExited(WorkerFailure):
+    """Exited (any code) while the harness waited for it."""
+
+
+class WorkerHung(WorkerFailure):
+    """No answer within the deadline; killed."""
+
+
+class WorkerBroken(WorkerFailure):
+    """Answered what the protocol does not allow (malformed, oversized, out of bounds); killed."""
+
+
+class ArmRaised(Exception):
+    """The arm raised in its worker; subclasses carry the arm's exception type name."""
+
+
+_RAISED: dict[str, type[ArmRaised]] = {}
+
+
+def arm_exception(name: str, message: str) -> ArmRaised:
+    """An exception named like the one the arm raised (a plain name; anything else reads ArmRaised)."""
+    if not (name.isidentifier() and len(name) <= IDENTIFIER_MAX):
+        return ArmRaised(f"{name[:IDENTIFIER_MAX]!r}: {message}")
+    if name not in _RAISED:
+        _RAISED[name] = type(name, (ArmRaised,), {"__module__": "isolated worker"})
+    return _RAISED[name](message)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the harness runs isolated arms: the answer deadline, the device, the launch limits to
+    check (`--target`) and the timer of timed samples (backend, cold L2; None: no timed samples)."""
+
+    timeout_s: float
+    device: torch.device
+    target: targets.Target | None = None
+    timer: tuple[str, bool] | None = None
+
+
+@dataclass(frozen=True)
+class ArmSource:
+    """Where an isolated arm's code comes from: a user module (`sealed`: a file path or a dotted
+    name, kerneltrial not importable) or kerneltrial's own operators (`registry`: the op's arms)."""
+
+    mode: Literal["sealed", "registry"]
+    module: str | None = None
+    op: str | None = None
+
+
+class Process:
+    """One live worker and its two pipe ends."""
+
+    def __init__(self, source: ArmSource, settings: Settings) -> None:
+        self.settings = settings
+        self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-worker-"))
+        self.log = (self.folder / "worker.log").open("wb")
+        to_worker, from_harness = os.pipe()
+        from_worker, to_harness = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", str(WORKER), source.mode, str(to_worker), str(to_harness)],
+            pass_fds=(to_worker, to_harness),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=self.folder,
+            start_new_session=True,  # its own process group: a Ctrl-C reaches the harness, which ends it
+        )
+        os.close(to_worker)
+        os.close(to_harness)
+        self.write_fd, self.read_fd = from_harness, from_worker
+        os.set_blocking(self.write_fd, False)
+        os.set_blocking(self.read_fd, False)
+
+    def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
+        """Send one request and return its answer (kind `expect`); an arm's raise is raised here."""
+        what = str(message["kind"])
+        timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
+        deadline = time.monotonic() + timeout
+        data = json.dumps(message).encode()
+        self._write(HEADER.pack(len(data)) + data, deadline, what)
+        (length,) = HEADER.unpack(self._read(HEADER.size, deadline, what))
+        if length > MAX_ANSWER:
+            raise self.broken(f"an answer of {length} bytes to '{what}' (at most {MAX_ANSWER})")
+        try:
+            answer = json.loads(self._read(length, deadline, what))
+        except ValueError as exc:
+            raise self.broken(f"an answer to '{what}' that is not JSON ({exc})") from None
+        if not isinstance(answer, dict) or not isinstance(answer.get("kind"), str):
+            raise self.broken(f"an answer to '{what}' without a kind")
+        targets.note(str(answer.get("refused") or ""))  # over-limit launches count as refused here
+        if answer["kind"] == "raised":
+            raise arm_exception(str(answer.get("type")), str(answer.get("message", ""))[:2000])
+        if answer["kind"] != expect:
+            raise self.broken(f"answered '{answer['kind']}' to '{what}' (expected '{expect}')")
+        return answer
+
+    def _write(self, data: bytes, deadline: float, what: str) -> None:
+        view = memoryview(data)
+        while view:
+            if not select.select([], [self.write_fd], [], self._left(deadline, what))[1]:
+                continue
+            try:
+                view = view[os.write(self.write_fd, view) :]
+            except BrokenPipeError:
+                raise self.died(what) from None
+
+    def _read(self, n: int, deadline: float, what: str) -> bytes:
+        chunks: list[bytes] = []
+        while n:
+            if not select.select([self.read_fd], [], [], self._left(deadline, what))[0]:
+                continue
+            chunk = os.read(self.read_fd, min(n, 1 << 20))
+            if not chunk:
+                raise self.died(what)
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _left(self, deadline: float, what: str) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self.kill()
+            raise WorkerHung(
+                f"worker hung: no answer to '{what}' in time ({self.settings.timeout_s:g} s a request); killed"
+            )
+        return left
+
+    def died(self, what: str) -> WorkerFailure:
+        """How the worker ended, having closed its pipe during `what`."""
+        try:
+            code = self.proc.wait(REAP_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return WorkerBroken(f"worker broke the protocol: it closed its pipe during '{what}'; killed")
+        if code < 0:
+            return WorkerCrashed(f"worker crashed: killed by signal {signal.Signals(-code).name} during '{what}'")
+        return WorkerExited(f"worker exited with code {code} during '{what}'")
+
+    def broken(self, detail: str) -> WorkerBroken:
+        self.kill()
+        return WorkerBroken(f"worker broke the protocol: {detail}; killed")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Ask the worker to exit, kill it if it does not, free its pipes and folder."""
+        if self.proc.poll() is None:
+            try:
+                data = json.dumps({"kind": "exit"}).encode()
+                os.write(self.write_fd, HEADER.pack(len(data)) + data)
+                self.proc.wait(REAP_S)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for fd in (self.write_fd, self.read_fd):
+            os.close(fd)
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def worker_sys_path() -> list[str]:
+    """The harness's import path for the worker (dotted user modules), absolute."""
+    return [os.path.abspath(p or ".") for p in sys.path]
+
+
+@dataclass
+class WorkerHandle:
+    """An isolated arm's worker: started on the first request, started afresh after a failure.
+    `generation` counts the starts (an arm bound to an earlier worker knows it is gone)."""
+
+    source: ArmSource
+    settings: Settings
+    names: list[str]
+    process: Process | None = None
+    arena: Arena = field(init=False)
+    defines: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)  # a sealed module's own top-level functions
+    modules: list[str] = field(default_factory=list)  # the kerneltrial modules the worker says it holds
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        self.arena = Arena(self.settings.device)
+
+    def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
+        process = self.start()
+        try:
+            return process.request(message, expect)
+        except WorkerFailure:
+            self.stop()
+            raise
+
+    def start(self) -> Process:
+        """The live worker, started and loaded when there is none."""
+        if self.process is not None:
+            return self.process
+        self.arena.close()
+        self.arena = Arena(self.settings.device)
+        self.process = Process(self.source, self.settings)
+        self.generation += 1
+        try:
+            answer = self.process.request(self.load_message(), "loaded")
+        except (WorkerFailure, ArmRaised):  # a module that fails to import leaves no worker behind
+            self.stop()
+            raise
+        modules = answer.get("kerneltrial_modules")
+        if self.source.mode == "sealed" and modules:
+            self.stop()
+            raise WorkerBroken(f"worker broke the protocol: a sealed worker imported {modules}; killed")
+        self.defines = [str(n) for n in answer.get("defines", [])]
+        self.functions = [str(n) for n in answer.get("functions", [])]
+        self.modules = [str(m) for m in modules or []]
+        return self.process
+
+    def load_message(self) -> dict[str, Any]:
+        target = self.settings.target
+        timer = self.settings.timer
+        return {
+            "kind": "load",
+            "module": self.source.module,
+            "op": self.source.op,
+            "names": self.names,
+            "sys_path": worker_sys_path(),
+            "shims": {name: str(path) for name, path in SHIMS.items()},
+            "target": None if target is None else {"name": target.name, "max_grid": list(target.max_grid)},
+            "timer": None if timer is None else {"backend": timer[0], "cold": timer[1]},
+            "device": str(self.settings.device),
+        }
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        self.arena.close()

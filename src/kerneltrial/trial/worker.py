@@ -1,0 +1,510 @@
+"""The isolated worker: a process of its own that runs one kernel module's functions for
+kerneltrial's harness, and never imports the harness.
+
+The harness (trial/isolation.py) starts it by file path,
+
+    python -I .../kerneltrial/trial/worker.py MODE READ_FD WRITE_FD
+
+reads nothing from its stdout or stderr but a log (an arm may print anything) and talks to it over
+two pipes: requests on READ_FD, answers on WRITE_FD. A message is one frame: 4 bytes big-endian
+length, then that many bytes of UTF-8 JSON, an object with a "kind". The harness waits a deadline
+for every answer and kills a worker that misses it; a worker whose harness has gone exits.
+
+What it imports: the standard library, torch, triton, the arm's module, and four self-contained
+files of kerneltrial loaded by path under private names (`_kt_shim_*`, so that no `kerneltrial*`
+module is in sys.modules): ops/interpreter_fix.py (the interpreter's bf16 rounding, as in the
+harness), trial/poison.py (poisoned outputs for the gate's calls), trial/timing.py (the harness's
+Timer: an isolated arm is timed as an in-process one is) and trial/targets.py (the launch limits
+of `--target`). None of them holds harness state. Before anything else it takes kerneltrial out of
+reach: a finder first on sys.meta_path refuses `kerneltrial` and every submodule (MODE `sealed`,
+user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kerneltrial`,
+`kerneltrial.ops*` (where the built-in kernels and peers live) and the torch-free constants of
+`kerneltrial.rundir*` they read import, and refuses the rest (trial, analysis, ...: the harness).
+
+Requests and answers ("raised" {type, message} answers any request whose work raised; every
+answer carries `refused`, the first launch over the target's limits the request saw, or ""):
+  load {module | op, names, sys_path, shims, target, timer, device}
+      -> loaded {pid, defines, kerneltrial_modules}
+  call {fn, args, add, drop}                  one untimed call (a gate call), poisoned outputs,
+      -> called {outputs}                     read after synchronising the current stream
+         outputs: null (returned None) | [{dtype, shape, stride, offset, storage, nbytes,
+                  input (buffer id) | previous (storage index of the last call)}] | returned: TYPE
+  fetch {outputs: [[storage, buffer]], snapshots: [[buffer, buffer]]} -> fetched
+         each output storage and each input buffer copied into a harness buffer, then every
+         stream of the device waited for
+  bind {id, fn, args, add, inplace, pool, slots} -> bound   an arm's inputs for timed samples
+  warm {id, calls} -> warmed
+  sample {id, calls, key} -> sampled {ns, odd, persistent, retaken, kept_behind}
+         before call j, value set j (`pool[j]`) is written into the inputs; after it, its outputs
+         are copied into `slots[j]` (both outside the timed intervals); `odd`: {call: metas} of
+         outputs that did not fit their slot or are not contiguous; `persistent`: calls whose
+         output shared storage with the previous call's output, which the worker still held
+  release {id, drop} -> released
+  exit (no answer)
+A shared buffer (`add`): {id, nbytes, path} (CPU: a file, mapped with UntypedStorage.from_file,
+shared) or {id, nbytes, cuda: [device, handle, size, offset, ref handle, ref offset, event handle,
+event sync]} (CUDA IPC; bytes as hex). A tensor: {buffer, dtype, shape, stride, offset}; a scalar
+argument: {value}.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import os
+import struct
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 << 20
+PACKAGE = "kerneltrial"
+# MODE registry: the packages (and their submodules) a built-in arm imports, the operators and the
+# torch-free ground floor they build on (ops/inputs.py and ops/registry.py read rundir's constants);
+# never the harness (trial/, analysis/)
+REGISTRY_ALLOWED = ("kerneltrial.ops", "kerneltrial.rundir")
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+PARENT_POLL_S = 1.0
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    """First on sys.meta_path: kerneltrial (in MODE registry: all but REGISTRY_ALLOWED) is not importable."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name != PACKAGE and not name.startswith(PACKAGE + "."):
+            return None
+        allowed = name == PACKAGE or any(name == p or name.startswith(p + ".") for p in REGISTRY_ALLOWED)
+        if self.mode == "registry" and allowed:
+            return None
+        raise ModuleNotFoundError(
+            f"{name} is not importable in kerneltrial's isolated worker: the arm runs in a process of "
+            "its own, apart from the harness",
+            name=name,
+        )
+
+
+def seal(mode: str) -> None:
+    """Take kerneltrial out of reach before anything of the arm is imported."""
+    if mode not in ("sealed", "registry"):
+        raise SystemExit(f"worker: unknown mode {mode!r}; use sealed or registry")
+    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != Path(__file__).resolve().parent]
+    sys.meta_path.insert(0, Refuse(mode))
+
+
+def watch_parent() -> None:
+    """Exit when the harness has gone (an orphan stuck in a kernel would never read its pipe)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(70)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+# ---------------------------------------------------------------- frames
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    chunks: list[bytes] = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any] | None:
+    head = read_exact(fd, HEADER.size)
+    if head is None:
+        return None
+    (length,) = HEADER.unpack(head)
+    if length > MAX_FRAME:
+        raise SystemExit(f"worker: a request of {length} bytes is over the {MAX_FRAME} limit")
+    body = read_exact(fd, length)
+    return None if body is None else json.loads(body)
+
+
+def write_frame(fd: int, message: dict[str, Any]) -> None:
+    data = json.dumps(message).encode()
+    view = memoryview(HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def load_file(name: str, path: str) -> ModuleType:
+    """A Python file imported under `name` (registered first: dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def dtype_of(name: str) -> Any:
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}")
+    return getattr(torch, name)
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def open_buffer(desc: dict[str, Any]) -> Any:
+    """The storage of one shared buffer the harness owns."""
+    import torch
+
+    if "path" in desc:
+        return torch.UntypedStorage.from_file(desc["path"], shared=True, nbytes=int(desc["nbytes"]))
+    device, handle, size, offset, ref_handle, ref_offset, event, sync = desc["cuda"]
+    torch.cuda._lazy_init()
+    return torch.UntypedStorage._new_shared_cuda(
+        device,
+        bytes.fromhex(handle),
+        size,
+        offset,
+        bytes.fromhex(ref_handle),
+        ref_offset,
+        None if event is None else bytes.fromhex(event),
+        sync,
+    )
+
+
+def bytes_of(storage: Any) -> Any:
+    """A uint8 tensor over a whole storage."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def describe(outputs: list[Any], buffers: dict[int, Any], held: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """What the harness needs to mirror each output (layout; its storage, numbered; whether that
+    storage is an input's buffer or one of the last call's outputs, which the worker still holds),
+    and the distinct storages in that numbering."""
+    inputs = {s.data_ptr(): b for b, s in buffers.items() if s.nbytes()}
+    previous = {s.data_ptr(): k for k, s in enumerate(held) if s.nbytes()}
+    storages: list[Any] = []
+    metas = []
+    for out in outputs:
+        storage = out.untyped_storage()
+        known = [k for k, s in enumerate(storages) if s.nbytes() and s.data_ptr() == storage.data_ptr()]
+        if not known:
+            storages.append(storage)
+        meta = {
+            "dtype": dtype_name(out.dtype),
+            "shape": list(out.shape),
+            "stride": list(out.stride()),
+            "offset": out.storage_offset(),
+            "storage": known[0] if known else len(storages) - 1,
+            "nbytes": storage.nbytes(),
+        }
+        if storage.nbytes() and storage.data_ptr() in inputs:
+            meta["input"] = inputs[storage.data_ptr()]
+        elif storage.nbytes() and storage.data_ptr() in previous:
+            meta["previous"] = previous[storage.data_ptr()]
+        metas.append(meta)
+    return metas, storages
+
+
+def as_outputs(returned: Any) -> list[Any] | None:
+    """The returned tensor(s) as a list; None for a non-tensor (the harness names its type)."""
+    import torch
+
+    if isinstance(returned, torch.Tensor):
+        return [returned]
+    if isinstance(returned, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in returned):
+        return list(returned)
+    return None
+
+
+class Bind:
+    """An arm's inputs for timed samples: its arguments, the value sets written before each call
+    (`pool`), the harness's output slots of each call (`slots`)."""
+
+    def __init__(self, worker: Worker, message: dict[str, Any]) -> None:
+        self.fn = worker.functions[message["fn"]]
+        self.args = [worker.argument(d) for d in message["args"]]
+        self.tensors = [a for a in self.args if hasattr(a, "untyped_storage")]
+        # separate tensor objects over the same memory: writing the values bumps no version counter of the arm's
+        self.writers = {i: worker.argument(d) for i, d in enumerate(message["args"]) if "buffer" in d}
+        self.inplace = [int(i) for i in message["inplace"]]
+        self.pool = [[(int(i), worker.argument(d)) for i, d in call] for call in message["pool"]]
+        self.slots = [[worker.argument(d) for d in call] for call in message["slots"]]
+        self.buffers = [int(b["id"]) for b in message["add"]]
+        self.returned: Any = None
+        self.last: list[Any] = []  # the last call's output storages, held until the next call returns
+
+    def call(self) -> None:
+        from torch.autograd.graph import increment_version
+
+        for t in self.tensors:
+            increment_version(t)
+        self.returned = self.fn(*self.args)
+
+    def outputs(self) -> list[Any]:
+        if self.inplace:
+            return [self.args[i] for i in self.inplace]
+        outputs = as_outputs(self.returned)
+        if outputs is None:
+            raise TypeError(f"the arm returned {type(self.returned).__name__}, not a tensor or a tuple of tensors")
+        return outputs
+
+    def keep(self, j: int, odd: dict[str, Any], persistent: list[int]) -> None:
+        """After call j (untimed): its outputs into slot j; note odd outputs and a reused buffer."""
+        outputs = self.outputs()
+        storages = [t.untyped_storage() for t in outputs]
+        held = {s.data_ptr() for s in self.last if s.nbytes()}
+        if not self.inplace and any(s.nbytes() and s.data_ptr() in held for s in storages):
+            persistent.append(j)
+        slots = self.slots[j]
+        fits = len(outputs) == len(slots) and all(
+            o.shape == s.shape and o.dtype == s.dtype for o, s in zip(outputs, slots, strict=False)
+        )
+        if fits:
+            for out, slot in zip(outputs, slots, strict=True):
+                slot.copy_(out)
+        if not fits or not all(o.is_contiguous() for o in outputs):
+            odd[str(j)] = [
+                {"dtype": dtype_name(o.dtype), "shape": list(o.shape), "stride": list(o.stride())} for o in outputs
+            ]
+        self.last = storages
+
+
+class Worker:
+    """The state of one worker: its arm's functions, the harness's buffers it has mapped, its binds."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.functions: dict[str, Any] = {}
+        self.own_functions: list[str] = []  # a sealed module's top-level functions, for the harness's error
+        self.buffers: dict[int, Any] = {}
+        self.binds: dict[int, Bind] = {}
+        self.held: list[Any] = []  # the last gate call's output storages
+        self.returned: list[Any] = []
+        self.shims: dict[str, ModuleType] = {}
+        self.context = ExitStack()
+        self.timer: Any = None
+        self.device: Any = None
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one request; `refused`: the first over-limit launch (--target) it saw."""
+        mark = self.seen()
+        try:
+            self.fix_interpreter()
+            answer = getattr(self, "on_" + str(message["kind"]))(message)
+            self.fix_interpreter()  # before the arm's first call: it imported triton at its import
+        except Exception as exc:  # the arm may raise anything; the harness names it
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            answer = {"kind": "raised", "type": type(exc).__name__, "message": text}
+        return answer | {"refused": self.refused_since(mark)}
+
+    def fix_interpreter(self) -> None:
+        """The interpreter's float32 -> bfloat16 rounding, as in the harness, once triton is imported
+        (by the arm: a worker whose arm uses torch alone never imports it)."""
+        fix = self.shims.get("interpreter_fix")
+        if fix is not None and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
+            fix.patch()
+
+    # -- buffers and arguments
+
+    def update(self, message: dict[str, Any]) -> None:
+        for buffer in message.get("drop", []):
+            self.buffers.pop(int(buffer), None)
+        for desc in message.get("add", []):
+            self.buffers[int(desc["id"])] = open_buffer(desc)
+
+    def argument(self, desc: dict[str, Any]) -> Any:
+        """A scalar, or a new tensor object over a shared buffer (with a version counter of its own)."""
+        import torch
+
+        if "value" in desc:
+            return desc["value"]
+        storage = self.buffers[int(desc["buffer"])]
+        empty = torch.empty(0, dtype=dtype_of(desc["dtype"]), device=storage.device)
+        return empty.set_(storage, int(desc["offset"]), list(desc["shape"]), list(desc["stride"]))
+
+    # -- requests
+
+    def on_load(self, message: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        self.device = torch.device(message["device"])
+        shims = message["shims"]
+        self.shims = {name: load_file(f"_kt_shim_{name}", path) for name, path in shims.items()}
+        target = message.get("target")
+        if target:
+            targets = self.shims["targets"]
+            profile = targets.Target(target["name"], tuple(target["max_grid"]), "")
+            self.context.enter_context(targets.targeting(profile))
+        timer = message.get("timer")
+        if timer:
+            gpu = self.device.type == "cuda"
+            self.timer = self.shims["timing"].timer_for(timer["backend"], gpu, bool(timer["cold"]))
+        names = [str(n) for n in message["names"]]
+        self.functions = self.load_arm(message, names)
+        loaded = sorted(m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + "."))
+        return {
+            "kind": "loaded",
+            "pid": os.getpid(),
+            "defines": sorted(self.functions),
+            "functions": self.own_functions,
+            "kerneltrial_modules": loaded,
+        }
+
+    def load_arm(self, message: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        """The functions `names` of the arm: a module's top-level functions, or (MODE registry)
+        the built-in implementations of one operator."""
+        if self.mode == "registry":
+            registry = importlib.import_module("kerneltrial.ops.registry")
+            op = registry.get_op(message["op"])
+            return {n: op.impls[n].resolve() for n in names if n in op.impls and op.impls[n].available}
+        for entry in message.get("sys_path", []):
+            if entry not in sys.path:
+                sys.path.append(entry)
+        spec = str(message["module"])
+        if spec.endswith(".py") or Path(spec).exists():
+            module = load_file(f"arm_{Path(spec).stem}", spec)
+        else:
+            module = importlib.import_module(spec)
+        self.own_functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
+        return {n: getattr(module, n) for n in names if callable(getattr(module, n, None))}
+
+    def refused_since(self, mark: int) -> str:
+        targets = self.shims.get("targets")
+        return targets.first_since(mark) if targets else ""
+
+    def seen(self) -> int:
+        targets = self.shims.get("targets")
+        return targets.seen() if targets else 0
+
+    def on_call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One gate call: outputs poisoned (CPU: torch.empty* patched; GPU: free blocks the size of
+        the last call's outputs, else of the inputs), read after synchronising the current stream."""
+        import torch
+
+        self.update(message)
+        args = [self.argument(d) for d in message["args"]]
+        poison = self.shims["poison"]
+        poison.poison_free_blocks(self.returned or [a for a in args if isinstance(a, torch.Tensor)])
+        with poison.poisoned_allocations(self.device):
+            returned = self.functions[message["fn"]](*args)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        outputs = None if returned is None else as_outputs(returned)
+        answer: dict[str, Any] = {"kind": "called", "outputs": None}
+        if returned is not None and outputs is None:
+            answer["returned"] = type(returned).__name__
+        self.returned = outputs or []
+        answer["outputs"], self.held = describe(self.returned, self.buffers, self.held)
+        if outputs is None:
+            answer["outputs"] = None
+        return answer
+
+    def on_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Outputs of the last call and snapshots of input buffers into harness buffers, on the
+        current stream; then every stream of the device is waited for (the gate's `settle`)."""
+        import torch
+
+        self.update(message)
+        pairs = [(self.held[int(k)], int(b)) for k, b in message["outputs"]]
+        pairs += [(self.buffers[int(s)], int(b)) for s, b in message["snapshots"]]
+        for source, buffer in pairs:
+            src = bytes_of(source)
+            bytes_of(self.buffers[buffer])[: src.numel()].copy_(src)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+            torch.cuda.synchronize(self.device)
+        return {"kind": "fetched"}
+
+    def on_bind(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.update(message)
+        self.binds[int(message["id"])] = Bind(self, message)
+        return {"kind": "bound"}
+
+    def on_warm(self, message: dict[str, Any]) -> dict[str, Any]:
+        bind = self.binds[int(message["id"])]
+        for _ in range(int(message["calls"])):
+            bind.call()
+            bind.last = [t.untyped_storage() for t in bind.outputs()]
+        self.settle()
+        return {"kind": "warmed"}
+
+    def on_sample(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One timed sample with the harness's Timer: value set j before call j, its outputs into
+        slot j after it, both outside the timed intervals."""
+        bind = self.binds[int(message["id"])]
+        odd: dict[str, Any] = {}
+        persistent: list[int] = []
+        timing = self.shims["timing"]
+
+        def before(j: int) -> None:
+            for i, values in bind.pool[j]:
+                bind.writers[i].copy_(values)
+
+        hooks = timing.Hooks(before=before, after=lambda j: bind.keep(j, odd, persistent))
+        retaken, behind = self.timer.retaken, self.timer.kept_behind
+        ns = self.timer.sample(bind.call, int(message["calls"]), key=int(message["key"]), hooks=hooks)
+        self.settle()
+        return {
+            "kind": "sampled",
+            "ns": int(ns),
+            "odd": odd,
+            "persistent": persistent,
+            "retaken": self.timer.retaken - retaken,
+            "kept_behind": self.timer.kept_behind - behind,
+        }
+
+    def settle(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.binds.pop(int(message["id"]), None)
+        self.update(message)
+        if self.timer is not None:
+            self.timer.release()
+        return {"kind": "released"}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        raise SystemExit("usage: python -I worker.py sealed|registry READ_FD WRITE_FD (started by kerneltrial)")
+    mode, read_fd, write_fd = argv[1], int(argv[2]), int(argv[3])
+    seal(mode)
+    watch_parent()
+    worker = Worker(mode)
+    while True:
+        message = read_frame(read_fd)
+        if message is None or message.get("kind") == "exit":
+            return 0
+        write_frame(write_fd, worker.handle(message))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
