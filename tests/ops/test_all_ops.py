@@ -28,6 +28,6 @@ def test_gate_passes(op_name, impl_name, layout, device):
     cases = [Case(c.shape, c.dtype, layout) for c in op.small_cases]
     cases = [c for c in cases if impl.supports(c)]
     assert cases, f"{op_name}/{impl_name} supports none of the small cases in layout {layout}"
-    for seed, case in enumerate(cases):  # seeds 0, 1, 2, ...: both eps values (inputs.eps_for)
+    for seed, case in enumerate(cases):  # seeds 0, 1, 2, ...: a drawn eps each (inputs.draw_eps)
         result = check(op, impl, case, seed=seed, device=device)
         assert result.passed, f"{case.id}: {result.message}"

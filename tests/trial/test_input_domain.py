@@ -64,7 +64,7 @@ def old_domain(monkeypatch):
             monkeypatch.setattr(gate, "other_offset", lambda g: 512)
         elif item == "large rows":
             monkeypatch.setattr(inp, "LARGE_EXPONENTS", (0, 0))
-        elif item == "drawn eps":  # 1e-6 or 1e-5, as eps_for drew them
+        elif item == "drawn eps":  # 1e-6 or 1e-5, as the checks drew them before
             monkeypatch.setattr(inp, "draw_eps", lambda gen, default: (1e-6, 1e-5)[int(inp.uniform(gen) * 2)])
         elif item == "drawn cap":
             monkeypatch.setattr(sa, "draw_cap", lambda gen: sa.CAP)
