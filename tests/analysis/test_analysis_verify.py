@@ -130,6 +130,7 @@ def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monk
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     fake = types.ModuleType("kerneltrial.serving.verify")
     fake.verify_serving_run = lambda path, regrade: [] if path == tmp_path else ["wrong path"]
+    fake.verified_detail = lambda path: "every serving figure matches"
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
     app = typer.Typer(pretty_exceptions_enable=False)
     mount(app)

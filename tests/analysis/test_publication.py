@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
+from kerneltrial.analysis.performance_overview import RUNS_FILE
 from kerneltrial.analysis.publication import UNVERIFIED, UNVERIFIED_NOTE, titled
 from kerneltrial.analysis.replicates import ArmRow, ReplicateTable, to_markdown
 from kerneltrial.analysis.verify import verify_run_dir
@@ -84,9 +85,10 @@ def test_performance_refuses_an_edited_win_before_writing(
     refused = cli("performance", cpu_run, edited, "--out", out)
     assert refused.exit_code == 1 and f"{edited} fails verification" in refused.output and not out.exists()
     assert cli("performance", cpu_run, edited, "--out", out, "--unverified").exit_code == 0
-    text = out.read_text()
-    assert text.startswith(f"# Performance {MARK}\n")
-    assert f"## rmsnorm: `edited` {MARK}" in text and f"## rmsnorm: `run` {MARK}" in text
+    assert out.read_text().startswith(f"# Performance {MARK}\n")
+    runs = (tmp_path / RUNS_FILE).read_text()  # every run's section is on the second page
+    assert runs.startswith(f"# Performance: every run {MARK}\n")
+    assert f"## rmsnorm: `edited` {MARK}" in runs and f"## rmsnorm: `run` {MARK}" in runs
 
 
 def test_a_verified_run_is_rendered_without_the_mark(

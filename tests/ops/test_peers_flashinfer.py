@@ -10,6 +10,7 @@ import importlib.util
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -103,7 +104,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[dict[str, Any]]]
 def fresh(op_name: str, peer: str) -> Impl:
     """A new Impl with the registered loader (the registry caches its first answer)."""
     registered = get_op(op_name).impl(peer)
-    return Impl(op=op_name, name=peer, kind="peer", loader=registered.loader, layouts=registered.layouts)
+    return replace(registered, _fn=None, _reason=None)
 
 
 def passes(op_name: str, impl: Impl, case: Case, device: torch.device) -> bool:
@@ -171,8 +172,8 @@ def test_the_flashinfer_adapter_passes_the_gate_against_the_stand_in(op_name, fa
 def test_the_quack_adapter_passes_the_gate_against_the_stand_in(op_name, fake, device):
     calls = fake()
     assert passes(op_name, fresh(op_name, "quack"), CASES[op_name], device)
-    drawn = {get_op(op_name).make_inputs(CASES[op_name], seed, device)["eps"] for seed in (0, 1)}
-    assert {c["eps"] for c in calls if c["fn"] == "quack"} == drawn  # eps reaches `eps`, not `bias`
+    drawn = get_op(op_name).make_inputs(CASES[op_name], 0, device)["eps"]
+    assert drawn in {c["eps"] for c in calls if c["fn"] == "quack"}  # eps reaches `eps`, not `bias`
 
 
 @pytest.mark.parametrize("op_name", ("rmsnorm", "fused_add_rmsnorm"))

@@ -81,8 +81,8 @@ def test_more_than_65535_narrow_rows(op, name, form, grids, device):
 @pytest.mark.parametrize("name", KERNELS)
 def test_grid_stride_loop_covers_every_element(op, name, form, grids, monkeypatch, device):
     monkeypatch.setattr(launch, "MAX_GRID", 3)
-    passes(op, op.impl(name), Case((5, 1000), layout=form), device)
-    assert set(grids) == {(3,)}
+    passes(op, op.impl(name), Case((5, 1000), layout=form), device)  # and the extra shapes the gate draws
+    assert (3,) in grids and max(g[0] for g in grids) <= 3
 
 
 def test_row_gate_broadcasts_one_gate_over_its_row(device):

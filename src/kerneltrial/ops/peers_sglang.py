@@ -103,9 +103,13 @@ def sglang_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., A
     return load
 
 
-def register_sglang(op: str, loader: Loader, doc: str, layouts: tuple[str, ...] | None = None) -> None:
-    """Register the `sglang` peer of `op`."""
-    add_impl(Impl(op=op, name="sglang", kind="peer", loader=loader, doc=f"SGLang: {doc}", layouts=layouts))
+def register_sglang(
+    op: str, loader: Loader, doc: str, layouts: tuple[str, ...] | None = None, widths: tuple[int, ...] | None = None
+) -> None:
+    """Register the `sglang` peer of `op` (`layouts`, `widths`: its contract, see `Impl`)."""
+    add_impl(
+        Impl(op=op, name="sglang", kind="peer", loader=loader, doc=f"SGLang: {doc}", layouts=layouts, widths=widths)
+    )
 
 
 # ---- adapters (each takes SGLang's function, returns the operator's signature) ------------

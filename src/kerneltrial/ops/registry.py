@@ -103,6 +103,7 @@ class Impl:
     loader: Callable[[], Callable[..., Any]]
     doc: str = ""
     layouts: tuple[str, ...] | None = None  # None: every layout of the operator
+    widths: tuple[int, ...] | None = None  # None: every last dimension; else the only ones it takes (a peer's contract)
     _fn: Callable[..., Any] | None = field(default=None, repr=False)
     _reason: str | None = field(default=None, repr=False)
 
@@ -125,7 +126,10 @@ class Impl:
         return self._reason or ""
 
     def supports(self, case: Case) -> bool:
-        return self.layouts is None or case.layout in self.layouts
+        """Whether `case` is inside the declared contract (layouts, widths): outside it the arm is
+        not applicable, and the gate draws no extra shape outside it for this arm."""
+        layout_ok = self.layouts is None or case.layout in self.layouts
+        return layout_ok and (self.widths is None or case.shape[-1] in self.widths)
 
 
 @dataclass

@@ -288,6 +288,7 @@ GPU = tuple(
 # Head dims of real models for the gate's extra shapes (ops/inputs.py, `extra_cases`): GPT-2 and
 # Llama-3.2-1B (64), Phi-3 (96), Gemma (256); Z-Image's 128 is in the panels.
 HEAD_DIMS = (64, 96, 256)
+SGLANG_HEAD_DIMS = (128,)  # the only head_dim zimage_qk_rmsnorm_native takes (it declines others)
 EXTRA_HEADS = 3  # heads of an extra shape: [tokens, EXTRA_HEADS, head_dim]
 
 
@@ -339,6 +340,7 @@ def _register() -> None:
         OP,
         sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk, jit=False),
         "zimage_qk_rmsnorm_native (Triton), bf16 statistics as SGLang's eager ZImageRMSNorm",
+        widths=SGLANG_HEAD_DIMS,
     )
 
     register_op(
@@ -380,6 +382,7 @@ def _register() -> None:
         PAIR_OP,
         sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk_pair, jit=False),
         "zimage_qk_rmsnorm_native (Triton) called for Q, then K",
+        widths=SGLANG_HEAD_DIMS,
     )
 
 
