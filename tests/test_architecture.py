@@ -2,15 +2,17 @@
 
 The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
 
-    floor 0  rundir, model_fields        the run directory; pydantic field walking; import nothing of kerneltrial
-    floor 1  ops, analysis               each imports only floor 0, never the other
-    floor 2  trial, plugins              the kernel runner (ops, analysis, rundir); vLLM plugins serving ops
-    floor 3  serving, submission         serving trials (dispatch proof reads the plugins' records);
-                                         package and inspect (trial's gate on an archive);
-             model                       whole-model trials (ops' implementations, trial's provenance)
-             fleet                       fleet runs on a Ray cluster (trial's runner, analysis's combination)
-    floor 4  protocol_keys               the protocol reference, from the kernel and serving protocol models
-    floor 5  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
+    floor 0  rundir, model_fields,       the run directory; pydantic field walking; the gate grammar; the
+             gate_rule, publication      UNVERIFIED mark: import nothing of kerneltrial
+    floor 1  ops, stats                  operators; pure statistics (each imports only floor 0)
+    floor 2  kernel                      a kernel run's summary, independent verifier and report
+    floor 3  analysis                    what spans runs and kinds: performance pages, compare, dispatch
+    floor 4  replicates, suite           records of kernel runs combined (the cross-run table, suite.json)
+    floor 5  trial, plugins              the kernel, replicate and suite runners; vLLM plugins serving ops
+    floor 6  serving, submission,        serving trials (dispatch proof reads the plugins' records);
+             model, fleet                package and inspect; whole-model trials; fleet runs on Ray
+    floor 7  protocol_keys               the protocol reference, from the kernel and serving protocol models
+    floor 8  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
 A module may import its own group (a package, or all command-line modules together) and any
