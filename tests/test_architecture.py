@@ -2,15 +2,17 @@
 
 The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
 
-    floor 0  rundir, model_fields        the run directory; pydantic field walking; import nothing of kerneltrial
-    floor 1  ops, analysis               each imports only floor 0, never the other
-    floor 2  trial, plugins              the kernel runner (ops, analysis, rundir); vLLM plugins serving ops
-    floor 3  serving, submission         serving trials (dispatch proof reads the plugins' records);
-                                         package and inspect (trial's gate on an archive);
-             model                       whole-model trials (ops' implementations, trial's provenance)
-             fleet                       fleet runs on a Ray cluster (trial's runner, analysis's combination)
-    floor 4  protocol_keys               the protocol reference, from the kernel and serving protocol models
-    floor 5  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
+    floor 0  rundir, model_fields,       the run directory; pydantic field walking; the gate grammar; the
+             gate_rule, publication      UNVERIFIED mark: import nothing of kerneltrial
+    floor 1  ops, stats                  operators; pure statistics (each imports only floor 0)
+    floor 2  kernel                      a kernel run's summary, independent verifier and report
+    floor 3  analysis                    what spans runs and kinds: performance pages, compare, dispatch
+    floor 4  replicates, suite           records of kernel runs combined (the cross-run table, suite.json)
+    floor 5  trial, plugins              the kernel, replicate and suite runners; vLLM plugins serving ops
+    floor 6  serving, submission,        serving trials (dispatch proof reads the plugins' records);
+             model, fleet                package and inspect; whole-model trials; fleet runs on Ray
+    floor 7  protocol_keys               the protocol reference, from the kernel and serving protocol models
+    floor 8  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
 A module may import its own group (a package, or all command-line modules together) and any
@@ -34,16 +36,22 @@ LAYERS = {
     "kerneltrial": 0,
     "rundir": 0,
     "model_fields": 0,
+    "gate_rule": 0,
+    "publication": 0,
     "ops": 1,
-    "analysis": 1,
-    "trial": 2,
-    "plugins": 2,
-    "serving": 3,
-    "submission": 3,
-    "model": 3,
-    "fleet": 3,
-    "protocol_keys": 4,
-    "cli": 5,
+    "stats": 1,
+    "kernel": 2,
+    "analysis": 3,
+    "replicates": 4,
+    "suite": 4,
+    "trial": 5,
+    "plugins": 5,
+    "serving": 6,
+    "submission": 6,
+    "model": 6,
+    "fleet": 6,
+    "protocol_keys": 7,
+    "cli": 8,
 }
 CLI_MODULES = {
     "kerneltrial.cli",
@@ -226,9 +234,12 @@ def test_the_checker_finds_a_planted_circle() -> None:
 @pytest.mark.parametrize(
     ("source", "target"),
     [
-        ("kerneltrial.analysis.verify", "kerneltrial.serving.verify"),  # same floor, another group
-        ("kerneltrial.rundir.files", "kerneltrial.analysis.summary"),  # the ground floor reaching up
-        ("kerneltrial.ops.rms_norm", "kerneltrial.trial.runner"),  # floor 1 -> floor 2
+        ("kerneltrial.suite.record", "kerneltrial.replicates.record"),  # same floor, another group
+        ("kerneltrial.rundir.files", "kerneltrial.kernel.summary"),  # the ground floor reaching up
+        ("kerneltrial.stats", "kerneltrial.ops.registry"),  # same floor: stats stays pure
+        ("kerneltrial.kernel.verify", "kerneltrial.analysis.performance"),  # a run kind into the cross-kind floor
+        ("kerneltrial.kernel.verify", "kerneltrial.suite.record"),  # a run kind into a combination of runs
+        ("kerneltrial.ops.rms_norm", "kerneltrial.trial.runner"),  # floor 1 -> floor 5
         ("kerneltrial.trial.runner", "kerneltrial.analysis.cli"),  # into the command line
     ],
 )
@@ -242,8 +253,9 @@ def test_the_checker_allows_downward_and_sideways_within_a_group() -> None:
     graph = {
         "kerneltrial.cli": {"kerneltrial.analysis.cli", "kerneltrial.trial.cli"},
         "kerneltrial.analysis.cli": {"kerneltrial.serving.verify", "kerneltrial.rundir.layout"},
-        "kerneltrial.trial.runner": {"kerneltrial.analysis.summary", "kerneltrial.trial.gate"},
-        "kerneltrial.analysis.summary": {"kerneltrial.analysis.stats", "kerneltrial.rundir.files"},
+        "kerneltrial.trial.runner": {"kerneltrial.kernel.summary", "kerneltrial.trial.gate"},
+        "kerneltrial.suite.record": {"kerneltrial.analysis.performance", "kerneltrial.kernel.verify"},
+        "kerneltrial.kernel.summary": {"kerneltrial.stats", "kerneltrial.rundir.files"},
     }
     assert upward_arrows(graph) == []
 

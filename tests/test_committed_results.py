@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kerneltrial.analysis.cli import verify_one
-from kerneltrial.analysis.git_history import objects, package_at
-from kerneltrial.analysis.report import superseded_by
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.git_history import objects, package_at
+from kerneltrial.kernel.report import superseded_by
+from kerneltrial.kernel.verify import verify_run_dir
 from tests.conftest import REPO
 
 RESULTS = REPO / "results"
@@ -197,7 +197,7 @@ SUBMISSIONS = sorted((REPO / "submissions").glob("*.zip"))
 @pytest.mark.parametrize("reps", REPLICATES, ids=[str(r.relative_to(REPO)) for r in REPLICATES])
 def test_committed_replicates_verify(reps):
     """Each replicate run verifies and the cross-run table is what those runs give."""
-    result = verify_run_dir(reps)
+    result = verify_one(reps)
     assert result.ok, [c for c in result.checks if not c.ok]
 
 

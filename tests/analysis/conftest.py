@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rundir_factory import write_run_dir
 
-from kerneltrial.analysis.summary import write_summary
+from kerneltrial.kernel.summary import write_summary
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
-from kerneltrial.analysis.summary import write_summary
+from kerneltrial.kernel.summary import write_summary
 from kerneltrial.rundir.provenance import source_digest
 
 C1, C2, C3, C4 = (f"{rows}x64/contiguous/bfloat16" for rows in (1, 2, 3, 4))
@@ -111,7 +111,7 @@ class RunSpec:
 
 
 # a small stand-in for the kerneltrial package's .py files, archived in source.tar.gz
-SOURCE = {"__init__.py": b"", "analysis/stats.py": b"MEDIAN = 'numpy'\n", "trial/runner.py": b"print('ran')\n"}
+SOURCE = {"__init__.py": b"", "stats.py": b"MEDIAN = 'numpy'\n", "trial/runner.py": b"print('ran')\n"}
 PASSED_ULP_HIST = [900, 100, 20, 4, 0, 0]  # 1024 output elements
 FAILED_ULP_HIST = [0, 0, 0, 0, 24, 1000]
 

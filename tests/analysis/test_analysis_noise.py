@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from rundir_factory import C1, C2, RunSpec, write_run_dir
 
-from kerneltrial.analysis import stats
-from kerneltrial.analysis.report import write_report
-from kerneltrial.analysis.summary import build_summary, write_summary
-from kerneltrial.analysis.verify import _spread, verify_run_dir
+from kerneltrial import stats
+from kerneltrial.kernel.report import write_report
+from kerneltrial.kernel.summary import build_summary, write_summary
+from kerneltrial.kernel.verify import _spread, verify_run_dir
 
 # ---------------------------------------------------------------- helpers
 

@@ -15,9 +15,9 @@ from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
-from kerneltrial.analysis.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, VERDICTS_PNG, write_report
-from kerneltrial.analysis.summary import write_summary
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, VERDICTS_PNG, write_report
+from kerneltrial.kernel.summary import write_summary
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

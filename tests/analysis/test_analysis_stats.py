@@ -1,4 +1,4 @@
-"""analysis.stats against hand-computed values."""
+"""kerneltrial.stats against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from kerneltrial.analysis import stats
-from kerneltrial.analysis.gate_rule import parse_gate
-from kerneltrial.analysis.stats import BootstrapRule, Interval
+from kerneltrial import stats
+from kerneltrial.gate_rule import parse_gate
+from kerneltrial.stats import BootstrapRule, Interval
 
 RULE = BootstrapRule(resamples=1000, seed=7, confidence=0.95)
 

@@ -1,4 +1,4 @@
-"""analysis.summary on synthetic run directories (see conftest.py for the known timings)."""
+"""kernel.summary on synthetic run directories (see conftest.py for the known timings)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rundir_factory import C1, RunSpec, write_run_dir
 
-from kerneltrial.analysis.summary import build_summary, write_summary
+from kerneltrial.kernel.summary import build_summary, write_summary
 from kerneltrial.rundir.errors import RunDirError
 
 COPY_CEILING = 8e6 / 4200  # median of the copy rates 8e6/4000 ... 8e6/4400
@@ -103,7 +103,7 @@ def test_duplicate_timing_rows_are_refused(tmp_path: Path) -> None:
 
 
 def test_timing_labels() -> None:
-    from kerneltrial.analysis.summary import timing_label
+    from kerneltrial.kernel.summary import timing_label
 
     assert timing_label("cuda-events", True) == "CUDA events on GPU"
     assert "CUDA graphs" in timing_label("cuda-graph", True)

@@ -1,4 +1,4 @@
-"""The speed-of-light floor (issue 27, item 3; analysis/floor.py): summary/6 records each case's
+"""The speed-of-light floor (issue 27, item 3; kernel/floor.py): summary/6 records each case's
 floor and each arm's fraction of it, verify recomputes both from ceilings.csv and timings.csv, and
 older runs (every committed one) read and verify without them, their floor computed from the
 ceilings they hold. Planted run directories: an edited fraction, a summary without the floor
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rundir_factory import seal, write_checked_run
 
-from kerneltrial.analysis.floor import TORCH_ADD, TRITON, case_floor_ns, floor_ns, fraction_of_floor, run_floor
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.floor import TORCH_ADD, TRITON, case_floor_ns, floor_ns, fraction_of_floor, run_floor
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.documents import Ceilings, read_summary
 from kerneltrial.rundir.layout import FLOOR_MODEL
 from kerneltrial.trial.runner import run_trial

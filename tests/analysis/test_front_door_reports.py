@@ -16,10 +16,10 @@ from rundir_factory import C1, C2, C3, C4, RunSpec, write_checked_run, write_run
 from typer.testing import CliRunner
 
 from kerneltrial import cli_support
-from kerneltrial.analysis import report
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.performance import write_performance_md
-from kerneltrial.analysis.summary import UNFROZEN_WARNING, write_summary
+from kerneltrial.kernel import report
+from kerneltrial.kernel.summary import UNFROZEN_WARNING, write_summary
 from kerneltrial.rundir.documents import read_summary
 
 

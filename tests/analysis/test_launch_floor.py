@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rundir_factory import RunSpec, rewrite_ceilings, seal, write_checked_run
 
-from kerneltrial.analysis.summary import write_summary
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.summary import write_summary
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.documents import read_summary
 
 FLOOR = [5000.0, 5200.0, 4800.0, 5100.0, 4900.0]  # median 5000 ns
@@ -78,7 +78,7 @@ def test_an_old_contract_run_with_the_triton_floor_verifies(tmp_path: Path) -> N
 
 
 def test_the_report_states_the_triton_floor(tmp_path: Path) -> None:
-    from kerneltrial.analysis.report import write_report
+    from kerneltrial.kernel.report import write_report
 
     path = write_checked_run(tmp_path / "run", RunSpec(triton_launch_ns=FLOOR))
     assert "Triton launch floor 5,000 ns (median of 5 one-element Triton launches)" in write_report(path).read_text()

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.performance_overview import RUNS_FILE
-from kerneltrial.analysis.publication import UNVERIFIED, UNVERIFIED_NOTE, titled
-from kerneltrial.analysis.replicates import ArmRow, ReplicateTable, to_markdown
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.publication import UNVERIFIED, UNVERIFIED_NOTE, titled
+from kerneltrial.replicates.record import ArmRow, ReplicateTable, to_markdown, verify_replicates
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # the session's CPU run takes about 20 s once
@@ -141,5 +141,5 @@ def test_report_of_a_committed_replicate_directory_renders_each_run_and_the_same
     assert done.exit_code == 0, done.output
     assert (replicates / "replicates.md").read_bytes() == (results / replicates.name / "replicates.md").read_bytes()
     assert all(UNVERIFIED not in (replicates / f"run-{i}" / "report.md").read_text() for i in (1, 2, 3))
-    result = verify_run_dir(replicates)
+    result = verify_replicates(replicates)
     assert result.ok and {c.name: c.applicable for c in result.checks}["run-1: report.md"], result.failures

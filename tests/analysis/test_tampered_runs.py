@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from rundir_factory import seal
 
-from kerneltrial.analysis.git_history import package_at
-from kerneltrial.analysis.report import write_report
-from kerneltrial.analysis.summary import write_summary
-from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
+from kerneltrial.kernel.git_history import package_at
+from kerneltrial.kernel.report import write_report
+from kerneltrial.kernel.summary import write_summary
+from kerneltrial.kernel.verify import CHECKED_RUN_CHECKS, verify_run_dir
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # the session's CPU run takes about 20 s once

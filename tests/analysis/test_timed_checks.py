@@ -35,14 +35,14 @@ from rundir_factory import (
 )
 from typer.testing import CliRunner
 
-from kerneltrial.analysis import integrity
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
-from kerneltrial.analysis.report import write_report
-from kerneltrial.analysis.summary import build_summary, write_summary
-from kerneltrial.analysis.verify import CHECKED_RUN_CHECKS, verify_run_dir
+from kerneltrial.kernel import integrity
+from kerneltrial.kernel.report import write_report
+from kerneltrial.kernel.summary import build_summary, write_summary
+from kerneltrial.kernel.verify import CHECKED_RUN_CHECKS, verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
 
 CHEAT = {"name": "cheat", "kind": "candidate", "available": True, "reason": None}
@@ -453,7 +453,7 @@ def test_source_archive_that_does_not_match_the_digest_fails(checked: Path) -> N
 
 
 def test_archive_digest_orders_paths_as_pathlib_does(tmp_path: Path) -> None:
-    # "analysis.py" sorts before "analysis/stats.py" as a string ('.' < '/') but after it as a path
+    # "analysis.py" sorts before "stats.py" as a string ('.' < '/') but after it as a path
     # (component "analysis" < "analysis.py"): provenance.source_digest sorts paths
     files = {**SOURCE, "analysis.py": b"X = 1\n", "ops-extra.py": b"Y = 2\n", "ops/a.py": b""}
     digest = write_source_archive(tmp_path / "source.tar.gz", files)  # digest by provenance.source_digest

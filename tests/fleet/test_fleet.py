@@ -23,12 +23,12 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.fleet import Unit, read_fleet
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.analysis.cli import verify_one
 from kerneltrial.cli import app
 from kerneltrial.fleet.cli import passed
 from kerneltrial.fleet.driver import _faults
 from kerneltrial.fleet.pieces import path_digests, piece_text
+from kerneltrial.fleet.record import Unit, read_fleet
 from kerneltrial.fleet.worker import FAULT_ENV, TESTING_ENV, run_unit
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import kind_of
@@ -105,7 +105,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 
 def failed(root: Path) -> dict[str, str]:
-    return {c.name: c.detail for c in verify_run_dir(root).failures}
+    return {c.name: c.detail for c in verify_one(root).failures}
 
 
 def expected_figures(root: Path) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def test_replicas_run_the_whole_protocol_per_unit_and_combine_as_by_hand(replica
         assert unit.device and unit.host  # from the unit's own provenance.json
     assert_combined_as_by_hand(replicas)
     assert all(c.between_worker_sd is not None for c in fleet.combined.cases)  # two units per case
-    assert verify_run_dir(replicas).ok, failed(replicas)
+    assert verify_one(replicas).ok, failed(replicas)
     code, output = run_cli("report", str(replicas))
     report = (replicas / "report.md").read_text()
     assert code == 0 and "holds on every GPU" in report and "between range" in report
@@ -183,7 +183,7 @@ def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_sa
     fleet = read_fleet(shard_copy)
     assert [(u.id, u.case_indices, u.order_seed) for u in fleet.units] == [("shard-1", [0], 5), ("shard-2", [1], 5)]
     assert_combined_as_by_hand(shard_copy)
-    assert verify_run_dir(shard_copy).ok, failed(shard_copy)
+    assert verify_one(shard_copy).ok, failed(shard_copy)
     code, output = run_cli("report", str(shard_copy))
     report = (shard_copy / "report.md").read_text()
     assert code == 0 and "gate over the whole panel" in report and "passed in every shard" in report, report
@@ -206,7 +206,7 @@ def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_sa
     assert set(failed(shard_copy)) == {"report.md"}  # rendered before the record was combined again: stale
     code, output = run_cli("report", str(shard_copy))  # a stale page does not stop its own rendering
     assert code == 0, output
-    assert verify_run_dir(shard_copy).ok, failed(shard_copy)
+    assert verify_one(shard_copy).ok, failed(shard_copy)
 
 
 def timing_keys(run_dir: Path) -> list[tuple[str, ...]]:
@@ -236,7 +236,7 @@ def test_a_worker_killed_mid_unit_is_recorded_and_resume_completes_it(cluster, p
     rows = timing_keys(out / second.run)
     assert rows[: len(kept)] == kept and len(rows) == len(set(rows)) == 2 * 2 * 2  # cases x rounds x arms
     assert "--resume" in (out / second.log).read_text()
-    assert verify_run_dir(out).ok, failed(out)
+    assert verify_one(out).ok, failed(out)
 
 
 def rewrite_fleet(root: Path, change) -> None:
@@ -391,7 +391,7 @@ def test_a_unit_started_on_another_chip_is_set_aside_and_run_afresh(cluster, sha
     assert timing_keys(moved) == planted  # the set-aside rows, untouched
     assert json.loads((run / "provenance.json").read_text())["hostname"] != "other-host"  # a fresh run
     assert "not resumed, moved to" in (shard_copy / second.log).read_text()
-    assert verify_run_dir(shard_copy).ok, failed(shard_copy)
+    assert verify_one(shard_copy).ok, failed(shard_copy)
     code, _ = run_cli("report", str(shard_copy))
     assert code == 0 and "abandoned/shard-2-attempt2: it was started on GPU" in (shard_copy / "report.md").read_text()
     rewrite_fleet(shard_copy, lambda r: r["units"][1].update(abandoned=[]))  # the set-aside run unlisted

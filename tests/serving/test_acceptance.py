@@ -18,7 +18,6 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.stats import paired_ratio
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import (
     ACCEPTED,
@@ -36,6 +35,7 @@ from kerneltrial.serving.order import launch_order, williams_rows
 from kerneltrial.serving.protocol import Arm, parse_protocol
 from kerneltrial.serving.report_data import load_run, verdict
 from kerneltrial.serving.verify import verify_serving_run
+from kerneltrial.stats import paired_ratio
 
 from .conftest import FAKE, start_times
 

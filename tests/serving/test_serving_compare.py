@@ -64,7 +64,7 @@ def test_compare_and_report_refuse_a_serving_run_whose_summary_was_edited(
 ) -> None:
     """Publication verifies (issue 24): an edited figure keeps the run from being shown, unless
     --unverified, which puts UNVERIFIED in every title."""
-    from kerneltrial.analysis.publication import UNVERIFIED
+    from kerneltrial.publication import UNVERIFIED
 
     run = Path(shutil.copytree(clean_run, tmp_path / "edited"))
     summary = json.loads((run / "summary.json").read_text())

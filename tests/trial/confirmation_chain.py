@@ -13,8 +13,8 @@ import pytest
 import tomli_w
 
 from kerneltrial.analysis.dispatch import derive_rule, sha256_file
-from kerneltrial.analysis.links import Links
-from kerneltrial.analysis.summary import write_summary
+from kerneltrial.kernel.links import Links
+from kerneltrial.kernel.summary import write_summary
 from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.trial.confirm import write_confirmation
 from tests.analysis.rundir_factory import RunSpec, seal, write_checked_run, write_run_dir

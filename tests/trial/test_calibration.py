@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.trial.calibration import CalibrationError
 from kerneltrial.trial.runner import calibrate, run_trial
 

@@ -12,10 +12,10 @@ import tomllib
 import pytest
 from typer.testing import CliRunner
 
+from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.dispatch import sha256_file
-from kerneltrial.analysis.replicates import cross_run, table_problems, write_table
-from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.cli import app
+from kerneltrial.replicates.record import cross_run, table_problems, write_table
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.confirm import check_confirmation, write_confirmation
 from tests.analysis.rundir_factory import seal
@@ -139,21 +139,21 @@ def test_verify_checks_the_confirmation_candidate_and_the_linked_plan(chain):
     """verify repeats run's refusals on a finished confirmation run: a linked plan.json edited
     or removed afterwards, a second user module beside the dispatcher."""
     run = confirmation_run(chain)
-    assert verify_run_dir(run).ok
+    assert verify_one(run).ok
     plan = chain["explore"] / "plan.json"
     original = plan.read_text()
     plan.write_text(json.dumps(json.loads(original) | {"seeds": [0]}))
-    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    failed = {c.name: c.detail for c in verify_one(run).failures}
     assert set(failed) == {"confirmation seeds fresh"} and "plan.json hashes to" in failed["confirmation seeds fresh"]
     plan.unlink()
-    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    failed = {c.name: c.detail for c in verify_one(run).failures}
     assert "has no plan.json; its seeds cannot be checked" in failed["confirmation seeds fresh"]
     plan.write_text(original)
     provenance = json.loads((run / "provenance.json").read_text())
     provenance["impl_modules"]["kerneltrial.ops.rms_norm"] = "0" * 64
     (run / "provenance.json").write_text(json.dumps(provenance))
     seal(run)
-    failed = {c.name: c.detail for c in verify_run_dir(run).failures}
+    failed = {c.name: c.detail for c in verify_one(run).failures}
     assert set(failed) == {"confirmation candidate"}, failed
     assert (
         "a confirmation has one user module, its `user:<stem>` arm as the one candidate"
@@ -193,7 +193,7 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
         assert record["rule"]["path"] == "../../submission/zimage_qk_rmsnorm.rule.toml"
         assert "user:zimage_qk_rmsnorm" in [a["name"] for a in plan["arms"]]
 
-    result = verify_run_dir(out)
+    result = verify_one(out)
     assert result.ok, [c for c in result.failures]
     names = [c.name for c in result.checks]
     assert "run-1: confirmation links" in names and "run-2: confirmation seeds fresh" in names
@@ -201,14 +201,14 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
 
     summary = chain["explore"] / "summary.json"  # planted: the exploration edited after the confirmation
     summary.write_text(summary.read_text().replace('"tie_band": 0.02', '"tie_band": 0.03'))
-    failed = {c.name: c.detail for c in verify_run_dir(out).failures}
+    failed = {c.name: c.detail for c in verify_one(out).failures}
     assert set(failed) == {"run-1: confirmation links", "run-2: confirmation links"}
     assert "changed since" in failed["run-1: confirmation links"]
     code, output = run_cli("verify", str(out))
     assert code == 1 and "VERIFY FAILED" in output
 
     (out / "replicates.json").write_text((out / "replicates.json").read_text().replace('"wins": ', '"wins": 1'))
-    assert "cross-run table" in {c.name for c in verify_run_dir(out).failures}
+    assert "cross-run table" in {c.name for c in verify_one(out).failures}
 
 
 COMMITTED_REPLICATES = REPO / "results" / "h200" / "zimage_qk_rmsnorm-confirm-replicates"

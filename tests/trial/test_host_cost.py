@@ -8,9 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-from kerneltrial.analysis.report import write_report
-from kerneltrial.analysis.summary import SCHEMA, write_summary
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.report import write_report
+from kerneltrial.kernel.summary import SCHEMA, write_summary
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.documents import read_summary
 from kerneltrial.trial.runner import run_trial
 from kerneltrial.trial.timing import CPU_HOST_CALLS

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.ops.registry import Case, get_op, load_user_module
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
@@ -242,7 +242,7 @@ def test_an_underclaiming_arm_is_shown_far_inside_the_harness_bound(isolated_run
     bound = next(b for b in summary["isolation"]["bounds"] if b["arm"] == "user:underclaims")
     assert bound["claimed_ns_per_call"] == 1 / CALLS and bound["ratio"] > 1e5
     assert any(w.startswith(f"case {CASE.id}: isolated arm user:underclaims claims ") for w in summary["warnings"])
-    from kerneltrial.analysis.report import write_report
+    from kerneltrial.kernel.report import write_report
 
     report = write_report(isolated_run).read_text()
     assert "## Isolated arms: their own clock and the harness's bound" in report

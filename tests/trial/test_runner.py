@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kerneltrial.analysis.report import write_report
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.kernel.report import write_report
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import timing
 from kerneltrial.trial.runner import RunError, run_trial
@@ -214,7 +214,7 @@ def test_source_digest_changes_with_any_package_file(tmp_path):
 def _drop_arm_checks(run: Path, arm: str, case_prefix: str = "") -> None:
     """Planted: delete an arm's correctness rows (in cases starting with `case_prefix`), rebuild the
     summary and re-seal, as a careful forger would."""
-    from kerneltrial.analysis.summary import write_summary
+    from kerneltrial.kernel.summary import write_summary
     from tests.analysis.rundir_factory import seal
 
     correctness = run / "correctness.jsonl"

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.suite import read_suite, suite_problems
-from kerneltrial.analysis.verify import verify_run_dir
+from kerneltrial.analysis.cli import verify_one
 from kerneltrial.cli import app
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import kind_of
+from kerneltrial.suite.record import read_suite, suite_problems
 from kerneltrial.trial.suite import protocol_dir, protocol_files
 from tests.conftest import REPO
 
@@ -63,7 +63,7 @@ def gate_exit(run_dir: Path) -> int:
 
 
 def failed_checks(root: Path) -> dict[str, str]:
-    return {c.name: c.detail for c in verify_run_dir(root).failures}
+    return {c.name: c.detail for c in verify_one(root).failures}
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
 
     code, output = run_cli("verify", str(suite_dir))
     assert code == 0, output
-    names = [c.name for c in verify_run_dir(suite_dir).checks]
+    names = [c.name for c in verify_one(suite_dir).checks]
     assert (
         "rmsnorm: manifest" in names
         and "silu_and_mul: timing rows" in names
@@ -97,7 +97,7 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
     assert "[`rmsnorm`](rmsnorm/report.md)" in report and "[`silu_and_mul`](silu_and_mul/report.md)" in report
     assert "| `2x64/contiguous/bfloat16` |" in report and "`torch_compile` (torch.compile peers run on a GPU" in report
     assert all((suite_dir / name / "report.md").is_file() for name in RUNS)
-    assert verify_run_dir(suite_dir).ok  # reports are not part of the evidence
+    assert verify_one(suite_dir).ok  # reports are not part of the evidence
 
 
 @pytest.mark.slow
@@ -196,7 +196,7 @@ def test_an_interrupted_suite_resumes_without_measuring_finished_runs(tmp_path):
     assert {p.relative_to(out): p.read_bytes() for p in (out / "rmsnorm").rglob("*") if p.is_file()} == first
     record = read_suite(out)
     assert [r.status for r in record.runs] == ["finished", "finished"] and record.finished_at is not None
-    assert verify_run_dir(out).ok, failed_checks(out)
+    assert verify_one(out).ok, failed_checks(out)
 
 
 @pytest.mark.slow
@@ -216,7 +216,7 @@ def test_resume_records_a_run_that_ended_after_the_suite_stopped_recording(suite
         ("finished", gate_exit(suite_dir / RUNS[0])),
         ("finished", None),
     ]
-    assert suite.finished_at is not None and verify_run_dir(suite_dir).ok
+    assert suite.finished_at is not None and verify_one(suite_dir).ok
 
 
 def test_suite_refuses_a_tag_that_is_not_a_word(tmp_path):

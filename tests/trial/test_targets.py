@@ -14,8 +14,8 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 from typer.testing import CliRunner
 
-from kerneltrial.analysis.verify import verify_run_dir
 from kerneltrial.cli import app
+from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.ops.registry import Case, get_op, load_user_module
 from kerneltrial.trial import gate
 from kerneltrial.trial.runner import RunError, run_trial

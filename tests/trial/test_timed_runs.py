@@ -286,7 +286,7 @@ def test_resume_refuses_a_run_started_by_other_code(tmp_path: Path):
 def test_a_run_killed_before_its_manifest_is_sealed_on_resume(cheat_run: Path, tmp_path: Path):
     import shutil
 
-    from kerneltrial.analysis.verify import verify_run_dir
+    from kerneltrial.kernel.verify import verify_run_dir
 
     run = tmp_path / "run"
     shutil.copytree(cheat_run, run)
@@ -299,7 +299,7 @@ def test_a_run_killed_before_its_manifest_is_sealed_on_resume(cheat_run: Path, t
 def test_every_call_runs_on_fresh_values_and_a_random_call_is_checked(cheat_run: Path, tmp_path: Path):
     import shutil
 
-    from kerneltrial.analysis.verify import verify_run_dir
+    from kerneltrial.kernel.verify import verify_run_dir
 
     plan = json.loads((cheat_run / "plan.json").read_text())
     assert plan["checks"] == 3  # 2's contract, and isolated arms (none in this run)

@@ -7,7 +7,7 @@ is one `error:` line and exit 2; a run that fails verification exits 1.
 Publication verifies: `report`, `compare` and `performance` run the independent verification
 of every run they render first (`require_verified`, each directory once per command) and
 refuse a run that fails it, exit 1, naming the failed checks; `--unverified` renders anyway
-and every page then says UNVERIFIED in its title (analysis/publication.py).
+and every page then says UNVERIFIED in its title (publication.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
 
 if TYPE_CHECKING:
-    from kerneltrial.analysis.verify import VerifyResult
+    from kerneltrial.kernel.verify import VerifyResult
 
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory with summary.json.")]
@@ -54,24 +54,45 @@ NoRegrade = Annotated[
 
 
 def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
-    """The kernel verifier (kernel, replicate, suite and fleet directories), the serving one or the model
-    one, by the directory's kind (`rundir.layout.kind_of`). `regrade`: serving runs re-grade
-    every accuracy answer."""
-    from kerneltrial.analysis import derived
-    from kerneltrial.analysis.provenance_checks import commit_problems
-    from kerneltrial.analysis.verify import VerifyResult, check_written_after, verify_run_dir  # `--help` stays fast
-
+    """The verifier of the directory's kind (`rundir.layout.kind_of`): kernel, replicate, suite,
+    fleet, model or serving. `regrade`: serving runs re-grade every accuracy answer."""
     kind = kind_of(run_dir)
     if kind == "model":
-        from kerneltrial.model.verify import verify_model_run
+        return _verify_model(run_dir)
+    if kind == "serving":
+        return _verify_serving(run_dir, regrade)
+    if kind == "replicates":
+        from kerneltrial.replicates.record import verify_replicates
 
-        result = VerifyResult(run_dir)
-        result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
-        result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
-        check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("model", run_dir))
-        return result
-    if kind != "serving":
-        return verify_run_dir(run_dir)
+        return verify_replicates(run_dir)
+    if kind == "suite":
+        from kerneltrial.suite.record import verify_suite
+
+        return verify_suite(run_dir)
+    if kind == "fleet":
+        from kerneltrial.fleet.record import verify_fleet
+
+        return verify_fleet(run_dir)
+    from kerneltrial.kernel.verify import verify_run_dir  # `--help` stays fast
+
+    return verify_run_dir(run_dir)
+
+
+def _verify_model(run_dir: Path) -> VerifyResult:
+    from kerneltrial.analysis.model_report import render
+    from kerneltrial.kernel.provenance_checks import commit_problems
+    from kerneltrial.kernel.verify import VerifyResult, check_written_after
+    from kerneltrial.model.verify import verify_model_run
+
+    result = VerifyResult(run_dir)
+    result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+    result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
+    check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(run_dir, unverified))
+    return result
+
+
+def _verify_serving(run_dir: Path, regrade: bool) -> VerifyResult:
+    from kerneltrial.kernel.verify import VerifyResult, check_written_after
     from kerneltrial.serving.report import render
     from kerneltrial.serving.report_data import load_run
     from kerneltrial.serving.verify import verified_detail, verify_serving_run
@@ -160,18 +181,18 @@ def _write_report(run_dir: Path, unverified: bool) -> Path:
 
         return write_serving_report(run_dir, unverified)
     if kind == "replicates":
-        from kerneltrial.analysis.replicates import write_replicates_report
+        from kerneltrial.replicates.record import write_replicates_report
 
         return write_replicates_report(run_dir, unverified)
     if kind == "suite":
-        from kerneltrial.analysis.suite import write_suite_report
+        from kerneltrial.suite.record import write_suite_report
 
         return write_suite_report(run_dir, unverified)
     if kind == "fleet":
-        from kerneltrial.analysis.fleet import write_fleet_report
+        from kerneltrial.fleet.record import write_fleet_report
 
         return write_fleet_report(run_dir, unverified)
-    from kerneltrial.analysis.report import write_report
+    from kerneltrial.kernel.report import write_report
 
     return write_report(run_dir, unverified)
 
@@ -193,7 +214,7 @@ def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrad
 
 def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:
     """A --json comparison has no title: its notes open with the unverified mark instead."""
-    from kerneltrial.analysis.publication import UNVERIFIED, UNVERIFIED_NOTE
+    from kerneltrial.publication import UNVERIFIED, UNVERIFIED_NOTE
 
     return [f"{UNVERIFIED}: {UNVERIFIED_NOTE}", *notes] if unverified else notes
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneltrial.analysis.publication import titled
-from kerneltrial.analysis.report import operator_name, speedup_cell, us_cell
+from kerneltrial.kernel.report import operator_name, speedup_cell, us_cell
+from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, read_summary
 from kerneltrial.rundir.errors import RunDirError
 

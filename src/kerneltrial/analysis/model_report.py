@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.rundir.files import read_json, read_jsonl
 
 HOST_BOUND = 0.8  # device busy below this share of the wall time: the call waits on the host
@@ -125,7 +125,7 @@ def _gate_cells(row: dict[str, Any]) -> str:
 
 def render(run_dir: Path, unverified: bool = False) -> str:
     """report.md of a model run: a function of the run directory alone (verify renders it again
-    and compares, analysis/derived.py); `unverified`: the title says it was not verified."""
+    and compares, kernel/derived.py); `unverified`: the title says it was not verified."""
     plan = read_json(run_dir / "plan.json")
     summary = read_json(run_dir / "summary.json")
     lines = [

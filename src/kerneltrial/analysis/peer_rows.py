@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kerneltrial.analysis import stats
+from kerneltrial import stats
 from kerneltrial.rundir.documents import ArmFigures, SummaryCase
 
 OURS = "kerneltrial"  # the exported entry point of every operator

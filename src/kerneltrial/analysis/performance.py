@@ -13,7 +13,7 @@ what one geomean over a hand-picked panel hides (issue 16, item 5):
   geomean band of those (`stats.geomean_interval`);
 - each figure beside its target with a mark (`mark_at_least`, `mark_at_most`);
 - the speed-of-light floor and the one row against the best peer and the same-size copy
-  (analysis/performance_overview.py, analysis/floor.py).
+  (analysis/performance_overview.py, kernel/floor.py).
 A run whose ERRATA.md has a line `Superseded by: RUN` (and, optionally, `Reason: ...`) is an
 earlier run: it is listed, with its successor and reason, under "Earlier runs" instead of in the
 overview and the per-run sections; its successor must be among the run directories given, so
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kerneltrial.analysis import stats
+from kerneltrial import stats
 from kerneltrial.analysis.model_report import performance_section
 from kerneltrial.analysis.peer_rows import (
     EAGER,
@@ -62,8 +62,7 @@ from kerneltrial.analysis.performance_overview import (
     one_row,
     overview_page,
 )
-from kerneltrial.analysis.publication import titled
-from kerneltrial.analysis.report import (
+from kerneltrial.kernel.report import (
     errata,
     errata_field,
     freeze_record,
@@ -74,7 +73,8 @@ from kerneltrial.analysis.report import (
     run_section,
     superseded_by,
 )
-from kerneltrial.analysis.summary import UNFROZEN_WARNING
+from kerneltrial.kernel.summary import UNFROZEN_WARNING
+from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import ERRATA_REASON, kind_of

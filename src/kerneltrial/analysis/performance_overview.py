@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneltrial.analysis import stats
-from kerneltrial.analysis.floor import TORCH_ADD, case_floor_ns, fraction_of_floor, run_floor
+from kerneltrial import stats
 from kerneltrial.analysis.peer_rows import (
     MET,
     MISSED,
@@ -41,7 +40,8 @@ from kerneltrial.analysis.peer_rows import (
     regime,
     timed_entry,
 )
-from kerneltrial.analysis.report import markdown_table, num_cell, operator_name, optional_provenance
+from kerneltrial.kernel.floor import TORCH_ADD, case_floor_ns, fraction_of_floor, run_floor
+from kerneltrial.kernel.report import markdown_table, num_cell, operator_name, optional_provenance
 from kerneltrial.rundir.documents import Summary, SummaryCase, read_summary
 
 # The one row against a copy of its own bytes, timed the same way in the same run: issue 16's
@@ -218,7 +218,7 @@ FLOOR_HEADER = ["operator (run)", "layout", "regime", "cases", "median % of floo
 
 def floor_model_text() -> str:
     return (
-        "Speed-of-light floor of a case (analysis/floor.py): the run's Triton launch floor (ceilings.csv "
+        "Speed-of-light floor of a case (kernel/floor.py): the run's Triton launch floor (ceilings.csv "
         "`triton_launch`, the median of one-element Triton kernel calls) + the case's bytes / the run's 1 GiB copy "
         "rate (ceilings.csv `copy`, median GB/s). % of floor = 100 x floor / our median: 100 is a kernel at the "
         "floor; it can pass 100 (read-mostly traffic streams faster than a copy). Runs from before the Triton "

@@ -2,6 +2,6 @@
 
 pieces.py cuts the protocol into the work units' protocols; worker.py is one unit's Ray task
 (a fresh `kerneltrial run` process on the task's device); driver.py plans the units, schedules
-them, records what each did and combines the figures (analysis/fleet.py). Ray is imported
+them, records what each did and combines the figures (fleet/record.py). Ray is imported
 inside functions only: this package imports without it.
 """

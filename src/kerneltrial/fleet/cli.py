@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from kerneltrial.analysis.fleet import FleetArm, Mode
 from kerneltrial.cli_support import CliError, ExitCode, console
+from kerneltrial.fleet.record import FleetArm, Mode
 
 
 def run_on_ray(
@@ -17,8 +17,8 @@ def run_on_ray(
     """Exit 0 when every unit finished and some candidate passed: replicas, the gate on every GPU;
     shards, the protocol's gate over the whole panel (`passed`). 1 when a unit did not finish
     (continue with --resume) or no candidate passed."""
-    from kerneltrial.analysis.fleet import fleet_markdown
     from kerneltrial.fleet.driver import run_fleet
+    from kerneltrial.fleet.record import fleet_markdown
 
     if (replicas is None) == (shard is None):
         raise CliError("--ray needs one of --replicas N or --shard cases")

@@ -11,7 +11,7 @@ runner keeps every row already written and repeats none) unless Ray put it on an
 host than its partial run started on: then that run is moved to abandoned/<unit>-attemptN,
 listed on the unit with the reason, and the unit starts afresh (no run mixes two chips' rows).
 A unit whose run finished after fleet.json last saw it is recorded finished without running
-again. When every unit finished, the combined figures (analysis/fleet.py) are written into
+again. When every unit finished, the combined figures (fleet/record.py) are written into
 fleet.json. Replicas need one GPU each: more replicas than the cluster has GPUs are refused.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kerneltrial.analysis.fleet import Abandoned, Fleet, Mode, Unit, combine, read_fleet, write_fleet
 from kerneltrial.fleet.pieces import path_digests, write_piece
+from kerneltrial.fleet.record import Abandoned, Fleet, Mode, Unit, combine, read_fleet, write_fleet
 from kerneltrial.fleet.worker import FAULT_ENV, TESTING_ENV, Outcome, identity, run_unit
 from kerneltrial.rundir.documents import Freeze, Git, read_provenance
 from kerneltrial.rundir.files import now, read_json

@@ -15,7 +15,7 @@ from typing import Any
 
 import tomli_w
 
-from kerneltrial.analysis.fleet import PathDigest, Unit, protocol_paths
+from kerneltrial.fleet.record import PathDigest, Unit, protocol_paths
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import MANIFEST
 from kerneltrial.trial import protocol as proto

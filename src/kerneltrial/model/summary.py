@@ -4,9 +4,9 @@ captures, timed checks, copies, timings, attribution).
 Speedups are paired by round: every round times every arm once, so a round's ratio
 reference / arm cancels what the round shares (a clock or host-load shock hits all arms of
 a round). The estimate is the geometric mean of the per-round ratios, with a Student-t
-interval on their logs (analysis/stats.py `paired_ratio`, the rule serving trials use for
+interval on their logs (stats.py `paired_ratio`, the rule serving trials use for
 their launches), called win / tie / loss / inconclusive against the tie band
-(analysis/stats.py `verdict`: a tie only when the interval lies inside the band).
+(stats.py `verdict`: a tie only when the interval lies inside the band).
 
 Cases are (case, mode) pairs: graph-mode ids end in `-graph`. A case's arms are those that
 passed the gate, less (graph mode) those whose call could not be captured and those that
@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis.stats import median, paired_ratio, verdict
 from kerneltrial.model.layout import CAPTURES, COPIES, TIMED_CHECKS
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
 from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, PLAN, TIMINGS
+from kerneltrial.stats import median, paired_ratio, verdict
 
 SCHEMA = "kerneltrial.model-summary/3"
 REFERENCES = ("eager", "torch_eager", "kerneltrial")

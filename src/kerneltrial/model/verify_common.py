@@ -1,5 +1,5 @@
 """What model/verify.py's checks share across summary schemas, written independently of the
-runner and the summary (no import of either, nor of analysis/stats): the manifest, the end
+runner and the summary (no import of either, nor of kerneltrial/stats.py): the manifest, the end
 record, the protocol's digest, the seeded round order, the paired ratio and its verdict, and
 one arm's figures of one case."""
 

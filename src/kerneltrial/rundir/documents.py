@@ -263,7 +263,7 @@ class ArmFigures(Document):
     host_ns_per_call: float | None  # median host time per call; None: not measured (before summary/5)
     host_samples: int
     host_behind: int | None  # samples whose device was still busy at the end; None before summary/5
-    fraction_of_floor: float | None  # the case's floor / this median (analysis/floor.py); None before summary/6
+    fraction_of_floor: float | None  # the case's floor / this median (kernel/floor.py); None before summary/6
 
     @property
     def device_bound(self) -> bool:
@@ -278,7 +278,7 @@ class SummaryCase(Document):
     dtype: str
     bytes: int
     matched_copy_gbps: float | None = None  # a copy of this case's traffic; None: not measured (before issue 16)
-    floor_ns: float | None  # the speed-of-light floor (analysis/floor.py); None before summary/6 or unmeasured
+    floor_ns: float | None  # the speed-of-light floor (kernel/floor.py); None before summary/6 or unmeasured
     calls: int
     rounds: int | None  # None in summary/1
     units_planned: int | None
@@ -433,7 +433,7 @@ class Summary(Document):
     @property
     def records_floor(self) -> bool:
         """Whether cases and arms carry the floor figures (summary/6 on); older runs' floor is computed
-        from their ceilings (analysis/floor.py)."""
+        from their ceilings (kernel/floor.py)."""
         return self.schema_ in (SUMMARY_V6, SUMMARY_V7)
 
     @property
@@ -540,7 +540,7 @@ def read_summary(run_dir: Path) -> Summary:
     if data.get("schema") not in versions:
         raise RunDirError(
             f"{run_dir / SUMMARY}: schema {data.get('schema')!r}; reports read {', '.join(versions)} "
-            "(rewrite it with analysis.summary.write_summary(run_dir, overwrite=True))"
+            "(rewrite it with kerneltrial.kernel.summary.write_summary(run_dir, overwrite=True))"
         )
     for version in versions[versions.index(data["schema"]) :]:
         adapter = SUMMARY_ADAPTERS[version]

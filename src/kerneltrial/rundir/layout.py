@@ -27,7 +27,7 @@ COPY_MATCHED = "copy_matched"  # a copy of one case's traffic (`bytes`)
 TRITON_LAUNCH = "triton_launch"  # a one-element Triton kernel: the Triton launch floor
 # plan.json `floor` (issue 27): the speed-of-light model of each case, named by the ceilings.csv
 # kinds it reads: floor = median(`triton_launch`) + bytes / median GB/s of the 1 GiB `copy`
-# (analysis/floor.py states the model; a plan with it gets a summary/6)
+# (kernel/floor.py states the model; a plan with it gets a summary/6)
 FLOOR_MODEL = {"launch": TRITON_LAUNCH, "rate": "copy"}
 # plan.json arm kinds that may take only some layouts (the arm's `layouts`): a peer (e.g. one that
 # takes only contiguous rows) and a calibration copy of one. A candidate must take every layout:
@@ -38,7 +38,7 @@ TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
-REPORT = "report.md"  # derived: verify renders it again and compares (analysis/derived.py)
+REPORT = "report.md"  # derived: verify renders it again and compares (kernel/derived.py)
 ERRATA = "ERRATA.md"  # written by hand after the run: neither derived nor in the manifest
 ERRATA_SUPERSEDED = "Superseded by:"  # an ERRATA.md line that retires the run: `Superseded by: RUN`
 ERRATA_REASON = "Reason:"  # beside it: why

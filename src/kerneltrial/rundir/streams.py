@@ -9,7 +9,7 @@ same values, and seed 7919 draws as its checked inputs the fresh-buffer values o
 A confirmation must draw inputs no exploratory run drew (under the same inputs seed), so
 freshness compares these integers modulo 2**32, not the seed numbers (`shared_stream`).
 
-Torch-free: the protocol check, `run` and `verify` (analysis/links.py) all use it.
+Torch-free: the protocol check, `run` and `verify` (kernel/links.py) all use it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ pairing by round removes what the arms share in a round (drift, host load) and t
 (A B then B A) cancel a linear drift from the mean; the t interval is exact for normal log ratios
 and honest about its few degrees of freedom (t = 12.7 at n = 2), where a bootstrap over 2-6
 launches has a handful of distinct resamples and is far too narrow (kernel trials use a bootstrap
-over hundreds of (seed, round) units: analysis/stats.py). A candidate is accepted only when, in
+over hundreds of (seed, round) units: stats.py). A candidate is accepted only when, in
 every case, the gain's lower bound exceeds the noise band and the TTFT ratio's upper bound is at
 most ttft_ratio_max (each a one-sided test at (1 - confidence) / 2; requiring every case is an
 intersection-union test, no multiplicity correction is needed), the accuracy gate passed (when
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kerneltrial.analysis.stats import Ratio, paired_ratio
+from kerneltrial.stats import Ratio, paired_ratio
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 MIN_ROUNDS = 2  # paired rounds (launches per arm) for an interval: one degree of freedom

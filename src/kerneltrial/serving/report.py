@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.rundir.layout import REPORT
 from kerneltrial.serving import report_figures as figures
 from kerneltrial.serving.acceptance import ACCEPTED, CaseComparison, Verdict

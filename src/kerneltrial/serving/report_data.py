@@ -13,7 +13,6 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kerneltrial.analysis.stats import t_half_width
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROVENANCE, RUNS, SUMMARY
@@ -30,6 +29,7 @@ from kerneltrial.serving.acceptance import (
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.fl_policy import SelectionError
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform
+from kerneltrial.stats import t_half_width
 
 M = TypeVar("M", bound=BaseModel)
 NOT_RECORDED = "not recorded"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.serving.report_data import LATENCIES, PERCENTILES, ServingRun, arm_case
 
 

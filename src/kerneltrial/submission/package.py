@@ -54,8 +54,8 @@ def confirmed_run(run_dir: Path, module: Path, packed: Mapping[str, bytes], op: 
     """The run's record of `module` and its rule as packed (`packed`: name -> bytes), refused
     unless the run is a finished, verified confirmation of these very bytes for `op` whose gate
     passed the module's arm (see the module docstring)."""
-    from kerneltrial.analysis.links import Links
-    from kerneltrial.analysis.verify import verify_run_dir
+    from kerneltrial.kernel.links import Links
+    from kerneltrial.kernel.verify import verify_run_dir
     from kerneltrial.rundir.errors import RunDirError
 
     if not (run_dir / "provenance.json").is_file() or not (run_dir / "protocol.toml").is_file():

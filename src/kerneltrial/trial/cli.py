@@ -704,8 +704,8 @@ def demo(
 
     With a GPU it times real kernels (CUDA events); without one it runs the same pipeline
     through the Triton interpreter on the CPU and says so: those times are not GPU performance."""
-    from kerneltrial.analysis.report import write_report
-    from kerneltrial.analysis.verify import verify_run_dir
+    from kerneltrial.kernel.report import write_report
+    from kerneltrial.kernel.verify import verify_run_dir
     from kerneltrial.ops import launch
     from kerneltrial.trial import protocol as proto
     from kerneltrial.trial.runner import run_trial

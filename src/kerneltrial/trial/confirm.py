@@ -3,7 +3,7 @@
 `write_confirmation` writes the protocol `kerneltrial protocol confirm` prints: exactly one
 candidate (the dispatcher module as a user arm, in `impl_modules`), the control and the cases
 of the runs the rule was derived from, those runs' settings (the preregistered gate
-included), seeds none of them used, and links (analysis/links.py): the rule's sha256 and each
+included), seeds none of them used, and links (kernel/links.py): the rule's sha256 and each
 run's summary.json (and manifest.json) sha256. `check_confirmation` is what `run` asks before
 any work: links present and resolving, the rule the one the module loads, that module's arm
 the one candidate, seeds fresh.
@@ -16,7 +16,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from kerneltrial.analysis.links import Link, Links, RunLink, link_problems, seed_problems
+from kerneltrial.kernel.links import Link, Links, RunLink, link_problems, seed_problems
 from kerneltrial.ops.registry import Case
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import protocol as proto

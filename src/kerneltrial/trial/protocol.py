@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kerneltrial.analysis.gate_rule import parse_gate
+from kerneltrial.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
 from kerneltrial.rundir import streams
 from kerneltrial.rundir.files import now

@@ -4,7 +4,7 @@ Each run is a fresh process (`python -m kerneltrial.cli run PROTOCOL --order-see
 compiled kernel, cache or allocator state carries from one run to the next, with its own
 round order (order seed = the protocol's + i for run-i, recorded in plan.json). Runs go to
 DIR/run-1..N; a killed replicate continues: finished runs are kept, an unfinished one resumes.
-Then the cross-run table (analysis/replicates.py) is written to DIR.
+Then the cross-run table (replicates/record.py) is written to DIR.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import kerneltrial
-from kerneltrial.analysis.replicates import ReplicateTable, cross_run, run_names, write_table
+from kerneltrial.replicates.record import ReplicateTable, cross_run, run_names, write_table
 from kerneltrial.rundir.layout import REPLICATES
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import RunError

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kerneltrial.analysis.links import Links
+from kerneltrial.kernel.links import Links
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
@@ -333,7 +333,7 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
 
 def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
     """Widest speedup CI (high - low) of any arm against the control over the units so far."""
-    from kerneltrial.analysis.stats import BootstrapRule, bootstrap_speedup_ci
+    from kerneltrial.stats import BootstrapRule, bootstrap_speedup_ci
 
     rule = BootstrapRule(p.bootstrap_resamples, p.bootstrap_seed, p.confidence)
     units = sorted({(s, r) for s, r, a in samples if a == control})
@@ -699,7 +699,7 @@ class Trial:
 
 def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target: Target | None) -> Path:
     """The stages from correctness to the manifest (module docstring)."""
-    from kerneltrial.analysis.summary import write_summary
+    from kerneltrial.kernel.summary import write_summary
 
     run, p, op, timer, device, delay, progress = t.run, t.p, t.op, t.timer, t.device, t.delay, t.progress
     delay.measure_rate()

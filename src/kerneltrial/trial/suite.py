@@ -5,7 +5,7 @@ resolved, cases validated against their operators) before the first runs, so a t
 last one does not surface after the others have used the GPU. Each runs as `python -m
 kerneltrial.cli run PROTOCOL --out DIR/<stem>` in a fresh process, exactly as a lone `run`
 would (no compiled kernel, allocator state or imported peer carries from one operator to the
-next), its output on stderr. suite.json (analysis/suite.py) is written before the first run
+next), its output on stderr. suite.json (suite/record.py) is written before the first run
 and after each: a killed or interrupted suite continues with `--resume`, which skips finished
 runs and resumes an unfinished one with `run --resume`. A run that fails (an exit other than
 0, or 1 for a gate no arm passed) is recorded and the suite goes on to the next protocol.
@@ -19,13 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kerneltrial.analysis.suite import Suite, SuiteRun, read_suite, write_suite
 from kerneltrial.ops.registry import get_op
 from kerneltrial.rundir.documents import Git
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import MANIFEST, SUITE, SUMMARY
 from kerneltrial.rundir.provenance import git_state, source_digest
+from kerneltrial.suite.record import Suite, SuiteRun, read_suite, write_suite
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.replicate import GATE_FAILED, same_code_env
 from kerneltrial.trial.runner import RunError, check_arms

@@ -50,7 +50,7 @@ def fraction_of_floor(floor: float | None, median_ns: float | None) -> float | N
 
 @dataclass(frozen=True)
 class CaseFloors:
-    """What summary/6 writes (analysis/summary.py SchemaV6): each case's floor_ns, each arm's fraction."""
+    """What summary/6 writes (kernel/summary.py SchemaV6): each case's floor_ns, each arm's fraction."""
 
     launch_ns: float | None  # the run's Triton launch floor
     copy_gbps: float | None

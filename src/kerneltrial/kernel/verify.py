@@ -1,6 +1,6 @@
 """Independent verification of a run directory: rebuild every figure from the raw rows.
 
-This module deliberately does NOT import `analysis.stats` or `analysis.summary`: it reads
+This module deliberately does NOT import `kerneltrial.stats` or `kernel.summary`: it reads
 the files with the csv/json modules and recomputes each figure with its own code (own
 median, own quantile interpolation), following only the contract in docs/DESIGN.md. The
 one thing shared by necessity is numpy's generator, because the contract defines the
@@ -23,12 +23,12 @@ A run whose plan.json has `"checks": 1` (issue 10: what is timed is what was che
 schema-4 summary and gets more checks: every timing sample has its timed check (an arm that
 raised has none after), the seeded order over the arms still in each unit, the statuses
 `failed while timed` and `implausible`, the `inconclusive` verdict, the new aggregates and gate
-reasons, the ulp histograms, frozen_at, and the file integrity of analysis/integrity.py
+reasons, the ulp histograms, frozen_at, and the file integrity of kernel/integrity.py
 (manifest, source archive, provenance, freeze). For older runs these checks are listed as not
 applicable.
 
 A run whose plan.json has `"checks": 3` (issue 24, isolated arms) needs a schema-6 summary and gets
-the check `isolation bounds` (analysis/verify_isolation.py): plan `isolated` is what the protocol
+the check `isolation bounds` (kernel/verify_isolation.py): plan `isolated` is what the protocol
 names, every timing row of an isolated arm claims no more than the harness's wall bound beside it
 (and no other row has one), the summary's bounds and far-inside warnings follow; isolated arms
 have no host.csv rows.
@@ -52,10 +52,10 @@ A run whose plan.json has `floor` (issue 27) needs a schema-6 summary and gets t
 FLOOR_MODEL), every case's floor_ns is the median `triton_launch` ns + its bytes / the median
 `copy` GB/s, and every arm's fraction_of_floor is that floor / its median ns per call, recomputed
 from timings.csv. Older runs list the check as not applicable and must claim no floor figure.
-Every kernel run also gets `required files` and `no downgrade` (analysis/schema_requirements.py:
+Every kernel run also gets `required files` and `no downgrade` (kernel/schema_requirements.py:
 the declared contract's files and keys are present, and no witness shows a later contract than
-the one declared), `source commit` and `device` (analysis/provenance_checks.py), and `report.md`
-and `ERRATA.md` (analysis/derived.py: the page is the rendering of the directory; the hand-written
+the one declared), `source commit` and `device` (kernel/provenance_checks.py), and `report.md`
+and `ERRATA.md` (kernel/derived.py: the page is the rendering of the directory; the hand-written
 errata's machine-read lines are well formed).
 """
 
@@ -74,8 +74,8 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.analysis import derived, integrity, links, provenance_checks, schema_requirements
-from kerneltrial.analysis.verify_isolation import isolation_problems
+from kerneltrial.kernel import derived, integrity, links, provenance_checks, schema_requirements
+from kerneltrial.kernel.verify_isolation import isolation_problems
 from kerneltrial.rundir import streams
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
@@ -86,8 +86,6 @@ from kerneltrial.rundir.layout import (
     HOST,
     INPUT_FILES,
     MANIFEST,
-    REPLICATES,
-    REPLICATES_MD,
     REPORT,
     SOURCE_ARCHIVE,
     TIMED_CHECKS,
@@ -538,75 +536,38 @@ def _diff(where: str, recorded: dict[str, Any], recomputed: dict[str, Any], fiel
 
 def verify_run_dir(run_dir: Path) -> VerifyResult:
     """Recompute every figure of a kernel run directory and compare; see VerifyResult.checks.
-    A serving run directory is serving/verify.py's (the CLI picks by `rundir.layout.kind_of`)."""
+    Any other directory is its own package's (replicates/, suite/, fleet/, serving/, model/; the CLI
+    picks by `rundir.layout.kind_of`)."""
     run_dir = Path(run_dir)
     kind = kind_of(run_dir)
-    if kind == "replicates":
-        return _verify_replicates(run_dir)
-    if kind == "suite":
-        return _verify_suite(run_dir)
-    if kind == "fleet":
-        return _verify_fleet(run_dir)
     if kind != "kernel":
         raise RunDirError(f"{run_dir}: a {kind} run directory, not a kernel one; check it with `kerneltrial verify`")
     return _verify_kernel(run_dir, _read_json(run_dir, "provenance.json"))
 
 
-def _verify_replicates(root: Path) -> VerifyResult:
-    """A replicate directory: every run verified (its checks prefixed with the run's name),
-    then the cross-run table recomputed from their summaries (analysis/replicates.py)."""
-    from kerneltrial.analysis.replicates import table_problems
-
-    result = VerifyResult(root)
-    for name in read_json(root / REPLICATES)["runs"]:
-        for check in verify_run_dir(root / name).checks:
-            result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
-    result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
-    check_written_after(result, root, root / REPLICATES_MD, derived.renderer("replicates", root))
-    return result
+def member_checks(name: str, run_dir: Path) -> list[Check]:
+    """The kernel checks of one run of a replicate, suite or fleet directory, each prefixed with
+    `name`; an unreadable run is one failed check (it does not stop the other runs' checks)."""
+    try:
+        checks = verify_run_dir(run_dir).checks
+    except RunDirError as error:
+        checks = [Check("run directory", False, str(error))]
+    return [Check(f"{name}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
 
 
-def _verify_suite(root: Path) -> VerifyResult:
-    """A suite directory: every run present verified (checks prefixed with the run's name), then
-    the suite record against the directory (analysis/suite.py: every listed protocol ran)."""
-    from kerneltrial.analysis.suite import read_suite, suite_problems
+def kernel_page(run_dir: Path) -> derived.Render:
+    """report.md of a kernel run as a function of `unverified` (kernel/report.py)."""
 
-    result = VerifyResult(root)
-    for entry in read_suite(root).runs:
-        if not (root / entry.run).is_dir():
-            continue  # suite_problems names it
-        try:
-            checks = verify_run_dir(root / entry.run).checks
-        except RunDirError as error:  # an unreadable run fails the suite; it does not stop the other runs' checks
-            checks = [Check("run directory", False, str(error))]
-        result.checks += [Check(f"{entry.run}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
-    result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
-    check_written_after(result, root, root / REPORT, derived.renderer("suite", root))
-    return result
+    def render(unverified: bool) -> str:
+        from kerneltrial.kernel.report import report_text  # matplotlib: imported only where a report.md exists
 
+        return report_text(run_dir, unverified)
 
-def _verify_fleet(root: Path) -> VerifyResult:
-    """A fleet directory (`run --ray`): every unit's run present verified (checks prefixed with the
-    unit), then the combination (analysis/fleet.py: coverage, pieces, devices, code, figures)."""
-    from kerneltrial.analysis.fleet import fleet_checks, read_fleet
-
-    result = VerifyResult(root)
-    for unit in read_fleet(root).units:
-        if not (root / unit.run).is_dir():
-            continue  # the fleet units check names it
-        try:
-            checks = verify_run_dir(root / unit.run).checks
-        except RunDirError as error:  # an unreadable unit fails the fleet; the other units are still checked
-            checks = [Check("run directory", False, str(error))]
-        result.checks += [Check(f"{unit.id}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
-    for name, problems, detail in fleet_checks(root):
-        result.add(name, problems, detail)
-    check_written_after(result, root, root / REPORT, derived.renderer("fleet", root))
-    return result
+    return render
 
 
 def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render: derived.Render) -> None:
-    """The files written after the run (analysis/derived.py): `page` (report.md or replicates.md) is
+    """The files written after the run (kernel/derived.py): `page` (report.md or replicates.md) is
     what its renderer gives, and ERRATA.md's machine-read lines are well formed; each not
     applicable where the directory has none."""
     checks = (
@@ -672,7 +633,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     else:
         why = "plan.json checks < 3 (a run from before isolation)"
         _not_checked(("isolation bounds",), why, floor.checks >= CHECKS_ISOLATED, result)
-    check_written_after(result, run_dir, run_dir / REPORT, derived.renderer("kernel", run_dir))
+    check_written_after(result, run_dir, run_dir / REPORT, kernel_page(run_dir))
     return result
 
 
@@ -685,7 +646,7 @@ def _check_contract(
     result: VerifyResult,
 ) -> schema_requirements.WriterContract:
     """`required files` (what the declared contract makes a run hold) and `no downgrade` (the
-    declaration is not below what the code and rows show; analysis/schema_requirements.py).
+    declaration is not below what the code and rows show; kernel/schema_requirements.py).
     Returns the least contract the witnesses show."""
     declared = schema_requirements.declared(plan)
     result.add(
@@ -899,7 +860,7 @@ def _check_integrity(
     result: VerifyResult,
 ) -> None:
     """The checks of a run with timed checks that read no timing figure: plan fields, ulp histograms,
-    manifest, provenance, source archive and freeze (analysis/integrity.py)."""
+    manifest, provenance, source archive and freeze (kernel/integrity.py)."""
     result.add(
         "plan contract fields",
         _plan_contract_problems(plan),

@@ -14,7 +14,7 @@ the combined figures once every unit finished.
 - shard (`--shard cases`): units shard-1..W, the cases dealt round-robin, each case's arms
   interleaved inside one unit (a speedup is never a ratio of times from two devices).
 
-The combined figures reuse the replicate table's row (analysis/replicates.case_row) per (case,
+The combined figures reuse the replicate table's row (replicates/record.py case_row) per (case,
 arm) over the units that ran the case: each unit's verdict, speedup and CI, the between-unit
 range and sd of the speedup beside the mean within-unit CI width, and the pooled speedup (the
 geometric mean over those units). Per arm: each unit's geomean with its CI and preregistered
@@ -27,19 +27,23 @@ verifies every unit's run and `fleet_checks` below.
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from kerneltrial.analysis.publication import titled
-from kerneltrial.analysis.replicates import case_row
+from kerneltrial.publication import titled
+from kerneltrial.replicates.record import case_row
 from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
+
+if TYPE_CHECKING:
+    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.fleet/1"
 Mode = Literal["replicas", "shard"]
@@ -256,8 +260,8 @@ def combine(root: Path, fleet: Fleet) -> Combined:
 def _panel_gates(root: Path, fleet: Fleet, summaries: dict[str, dict[str, Any]]) -> dict[str, PanelGate]:
     """Shards: each arm's gate over the whole panel, every case's entry taken from the shard that
     ran it, judged by the kernel summary's own rule (its aggregates and gate, not a copy)."""
-    from kerneltrial.analysis import stats
-    from kerneltrial.analysis.summary import aggregates_and_gate, load_run, schema_of
+    from kerneltrial import stats
+    from kerneltrial.kernel.summary import aggregates_and_gate, load_run, schema_of
 
     ran_by = {i: u for u in fleet.units for i in u.case_indices}
     cases = [summaries[ran_by[i].id]["cases"][ran_by[i].case_indices.index(i)] for i in sorted(ran_by)]
@@ -408,7 +412,7 @@ def _devices_and_code(root: Path, fleet: Fleet) -> tuple[list[str], list[str]]:
 
 def fleet_checks(root: Path) -> list[tuple[str, list[str], str]]:
     """(name, problems, detail when none) of each check of the combination; every unit's run is
-    verified on its own by the kernel verifier (analysis/verify.py)."""
+    verified on its own by the kernel verifier (kernel/verify.py)."""
     root = Path(root)
     fleet = read_fleet(root)
     parent = tomllib.loads((root / PROTOCOL).read_text())
@@ -541,7 +545,7 @@ def fleet_markdown(root: Path, unverified: bool = False) -> str:
 def write_fleet_report(root: Path, unverified: bool = False) -> Path:
     """Each finished unit's report.md, then the fleet's report.md; returns its path.
     `unverified`: every title says the fleet was not required to verify."""
-    from kerneltrial.analysis.report import write_report  # matplotlib: not on verify's path
+    from kerneltrial.kernel.report import write_report  # matplotlib: not on verify's path
 
     root = Path(root)
     for u in read_fleet(root).units:
@@ -550,3 +554,18 @@ def write_fleet_report(root: Path, unverified: bool = False) -> Path:
     path = root / REPORT
     path.write_text(fleet_markdown(root, unverified))
     return path
+
+
+def verify_fleet(root: Path) -> VerifyResult:
+    """A fleet directory (`run --ray`): every unit's run present verified (checks prefixed with the
+    unit), then the combination (`fleet_checks`: coverage, pieces, devices, code, figures)."""
+    from kerneltrial.kernel.verify import VerifyResult, check_written_after, member_checks
+
+    result = VerifyResult(root)
+    for unit in read_fleet(root).units:
+        if (root / unit.run).is_dir():  # else the fleet units check names it
+            result.checks += member_checks(unit.id, root / unit.run)
+    for name, problems, detail in fleet_checks(root):
+        result.add(name, problems, detail)
+    check_written_after(result, root, root / REPORT, functools.partial(fleet_markdown, root))
+    return result

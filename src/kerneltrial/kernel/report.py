@@ -8,7 +8,7 @@ an ERRATA.md (corrections written after the run; the raw files are never edited)
 is quoted under "Errata (written by hand ...; not checked ...)" in the run's section, so that no
 line of it reads as a measured figure, and the overview marks the run "(errata)".
 report.md is a derived file: `report_text` is a function of the run directory, and verify
-renders it again and compares (analysis/derived.py). With `unverified` every title says so.
+renders it again and compares (kernel/derived.py). With `unverified` every title says so.
 A line `Superseded by: RUN` (and, optionally, `Reason: ...`) in it retires the run
 (`superseded_by`; analysis/performance.py).
 A schema-4 summary (a run with timed checks) adds to a run's section: when the protocol was
@@ -27,7 +27,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import (
     AACalibration,
     ArmFigures,
@@ -635,7 +635,7 @@ def run_section(
 
 def report_text(run_dir: Path, unverified: bool = False) -> str:
     """report.md of a kernel run: a function of the run directory alone (verify renders it again
-    and compares, analysis/derived.py)."""
+    and compares, kernel/derived.py)."""
     run_dir = Path(run_dir)
     lines = run_section(run_dir, read_summary(run_dir), unverified=unverified) + [
         "",

@@ -19,17 +19,21 @@ run (median and speedup per case and arm) with a link to the run's own report.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import PROTOCOL, REPORT, SUITE
+
+if TYPE_CHECKING:
+    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.suite/1"
 # pending: not started; running: started, not ended (a suite interrupted or killed leaves it);
@@ -184,7 +188,7 @@ def suite_markdown(root: Path, unverified: bool = False) -> str:
 def write_suite_report(root: Path, unverified: bool = False) -> Path:
     """Each finished run's report.md (and figures), then the suite's report.md; returns its path.
     `unverified`: every title says the suite was not required to verify."""
-    from kerneltrial.analysis.report import write_report
+    from kerneltrial.kernel.report import write_report
 
     root = Path(root)
     for entry in read_suite(root).runs:
@@ -193,3 +197,17 @@ def write_suite_report(root: Path, unverified: bool = False) -> Path:
     path = root / REPORT
     path.write_text(suite_markdown(root, unverified))
     return path
+
+
+def verify_suite(root: Path) -> VerifyResult:
+    """A suite directory: every run present verified (checks prefixed with the run's name), then
+    the suite record against the directory (`suite_problems`: every listed protocol ran)."""
+    from kerneltrial.kernel.verify import VerifyResult, check_written_after, member_checks
+
+    result = VerifyResult(root)
+    for entry in read_suite(root).runs:
+        if (root / entry.run).is_dir():  # else suite_problems names it
+            result.checks += member_checks(entry.run, root / entry.run)
+    result.add("suite runs", suite_problems(root), "every listed protocol ran to a finished, unaltered run")
+    check_written_after(result, root, root / REPORT, functools.partial(suite_markdown, root))
+    return result

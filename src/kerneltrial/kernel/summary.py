@@ -2,7 +2,7 @@
 
 Reads plan.json, protocol.toml, correctness.jsonl, timings.csv, ceilings.csv and, in runs
 with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run directory: exact
-format") and computes the figures with `analysis.stats`. The runner calls
+format") and computes the figures with `kerneltrial.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
 plan.json `checks`, `host`, `floor` and `isolated` pick the schema, one adapter each (`SchemaV3`
@@ -67,14 +67,14 @@ Schema `kerneltrial.summary/5` (plan.json `host`, host.csv) adds, over schema 4:
 
 Schema `kerneltrial.summary/6` (plan.json `floor`, issue 27) adds, over schema 5:
   every case floor_ns (the speed-of-light floor: the Triton launch floor + bytes / copy_gbps,
-  analysis/floor.py; null without `triton_launch` or `copy` rows) and in every arm entry
+  kernel/floor.py; null without `triton_launch` or `copy` rows) and in every arm entry
   fraction_of_floor (floor_ns / median_ns_per_call; null where either is null).
 
 Schema `kerneltrial.summary/7` (plan.json `"checks": 3`, isolated arms, issue 24) adds, over schema 6:
   isolation: {arms (plan's `isolated`), far_inside, bounds: [{case, arm, samples,
   claimed_ns_per_call, bound_ns_per_call, ratio}]}: per timed (case, isolated arm) the median
   ns / calls the arm's worker claimed and the median wall_ns / calls the harness measured around
-  the same samples (analysis/bounds.py); a warning for each claim more than `far_inside` times
+  the same samples (kernel/bounds.py); a warning for each claim more than `far_inside` times
   inside its bound. Isolated arms have no host.csv rows (host figures null).
 
 Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
@@ -93,9 +93,9 @@ from typing import Any
 
 import pandas as pd
 
-from kerneltrial.analysis import gate_rule, stats
-from kerneltrial.analysis.bounds import isolation_fields
-from kerneltrial.analysis.floor import CaseFloors
+from kerneltrial import gate_rule, stats
+from kerneltrial.kernel.bounds import isolation_fields
+from kerneltrial.kernel.floor import CaseFloors
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
@@ -477,7 +477,7 @@ class SchemaV5(SchemaV4):
 
 @dataclass
 class SchemaV6(SchemaV5):
-    """plan.json `floor` (issue 27): summary/6, the floor figures of analysis/floor.py."""
+    """plan.json `floor` (issue 27): summary/6, the floor figures of kernel/floor.py."""
 
     floors: CaseFloors | None = None
 

@@ -3,7 +3,7 @@
 provenance.json is the run's own statement of where it ran; a forger can edit it and rehash the
 manifest. These checks compare it with records the forger must also change, and consistently:
 - `source commit`: the package at the recorded commit, read from this checkout's git history
-  (analysis/git_history.py), digests to `git.source_sha256` (which the source archive check
+  (kernel/git_history.py), digests to `git.source_sha256` (which the source archive check
   ties to source.tar.gz), unless the run says its tree was modified (`git.dirty` true). Every
   committed run's commit is in the history; elsewhere an unknown commit is not applicable.
 - `device`: the CPU/GPU fields agree with plan.json (`is_gpu`, the timer) and the interpreter
@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerneltrial.analysis.git_history import package_at
-from kerneltrial.analysis.integrity import package_digest
+from kerneltrial.kernel.git_history import package_at
+from kerneltrial.kernel.integrity import package_digest
 
 GIB = 1 << 30
 MEMORY_TOLERANCE = 0.02  # torch's total_memory of one GPU model varies by driver reservation, by well under 2%

@@ -20,11 +20,15 @@ import statistics
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kerneltrial.analysis.publication import titled
+from kerneltrial.publication import titled
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import REPLICATES, REPLICATES_MD
+
+if TYPE_CHECKING:
+    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.replicates/2"
 # replicates/1 tables did not record N: verify takes it from the run directories present.
@@ -79,7 +83,7 @@ def run_names(n: int) -> list[str]:
 
 def case_row(case: str, arm: str, figures: list[dict[str, Any]]) -> CaseRow:
     """One (case, arm) over runs: `figures` is the arm's entry of the case in each run's summary
-    ({} where the run lacks it). Fleet runs (analysis/fleet.py) use the same row per worker."""
+    ({} where the run lacks it). Fleet runs (fleet/record.py) use the same row per worker."""
     speedups = [f.get("speedup") for f in figures]
     lows, highs = [f.get("ci_low") for f in figures], [f.get("ci_high") for f in figures]
     known = [v for v in speedups if v is not None]
@@ -170,7 +174,7 @@ def recorded_runs(root: Path) -> int:
 def write_replicates_report(root: Path, unverified: bool = False) -> Path:
     """Each run's report.md (and figures), then replicates.md from the table recomputed from the
     runs; returns replicates.md's path. `unverified`: every title says the runs were not required to verify."""
-    from kerneltrial.analysis.report import write_report  # matplotlib: not on verify's path
+    from kerneltrial.kernel.report import write_report  # matplotlib: not on verify's path
 
     table = cross_run(root, recorded_runs(root))
     for name in table.runs:
@@ -212,3 +216,20 @@ def table_problems(root: Path) -> list[str]:
             "replicate i runs with order seed protocol + i, so a gap or repeat means a run was swapped or left out"
         )
     return problems
+
+
+def verify_replicates(root: Path) -> VerifyResult:
+    """A replicate directory: every run verified (its checks prefixed with the run's name),
+    then the cross-run table recomputed from their summaries (`table_problems`)."""
+    from kerneltrial.kernel.verify import Check, VerifyResult, check_written_after, verify_run_dir
+
+    result = VerifyResult(root)
+    for name in read_json(root / REPLICATES)["runs"]:
+        for check in verify_run_dir(root / name).checks:
+            result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
+    result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
+    page = root / REPLICATES_MD
+    check_written_after(
+        result, root, page, lambda unverified: to_markdown(cross_run(root, recorded_runs(root)), unverified)
+    )
+    return result

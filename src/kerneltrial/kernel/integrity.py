@@ -1,7 +1,7 @@
 """File integrity of a kernel run of the timed-check contract: manifest, source archive, provenance.
 
-Part of `kerneltrial verify` (analysis/verify.py calls these for runs whose plan.json has
-`"checks": 1`). Like verify, it imports nothing from analysis.stats or analysis.summary: it
+Part of `kerneltrial verify` (kernel/verify.py calls these for runs whose plan.json has
+`"checks": 1`). Like verify, it imports nothing from kerneltrial.stats or kernel.summary: it
 follows docs/DESIGN.md ("Run directory: exact format") on its own. Each function returns the
 problems it found; an empty list means the check passed.
 
@@ -29,7 +29,7 @@ from kerneltrial.rundir.layout import ERRATA, MANIFEST, REPORT, REPORT_FIGURES, 
 MANIFEST_SCHEMA = "kerneltrial.manifest/1"
 PACKAGE_PREFIX = "kerneltrial/"
 # files a person or `kerneltrial report` may add after the run; everything else must be in the manifest.
-# report.md is checked as a derived file and ERRATA.md by its own rule (analysis/derived.py).
+# report.md is checked as a derived file and ERRATA.md by its own rule (kernel/derived.py).
 ADDED_AFTER_RUN = (REPORT, ERRATA, *REPORT_FIGURES)
 REQUIRED_VERSIONS = ("python", "torch", "triton")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -107,7 +107,7 @@ def archive_members(path: Path) -> dict[str, bytes]:
 def package_digest(files: dict[str, bytes]) -> str:
     """The package digest, defined as `provenance.source_digest`: sha256 over relpath (posix,
     without "kerneltrial/") + NUL + bytes + NUL, in the order in which pathlib sorts the paths
-    (component by component). Of the archive's members or of a commit's files (analysis/git_history.py)."""
+    (component by component). Of the archive's members or of a commit's files (kernel/git_history.py)."""
     digest = hashlib.sha256()  # written out, not rundir.hashing.digest_of: verify recomputes the runner's digest
     for relative in sorted(files, key=lambda r: PurePosixPath(r).parts):
         digest.update(relative.encode() + b"\0" + files[relative] + b"\0")

@@ -1,5 +1,5 @@
 """verify's check of isolated arms (plan.json `checks` 3), recomputed independently: the csv module
-and verify's own median, nothing of analysis.stats, analysis.summary or analysis.bounds.
+and verify's own median, nothing of kerneltrial.stats, kernel.summary or kernel.bounds.
 
 - plan.json `isolated` is what protocol.toml's `isolate` names (user: every `user:` arm; all: every
   arm but `aa:`/`slow:` copies; none; or the list itself);

@@ -6,7 +6,8 @@ confirmation links), so it is never rewritten. Each has its own rule instead, pa
 `kerneltrial verify`:
 
 - report.md (and a replicate directory's replicates.md) is derived: a function of the directory
-  alone (the report's `report_text`, `render`, `suite_markdown`, ...). verify renders it again
+  alone (the report's `report_text`, `render`, `suite_markdown`, ...: each kind's verifier passes
+  its own as a `Render`). verify renders it again
   and compares the bytes; an edited page, or one rendered by another kerneltrial, fails with the
   first line that differs and the fix (render it again). A page rendered with `--unverified`
   (its titles say UNVERIFIED) is accepted too: it claims less. The PNG figures are not compared
@@ -19,15 +20,10 @@ confirmation links), so it is never rewritten. Each has its own rule instead, pa
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneltrial.analysis.fleet import fleet_markdown
-from kerneltrial.analysis.model_report import render as model_markdown
-from kerneltrial.analysis.replicates import cross_run, recorded_runs, to_markdown
-from kerneltrial.analysis.suite import suite_markdown
-from kerneltrial.rundir.layout import ERRATA, Kind
+from kerneltrial.rundir.layout import ERRATA
 from kerneltrial.rundir.layout import ERRATA_REASON as REASON
 from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 
@@ -62,26 +58,6 @@ def derived_problems(path: Path, render: Render) -> list[str] | None:
         f"it was edited after it was rendered, or rendered by another kerneltrial or before ERRATA.md changed; "
         f"render it again with `kerneltrial report {path.parent}`"
     ]
-
-
-def page(kind: Kind, root: Path, unverified: bool) -> str:
-    """The page `kerneltrial report` writes into a directory of `kind` (the serving report is
-    serving/report.py's, one floor up): report.md, or replicates.md of a replicate directory."""
-    if kind == "kernel":
-        from kerneltrial.analysis.report import report_text  # matplotlib: imported only where a report.md exists
-
-        return report_text(root, unverified)
-    if kind == "replicates":
-        return to_markdown(cross_run(root, recorded_runs(root)), unverified)
-    renderers = {"model": model_markdown, "suite": suite_markdown, "fleet": fleet_markdown}
-    if kind not in renderers:
-        raise ValueError(f"no analysis renderer for a {kind} directory")
-    return renderers[kind](root, unverified)
-
-
-def renderer(kind: Kind, root: Path) -> Render:
-    """`page` of `root` as a function of `unverified` alone, what `derived_problems` compares with."""
-    return functools.partial(page, kind, root)
 
 
 def errata_problems(run_dir: Path) -> list[str] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from kerneltrial.analysis import stats
+from kerneltrial import stats
 
 # A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
 # then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):

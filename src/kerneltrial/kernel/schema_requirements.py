@@ -13,7 +13,7 @@ rules are laxer. So verify also derives the least contract the run was written u
 witnesses a forger must find and remove one by one (`writer_floor`), and fails a declaration
 below it (`downgrade_problems`):
 - the code that ran: the runner in source.tar.gz, and the runner at the recorded commit in this
-  checkout's git history (analysis/git_history.py; used where the run says its tree was that
+  checkout's git history (kernel/git_history.py; used where the run says its tree was that
   commit's), each read for the contract it writes (`writer_contract`);
 - traces in the raw files that only a writer of that contract leaves: the files themselves,
   the timed-check keys of plan.json, `ulp_hist` in correctness rows, `launch` rows in
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.analysis import integrity
-from kerneltrial.analysis.git_history import package_at
+from kerneltrial.kernel import integrity
+from kerneltrial.kernel.git_history import package_at
 from kerneltrial.rundir.files import read_jsonl
 from kerneltrial.rundir.layout import (
     COPY_MATCHED,

@@ -3,8 +3,8 @@
 A run records the commit that ran (provenance.json `git.commit`) and the digest of the package
 source (`git.source_sha256`). A run directory's own files can all be edited, but the history
 of the repository that publishes kerneltrial cannot be, cheaply: verify reads the package at
-the recorded commit from it (analysis/provenance_checks.py compares its digest with the run's;
-analysis/schema_requirements.py reads which run-directory contract that code writes). Where
+the recorded commit from it (kernel/provenance_checks.py compares its digest with the run's;
+kernel/schema_requirements.py reads which run-directory contract that code writes). Where
 this checkout has no git, or no such commit, nothing is read and the caller says why.
 """
 

@@ -1,6 +1,6 @@
 """The grammar of a protocol's decision gate: `no_loss`, `geomean>=X`, or both joined by ` and `.
 
-Apart from analysis/stats.py (which judges an arm against a parsed gate) so that a protocol
+Apart from stats.py (which judges an arm against a parsed gate) so that a protocol
 is validated without numpy or scipy: `run` refuses a bad protocol before any heavy import.
 """
 
