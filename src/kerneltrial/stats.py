@@ -1,7 +1,7 @@
 """Statistics for kernel trials: pure functions, no file access.
 
 Every rule here is the one written in docs/DESIGN.md ("Run directory: exact format",
-Statistics). `kernel/verify.py` re-implements the same rules independently, so any
+Statistics). `kernel/verify/` re-implements the same rules independently, so any
 change here must be a change to the contract first.
 
 Units: a per-sample time is `ns / calls` (nanoseconds per call); GB/s is bytes per

@@ -20,7 +20,8 @@ from rundir_factory import C1, C2, RunSpec, write_run_dir
 from kerneltrial import stats
 from kerneltrial.kernel.report import write_report
 from kerneltrial.kernel.summary import build_summary, write_summary
-from kerneltrial.kernel.verify import _spread, verify_run_dir
+from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.kernel.verify.arithmetic import spread
 
 # ---------------------------------------------------------------- helpers
 
@@ -51,7 +52,7 @@ def test_relative_spread_hand_computed() -> None:
     # 1..10: p10 at rank 0.9 -> 1.9, p90 at rank 8.1 -> 9.1, median 5.5: (9.1 - 1.9) / 5.5
     values = [float(v) for v in range(10, 0, -1)]
     assert math.isclose(stats.relative_spread(values), 7.2 / 5.5, rel_tol=1e-12)
-    assert math.isclose(_spread(values), 7.2 / 5.5, rel_tol=1e-12)  # verify's own code agrees
+    assert math.isclose(spread(values), 7.2 / 5.5, rel_tol=1e-12)  # verify's own code agrees
     assert stats.relative_spread([5.0]) == 0.0
     assert stats.relative_spread([100.0, 110.0]) == pytest.approx((109.0 - 101.0) / 105.0, rel=1e-12)
     with pytest.raises(ValueError, match="no timing rows"):
@@ -638,4 +639,4 @@ def test_numpy_quantile_is_the_spread_rule() -> None:
     p10, p90 = np.quantile(values, [0.1, 0.9])
     expected = (p90 - p10) / np.median(values)
     assert math.isclose(stats.relative_spread(values), expected, rel_tol=1e-12)
-    assert math.isclose(_spread(values), expected, rel_tol=1e-12)
+    assert math.isclose(spread(values), expected, rel_tol=1e-12)

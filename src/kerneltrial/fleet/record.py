@@ -412,7 +412,7 @@ def _devices_and_code(root: Path, fleet: Fleet) -> tuple[list[str], list[str]]:
 
 def fleet_checks(root: Path) -> list[tuple[str, list[str], str]]:
     """(name, problems, detail when none) of each check of the combination; every unit's run is
-    verified on its own by the kernel verifier (kernel/verify.py)."""
+    verified on its own by the kernel verifier (kernel/verify/)."""
     root = Path(root)
     fleet = read_fleet(root)
     parent = tomllib.loads((root / PROTOCOL).read_text())

@@ -1,6 +1,6 @@
 """File integrity of a kernel run of the timed-check contract: manifest, source archive, provenance.
 
-Part of `kerneltrial verify` (kernel/verify.py calls these for runs whose plan.json has
+Part of `kerneltrial verify` (kernel/verify/ calls these for runs whose plan.json has
 `"checks": 1`). Like verify, it imports nothing from kerneltrial.stats or kernel.summary: it
 follows docs/DESIGN.md ("Run directory: exact format") on its own. Each function returns the
 problems it found; an empty list means the check passed.
