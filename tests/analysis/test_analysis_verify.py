@@ -26,6 +26,7 @@ import kerneltrial.replicates.record as replicates_module
 from kerneltrial.analysis.cli import mount
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 
 
@@ -128,16 +129,24 @@ def test_not_a_run_dir_is_an_input_error(tmp_path: Path) -> None:
 def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "provenance.json").write_text(json.dumps({"kind": "serving"}))
     fake = types.ModuleType("kerneltrial.serving.verify")
-    fake.verify_serving_run = lambda path, regrade: [] if path == tmp_path else ["wrong path"]
-    fake.verified_detail = lambda path: "every serving figure matches"
+
+    def fake_verify(problems: list[str]) -> Callable[[Path, bool], VerifyResult]:
+        def verify(path: Path, regrade: bool) -> VerifyResult:
+            result = VerifyResult(path)
+            result.add("summary figures", problems if path == tmp_path else ["wrong path"], "every figure matches")
+            return result
+
+        return verify
+
+    fake.verify_serving_run = fake_verify([])
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
     app = typer.Typer(pretty_exceptions_enable=False)
     mount(app)
     passed = CliRunner().invoke(app, ["verify", str(tmp_path)])
-    assert passed.exit_code == 0 and "ok   serving run: every serving figure matches" in passed.output
-    fake.verify_serving_run = lambda path, regrade: ["ttft p50 differs", "row 3 missing"]
+    assert passed.exit_code == 0 and "ok   summary figures: every figure matches" in passed.output
+    fake.verify_serving_run = fake_verify(["ttft p50 differs", "row 3 missing"])
     failed = CliRunner().invoke(app, ["verify", str(tmp_path)])
-    assert failed.exit_code == 1 and "FAIL serving run: ttft p50 differs; row 3 missing" in failed.output
+    assert failed.exit_code == 1 and "FAIL summary figures: ttft p50 differs; row 3 missing" in failed.output
 
 
 def test_the_kernel_verifier_refuses_a_serving_run(tmp_path: Path) -> None:
@@ -190,9 +199,7 @@ def test_verify_is_independent_of_stats_and_summary(path: Path) -> None:
         "kerneltrial.publication.titled",  # the UNVERIFIED mark of a page title
         "kerneltrial.kernel.report.report_text",  # report.md rendered again to compare (a page, no figure)
         "kerneltrial.kernel.report.write_report",  # replicates: `report` writes each run's page (not verify)
-        "kerneltrial.kernel.verify.Check",  # replicates: each run's kernel checks
-        "kerneltrial.kernel.verify.VerifyResult",
-        "kerneltrial.kernel.verify.check_written_after",
+        "kerneltrial.kernel.verify.check_written_after",  # replicates: each run's kernel checks
         "kerneltrial.kernel.verify.verify_run_dir",
     }
     assert not [name for name in imported if name.startswith(("kerneltrial.trial", "kerneltrial.ops"))]

@@ -233,7 +233,7 @@ def test_a_clearly_faster_candidate_is_accepted(tmp_path, monkeypatch):
     case = acc["cases"][CASE]
     assert case["rounds"] == 4 and case["gain_low"] > 0.15 and case["ttft_ratio_high"] <= 1.01
     assert "candidate B vs baseline A: ACCEPTED" in output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     plan = json.loads((out / "plan.json").read_text())
     rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
     assert [L["arm"] for L in plan["launches"]] == [L["arm"] for L in rows] in (list("ABBABAAB"), list("BAABABBA"))
@@ -244,7 +244,7 @@ def test_a_clearly_faster_candidate_is_accepted(tmp_path, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     summary["acceptance"]["cases"][CASE]["gain_low"] = 0.5
     (out / "summary.json").write_text(json.dumps(summary))
-    assert any(f"acceptance {CASE}: gain_low 0.5, recomputed" in p for p in verify_serving_run(out))
+    assert any(f"acceptance {CASE}: gain_low 0.5, recomputed" in p for p in verify_serving_run(out).problems)
 
 
 def test_an_a_a_trial_is_not_accepted(tmp_path, monkeypatch):
@@ -255,12 +255,12 @@ def test_an_a_a_trial_is_not_accepted(tmp_path, monkeypatch):
     assert acc["verdict"] == "REJECTED" and not acc["accepted"]
     assert acc["cases"][CASE]["gain_low"] < 0 < acc["cases"][CASE]["gain_high"]
     assert "candidate B vs baseline A: REJECTED" in output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: the verdict flipped to ACCEPTED
     summary = json.loads((out / "summary.json").read_text())
     summary["acceptance"] |= {"accepted": True, "verdict": "ACCEPTED"}
     (out / "summary.json").write_text(json.dumps(summary))
-    assert "acceptance verdict ACCEPTED, recomputed REJECTED" in verify_serving_run(out)
+    assert "acceptance verdict ACCEPTED, recomputed REJECTED" in verify_serving_run(out).problems
 
 
 def test_one_launch_per_arm_is_an_inconclusive_trial_that_exits_1(tmp_path, monkeypatch):
@@ -270,7 +270,7 @@ def test_one_launch_per_arm_is_an_inconclusive_trial_that_exits_1(tmp_path, monk
     acc = json.loads((out / "summary.json").read_text())["acceptance"]
     assert acc["verdict"] == "INCONCLUSIVE" and acc["cases"][CASE]["gain"] == pytest.approx(1.0)
     assert "at least 2 launches per arm are needed" in output and "INCONCLUSIVE" in output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
 
 
 def test_the_issues_case_run_as_a_trial_is_accepted_under_neither_label(tmp_path, monkeypatch):
@@ -279,7 +279,7 @@ def test_the_issues_case_run_as_a_trial_is_accepted_under_neither_label(tmp_path
     first_b = next(i for i, (_, _, n) in enumerate(order) if n == "B")
     bench = synthetic_bench(lambda arm, L: (0.592, 1.74) if L == first_b else (wobble(L), 1.0))
     code, _, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=2), bench)
-    assert code == 1 and verify_serving_run(out) == []
+    assert code == 1 and verify_serving_run(out).problems == []
     run = load_run(out)
     launches = {
         arm: [

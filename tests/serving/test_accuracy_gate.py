@@ -36,8 +36,8 @@ def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkey
     summary = trial.run_protocol(parse_protocol(text), text.encode(), out, sys.executable, argv=["test"])
     acc = summary["accuracy"]["E1"]
     assert (acc["n"], acc["correct"], acc["required_n"]) == (2, 2, 105) and not acc["passed"]
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     written = json.loads((out / "summary.json").read_text())
     written["accuracy"]["E1"]["passed"] = True  # planted: the gate called passed on 2 of 105
     (out / "summary.json").write_text(json.dumps(written))
-    assert any("accuracy E1: passed" in p for p in verify_serving_run(out))
+    assert any("accuracy E1: passed" in p for p in verify_serving_run(out).problems)

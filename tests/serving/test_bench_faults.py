@@ -47,7 +47,7 @@ def test_bench_against_fake_server_and_verify(tmp_path, port, fake_argv, vllm_cl
         ],
     )
     assert r.exit_code == 0, r.output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     assert CliRunner().invoke(main_app, ["verify", str(out)]).exit_code == 0  # the main verify dispatches on kind
     rows = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["total_output_tokens"] == 32 for r in rows)
@@ -55,10 +55,10 @@ def test_bench_against_fake_server_and_verify(tmp_path, port, fake_argv, vllm_cl
     s = json.loads((out / "summary.json").read_text())
     s["results"]["server"]["in32-out8-c2-n4"]["total_token_throughput"] *= 1.01
     (out / "summary.json").write_text(json.dumps(s))
-    assert any("total_token_throughput" in p for p in verify_serving_run(out))
+    assert any("total_token_throughput" in p for p in verify_serving_run(out).problems)
     assert CliRunner().invoke(main_app, ["verify", str(out)]).exit_code == 1
     (out / "protocol.toml").write_text((out / "protocol.toml").read_text() + "\n# edited\n")
-    assert any("protocol_sha256" in p for p in verify_serving_run(out))
+    assert any("protocol_sha256" in p for p in verify_serving_run(out).problems)
 
 
 def test_server_killed_mid_benchmark(tmp_path, port, fake_argv, vllm_client, vllm_server_cmd):

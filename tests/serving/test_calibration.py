@@ -42,7 +42,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_calibrate_writes_an_a_a_run_its_noise_and_its_false_acceptance_rate(calibrated):
     proto, cal = calibrated
-    assert verify_serving_run(cal) == []  # an ordinary serving run directory
+    assert verify_serving_run(cal).problems == []  # an ordinary serving run directory
     plan = json.loads((cal / "plan.json").read_text())
     assert [(a["name"], a["role"]) for a in plan["arms"]] == [(ARM_A, "baseline"), (ARM_A_PRIME, "candidate")]
     assert plan["arms"][0]["argv"] == plan["arms"][1]["argv"] and plan["rounds"] == 6 and plan["accuracy"] is None

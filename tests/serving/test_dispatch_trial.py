@@ -155,16 +155,16 @@ def test_plugin_that_fails_to_load_is_an_invalid_arm_not_a_baseline(tmp_path):
     assert any("dispatch proof invalid" in f for f in summary["failures"])
     assert summary["acceptance"]["accepted"] is False
     assert any(r.startswith("candidate E1: dispatch proof invalid") for r in summary["acceptance"]["reasons"])
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: the record says the plugin loaded (the sha256 and the verdict disagree) ...
     raw = json.loads(rec.read_text())
     raw["loads"][0]["error"] = None
     rec.write_text(json.dumps(raw))
-    problems = verify_serving_run(out)
+    problems = verify_serving_run(out).problems
     assert any("sha256 differ from launches.jsonl" in p for p in problems), problems
     # ... or is gone: the recount has no process and finds no records for the selected kernel
     rec.unlink()
-    problems = verify_serving_run(out)
+    problems = verify_serving_run(out).problems
     assert any("dispatch processes 1, recounted 0" in p for p in problems), problems
 
 

@@ -278,7 +278,7 @@ def test_verify_reads_the_selection_files_copy_and_the_recorded_orders(tmp_path:
         'role = "candidate"\n', f'role = "candidate"\nenv = {{ VLLM_FL_CONFIG = "{cfg}" }}\n'
     )
     code, output, out = run_trial(tmp_path, monkeypatch, text, synthetic_bench(lambda a, L: (1.0, 1.0)))
-    assert verify_serving_run(out) == [], output
+    assert verify_serving_run(out).problems == [], output
     plan = json.loads((out / "plan.json").read_text())
     copy = plan["arms"][1]["selection_files"]["VLLM_FL_CONFIG"]
     assert copy["path"] == str(cfg) and (out / copy["copy"]).read_text() == cfg.read_text()
@@ -288,6 +288,6 @@ def test_verify_reads_the_selection_files_copy_and_the_recorded_orders(tmp_path:
     # tampering: the recorded order of an op, then the copy the orders were read from
     b["dispatch"]["selection"]["rms_norm"] = "vendor:kerneltrial (VLLM_FL_PER_OP)"
     (out / "launches.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert any("dispatch selection" in p and "the policy reads" in p for p in verify_serving_run(out))
+    assert any("dispatch selection" in p and "the policy reads" in p for p in verify_serving_run(out).problems)
     (out / copy["copy"]).write_text("op_backends:\n  rms_norm: [vendor:kerneltrial]\n")
-    assert any("the copy of its VLLM_FL_CONFIG file" in p for p in verify_serving_run(out))
+    assert any("the copy of its VLLM_FL_CONFIG file" in p for p in verify_serving_run(out).problems)

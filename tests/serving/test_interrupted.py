@@ -86,7 +86,7 @@ def test_ctrl_c_mid_trial_marks_the_run_interrupted_and_verify_refuses_it(tmp_pa
     assert prov["status"] == "interrupted" and prov["finished_at"]
     assert prov["stopped_in"] == {"launch": 2, "arm": launch_arm(out, 2)}
     assert not (out / "summary.json").exists()
-    [problem] = verify_serving_run(out)
+    [problem] = verify_serving_run(out).problems
     assert problem == (
         f"incomplete run: interrupted at {prov['finished_at']} in launch 2 ({launch_arm(out, 2)}); "
         "it is not evidence, run the trial again"
@@ -102,7 +102,7 @@ def test_an_unexpected_error_marks_the_run_failed_with_the_error(tmp_path: Path)
     prov = provenance(out)
     assert prov["status"] == "failed" and prov["error"] == "RuntimeError: client crashed" and prov["finished_at"]
     assert prov["stopped_in"] == {"launch": 1, "arm": launch_arm(out, 1)}
-    [problem] = verify_serving_run(out)
+    [problem] = verify_serving_run(out).problems
     assert problem.startswith("incomplete run: failed at") and "before its summary was written" in problem
 
 
@@ -111,7 +111,7 @@ def test_a_finished_run_has_no_stopping_point_and_verifies(tmp_path: Path) -> No
     run_trial(out, fake_bench(-1, KeyboardInterrupt()))
     prov = provenance(out)
     assert prov["status"] == "finished" and "stopped_in" not in prov
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
 
 
 def test_a_run_left_running_is_refused_even_with_a_summary_that_says_ok(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_a_run_left_running_is_refused_even_with_a_summary_that_says_ok(tmp_path
     prov = provenance(out) | {"status": "running", "finished_at": None}
     (out / "provenance.json").write_text(json.dumps(prov))
     assert json.loads((out / "summary.json").read_text())["status"] == "ok"
-    [problem] = verify_serving_run(out)
+    [problem] = verify_serving_run(out).problems
     assert problem.startswith("incomplete run: provenance.json says status 'running' with no finished record")
     r = CliRunner().invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "the run was killed" in r.output
@@ -184,5 +184,5 @@ def test_a_signalled_trial_is_refused_by_verify(tmp_path: Path, sig: signal.Sign
         assert prov["status"] == "interrupted" and prov["stopped_in"]["launch"] == 0
     else:
         assert prov["status"] == "running" and prov["finished_at"] is None
-    assert verify_serving_run(out)[0].startswith("incomplete run:")
+    assert verify_serving_run(out).problems[0].startswith("incomplete run:")
     assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 1

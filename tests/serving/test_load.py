@@ -101,7 +101,7 @@ def test_a_trial_with_a_rate_sweep_and_slos_records_and_verifies_them(tmp_path, 
         assert r["request_goodput"] == (r["completed"] / r["duration"] if r["arm"] == "A" else 0.0)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"]["A"]["in8-out4-c1-n2-r4-b0.5"]["request_goodput"] > 0
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     r = CliRunner().invoke(main_app, ["report", str(out)])
     assert r.exit_code == 0, r.output
     md = (out / "report.md").read_text()
@@ -109,9 +109,10 @@ def test_a_trial_with_a_rate_sweep_and_slos_records_and_verifies_them(tmp_path, 
     # tampering: a run's goodput, then a run's rate
     forged = [dict(rows[0], request_goodput=9.0), *rows[1:]]
     (out / "runs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in forged))
-    assert any("request_goodput is 9.0 in runs.jsonl, recomputed" in p for p in verify_serving_run(out))
+    assert any("request_goodput is 9.0 in runs.jsonl, recomputed" in p for p in verify_serving_run(out).problems)
     rows[0]["client_argv"][rows[0]["client_argv"].index("--request-rate") + 1] = "40"
     (out / "runs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
     assert any(
-        "differs from the completions client's for its case in --request-rate" in p for p in verify_serving_run(out)
+        "differs from the completions client's for its case in --request-rate" in p
+        for p in verify_serving_run(out).problems
     )

@@ -253,7 +253,7 @@ def test_preset_bench_records_the_seed_of_every_run(
     args += ["--cases", "[[32, 8, 2, 4]]", "-r", "2", "--seeding", seeding, "--quiet", "--out", str(out)]
     r = CliRunner().invoke(app, [*args, *(["--seed", seed] if seed else []), "--", "--max-num-seqs", "4"])
     assert r.exit_code == 0, r.output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     plan = json.loads((out / "plan.json").read_text())
     assert plan["seeding"] == seeding and plan["bench_seeds"] == want
     assert plan["arms"][0]["argv_expanded"][-2:] == ["--max-num-seqs", "4"]  # the full server argv

@@ -146,11 +146,13 @@ def test_a_trial_with_the_official_client_records_and_verifies_its_argv(tmp_path
     assert [row["client_argv"] for row in rows] == seen
     for row in rows:
         check_official(row["client_argv"], script, site, Case(8, 4, 1, 2))
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: one run's argv says it went down the completions path
     rows[0]["client_argv"][rows[0]["client_argv"].index("--backend") + 1] = "vllm"
     (out / "runs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
-    assert any("differs from the official client's for its case in --backend" in p for p in verify_serving_run(out))
+    assert any(
+        "differs from the official client's for its case in --backend" in p for p in verify_serving_run(out).problems
+    )
 
 
 def test_serve_bench_takes_a_case_set_and_the_client(tmp_path, monkeypatch, port):

@@ -113,12 +113,13 @@ def test_a_pin_mismatch_refuses_the_launch_and_is_recorded(tmp_path, monkeypatch
         summary["scope"]["kind"] == "proxy"
         and "not pinned: vllm_plugin_fl_commit, vllm ([pins])" in summary["scope"]["reasons"]
     )
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: the mismatch erased from the record
     row["pins"]["mismatches"] = []
     (out / "launches.jsonl").write_text(json.dumps(row) + "\n")
     assert any(
-        "pin mismatches [], its recorded versions give ['FlagGems not installed" in p for p in verify_serving_run(out)
+        "pin mismatches [], its recorded versions give ['FlagGems not installed" in p
+        for p in verify_serving_run(out).problems
     )
 
 
@@ -133,12 +134,14 @@ def test_override_pins_runs_the_launch_records_it_and_the_scope_says_proxy(tmp_p
     assert isinstance(prov["devices"], list)  # every vendor tool present answered (none here)
     assert "a pin did not match (overridden with --override-pins)" in prov["scope"]["reasons"]
     assert "scope: proxy on " in output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: the scope claimed official
     summary = json.loads((out / "summary.json").read_text())
     summary["scope"] |= {"kind": "official", "reasons": []}
     (out / "summary.json").write_text(json.dumps(summary))
-    assert any(p.startswith("summary scope official ([]), the records give proxy") for p in verify_serving_run(out))
+    assert any(
+        p.startswith("summary scope official ([]), the records give proxy") for p in verify_serving_run(out).problems
+    )
 
 
 @pytest.mark.parametrize("key", ["flag_gems", "vllm"])

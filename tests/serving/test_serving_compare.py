@@ -73,7 +73,7 @@ def test_compare_and_report_refuse_a_serving_run_whose_summary_was_edited(
     for command in (["compare", str(clean_run), str(run)], ["report", str(run)]):
         refused = CliRunner().invoke(app, command)
         assert refused.exit_code == 1 and f"{run} fails verification" in refused.output, refused.output
-        assert "serving run (" in refused.output  # the failed check, named
+        assert "summary figures (" in refused.output  # the failed check, named
     marked = CliRunner().invoke(app, ["compare", str(clean_run), str(run), "--unverified"])
     assert marked.exit_code == 0 and marked.stdout.splitlines()[0] == f"# Serving runs compared ({UNVERIFIED}: " + (
         "rendered with --unverified: `kerneltrial verify` was not required to pass)"

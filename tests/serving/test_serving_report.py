@@ -80,7 +80,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trial, "run_bench", fake_bench)
         trial.run_protocol(parse_protocol(text), text.encode(), out, vllm=sys.executable, argv=["test"])
-    assert verify_serving_run(out) == []  # a consistent run directory, as a real trial writes one
+    assert verify_serving_run(out).problems == []  # a consistent run directory, as a real trial writes one
     return out
 
 

@@ -129,7 +129,7 @@ def _verify_cli(run: Path, *options: str) -> Any:
 
 
 def test_the_clean_run_verifies_with_its_grader_recorded(clean_run: Path) -> None:
-    assert verify_serving_run(clean_run) == []
+    assert verify_serving_run(clean_run).problems == []
     summary = json.loads((clean_run / "summary.json").read_text())
     assert summary["accuracy"]["B"]["grader"] == accuracy.grader_version()
     stored = json.loads((clean_run / "accuracy" / "B" / "accuracy.json").read_text())
@@ -157,8 +157,8 @@ def test_flipped_grades_with_a_matching_summary_fail_verify(run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     summary["accuracy"]["B"].update({k: forged[k] for k in ("correct", "accuracy", "ci_low", "ci_high", "passed")})
     (run / "summary.json").write_text(json.dumps(summary))
-    assert verify_serving_run(run, regrade=False) == []  # consistent: only re-grading can tell
-    problems = verify_serving_run(run)
+    assert verify_serving_run(run, regrade=False).problems == []  # consistent: only re-grading can tell
+    problems = verify_serving_run(run).problems
     assert problems == [
         "accuracy B: problem u1 is stored correct=True, re-graded False",
         "accuracy B: summary correct = 3, re-graded 2 of 3",
@@ -174,19 +174,19 @@ def test_a_run_graded_by_another_grader_version_is_refused(run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     summary["accuracy"]["A"]["grader"]["math-verify"] = "0.0.1"
     (run / "summary.json").write_text(json.dumps(summary))
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.startswith("accuracy A: graded by {") and "'math-verify': '0.0.1'" in problem
     assert "install the recorded versions, or pass --no-regrade" in problem
-    assert verify_serving_run(run, regrade=False) == []
+    assert verify_serving_run(run, regrade=False).problems == []
     del summary["accuracy"]["A"]["grader"]  # a run from before the grader was recorded
     (run / "summary.json").write_text(json.dumps(summary))
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert "graded by a grader whose version the run did not record" in problem
 
 
 def test_without_math_verify_verify_cannot_regrade_and_fails(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` raises ImportError
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.startswith("cannot re-grade the accuracy answers: grading MATH-500 needs math-verify")
     assert problem.endswith("or pass --no-regrade to verify the rest")
     r = _verify_cli(run)
@@ -253,7 +253,7 @@ def test_shrunk_durations_with_recomputed_rows_fail_verify(run: Path) -> None:
 
     _forge_runs(run, "A", shrink)
     assert before > 0.05 and _gain(run) < 0  # the verdict flipped
-    problems = verify_serving_run(run)
+    problems = verify_serving_run(run).problems
     assert problems and all("is shorter than its requests' span" in p for p in problems), problems
     assert len(problems) == 4  # each of A's runs: 2 launches x 2 repeats
     assert problems[0].startswith("run A/in16-out8-c2-n6/launch ")
@@ -263,7 +263,7 @@ def test_shrunk_durations_with_recomputed_rows_fail_verify(run: Path) -> None:
 def test_shrunk_run_duration_alone_fails_verify(run: Path) -> None:
     """Only the run-level duration shrunk (the per-request arrays untouched), everything recomputed."""
     _forge_runs(run, "A", lambda raw: raw.update(duration=raw["duration"] * 0.9))
-    problems = verify_serving_run(run)
+    problems = verify_serving_run(run).problems
     assert len(problems) == 4 and all("is shorter than its requests' span" in p for p in problems), problems
 
 
@@ -276,7 +276,7 @@ def test_an_edited_raw_file_contradicts_requests_csv(run: Path) -> None:
         raw["latencies"] = [x + 0.0001 for x in raw["latencies"]]
 
     _forge_runs(run, "B", slower_first_token, rewrite_requests=False)
-    problems = verify_serving_run(run)
+    problems = verify_serving_run(run).problems
     assert problems[0].startswith("run B/in16-out8-c2-n6/launch ") and "requests.csv request 0 ttft_s = " in problems[0]
     assert all("requests.csv" in p for p in problems), problems
 
@@ -287,7 +287,7 @@ def test_requests_csv_rows_must_be_each_request_once(run: Path) -> None:
     assert cells[4] == "1"
     lines[2] = ",".join(cells[:4] + ["0"] + cells[5:])  # request 1's row relabelled as request 0
     (run / "requests.csv").write_text("\n".join(lines) + "\n")
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.endswith("requests.csv rows are not requests 0 to 5 once each")
 
 
@@ -302,7 +302,7 @@ def test_a_reordered_launches_jsonl_fails_verify(run: Path) -> None:
     i = 0 if rows[0]["arm"] != rows[1]["arm"] else 1
     rows[i], rows[i + 1] = rows[i + 1], rows[i]
     _write_jsonl(run / "launches.jsonl", rows)
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.startswith(f"launches.jsonl row {i + 1} is ")
     assert problem.endswith(
         "launch_order(arms, rounds=2, seed=3) gives " + repr(_want(run)[i]) + ": the launches were reordered"
@@ -310,7 +310,7 @@ def test_a_reordered_launches_jsonl_fails_verify(run: Path) -> None:
     plan = json.loads((run / "plan.json").read_text())
     plan["launches"] = [dict(x, arm={"A": "B", "B": "A"}[x["arm"]]) for x in plan["launches"]]
     (run / "plan.json").write_text(json.dumps(plan))
-    assert any(p.startswith("plan.json's launch order is not launch_order(") for p in verify_serving_run(run))
+    assert any(p.startswith("plan.json's launch order is not launch_order(") for p in verify_serving_run(run).problems)
 
 
 def test_a_relabelled_block_fails_verify(run: Path) -> None:
@@ -319,20 +319,20 @@ def test_a_relabelled_block_fails_verify(run: Path) -> None:
     assert [x["block"] for x in _want(run)] == [0, 0, 0, 0]
     rows = _jsonl(run / "launches.jsonl")
     _write_jsonl(run / "launches.jsonl", [dict(rows[0], block=1), *rows[1:]])
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.startswith("launches.jsonl row 1 is {'launch': 0, 'round': 0, 'block': 1,")
     _write_jsonl(run / "launches.jsonl", rows)
     plan = json.loads((run / "plan.json").read_text())
     plan["launches"] = [dict(x, block=x["round"]) for x in plan["launches"]]
     (run / "plan.json").write_text(json.dumps(plan))
-    [problem] = verify_serving_run(run)
+    [problem] = verify_serving_run(run).problems
     assert problem.startswith("plan.json's launch order is not launch_order(arms, rounds=2, seed=3)")
 
 
 def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:
     rows = _jsonl(run / "launches.jsonl")
     _write_jsonl(run / "launches.jsonl", rows[:-1])
-    problems = verify_serving_run(run)
+    problems = verify_serving_run(run).problems
     assert "launches.jsonl has 3 launches, launch_order(arms, rounds=2, seed=3) gives 4 for a finished run" in problems
 
 
@@ -384,7 +384,7 @@ def test_the_limit_a_forgery_that_reschedules_every_request_passes(run: Path) ->
         raw["itls"] = [[x * 0.8 for x in itl] for itl in raw["itls"]]
 
     _forge_runs(run, "A", rescheduled)
-    assert verify_serving_run(run) == []
+    assert verify_serving_run(run).problems == []
 
 
 def test_a_forged_peak_output_rate_fails_verify(run: Path) -> None:
@@ -394,5 +394,5 @@ def test_a_forged_peak_output_rate_fails_verify(run: Path) -> None:
     peak = rows[0]["max_output_tokens_per_s"]
     assert peak > 0
     _write_jsonl(run / "runs.jsonl", [dict(rows[0], max_output_tokens_per_s=peak + 10), *rows[1:]])
-    problems = verify_serving_run(run)
+    problems = verify_serving_run(run).problems
     assert f"max_output_tokens_per_s is {peak + 10} in runs.jsonl, recomputed {peak}" in problems[0]

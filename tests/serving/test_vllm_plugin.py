@@ -190,12 +190,12 @@ def test_trial_e0_e1_records_the_proof_of_dispatch_and_verify_checks_it(vllm_ser
     assert set(calls) == {("rms_norm", OURS), ("fused_add_rms_norm", OURS)} and min(calls.values()) > 0, calls
     assert summary["dispatch"]["E0"]["valid"] is True and summary["dispatch"]["E1"]["valid"] is True
     assert summary["acceptance"]["dispatch_ok"] is True
-    assert verify_serving_run(out) == []
+    assert verify_serving_run(out).problems == []
     # tampering: E1's calls edited to 0 in its records
     for rec in (out / e1["dir"]).glob("dispatch-*.json"):
         raw = json.loads(rec.read_text())
         raw["counts"] = [{**c, "calls": 0} for c in raw["counts"]]
         rec.write_text(json.dumps(raw))
-    problems = verify_serving_run(out)
+    problems = verify_serving_run(out).problems
     assert any("dispatch verdict valid=True, recomputed False" in p for p in problems), problems
     assert any("summary dispatch E1: valid=True, recomputed False" in p for p in problems), problems

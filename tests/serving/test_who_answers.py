@@ -115,7 +115,7 @@ def test_requests_answered_by_another_server_fail_the_run_and_stop_the_trial(tmp
     assert code == 1 and "1 request(s) got HTTP 404 for this launch's nonce" in output, output
     run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
     assert run["status"] == "FAILED" and "another server shares port" in run["reason"]
-    assert verify_serving_run(out) == []  # the record of that failure verifies
+    assert verify_serving_run(out).problems == []  # the record of that failure verifies
 
 
 def hold_in_another_kerneltrial(port: int, out: Path, *server: str) -> subprocess.Popen[str]:
@@ -174,10 +174,12 @@ def test_a_live_claim_refuses_another_claim_and_a_dead_one_is_taken_over(tmp_pat
 
 def test_verify_fails_a_run_that_did_not_send_its_launchs_nonce(tmp_path, monkeypatch):
     code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1, 1)))
-    assert code == 1 and verify_serving_run(out) == [], output  # INCONCLUSIVE (one launch per arm), verified
+    assert code == 1 and verify_serving_run(out).problems == [], output  # INCONCLUSIVE (one launch per arm), verified
     lines = (out / "runs.jsonl").read_text().splitlines()
     row = json.loads(lines[0])
     argv = row["client_argv"]
     row["client_argv"] = argv[: argv.index("--served-model-name")]  # planted: the model id, not the nonce
     (out / "runs.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
-    assert any("the client sent model name none, not its launch's nonce 'kt-" in p for p in verify_serving_run(out))
+    assert any(
+        "the client sent model name none, not its launch's nonce 'kt-" in p for p in verify_serving_run(out).problems
+    )

@@ -13,18 +13,16 @@ and every page then says UNVERIFIED in its title (publication.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from kerneltrial import cli_records as records
 from kerneltrial.cli_support import CliError, ExitCode, emit_json
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.documents import read_summary
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
-
-if TYPE_CHECKING:
-    from kerneltrial.kernel.verify import VerifyResult
 
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory with summary.json.")]
@@ -81,26 +79,22 @@ def verify_one(run_dir: Path, regrade: bool = True) -> VerifyResult:
 def _verify_model(run_dir: Path) -> VerifyResult:
     from kerneltrial.analysis.model_report import render
     from kerneltrial.kernel.provenance_checks import commit_problems
-    from kerneltrial.kernel.verify import VerifyResult, check_written_after
+    from kerneltrial.kernel.verify import check_written_after
     from kerneltrial.model.verify import verify_model_run
 
-    result = VerifyResult(run_dir)
-    result.add("model run", verify_model_run(run_dir), "every model-trial figure matches")
+    result = verify_model_run(run_dir)
     result.record("source commit", *commit_problems(read_json(run_dir / PROVENANCE)))
     check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(run_dir, unverified))
     return result
 
 
 def _verify_serving(run_dir: Path, regrade: bool) -> VerifyResult:
-    from kerneltrial.kernel.verify import VerifyResult, check_written_after
+    from kerneltrial.kernel.verify import check_written_after
     from kerneltrial.serving.report import render
     from kerneltrial.serving.report_data import load_run
-    from kerneltrial.serving.verify import verified_detail, verify_serving_run
+    from kerneltrial.serving.verify import verify_serving_run
 
-    result = VerifyResult(run_dir)
-    result.add("serving run", verify_serving_run(run_dir, regrade=regrade), verified_detail(run_dir))
-    if not regrade:
-        result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
+    result = verify_serving_run(run_dir, regrade=regrade)
     check_written_after(result, run_dir, run_dir / REPORT, lambda unverified: render(load_run(run_dir), unverified))
     return result
 

@@ -31,19 +31,17 @@ import functools
 import math
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from kerneltrial.publication import titled
 from kerneltrial.replicates.record import case_row
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
-
-if TYPE_CHECKING:
-    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.fleet/1"
 Mode = Literal["replicas", "shard"]
@@ -559,7 +557,7 @@ def write_fleet_report(root: Path, unverified: bool = False) -> Path:
 def verify_fleet(root: Path) -> VerifyResult:
     """A fleet directory (`run --ray`): every unit's run present verified (checks prefixed with the
     unit), then the combination (`fleet_checks`: coverage, pieces, devices, code, figures)."""
-    from kerneltrial.kernel.verify import VerifyResult, check_written_after, member_checks
+    from kerneltrial.kernel.verify import check_written_after, member_checks
 
     result = VerifyResult(root)
     for unit in read_fleet(root).units:

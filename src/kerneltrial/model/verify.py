@@ -2,7 +2,7 @@
 
 It re-derives what the runner claims from the raw files, with its own code where the figure
 is arithmetic (medians, paired ratios and their intervals, verdicts, the round order, the
-input draws, the floor), and returns the problems found (none: the directory stands).
+input draws, the floor), and returns its named checks (rundir/checks.py).
 Checks, one function each, for every schema:
 - `manifest`: every file listed with its sha256, none added or missing;
 - `finished`: provenance records the end (an interrupted run is not evidence);
@@ -37,7 +37,12 @@ import numpy as np
 
 from kerneltrial.model.layout import CAPTURES, COPIES, GRAPH_CUDA, GRAPH_IDENTITY, INPUTS, TIMED_CHECKS
 from kerneltrial.model.verify_common import (
+    FIGURES_DETAIL,
+    GATE_DETAIL,
+    ORDER_DETAIL,
+    PLAN_DETAIL,
     REL,
+    ROUNDS_DETAIL,
     arm_figures,
     close,
     expected_calls,
@@ -53,6 +58,7 @@ from kerneltrial.model.verify_common import (
     timing_rules,
 )
 from kerneltrial.model.verify_legacy import verify_legacy
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
@@ -366,38 +372,48 @@ def freeze_problems(run: Path, plan: dict[str, Any]) -> list[str]:
     return []
 
 
-def verify_v3(run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
-    for name in (INPUTS, CAPTURES, COPIES, TIMED_CHECKS):
-        if not (run / name).is_file():
-            return [f"files: a schema 3 run has {name}; it is missing"]
+def verify_v3(
+    run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any], result: VerifyResult
+) -> None:
+    """The checks of a schema 3 run beyond the manifest, end record and protocol digest."""
+    missing = [name for name in (INPUTS, CAPTURES, COPIES, TIMED_CHECKS) if not (run / name).is_file()]
+    if missing:
+        result.add("files", [f"files: a schema 3 run has {missing[0]}; it is missing"], "")
+        return
+    result.add("files", [], f"{', '.join((INPUTS, CAPTURES, COPIES, TIMED_CHECKS))} present")
     timings = read_csv(run / "timings.csv")
     capture_problems, arms_of = captures_v3(plan, read_jsonl(run / CAPTURES))
     check_problems, failed = checks_v3(plan, read_jsonl(run / TIMED_CHECKS), arms_of)
-    return [
-        *plan_matches_protocol(run, plan),
-        *freeze_problems(run, plan),
-        *gate_v3(plan, rows),
-        *inputs_v3(plan, read_csv(run / INPUTS), arms_of),
-        *capture_problems,
-        *rounds(plan, timings, arms_of),
-        *order_of_starts(plan, timings),
-        *check_problems,
-        *figures_v3(run, plan, rows, summary, arms_of, failed),
-    ]
+    result.add("plan matches protocol", plan_matches_protocol(run, plan), PLAN_DETAIL)
+    result.add("freeze", freeze_problems(run, plan), "the freeze record is this protocol.toml's, as plan.json says")
+    result.add("gate", gate_v3(plan, rows), GATE_DETAIL)
+    result.add("inputs", inputs_v3(plan, read_csv(run / INPUTS), arms_of), "every round's inputs as its seed draws")
+    result.add("captures", capture_problems, "one capture row per timed arm of every graph case")
+    result.add("rounds", rounds(plan, timings, arms_of), ROUNDS_DETAIL)
+    result.add("order of starts", order_of_starts(plan, timings), ORDER_DETAIL)
+    result.add("timed checks", check_problems, "one checked call per round, every verdict re-derived")
+    result.add("figures", figures_v3(run, plan, rows, summary, arms_of, failed), FIGURES_DETAIL)
 
 
-def verify_model_run(run: Path) -> list[str]:
-    """The problems found in a model run directory (empty: it verifies)."""
+def verify_model_run(run: Path) -> VerifyResult:
+    """Every check of a model run directory, each with the problems it found."""
     for name in ("plan.json", "provenance.json", "summary.json", "manifest.json", "timings.csv", "correctness.jsonl"):
         if not (run / name).is_file():
             raise RunDirError(f"{run}: {name} is missing; not a finished model run directory")
     plan = read_json(run / "plan.json")
     rows = read_jsonl(run / "correctness.jsonl")
     summary = read_json(run / "summary.json")
-    common = [*manifest(run), *finished(run), *protocol(run, plan)]
+    result = VerifyResult(run)
+    result.add("manifest", manifest(run), "every file listed with its sha256, none added or missing")
+    result.add("finished", finished(run), "provenance.json records the end of the run")
+    result.add("protocol", protocol(run, plan), "protocol.toml is the protocol the plan was built from")
     if summary.get("schema") == SUMMARY_V3:
-        return [*common, *verify_v3(run, plan, rows, summary)]
-    if "modes" in plan:  # written by schema 3's runner: its files and checks are not optional
-        return [*common, f"schema: plan.json is schema 3's (it has modes), summary.json says {summary.get('schema')}"]
-    timings = read_csv(run / "timings.csv")
-    return [*common, *verify_legacy(run, plan, timings, rows, summary, read_csv(run / "attribution.csv"))]
+        verify_v3(run, plan, rows, summary, result)
+    elif "modes" in plan:  # written by schema 3's runner: its files and checks are not optional
+        result.add(
+            "schema", [f"schema: plan.json is schema 3's (it has modes), summary.json says {summary.get('schema')}"], ""
+        )
+    else:
+        timings = read_csv(run / "timings.csv")
+        verify_legacy(run, plan, timings, rows, summary, read_csv(run / "attribution.csv"), result)
+    return result

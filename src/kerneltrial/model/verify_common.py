@@ -23,6 +23,12 @@ GPU_LABEL = "host clock between device synchronisations: what a caller waits for
 CPU_LABEL = "host clock, Triton interpreter on a CPU: NOT GPU performance"
 PerCall = dict[tuple[str, str], dict[int, float]]  # (case, arm) -> round -> ns per call
 Regions = dict[tuple[str, str], dict[str, int]]  # (case, arm) -> region -> ns
+# what each check of every schema says when it passes
+PLAN_DETAIL = "arms, cases, rounds, seed and every rule as protocol.toml says"
+GATE_DETAIL = "every arm's correctness verdict re-derived from its row; exactly the arms that passed are timed"
+ROUNDS_DETAIL = "every case's arms have one sample per round, in the seeded order"
+ORDER_DETAIL = "samples started in case / round / position order"
+FIGURES_DETAIL = "every figure, verdict and key of summary.json recomputed"
 
 
 def close(a: float | None, b: float | None) -> bool:

@@ -23,7 +23,12 @@ from typing import Any
 import numpy as np
 
 from kerneltrial.model.verify_common import (
+    FIGURES_DETAIL,
+    GATE_DETAIL,
+    ORDER_DETAIL,
+    PLAN_DETAIL,
     REL,
+    ROUNDS_DETAIL,
     arm_figures,
     close,
     gate_rows,
@@ -34,6 +39,7 @@ from kerneltrial.model.verify_common import (
     run_records,
     timing_rules,
 )
+from kerneltrial.rundir.checks import VerifyResult
 
 SUMMARY_V2 = "kerneltrial.model-summary/2"
 
@@ -210,16 +216,16 @@ def verify_legacy(
     rows: list[dict[str, Any]],
     summary: dict[str, Any],
     attribution: list[dict[str, str]],
-) -> list[str]:
-    """The problems of a schema 1 or 2 run beyond the manifest, end record and protocol digest."""
+    result: VerifyResult,
+) -> None:
+    """The checks of a schema 1 or 2 run beyond the manifest, end record and protocol digest."""
     timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    common = rounds(plan, timings, {c["case"]: timed for c in plan["cases"]})
+    result.add("rounds", rounds(plan, timings, {c["case"]: timed for c in plan["cases"]}), ROUNDS_DETAIL)
     if summary.get("schema") != SUMMARY_V2:  # the first runs (results/archive/h200/minicpm5-2b-model-r*)
-        return [*common, *gate(plan, rows), *figures_v1(plan, timings, attribution, summary)]
-    return [
-        *common,
-        *plan_matches_protocol_v2(run, plan),
-        *gate_v2(plan, rows),
-        *order_of_starts(plan, timings),
-        *figures_v2(plan, timings, attribution, rows, summary),
-    ]
+        result.add("gate", gate(plan, rows), GATE_DETAIL)
+        result.add("figures", figures_v1(plan, timings, attribution, summary), FIGURES_DETAIL)
+        return
+    result.add("plan matches protocol", plan_matches_protocol_v2(run, plan), PLAN_DETAIL)
+    result.add("gate", gate_v2(plan, rows), GATE_DETAIL)
+    result.add("order of starts", order_of_starts(plan, timings), ORDER_DETAIL)
+    result.add("figures", figures_v2(plan, timings, attribution, rows, summary), FIGURES_DETAIL)

@@ -20,15 +20,13 @@ import statistics
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kerneltrial.publication import titled
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import REPLICATES, REPLICATES_MD
-
-if TYPE_CHECKING:
-    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.replicates/2"
 # replicates/1 tables did not record N: verify takes it from the run directories present.
@@ -221,12 +219,12 @@ def table_problems(root: Path) -> list[str]:
 def verify_replicates(root: Path) -> VerifyResult:
     """A replicate directory: every run verified (its checks prefixed with the run's name),
     then the cross-run table recomputed from their summaries (`table_problems`)."""
-    from kerneltrial.kernel.verify import Check, VerifyResult, check_written_after, verify_run_dir
+    from kerneltrial.kernel.verify import check_written_after, verify_run_dir
 
     result = VerifyResult(root)
     for name in read_json(root / REPLICATES)["runs"]:
         for check in verify_run_dir(root / name).checks:
-            result.checks.append(Check(f"{name}: {check.name}", check.ok, check.detail, check.applicable))
+            result.checks.append(check.renamed(f"{name}: {check.name}"))
     result.add("cross-run table", table_problems(root), "replicates.json is the table recomputed from the runs")
     page = root / REPLICATES_MD
     check_written_after(

@@ -1,4 +1,4 @@
-"""Independent check of a serving run directory: `verify_serving_run(path) -> problems`.
+"""Independent check of a serving run directory: `verify_serving_run(path) -> VerifyResult`.
 
 Recomputes every figure of summary.json from the raw `vllm bench serve` JSON files and the
 accuracy records, with its own arithmetic (it does not import metrics.py), checks the protocol
@@ -9,7 +9,7 @@ against the seed, and every stored answer re-graded. Three things it takes from 
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
 running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
 order (order.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
-and the report apply, fed here with verify's own figures). An empty list means everything matched.
+and the report apply, fed here with verify's own figures). Each defect family is one named check (rundir/checks.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
-from kerneltrial.serving.acceptance import Check, LaunchFigure, Rule, case_record, compare_case, judge
+from kerneltrial.serving.acceptance import Check as GateCheck
+from kerneltrial.serving.acceptance import LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
 
 REL_TOL = 1e-9
@@ -194,213 +197,354 @@ def _launch_problems(
     return problems
 
 
-def verified_detail(path: Path) -> str:
-    """What `kerneltrial verify` says of a serving run whose checks all pass. A run that failed
-    (a launch refused, a gate, a dispatch proof) verifies as the record of its failure, and the
-    line says so: it shows what happened, it is no evidence for any arm."""
-    if not (Path(path) / "provenance.json").is_file():
-        return "every serving figure matches"  # verify_serving_run names the missing file
-    prov = read_json(Path(path) / "provenance.json")
-    summary_path = Path(path) / "summary.json"
-    summary = read_json(summary_path) if summary_path.is_file() else {}
+def finished_detail(prov: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What `run finished` says of a run that ended. A run that failed (a launch refused, a gate, a
+    dispatch proof) verifies as the record of its failure, and the line says so: it shows what
+    happened, it is no evidence for any arm."""
     if prov.get("status") != "failed" and summary.get("status") == "ok":
-        return "every serving figure matches"
+        return "provenance.json records the end of the run"
     why = prov.get("error") or next(iter(summary.get("failures") or []), "a run or a dispatch proof failed")
     return (
-        f"every serving figure matches, as the record of a FAILED run ({why}): it shows what happened, "
-        "it is no evidence for any arm"
+        f"provenance.json records the end of a FAILED run ({why}): every check below reads the record "
+        "of what happened, it is no evidence for any arm"
     )
 
 
-def verify_serving_run(path: Path, regrade: bool = True) -> list[str]:
-    """Every problem found; `regrade=False` trusts the stored grades (the caller says so)."""
+@dataclass(frozen=True)
+class ServingRun:
+    """The documents of a serving run directory that the checks read."""
+
+    path: Path
+    prov: dict[str, Any]
+    plan: dict[str, Any]
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]  # runs.jsonl
+    pcts: list[float]  # the plan's percentiles
+    slos: dict[str, float] | None  # --goodput SLOs (ms); before issue 26: none
+
+
+@dataclass(frozen=True)
+class Recounted:
+    """One run of runs.jsonl whose raw `vllm bench serve` file was read, and its figures recomputed."""
+
+    where: str
+    row: dict[str, Any]
+    raw: dict[str, Any]
+    figures: dict[str, float]
+
+
+NEEDED = ["protocol.toml", "provenance.json", "plan.json", "runs.jsonl", "summary.json"]
+# runs.jsonl figures the summary averages (warm-up rule per launch, mean over launches), besides the
+# mean, median and p99 latencies
+AVERAGED = (
+    "total_token_throughput",
+    "output_throughput",
+    "request_throughput",
+    "max_output_tokens_per_s",
+    "request_goodput",
+)
+Launches = dict[tuple[str, str], list[tuple[int, dict[str, float]]]]  # (arm, case) -> (launch, its figures)
+
+
+def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
+    """Every check of a serving run directory, each with the problems it found; `regrade=False`
+    trusts the stored grades (the caller says so)."""
     path = Path(path)
-    problems: list[str] = []
+    result = VerifyResult(path)
     prov_path = path / "provenance.json"
     if prov_path.is_file() and (why := incomplete(read_json(prov_path), (path / "summary.json").is_file())):
-        return [why]  # before the summary: a killed run's summary may be planted or stale
-    need = ["protocol.toml", "provenance.json", "plan.json", "runs.jsonl", "summary.json"]
-    missing = [f for f in need if not (path / f).is_file()]
+        result.add("run finished", [why], "")  # before the summary: a killed run's summary may be planted or stale
+        return result
+    missing = [f for f in NEEDED if not (path / f).is_file()]
     if missing:
-        return [f"missing file(s): {', '.join(missing)}"]
-    sha = sha256_file(path / "protocol.toml")
-    prov = read_json(path / "provenance.json")
-    plan = read_json(path / "plan.json")
-    summary = read_json(path / "summary.json")
-    if prov.get("kind") != "serving":
-        problems.append(f"provenance.json kind is {prov.get('kind')!r}, not 'serving'")
-    for name, doc in (("provenance.json", prov), ("plan.json", plan), ("summary.json", summary)):
-        if doc.get("protocol_sha256") != sha:
-            problems.append(f"{name} protocol_sha256 does not match protocol.toml (sha256 {sha[:12]}...)")
-    pcts = [float(p) for p in plan.get("percentiles", [99])]
-    slos = plan.get("goodput")  # --goodput SLOs (ms); before issue 26: none
-    repeats, rounds = int(plan["repeats"]), int(plan["rounds"])
-    rows = _read_jsonl(path / "runs.jsonl", problems)
-    concurrency = {c["case"]: int(c["concurrency"]) for c in plan["cases"]}
-    raws: dict[tuple[Any, ...], dict[str, Any]] = {}
+        result.add("required files", [f"missing file(s): {', '.join(missing)}"], "")
+        return result
+    run, unreadable = _read_run(path)
+    result.add("run finished", [], finished_detail(run.prov, run.summary))
+    result.add("required files", [], ", ".join(NEEDED) + " present")
+    result.add("runs.jsonl", unreadable, f"{len(run.rows)} rows, each a JSON object")
+    _check_documents(run, result)
+    _check_runs(run, result)
+    recomputed = _check_summary(run, result)
+    _check_accuracy(run, regrade, result)
+    launches = _check_launches(run, result)
+    dispatch_problems: list[str] = []
+    dispatch_valid = check_dispatch(path, run.plan, launches, run.summary, dispatch_problems)
+    if dispatch_valid or dispatch_problems:
+        result.add(
+            "dispatch proof", dispatch_problems, "every launch's proof of dispatch decided again from its records"
+        )
+    else:
+        result.not_applicable("dispatch proof", "not applicable: the protocol asks for no proof of dispatch")
+    roles = {arm["role"] for arm in run.plan["arms"]}
+    if {"baseline", "candidate"} <= roles:
+        result.add(
+            "acceptance",
+            _acceptance_problems(run, recomputed, dispatch_valid),
+            "the acceptance verdict recomputed from the per-launch figures",
+        )
+    else:
+        result.not_applicable("acceptance", "not applicable: the protocol has no baseline and candidate")
+    return result
 
-    # every run: raw file present, hash, figures, status, the per-request evidence
-    for r in rows:
+
+def _read_run(path: Path) -> tuple[ServingRun, list[str]]:
+    """The documents, and the problem of a runs.jsonl line that is not JSON (its rows are then none)."""
+    problems: list[str] = []
+    plan = read_json(path / "plan.json")
+    rows = _read_jsonl(path / "runs.jsonl", problems)
+    run = ServingRun(
+        path,
+        read_json(path / "provenance.json"),
+        plan,
+        read_json(path / "summary.json"),
+        rows,
+        [float(p) for p in plan.get("percentiles", [99])],
+        plan.get("goodput"),
+    )
+    return run, problems
+
+
+def _check_documents(run: ServingRun, result: VerifyResult) -> None:
+    """`run kind` and `protocol hash`: a serving run of the protocol.toml beside it."""
+    kind = run.prov.get("kind")
+    result.add(
+        "run kind",
+        [] if kind == "serving" else [f"provenance.json kind is {kind!r}, not 'serving'"],
+        "provenance.json says serving",
+    )
+    sha = sha256_file(run.path / "protocol.toml")
+    result.add(
+        "protocol hash",
+        [
+            f"{name} protocol_sha256 does not match protocol.toml (sha256 {sha[:12]}...)"
+            for name, doc in (("provenance.json", run.prov), ("plan.json", run.plan), ("summary.json", run.summary))
+            if doc.get("protocol_sha256") != sha
+        ],
+        f"sha256 {sha[:12]}... in provenance.json, plan.json and summary.json",
+    )
+
+
+def _check_runs(run: ServingRun, result: VerifyResult) -> None:
+    """`raw files`, `run figures`, `request evidence` and `requests table`: every run of runs.jsonl
+    from its raw file."""
+    raw_problems, recounted = _recount(run)
+    result.add("raw files", raw_problems, f"{len(run.rows)} runs, each raw file present and hashed as runs.jsonl says")
+    result.add(
+        "run figures",
+        [p for r in recounted for p in _figure_problems(r)],
+        f"{len(recounted)} runs' figures recomputed from their raw files",
+    )
+    concurrency = {c["case"]: int(c["concurrency"]) for c in run.plan["cases"]}
+    result.add(
+        "request evidence",
+        [
+            p
+            for r in recounted
+            for p in (
+                *evidence.request_time_problems(r.raw, r.where),
+                *evidence.duration_problems(r.raw, r.where),
+                *evidence.concurrency_problems(r.raw, concurrency[r.row["case"]], r.where),
+                *evidence.client_figure_problems(r.raw, r.figures, r.where),
+            )
+        ],
+        "per-request times within each run's duration and concurrency; the client's figures agree",
+    )
+    raws = {(r.row.get("launch"), r.row.get("arm"), r.row.get("case"), r.row.get("run")): r.raw for r in recounted}
+    result.add(
+        "requests table", evidence.requests_table_problems(run.path, raws), "requests.csv is the raw files' requests"
+    )
+
+
+def _recount(run: ServingRun) -> tuple[list[str], list[Recounted]]:
+    """The problems of the raw files (missing, or not the sha256 runs.jsonl records), and every
+    run with figures, recomputed from its raw file."""
+    problems: list[str] = []
+    recounted: list[Recounted] = []
+    for r in run.rows:
         where = f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}"
-        rawp = path / r.get("raw", "")
+        rawp = run.path / r.get("raw", "")
         if not rawp.is_file():
             if r.get("status") == "ok":
                 problems.append(f"{where}: raw file {r.get('raw')} missing")
             continue
         if r.get("raw_sha256") != sha256_file(rawp):
             problems.append(f"{where}: raw file {r.get('raw')} sha256 differs from runs.jsonl")
-        if "completed" not in r:
-            continue
-        raw = json.loads(rawp.read_text())
-        got = recompute_run(raw, pcts, slos)
-        for k, v in got.items():
-            if k not in r or not _close(r[k], v):
-                problems.append(f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}")
-        raws[(r.get("launch"), r.get("arm"), r.get("case"), r.get("run"))] = raw
-        problems += evidence.request_time_problems(raw, where)
-        problems += evidence.duration_problems(raw, where)
-        problems += evidence.concurrency_problems(raw, concurrency[r["case"]], where)
-        problems += evidence.client_figure_problems(raw, got, where)
-        want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
-        if r.get("status") != want_status:
-            problems.append(
-                f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}"
-            )
-        if raw.get("completed") is not None and raw["completed"] != got["completed"]:
-            problems.append(
-                f"{where}: vLLM's own completed ({raw['completed']}) differs from the recount {got['completed']}"
-            )
+        if "completed" in r:
+            raw = json.loads(rawp.read_text())
+            recounted.append(Recounted(where, r, raw, recompute_run(raw, run.pcts, run.slos)))
+    return problems, recounted
 
-    problems += evidence.requests_table_problems(path, raws)
 
-    # per (arm, case) summaries: warm-up rule per launch, mean over launches
-    res = summary.get("results", {})
-    keys_seen: set[str] = set()
-    recomputed_launches: dict[tuple[str, str], list[tuple[int, dict[str, float]]]] = {}  # for acceptance
-    for arm in plan["arms"]:
-        a = arm["name"]
-        for c in plan["cases"]:
-            cid = c["case"]
-            s = res.get(a, {}).get(cid)
-            if s is None:
-                problems.append(f"summary lacks {a}/{cid}")
-                continue
-            rr = [r for r in rows if r["arm"] == a and r["case"] == cid]
-            launches = sorted({r["launch"] for r in rr})
-            ok = (
-                rr
-                and all(r["status"] == "ok" for r in rr)
-                and len(launches) == rounds
-                and all(sum(1 for r in rr if r["launch"] == L) == repeats for L in launches)
-            )
-            if (s.get("status") == "ok") != bool(ok):
-                problems.append(
-                    f"{a}/{cid}: summary status {s.get('status')} but the runs say {'ok' if ok else 'not ok'}"
-                )
-                continue
-            if not ok:
-                continue
-            per_launch = []
-            for L in launches:
-                lr = sorted((r for r in rr if r["launch"] == L), key=lambda r: r["run"])[1:]
-                recomputed = {}
-                for k in lr[0]:
-                    if (
-                        k.endswith("_ms") and not k.startswith("std_") and (k.startswith(("mean_", "median_", "p99_")))
-                    ) or k in (
-                        "total_token_throughput",
-                        "output_throughput",
-                        "request_throughput",
-                        "max_output_tokens_per_s",
-                        "request_goodput",
-                    ):
-                        recomputed[k] = math.fsum(
-                            recompute_run(json.loads((path / r["raw"]).read_text()), pcts, slos)[k] for r in lr
-                        ) / len(lr)
-                per_launch.append(recomputed)
-            recomputed_launches[(a, cid)] = list(zip(launches, per_launch, strict=True))
-            problems += _launch_problems(f"{a}/{cid}", rr, launches, per_launch, s.get("launches"))
-            for k in per_launch[0]:
-                if k in s:
-                    keys_seen.add(k)
-                    v = math.fsum(g[k] for g in per_launch) / len(per_launch)
-                    if not _close(s[k], v):
-                        problems.append(f"{a}/{cid}: summary {k} = {s[k]}, recomputed {v}")
-            for k in ("total_token_throughput", "mean_ttft_ms"):
-                if k not in s:
-                    problems.append(f"{a}/{cid}: summary lacks {k}")
+def _figure_problems(run: Recounted) -> list[str]:
+    """A run's figures in runs.jsonl, its status and vLLM's own count against the recount."""
+    r, got, where = run.row, run.figures, run.where
+    problems = [
+        f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}"
+        for k, v in got.items()
+        if k not in r or not _close(r[k], v)
+    ]
+    want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
+    if r.get("status") != want_status:
+        problems.append(
+            f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}"
+        )
+    if run.raw.get("completed") is not None and run.raw["completed"] != got["completed"]:
+        problems.append(
+            f"{where}: vLLM's own completed ({run.raw['completed']}) differs from the recount {got['completed']}"
+        )
+    return problems
 
-    # accuracy: recount records, Wilson interval, gate
-    acc_sum = summary.get("accuracy", {}) or {}
-    acc_plan = plan.get("accuracy")
+
+def _check_summary(run: ServingRun, result: VerifyResult) -> Launches:
+    """`summary figures`: per (arm, case), the warm-up rule per launch and the mean over launches;
+    returns the per-launch figures recomputed (the acceptance rule reads them)."""
+    problems: list[str] = []
+    recomputed: Launches = {}
+    for arm in run.plan["arms"]:
+        for c in run.plan["cases"]:
+            problems += _arm_case_problems(run, arm["name"], c["case"], recomputed)
+    result.add("summary figures", problems, "every (arm, case) summary recomputed from its runs")
+    return recomputed
+
+
+def _arm_case_problems(run: ServingRun, a: str, cid: str, recomputed: Launches) -> list[str]:
+    """One (arm, case) of summary.json against its runs; its per-launch figures go into `recomputed`."""
+    s = run.summary.get("results", {}).get(a, {}).get(cid)
+    if s is None:
+        return [f"summary lacks {a}/{cid}"]
+    repeats, rounds = int(run.plan["repeats"]), int(run.plan["rounds"])
+    rr = [r for r in run.rows if r["arm"] == a and r["case"] == cid]
+    launches = sorted({r["launch"] for r in rr})
+    ok = (
+        rr
+        and all(r["status"] == "ok" for r in rr)
+        and len(launches) == rounds
+        and all(sum(1 for r in rr if r["launch"] == L) == repeats for L in launches)
+    )
+    if (s.get("status") == "ok") != bool(ok):
+        return [f"{a}/{cid}: summary status {s.get('status')} but the runs say {'ok' if ok else 'not ok'}"]
+    if not ok:
+        return []
+    per_launch = [
+        _launch_means(run, sorted((r for r in rr if r["launch"] == L), key=lambda r: r["run"])[1:]) for L in launches
+    ]
+    recomputed[(a, cid)] = list(zip(launches, per_launch, strict=True))
+    problems = _launch_problems(f"{a}/{cid}", rr, launches, per_launch, s.get("launches"))
+    for k in per_launch[0]:
+        if k in s:
+            v = math.fsum(g[k] for g in per_launch) / len(per_launch)
+            if not _close(s[k], v):
+                problems.append(f"{a}/{cid}: summary {k} = {s[k]}, recomputed {v}")
+    return problems + [
+        f"{a}/{cid}: summary lacks {k}" for k in ("total_token_throughput", "mean_ttft_ms") if k not in s
+    ]
+
+
+def _averaged(key: str) -> bool:
+    latency = key.endswith("_ms") and not key.startswith("std_") and key.startswith(("mean_", "median_", "p99_"))
+    return latency or key in AVERAGED
+
+
+def _launch_means(run: ServingRun, kept: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each averaged figure over a launch's kept runs, recomputed from their raw files."""
+    figures = [recompute_run(json.loads((run.path / r["raw"]).read_text()), run.pcts, run.slos) for r in kept]
+    return {k: math.fsum(f[k] for f in figures) / len(kept) for k in kept[0] if _averaged(k)}
+
+
+def _check_accuracy(run: ServingRun, regrade: bool, result: VerifyResult) -> None:
+    """`accuracy` (records recounted, Wilson interval, gate) and `accuracy grades` (every answer re-graded)."""
+    acc_sum = run.summary.get("accuracy", {}) or {}
+    problems: list[str] = []
     for a, s in acc_sum.items():
-        recs = _read_jsonl(path / "accuracy" / a / "records.jsonl", problems)
-        n, k = len(recs), sum(1 for r in recs if r.get("correct") is True)
-        errs = sum(1 for r in recs if r.get("error"))
-        lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
-        gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
-        need = _required_n(acc_plan or {}) if "required_n" in s else None  # older runs: any n
-        want = {
-            "n": n,
-            "correct": k,
-            "errors": errs,
-            "accuracy": k / n if n else 0.0,
-            "ci_low": lo,
-            "ci_high": hi,
-            "passed": bool(n > 0 and errs == 0 and k / n >= gate and (need is None or n >= need)),
-        }
-        if "required_n" in s and s["required_n"] != need:
-            problems.append(f"accuracy {a}: required_n = {s['required_n']}, the protocol gives {need}")
-        for key, v in want.items():
-            if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
-                problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
-
+        problems += _accuracy_arm_problems(run, a, s)
+    result.add("accuracy", problems, f"{len(acc_sum)} arm(s)' accuracy recounted from records.jsonl")
     if regrade:
-        problems += evidence.regrade_problems(path, acc_sum)
+        result.add("accuracy grades", evidence.regrade_problems(run.path, acc_sum), "every stored answer re-graded")
+    else:
+        result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
 
-    launches = _read_jsonl(path / "launches.jsonl", problems)
-    finished = prov.get("status") == "finished"
-    problems += evidence.launch_order_problems(path, finished, plan.get("launches"), launches)
-    problems += evidence.nonce_problems(plan, launches, rows)
-    problems += evidence.client_problems(plan, rows)
-    problems += evidence.pins_problems(path, plan, launches, summary, prov)
-    dispatch_valid = check_dispatch(path, plan, launches, summary, problems)
 
-    # acceptance verdict: serving/acceptance.py's rule, on the per-launch figures recomputed above
-    acc_rule = summary.get("acceptance")
+def _accuracy_arm_problems(run: ServingRun, a: str, s: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    acc_plan = run.plan.get("accuracy")
+    recs = _read_jsonl(run.path / "accuracy" / a / "records.jsonl", problems)
+    n, k = len(recs), sum(1 for r in recs if r.get("correct") is True)
+    errs = sum(1 for r in recs if r.get("error"))
+    lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
+    gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
+    need = _required_n(acc_plan or {}) if "required_n" in s else None  # older runs: any n
+    want = {
+        "n": n,
+        "correct": k,
+        "errors": errs,
+        "accuracy": k / n if n else 0.0,
+        "ci_low": lo,
+        "ci_high": hi,
+        "passed": bool(n > 0 and errs == 0 and k / n >= gate and (need is None or n >= need)),
+    }
+    if "required_n" in s and s["required_n"] != need:
+        problems.append(f"accuracy {a}: required_n = {s['required_n']}, the protocol gives {need}")
+    for key, v in want.items():
+        if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
+            problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
+    return problems
+
+
+def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any]]:
+    """`launch order`, `launch nonces`, `bench client` and `pins` from launches.jsonl; returns its rows."""
+    problems: list[str] = []
+    launches = _read_jsonl(run.path / "launches.jsonl", problems)
+    finished = run.prov.get("status") == "finished"
+    problems += evidence.launch_order_problems(run.path, finished, run.plan.get("launches"), launches)
+    result.add("launch order", problems, f"{len(launches)} launches in the order the seed gives")
+    result.add(
+        "launch nonces",
+        evidence.nonce_problems(run.plan, launches, run.rows),
+        "each run's client named its launch's nonce",
+    )
+    result.add("bench client", evidence.client_problems(run.plan, run.rows), "every run's client as the plan says")
+    result.add(
+        "pins",
+        evidence.pins_problems(run.path, run.plan, launches, run.summary, run.prov),
+        "the launches ran the pinned versions",
+    )
+    return launches
+
+
+def _acceptance_problems(run: ServingRun, recomputed: Launches, dispatch_valid: dict[str, bool | None]) -> list[str]:
+    """serving/acceptance.py's rule, on the per-launch figures recomputed above."""
+    plan, acc_rule = run.plan, run.summary.get("acceptance")
     names = {arm["role"]: arm["name"] for arm in plan["arms"]}
-    if "baseline" in names and "candidate" in names:
-        if not acc_rule:
-            problems.append("summary has no acceptance block although the protocol has baseline and candidate")
-        else:
-            rule = Rule(
-                float(plan["acceptance"]["noise_band"]),
-                float(plan["acceptance"]["ttft_ratio_max"]),
-                float(plan["acceptance"].get("confidence", 0.95)),
-            )
-            round_of = {int(L["launch"]): int(L["round"]) for L in plan.get("launches", [])}
+    if not acc_rule:
+        return ["summary has no acceptance block although the protocol has baseline and candidate"]
+    rule = Rule(
+        float(plan["acceptance"]["noise_band"]),
+        float(plan["acceptance"]["ttft_ratio_max"]),
+        float(plan["acceptance"].get("confidence", 0.95)),
+    )
+    round_of = {int(L["launch"]): int(L["round"]) for L in plan.get("launches", [])}
 
-            def figures(arm: str, case: str) -> list[LaunchFigure] | None:
-                got = recomputed_launches.get((arm, case))
-                if got is None:
-                    return None
-                return [LaunchFigure(round_of[L], f["total_token_throughput"], f["mean_ttft_ms"]) for L, f in got]
+    def figures(arm: str, case: str) -> list[LaunchFigure] | None:
+        got = recomputed.get((arm, case))
+        if got is None:
+            return None
+        return [LaunchFigure(round_of[L], f["total_token_throughput"], f["mean_ttft_ms"]) for L, f in got]
 
-            base, cand = names["baseline"], names["candidate"]
-            cases = [
-                compare_case(c["case"], figures(cand, c["case"]), figures(base, c["case"]), rule) for c in plan["cases"]
-            ]
-            checks = [Check(dispatch_valid.get(names[role]) is not False, role) for role in ("baseline", "candidate")]
-            if acc_plan is not None:
-                checks.append(Check(bool(acc_sum.get(cand, {}).get("passed")), "accuracy"))
-            v = judge(cand, base, cases, checks, rule)
-            for c in cases:
-                got = acc_rule.get("cases", {}).get(c.case, {})
-                for key, want in case_record(c).items():
-                    if not _close(got.get(key), want):
-                        problems.append(f"acceptance {c.case}: {key} {got.get(key)}, recomputed {want}")
-            if bool(acc_rule.get("accepted")) != v.accepted or acc_rule.get("verdict", v.verdict) != v.verdict:
-                problems.append(
-                    f"acceptance verdict {acc_rule.get('verdict', acc_rule.get('accepted'))}, recomputed {v.verdict}"
-                )
+    base, cand = names["baseline"], names["candidate"]
+    cases = [compare_case(c["case"], figures(cand, c["case"]), figures(base, c["case"]), rule) for c in plan["cases"]]
+    gates = [GateCheck(dispatch_valid.get(names[role]) is not False, role) for role in ("baseline", "candidate")]
+    if plan.get("accuracy") is not None:
+        gates.append(GateCheck(bool((run.summary.get("accuracy", {}) or {}).get(cand, {}).get("passed")), "accuracy"))
+    v = judge(cand, base, cases, gates, rule)
+    problems = [
+        f"acceptance {c.case}: {key} {acc_rule.get('cases', {}).get(c.case, {}).get(key)}, recomputed {want}"
+        for c in cases
+        for key, want in case_record(c).items()
+        if not _close(acc_rule.get("cases", {}).get(c.case, {}).get(key), want)
+    ]
+    if bool(acc_rule.get("accepted")) != v.accepted or acc_rule.get("verdict", v.verdict) != v.verdict:
+        problems.append(
+            f"acceptance verdict {acc_rule.get('verdict', acc_rule.get('accepted'))}, recomputed {v.verdict}"
+        )
     return problems

@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from kerneltrial.publication import titled
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import PROTOCOL, REPORT, SUITE
-
-if TYPE_CHECKING:
-    from kerneltrial.kernel.verify import VerifyResult
 
 SCHEMA = "kerneltrial.suite/1"
 # pending: not started; running: started, not ended (a suite interrupted or killed leaves it);
@@ -202,7 +200,7 @@ def write_suite_report(root: Path, unverified: bool = False) -> Path:
 def verify_suite(root: Path) -> VerifyResult:
     """A suite directory: every run present verified (checks prefixed with the run's name), then
     the suite record against the directory (`suite_problems`: every listed protocol ran)."""
-    from kerneltrial.kernel.verify import VerifyResult, check_written_after, member_checks
+    from kerneltrial.kernel.verify import check_written_after, member_checks
 
     result = VerifyResult(root)
     for entry in read_suite(root).runs:

@@ -60,7 +60,7 @@ errata's machine-read lines are well formed).
 
 One module per check family, on one contract record per summary schema (contract.py: which
 schema a run is verified under, and what each requires; the checks read it, never the schema
-string): checks.py (Check, VerifyResult), arithmetic.py (own median, quantiles, bootstrap),
+string; Check and VerifyResult are rundir/checks.py's, every verifier's): arithmetic.py (own median, quantiles, bootstrap),
 rows.py (the raw rows read), run.py (the order of the checks), plan.py (plan against protocol,
 confirmation links), timings.py (correctness coverage, timing rows, interleaving order),
 timed.py (timed checks, dropped arms, file integrity), host.py, ceilings.py (ceilings, launch
@@ -68,14 +68,11 @@ floors, size-matched copies, speed-of-light floor, plausibility), figures.py (pe
 clocks), calibration.py, gate.py (aggregates and the gate), isolation.py.
 """
 
-from kerneltrial.kernel.verify.checks import Check, VerifyResult
 from kerneltrial.kernel.verify.contract import CHECKED_RUN_CHECKS
 from kerneltrial.kernel.verify.run import check_written_after, kernel_page, member_checks, verify_run_dir
 
 __all__ = [
     "CHECKED_RUN_CHECKS",
-    "Check",
-    "VerifyResult",
     "check_written_after",
     "kernel_page",
     "member_checks",

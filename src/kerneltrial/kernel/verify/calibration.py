@@ -8,10 +8,10 @@ import math
 from typing import Any
 
 from kerneltrial.kernel.verify.arithmetic import diff, same
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.contract import Contract
 from kerneltrial.kernel.verify.plan import CALIBRATION_DEFAULTS
 from kerneltrial.kernel.verify.rows import calibration_arm
+from kerneltrial.rundir.checks import VerifyResult
 
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 

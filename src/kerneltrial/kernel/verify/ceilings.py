@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneltrial.kernel.verify.arithmetic import diff, median_of
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.contract import Contract
 from kerneltrial.kernel.verify.plan import PLAUSIBILITY_DEFAULTS
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.layout import (
     FLOOR_MODEL,
 )

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneltrial.kernel import schema_requirements
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.rows import Sample, as_list, calibration_arm, rounds_of
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import HOST, INPUT_FILES, TIMED_CHECKS
 

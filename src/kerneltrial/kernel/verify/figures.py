@@ -20,10 +20,10 @@ from kerneltrial.kernel.verify.ceilings import (
     check_triton_floor,
     limits_of,
 )
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.contract import FIGURE_FIELDS, Contract
 from kerneltrial.kernel.verify.gate import FAILED_WHILE_TIMED, IMPLAUSIBLE, NOT_COMPARED, check_aggregates
 from kerneltrial.kernel.verify.rows import Sample, TimedChecks, as_list, clock_threshold, is_throttled, rounds_of
+from kerneltrial.rundir.checks import VerifyResult
 
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
 STATUS_OF = {"passed": "timed", "failed": "failed correctness", "unchecked": "not timed", "unavailable": "unavailable"}

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from kerneltrial.kernel.verify.arithmetic import diff, gate_terms, percentile_ci, resample_indices
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.contract import AGGREGATE_FIELDS, CHECKED_AGGREGATE_FIELDS, Contract
+from kerneltrial.rundir.checks import VerifyResult
 
 FAILED_WHILE_TIMED, IMPLAUSIBLE = "failed while timed", "implausible"
 NOT_COMPARED = "not compared with the control"  # timed, but the control has no timing in the case

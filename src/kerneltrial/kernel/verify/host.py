@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.kernel.verify.arithmetic import diff, median_of
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.rows import TimedChecks, read_csv_rows
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.layout import (
     HOST,
 )

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.kernel import links
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.rundir import streams
+from kerneltrial.rundir.checks import VerifyResult
 
 CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}

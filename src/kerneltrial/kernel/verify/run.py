@@ -7,7 +7,6 @@ from typing import Any
 
 from kerneltrial.kernel import derived, provenance_checks, schema_requirements
 from kerneltrial.kernel.verify.arithmetic import median_of
-from kerneltrial.kernel.verify.checks import Check, VerifyResult
 from kerneltrial.kernel.verify.contract import HOST_FAMILY, ISOLATION_FAMILY, TIMED_FAMILY, contract_of, not_checked
 from kerneltrial.kernel.verify.figures import check_figures
 from kerneltrial.kernel.verify.host import check_host
@@ -16,6 +15,7 @@ from kerneltrial.kernel.verify.plan import check_confirmation, check_protocol
 from kerneltrial.kernel.verify.rows import read_csv_rows, read_document, read_samples
 from kerneltrial.kernel.verify.timed import check_integrity, check_timed_checks
 from kerneltrial.kernel.verify.timings import check_order, check_rows, correctness_outcome
+from kerneltrial.rundir.checks import Check, VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
@@ -44,8 +44,8 @@ def member_checks(name: str, run_dir: Path) -> list[Check]:
     try:
         checks = verify_run_dir(run_dir).checks
     except RunDirError as error:
-        checks = [Check("run directory", False, str(error))]
-    return [Check(f"{name}: {c.name}", c.ok, c.detail, c.applicable) for c in checks]
+        checks = [Check("run directory", False, str(error), problems=(str(error),))]
+    return [c.renamed(f"{name}: {c.name}") for c in checks]
 
 
 def kernel_page(run_dir: Path) -> derived.Render:

@@ -9,10 +9,10 @@ from typing import Any
 
 from kerneltrial.kernel import integrity
 from kerneltrial.kernel.verify.arithmetic import diff
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.contract import CHECKS_EVERY_CALL, CHECKS_ISOLATED
 from kerneltrial.kernel.verify.plan import PLAUSIBILITY_DEFAULTS
 from kerneltrial.kernel.verify.rows import RAISED, Sample, TimedChecks, TimedRow, read_timed_rows, unit_order
+from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.layout import (
     MANIFEST,
     SOURCE_ARCHIVE,

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from kerneltrial.kernel.verify.checks import VerifyResult
 from kerneltrial.kernel.verify.rows import Sample, TimedChecks, as_list, rounds_of, unit_order
+from kerneltrial.rundir.checks import VerifyResult
 
 PARTIAL_LAYOUT_KINDS = ("peer", "calibration")  # the only arm kinds plan.json may give `layouts`
 
