@@ -103,7 +103,7 @@ def test_odd_width_is_rejected(device):
 
 def test_flaggems_adapter_passes_the_gate_and_up_halves(op, device):
     x = op.make_inputs(Case((3, 10)), 0, device)["x"]
-    adapted = sam._halves(lambda a, b: F.silu(a) * b)
+    adapted = sam.flaggems_halves(lambda a, b: F.silu(a) * b)
     assert torch.equal(adapted(x), op.reference(x)[0])
 
 
