@@ -82,6 +82,7 @@ class Measured:
 
     @classmethod
     def read(cls, run: RunDir) -> Measured:
+        """The run's rows so far (a resumed run's; none for a new one)."""
         rows = read_csv(run.timings)
         measured = cls(
             {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in rows},
@@ -109,6 +110,7 @@ class Measured:
         return {(s, r, a): v for (c, s, r, a), v in self.samples.items() if c == case}
 
     def add(self, check: timed.TimedCheck) -> None:
+        """A unit's check just written: the sample is done, or the arm raised and leaves the case."""
         self.done.add((check.case, check.seed, check.round, check.arm))
         if check.message.startswith(timed.RAISED):
             self.dropped[(check.case, check.arm)] = (check.seed, check.round)
@@ -131,6 +133,7 @@ class Session:
     task: int
 
     def record(self, check: timed.TimedCheck) -> None:
+        """Write a unit's check (timed_checks.jsonl), count it done and advance the bar."""
         self.append_check(check.row())
         self.measured.add(check)
         self.progress.advance(self.task)
