@@ -73,7 +73,7 @@ from kerneltrial.kernel.report import (
     run_section,
     superseded_by,
 )
-from kerneltrial.kernel.summary import UNFROZEN_WARNING
+from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
