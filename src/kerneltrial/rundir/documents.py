@@ -11,6 +11,8 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   them, and with the lead-check counts (`lead`).
 - plan.json `host` (host cost per call, issue 16) only in runs with a host stage; `isolated` (and
   provenance.json `isolation`) only in runs with isolated arms' contract (`checks` 3).
+- plan.json and provenance.json of runs from issue 28 on name their shape (`schema`
+  `kerneltrial.plan/1`, `kerneltrial.provenance/1`); older ones have no `schema` (read as None).
 - summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call), `/6`
   (the speed-of-light floor per case and arm, plan.json `floor`) and `/7` (isolated arms: the
   harness's bounds on their own clocks); `/1`
@@ -39,6 +41,9 @@ SUMMARY_V4 = "kerneltrial.summary/4"
 SUMMARY_V5 = "kerneltrial.summary/5"
 SUMMARY_V6 = "kerneltrial.summary/6"
 SUMMARY_V7 = "kerneltrial.summary/7"
+# plan.json and provenance.json name their shape from issue 28 on; older ones have no `schema`
+PLAN_V1 = "kerneltrial.plan/1"
+PROVENANCE_V1 = "kerneltrial.provenance/1"
 
 
 class Document(BaseModel):
@@ -111,6 +116,7 @@ class PlanTarget(Document):
 
 
 class Plan(Document):
+    schema_: Literal["kerneltrial.plan/1"] | None = Field(None, alias="schema")  # None: a plan before the key
     protocol_sha256: str
     op: str
     backend: str
@@ -137,6 +143,7 @@ class Plan(Document):
     target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
     host: HostRule | None = None  # None: a run from before the host-cost stage
     inputs_seed: int | None = None  # the run's inputs seed (ops/inputs.py); None: a run from before them
+    floor: dict[str, str] | None = None  # the floor model summary/6 reports (layout.py FLOOR_MODEL); None before it
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +214,7 @@ class IsolationRecord(Document):
 
 
 class Provenance(Document):
+    schema_: Literal["kerneltrial.provenance/1"] | None = Field(None, alias="schema")  # None: a run before the key
     kind: Literal["kernel"]
     protocol_sha256: str
     versions: dict[str, str | None]
@@ -420,7 +428,6 @@ class Summary(Document):
     cases: list[SummaryCase]
     aggregates: dict[str, Aggregate]
     gate: Gate
-    calibration: Calibration | None = None  # calibration runs only
     exact: bool
     frozen_at: str | None  # None: not frozen (summary/3: not recorded; see provenance.json)
     plausibility: SummaryPlausibility | None  # None before timed checks
@@ -429,6 +436,7 @@ class Summary(Document):
     isolation: IsolationFigures | None  # None before isolated arms (summary/6 and older)
     warnings: list[str]
     inputs_sha256: dict[str, str]
+    calibration: Calibration | None = None  # calibration runs only (unset, and not written, otherwise)
 
     @property
     def records_floor(self) -> bool:
@@ -527,6 +535,76 @@ SUMMARY_ADAPTERS = {
     SUMMARY_V6: _summary_v6,
     SUMMARY_V7: None,
 }
+
+
+# ---------------------------------------------------------------- writing summary.json
+# Each writable version's downgrade, the inverse of its reader adapter above: a Summary holds the
+# newest shape, and `summary_json` drops what the document's own version did not record. A field
+# a run did not measure (`matched_copy_gbps`, `triton_launch_*`, `calibration`, an arm's
+# `layouts`) is left unset by the writer and not written; the reader leaves it unset too.
+
+
+def _drop(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key not in keys}
+
+
+def _map_arms(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """`data` with `keys` dropped from every case's arm entries."""
+    cases = [
+        {**case, "arms": {name: _drop(entry, *keys) for name, entry in case["arms"].items()}} for case in data["cases"]
+    ]
+    return {**data, "cases": cases}
+
+
+def _to_v6(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/6: no isolated arms (inverse of `_summary_v6`)."""
+    return _drop(data, "isolation")
+
+
+def _to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/5: no speed-of-light floor (inverse of `_summary_v5`)."""
+    data = _map_arms(data, "fraction_of_floor")
+    return {**data, "cases": [_drop(case, "floor_ns") for case in data["cases"]]}
+
+
+def _to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/4: no host cost per call (inverse of `_summary_v4`)."""
+    return _drop(_map_arms(data, "host_ns_per_call", "host_samples", "host_behind"), "host")
+
+
+def _not_tie(figures: dict[str, Any]) -> dict[str, Any]:
+    """A summary/3 A/A arm: its false positives named `not_tie`, in their place; no inconclusive count."""
+    if figures["kind"] != "aa":
+        return figures
+    renamed = {("not_tie" if key == "false_positives" else key): value for key, value in figures.items()}
+    return _drop(renamed, "inconclusive")
+
+
+def _to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """summary/3: no timed checks, launch floor or inconclusive verdicts (inverse of `_summary_v3`)."""
+    unrecorded = ("inconclusive", "failed_while_timed", "implausible", "ulp_hist")
+    adapted = _drop(data, "exact", "frozen_at", "plausibility", "timed_checks")
+    adapted["ceilings"] = _drop(data["ceilings"], "launch_floor_ns", "launch_samples")
+    adapted["aggregates"] = {name: _drop(figures, *unrecorded) for name, figures in data["aggregates"].items()}
+    if "calibration" in data:
+        arms = {name: _not_tie(figures) for name, figures in data["calibration"]["arms"].items()}
+        adapted["calibration"] = {**data["calibration"], "arms": arms}
+    return adapted
+
+
+# the versions a summary is written in, newest first, each with its step down to it
+SUMMARY_DOWNGRADES = {SUMMARY_V7: None, SUMMARY_V6: _to_v6, SUMMARY_V5: _to_v5, SUMMARY_V4: _to_v4, SUMMARY_V3: _to_v3}
+
+
+def summary_json(summary: Summary) -> dict[str, Any]:
+    """summary.json's document for `summary`, in the shape of its own version (`schema`)."""
+    versions = list(SUMMARY_DOWNGRADES)
+    if summary.schema_ not in versions:
+        raise RunDirError(f"summary schema {summary.schema_!r}: kerneltrial writes {', '.join(versions)}")
+    data = summary.model_dump(by_alias=True, exclude_unset=True)
+    for version in versions[1 : versions.index(summary.schema_) + 1]:
+        data = SUMMARY_DOWNGRADES[version](data)
+    return data
 
 
 def read_summary(run_dir: Path) -> Summary:

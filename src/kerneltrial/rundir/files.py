@@ -24,10 +24,15 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def json_text(data: Any) -> str:
+    """`data` as the text of a JSON document of a run directory: indented, one final newline."""
+    return json.dumps(data, indent=2) + "\n"
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON, replacing `path` in one step."""
+    """Write `data` as indented JSON (`json_text`), replacing `path` in one step."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json_text(data))
     os.replace(tmp, path)
 
 
