@@ -36,6 +36,7 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.rundir import provenance as source_provenance
+from kerneltrial.rundir.documents import PLAN_V1
 from kerneltrial.rundir.files import (
     csv_appender,
     jsonl_appender,
@@ -390,6 +391,7 @@ def build_plan(
     """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md). `order_seed`
     overrides the protocol's (replicates: `order_seed_override` true in plan.json)."""
     plan: dict[str, Any] = {
+        "schema": PLAN_V1,
         "protocol_sha256": digest,
         "op": op.name,
         "backend": timer.name,
