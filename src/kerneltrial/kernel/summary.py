@@ -1,8 +1,8 @@
 """Build summary.json of a kernel run directory: every figure the report shows.
 
 Reads plan.json, protocol.toml, correctness.jsonl, timings.csv, ceilings.csv and, in runs
-with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run directory: exact
-format") and computes the figures with `kerneltrial.stats`. The runner calls
+with timed checks, timed_checks.jsonl (the contract in docs/VERIFY.md;
+the files in docs/RUNDIR.md) and computes the figures with `kerneltrial.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run.
 
 plan.json `checks`, `host`, `floor` and `isolated` pick the schema, one adapter each (`SchemaV3`

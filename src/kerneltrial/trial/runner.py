@@ -1,4 +1,4 @@
-"""The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
+"""The trial runner: protocol in, run directory out (the files: docs/RUNDIR.md; their rules: docs/VERIFY.md).
 
 First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
 memory), before the run directory exists. Then stages, each appending raw rows as it measures
@@ -76,7 +76,7 @@ TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
-# plan.json `checks` (docs/DESIGN.md): 2 = fresh values before every call, a random call checked; 3 = and
+# plan.json `checks` (docs/VERIFY.md, "Timed checks"): 2 = fresh values before every call, a random call checked; 3 = and
 # isolated arms (plan `isolated`), whose samples carry the harness's wall bound (timings.csv `wall_ns`)
 CHECKS_VERSION = 3
 
@@ -355,7 +355,7 @@ def round_order(order_seed: int, case_index: int, seed: int, round_index: int, a
 
 def reconcile_timed_checks(run: RunDir) -> None:
     """A run killed between a timing row and its check row: drop that timing row, so the
-    sample is measured again with its check (every timing row has a check; docs/DESIGN.md)."""
+    sample is measured again with its check (every timing row has a check; docs/VERIFY.md, "Timed checks")."""
     checked = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in read_jsonl(run.timed_checks)}
     rows = read_csv(run.timings)
     kept = [r for r in rows if (r["case"], int(r["seed"]), int(r["round"]), r["arm"]) in checked]
@@ -562,7 +562,7 @@ def build_plan(
     frozen_at: str | None,
     order_seed: int | None = None,
 ) -> dict[str, Any]:
-    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md). `order_seed`
+    """plan.json: everything verify needs besides the raw rows (docs/RUNDIR.md). `order_seed`
     overrides the protocol's (replicates: `order_seed_override` true in plan.json)."""
     plan: dict[str, Any] = {
         "protocol_sha256": digest,
