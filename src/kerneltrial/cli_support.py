@@ -1,6 +1,6 @@
 """The one error path and output rules of every `kerneltrial` command (torch-free, cheap to import).
 
-Exit codes (shown in `kerneltrial --help`, the README and docs/DESIGN.md):
+Exit codes (shown in `kerneltrial --help`, the README and docs/WORKFLOW.md, "Command line"):
 
   0    ok
   1    a verdict or check failed: the gate passed no arm, verify found problems, a serving

@@ -3,7 +3,7 @@
 An isolated arm times its calls in its own process (trial/worker.py); the harness measures the
 wall clock around the same sample, from the request it sends to the answer it reads (timings.csv
 `wall_ns`). The arm's figure is what is published; the bound is what the harness can vouch for:
-an arm that controls its process can claim any time up to it (docs/DESIGN.md, "Checks"). The
+an arm that controls its process can claim any time up to it (docs/CHECKS.md, "Checks: what each defeats, and what a kernel can still do"). The
 summary puts both side by side for every (case, isolated arm) that was timed, and warns where the
 claim is far inside the bound.
 """

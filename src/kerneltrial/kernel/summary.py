@@ -1,8 +1,8 @@
 """Build summary.json of a kernel run directory: every figure the report shows.
 
 Reads plan.json, protocol.toml, correctness.jsonl, timings.csv, ceilings.csv and, in runs
-with timed checks, timed_checks.jsonl (the contract in docs/DESIGN.md, "Run directory: exact
-format") and computes the figures with `kerneltrial.stats`. The runner calls
+with timed checks, timed_checks.jsonl (the contract in docs/VERIFY.md; the files in
+docs/RUNDIR.md) and computes the figures with `kerneltrial.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run. The summary is built as the typed document
 rundir/documents.py reads (`Summary`) and written by its `summary_json`, in its version's shape:
 the parsed inputs are kernel/summary_inputs.py, the cases, aggregates and gate

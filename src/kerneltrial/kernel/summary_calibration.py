@@ -1,5 +1,5 @@
 """The calibration figures of a kernel summary: did the timing method tell an arm from its copy
-(`aa:` arms) and catch an injected slowdown (`slow:` arms)? (docs/DESIGN.md, "Calibration")"""
+(`aa:` arms) and catch an injected slowdown (`slow:` arms)? (docs/VERIFY.md, "Calibration arms")"""
 
 from __future__ import annotations
 

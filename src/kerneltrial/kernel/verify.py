@@ -2,7 +2,7 @@
 
 This module deliberately does NOT import `kerneltrial.stats` or `kernel.summary`: it reads
 the files with the csv/json modules and recomputes each figure with its own code (own
-median, own quantile interpolation), following only the contract in docs/DESIGN.md. The
+median, own quantile interpolation), following only the contract in docs/VERIFY.md. The
 one thing shared by necessity is numpy's generator, because the contract defines the
 bootstrap resamples as `numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`.
 
@@ -119,7 +119,7 @@ CHECKS_ISOLATED = 3  # checks 3: as 2, and plan `isolated` arms whose timing row
 NOMINAL_FACTOR = 1.5  # power at nominal: cases whose realized slowdown <= this x injected_slowdown
 CLOCK_FIELDS = ("max_sm_mhz", "throttle_fraction", "threshold_mhz", "samples_with_clock", "throttled_samples")
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
-# plausibility defaults the runner writes into plan.json (docs/DESIGN.md, Statistics):
+# plausibility defaults the runner writes into plan.json (docs/VERIFY.md, "Statistics"):
 PLAUSIBILITY_DEFAULTS = {
     # the highest honest figure in the committed H200 runs is 104.2% of the copy ceiling
     # (results/archive/h200/silu_and_mul-s2, 65536x12288, liger): 15% above the best ceiling is not real work
@@ -420,7 +420,7 @@ class TimedChecks:
 
 def _unit_order(plan: dict[str, Any]) -> Callable[[int, int], tuple[int, int, int]]:
     """When a (seed, round) unit ran: the planned rounds seed by seed (plan `seeds` order), then
-    each round the noise rule added, across the seeds (docs/DESIGN.md; the runner's loop)."""
+    each round the noise rule added, across the seeds (docs/VERIFY.md, "Timed checks"; the runner's loop)."""
     seeds, planned = _as_list(plan["seeds"]), len(_as_list(plan["rounds"]))
 
     def order(seed: int, rnd: int) -> tuple[int, int, int]:

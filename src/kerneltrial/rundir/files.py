@@ -2,7 +2,7 @@
 
 JSON documents are replaced atomically (a temporary file, then os.replace: a killed process
 leaves the old or the new document, never half of one). Rows are appended and flushed one
-by one (a killed run keeps what it measured; docs/DESIGN.md, "The run directory").
+by one (a killed run keeps what it measured; docs/RUNDIR.md).
 """
 
 from __future__ import annotations

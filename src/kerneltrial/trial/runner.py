@@ -1,4 +1,4 @@
-"""The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
+"""The trial runner: protocol in, run directory out (the files: docs/RUNDIR.md; their rules: docs/VERIFY.md).
 
 First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
 memory), before the run directory exists. Then stages, each appending raw rows as it measures
@@ -73,7 +73,7 @@ from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, 
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
-# plan.json `checks` (docs/DESIGN.md): 2 = fresh values before every call, a random call checked; 3 = and
+# plan.json `checks` (docs/VERIFY.md, "Timed checks"): 2 = fresh values before every call, a random call checked; 3 = and
 # isolated arms (plan `isolated`), whose samples carry the harness's wall bound (timings.csv `wall_ns`)
 CHECKS_VERSION = 3
 
@@ -388,7 +388,7 @@ def build_plan(
     frozen_at: str | None,
     order_seed: int | None = None,
 ) -> dict[str, Any]:
-    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md). `order_seed`
+    """plan.json: everything verify needs besides the raw rows (docs/RUNDIR.md). `order_seed`
     overrides the protocol's (replicates: `order_seed_override` true in plan.json)."""
     plan: dict[str, Any] = {
         "schema": PLAN_V1,
