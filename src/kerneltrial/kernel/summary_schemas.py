@@ -18,11 +18,6 @@ from kerneltrial.kernel.bounds import isolation_figures
 from kerneltrial.kernel.floor import CaseFloors
 from kerneltrial.kernel.summary_inputs import RunFiles, TimedCheck
 from kerneltrial.rundir.documents import (
-    SUMMARY_V3,
-    SUMMARY_V4,
-    SUMMARY_V5,
-    SUMMARY_V6,
-    SUMMARY_V7,
     HostCounts,
     IsolationFigures,
     SummaryCase,
@@ -31,6 +26,7 @@ from kerneltrial.rundir.documents import (
 )
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import HOST, INPUT_FILES, TIMED_CHECKS, TRITON_LAUNCH
+from kerneltrial.rundir.summary_versions import SUMMARY_V3, SUMMARY_V4, SUMMARY_V5, SUMMARY_V6, SUMMARY_V7
 
 SCHEMA = SUMMARY_V7  # what a new run's summary is
 
