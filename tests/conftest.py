@@ -1,6 +1,7 @@
 """Shared test set-up: kernels run through the Triton interpreter on a CPU (kerneltrial.ops sets it),
 and every test starts from, and leaves behind, the same global operator registry."""
 
+import json
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,10 @@ from kerneltrial.ops.registry import Impl, Operator
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = pytest.StashKey[list[str]]()
+DURATIONS = Path(__file__).with_name("durations.json")  # scripts/test_durations.py writes it from a full run
+# A test measured this long or longer is `slow`: the quick subset (-m "not slow and not serving")
+# keeps the rest, about 4 minutes on 2 cores (README).
+QUICK_LIMIT_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -85,10 +90,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start a real vLLM server run on one xdist worker, one after another (--dist
-    loadgroup): two servers on CI's two cores would slow both and perturb the A/A timing tests.
-    The fleet tests (a local Ray cluster) likewise share a worker."""
+    """Tests measured at QUICK_LIMIT_S or longer (DURATIONS) are marked `slow`. Tests that start
+    a real vLLM server run on one xdist worker, one after another (--dist loadgroup): two servers
+    on CI's two cores would slow both. The fleet tests (a local Ray cluster) likewise share one."""
+    measured: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     for item in items:
+        if measured.get(item.nodeid, 0.0) >= QUICK_LIMIT_S:
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("serving") is not None:
             item.add_marker(pytest.mark.xdist_group("vllm"))
         elif "fleet" in item.path.parts:  # one local Ray cluster at a time

@@ -1,6 +1,6 @@
 """The import graph of src/kerneltrial: no circle, no upward arrow, `rundir` on the ground floor.
 
-The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
+The rule, as data (LAYERS below; docs/DESIGN.md, "Floors"):
 
     floor 0  rundir, model_fields,       the run directory; pydantic field walking; the gate grammar; the
              gate_rule, publication      UNVERIFIED mark: import nothing of kerneltrial
@@ -11,7 +11,8 @@ The rule, as data (LAYERS below; docs/DESIGN.md, "Module map"):
     floor 5  trial, plugins              the kernel, replicate and suite runners; vLLM plugins serving ops
     floor 6  serving, submission,        serving trials (dispatch proof reads the plugins' records);
              model, fleet                package and inspect; whole-model trials; fleet runs on Ray
-    floor 7  protocol_keys               the protocol reference, from the kernel and serving protocol models
+    floor 7  protocol_keys,              the protocol reference (docs/PROTOCOL_KEYS.md) and the run-directory
+             rundir_reference            reference (docs/RUNDIR.md), each from its models and layouts
     floor 8  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
                                          serving/__main__.py
 
@@ -51,6 +52,7 @@ LAYERS = {
     "model": 6,
     "fleet": 6,
     "protocol_keys": 7,
+    "rundir_reference": 7,
     "cli": 8,
 }
 CLI_MODULES = {

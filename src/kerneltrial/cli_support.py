@@ -1,6 +1,6 @@
 """The one error path and output rules of every `kerneltrial` command (torch-free, cheap to import).
 
-Exit codes (shown in `kerneltrial --help`, the README and docs/DESIGN.md):
+Exit codes (shown in `kerneltrial --help`, the README and docs/WORKFLOW.md, "Command line"):
 
   0    ok
   1    a verdict or check failed: the gate passed no arm, verify found problems, a serving
@@ -17,7 +17,8 @@ command mounted anywhere under it cannot miss it.
 
 Output: when stdout or stderr is not a terminal (a pipe, a log), Rich consoles are wide
 enough that no table or line is cut or wrapped at 80 columns; help text is plain (no Rich
-markup), so `[...]` in an option's help survives.
+markup), so `[...]` in an option's help survives. Progress (`progress_bar`): a live bar on a
+terminal, a plain line per tenth in logs and pipes. `within` bounds a call that may never return.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -42,6 +45,7 @@ except ImportError:
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from rich.console import Console
+    from rich.progress import Progress
 
 
 class ExitCode(IntEnum):
@@ -161,3 +165,113 @@ def emit_json(record: DataclassInstance) -> None:
     """The command's one JSON document on stdout (human output went to stderr)."""
     sys.stdout.write(json.dumps(asdict(record), indent=2) + "\n")
     sys.stdout.flush()
+
+
+T = TypeVar("T")
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """`work()`, or, when it has not returned after `seconds` (a kernel that never returns),
+    one error line and the end of the process with exit code 1 (a check failed): a hung call
+    cannot be interrupted from Python, and waiting for it forever helps no one. Ctrl-C while
+    it runs ends the process the same way, with exit code 130."""
+    done: list[T] = []
+    failure: list[BaseException] = []
+    finished = threading.Event()  # not Thread.is_alive: a join interrupted by Ctrl-C marks a live thread stopped (3.11)
+
+    def run() -> None:
+        try:
+            done.append(work())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+        finally:
+            finished.set()
+
+    deadline = time.monotonic() + seconds
+    try:
+        threading.Thread(target=run, daemon=True).start()
+        # short waits: a Ctrl-C the kernel delivers to another thread wakes no long wait in this one
+        while not finished.wait(0.1) and time.monotonic() < deadline:
+            pass
+    except KeyboardInterrupt:
+        if not finished.is_set():  # a live worker aborts the interpreter's shutdown: end here
+            exit_now(ExitCode.INTERRUPTED, "interrupted")
+        raise
+    if not finished.is_set():
+        exit_now(
+            ExitCode.FAILED, f"{what} did not return within {seconds:g} s (a kernel that never returns?); stopping"
+        )
+    if failure:
+        raise failure[0]
+    return done[0]
+
+
+class LineProgress:
+    """Progress for logs and pipes (stderr not a terminal): one plain line per task each time it
+    passes another tenth of its total, or LINE_EVERY_S seconds after the last line."""
+
+    LINE_EVERY_S = 30.0
+
+    def __init__(self) -> None:
+        self.tasks: list[dict[str, Any]] = []
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
+        self.tasks.append(
+            {
+                "description": description,
+                "total": total or 0,
+                "completed": completed,
+                "started": time.monotonic(),
+                "printed": time.monotonic(),
+                "tenth": -1,
+            }
+        )
+        return len(self.tasks) - 1
+
+    def update(self, task: int, total: float | None = None, **_: Any) -> None:
+        if total is not None:
+            self.tasks[task]["total"] = total
+
+    def advance(self, task: int, advance: int = 1) -> None:
+        t = self.tasks[task]
+        t["completed"] += advance
+        tenth = int(10 * t["completed"] / t["total"]) if t["total"] else 10
+        now = time.monotonic()
+        if tenth > t["tenth"] or now - t["printed"] >= self.LINE_EVERY_S:
+            t["tenth"], t["printed"] = tenth, now
+            print(
+                f"{t['description']}: {t['completed']}/{t['total']} after {now - t['started']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def progress_bar() -> Progress | LineProgress:
+    """A live bar on a terminal; plain lines in logs and pipes (a bar prints nothing there)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    err = console(stderr=True)
+    if not err.is_terminal:
+        return LineProgress()
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )

@@ -1,7 +1,7 @@
 """Statistics for kernel trials: pure functions, no file access.
 
-Every rule here is the one written in docs/DESIGN.md ("Run directory: exact format",
-Statistics). `kernel/verify/` re-implements the same rules independently, so any
+Every rule here is the one written in docs/VERIFY.md ("Statistics"). `kernel/verify/` re-implements
+the same rules independently, so any
 change here must be a change to the contract first.
 
 Units: a per-sample time is `ns / calls` (nanoseconds per call); GB/s is bytes per
@@ -222,7 +222,7 @@ def _rule_reasons(gate: Gate, aggregate: ArmAggregate) -> list[str]:
 
 @dataclass(frozen=True)
 class PlausibilityLimits:
-    """The limits beyond which a median cannot be real work (docs/DESIGN.md, Statistics).
+    """The limits beyond which a median cannot be real work (docs/VERIFY.md, "Statistics").
 
     None where a limit does not apply: not a CUDA-events GPU run, L2 hot (a hot L2 may beat
     the DRAM ceiling honestly) or no ceiling measured, no launch samples.

@@ -1,4 +1,4 @@
-"""Synthetic kernel run directories written to the contract in docs/DESIGN.md.
+"""Synthetic kernel run directories written to the contract in docs/VERIFY.md (files: docs/RUNDIR.md).
 
 The default run: cases C1, C2 (case ids as the runner writes them: shape/layout/dtype); arms `ctrl` (control), `fast` (candidate, ~20% faster),
 `slow` (candidate, ~10% slower in c1; fails correctness in c2), `peer` (unavailable);
@@ -12,7 +12,7 @@ Optional newer raw fields (absent by default, so the default run is an old-forma
 protocol.toml is written to agree with plan.json (verify compares them); `protocol_edit`
 edits its fields before it is written.
 
-`checks=1` writes a run of the timed-check contract (issue 10, docs/DESIGN.md): plan.json
+`checks=1` writes a run of the timed-check contract (issue 10, docs/VERIFY.md, "Timed checks"): plan.json
 `checks`, `exact`, `plausibility`, `frozen_at` and `order_seed` (0 unless given); a
 timed_checks.jsonl row per timing sample; `ulp_hist` in every correctness row; `launch` rows
 in ceilings.csv (`triton_launch_ns` adds `triton_launch` rows under any contract); source.tar.gz
@@ -214,7 +214,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
                 present = [a for a in timed if not spec.dropped(case, a, seed, rnd)]
                 if spec.order_seed is None:
                     order = list(order_rng.permutation(present))
-                else:  # the runner's rule (docs/DESIGN.md)
+                else:  # the runner's rule (docs/VERIFY.md, "Timing units and the round order")
                     rng = np.random.default_rng([spec.order_seed, spec.cases.index(case), seed, rnd])
                     order = [present[i] for i in rng.permutation(len(present))]
                 for position, arm in enumerate(order):

@@ -7,10 +7,13 @@ import math
 from pathlib import Path
 
 import pytest
-from rundir_factory import C1, RunSpec, write_run_dir
+from rundir_factory import C1, RunSpec, write_checked_run, write_run_dir
 
-from kerneltrial.kernel.summary import build_summary, write_summary
+from kerneltrial.kernel.summary import build_document, build_summary, write_summary
+from kerneltrial.rundir.documents import read_summary, summary_json
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.files import json_text
+from kerneltrial.rundir.summary_versions import SUMMARY_V1, SUMMARY_V3, SUMMARY_V4, SUMMARY_V7
 
 COPY_CEILING = 8e6 / 4200  # median of the copy rates 8e6/4000 ... 8e6/4400
 
@@ -103,7 +106,7 @@ def test_duplicate_timing_rows_are_refused(tmp_path: Path) -> None:
 
 
 def test_timing_labels() -> None:
-    from kerneltrial.kernel.summary import timing_label
+    from kerneltrial.kernel.summary_inputs import timing_label
 
     assert timing_label("cuda-events", True) == "CUDA events on GPU"
     assert "CUDA graphs" in timing_label("cuda-graph", True)
@@ -119,3 +122,36 @@ def test_gpu_run_has_no_cpu_warning_and_uses_the_plan_label(tmp_path: Path) -> N
     summary = build_summary(path)
     assert summary["label"] == "CUDA events on NVIDIA H200" and summary["is_gpu"] is True
     assert not any("NOT GPU" in w for w in summary["warnings"])
+
+
+@pytest.mark.parametrize("kind", ["summary/3", "summary/4", "summary/7"])
+def test_one_model_writes_and_reads_the_summary(kind: str, tmp_path: Path, cpu_run: Path) -> None:
+    """The writer builds the reader's `Summary`: read back, it is the model built, and serialised in its
+    version's shape it is the file's bytes (summary/3 and /4: synthetic runs; /7: a real CPU run)."""
+    run = {
+        "summary/3": lambda: write_run_dir(tmp_path / "v3"),
+        "summary/4": lambda: write_checked_run(tmp_path / "v4"),
+        "summary/7": lambda: cpu_run,
+    }[kind]()
+    if not (run / "summary.json").is_file():
+        write_summary(run)
+    built, read = build_document(run), read_summary(run)
+    assert built.schema_ == {"summary/3": SUMMARY_V3, "summary/4": SUMMARY_V4, "summary/7": SUMMARY_V7}[kind]
+    assert read == built
+    assert json_text(summary_json(read)) == (run / "summary.json").read_text()
+
+
+def test_summaries_are_written_in_the_versions_kerneltrial_writes(run_dir: Path) -> None:
+    old = read_summary(run_dir).model_copy(update={"schema_": SUMMARY_V1})
+    with pytest.raises(RunDirError, match=r"summary schema 'kerneltrial.summary/1': kerneltrial writes .*summary/3"):
+        summary_json(old)
+
+
+def test_a_new_run_names_its_provenance_schema_and_old_runs_read_without_one(cpu_run: Path) -> None:
+    from kerneltrial.rundir.documents import PROVENANCE_V1, read_plan, read_provenance
+    from tests.conftest import REPO
+
+    first = REPO / "results" / "archive" / "h200" / "fused_add_rmsnorm"  # the first committed run
+    assert read_provenance(cpu_run).schema_ == PROVENANCE_V1
+    assert read_plan(cpu_run).floor is not None  # the current plan reads whole
+    assert read_provenance(first).schema_ is None and read_plan(first).schema_ is None

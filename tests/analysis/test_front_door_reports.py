@@ -19,7 +19,8 @@ from kerneltrial import cli_support
 from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.kernel import report
-from kerneltrial.kernel.summary import UNFROZEN_WARNING, write_summary
+from kerneltrial.kernel.summary import write_summary
+from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.rundir.documents import read_summary
 
 

@@ -310,7 +310,7 @@ def test_flipped_timed_check_fails(checked: Path) -> None:
 
 def test_a_self_consistent_forgery_is_beyond_verify(checked: Path) -> None:
     # rows, summary and manifest rewritten together: every figure follows from the (forged) rows.
-    # docs/DESIGN.md, "What verify can and cannot prove": independent replication is the answer.
+    # docs/VERIFY.md, "What verify can and cannot prove": independent replication is the answer.
     _hide_the_timed_failure(checked)
     assert _rebuild(checked) == {}
 

@@ -24,11 +24,11 @@ from kerneltrial.trial.gate import check
     ],
 )
 def test_dispatcher_rules(n, expected):
-    """(kernel, rows per step, warps): narrow rows packed to PACK_TO elements, 4 or 8 warps."""
+    """(kernel, rows per step, warps): narrow rows packed to DISPATCH.pack_to elements, 4 or 8 warps."""
     plan = rn.auto_launch(2, n, launch.MAX_GRID)
     assert (("wide", None, None) if plan.wide else ("rows", plan.block_rows, plan.num_warps)) == expected
     if plan.wide:
-        assert (plan.block_n, plan.num_warps) == (rn.WIDE_CHUNK, 8)
+        assert (plan.block_n, plan.num_warps) == (rn.DISPATCH.wide.chunk, 8)
 
 
 def test_more_than_65535_rows(device):

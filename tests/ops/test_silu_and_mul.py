@@ -72,9 +72,8 @@ def test_edge_shapes(op, name, shape, device):
 
 def test_more_than_65535_rows_through_the_packed_dispatcher(op, launches, device):
     passes(op, op.impl("kerneltrial"), Case((70000, 8)), device)
-    assert launches, "the dispatcher launched no kernel"
-    for grid, args in launches:  # the gate calls the arm several times (warm-up, anti-cheat calls)
-        assert args[2] == 70000 and grid[0] <= launch.MAX_GRID
+    assert any(args[2] == 70000 for _, args in launches), "the dispatcher launched no kernel over the 70000 rows"
+    assert all(grid[0] <= launch.MAX_GRID for grid, _ in launches)  # also the extra shapes the gate draws
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -104,7 +103,7 @@ def test_odd_width_is_rejected(device):
 
 def test_flaggems_adapter_passes_the_gate_and_up_halves(op, device):
     x = op.make_inputs(Case((3, 10)), 0, device)["x"]
-    adapted = sam._halves(lambda a, b: F.silu(a) * b)
+    adapted = sam.flaggems_halves(lambda a, b: F.silu(a) * b)
     assert torch.equal(adapted(x), op.reference(x)[0])
 
 

@@ -160,11 +160,11 @@ def test_spans_cover_the_row_exactly(n, parts, chunk):
 @pytest.mark.parametrize(
     "rows,n,geometry",
     [
-        (1, 262144, sa.STREAMS[0]),
-        (64, 262144, sa.STREAMS[0]),  # spans of 4096 and 32768 (in 4096-chunks): short
-        (128, 262144, sa.STREAMS[1]),
-        (256, 262144, sa.STREAMS[1]),  # one wave of 65536-131072 spans
-        (2048, 130560, sa.STREAMS[0]),  # four rows per program slot: more than one wave
+        (1, 262144, sa.DISPATCH.short),
+        (64, 262144, sa.DISPATCH.short),  # spans of 4096 and 32768 (in 4096-chunks): short
+        (128, 262144, sa.DISPATCH.long),
+        (256, 262144, sa.DISPATCH.long),  # one wave of 65536-131072 spans
+        (2048, 130560, sa.DISPATCH.short),  # four rows per program slot: more than one wave
     ],
 )
 def test_dispatcher_stream_geometry(rows, n, geometry):
@@ -172,8 +172,10 @@ def test_dispatcher_stream_geometry(rows, n, geometry):
 
 
 def test_dispatcher_fills_the_gpu_at_one_row():
-    chunk, _, programs = sa.choose_stream(1, 262144)
-    assert sa.span_geometry(262144, sa.stream_parts(1, programs), chunk)[0] == 262144 // chunk == 128
+    stream = sa.choose_stream(1, 262144)
+    assert (
+        sa.span_geometry(262144, sa.stream_parts(1, stream.programs), stream.chunk)[0] == 262144 // stream.chunk == 128
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 1536), (1, 5120), (1, 262144)])
@@ -283,15 +285,17 @@ def test_gate_passes_one_launch_arms(shape, name):
 
 
 def test_dispatcher_streams_every_wide_row_count():
-    """The measured rule: rows wider than NARROW go to the one-launch streaming kernel at
+    """The measured rule: rows wider than DISPATCH.narrow go to the one-launch streaming kernel at
     every row count (the two-launch split was bimodal), in the geometry `choose_stream` picks;
     narrower rows are packed."""
-    wide = sa.NARROW + 1
+    wide = sa.DISPATCH.narrow + 1
     for rows in (1, 63, 64, 300):
-        chunk, warps, programs = sa.choose_stream(rows, wide)
+        s = sa.choose_stream(rows, wide)
         plan = sa.auto_launch(rows, wide, launch.MAX_GRID)
-        assert plan == sa.span_launch(rows, wide, sa.stream_parts(rows, programs), chunk, warps, launch.MAX_GRID)
-    assert isinstance(sa.auto_launch(3, sa.NARROW, launch.MAX_GRID), sa.RowsLaunch)
+        assert plan == sa.span_launch(
+            rows, wide, sa.stream_parts(rows, s.programs), s.chunk, s.num_warps, launch.MAX_GRID
+        )
+    assert isinstance(sa.auto_launch(3, sa.DISPATCH.narrow, launch.MAX_GRID), sa.RowsLaunch)
 
 
 def test_cached_launches_are_keyed_on_the_grid_limit():

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from kerneltrial.cli import app
 from kerneltrial.serving import trial
-from kerneltrial.serving.launcher import free_port
+from kerneltrial.serving.launcher import LaunchError, free_port
 from kerneltrial.serving.lifecycle import group_alive
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
@@ -186,3 +186,13 @@ def test_a_signalled_trial_is_refused_by_verify(tmp_path: Path, sig: signal.Sign
         assert prov["status"] == "running" and prov["finished_at"] is None
     assert verify_serving_run(out).problems[0].startswith("incomplete run:")
     assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 1
+
+
+def test_the_run_ending_follows_what_stopped_the_loop() -> None:
+    """A gate failure is summarised, Ctrl-C and an unexpected error are not; SystemExit leaves the run
+    "running", as a killed run leaves it (verify refuses it)."""
+    assert trial.run_ending(None) == trial.RunEnding("finished")
+    assert trial.run_ending(KeyboardInterrupt()) == trial.RunEnding("interrupted", summarised=False)
+    assert trial.run_ending(LaunchError("gate")) == trial.RunEnding("failed", "gate")
+    assert trial.run_ending(RuntimeError("boom")) == trial.RunEnding("failed", "RuntimeError: boom", summarised=False)
+    assert trial.run_ending(SystemExit(3)) == trial.RunEnding("running")

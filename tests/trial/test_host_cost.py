@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 from kerneltrial.kernel.report import write_report
-from kerneltrial.kernel.summary import SCHEMA, write_summary
+from kerneltrial.kernel.summary import write_summary
+from kerneltrial.kernel.summary_schemas import SCHEMA
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.documents import read_summary
 from kerneltrial.trial.runner import run_trial

@@ -23,6 +23,7 @@ that no figure silently disappears.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -73,7 +74,7 @@ from kerneltrial.kernel.report import (
     run_section,
     superseded_by,
 )
-from kerneltrial.kernel.summary import UNFROZEN_WARNING
+from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
@@ -217,32 +218,64 @@ def preregistration_table(run_dirs: list[Path]) -> list[str]:
     ]
 
 
-def overview_table(run_dirs: list[Path]) -> list[str]:
-    """Our entry point against issue 16's targets, per run: device time vs the fastest peer by
-    layout and regime, % of copy bandwidth and of the speed-of-light floor, one row vs the best peer
-    and the same-size copy (analysis/performance_overview.py), host cost."""
-    device, bandwidth, floor, one, host, unmeasured, confidences = [], [], [], [], [], [], set()
+@dataclass
+class OverviewRows:
+    """The overview's table rows over the current runs (`overview_rows`)."""
+
+    device: list[list[str]] = field(default_factory=list)
+    bandwidth: list[list[str]] = field(default_factory=list)
+    floor: list[list[str]] = field(default_factory=list)
+    one: list[list[str]] = field(default_factory=list)
+    host: list[list[str]] = field(default_factory=list)
+    unmeasured: list[str] = field(default_factory=list)  # runs without a host stage
+    confidences: set[float] = field(default_factory=set)
+
+
+def overview_rows(run_dirs: list[Path]) -> OverviewRows:
+    """Every overview row of the runs in which our entry point was timed."""
+    rows = OverviewRows()
     for run_dir in run_dirs:
         summary = read_summary(run_dir)
         if not any(timed_entry(c, OURS) for c in summary.cases):
             continue
         run = _run_cell(run_dir, summary)
-        confidences.add(summary.bootstrap.confidence)
-        device += device_rows(run, best_peer_rows(summary.cases), untimed_cases(summary.cases))
+        rows.confidences.add(summary.bootstrap.confidence)
+        rows.device += device_rows(run, best_peer_rows(summary.cases), untimed_cases(summary.cases))
         layouts = list(dict.fromkeys(c.layout for c in summary.cases))
         cold = summary.l2 == "cold" and summary.backend == "cuda-events"
-        bandwidth += [row for layout in layouts if (row := bandwidth_row(run, layout, summary.cases, cold))]
+        rows.bandwidth += [row for layout in layouts if (row := bandwidth_row(run, layout, summary.cases, cold))]
         current = CurrentRun(Path(run_dir), summary, "")
-        floor += floor_rows(run, current)
-        one += [row for row in (one_row(run, current),) if row]
+        rows.floor += floor_rows(run, current)
+        rows.one += [row for row in (one_row(run, current),) if row]
         row = host_row(run, summary.cases)
         if row:
-            host.append(row)
+            rows.host.append(row)
         else:
-            unmeasured.append(run)
-    if not (device or bandwidth or one):
+            rows.unmeasured.append(run)
+    return rows
+
+
+def overview_table(run_dirs: list[Path]) -> list[str]:
+    """Our entry point against issue 16's targets, per run: device time vs the fastest peer by
+    layout and regime, % of copy bandwidth and of the speed-of-light floor, one row vs the best peer
+    and the same-size copy (analysis/performance_overview.py), host cost."""
+    rows = overview_rows(run_dirs)
+    if not (rows.device or rows.bandwidth or rows.one):
         return []
-    lines = [
+    lines = _overview_intro()
+    lines += _device_section(rows) if rows.device else []
+    lines += _bandwidth_section(rows) if rows.bandwidth else []
+    if rows.floor:
+        lines += ["### Speed-of-light floor", "", floor_model_text(), ""]
+        lines += [*markdown_table(FLOOR_HEADER, rows.floor), ""]
+    if rows.one:
+        lines += ["### One row against the best peer and the same-size copy", "", ONE_ROW_TEXT, ""]
+        lines += [*markdown_table(ONE_ROW_HEADER, rows.one), ""]
+    return lines + (_host_section(rows) if rows.host else [])
+
+
+def _overview_intro() -> list[str]:
+    return [
         "## Overview: `kerneltrial` against issue 16's targets",
         "",
         f"Targets (issue 16): geomean >= {GEOMEAN_TARGET:g} over the fastest installed peer and no case below "
@@ -255,71 +288,70 @@ def overview_table(run_dirs: list[Path]) -> list[str]:
         f"large >= 64 MiB ({LARGE_FROM:,} B, above the H200's 60 MiB L2). Layouts as each protocol names them.",
         "",
     ]
-    if device:
-        lines += [
-            "### Device time against the fastest peer",
-            "",
-            "Ratio = the fastest timed peer's median / our entry point's median, per case (> 1: ours is faster); "
-            "the fastest peer is the one with the smallest median in that case. Band of a case: [our speedup's CI low "
-            "/ the largest CI high among the peers, our CI high / the largest CI low among the peers], from the "
-            "paired-bootstrap CIs over the control in summary.json (the runs keep no bootstrap of ours against a "
-            "peer); it holds whenever our CI and every peer's CI do, so for k peers at confidence c its coverage is "
-            "at least 1 - (k + 1)(1 - c) (Bonferroni), whatever their dependence. Band of a geomean: the geomeans of "
-            "the cases' lower and upper bounds, which holds whenever every case's band does: for n cases, at least "
-            "1 - n(k + 1)(1 - c), a weak guarantee for large groups; read it as the range the noise of the run "
-            "allows, not as a 95% interval. The worst-case mark is met only when every case's band is at or above "
-            "the target and missed when some case's band is below it. A case where our entry point is not timed "
-            "is left out of the ratios and marks its group missed. A group without a band for every case is "
-            f"marked on its point value. Confidence of the runs' CIs: {', '.join(f'{c:g}' for c in sorted(confidences))}.",
-            "",
-            *markdown_table(
-                ["operator (run)", "layout", "regime", "cases", "geomean [band]", f">= {GEOMEAN_TARGET:g}"]
-                + ["worst case [band]", f">= {WORST_TARGET:g}"],
-                device,
-            ),
-            "",
-        ]
-    if bandwidth:
-        lines += [
-            "### Bandwidth from 4 MiB up",
-            "",
-            "Our entry point's % of the copy ceiling measured in the same run (a 1 GiB copy): median over the "
-            "regime's cases, and the worst case; the mark is on the worst of mid and large (target >= "
-            f"{COPY_TARGET:g}%). Then the same against a copy of each case's own traffic, timed the same way in the "
-            "same run (runs from issue 16 on): a copy of a few MB reaches a fraction of the 1 GiB copy's rate "
-            "(`results/h200-midsize`), so only this column says what a kernel leaves on the table.",
-            "",
-            *markdown_table(
-                ["operator (run)", "layout", "mid cases", "mid median %", "mid worst %"]
-                + ["large cases", "large median %", "large worst %", f">= {COPY_TARGET:g}% of 1 GiB copy"]
-                + ["median % of same-size copy", "worst % of same-size copy", f">= {COPY_TARGET:g}%"],
-                bandwidth,
-            ),
-            "",
-        ]
-    if floor:
-        lines += ["### Speed-of-light floor", "", floor_model_text(), ""]
-        lines += [*markdown_table(FLOOR_HEADER, floor), ""]
-    if one:
-        lines += ["### One row against the best peer and the same-size copy", "", ONE_ROW_TEXT, ""]
-        lines += [*markdown_table(ONE_ROW_HEADER, one), ""]
-    if host:
-        lines += [
-            "### Host cost per call",
-            "",
-            "Median host µs per call over the cases whose host samples were not device-bound (there the device, not "
-            "the host, set the pace): median over cases (worst); torch_eager's median over the cases where both "
-            "were measured; ours / torch_eager per case, geomean (worst)."
-            + (f" Runs without a host stage: {', '.join(unmeasured)}." if unmeasured else ""),
-            "",
-            *markdown_table(
-                ["operator (run)", "cases", "ours µs (worst)", "torch_eager µs", "ours / torch_eager (worst)"]
-                + ["<= torch_eager", f"<= {HOST_TARGET_US:g} µs"],
-                host,
-            ),
-            "",
-        ]
-    return lines
+
+
+def _device_section(rows: OverviewRows) -> list[str]:
+    return [
+        "### Device time against the fastest peer",
+        "",
+        "Ratio = the fastest timed peer's median / our entry point's median, per case (> 1: ours is faster); "
+        "the fastest peer is the one with the smallest median in that case. Band of a case: [our speedup's CI low "
+        "/ the largest CI high among the peers, our CI high / the largest CI low among the peers], from the "
+        "paired-bootstrap CIs over the control in summary.json (the runs keep no bootstrap of ours against a "
+        "peer); it holds whenever our CI and every peer's CI do, so for k peers at confidence c its coverage is "
+        "at least 1 - (k + 1)(1 - c) (Bonferroni), whatever their dependence. Band of a geomean: the geomeans of "
+        "the cases' lower and upper bounds, which holds whenever every case's band does: for n cases, at least "
+        "1 - n(k + 1)(1 - c), a weak guarantee for large groups; read it as the range the noise of the run "
+        "allows, not as a 95% interval. The worst-case mark is met only when every case's band is at or above "
+        "the target and missed when some case's band is below it. A case where our entry point is not timed "
+        "is left out of the ratios and marks its group missed. A group without a band for every case is "
+        f"marked on its point value. Confidence of the runs' CIs: {', '.join(f'{c:g}' for c in sorted(rows.confidences))}.",
+        "",
+        *markdown_table(
+            ["operator (run)", "layout", "regime", "cases", "geomean [band]", f">= {GEOMEAN_TARGET:g}"]
+            + ["worst case [band]", f">= {WORST_TARGET:g}"],
+            rows.device,
+        ),
+        "",
+    ]
+
+
+def _bandwidth_section(rows: OverviewRows) -> list[str]:
+    return [
+        "### Bandwidth from 4 MiB up",
+        "",
+        "Our entry point's % of the copy ceiling measured in the same run (a 1 GiB copy): median over the "
+        "regime's cases, and the worst case; the mark is on the worst of mid and large (target >= "
+        f"{COPY_TARGET:g}%). Then the same against a copy of each case's own traffic, timed the same way in the "
+        "same run (runs from issue 16 on): a copy of a few MB reaches a fraction of the 1 GiB copy's rate "
+        "(`results/h200-midsize`), so only this column says what a kernel leaves on the table.",
+        "",
+        *markdown_table(
+            ["operator (run)", "layout", "mid cases", "mid median %", "mid worst %"]
+            + ["large cases", "large median %", "large worst %", f">= {COPY_TARGET:g}% of 1 GiB copy"]
+            + ["median % of same-size copy", "worst % of same-size copy", f">= {COPY_TARGET:g}%"],
+            rows.bandwidth,
+        ),
+        "",
+    ]
+
+
+def _host_section(rows: OverviewRows) -> list[str]:
+    return [
+        "### Host cost per call",
+        "",
+        "Median host µs per call over the cases whose host samples were not device-bound (there the device, not "
+        "the host, set the pace): median over cases (worst); torch_eager's median over the cases where both "
+        "were measured; ours / torch_eager per case, geomean (worst)."
+        + (f" Runs without a host stage: {', '.join(rows.unmeasured)}." if rows.unmeasured else ""),
+        "",
+        *markdown_table(
+            ["operator (run)", "cases", "ours µs (worst)", "torch_eager µs", "ours / torch_eager (worst)"]
+            + ["<= torch_eager", f"<= {HOST_TARGET_US:g} µs"],
+            rows.host,
+        ),
+        "",
+    ]
 
 
 # ---------------------------------------------------------------- earlier runs and the document

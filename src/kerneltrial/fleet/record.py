@@ -38,7 +38,7 @@ from pydantic import Field
 from kerneltrial.publication import titled
 from kerneltrial.replicates.record import case_row
 from kerneltrial.rundir.checks import VerifyResult
-from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
+from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, read_summary, validate
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
@@ -233,7 +233,7 @@ def combine(root: Path, fleet: Fleet) -> Combined:
                     same_verdict=len(set(row.verdicts)) == 1,
                 )
             )
-    panel = _panel_gates(root, fleet, summaries) if fleet.mode == "shard" else {}
+    panel = _panel_gates(root, fleet) if fleet.mode == "shard" else {}
     fleet_arms = []
     for arm in arms:
         aggregates = [summaries[u.id]["aggregates"].get(arm, {}) for u in fleet.units]
@@ -255,32 +255,32 @@ def combine(root: Path, fleet: Fleet) -> Combined:
     return Combined(control=control, cases=cases, arms=fleet_arms)
 
 
-def _panel_gates(root: Path, fleet: Fleet, summaries: dict[str, dict[str, Any]]) -> dict[str, PanelGate]:
+def _panel_gates(root: Path, fleet: Fleet) -> dict[str, PanelGate]:
     """Shards: each arm's gate over the whole panel, every case's entry taken from the shard that
     ran it, judged by the kernel summary's own rule (its aggregates and gate, not a copy)."""
     from kerneltrial import stats
-    from kerneltrial.kernel.summary import aggregates_and_gate, load_run, schema_of
+    from kerneltrial.kernel.summary_cases import aggregates_and_gate
+    from kerneltrial.kernel.summary_inputs import load_run
+    from kerneltrial.kernel.summary_schemas import schema_of
 
+    typed = {u.id: read_summary(Path(root) / u.run) for u in fleet.units}
     ran_by = {i: u for u in fleet.units for i in u.case_indices}
-    cases = [summaries[ran_by[i].id]["cases"][ran_by[i].case_indices.index(i)] for i in sorted(ran_by)]
+    cases = [typed[ran_by[i].id].cases[ran_by[i].case_indices.index(i)] for i in sorted(ran_by)]
     first = fleet.units[0]
     run = load_run(Path(root) / first.run)  # the plan's gate and arms; the summary schema's gate rule
-    bootstrap = summaries[first.id]["bootstrap"]
-    rule = stats.BootstrapRule(int(bootstrap["resamples"]), int(bootstrap["seed"]), float(bootstrap["confidence"]))
-    control = summaries[first.id]["control"]
-    aggregates, gate = aggregates_and_gate(
-        cases, run.plan, control, rule, schema_of(run, None, None)
-    )  # no ceilings: they
-    # feed only the plausibility limits, already judged into each case's status
+    bootstrap = typed[first.id].bootstrap
+    rule = stats.BootstrapRule(bootstrap.resamples, bootstrap.seed, bootstrap.confidence)
+    # no ceilings: they feed only the plausibility limits, already judged into each case's status
+    aggregates, gate = aggregates_and_gate(cases, run.plan, typed[first.id].control, rule, schema_of(run, None, None))
     return {
         arm: PanelGate(
-            passed=verdict["passed"],
-            reasons=verdict["reasons"],
-            geomean=aggregates[arm]["geomean"],
-            geomean_ci_low=aggregates[arm]["geomean_ci_low"],
-            geomean_ci_high=aggregates[arm]["geomean_ci_high"],
+            passed=verdict.passed,
+            reasons=verdict.reasons,
+            geomean=aggregates[arm].geomean,
+            geomean_ci_low=aggregates[arm].geomean_ci_low,
+            geomean_ci_high=aggregates[arm].geomean_ci_high,
         )
-        for arm, verdict in gate["arms"].items()
+        for arm, verdict in gate.arms.items()
     }
 
 

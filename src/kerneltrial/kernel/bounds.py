@@ -3,7 +3,7 @@
 An isolated arm times its calls in its own process (trial/worker.py); the harness measures the
 wall clock around the same sample, from the request it sends to the answer it reads (timings.csv
 `wall_ns`). The arm's figure is what is published; the bound is what the harness can vouch for:
-an arm that controls its process can claim any time up to it (docs/DESIGN.md, "Checks"). The
+an arm that controls its process can claim any time up to it (docs/CHECKS.md, "Checks: what each defeats, and what a kernel can still do"). The
 summary puts both side by side for every (case, isolated arm) that was timed, and warns where the
 claim is far inside the bound.
 """
@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial import stats
+from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
 
 # A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
 # then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):
@@ -31,10 +32,10 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
     )
 
 
-def isolation_fields(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> dict[str, Any]:
-    """summary.json `isolation`: {arms (plan `isolated`), far_inside, bounds: [{case, arm, samples,
-    claimed_ns_per_call, bound_ns_per_call, ratio}]} in plan order of cases and arms; medians over
-    the (case, arm)'s timings rows of ns / calls and wall_ns / calls; ratio = bound / claimed."""
+def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> IsolationFigures:
+    """summary.json `isolation`: the arms (plan `isolated`), FAR_INSIDE and one bound per timed (case,
+    isolated arm), in plan order of cases and arms; medians over the (case, arm)'s timings rows of
+    ns / calls (claimed) and wall_ns / calls (bound); ratio = bound / claimed."""
     isolated = [str(a) for a in plan.get("isolated", [])]
     bounds = []
     for case in plan["cases"]:
@@ -44,16 +45,17 @@ def isolation_fields(plan: dict[str, Any], timings: pd.DataFrame, warnings: list
                 continue
             claimed = stats.median((rows["ns"] / rows["calls"]).to_numpy(dtype=float))
             bound = stats.median((pd.to_numeric(rows["wall_ns"]) / rows["calls"]).to_numpy(dtype=float))
+            ratio = bound / claimed if claimed > 0 else None
             bounds.append(
-                {
-                    "case": str(case["case"]),
-                    "arm": arm,
-                    "samples": len(rows),
-                    "claimed_ns_per_call": claimed,
-                    "bound_ns_per_call": bound,
-                    "ratio": bound / claimed if claimed > 0 else None,
-                }
+                IsolationBound(
+                    case=str(case["case"]),
+                    arm=arm,
+                    samples=len(rows),
+                    claimed_ns_per_call=claimed,
+                    bound_ns_per_call=bound,
+                    ratio=ratio,
+                )
             )
             if claimed > 0 and bound > FAR_INSIDE * claimed:
                 warnings.append(far_inside_warning(str(case["case"]), arm, claimed, bound))
-    return {"arms": isolated, "far_inside": FAR_INSIDE, "bounds": bounds}
+    return IsolationFigures(arms=isolated, far_inside=FAR_INSIDE, bounds=bounds)

@@ -50,7 +50,7 @@ def fraction_of_floor(floor: float | None, median_ns: float | None) -> float | N
 
 @dataclass(frozen=True)
 class CaseFloors:
-    """What summary/6 writes (kernel/summary.py SchemaV6): each case's floor_ns, each arm's fraction."""
+    """What summary/6 writes (kernel/summary_schemas.py SchemaV6): each case's floor_ns (each arm's fraction is `fraction_of_floor`)."""
 
     launch_ns: float | None  # the run's Triton launch floor
     copy_gbps: float | None
@@ -65,12 +65,9 @@ class CaseFloors:
             )
         return cls(launch_ns, copy_gbps)
 
-    def fields(self, case_bytes: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """The case's {floor_ns}; sets fraction_of_floor in every arm entry (null without a median)."""
-        floor = floor_ns(self.launch_ns, self.copy_gbps, case_bytes)
-        for entry in arms.values():
-            entry["fraction_of_floor"] = fraction_of_floor(floor, entry["median_ns_per_call"])
-        return {"floor_ns": floor}
+    def case_floor(self, case_bytes: int) -> float | None:
+        """The case's floor_ns (null without the launch floor or the copy rate)."""
+        return floor_ns(self.launch_ns, self.copy_gbps, case_bytes)
 
 
 @dataclass(frozen=True)

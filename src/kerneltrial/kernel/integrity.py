@@ -2,13 +2,13 @@
 
 Part of `kerneltrial verify` (kernel/verify/ calls these for runs whose plan.json has
 `"checks": 1`). Like verify, it imports nothing from kerneltrial.stats or kernel.summary: it
-follows docs/DESIGN.md ("Run directory: exact format") on its own. Each function returns the
+follows docs/VERIFY.md on its own. Each function returns the
 problems it found; an empty list means the check passed.
 
 What these checks prove: no file of the run directory changed after the run wrote its
 manifest, and the package source archived with the run is the source whose digest the run
 recorded. They cannot prove that the rows were honestly measured: a run directory whose
-rows, summary and manifest were rewritten together is self-consistent (docs/DESIGN.md,
+rows, summary and manifest were rewritten together is self-consistent (docs/VERIFY.md,
 "What verify can and cannot prove").
 """
 

@@ -21,7 +21,7 @@ below it (`downgrade_problems`):
   runners with the host stage), and the isolation traces of contract 3 (plan.json `isolated`,
   provenance.json `isolation`, the `wall_ns` column of timings.csv).
 What it cannot catch: a forger who removes every witness and names a commit from before timed
-checks (or one this checkout does not know) has written an older run from scratch; docs/DESIGN.md
+checks (or one this checkout does not know) has written an older run from scratch; docs/VERIFY.md
 ("What verify can and cannot prove") says what answers that.
 """
 

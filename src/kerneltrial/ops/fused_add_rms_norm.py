@@ -33,6 +33,10 @@ ld.global.v4 instead of 2-byte loads on sm_90).
 In place is safe: every element is loaded before it is stored, by the one program that owns
 its row. x and residual must be viewable as [rows, N] with unit stride in N (contiguous or
 row-strided); any other layout is refused, since an in-place kernel cannot write through a copy.
+
+Launch geometry is data: one frozen config record per kernel (`RowsConfig`, `WideConfig`);
+GEOMETRIES, the control and the candidates by arm name; DISPATCH, the exported entry point's
+rule. ops/catalog.py declares the operators from them.
 """
 
 from __future__ import annotations
@@ -47,20 +51,63 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops import peers_flashinfer as fi
-from kerneltrial.ops import peers_sglang as sgl
-from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
-from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, add_impl, register_impl, register_op
 from kerneltrial.ops.rms_norm import apply_weight
+from kerneltrial.ops.spec import Case, Inputs
 
 LAYOUTS = ("contiguous", "row_strided")
-PACKINGS = ((2, 8), (4, 8), (8, 4))  # (rows per step, warps) of the packed candidates
-ROW_WARPS = (4, 16)  # fixed warps of the one-row-per-step candidates
-PERSISTENT_WAVES = 4  # programs per SM of the persistent candidate
-WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
-WIDE_THRESHOLD = 16384
-STEP_ELEMENTS = 4096  # the dispatcher packs narrow rows up to this many elements per step
-MAX_ROWS_PER_STEP = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RowsConfig:
+    """Launch knobs of `_fused_add_rms_norm_rows`: rows per step; warps (None: launch.row_warps
+    of the block); `waves` programs per SM looping over the rows (None: up to MAX_GRID
+    programs); `vectorise`: width and strides passed in units of `vector_width` (the control
+    goes without: RowsConfig(vectorise=False) is the reference geometry)."""
+
+    block_rows: int = 1
+    num_warps: int | None = None
+    waves: int | None = None
+    vectorise: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WideConfig:
+    """Launch knobs of `_fused_add_rms_norm_wide`: the chunk a row is read in (warps:
+    launch.row_warps of the chunk's block; always vectorised)."""
+
+    chunk: int = 4096
+
+
+# The control and the candidates, by arm name (ops/catalog.py declares one arm each).
+GEOMETRIES: dict[str, RowsConfig | WideConfig] = {
+    "control": RowsConfig(vectorise=False),
+    "packed_r2_w8": RowsConfig(2, 8),
+    "packed_r4_w8": RowsConfig(4, 8),
+    "packed_r8_w4": RowsConfig(8, 4),
+    "row_w4": RowsConfig(1, 4),
+    "row_w16": RowsConfig(1, 16),
+    "persistent": RowsConfig(waves=4),
+    "wide": WideConfig(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """The exported entry point's rule: rows wider than `wide_above` take the wide kernel as
+    `wide` says; narrower rows take the rows kernel, packed up to `step_elements` elements per
+    step (at most `max_rows_per_step` rows), with launch.row_warps warps."""
+
+    wide_above: int
+    wide: WideConfig
+    step_elements: int
+    max_rows_per_step: int
+
+    def rows_per_step(self, n: int) -> int:
+        """Rows per step of the rows kernel for rows `n` wide."""
+        return max(1, min(self.max_rows_per_step, self.step_elements // launch.next_pow2(n)))
+
+
+DISPATCH = DispatchConfig(wide_above=16384, wide=WideConfig(4096), step_elements=4096, max_rows_per_step=64)
 
 
 @triton.jit
@@ -200,25 +247,20 @@ def rows_launch(
 
 
 @lru_cache(maxsize=launch.PLANS)
-def wide_launch(n_rows: int, n: int, strides: tuple[int, int], itemsize: int, max_grid: int) -> Launch:
-    """`_fused_add_rms_norm_wide` over n_rows x n in WIDE_CHUNK chunks."""
-    block_n = min(WIDE_CHUNK, launch.next_pow2(n))
+def wide_launch(n_rows: int, n: int, strides: tuple[int, int], itemsize: int, chunk: int, max_grid: int) -> Launch:
+    """`_fused_add_rms_norm_wide` over n_rows x n in `chunk`-element chunks."""
+    block_n = min(chunk, launch.next_pow2(n))
     grid = launch.bounded_grid(n_rows, max_grid)
     return Launch(True, grid, 1, block_n, launch.row_warps(block_n), vector_width(itemsize, n, *strides))
 
 
-def choose_rows_per_step(n: int) -> int:
-    """Rows per step for the dispatcher: pack narrow rows up to STEP_ELEMENTS elements per step."""
-    return max(1, min(MAX_ROWS_PER_STEP, STEP_ELEMENTS // launch.next_pow2(n)))
-
-
 @lru_cache(maxsize=launch.PLANS)
 def auto_launch(n_rows: int, n: int, strides: tuple[int, int], itemsize: int, max_grid: int) -> Launch:
-    """The dispatcher's launch: rows wider than WIDE_THRESHOLD go to the wide kernel; the rest
-    to the rows kernel with `choose_rows_per_step` rows per step and launch.row_warps warps."""
-    if n > WIDE_THRESHOLD:
-        return wide_launch(n_rows, n, strides, itemsize, max_grid)
-    return rows_launch(n_rows, n, strides, itemsize, choose_rows_per_step(n), None, None, True, max_grid)
+    """The dispatcher's launch (`DISPATCH`)."""
+    if n > DISPATCH.wide_above:
+        return wide_launch(n_rows, n, strides, itemsize, DISPATCH.wide.chunk, max_grid)
+    block_rows = DISPATCH.rows_per_step(n)
+    return rows_launch(n_rows, n, strides, itemsize, block_rows, None, None, True, max_grid)
 
 
 def run(xr: torch.Tensor, rr: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, plan: Launch) -> None:
@@ -261,12 +303,12 @@ def fused_add_rms_norm_rows(
 
 
 def fused_add_rms_norm_wide(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, chunk: int
 ) -> None:
-    """Launch `_fused_add_rms_norm_wide`: one row per step, in WIDE_CHUNK chunks."""
+    """Launch `_fused_add_rms_norm_wide`: one row per step, in `chunk`-element chunks."""
     xr, rr = launch.in_place_rows(x, "x"), launch.in_place_rows(residual, "residual")
     n_rows, n = xr.shape
-    plan = wide_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), launch.MAX_GRID)
+    plan = wide_launch(n_rows, n, (xr.stride(0), rr.stride(0)), x.element_size(), chunk, launch.MAX_GRID)
     run(xr, rr, weight, eps, gemma, plan)
 
 
@@ -355,27 +397,6 @@ def bytes_moved(case: Case) -> int:
     return (4 * inp.numel(case.shape) + case.shape[-1]) * size
 
 
-SMALL = (  # (2, 3, 200): a width that is neither a power of two nor a multiple of 128
-    Case((1, 64)),
-    Case((5, 5120)),
-    Case((11, 1536)),
-    Case((2, 3, 200)),
-    Case((2, 20000)),
-)
-GPU = (
-    Case((1, 2048)),
-    Case((64, 2048)),
-    Case((2048, 2048)),
-    Case((4096, 2048)),
-    Case((16384, 2048)),
-    Case((4096, 4096)),
-    Case((4096, 5120)),
-    Case((4096, 8192)),
-    Case((1000, 3000)),
-    Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
-)
-
-
 # ---- peers ------------------------------------------------------------------------------
 
 
@@ -434,123 +455,41 @@ def flaggems_in_place(fn: Callable[..., object]) -> Callable[..., None]:
     return run
 
 
-def _register(
-    name: str,
-    signature: str,
-    doc: str,
-    reference: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    oracle_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    eager: Callable[..., None],
-    gemma: bool,
-) -> None:
-    register_op(
-        Operator(
-            name=name,
-            signature=signature,
-            doc=doc,
-            layouts=LAYOUTS,
-            make_inputs=make_inputs,
-            reference=reference,
-            oracle=oracle_fn,
-            bytes_moved=bytes_moved,
-            small_cases=SMALL,
-            gpu_cases=GPU,
-            inplace=("x", "residual"),
-        )
-    )
+def launcher(config: RowsConfig | WideConfig, gemma: bool) -> Callable[..., None]:
+    """The arm that launches `config`: `fused_add_rmsnorm(x, residual, weight, eps)`, Gemma's or not."""
+    if isinstance(config, WideConfig):
+        chunk = config.chunk
 
-    def rows(
-        block_rows: int = 1,
-        num_warps: int | None = None,
-        max_programs: Callable[[torch.device], int] | None = None,
-        vectorise: bool = True,
-    ) -> Callable[..., None]:
-        def run(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-            cap = max_programs(x.device) if max_programs else None
-            fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows, num_warps, cap, vectorise)
+        def wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+            fused_add_rms_norm_wide(x, residual, weight, eps, gemma, chunk)
 
-        return run
+        return wide
+    block_rows, num_warps, waves, vectorise = config.block_rows, config.num_warps, config.waves, config.vectorise
 
-    def wide(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        fused_add_rms_norm_wide(x, residual, weight, eps, gemma)
+    def rows(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        cap = waves * sm_count(x.device) if waves else None
+        fused_add_rms_norm_rows(x, residual, weight, eps, gemma, block_rows, num_warps, cap, vectorise)
+
+    return rows
+
+
+def entry_point(gemma: bool) -> Callable[..., None]:
+    """The exported entry point (`fused_add_rms_norm_auto`) in the operator's signature."""
 
     def auto(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
         fused_add_rms_norm_auto(x, residual, weight, eps, gemma)
 
-    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(rows(vectorise=False))
-    for block_rows, warps in PACKINGS:
-        register_impl(name, f"packed_r{block_rows}_w{warps}", doc=f"{block_rows} rows per step, {warps} warps")(
-            rows(block_rows, warps)
-        )
-    for warps in ROW_WARPS:
-        register_impl(name, f"row_w{warps}", doc=f"one row per step, {warps} warps")(rows(1, warps))
-    register_impl(name, "persistent", doc=f"one row per step, {PERSISTENT_WAVES} programs per SM looping over rows")(
-        rows(max_programs=lambda device: PERSISTENT_WAVES * sm_count(device))
-    )
-    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(wide)
-    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(auto)
-
-    register_peers(
-        name,
-        eager,
-        liger=liger_loader(
-            "liger_kernel.ops.fused_add_rms_norm",
-            "_fused_add_rms_norm_forward_kernel",
-            liger_in_place(1 if gemma else 0, 1.0 if gemma else 0.0),
-        ),
-    )
-    fi.register_flashinfer(  # peers_flashinfer.py states the kernel's contract
-        name,
-        fi.flashinfer_loader("norm", name, fi.fused_add_in_place),
-        f"norm.{name} (JIT CUDA, in place), statistics of the unrounded sum, one rounding after the weight",
-    )
-    if gemma:  # peers_sglang.py states each kernel's contract
-        sgl.register_sglang(
-            name,
-            sgl.sglang_loader(
-                "layernorm.minimax_m3_rmsnorm",
-                "_gemma_fused_add_rmsnorm_kernel",
-                sgl.gemma_fused_add_in_place,
-                jit=False,
-            ),
-            "layernorm.minimax_m3_rmsnorm Gemma fused add (Triton), outputs aliased to x and residual, contiguous only",
-            layouts=("contiguous",),
-        )
-    else:
-        sgl.register_sglang(
-            name,
-            sgl.sglang_loader("layernorm.norm", "fused_add_rmsnorm", sgl.fused_add_in_place, jit=True),
-            "layernorm.norm.fused_add_rmsnorm (JIT CUDA, in place), one rounding after the weight, contiguous only",
-            layouts=("contiguous",),
-        )
-    if not gemma:  # FlagGems 5.0.2 has no Gemma (1 + w) fused add
-        add_impl(
-            Impl(
-                op=name,
-                name="flaggems",
-                kind="peer",
-                loader=flaggems_loader("fused_add_rms_norm", flaggems_in_place),
-                doc="FlagGems (contiguous only: it writes into .contiguous() copies)",
-                layouts=("contiguous",),
-            )
-        )
+    return auto
 
 
-_register(
-    "fused_add_rmsnorm",
-    "fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
-    "in place: residual = x + residual; x = rmsnorm(residual), bf16 rounding before the weight",
-    reference_fused_add_rmsnorm,
-    oracle,
-    eager_fused_add_rmsnorm,
-    gemma=False,
-)
-_register(
-    "gemma_fused_add_rmsnorm",
-    "gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-6) -> None (x, residual in place)",
-    "in place: residual = x + residual; x = rmsnorm(residual) * (1 + w), fp32 to the store",
-    reference_gemma,
-    oracle_gemma,
-    eager_gemma,
-    gemma=True,
-)
+def describe(config: RowsConfig | WideConfig) -> str:
+    """An arm's one-line doc from its geometry."""
+    if isinstance(config, WideConfig):
+        return f"two passes over {config.chunk}-element chunks"
+    if not config.vectorise:
+        return "one row per program, next-pow2 block"
+    if config.waves:
+        return f"one row per step, {config.waves} programs per SM looping over rows"
+    if config.block_rows == 1:
+        return f"one row per step, {config.num_warps} warps"
+    return f"{config.block_rows} rows per step, {config.num_warps} warps"

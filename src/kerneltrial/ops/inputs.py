@@ -56,7 +56,7 @@ from contextlib import contextmanager
 
 import torch
 
-from kerneltrial.ops.registry import Case, Operator
+from kerneltrial.ops.spec import Case, Operator
 from kerneltrial.rundir.streams import EXTRA_SHAPES_MAX
 
 ROW_PAD = 64  # extra columns of the wider tensor behind a `row_strided` view

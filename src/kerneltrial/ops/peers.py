@@ -2,7 +2,7 @@
 
 A peer that is not installed, or cannot run on this machine, raises `Unavailable` from its
 loader: `kerneltrial ops` shows the one-line reason and trials skip it; it is never an error.
-Operator modules call `register_peers` with the pieces that exist for them.
+Each function named after a peer returns its `Arm`; ops/catalog.py lists the arms of each operator.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kerneltrial.ops.registry import Impl, Unavailable, add_impl
+from kerneltrial.ops.spec import Arm, Unavailable
 
 Loader = Callable[[], Callable[..., Any]]
 
@@ -91,29 +91,24 @@ def compiled(fn: Callable[..., Any], require_gpu: bool = True, backend: str = "i
     return load
 
 
-def register_peers(
-    op: str,
-    eager: Callable[..., Any],
-    liger: Loader | None = None,
-    flaggems: Loader | None = None,
-    compile_eager: bool = True,
-) -> None:
-    """Register the peers of `op`: eager torch code, its torch.compile, and the libraries' kernels."""
-    add_impl(Impl(op=op, name="torch_eager", kind="peer", loader=lambda: eager, doc="torch eager formula"))
-    if compile_eager:
-        add_impl(
-            Impl(
-                op=op,
-                name="torch_compile",
-                kind="peer",
-                loader=compiled(eager),
-                doc="torch.compile of the eager formula",
-            )
-        )
-    if liger is not None:
-        add_impl(Impl(op=op, name="liger", kind="peer", loader=liger, doc="Liger-Kernel"))
-    if flaggems is not None:
-        add_impl(Impl(op=op, name="flaggems", kind="peer", loader=flaggems, doc="FlagGems"))
+def torch_arms(eager: Callable[..., Any]) -> tuple[Arm, Arm]:
+    """The `torch_eager` peer (the operator's eager torch code) and `torch_compile`, its torch.compile."""
+    return (
+        Arm("torch_eager", lambda: eager, "torch eager formula"),
+        Arm("torch_compile", compiled(eager), "torch.compile of the eager formula"),
+    )
+
+
+def liger(module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]]) -> Arm:
+    """The `liger` peer: Liger-Kernel's `module.attr` wrapped by `adapt` (`liger_loader`)."""
+    return Arm("liger", liger_loader(module, attr, adapt), "Liger-Kernel")
+
+
+def flaggems(
+    attr: str, adapt: Callable[[Any], Callable[..., Any]], doc: str = "FlagGems", layouts: tuple[str, ...] | None = None
+) -> Arm:
+    """The `flaggems` peer: FlagGems' `attr` wrapped by `adapt` (`flaggems_loader`)."""
+    return Arm("flaggems", flaggems_loader(attr, adapt), doc, layouts=layouts)
 
 
 def liger_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]]) -> Loader:

@@ -55,7 +55,7 @@ import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops.peers import Loader, import_attr, require_cuda, require_installed, require_nvcc
-from kerneltrial.ops.registry import Impl, Unavailable, add_impl
+from kerneltrial.ops.spec import Arm, Unavailable
 
 PACKAGE = "flashinfer-python"
 MODULE = "flashinfer"
@@ -86,9 +86,11 @@ def flashinfer_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..
     return load
 
 
-def register_flashinfer(op: str, loader: Loader, doc: str, layouts: tuple[str, ...] | None = None) -> None:
-    """Register the `flashinfer` peer of `op`."""
-    add_impl(Impl(op=op, name="flashinfer", kind="peer", loader=loader, doc=f"FlashInfer: {doc}", layouts=layouts))
+def flashinfer(
+    module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]], doc: str, layouts: tuple[str, ...] | None = None
+) -> Arm:
+    """The `flashinfer` peer: `flashinfer.<module>.<attr>` wrapped by `adapt` (`flashinfer_loader`)."""
+    return Arm("flashinfer", flashinfer_loader(module, attr, adapt), f"FlashInfer: {doc}", layouts=layouts)
 
 
 # ---- adapters (each takes FlashInfer's function, returns the operator's signature) --------

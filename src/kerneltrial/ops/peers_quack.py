@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from kerneltrial.ops.peers import Loader, import_attr, require_cuda, require_installed
-from kerneltrial.ops.registry import Impl, Unavailable, add_impl
+from kerneltrial.ops.spec import Arm, Unavailable
 
 PACKAGE = "quack-kernels"
 MODULE = "quack"
@@ -63,9 +63,9 @@ def quack_loader(adapt: Callable[[Any], Callable[..., Any]]) -> Loader:
     return load
 
 
-def register_quack(op: str, doc: str) -> None:
-    """Register the `quack` peer of an RMSNorm operator."""
-    add_impl(Impl(op=op, name="quack", kind="peer", loader=quack_loader(rmsnorm), doc=f"QuACK: {doc}"))
+def quack(doc: str) -> Arm:
+    """The `quack` peer of an RMSNorm operator."""
+    return Arm("quack", quack_loader(rmsnorm), f"QuACK: {doc}")
 
 
 def rmsnorm(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -62,7 +62,7 @@ import triton
 
 from kerneltrial.ops import launch
 from kerneltrial.ops.peers import Loader, import_attr, require_cuda, require_installed, require_nvcc
-from kerneltrial.ops.registry import Impl, Unavailable, add_impl
+from kerneltrial.ops.spec import Arm, Unavailable
 
 PACKAGE = "sglang"
 NAMESPACE = "sglang.kernels.ops"
@@ -103,13 +103,19 @@ def sglang_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..., A
     return load
 
 
-def register_sglang(
-    op: str, loader: Loader, doc: str, layouts: tuple[str, ...] | None = None, widths: tuple[int, ...] | None = None
-) -> None:
-    """Register the `sglang` peer of `op` (`layouts`, `widths`: its contract, see `Impl`)."""
-    add_impl(
-        Impl(op=op, name="sglang", kind="peer", loader=loader, doc=f"SGLang: {doc}", layouts=layouts, widths=widths)
-    )
+def sglang(
+    module: str,
+    attr: str,
+    adapt: Callable[[Any], Callable[..., Any]],
+    doc: str,
+    *,
+    jit: bool,
+    layouts: tuple[str, ...] | None = None,
+    widths: tuple[int, ...] | None = None,
+) -> Arm:
+    """The `sglang` peer: `sglang.kernels.ops.<module>.<attr>` wrapped by `adapt` (`sglang_loader`;
+    `layouts`, `widths`: its contract, see `Impl`)."""
+    return Arm("sglang", sglang_loader(module, attr, adapt, jit), f"SGLang: {doc}", layouts=layouts, widths=widths)
 
 
 # ---- adapters (each takes SGLang's function, returns the operator's signature) ------------

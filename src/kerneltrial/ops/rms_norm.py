@@ -15,12 +15,18 @@ Kernels (one family, shared with fused_add_rms_norm.py through `apply_weight`):
 - `_rms_norm_wide`: one row per step in BLOCK_N chunks, two passes over the row
   (sum of squares, then normalise), for rows too wide to hold in registers.
 Both walk their work with a grid-stride loop over a bounded grid (launch.MAX_GRID).
+
+Launch geometry is data: one frozen config record per kernel (`RowsConfig`, `WideConfig`);
+GEOMETRIES, the control and the candidates by arm name; DISPATCH, the exported entry point's
+rule. ops/catalog.py declares the operators from them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Any
 
 import torch
 import triton
@@ -28,26 +34,66 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops import peers_flashinfer as fi
-from kerneltrial.ops import peers_quack as quack
-from kerneltrial.ops import peers_sglang as sgl
-from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
-from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+from kerneltrial.ops.spec import Case, Inputs
 
 LAYOUTS = ("contiguous", "row_strided")
-PACKINGS = ((4, 4), (8, 4), (16, 8))  # (rows per step, warps) of the packed candidates
-WIDE_CHUNK = 4096  # chunk of the wide kernel; rows wider than WIDE_THRESHOLD use it
-WIDE_THRESHOLD = 16384
-# The dispatcher's rows kernel: rows narrower than PACK_TO elements are packed up to PACK_TO
-# elements per step; DISPATCH_WARPS[0] warps up to 4096-element blocks, DISPATCH_WARPS[1]
-# above. Leads (scripts/device/sweep.py, cold L2, both modes): 4 warps one row per step
-# matched or beat packed steps of 4096 elements at 2048 columns (13.3 vs 13.8 us at
-# 4096x2048, 36.2 vs 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and 14336
-# columns (32.7 vs 33.4) and tied at 8192 and 16384. Trials: results/archive/h200/rmsnorm-s2,
-# rmsnorm_fp32-s2, rmsnorm_fp32-wide-rows-r3. Below 2048 columns no width was measured:
-# packing to PACK_TO keeps the 2048-element step the trials measured.
-DISPATCH_WARPS = (4, 8)
-PACK_TO = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class RowsConfig:
+    """Launch knobs of `_rms_norm_rows`: rows per step, and warps (None: launch.row_warps of the
+    block). RowsConfig() is the control geometry: one row per program, next-power-of-two block."""
+
+    block_rows: int = 1
+    num_warps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WideConfig:
+    """Launch knobs of `_rms_norm_wide`: the chunk a row is read in, and warps (None:
+    launch.row_warps of the chunk's block)."""
+
+    chunk: int = 4096
+    num_warps: int | None = None
+
+
+# The control and the candidates, by arm name (ops/catalog.py declares one arm each).
+GEOMETRIES: dict[str, RowsConfig | WideConfig] = {
+    "control": RowsConfig(),
+    "packed_r4_w4": RowsConfig(4, 4),
+    "packed_r8_w4": RowsConfig(8, 4),
+    "packed_r16_w8": RowsConfig(16, 8),
+    "wide": WideConfig(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """The exported entry point's rule (`choose`): rows wider than `wide_above` take the wide
+    kernel as `wide` says; narrower rows are packed up to `pack_to` elements per step, with
+    warps[0] warps up to `warps_split`-element blocks and warps[1] above."""
+
+    wide_above: int
+    wide: WideConfig
+    pack_to: int
+    warps: tuple[int, int]
+    warps_split: int
+
+    def choose(self, n: int) -> RowsConfig | WideConfig:
+        """The geometry for rows `n` wide."""
+        if n > self.wide_above:
+            return self.wide
+        block = launch.next_pow2(n)
+        return RowsConfig(max(1, self.pack_to // block), self.warps[0] if block <= self.warps_split else self.warps[1])
+
+
+# Leads (scripts/device/sweep.py, cold L2, both modes): 4 warps one row per step matched or
+# beat packed steps of 4096 elements at 2048 columns (13.3 vs 13.8 us at 4096x2048, 36.2 vs
+# 38.4 at 16384x2048); 8 warps beat 16 at 5120 (25.9 vs 28.9) and 14336 columns (32.7 vs
+# 33.4) and tied at 8192 and 16384. Trials: results/archive/h200/rmsnorm-s2, rmsnorm_fp32-s2,
+# rmsnorm_fp32-wide-rows-r3. Below 2048 columns no width was measured: packing to pack_to
+# keeps the 2048-element step the trials measured.
+DISPATCH = DispatchConfig(wide_above=16384, wide=WideConfig(4096, 8), pack_to=2048, warps=(4, 8), warps_split=4096)
 
 
 @triton.jit
@@ -145,21 +191,13 @@ def wide_launch(n_rows: int, n: int, chunk: int, num_warps: int | None, max_grid
     return Launch(True, launch.bounded_grid(n_rows, max_grid), 1, block_n, num_warps or launch.row_warps(block_n))
 
 
-def choose(n: int) -> tuple[bool, int, int]:
-    """The dispatcher's rule for rows n wide: (wide kernel, rows per step, warps)."""
-    if n > WIDE_THRESHOLD:
-        return True, 1, launch.row_warps(WIDE_CHUNK)
-    block = launch.next_pow2(n)
-    return False, max(1, PACK_TO // block), DISPATCH_WARPS[0] if block <= 4096 else DISPATCH_WARPS[1]
-
-
 @lru_cache(maxsize=launch.PLANS)
 def auto_launch(n_rows: int, n: int, max_grid: int) -> Launch:
-    """The dispatcher's launch (`choose`) over n_rows x n."""
-    wide, block_rows, warps = choose(n)
-    if wide:
-        return wide_launch(n_rows, n, WIDE_CHUNK, warps, max_grid)
-    return rows_launch(n_rows, n, block_rows, warps, max_grid)
+    """The dispatcher's launch (`DISPATCH.choose`) over n_rows x n."""
+    config = DISPATCH.choose(n)
+    if isinstance(config, WideConfig):
+        return wide_launch(n_rows, n, config.chunk, config.num_warps, max_grid)
+    return rows_launch(n_rows, n, config.block_rows, config.num_warps, max_grid)
 
 
 def run(x: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, eps: float, rbw: bool, plan: Launch) -> torch.Tensor:
@@ -198,7 +236,7 @@ def rms_norm_wide(
     weight: torch.Tensor,
     eps: float,
     round_before_weight: bool,
-    chunk: int = WIDE_CHUNK,
+    chunk: int,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Launch `_rms_norm_wide`: one row per step, in `chunk`-element chunks."""
@@ -208,8 +246,7 @@ def rms_norm_wide(
 
 
 def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_before_weight: bool) -> torch.Tensor:
-    """The exported entry point: the rows kernel (PACK_TO, DISPATCH_WARPS) up to
-    WIDE_THRESHOLD columns; the two-pass wide kernel beyond (`choose`)."""
+    """The exported entry point: the geometry `DISPATCH` chooses for the row width."""
     rows = launch.as_rows(x)
     return run(x, rows, weight, eps, round_before_weight, auto_launch(rows.shape[0], rows.shape[1], launch.MAX_GRID))
 
@@ -250,112 +287,42 @@ def bytes_moved(case: Case) -> int:
     return (2 * inp.numel(case.shape) + case.shape[-1]) * size
 
 
-SMALL = (  # (2, 3, 200): a width that is neither a power of two nor a multiple of 128
-    Case((1, 64)),
-    Case((7, 5120)),
-    Case((33, 1536)),
-    Case((2, 3, 200)),
-    Case((4, 20000)),
-)
-GPU = (
-    Case((1, 2048)),
-    Case((64, 2048)),
-    Case((4096, 2048)),
-    Case((16384, 2048)),
-    Case((4096, 4096)),
-    Case((4096, 5120)),
-    Case((4096, 8192)),
-    Case((2048, 14336)),
-    Case((65536, 2048)),
-    Case((1000, 3000)),
-    Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
-)
-
-
-def _register(
-    name: str, signature: str, doc: str, reference, round_before_weight: bool, dtypes: tuple[str, ...]
-) -> None:
-    extra_small = tuple(Case(c.shape, "float32") for c in SMALL[:3]) if "float32" in dtypes else ()
-    extra_gpu = tuple(Case(c.shape, "float32") for c in GPU[2:5]) if "float32" in dtypes else ()
-    register_op(
-        Operator(
-            name=name,
-            signature=signature,
-            doc=doc,
-            layouts=LAYOUTS,
-            make_inputs=make_inputs,
-            reference=reference,
-            oracle=oracle,
-            bytes_moved=bytes_moved,
-            dtypes=dtypes,
-            small_cases=SMALL + extra_small,
-            gpu_cases=GPU + extra_gpu,
-        )
-    )
+def launcher(config: RowsConfig | WideConfig, round_before_weight: bool) -> Callable[..., torch.Tensor]:
+    """The arm that launches `config`: `rmsnorm(x, weight, eps)` of the given rounding."""
     rbw = round_before_weight
-    register_impl(name, "control", kind="control", doc="one row per program, next-pow2 block")(
-        partial(rms_norm_rows, round_before_weight=rbw)
-    )
-    for rows, warps in PACKINGS:
-        register_impl(name, f"packed_r{rows}_w{warps}", doc=f"{rows} rows per step, {warps} warps")(
-            partial(rms_norm_rows, round_before_weight=rbw, block_rows=rows, num_warps=warps)
-        )
-    register_impl(name, "wide", doc=f"two passes over {WIDE_CHUNK}-element chunks")(
-        partial(rms_norm_wide, round_before_weight=rbw)
-    )
-    register_impl(name, "kerneltrial", doc="dispatch by row width (exported entry point)")(
-        partial(rms_norm_auto, round_before_weight=rbw)
-    )
-
-    def eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-        return reference(x, weight, eps)[0]
-
-    casting = "llama" if rbw else "gemma"
-    register_peers(
-        name,
-        eager,
-        liger=liger_loader(
-            "liger_kernel.ops.rms_norm",
-            "LigerRMSNormFunction",
-            lambda f: lambda x, w, eps=1e-6: f.apply(x, w, eps, 0.0, casting, False),
-        ),
-        flaggems=flaggems_loader("rms_norm", lambda f: lambda x, w, eps=1e-6: f(x, [x.shape[-1]], w, eps))
-        if rbw
-        else None,
-    )
-    rounding = "one rounding after the weight" if rbw else "the operator's contract"
-    fi.register_flashinfer(  # peers_flashinfer.py and peers_quack.py state each kernel's contract
-        name, fi.flashinfer_loader("norm", "rmsnorm", fi.rmsnorm_out), f"norm.rmsnorm (JIT CUDA), {rounding}"
-    )
-    quack.register_quack(name, f"rmsnorm (CuTe DSL), {rounding}")
-    if rbw:  # peers_sglang.py states each kernel's contract
-        sgl.register_sglang(
-            name,
-            sgl.sglang_loader("layernorm.norm", "rmsnorm", sgl.rmsnorm_out, jit=True),
-            "layernorm.norm.rmsnorm (JIT CUDA), one rounding after the weight",
-        )
-    else:
-        sgl.register_sglang(
-            name,
-            sgl.sglang_loader("layernorm.rmsnorm_fp32", "rmsnorm_fp32", sgl.rmsnorm_fp32, jit=False),
-            "layernorm.rmsnorm_fp32 (Triton), contiguous only",
-            layouts=("contiguous",),
-        )
+    if isinstance(config, WideConfig):
+        return partial(rms_norm_wide, round_before_weight=rbw, chunk=config.chunk, num_warps=config.num_warps)
+    if config == RowsConfig():  # the control: the launcher's defaults
+        return partial(rms_norm_rows, round_before_weight=rbw)
+    return partial(rms_norm_rows, round_before_weight=rbw, block_rows=config.block_rows, num_warps=config.num_warps)
 
 
-_register(
-    "rmsnorm",
-    "rmsnorm(x, weight, eps=1e-6) -> Tensor",
-    __doc__.split("\n")[2].strip(),
-    reference_rmsnorm,
-    True,
-    ("bfloat16",),
-)
-_register(
-    "rmsnorm_fp32",
-    "rmsnorm_fp32(x, weight, eps=1e-6) -> Tensor",
-    __doc__.split("\n")[3].strip(),
-    reference_rmsnorm_fp32,
-    False,
-    ("bfloat16", "float32"),
-)
+def describe(config: RowsConfig | WideConfig) -> str:
+    """An arm's one-line doc from its geometry."""
+    if isinstance(config, WideConfig):
+        return f"two passes over {config.chunk}-element chunks"
+    if config == RowsConfig():
+        return "one row per program, next-pow2 block"
+    return f"{config.block_rows} rows per step, {config.num_warps} warps"
+
+
+def eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return reference_rmsnorm(x, weight, eps)[0]
+
+
+def eager_rmsnorm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return reference_rmsnorm_fp32(x, weight, eps)[0]
+
+
+# ---- peers ------------------------------------------------------------------------------
+
+
+def liger_rms_norm(casting: str) -> Callable[[Any], Callable[..., torch.Tensor]]:
+    """Adapter for Liger-Kernel's `LigerRMSNormFunction` in casting mode `casting` ("llama":
+    rounding before the weight; "gemma": fp32 to the store), offset 0, not in place."""
+    return lambda f: lambda x, w, eps=1e-6: f.apply(x, w, eps, 0.0, casting, False)
+
+
+def flaggems_rms_norm(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """FlagGems `rms_norm(x, normalized_shape, weight, eps)`."""
+    return lambda x, w, eps=1e-6: fn(x, [x.shape[-1]], w, eps)

@@ -22,10 +22,15 @@ Kernels (inputs are made contiguous first: a copy only for strided inputs):
   (`tile512_w4`, `tile1024_w4`, `tile2048_w8`); the row_gate form gathers each element's
   gate at index // D, with D a compile-time constant so the division is a multiply-shift.
 Both walk their work items with a grid-stride loop over a bounded grid (launch.MAX_GRID).
+
+Launch geometry is data: one frozen config record per kernel (`RowTilesConfig`, `FlatConfig`);
+GEOMETRIES, the control and the candidates by arm name; DISPATCH, the exported entry point's
+rule. ops/catalog.py declares the operator from them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -35,15 +40,54 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops.peers import register_peers
-from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+from kerneltrial.ops.spec import Case, Inputs
 
 NAME = "sigmoid_gate_mul"
 LAYOUTS = ("contiguous", "row_gate")
 SPECIAL_ROWS = (inp.ZERO, inp.TINY, inp.LARGE, inp.NONFINITE)  # inputs.py, "Coverage"
-FLAT_TILES = ((512, 4), (1024, 4), (2048, 8))  # (BLOCK, warps) of the flat candidates
-ROW_TILES = ((1024, 4), (2048, 8))  # (BLOCK_D, warps) of the row-tile candidates
-DISPATCH_ROW_TILE = 1024  # the dispatcher's row tiles for row gates on rows at least this wide
+
+
+@dataclass(frozen=True, slots=True)
+class RowTilesConfig:
+    """Launch knobs of `_sigmoid_gate_row_tiles`: columns per tile (None: the whole row, capped
+    at next_pow2(D)) and warps (None: launch.row_warps of the tile). RowTilesConfig() is the
+    control geometry: one whole row per program."""
+
+    block_d: int | None = None
+    num_warps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlatConfig:
+    """Launch knobs of `_sigmoid_gate_flat`: elements of the flattened tensor per tile, warps."""
+
+    block: int
+    num_warps: int
+
+
+# The control and the candidates, by arm name (ops/catalog.py declares one arm each).
+GEOMETRIES: dict[str, RowTilesConfig | FlatConfig] = {
+    "control": RowTilesConfig(),
+    "tile512_w4": FlatConfig(512, 4),
+    "tile1024_w4": FlatConfig(1024, 4),
+    "tile2048_w8": FlatConfig(2048, 8),
+    "rowtile1024_w4": RowTilesConfig(1024, 4),
+    "rowtile2048_w8": RowTilesConfig(2048, 8),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """The exported entry point's rule: a row gate on rows at least `row_gate_from` wide takes
+    `row_tiles` (one scalar gate load per tile); everything else takes `flat`."""
+
+    row_gate_from: int
+    row_tiles: RowTilesConfig
+    flat: FlatConfig
+
+
+# Flat tiles of 1024 elements with 4 warps: 8 bf16, one 16-byte access per thread.
+DISPATCH = DispatchConfig(row_gate_from=1024, row_tiles=RowTilesConfig(1024, 4), flat=FlatConfig(1024, 4))
 
 
 @triton.jit
@@ -132,12 +176,11 @@ def flat_launch(
 
 @lru_cache(maxsize=launch.PLANS)
 def auto_launch(x_shape: tuple[int, ...], gate_shape: tuple[int, ...], max_grid: int) -> Launch:
-    """The dispatcher's launch. Rule: a row gate on rows at least DISPATCH_ROW_TILE wide uses
-    row tiles of that many columns (4 warps, one scalar gate load per tile); everything else
-    uses flat 1024-element tiles with 4 warps (8 bf16 = one 16-byte access per thread)."""
-    if is_row_gate(x_shape, gate_shape) and x_shape[-1] >= DISPATCH_ROW_TILE:
-        return row_tiles_launch(x_shape, gate_shape, DISPATCH_ROW_TILE, 4, max_grid)
-    return flat_launch(x_shape, gate_shape, 1024, 4, max_grid)
+    """The dispatcher's launch (`DISPATCH`)."""
+    if is_row_gate(x_shape, gate_shape) and x_shape[-1] >= DISPATCH.row_gate_from:
+        tiles = DISPATCH.row_tiles
+        return row_tiles_launch(x_shape, gate_shape, tiles.block_d, tiles.num_warps, max_grid)
+    return flat_launch(x_shape, gate_shape, DISPATCH.flat.block, DISPATCH.flat.num_warps, max_grid)
 
 
 def run(x: torch.Tensor, gate: torch.Tensor, plan: Launch) -> torch.Tensor:
@@ -215,62 +258,23 @@ def bytes_moved(case: Case) -> int:
     return (2 * n + gates) * size
 
 
-SMALL = (  # 1000, 200 and 3: widths that are neither powers of two nor multiples of 128
-    Case((1, 64)),
-    Case((3, 1000)),
-    Case((7, 5120)),
-    Case((4, 1536)),
-    Case((2, 3, 200)),
-    Case((5, 3)),
-)
-GPU = (
-    Case((4096, 4096)),
-    Case((4096, 2048)),
-    Case((16384, 2048)),
-    Case((64, 2048)),
-    Case((1, 2048)),
-    Case((2048, 14336)),
-    Case((1000, 3000)),
-    Case((70001, 40)),  # coverage: rows past the 65535 grid limit at a width that is no multiple of 128
-)
-
-register_op(
-    Operator(
-        name=NAME,
-        signature="sigmoid_gate_mul(x, gate) -> Tensor",
-        doc=__doc__.split("\n")[0],
-        layouts=LAYOUTS,
-        make_inputs=make_inputs,
-        reference=reference,
-        oracle=oracle,
-        bytes_moved=bytes_moved,
-        small_cases=SMALL,
-        gpu_cases=GPU,
-    )
-)
-
-register_impl(NAME, "control", kind="control", doc="one row per program, next-pow2 block")(sigmoid_gate_row_tiles)
-for _block, _warps in FLAT_TILES:
-    register_impl(
-        NAME,
-        f"tile{_block}_w{_warps}",
-        doc=f"flat {_block}-element tiles, {_warps} warps; row gates gathered per element",
-    )(partial(sigmoid_gate_flat, block=_block, num_warps=_warps))
-for _block, _warps in ROW_TILES:
-    register_impl(
-        NAME,
-        f"rowtile{_block}_w{_warps}",
-        doc=f"rows split into {_block}-column tiles, {_warps} warps; one gate load per tile",
-    )(partial(sigmoid_gate_row_tiles, block_d=_block, num_warps=_warps))
-register_impl(NAME, "kerneltrial", doc="row tiles for wide row gates, else flat tiles (exported entry point)")(
-    sigmoid_gate_auto
-)
+def launcher(config: RowTilesConfig | FlatConfig) -> Callable[..., torch.Tensor]:
+    """The arm that launches `config`: `sigmoid_gate_mul(x, gate)`."""
+    if isinstance(config, FlatConfig):
+        return partial(sigmoid_gate_flat, block=config.block, num_warps=config.num_warps)
+    if config == RowTilesConfig():
+        return sigmoid_gate_row_tiles
+    return partial(sigmoid_gate_row_tiles, block_d=config.block_d, num_warps=config.num_warps)
 
 
-def _eager(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def describe(config: RowTilesConfig | FlatConfig) -> str:
+    """An arm's one-line doc from its geometry."""
+    if isinstance(config, FlatConfig):
+        return f"flat {config.block}-element tiles, {config.num_warps} warps; row gates gathered per element"
+    if config == RowTilesConfig():
+        return "one row per program, next-pow2 block"
+    return f"rows split into {config.block_d}-column tiles, {config.num_warps} warps; one gate load per tile"
+
+
+def eager(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(gate)
-
-
-# Neither Liger-Kernel 0.8.5 nor FlagGems 5.0.2 has a fused x * sigmoid(gate) kernel:
-# the peers are torch eager and its torch.compile.
-register_peers(NAME, _eager)

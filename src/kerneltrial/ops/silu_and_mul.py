@@ -21,6 +21,10 @@ loads the gate columns and the matching up columns (offset d) of its rows.
 - `packed_r*`: several narrow rows per step (capped at PACK_ELEMENTS columns per step);
 - `tile*`: a row split into BLOCK_D-column tiles, so wide rows spread over many programs
   with a modest register footprint (BLOCK_D / (32 * warps) = 8 bf16 = one 16-byte access).
+
+Launch geometry is data: one frozen config record per kernel (`TilesConfig`; `PackedConfig`
+for packed rows); GEOMETRIES, the control and the candidates by arm name; DISPATCH, the
+exported entry point's rule. ops/catalog.py declares the operator from them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,22 +41,59 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops import peers_flashinfer as fi
-from kerneltrial.ops import peers_sglang as sgl
-from kerneltrial.ops.peers import flaggems_loader, liger_loader, register_peers
-from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+from kerneltrial.ops.spec import Case, Inputs
 
 NAME = "silu_and_mul"
 LAYOUTS = ("contiguous", "row_strided")
 SPECIAL_ROWS = (inp.ZERO, inp.TINY, inp.LARGE, inp.NONFINITE)  # inputs.py, "Coverage"
 PACK_ELEMENTS = 4096  # packed steps hold at most this many output elements (rows x BLOCK_D)
-PACKINGS = ((4, 4), (16, 4))  # (most rows per step, warps) of the packed candidates
-TILES = ((1024, 4), (2048, 4), (2048, 8))  # (BLOCK_D, warps) of the column-tiled candidates
-DISPATCH_TILE = 2048  # the dispatcher tiles rows wider than this; narrower rows are packed
-# Warps of the dispatcher's tiles (16 bf16 per thread and tensor: two 16-byte loads). Data:
+
+
+@dataclass(frozen=True, slots=True)
+class TilesConfig:
+    """Launch knobs of `_silu_and_mul_tiles` over one row per item: output columns per item
+    (None: the whole row, capped at next_pow2(d)) and warps (None: launch.row_warps of the
+    item). TilesConfig() is the control geometry: one whole row per program."""
+
+    block_d: int | None = None
+    num_warps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackedConfig:
+    """Launch knobs of `_silu_and_mul_tiles` over whole rows, several per item: at most
+    `most_rows` rows and PACK_ELEMENTS elements per item (`rows_per_step`), and warps."""
+
+    most_rows: int
+    num_warps: int
+
+
+# The control and the candidates, by arm name (ops/catalog.py declares one arm each).
+GEOMETRIES: dict[str, TilesConfig | PackedConfig] = {
+    "control": TilesConfig(),
+    "packed_r4_w4": PackedConfig(4, 4),
+    "packed_r16_w4": PackedConfig(16, 4),
+    "tile1024_w4": TilesConfig(1024, 4),
+    "tile2048_w4": TilesConfig(2048, 4),
+    "tile2048_w8": TilesConfig(2048, 8),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """The exported entry point's rule: rows with d <= `tile_above` are packed as `packed` says;
+    wider rows are split into tiles as `tiles` says."""
+
+    tile_above: int
+    packed: PackedConfig
+    tiles: TilesConfig
+
+
+# Tiles of 2048 columns with 4 warps (16 bf16 per thread and tensor: two 16-byte loads). Data:
 # results/archive/h200/silu_and_mul measured tile2048_w8 (then the rule) 3-7% behind torch.compile
 # at 2048-4096 tokens; results/archive/h200/silu_and_mul-s2 measures tile2048_w4 as this rule.
-DISPATCH_WARPS = 4
+# Packed steps take as many rows as fit PACK_ELEMENTS, with 4 warps.
+DISPATCH = DispatchConfig(tile_above=2048, packed=PackedConfig(PACK_ELEMENTS, 4), tiles=TilesConfig(2048, 4))
 
 
 @triton.jit
@@ -110,12 +152,11 @@ def rows_per_step(d: int, most: int) -> int:
 
 @lru_cache(maxsize=launch.PLANS)
 def auto_launch(n_rows: int, d: int, max_grid: int) -> Launch:
-    """The dispatcher's launch. Rule: rows with d <= DISPATCH_TILE are packed (as many rows
-    as fit PACK_ELEMENTS, 4 warps); wider rows are split into DISPATCH_TILE-column tiles
-    with DISPATCH_WARPS warps."""
-    if d <= DISPATCH_TILE:
-        return tiles_launch(n_rows, d, rows_per_step(d, PACK_ELEMENTS), None, 4, max_grid)
-    return tiles_launch(n_rows, d, 1, DISPATCH_TILE, DISPATCH_WARPS, max_grid)
+    """The dispatcher's launch (`DISPATCH`)."""
+    if d <= DISPATCH.tile_above:
+        packed = DISPATCH.packed
+        return tiles_launch(n_rows, d, rows_per_step(d, packed.most_rows), None, packed.num_warps, max_grid)
+    return tiles_launch(n_rows, d, 1, DISPATCH.tiles.block_d, DISPATCH.tiles.num_warps, max_grid)
 
 
 def halves(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -186,90 +227,49 @@ def bytes_moved(case: Case) -> int:
     return inp.numel(case.shape) // 2 * 3 * size
 
 
-SMALL = (  # (3, 10) and (2, 3, 200): d = 5 and 100, neither a power of two nor a multiple of 128
-    Case((1, 128)),
-    Case((3, 10)),
-    Case((5, 3072)),
-    Case((2, 10240)),
-    Case((2, 3, 200)),
-)
-GPU = (
-    Case((1, 12288)),
-    Case((64, 12288)),
-    Case((2048, 12288)),
-    Case((4096, 12288)),
-    Case((16384, 12288)),
-    Case((65536, 12288)),
-    Case((4096, 28672)),
-    # coverage: d = 5000 (a partial last tile; no multiple of 128), and rows past the 65535
-    # grid limit at d = 40
-    Case((1000, 10000)),
-    Case((70001, 80)),
-)
-
-register_op(
-    Operator(
-        name=NAME,
-        signature="silu_and_mul(x) -> Tensor",
-        doc=__doc__.split("\n")[0],
-        layouts=LAYOUTS,
-        make_inputs=make_inputs,
-        reference=reference,
-        oracle=oracle,
-        bytes_moved=bytes_moved,
-        small_cases=SMALL,
-        gpu_cases=GPU,
-        shape_rule=lambda shape: (
-            "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)"
-        ),
-        extra_shape=lambda rows, d: (rows, 2 * d),  # the extra shapes' widths are d: x is [rows, 2d]
-    )
-)
-
-register_impl(NAME, "control", kind="control", doc="one row per program, next-pow2 block")(silu_and_mul_tiles)
-for _rows, _warps in PACKINGS:
-    register_impl(
-        NAME,
-        f"packed_r{_rows}_w{_warps}",
-        doc=f"up to {_rows} rows per step ({PACK_ELEMENTS} elements at most), {_warps} warps",
-    )(partial(silu_and_mul_packed, most_rows=_rows, num_warps=_warps))
-for _block, _warps in TILES:
-    register_impl(NAME, f"tile{_block}_w{_warps}", doc=f"rows split into {_block}-column tiles, {_warps} warps")(
-        partial(silu_and_mul_tiles, block_d=_block, num_warps=_warps)
-    )
-register_impl(NAME, "kerneltrial", doc="packed narrow rows, 2048-column tiles for wide rows (exported entry point)")(
-    silu_and_mul_auto
-)
+def shape_rule(shape: tuple[int, ...]) -> str:
+    """The operator's complaint about a shape, or "" (x is [..., 2d]: gate and up halves)."""
+    return "" if shape[-1] % 2 == 0 else "needs an even last dimension ([..., 2d]: gate and up halves)"
 
 
-def _eager(x: torch.Tensor) -> torch.Tensor:
+def extra_shape(rows: int, d: int) -> tuple[int, ...]:
+    """An extra case's shape: the extra shapes' widths are d, and x is [rows, 2d]."""
+    return (rows, 2 * d)
+
+
+def launcher(config: TilesConfig | PackedConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The arm that launches `config`: `silu_and_mul(x)`."""
+    if isinstance(config, PackedConfig):
+        return partial(silu_and_mul_packed, most_rows=config.most_rows, num_warps=config.num_warps)
+    if config == TilesConfig():
+        return silu_and_mul_tiles
+    return partial(silu_and_mul_tiles, block_d=config.block_d, num_warps=config.num_warps)
+
+
+def describe(config: TilesConfig | PackedConfig) -> str:
+    """An arm's one-line doc from its geometry."""
+    if isinstance(config, PackedConfig):
+        return f"up to {config.most_rows} rows per step ({PACK_ELEMENTS} elements at most), {config.num_warps} warps"
+    if config == TilesConfig():
+        return "one row per program, next-pow2 block"
+    return f"rows split into {config.block_d}-column tiles, {config.num_warps} warps"
+
+
+def eager(x: torch.Tensor) -> torch.Tensor:
     return reference(x)[0]
 
 
-def _halves(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+# ---- peers ------------------------------------------------------------------------------
+
+
+def liger_fused(fn: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Liger's fused gate-up function reads both halves of one [..., 2d] buffer (its
+    LigerSiLUMulFunction(a, b) would copy both half views, being strided, to contiguous tensors
+    first). Its `ensure_contiguous` copies a row_strided input before the kernel: the cost a
+    Liger user pays for that layout, measured as such."""
+    return lambda x: fn.apply(x)
+
+
+def flaggems_halves(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """FlagGems takes the gate and up halves as two tensors; its pointwise kernels accept strided views."""
     return lambda x: fn(x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :])
-
-
-# Liger: the fused gate-up function reads both halves of one [..., 2d] buffer (its
-# LigerSiLUMulFunction(a, b) would copy both half views, being strided, to contiguous
-# tensors first). Its `ensure_contiguous` copies a row_strided input before the kernel:
-# the cost a Liger user pays for that layout, measured as such.
-register_peers(
-    NAME,
-    _eager,
-    liger=liger_loader("liger_kernel.ops.swiglu", "LigerFusedGateUpSiLUMulFunction", lambda f: lambda x: f.apply(x)),
-    flaggems=flaggems_loader("silu_and_mul", _halves),
-)
-sgl.register_sglang(  # peers_sglang.py states the kernel's contract
-    NAME,
-    sgl.sglang_loader("activation", "silu_and_mul", sgl.silu_and_mul, jit=True),
-    "activation.silu_and_mul (JIT CUDA, fast math), one rounding, contiguous only",
-    layouts=("contiguous",),
-)
-fi.register_flashinfer(  # peers_flashinfer.py states the kernel's contract
-    NAME,
-    fi.flashinfer_loader("activation", "silu_and_mul", fi.silu_and_mul),
-    "activation.silu_and_mul (JIT CUDA), one rounding, contiguous only",
-    layouts=("contiguous",),
-)

@@ -56,11 +56,16 @@ Kernels (each walks its work items with a grid-stride loop over a bounded grid):
   does not depend on which span finishes last). The counters (a zeroed buffer that every call
   leaves zeroed again) and the partials (each written before it is read) are cached per
   (device, stream) (`Scratch`): a call allocates only its output.
+
+Launch geometry is data: one frozen config record per kernel (`RowsConfig`, `SplitConfig`,
+`StreamConfig`); GEOMETRIES, the control and the candidates by arm name; DISPATCH, the
+exported entry point's rule. ops/catalog.py declares the operator from them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -70,9 +75,7 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops import peers_sglang as sgl
-from kerneltrial.ops.peers import register_peers
-from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+from kerneltrial.ops.spec import Case, Inputs
 
 NAME = "softcap_row_argmax"
 LAYOUTS = ("contiguous", "row_strided")
@@ -90,21 +93,83 @@ SPECIAL_ROWS = (inp.ZERO, TAIL, inp.TINY, inp.LARGE, inp.NONFINITE)  # in this o
 
 CONTROL_BLOCK = 8192  # the control's chunk: the largest block it keeps in registers
 PACK_ELEMENTS = 4096  # packed steps hold at most this many elements (rows x BLOCK_N)
-PACKINGS = ((4, 4), (16, 8))  # (rows per step, warps) of the packed candidates
-SPLITS = ((16, 4096, 8), (64, 2048, 8), (256, 1024, 4))  # (spans per row, chunk, warps)
-ROWS_SKIP = ((4096, 8), (8192, 16))  # (chunk, warps) of the one-span-per-row candidates
-NARROW = 4096  # dispatcher: rows up to this wide are packed
 MAX_PARTS = 1024  # the merge reads every partial of a row in one block
-# (chunk, warps, programs) of the stream candidates; programs: 4 (or 2) per SM of a 132-SM
-# H200. The dispatcher uses the first two (see `choose_stream`). Leads (scripts/device/sweep.py,
-# cold L2, two machines): 2048/4/528 was fastest or within 3% from 1 to 64 rows (6.5-6.9 us
-# at 1 x 262144, 23.1 us at 64) and at 2048 x 130560 (150 us against 165 for 4096/4/528 and
-# 187 for 8192/8/264, the previous rule); 4096/4/528 at 256 x 262144 (52.7 against 58.2).
-# Trial: results/archive/h200/softcap_row_argmax-r4.
-STREAMS = ((2048, 4, 528), (4096, 4, 528), (8192, 8, 264))
-# Spans from LONG_SPAN elements take STREAMS[1]: measured spans were 32768 (64 rows, a tie)
-# and 131072 (256 rows, STREAMS[1] 10% faster); 65536 (128 rows) was not measured.
-LONG_SPAN = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class RowsConfig:
+    """Launch knobs of `_argmax_rows`: rows per step, and warps (None: launch.row_warps of the
+    block). RowsConfig() is the control geometry: one row per program, in chunks of at most
+    CONTROL_BLOCK elements."""
+
+    block_rows: int = 1
+    num_warps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitConfig:
+    """Launch knobs of `_argmax_spans` (then `_merge_parts` when a row has several spans): at
+    most `parts` spans per row, read in `chunk`-element chunks, and warps."""
+
+    parts: int
+    chunk: int
+    num_warps: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Launch knobs of `_argmax_stream`: chunk, warps, and `programs`, the work items the grid
+    is kept near (spans per row follow from it, `stream_parts`)."""
+
+    chunk: int
+    num_warps: int
+    programs: int
+
+
+# The control and the candidates, by arm name (ops/catalog.py declares one arm each). The
+# stream candidates' programs: 4 (or 2) per SM of a 132-SM H200.
+GEOMETRIES: dict[str, RowsConfig | SplitConfig | StreamConfig] = {
+    "control": RowsConfig(),
+    "packed_r4_w4": RowsConfig(4, 4),
+    "packed_r16_w8": RowsConfig(16, 8),
+    "rows_skip_c4096_w8": SplitConfig(1, 4096, 8),
+    "rows_skip_c8192_w16": SplitConfig(1, 8192, 16),
+    "split_p16_c4096_w8": SplitConfig(16, 4096, 8),
+    "split_p64_c2048_w8": SplitConfig(64, 2048, 8),
+    "split_p256_c1024_w4": SplitConfig(256, 1024, 4),
+    "stream_c2048_w4": StreamConfig(2048, 4, 528),
+    "stream_c4096_w4": StreamConfig(4096, 4, 528),
+    "stream_c8192_w8": StreamConfig(8192, 8, 264),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """The exported entry point's rule: rows up to `narrow` wide are packed (`_argmax_rows`, up
+    to `max_pack_rows` rows and PACK_ELEMENTS elements per step); wider rows are streamed by
+    the one-launch kernel, as `long` says when its spans are long (>= `long_span` elements) and
+    fit one wave of its programs, else as `short` says (`choose_stream`)."""
+
+    narrow: int
+    max_pack_rows: int
+    short: StreamConfig
+    long: StreamConfig
+    long_span: int
+
+
+# Leads (scripts/device/sweep.py, cold L2, two machines): 2048/4/528 was fastest or within 3%
+# from 1 to 64 rows (6.5-6.9 us at 1 x 262144, 23.1 us at 64) and at 2048 x 130560 (150 us
+# against 165 for 4096/4/528 and 187 for 8192/8/264, the previous rule); 4096/4/528 at
+# 256 x 262144 (52.7 against 58.2). Trial: results/archive/h200/softcap_row_argmax-r4.
+# long_span: measured spans were 32768 (64 rows, a tie) and 131072 (256 rows, `long` 10%
+# faster); 65536 (128 rows) was not measured.
+DISPATCH = DispatchConfig(
+    narrow=4096,
+    max_pack_rows=16,
+    short=StreamConfig(2048, 4, 528),
+    long=StreamConfig(4096, 4, 528),
+    long_span=65536,
+)
 
 
 @triton.jit
@@ -407,7 +472,7 @@ class Scratch:
 
 _SCRATCH: dict[tuple, Scratch] = {}
 # Scratch is sized to at least SCRATCH_MIN entries: the dispatcher merges only rows that have
-# several spans, at most max(STREAMS programs) work items (528), so its buffers never grow and
+# several spans, at most its streams' programs work items (528), so its buffers never grow and
 # a CUDA graph that captured them never sees them replaced. Growing replaces the buffers.
 SCRATCH_MIN = 1024
 
@@ -458,25 +523,25 @@ def argmax_stream(
     return run_stream(logits, rows, cap, span_launch(n_rows, n, parts, chunk, num_warps, launch.MAX_GRID))
 
 
-def choose_stream(n_rows: int, n: int) -> tuple[int, int, int]:
-    """(chunk, warps, programs) of the dispatcher's one-launch kernel: STREAMS[1] (4096-element
-    chunks) when the spans are long (>= LONG_SPAN) and fit one wave of STREAMS[1]'s
-    programs, else STREAMS[0] (2048)."""
-    chunk, warps, programs = STREAMS[1]
-    n_parts, span, _ = span_geometry(n, stream_parts(n_rows, programs), chunk)
-    if span >= LONG_SPAN and n_rows * n_parts <= programs:
-        return STREAMS[1]
-    return STREAMS[0]
+def choose_stream(n_rows: int, n: int) -> StreamConfig:
+    """The dispatcher's one-launch geometry: DISPATCH.long when the spans are long (>=
+    DISPATCH.long_span) and fit one wave of its programs, else DISPATCH.short."""
+    long = DISPATCH.long
+    n_parts, span, _ = span_geometry(n, stream_parts(n_rows, long.programs), long.chunk)
+    if span >= DISPATCH.long_span and n_rows * n_parts <= long.programs:
+        return long
+    return DISPATCH.short
 
 
 @lru_cache(maxsize=launch.PLANS)
 def auto_launch(n_rows: int, n: int, max_grid: int) -> RowsLaunch | SpanLaunch:
-    """The dispatcher's launch: rows up to NARROW wide packed (`_argmax_rows`); wider rows
-    streamed by the one-launch kernel in the geometry `choose_stream` picks."""
-    if n <= NARROW:
-        return rows_launch(n_rows, n, max(1, min(16, PACK_ELEMENTS // launch.next_pow2(n))), None, max_grid)
-    chunk, warps, programs = choose_stream(n_rows, n)
-    return span_launch(n_rows, n, stream_parts(n_rows, programs), chunk, warps, max_grid)
+    """The dispatcher's launch: rows up to DISPATCH.narrow wide packed (`_argmax_rows`); wider
+    rows streamed by the one-launch kernel in the geometry `choose_stream` picks."""
+    if n <= DISPATCH.narrow:
+        block_rows = max(1, min(DISPATCH.max_pack_rows, PACK_ELEMENTS // launch.next_pow2(n)))
+        return rows_launch(n_rows, n, block_rows, None, max_grid)
+    stream = choose_stream(n_rows, n)
+    return span_launch(n_rows, n, stream_parts(n_rows, stream.programs), stream.chunk, stream.num_warps, max_grid)
 
 
 def softcap_row_argmax(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -602,69 +667,36 @@ def bytes_moved(case: Case) -> int:
     return inp.numel(case.shape) * size + inp.numel(case.shape[:-1]) * 8
 
 
-# 1500, 37, 12289 and 40000: widths that are neither powers of two nor multiples of 128
-SMALL = (Case((1, 5120)), Case((3, 1500)), Case((5, 37)), Case((2, 12289)), Case((1, 40000)))
-GPU = (
-    tuple(Case((rows, vocab)) for vocab in (256000, 262144) for rows in (1, 2, 4, 16, 64, 256))
-    + tuple(
-        Case((rows, 130560))
-        for rows in (1, 64, 2048)  # MiniCPM5-2B vocabulary
-    )
-    + (
-        Case((64, 50257)),  # coverage: a vocabulary that is no multiple of 128 (GPT-2's), several spans per row
-        Case((70001, 40)),  # coverage: rows past the 65535 grid limit
-    )
-)
+def shape_rule(shape: tuple[int, ...]) -> str:
+    """The operator's complaint about a shape, or "" (ties are planted in both halves of a row)."""
+    if len(shape) == 2 and shape[-1] >= 2:
+        return ""
+    return "must be [rows, vocab] with vocab >= 2 (ties are planted in both halves)"
 
-register_op(
-    Operator(
-        name=NAME,
-        signature="softcap_row_argmax(logits, cap) -> int64 Tensor [rows]",
-        doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
-        layouts=LAYOUTS,
-        make_inputs=make_inputs,
-        reference=reference,
-        oracle=oracle,
-        bytes_moved=bytes_moved,
-        small_cases=SMALL,
-        gpu_cases=GPU,
-        exact=True,
-        shape_rule=lambda shape: (
-            ""
-            if len(shape) == 2 and shape[-1] >= 2
-            else "must be [rows, vocab] with vocab >= 2 (ties are planted in both halves)"
-        ),
-    )
-)
-register_impl(NAME, "control", kind="control", doc=f"one row per program, chunks of <= {CONTROL_BLOCK}")(argmax_rows)
-for _rows, _warps in PACKINGS:
-    register_impl(NAME, f"packed_r{_rows}_w{_warps}", doc=f"{_rows} rows per step, {_warps} warps")(
-        partial(argmax_rows, block_rows=_rows, num_warps=_warps)
-    )
-for _chunk, _warps in ROWS_SKIP:
-    register_impl(
-        NAME, f"rows_skip_c{_chunk}_w{_warps}", doc=f"one span per row, {_chunk}-chunks, tanh only on new raw maxima"
-    )(partial(argmax_split, parts=1, chunk=_chunk, num_warps=_warps))
-for _parts, _chunk, _warps in SPLITS:
-    register_impl(
-        NAME, f"split_p{_parts}_c{_chunk}_w{_warps}", doc=f"up to {_parts} spans per row, then an exact merge"
-    )(partial(argmax_split, parts=_parts, chunk=_chunk, num_warps=_warps))
-for _chunk, _warps, _programs in STREAMS:
-    register_impl(
-        NAME,
-        f"stream_c{_chunk}_w{_warps}",
-        doc=f"one launch, ~{_programs} span items, {_chunk}-chunks prefetched, last span merges",
-    )(partial(argmax_stream, chunk=_chunk, num_warps=_warps, programs=_programs))
-register_impl(NAME, "kerneltrial", doc="dispatch by shape (exported entry point)")(softcap_row_argmax)
+
+def launcher(config: RowsConfig | SplitConfig | StreamConfig) -> Callable[..., torch.Tensor]:
+    """The arm that launches `config`: `softcap_row_argmax(logits, cap)`."""
+    if isinstance(config, StreamConfig):
+        return partial(argmax_stream, chunk=config.chunk, num_warps=config.num_warps, programs=config.programs)
+    if isinstance(config, SplitConfig):
+        return partial(argmax_split, parts=config.parts, chunk=config.chunk, num_warps=config.num_warps)
+    if config == RowsConfig():
+        return argmax_rows
+    return partial(argmax_rows, block_rows=config.block_rows, num_warps=config.num_warps)
+
+
+def describe(config: RowsConfig | SplitConfig | StreamConfig) -> str:
+    """An arm's one-line doc from its geometry."""
+    if isinstance(config, StreamConfig):
+        return f"one launch, ~{config.programs} span items, {config.chunk}-chunks prefetched, last span merges"
+    if isinstance(config, SplitConfig) and config.parts == 1:
+        return f"one span per row, {config.chunk}-chunks, tanh only on new raw maxima"
+    if isinstance(config, SplitConfig):
+        return f"up to {config.parts} spans per row, then an exact merge"
+    if config == RowsConfig():
+        return f"one row per program, chunks of <= {CONTROL_BLOCK}"
+    return f"{config.block_rows} rows per step, {config.num_warps} warps"
 
 
 def eager(logits: torch.Tensor, cap: float) -> torch.Tensor:
     return torch.argmax(cap * torch.tanh(logits.float() / cap), dim=-1)
-
-
-register_peers(NAME, eager)
-sgl.register_sglang(  # peers_sglang.py states the kernel's contract
-    NAME,
-    sgl.sglang_loader("sampling.softcap_row_argmax", "softcap_row_argmax", sgl.softcap_argmax, jit=False),
-    "sampling.softcap_row_argmax (Triton), fp32 logits: bf16 converted inside the call",
-)

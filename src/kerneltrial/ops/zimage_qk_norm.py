@@ -15,13 +15,16 @@ Bytes moved: read x (tokens*H*D elements) and the weight (D), write y (tokens*H*
 the pair operator moves that twice.
 
 Kernels: the single-tensor kernel, its launcher and the exported dispatcher live in
-ops/zimage_qk_rmsnorm.py (the self-contained submission module, with its rule file); this
-module registers the operator, its arms (one per geometry of that module) and the pair
-operator, whose kernel adds a second grid axis of size 2: axis 1 selects Q or K.
+ops/zimage_qk_rmsnorm.py (the self-contained submission module, with its rule file and its
+launch geometries, GEOMETRIES); this module holds the pair operator's kernel, which adds a
+second grid axis of size 2 (axis 1 selects Q or K), the two operators' semantics, and the
+launchers ops/catalog.py declares their arms with (one per geometry of that module; the pair
+operator's without the persistent one, PAIR_GEOMETRIES).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 
@@ -31,16 +34,13 @@ import triton.language as tl
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
-from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops import zimage_qk_rmsnorm as module
-from kerneltrial.ops.peers import register_peers
-from kerneltrial.ops.registry import Case, Inputs, Operator, register_impl, register_op
+from kerneltrial.ops.spec import Case, Inputs
 from kerneltrial.ops.zimage_qk_rmsnorm import EPS, Geometry, normalize_rows, token_head_view, zimage_qk_rmsnorm
 
 OP = "zimage_qk_rmsnorm"
 PAIR_OP = "zimage_qk_rmsnorm_pair"
 LAYOUTS = ("contiguous", "qkv_slice")
-ZIMAGE_SGLANG = ("diffusion.norm.zimage_qk_rmsnorm_triton", "zimage_qk_rmsnorm_native")  # SGLang's kernel
 QKV_INDEX = {"q": 0, "k": 1}  # position of Q and K in the fused [..., 3, H, D] tensor
 
 
@@ -276,19 +276,6 @@ def bytes_moved_pair(case: Case) -> int:
     return 2 * bytes_moved(case)
 
 
-# (3, 7, 80): a head_dim that is neither a power of two nor a multiple of 128
-SMALL = (Case((1, 1, 128)), Case((5, 30, 128)), Case((3, 7, 80)), Case((2, 3, 4, 128)))
-# Z-Image's shapes, then coverage: a head_dim that is neither a power of two nor a multiple of
-# 128 (96, as Phi-3), with more (token, head) rows than the 65535 grid limit.
-GPU = tuple(
-    Case((tokens, 30, 128), layout=layout) for tokens in (256, 1024, 4096, 16384, 32768, 131072) for layout in LAYOUTS
-) + tuple(Case((2400, 30, 96), layout=layout) for layout in LAYOUTS)
-
-
-# Head dims of real models for the gate's extra shapes (ops/inputs.py, `extra_cases`): GPT-2 and
-# Llama-3.2-1B (64), Phi-3 (96), Gemma (256); Z-Image's 128 is in the panels.
-HEAD_DIMS = (64, 96, 256)
-SGLANG_HEAD_DIMS = (128,)  # the only head_dim zimage_qk_rmsnorm_native takes (it declines others)
 EXTRA_HEADS = 3  # heads of an extra shape: [tokens, EXTRA_HEADS, head_dim]
 
 
@@ -297,7 +284,28 @@ def token_heads_shape(tokens: int, head_dim: int) -> tuple[int, ...]:
     return (tokens, EXTRA_HEADS, head_dim)
 
 
+def shape_rule(shape: tuple[int, ...]) -> str:
+    """Both operators' complaint about a shape, or ""."""
+    return "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
+
+
+# The pair operator's control and candidates: the single module's geometries but the persistent
+# one (the pair panel's trials measured the packed geometries only).
+PAIR_GEOMETRIES = {name: g for name, g in module.GEOMETRIES.items() if not g.persistent}
+
+
+def launcher(geometry: Geometry) -> Callable[..., torch.Tensor]:
+    """The single operator's arm that launches `geometry` (one of the module's GEOMETRIES)."""
+    return partial(module.launch_geometry, geometry=geometry)
+
+
+def pair_launcher(geometry: Geometry) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The pair operator's arm that launches `geometry` for Q and K in one launch."""
+    return partial(launch_pair, geometry=geometry)
+
+
 def describe(geometry: Geometry) -> str:
+    """A single-operator arm's one-line doc from its geometry."""
     if geometry.block_rows == 1:
         return "one row per program, next-pow2 block"
     warps = f"{geometry.num_warps} warps" if geometry.num_warps else "warps by block size"
@@ -305,85 +313,6 @@ def describe(geometry: Geometry) -> str:
     return f"{geometry.block_rows} rows per step, {warps}{grid}"
 
 
-def _register() -> None:
-    register_op(
-        Operator(
-            name=OP,
-            signature="zimage_qk_rmsnorm(x, weight, eps=1e-5) -> Tensor",
-            doc=__doc__.split("\n")[3].strip(),
-            layouts=LAYOUTS,
-            make_inputs=make_inputs,
-            reference=reference,
-            oracle=oracle,
-            bytes_moved=bytes_moved,
-            small_cases=SMALL,
-            gpu_cases=GPU,
-            contiguous_outputs=True,
-            shape_rule=lambda shape: (
-                "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
-            ),
-            real_widths=HEAD_DIMS,
-            extra_shape=token_heads_shape,
-        )
-    )
-    for name, geometry in module.GEOMETRIES.items():
-        register_impl(OP, name, kind="control" if name == "control" else "candidate", doc=describe(geometry))(
-            partial(module.launch_geometry, geometry=geometry)
-        )
-    register_impl(
-        OP,
-        "kerneltrial",
-        doc=f"geometry by rows, width and layout from {module.rule_path().name} (exported entry point)",
-    )(zimage_qk_rmsnorm)
-    register_peers(OP, eager)
-    sgl.register_sglang(  # peers_sglang.py states the kernel's contract
-        OP,
-        sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk, jit=False),
-        "zimage_qk_rmsnorm_native (Triton), bf16 statistics as SGLang's eager ZImageRMSNorm",
-        widths=SGLANG_HEAD_DIMS,
-    )
-
-    register_op(
-        Operator(
-            name=PAIR_OP,
-            signature="zimage_qk_rmsnorm_pair(q, k, q_weight, k_weight, eps=1e-5) -> (Tensor, Tensor)",
-            doc="Q and K normalised in one launch",
-            layouts=LAYOUTS,
-            make_inputs=make_pair_inputs,
-            reference=reference_pair,
-            oracle=oracle_pair,
-            bytes_moved=bytes_moved_pair,
-            small_cases=SMALL,
-            gpu_cases=GPU,
-            contiguous_outputs=True,
-            shape_rule=lambda shape: (
-                "" if len(shape) >= 3 else "must be [..., tokens, heads, head_dim] (at least 3 dimensions)"
-            ),
-            real_widths=HEAD_DIMS,
-            extra_shape=token_heads_shape,
-        )
-    )
-    for name, geometry in module.GEOMETRIES.items():
-        if not geometry.persistent:  # the pair panel's trials measured the packed geometries only
-            register_impl(
-                PAIR_OP,
-                name,
-                kind="control" if name == "control" else "candidate",
-                doc=f"one launch, {describe(geometry)}",
-            )(partial(launch_pair, geometry=geometry))
-    register_impl(PAIR_OP, "two_launches", doc="zimage_qk_rmsnorm dispatcher called for Q, then K")(
-        qk_norm_two_launches
-    )
-    register_impl(
-        PAIR_OP, "kerneltrial", doc="one launch, geometry from the single operator's rule (exported entry point)"
-    )(zimage_qk_rmsnorm_qk)
-    register_peers(PAIR_OP, eager_pair)
-    sgl.register_sglang(
-        PAIR_OP,
-        sgl.sglang_loader(ZIMAGE_SGLANG[0], ZIMAGE_SGLANG[1], sgl.zimage_qk_pair, jit=False),
-        "zimage_qk_rmsnorm_native (Triton) called for Q, then K",
-        widths=SGLANG_HEAD_DIMS,
-    )
-
-
-_register()
+def describe_pair(geometry: Geometry) -> str:
+    """A pair-operator arm's one-line doc from its geometry."""
+    return f"one launch, {describe(geometry)}"

@@ -3,7 +3,7 @@
 Each reader validates the newest shape of its document; a document written by an older
 kerneltrial passes through one adapter for its version, which fills what that version did not
 record, so that readers never ask which version they hold. The versions, as committed under
-results/ (docs/DESIGN.md, "Run directory: exact format"):
+results/ (every key: docs/RUNDIR.md, generated from these models):
 
 - plan.json: without `order_seed` (the first runs), with it, and with the timed-check contract
   (`checks`, `exact`, `plausibility`, `frozen_at`); `calibration` only in calibration runs.
@@ -11,7 +11,9 @@ results/ (docs/DESIGN.md, "Run directory: exact format"):
   them, and with the lead-check counts (`lead`).
 - plan.json `host` (host cost per call, issue 16) only in runs with a host stage; `isolated` (and
   provenance.json `isolation`) only in runs with isolated arms' contract (`checks` 3).
-- summary.json: `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call), `/6`
+- plan.json and provenance.json of runs from issue 28 on name their shape (`schema`
+  `kerneltrial.plan/1`, `kerneltrial.provenance/1`); older ones have no `schema` (read as None).
+- summary.json (versions and their adapters: rundir/summary_versions.py): `kerneltrial.summary/3`, `/4` (timed checks), `/5` (host cost per call), `/6`
   (the speed-of-light floor per case and arm, plan.json `floor`) and `/7` (isolated arms: the
   harness's bounds on their own clocks); `/1`
   (before clocks, spreads, per-case rounds and calibration) and `/2` (before the realized
@@ -31,14 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PLAN, PROTOCOL, PROVENANCE, SUMMARY
+from kerneltrial.rundir.summary_versions import SUMMARY_ADAPTERS, SUMMARY_DOWNGRADES, SUMMARY_V1, SUMMARY_V6, SUMMARY_V7
 
-SUMMARY_V1 = "kerneltrial.summary/1"
-SUMMARY_V2 = "kerneltrial.summary/2"
-SUMMARY_V3 = "kerneltrial.summary/3"
-SUMMARY_V4 = "kerneltrial.summary/4"
-SUMMARY_V5 = "kerneltrial.summary/5"
-SUMMARY_V6 = "kerneltrial.summary/6"
-SUMMARY_V7 = "kerneltrial.summary/7"
+# plan.json and provenance.json name their shape from issue 28 on; older ones have no `schema`
+PLAN_V1 = "kerneltrial.plan/1"
+PROVENANCE_V1 = "kerneltrial.provenance/1"
 
 
 class Document(BaseModel):
@@ -52,91 +51,161 @@ DocumentT = TypeVar("DocumentT", bound=Document)
 
 
 class PlanArm(Document):
-    name: str
-    kind: str  # control, candidate, peer, user, calibration
-    available: bool
-    reason: str | None
-    layouts: list[str] | None = None  # only these layouts (a peer that takes some); None: every layout
+    name: str = Field(
+        description="The arm's name: `control`, a candidate, a peer, `user:<module stem>`, or an `aa:`/`slow:` calibration copy."
+    )
+    kind: str = Field(description="`control`, `candidate`, `peer`, `user` or `calibration`.")
+    available: bool = Field(description="Whether the arm could run here (a peer whose package is missing cannot).")
+    reason: str | None = Field(description="Why the arm is unavailable; null when it is available.")
+    layouts: list[str] | None = Field(
+        default=None,
+        description="The only layouts the arm takes (a peer, or a calibration copy of one, that takes only contiguous rows); null: every layout. A candidate never has it (verify fails a plan that gives one).",
+    )
 
 
 class PlanCase(Document):
-    case: str
-    shape: list[int]
-    layout: str
-    dtype: str
-    bytes: int
-    calls: int
-    rounds: int | None = None
-    injected_delay_ns: float | None = None
-    delay_overhead_ns: float | None = None
-    delay_spin_ns: float | None = None
+    case: str = Field(
+        description="The case id, `{'x'.join(shape)}/{layout}/{dtype}` (rundir.layout.case_id), as every other file names the case."
+    )
+    shape: list[int] = Field(description="The input shape.")
+    layout: str = Field(description="The input layout (`contiguous`, or a strided layout the operator defines).")
+    dtype: str = Field(description="The input dtype (`bfloat16`, `float16`, `float32`).")
+    bytes: int = Field(
+        description="Bytes moved per call (read + written): the numerator of GB/s and of the speed-of-light floor."
+    )
+    calls: int = Field(description="Back-to-back calls per timed sample (0: no arm timed in the case).")
+    rounds: int | None = Field(
+        default=None,
+        description="Rounds actually run for this case, updated as the noise rule adds rounds; absent: plan `rounds`.",
+    )
+    injected_delay_ns: float | None = Field(
+        default=None, description="The delay added to each call of a `slow:` arm in this case; absent without one."
+    )
+    delay_overhead_ns: float | None = Field(
+        default=None, description="The measured cost of an empty delay kernel, subtracted from the spin requested."
+    )
+    delay_spin_ns: float | None = Field(
+        default=None, description="The spin actually requested: `injected_delay_ns` net of `delay_overhead_ns`."
+    )
 
 
 class Bootstrap(Document):
-    resamples: int
-    seed: int
-    confidence: float
+    resamples: int = Field(description="Bootstrap resamples per interval (protocol `bootstrap_resamples`).")
+    seed: int = Field(
+        description="The seed of every bootstrap generator, one fresh generator per (case, arm) (protocol `bootstrap_seed`)."
+    )
+    confidence: float = Field(description="The intervals' confidence level (protocol `confidence`).")
 
 
 class PlanClocks(Document):
-    max_sm_mhz: int | None
-    throttle_fraction: float
+    max_sm_mhz: int | None = Field(description="The GPU's maximum SM clock (NVML); null when unknown (CPU runs).")
+    throttle_fraction: float = Field(
+        description="A sample whose SM clock is below this fraction of the maximum counts as throttled."
+    )
 
 
 class NoiseRule(Document):
-    target_ci_width: float | None
-    max_rounds: int
-    time_budget_s: float
+    target_ci_width: float | None = Field(
+        description="Rounds are added to a case until its interval is at most this wide; null: no rounds are added."
+    )
+    max_rounds: int = Field(description="The most rounds a case may reach under the noise rule.")
+    time_budget_s: float = Field(description="The wall time the noise rule may spend adding rounds.")
 
 
 class CalibrationRule(Document):
-    injected_slowdown: float
-    max_false_positive_rate: float
-    min_power: float
+    injected_slowdown: float = Field(description="The delay a `slow:` arm adds, as a fraction of its base arm's time.")
+    max_false_positive_rate: float = Field(
+        description="The largest share of non-tie verdicts an `aa:` arm may have for calibration to pass."
+    )
+    min_power: float = Field(
+        description="The smallest share of loss verdicts a `slow:` arm must reach for calibration to pass."
+    )
 
 
 class PlausibilityRule(Document):
-    bandwidth_margin: float
-    launch_floor_fraction: float
+    bandwidth_margin: float = Field(
+        description="An arm above the run's best cold-L2 ceiling by more than this fraction is implausible."
+    )
+    launch_floor_fraction: float = Field(
+        description="An arm whose median per call is below this fraction of an empty launch is implausible."
+    )
 
 
 class HostRule(Document):
-    samples: int  # host-cost samples per case and timed arm
-    calls: int  # back-to-back calls per sample
+    samples: int = Field(description="Host-cost samples per case and timed arm (protocol `host_samples`).")
+    calls: int = Field(
+        description="Back-to-back calls per host sample (protocol `host_calls`; at most 2 without a GPU)."
+    )
 
 
 class PlanTarget(Document):
-    name: str
-    max_grid: list[int]  # programs allowed per grid dimension
+    name: str = Field(description="The target of `run --target` (`ascend`, `nvidia`).")
+    max_grid: list[int] = Field(
+        description="Programs allowed per grid dimension: every Triton launch was checked against them."
+    )
 
 
 class Plan(Document):
-    protocol_sha256: str
-    op: str
-    backend: str
-    is_gpu: bool
-    timing_label: str
-    l2: str
-    order_seed: int | None  # None: a run from before the seeded round order was recorded
-    arms: list[PlanArm]
-    cases: list[PlanCase]
-    clocks: PlanClocks | None = None  # None: a plan from before clock readings
-    noise_rule: NoiseRule | None = None  # None: a plan from before the noise rule
-    seeds: list[int]
-    rounds: int
-    tie_band: float
-    gate: str
-    bootstrap: Bootstrap
-    calibration: CalibrationRule | None = None  # calibration runs only
-    checks: int  # the timed-check contract: 0 before timed checks, then 1, 2 or 3 (3: isolated arms)
-    isolated: list[str] = []  # checks 3: the arms that ran in a worker process of their own
-    exact: bool
-    plausibility: PlausibilityRule | None  # None before timed checks
-    frozen_at: str | None  # None: not frozen, or a run from before timed checks
-    order_seed_override: bool = False  # True: `run --order-seed` replaced the protocol's (replicates)
-    target: PlanTarget | None = None  # `run --target`: the launch limits every Triton launch was checked against
-    host: HostRule | None = None  # None: a run from before the host-cost stage
-    inputs_seed: int | None = None  # the run's inputs seed (ops/inputs.py); None: a run from before them
+    schema_: Literal["kerneltrial.plan/1"] | None = Field(
+        None, alias="schema", description="`kerneltrial.plan/1`; null: a plan from before the key."
+    )
+    protocol_sha256: str = Field(description="sha256 of protocol.toml's bytes.")
+    op: str = Field(description="The operator under trial.")
+    backend: str = Field(description="The timer: `cuda-events`, `cuda-graph` or `host-clock`.")
+    is_gpu: bool = Field(
+        description="Whether the run timed a GPU (false: the Triton interpreter on a CPU, NOT GPU performance)."
+    )
+    timing_label: str = Field(description="One line saying what the times measure, shown on every report.")
+    l2: str = Field(description="`cold` (a buffer larger than L2 written before every call) or `hot`.")
+    order_seed: int | None = Field(
+        description="The seed of the round order (`numpy.random.default_rng([order_seed, case_index, seed, round])`); null: a run from before the seeded order was recorded."
+    )
+    arms: list[PlanArm] = Field(
+        description="Every arm in plan order: the control, then the candidates, peers and calibration copies."
+    )
+    cases: list[PlanCase] = Field(description="Every case, in the protocol's order.")
+    clocks: PlanClocks | None = Field(
+        default=None, description="The clock rule; null: a plan from before clock readings."
+    )
+    noise_rule: NoiseRule | None = Field(
+        default=None, description="The preregistered rule that adds rounds; null: a plan from before it."
+    )
+    seeds: list[int] = Field(description="The seeds of correctness checks and timing units.")
+    rounds: int = Field(description="Planned rounds per (case, seed).")
+    tie_band: float = Field(description="The band around 1 inside which a speedup's interval is a tie.")
+    gate: str = Field(description="The preregistered gate: `no_loss`, `geomean>=X`, or both joined by ` and `.")
+    bootstrap: Bootstrap = Field(description="The bootstrap settings of every interval.")
+    calibration: CalibrationRule | None = Field(
+        default=None, description="The calibration rule; calibration runs only."
+    )
+    checks: int = Field(
+        description="The timed-check contract: 0 before timed checks, 1 (the sample's last call checked), 2 (fresh values before every call, a random checked call), 3 (as 2, with isolated arms)."
+    )
+    isolated: list[str] = Field(
+        default=[],
+        description="`checks` 3: the arms that ran in a worker process of their own, as protocol `isolate` names them.",
+    )
+    exact: bool = Field(description="Whether outputs must equal the official formula bit for bit.")
+    plausibility: PlausibilityRule | None = Field(description="The plausibility rule; null before timed checks.")
+    frozen_at: str | None = Field(
+        description="The freeze record's time; null: not frozen, or a run from before timed checks."
+    )
+    order_seed_override: bool = Field(
+        default=False,
+        description="True when `run --order-seed` replaced the protocol's order seed (replicates, fleet replicas).",
+    )
+    target: PlanTarget | None = Field(
+        default=None, description="The launch limits of `run --target` (`--resume` needs the same); null: none checked."
+    )
+    host: HostRule | None = Field(default=None, description="The host-cost stage; null: a run from before it.")
+    inputs_seed: int | None = Field(
+        default=None,
+        description="The run's inputs seed (provenance.json's; ops/inputs.py); null: a run from before inputs seeds.",
+    )
+    floor: dict[str, str] | None = Field(
+        default=None,
+        description="The floor model summary/6 reports (rundir/layout.py FLOOR_MODEL); null: a run from before it.",
+    )
 
 
 def _plan_before_timed_checks(data: dict[str, Any]) -> dict[str, Any]:
@@ -153,79 +222,118 @@ def read_plan(run_dir: Path) -> Plan:
 
 
 class Device(Document):
-    gpu: str | None
-    uuid: str | None = None  # the GPU's UUID (nvidia-smi's GPU-...); None before fleets, and on a CPU
-    cpu: str | None = None
-    sm_count: int | None = None
-    l2_bytes: int | None = None
-    memory_bytes: int | None = None
-    capability: str | None = None
-    cuda: str | None = None
-    driver: str | None = None
+    gpu: str | None = Field(description="The GPU's name; null on a CPU.")
+    uuid: str | None = Field(
+        default=None, description="The GPU's UUID (nvidia-smi's GPU-...); null before fleets, and on a CPU."
+    )
+    cpu: str | None = Field(default=None, description="The CPU's name.")
+    sm_count: int | None = Field(default=None, description="Streaming multiprocessors.")
+    l2_bytes: int | None = Field(default=None, description="L2 cache size in bytes.")
+    memory_bytes: int | None = Field(default=None, description="Device memory in bytes.")
+    capability: str | None = Field(default=None, description="CUDA compute capability, e.g. `9.0`.")
+    cuda: str | None = Field(default=None, description="CUDA version torch was built with.")
+    driver: str | None = Field(default=None, description="The GPU driver's version.")
 
 
 class Git(Document):
-    commit: str | None
-    dirty: bool | None
-    source_sha256: str | None = None  # absent in the earliest runs
-    source: str | None = None  # "KERNELTRIAL_SOURCE_COMMIT" when the sender declared the commit
-    git_head: str | None = None
-    git_dirty: bool | None = None
+    commit: str | None = Field(
+        description="The commit that ran (on a shipped copy: the sender's KERNELTRIAL_SOURCE_COMMIT)."
+    )
+    dirty: bool | None = Field(
+        description="Whether the tree had uncommitted changes (a dirty run is not compared with its commit)."
+    )
+    source_sha256: str | None = Field(
+        default=None,
+        description="Digest of the package's .py files that ran (source.tar.gz); absent in the earliest runs.",
+    )
+    source: str | None = Field(
+        default=None,
+        description="`KERNELTRIAL_SOURCE_COMMIT` when the sender declared the commit; null: read from git.",
+    )
+    git_head: str | None = Field(default=None, description="Git's own HEAD beside a declared commit.")
+    git_dirty: bool | None = Field(default=None, description="Git's own dirty flag beside a declared commit.")
 
 
 class Freeze(Document):
-    sha256: str
-    frozen_at: str
+    sha256: str = Field(description="sha256 of the protocol bytes that were frozen.")
+    frozen_at: str = Field(description="When the protocol was frozen (UTC).")
 
 
 class Lead(Document):
-    samples_retaken: int
-    final_cycles_per_call: float
-    samples_kept_behind: int | None = None  # None: counted since the -t1 runs only
-    sessions: Literal["all", "last"] | None = None
+    samples_retaken: int = Field(description="Samples taken again because the spin lead was too short.")
+    final_cycles_per_call: float = Field(description="The final spin lead per call.")
+    samples_kept_behind: int | None = Field(
+        default=None,
+        description="Samples kept although the host fell behind at the longest lead; null: counted since the -t1 runs only.",
+    )
+    sessions: Literal["all", "last"] | None = Field(
+        default=None, description="`all`: the counts cover every session of a resumed run; `last`: only the last."
+    )
 
 
 class Link(Document):
-    path: str  # relative to the run directory
-    sha256: str
+    path: str = Field(description="Relative to the run directory.")
+    sha256: str = Field(description="sha256 of the linked file.")
 
 
 class RunLink(Document):
-    path: str  # relative to the run directory
-    summary_sha256: str
-    manifest_sha256: str | None
+    path: str = Field(description="A run directory, relative to this one.")
+    summary_sha256: str = Field(description="sha256 of that run's summary.json.")
+    manifest_sha256: str | None = Field(description="sha256 of that run's manifest.json; null: the run has none.")
 
 
 class Confirmation(Document):
-    rule: Link
-    derived_from: list[RunLink]
+    rule: Link = Field(description="The dispatcher's rule file.")
+    derived_from: list[RunLink] = Field(description="The runs the rule was derived from.")
 
 
 class IsolationRecord(Document):
-    arms: list[str]  # the protocol's isolated arms
-    timeout_s: float  # the deadline of each request to a worker
+    arms: list[str] = Field(description="The protocol's isolated arms.")
+    timeout_s: float = Field(description="The deadline of each request to a worker (protocol `isolate_timeout_s`).")
 
 
 class Provenance(Document):
-    kind: Literal["kernel"]
-    protocol_sha256: str
-    versions: dict[str, str | None]
-    device: Device
-    triton_interpreter: bool
-    clocks_at_start: dict[str, str] | None
-    clocks_at_end: dict[str, str] | None = None  # None until the run finished
-    hostname: str
-    git: Git
-    argv: list[str]
-    started_at: str
-    finished_at: str | None
-    records_freeze: bool  # False: a run from before the freeze record (`freeze` then says nothing)
-    freeze: Freeze | None  # None: the protocol was not frozen
-    impl_modules: dict[str, str]  # sha256 of each user kernel file
-    lead: Lead | None = None  # None: before the lead check, or not finished
-    confirmation: Confirmation | None = None  # a confirmation run's links to its rule and runs
-    inputs_seed: int | None = None  # the run's inputs seed, recorded at start (plan.json copies it)
-    isolation: IsolationRecord | None = None  # None: a run from before isolated arms
+    schema_: Literal["kerneltrial.provenance/1"] | None = Field(
+        None, alias="schema", description="`kerneltrial.provenance/1`; null: a run from before the key."
+    )
+    kind: Literal["kernel"] = Field(description="`kernel` (`kerneltrial verify` and `report` dispatch on it).")
+    protocol_sha256: str = Field(description="sha256 of protocol.toml's bytes.")
+    versions: dict[str, str | None] = Field(
+        description="Versions of python, torch, triton and the other packages that ran."
+    )
+    device: Device = Field(description="The device the run timed.")
+    triton_interpreter: bool = Field(description="Whether Triton ran in its interpreter (TRITON_INTERPRET=1).")
+    clocks_at_start: dict[str, str] | None = Field(description="nvidia-smi's clock query at the start; null on a CPU.")
+    clocks_at_end: dict[str, str] | None = Field(
+        default=None, description="The same at the end; null until the run finished."
+    )
+    hostname: str = Field(description="The machine's name (recorded nowhere else, except per unit in a fleet).")
+    git: Git = Field(description="The code that ran.")
+    argv: list[str] = Field(description="The command line.")
+    started_at: str = Field(description="Start time (UTC, milliseconds).")
+    finished_at: str | None = Field(description="End time; null until the run finished.")
+    records_freeze: bool = Field(
+        description="False: a run from before the freeze record (`freeze` then says nothing). Filled by the reader, not in the file."
+    )
+    freeze: Freeze | None = Field(description="The protocol's freeze record; null: the protocol was not frozen.")
+    impl_modules: dict[str, str] = Field(
+        description="sha256 of each user kernel module, by path (`--resume` refuses an edited one)."
+    )
+    lead: Lead | None = Field(
+        default=None,
+        description="The lead check's counts, written at the end; null before the lead check, or not finished.",
+    )
+    confirmation: Confirmation | None = Field(
+        default=None,
+        description="A confirmation run's links to its rule and the runs it was derived from (paths relative to the run directory).",
+    )
+    inputs_seed: int | None = Field(
+        default=None, description="The run's inputs seed, drawn at start (a resumed run keeps it; plan.json copies it)."
+    )
+    isolation: IsolationRecord | None = Field(
+        default=None,
+        description="Protocol `isolate` and `isolate_timeout_s` (runs with `checks` 3); null before isolated arms.",
+    )
 
 
 def _provenance_before_freeze(data: dict[str, Any]) -> dict[str, Any]:
@@ -245,25 +353,41 @@ def read_provenance(run_dir: Path) -> Provenance:
 class ArmFigures(Document):
     """One arm in one case."""
 
-    kind: str
-    status: str  # timed, failed correctness, failed while timed, implausible, unavailable, not timed, ...
-    median_ns_per_call: float | None
-    n_samples: int
-    ci_units: int | None
-    speedup: float | None
-    ci_low: float | None
-    ci_high: float | None
-    verdict: str | None
-    gbps: float | None
-    pct_of_copy_ceiling: float | None
-    throttled_samples: int
-    spread: float | None  # None: not timed (or a summary/1)
-    messages: list[str]
-    reason: str | None
-    host_ns_per_call: float | None  # median host time per call; None: not measured (before summary/5)
-    host_samples: int
-    host_behind: int | None  # samples whose device was still busy at the end; None before summary/5
-    fraction_of_floor: float | None  # the case's floor / this median (kernel/floor.py); None before summary/6
+    kind: str = Field(description="The arm's kind, as in plan.json.")
+    status: str = Field(
+        description="`timed`, `failed correctness`, `failed while timed`, `implausible`, `unavailable`, `not timed`, ..."
+    )
+    median_ns_per_call: float | None = Field(
+        description="Median over the (seed, round) units of ns / calls; null when not timed."
+    )
+    n_samples: int = Field(description="Timing rows of the arm in the case.")
+    ci_units: int | None = Field(description="Units paired in the bootstrap; null without a speedup.")
+    speedup: float | None = Field(
+        description="median(control) / median(arm); null when either is missing or the arm is implausible."
+    )
+    ci_low: float | None = Field(description="The speedup interval's low end.")
+    ci_high: float | None = Field(description="The speedup interval's high end.")
+    verdict: str | None = Field(
+        description="`win`, `tie`, `loss` or `inconclusive` against the tie band; null without a speedup."
+    )
+    gbps: float | None = Field(description="bytes / median ns per call.")
+    pct_of_copy_ceiling: float | None = Field(description="GB/s as a percentage of the run's median copy ceiling.")
+    throttled_samples: int = Field(description="Rows whose SM clock is below the throttle threshold.")
+    spread: float | None = Field(
+        description="(p90 - p10) / median of the per-sample times; null: not timed (or a summary/1)."
+    )
+    messages: list[str] = Field(description="The failing checks' messages, in file order.")
+    reason: str | None = Field(description="Why the arm has no figures here (unavailable, implausible, ...).")
+    host_ns_per_call: float | None = Field(
+        description="Median host time per call (host.csv); null: not measured (before summary/5)."
+    )
+    host_samples: int = Field(description="Host-cost rows of the arm in the case.")
+    host_behind: int | None = Field(
+        description="Host samples whose device was still busy at their end; null before summary/5."
+    )
+    fraction_of_floor: float | None = Field(
+        description="The case's floor / this median (kernel/floor.py); null before summary/6."
+    )
 
     @property
     def device_bound(self) -> bool:
@@ -272,163 +396,213 @@ class ArmFigures(Document):
 
 
 class SummaryCase(Document):
-    case: str
-    shape: list[int]
-    layout: str
-    dtype: str
-    bytes: int
-    matched_copy_gbps: float | None = None  # a copy of this case's traffic; None: not measured (before issue 16)
-    floor_ns: float | None  # the speed-of-light floor (kernel/floor.py); None before summary/6 or unmeasured
-    calls: int
-    rounds: int | None  # None in summary/1
-    units_planned: int | None
-    injected_delay_ns: float | None
-    arms: dict[str, ArmFigures]
+    case: str = Field(description="The case id.")
+    shape: list[int] = Field(description="The input shape.")
+    layout: str = Field(description="The input layout.")
+    dtype: str = Field(description="The input dtype.")
+    bytes: int = Field(description="Bytes moved per call.")
+    matched_copy_gbps: float | None = Field(
+        default=None,
+        description="Median GB/s of a copy of this case's own traffic (`copy_matched` rows); absent: not measured (before issue 16).",
+    )
+    floor_ns: float | None = Field(
+        description="The speed-of-light floor: median `triton_launch` ns + bytes / median `copy` GB/s (kernel/floor.py); null before summary/6 or unmeasured."
+    )
+    calls: int = Field(description="Calls per timed sample.")
+    rounds: int | None = Field(description="Rounds run; null in summary/1.")
+    units_planned: int | None = Field(description="seeds x rounds; null in summary/1.")
+    injected_delay_ns: float | None = Field(description="Copied from plan.json; null without one.")
+    arms: dict[str, ArmFigures] = Field(description="Each arm's figures, by name.")
 
 
 class Aggregate(Document):
-    n_cases: int
-    geomean: float | None
-    geomean_ci_low: float | None
-    geomean_ci_high: float | None
-    mean: float | None
-    worst: float | None
-    worst_case: str | None
-    wins: int
-    ties: int
-    losses: int
-    failed_correctness: int
+    n_cases: int = Field(description="Cases with a speedup.")
+    geomean: float | None = Field(description="Geometric mean of the speedups.")
+    geomean_ci_low: float | None = Field(description="Its interval's low end (bootstrap over cases of log speedups).")
+    geomean_ci_high: float | None = Field(description="Its interval's high end.")
+    mean: float | None = Field(description="Arithmetic mean of the speedups.")
+    worst: float | None = Field(description="The smallest speedup.")
+    worst_case: str | None = Field(description="The case of the smallest speedup.")
+    wins: int = Field(description="Cases won.")
+    ties: int = Field(description="Cases tied.")
+    losses: int = Field(description="Cases lost.")
+    failed_correctness: int = Field(description="Cases in which the arm failed correctness.")
     # None before timed checks (summary/3 had no inconclusive verdict, nothing failed while timed
     # and nothing was judged implausible)
-    inconclusive: int | None
-    failed_while_timed: int | None
-    implausible: int | None
-    ulp_hist: list[int] | None
+    inconclusive: int | None = Field(
+        description="Inconclusive cases; null before timed checks (summary/3 had no inconclusive verdict)."
+    )
+    failed_while_timed: int | None = Field(description="Cases failed while timed; null before timed checks.")
+    implausible: int | None = Field(description="Cases judged implausible; null before timed checks.")
+    ulp_hist: list[int] | None = Field(
+        description="Element-wise sum of the arm's correctness `ulp_hist` rows; null when none has one."
+    )
 
 
 class GateArm(Document):
-    passed: bool
-    reasons: list[str]
+    passed: bool = Field(description="Whether the arm passed the gate.")
+    reasons: list[str] = Field(
+        description="Why it failed: the cause in order (failed correctness, failed while timed, implausible), then the rule's reasons."
+    )
 
 
 class Gate(Document):
-    rule: str
-    arms: dict[str, GateArm]
-    passed_arms: list[str]
+    rule: str = Field(description="The preregistered gate, as in plan.json.")
+    arms: dict[str, GateArm] = Field(description="Each compared arm's outcome.")
+    passed_arms: list[str] = Field(description="The arms that passed, in plan order.")
 
 
 class Ceilings(Document):
-    copy_gbps: float | None
-    copy_samples: int
-    read_gbps: float | None
-    read_samples: int
-    launch_floor_ns: float | None = None  # runs with timed checks measure the launch floor
-    launch_samples: int | None = None
+    copy_gbps: float | None = Field(
+        description="Median GB/s of the 1 GiB device-to-device copy (bytes = read + written)."
+    )
+    copy_samples: int = Field(description="Its samples.")
+    read_gbps: float | None = Field(description="Median GB/s of the read-only stream.")
+    read_samples: int = Field(description="Its samples.")
+    launch_floor_ns: float | None = Field(
+        default=None,
+        description="Median ns of one empty launch (torch's add of 0 to one element); runs with timed checks.",
+    )
+    launch_samples: int | None = Field(default=None, description="Its samples.")
     # a one-element Triton kernel (issue 16); None / 0: the run did not measure it (no key in its summary)
-    triton_launch_floor_ns: float | None = None
-    triton_launch_samples: int = 0
+    triton_launch_floor_ns: float | None = Field(
+        default=None, description="Median ns of a one-element Triton kernel (issue 16); absent: not measured."
+    )
+    triton_launch_samples: int = Field(default=0, description="Its samples; absent: 0.")
 
 
 class Clocks(Document):
-    max_sm_mhz: int | None
-    throttle_fraction: float
-    threshold_mhz: float | None
-    samples_with_clock: int
-    throttled_samples: int
+    max_sm_mhz: int | None = Field(description="The maximum SM clock, as plan.json gives it.")
+    throttle_fraction: float = Field(description="As plan.json gives it.")
+    threshold_mhz: float | None = Field(
+        description="throttle_fraction x max_sm_mhz; null when max_sm_mhz is null (nothing is flagged)."
+    )
+    samples_with_clock: int = Field(description="Timing rows with an SM clock reading.")
+    throttled_samples: int = Field(description="Rows below the threshold.")
 
 
 class AACalibration(Document):
-    kind: Literal["aa"]
-    base: str
-    n_cases: int
-    false_positives: int  # win or loss verdicts (summary/3: `not_tie`, the same count)
-    inconclusive: int | None  # None in summary/3, which had no inconclusive verdict
-    false_positive_rate: float | None
-    mean_ci_width: float | None
+    kind: Literal["aa"] = Field(description="`aa`: an A/A copy of its base arm.")
+    base: str = Field(description="The arm it copies.")
+    n_cases: int = Field(description="Cases with a verdict.")
+    false_positives: int = Field(description="Win or loss verdicts (summary/3: `not_tie`, the same count).")
+    inconclusive: int | None = Field(description="Inconclusive verdicts; null in summary/3, which had none.")
+    false_positive_rate: float | None = Field(description="false_positives / n_cases; null when n_cases is 0.")
+    mean_ci_width: float | None = Field(description="Mean of ci_high - ci_low.")
 
 
 class SlowCalibration(Document):
-    kind: Literal["slow"]
-    base: str
-    n_cases: int
-    losses: int
-    power: float | None
-    realized_slowdown: dict[str, float]
-    realized_min: float | None
-    realized_max: float | None
-    power_at_nominal: float | None
+    kind: Literal["slow"] = Field(description="`slow`: its base arm plus an injected delay.")
+    base: str = Field(description="The arm it slows.")
+    n_cases: int = Field(description="Cases with a verdict.")
+    losses: int = Field(description="Loss verdicts.")
+    power: float | None = Field(description="losses / n_cases; null when n_cases is 0.")
+    realized_slowdown: dict[str, float] = Field(description="Per case, median(slow) / median(base) - 1.")
+    realized_min: float | None = Field(description="The smallest realized slowdown; null when none.")
+    realized_max: float | None = Field(description="The largest; null when none.")
+    power_at_nominal: float | None = Field(
+        description="losses / cases among the cases whose realized slowdown is at most 1.5 x nominal; null when none qualifies."
+    )
 
 
 class Calibration(Document):
-    injected_slowdown: float
-    max_false_positive_rate: float
-    min_power: float
-    arms: dict[str, AACalibration | SlowCalibration]
-    passed: bool
-    sentence: str
+    injected_slowdown: float = Field(description="As plan.json gives it.")
+    max_false_positive_rate: float = Field(description="As plan.json gives it.")
+    min_power: float = Field(description="As plan.json gives it.")
+    arms: dict[str, AACalibration | SlowCalibration] = Field(description="Each calibration arm's figures, by name.")
+    passed: bool = Field(
+        description="Every `aa:` rate at most max_false_positive_rate and every `slow:` power at least min_power (a null rate fails)."
+    )
+    sentence: str = Field(description="One sentence starting `Calibration passed` or `Calibration FAILED`.")
 
 
 class SummaryPlausibility(Document):
-    bandwidth_margin: float
-    launch_floor_fraction: float
-    applied: bool
-    bandwidth_limit_gbps: float | None
-    time_limit_ns: float | None
+    bandwidth_margin: float = Field(description="As plan.json gives it.")
+    launch_floor_fraction: float = Field(description="As plan.json gives it.")
+    applied: bool = Field(description="Whether plausibility was judged (GPU and `cuda-events` only).")
+    bandwidth_limit_gbps: float | None = Field(
+        description="The GB/s above which an arm is implausible; null where not judged."
+    )
+    time_limit_ns: float | None = Field(
+        description="The ns per call below which an arm is implausible; null where not judged."
+    )
 
 
 class TimedCheckCounts(Document):
-    rows: int
-    failed: int
+    rows: int = Field(description="timed_checks.jsonl rows.")
+    failed: int = Field(description="Failed rows.")
 
 
 class HostCounts(Document):
-    samples: int
-    calls: int
-    rows: int
+    samples: int = Field(description="Host samples per (case, arm), as plan.json gives it.")
+    calls: int = Field(description="Calls per host sample, as plan.json gives it.")
+    rows: int = Field(description="host.csv rows.")
 
 
 class IsolationBound(Document):
-    case: str
-    arm: str
-    samples: int
-    claimed_ns_per_call: float  # the worker's own clock
-    bound_ns_per_call: float  # the harness's wall clock around the same samples
-    ratio: float | None
+    case: str = Field(description="The case id.")
+    arm: str = Field(description="The isolated arm.")
+    samples: int = Field(description="Its timed samples.")
+    claimed_ns_per_call: float = Field(description="Median ns / calls: the worker's own clock.")
+    bound_ns_per_call: float = Field(
+        description="Median wall_ns / calls: the harness's wall clock around the same samples."
+    )
+    ratio: float | None = Field(
+        description="bound / claimed; above `far_inside` the summary warns that the figure rests on the arm's own clock."
+    )
 
 
 class IsolationFigures(Document):
-    arms: list[str]
-    far_inside: float
-    bounds: list[IsolationBound]
+    arms: list[str] = Field(description="The isolated arms.")
+    far_inside: float = Field(description="The ratio above which a claim is warned (2.0).")
+    bounds: list[IsolationBound] = Field(description="One entry per timed (case, isolated arm).")
 
 
 class Summary(Document):
-    schema_: str = Field(alias="schema")
-    protocol_sha256: str
-    backend: str
-    is_gpu: bool
-    l2: str
-    op: str | None  # None: a plan without `op`; the protocol names the operator
-    label: str
-    control: str
-    tie_band: float
-    bootstrap: Bootstrap
-    arms: list[PlanArm]
-    noise_rule: NoiseRule | None  # None: the plan has no noise rule (or a summary/1)
-    ceilings: Ceilings
-    clocks: Clocks | None  # None in summary/1
-    cases: list[SummaryCase]
-    aggregates: dict[str, Aggregate]
-    gate: Gate
-    calibration: Calibration | None = None  # calibration runs only
-    exact: bool
-    frozen_at: str | None  # None: not frozen (summary/3: not recorded; see provenance.json)
-    plausibility: SummaryPlausibility | None  # None before timed checks
-    timed_checks: TimedCheckCounts | None  # None before timed checks (summary/3)
-    host: HostCounts | None  # None before host cost (summary/4 and older)
-    isolation: IsolationFigures | None  # None before isolated arms (summary/6 and older)
-    warnings: list[str]
-    inputs_sha256: dict[str, str]
+    schema_: str = Field(
+        alias="schema",
+        description="`kerneltrial.summary/7` (isolated arms, `checks` 3), `/6` (plan.json `floor`), `/5` (host stage), `/4` (timed checks), `/3`; `/1` and `/2` are still read.",
+    )
+    protocol_sha256: str = Field(description="sha256 of protocol.toml's bytes.")
+    backend: str = Field(description="The timer, as plan.json gives it.")
+    is_gpu: bool = Field(description="As plan.json gives it.")
+    l2: str = Field(description="As plan.json gives it.")
+    op: str | None = Field(description="The operator; null: a plan without `op` (the protocol names it).")
+    label: str = Field(description="What the times measure (plan `timing_label`).")
+    control: str = Field(description="The control arm's name.")
+    tie_band: float = Field(description="As plan.json gives it.")
+    bootstrap: Bootstrap = Field(description="As plan.json gives it.")
+    arms: list[PlanArm] = Field(description="plan.json's arms.")
+    noise_rule: NoiseRule | None = Field(description="As plan.json gives it; null: the plan has none (or a summary/1).")
+    ceilings: Ceilings = Field(description="The run's measured ceilings and launch floors.")
+    clocks: Clocks | None = Field(description="The clock readings; null in summary/1.")
+    cases: list[SummaryCase] = Field(description="Every case's figures.")
+    aggregates: dict[str, Aggregate] = Field(description="Each compared arm's figures over the cases.")
+    gate: Gate = Field(description="The gate's outcome.")
+    exact: bool = Field(description="As plan.json gives it.")
+    frozen_at: str | None = Field(
+        description="The freeze time; null: not frozen (summary/3: not recorded; see provenance.json)."
+    )
+    plausibility: SummaryPlausibility | None = Field(
+        description="The plausibility limits applied; null before timed checks."
+    )
+    timed_checks: TimedCheckCounts | None = Field(
+        description="The timed checks' counts; null before timed checks (summary/3)."
+    )
+    host: HostCounts | None = Field(description="The host stage's counts; null before host cost (summary/4 and older).")
+    isolation: IsolationFigures | None = Field(
+        description="Isolated arms' bounds; null before isolated arms (summary/6 and older)."
+    )
+    warnings: list[str] = Field(
+        description="Throttled samples, wide control spreads, calibration, far-inside claims, a protocol not frozen, ..."
+    )
+    inputs_sha256: dict[str, str] = Field(
+        description="sha256 of each raw file the summary was computed from (plan.json, correctness.jsonl, timings.csv, ceilings.csv, timed_checks.jsonl, host.csv)."
+    )
+    calibration: Calibration | None = Field(
+        default=None,
+        description="Calibration runs only (unset, and not written, otherwise); last, as the writer orders keys.",
+    )
 
     @property
     def records_floor(self) -> bool:
@@ -446,87 +620,15 @@ class Summary(Document):
         return [a.name for a in self.arms if a.available and a.name != self.control]
 
 
-def _summary_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/3: no timed checks, no inconclusive verdict; A/A arms counted `not_tie`."""
-    nothing = {"inconclusive": None, "failed_while_timed": None, "implausible": None, "ulp_hist": None}
-    adapted = {
-        **data,
-        "aggregates": {name: {**figures, **nothing} for name, figures in data["aggregates"].items()},
-        "exact": False,
-        "frozen_at": None,
-        "plausibility": None,
-        "timed_checks": None,
-    }
-    if data.get("calibration"):
-        arms = {
-            name: {key: value for key, value in figures.items() if key != "not_tie"}
-            | ({"false_positives": figures["not_tie"], "inconclusive": None} if figures["kind"] == "aa" else {})
-            for name, figures in data["calibration"]["arms"].items()
-        }
-        adapted["calibration"] = {**data["calibration"], "arms": arms}
-    return adapted
-
-
-def _summary_v4(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/4 and older: no host cost per call (host.csv did not exist)."""
-    unmeasured = {"host_ns_per_call": None, "host_samples": 0, "host_behind": None}
-    cases = [
-        {**case, "arms": {name: {**entry, **unmeasured} for name, entry in case["arms"].items()}}
-        for case in data["cases"]
-    ]
-    return {**data, "cases": cases, "host": None}
-
-
-def _summary_v5(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/5 and older: no speed-of-light floor (plan.json had no `floor`)."""
-    cases = [
-        {
-            **case,
-            "floor_ns": None,
-            "arms": {name: {**entry, "fraction_of_floor": None} for name, entry in case["arms"].items()},
-        }
-        for case in data["cases"]
-    ]
-    return {**data, "cases": cases}
-
-
-def _summary_v6(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/6 and older: no isolated arms (plan.json had no `checks` 3)."""
-    return {**data, "isolation": None}
-
-
-def _summary_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/1: no clocks, spreads, throttle counts, per-case rounds, noise rule or calibration."""
-    cases = [
-        {"rounds": None, "units_planned": None, "injected_delay_ns": None, **case}
-        | {"arms": {name: {"throttled_samples": 0, "spread": None, **e} for name, e in case["arms"].items()}}
-        for case in data["cases"]
-    ]
-    return {"clocks": None, "noise_rule": None, **data, "cases": cases}
-
-
-def _summary_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """summary/2: slowed calibration arms without the realized slowdown."""
-    if not data.get("calibration"):
-        return data
-    unknown = {"realized_slowdown": {}, "realized_min": None, "realized_max": None, "power_at_nominal": None}
-    arms = {
-        name: unknown | figures if figures["kind"] == "slow" else figures
-        for name, figures in data["calibration"]["arms"].items()
-    }
-    return {**data, "calibration": {**data["calibration"], "arms": arms}}
-
-
-# each version's adapter, applied from the document's version on (summary/1 passes all six)
-SUMMARY_ADAPTERS = {
-    SUMMARY_V1: _summary_v1,
-    SUMMARY_V2: _summary_v2,
-    SUMMARY_V3: _summary_v3,
-    SUMMARY_V4: _summary_v4,
-    SUMMARY_V5: _summary_v5,
-    SUMMARY_V6: _summary_v6,
-    SUMMARY_V7: None,
-}
+def summary_json(summary: Summary) -> dict[str, Any]:
+    """summary.json's document for `summary`, in the shape of its own version (`schema`)."""
+    versions = list(SUMMARY_DOWNGRADES)
+    if summary.schema_ not in versions:
+        raise RunDirError(f"summary schema {summary.schema_!r}: kerneltrial writes {', '.join(versions)}")
+    data = summary.model_dump(by_alias=True, exclude_unset=True)
+    for version in versions[1 : versions.index(summary.schema_) + 1]:
+        data = SUMMARY_DOWNGRADES[version](data)
+    return data
 
 
 def read_summary(run_dir: Path) -> Summary:

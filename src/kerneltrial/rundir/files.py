@@ -2,7 +2,7 @@
 
 JSON documents are replaced atomically (a temporary file, then os.replace: a killed process
 leaves the old or the new document, never half of one). Rows are appended and flushed one
-by one (a killed run keeps what it measured; docs/DESIGN.md, "The run directory").
+by one (a killed run keeps what it measured; docs/RUNDIR.md).
 """
 
 from __future__ import annotations
@@ -24,10 +24,15 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def json_text(data: Any) -> str:
+    """`data` as the text of a JSON document of a run directory: indented, one final newline."""
+    return json.dumps(data, indent=2) + "\n"
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON, replacing `path` in one step."""
+    """Write `data` as indented JSON (`json_text`), replacing `path` in one step."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json_text(data))
     os.replace(tmp, path)
 
 

@@ -16,7 +16,7 @@ def sha256_file(path: Path) -> str:
 
 def digest_of(files: list[tuple[str, bytes]]) -> str:
     """sha256 over (relative path, bytes) pairs in the given order: relpath (utf-8) + NUL +
-    bytes + NUL per file (the package source digest, docs/DESIGN.md `source.tar.gz`)."""
+    bytes + NUL per file (the package source digest, docs/RUNDIR.md, `source.tar.gz`)."""
     digest = hashlib.sha256()
     for name, data in files:
         digest.update(name.encode() + b"\0" + data + b"\0")

@@ -1,5 +1,5 @@
-"""The files of kernel and serving run directories (docs/DESIGN.md, "Run directory: exact
-format"; docs/serving.md), of replicate, suite and fleet directories (which hold kernel run
+"""The files of kernel and serving run directories (every file: docs/RUNDIR.md,
+generated from these names), of replicate, suite and fleet directories (which hold kernel run
 directories), and `kind_of`, which tells them apart."""
 
 from __future__ import annotations

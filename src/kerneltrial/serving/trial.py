@@ -243,50 +243,100 @@ def run_protocol(
     stopped in: a directory still "running" is a run that was killed (verify refuses it).
     """
     check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
+    t, order = start_run(proto, protocol_bytes, out, vllm, argv, event or (lambda *a, **k: None), override_pins)
+    t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
+    t_all = time.monotonic()
+    stopped: BaseException | None = None
+    try:
+        for planned in order:  # the plan is what remains; a launch that fails ends the trial
+            t.launch(planned)
+    except BaseException as e:  # recorded as the run's ending (run_ending), then raised again
+        stopped = e
+        raise
+    finally:
+        summary = t.close(run_ending(stopped), time.monotonic() - t_all)
+    assert summary is not None  # every launch ran: a finished run is summarised
+    return summary
+
+
+def start_run(
+    proto: Protocol,
+    protocol_bytes: bytes,
+    out: Path,
+    vllm: str,
+    argv: list[str] | None,
+    emit: Event,
+    override_pins: bool,
+) -> tuple[_Trial, list[PlannedLaunch]]:
+    """The run directory before the first launch (protocol, plan, provenance "running", empty run and
+    request tables), the trial that fills it and its launches in order."""
     sha = prepare_dir(out, protocol_bytes)
     order = planned_launches(proto.arms, proto.rounds, proto.seed)
     copies = {a.name: copy_selection_files(out, a) for a in proto.arms}
     plan = plan_doc(proto, sha, order, copies) | {"pins": proto.pins.flat(), "override_pins": override_pins}
     write_json(out / layout.PLAN, plan)
-    t = _Trial(
-        proto, out, vllm, provenance_doc(sha, vllm, argv), event or (lambda *a, **k: None), copies, override_pins
-    )
-    write_json(out / layout.PROVENANCE, t.prov)
+    started = provenance_doc(sha, vllm, argv)
+    write_json(out / layout.PROVENANCE, started)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
     (out / layout.RUNS).touch()  # likewise: a trial whose first launch failed still has its (empty) run table
-    t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
-    t_all = time.monotonic()
-    summarised = True  # a failure the runner knows (a gate) still gets its summary
-    try:
-        for planned in order:
-            t.launch(planned)
-        t.prov["status"] = "finished"
-        del t.prov["stopped_in"]
-    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
-        t.prov["status"] = "interrupted"
-        summarised = False
-        raise
-    except (LaunchError, BenchError) as e:
-        t.prov["status"] = "failed"
-        t.prov["error"] = str(e)
-        raise
-    except Exception as e:  # anything else: recorded as the failure it is, never left "running"
-        t.prov["status"] = "failed"
-        t.prov["error"] = f"{type(e).__name__}: {e}"
-        summarised = False
-        raise
-    finally:
-        t.prov["finished_at"] = now()
-        t.prov["timings"]["total_s"] = time.monotonic() - t_all
-        t.prov["scope"] = scope(proto.bench.client, proto.pins.flat(), t.pin_rows, t.prov["devices"])
-        write_json(out / layout.PROVENANCE, t.prov)
-        if summarised:
-            summary = summarise(proto, t.runs, t.acc, sha, t.failures, t.proofs, t.refused)
-            summary["scope"] = t.prov["scope"]  # official or proxy, with the hardware (serving/pins.py)
-            write_json(out / layout.SUMMARY, summary)
-            t.emit("done", summary=summary)
-    return summary
+    return _Trial(proto, out, vllm, sha, started, emit, copies, override_pins), order
+
+
+@dataclass(frozen=True)
+class RunEnding:
+    """How a run's loop of launches ended: provenance's status and error, and whether summary.json is written."""
+
+    status: str  # finished, failed, interrupted; running: left as a killed run leaves it
+    error: str | None = None
+    summarised: bool = True
+
+
+def run_ending(stopped: BaseException | None) -> RunEnding:
+    """The ending of a run whose loop `stopped` raised (None: every launch ran)."""
+    if stopped is None:
+        return RunEnding("finished")
+    if isinstance(stopped, KeyboardInterrupt):  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
+        return RunEnding("interrupted", summarised=False)
+    if isinstance(stopped, (LaunchError, BenchError)):  # a failure the runner knows (a gate) still gets its summary
+        return RunEnding("failed", str(stopped))
+    if isinstance(stopped, Exception):  # anything else: recorded as the failure it is, never left "running"
+        return RunEnding("failed", f"{type(stopped).__name__}: {stopped}", summarised=False)
+    return RunEnding("running")  # SystemExit and the like: the run counts as killed (verify refuses it)
+
+
+def final_provenance(
+    started: dict[str, Any],
+    ending: RunEnding,
+    stopped_in: dict[str, Any] | None,
+    server_versions: dict[str, Any],
+    total_s: float,
+    scope_record: dict[str, Any],
+) -> dict[str, Any]:
+    """provenance.json at the end: the one written at the start, with the ending, the servers' versions,
+    the launch it stopped in (unless it finished) and its scope."""
+    doc = started | {
+        "finished_at": now(),
+        "status": ending.status,
+        "server_versions": server_versions,
+        "timings": started["timings"] | {"total_s": total_s},
+    }
+    if ending.status != "finished" and stopped_in is not None:
+        doc["stopped_in"] = stopped_in
+    if ending.error is not None:
+        doc["error"] = ending.error
+    return doc | {"scope": scope_record}
+
+
+def closed_row(row: dict[str, Any], wall_s: float, server: Server | None, proof: LaunchProof | None) -> dict[str, Any]:
+    """A launch's row in launches.jsonl: what the launch recorded, its timings, the server's record and
+    the dispatch verdict."""
+    end: dict[str, Any] = {"wall_s": wall_s}
+    if server is not None:
+        end |= {"spawned": server.proc is not None, **server.record, "timings": dict(server.timings)}
+    if proof is not None:
+        end["dispatch"] = asdict(proof)
+    return row | end
 
 
 class _Null:
@@ -304,10 +354,13 @@ class _Trial:
     proto: Protocol
     out: Path
     vllm: str
-    prov: dict[str, Any]
+    sha: str  # the protocol's sha256
+    started: dict[str, Any]  # provenance.json as written at the start (final_provenance adds the ending)
     emit: Event
     copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
     override: bool = False  # --override-pins: a pin mismatch is recorded, not refused
+    server_versions: dict[str, Any] = field(default_factory=dict)  # arm -> its server interpreter's versions
+    stopped_in: dict[str, Any] | None = None  # the launch under way (kept in provenance if the run stops there)
     pin_rows: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     acc: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -315,21 +368,38 @@ class _Trial:
     proofs: list[LaunchProof] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
 
-    def check_pins(self, arm: Arm, row: dict[str, Any]) -> None:
-        """The arm's server interpreter against the protocol's [pins] (serving/pins.py), recorded in the
-        launch's row; LaunchError when a pin does not match and the run has no --override-pins."""
-        if arm.name not in self.prov["server_versions"]:
-            self.prov["server_versions"][arm.name] = probe_versions(interpreter_of(self.proto.expand(arm)[0]))
+    def close(self, ending: RunEnding, total_s: float) -> dict[str, Any] | None:
+        """provenance.json's last write and, unless the run broke off, summary.json (returned)."""
+        devices = self.started["devices"]
+        run_scope = scope(self.proto.bench.client, self.proto.pins.flat(), self.pin_rows, devices)
+        prov = final_provenance(self.started, ending, self.stopped_in, self.server_versions, total_s, run_scope)
+        write_json(self.out / layout.PROVENANCE, prov)
+        if not ending.summarised:
+            return None
+        figures = summarise(self.proto, self.runs, self.acc, self.sha, self.failures, self.proofs, self.refused)
+        summary = figures | {"scope": run_scope}  # official or proxy, with the hardware (serving/pins.py)
+        write_json(self.out / layout.SUMMARY, summary)
+        self.emit("done", summary=summary)
+        return summary
+
+    def pin_record(self, arm: Arm) -> dict[str, Any]:
+        """The arm's server interpreter against the protocol's [pins] (serving/pins.py), for the launch's row."""
+        if arm.name not in self.server_versions:
+            self.server_versions[arm.name] = probe_versions(interpreter_of(self.proto.expand(arm)[0]))
         pinned = self.proto.pins.flat()
-        have = installed(self.prov["server_versions"][arm.name])
+        have = installed(self.server_versions[arm.name])
         wrong = pin_mismatches(pinned, have)
         record = {"pinned": pinned, "installed": have, "mismatches": wrong, "overridden": bool(wrong) and self.override}
         self.pin_rows.append(record)
-        row["pins"] = record
-        if wrong and not self.override:
+        return record
+
+    def refuse_pins(self, arm: Arm, record: dict[str, Any]) -> None:
+        """LaunchError when a pin does not match and the run has no --override-pins."""
+        if record["mismatches"] and not self.override:
             raise LaunchError(
-                f"arm {arm.name}'s server environment does not match the protocol's [pins]: {'; '.join(wrong)}; install "
-                "the pinned versions (docs/serving.md, 'GPU install recipe') or pass --override-pins (recorded)"
+                f"arm {arm.name}'s server environment does not match the protocol's [pins]: "
+                f"{'; '.join(record['mismatches'])}; install the pinned versions (docs/serving.md, 'GPU install "
+                "recipe') or pass --override-pins (recorded)"
             )
 
     def server(self, arm: Arm, tag: str) -> Server:
@@ -352,7 +422,7 @@ class _Trial:
         """One launch: start (unless external), bench every case, accuracy once per arm, stop, prove."""
         launch, name = planned.launch, planned.arm
         arm = self.proto.arms[[a.name for a in self.proto.arms].index(name)]
-        self.prov["stopped_in"] = {"launch": launch, "arm": name}  # kept only if the run stops here
+        self.stopped_in = {"launch": launch, "arm": name}  # kept only if the run stops here
         tag = f"{launch:02d}-{name}"
         row: dict[str, Any] = asdict(planned) | {"status": "running"}
         t0 = time.monotonic()
@@ -360,14 +430,17 @@ class _Trial:
         proof: LaunchProof | None = None
         try:
             if not arm.external:
-                self.check_pins(arm, row)  # refused here (LaunchError) when a pin does not match
+                row["pins"] = self.pin_record(arm)
+                self.refuse_pins(arm, row["pins"])  # refused here (LaunchError) when a pin does not match
             server = None if arm.external else self.server(arm, tag)
             if server is not None:
                 self.emit("launch", launch=launch, arm=name, argv=server.spec.argv)
             with server if server is not None else _Null():
                 if server is not None:
                     row["ready_s"] = server.timings.get("ready_s")
-                self.measure(arm, launch, tag, server, row)
+                accuracy_s = self.measure(arm, launch, tag, server)
+                if accuracy_s is not None:
+                    row["accuracy_s"] = accuracy_s
             if server is not None:  # stopped: its processes have written their last records
                 proof = self.prove(launch, tag, arm)
             row["status"] = "ok"
@@ -395,28 +468,22 @@ class _Trial:
         return prove_launch(self.out, launch, tag, arm, platform, selection_texts(self.out, self.copies[arm.name]))
 
     def close_launch(self, row: dict[str, Any], t0: float, server: Server | None, proof: LaunchProof | None) -> None:
-        """The launch's row in launches.jsonl: timings, the server's record, the dispatch verdict."""
-        row["wall_s"] = time.monotonic() - t0
-        if server is not None:
-            row["spawned"] = server.proc is not None
-            row.update(server.record)
-            row["timings"] = dict(server.timings)
+        """The launch's dispatch verdict kept, and its row (closed_row) appended to launches.jsonl."""
         if proof is not None:
             self.proofs.append(proof)
-            row["dispatch"] = asdict(proof)
             if not proof.valid:
                 self.failures.append(f"launch {row['launch']} ({row['arm']}): dispatch proof invalid: {proof.reason}")
-        append_jsonl(self.out / layout.LAUNCHES, row)
+        append_jsonl(self.out / layout.LAUNCHES, closed_row(row, time.monotonic() - t0, server, proof))
 
-    def measure(self, arm: Arm, launch: int, tag: str, server: Server | None, row: dict[str, Any]) -> None:
-        """Every case's runs, then (the arm's first launch) the accuracy run."""
+    def measure(self, arm: Arm, launch: int, tag: str, server: Server | None) -> float | None:
+        """Every case's runs, then (the arm's first launch) the accuracy run; its seconds, when it ran."""
         base_url = server.spec.base_url if server is not None else self.proto.url()
         for case in self.proto.bench.cases:
             for k in range(self.proto.repeats):
                 self.bench_run(arm, launch, tag, case, k, base_url, server)
         spec = self.proto.accuracy
         if spec is None or arm.name in self.acc:
-            return
+            return None
         self.emit("accuracy", arm=arm.name)
         t_acc = time.monotonic()
         model = server.served_name if server is not None else self.proto.server.model_id
@@ -424,7 +491,7 @@ class _Trial:
         if server is not None:
             server.check_alive("the accuracy run")
         self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
-        row["accuracy_s"] = time.monotonic() - t_acc
+        return time.monotonic() - t_acc
 
     def bench_run(
         self, arm: Arm, launch: int, tag: str, case: Case, k: int, base_url: str, server: Server | None

@@ -34,7 +34,7 @@ DISPATCH_OP_OF = {"rms_norm": "rms_norm", "fused_add_rms_norm": "rms_norm", "sil
 
 Counts = dict[tuple[str, str], tuple[int, int]]  # (kernel op, implementation) -> (calls, errors)
 
-# The plausibility bound on a launch's call counts (docs/serving.md, "proof of dispatch"); generous
+# The plausibility bound on a launch's call counts (docs/serving.md, "Kernels inside the served model"); generous
 # on purpose, it catches invented counts, not miscounts:
 # - a decoder layer calls a norm or activation kernel a few times per forward pass (input and
 #   post-attention RMSNorm, q/k norms in Qwen3-style attention, one SiLU-and-mul per MLP): 8 covers it,

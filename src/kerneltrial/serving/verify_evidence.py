@@ -33,7 +33,7 @@ a sentence that names the run and the invariant it breaks.
 - grades (`regrade_problems`): every stored answer graded again by the same grader version.
 
 What these cannot prove: a run directory whose raw arrays, figures, tables and logs were all
-rewritten together, consistently, passes them (docs/DESIGN.md, "What verify can and cannot
+rewritten together, consistently, passes them (docs/VERIFY.md, "What verify can and cannot
 prove"). They turn an edit of one file into a contradiction between files and invariants of the
 client, so a forgery has to rewrite every per-request time of every affected run coherently.
 """

@@ -10,7 +10,7 @@ start and end times, and the git state and source digest of the code that ran. T
 `verify DIR` verifies every run (its checks prefixed with the run's name) and then the record
 (`suite_problems`): every listed protocol ran to a finished run whose protocol.toml has the
 listed sha256, by the code the suite recorded, and every sub-directory is a listed run. Like
-a replicate table, a record rewritten together with its runs is not caught (docs/DESIGN.md,
+a replicate table, a record rewritten together with its runs is not caught (docs/VERIFY.md,
 "What verify can and cannot prove").
 
 `report DIR` writes each run's report.md and a short report.md for the suite: one table per

@@ -4,70 +4,35 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from kerneltrial import cli_records as records
-from kerneltrial.cli_support import CliError, ExitCode, console, emit_json, exit_now, sub_app
+from kerneltrial.cli_support import CliError, ExitCode, LineProgress, console, emit_json, progress_bar, sub_app, within
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import CORRECTNESS, SUMMARY
 from kerneltrial.trial.targets import TARGETS
 
 if TYPE_CHECKING:
+    import torch
     from rich.progress import Progress
 
     from kerneltrial.ops.registry import Case, Impl, Operator
     from kerneltrial.trial.gate import CheckResult
 
-T = TypeVar("T")
 TARGET_OPTION = typer.Option(
     "--target",
     help=f"Fail every Triton launch whose grid exceeds this target's limits ({', '.join(TARGETS)}).",
 )
+PANEL_HELP = (
+    "Default cases: 'quick' (the CPU-sized cases, each in one layout, the layouts in turn: the "
+    "default without a GPU), 'small' (every CPU-sized case in every layout) or 'gpu' (realistic: the "
+    "default with one)."
+)
 JSON_HELP = "Print one JSON document on stdout (schema in its `schema` field); human output goes to stderr."
-
-
-def within(seconds: float, what: str, work: Callable[[], T]) -> T:
-    """`work()`, or, when it has not returned after `seconds` (a kernel that never returns),
-    one error line and the end of the process with exit code 1 (a check failed): a hung call
-    cannot be interrupted from Python, and waiting for it forever helps no one. Ctrl-C while
-    it runs ends the process the same way, with exit code 130."""
-    done: list[T] = []
-    failure: list[BaseException] = []
-    finished = threading.Event()  # not Thread.is_alive: a join interrupted by Ctrl-C marks a live thread stopped (3.11)
-
-    def run() -> None:
-        try:
-            done.append(work())
-        except BaseException as exc:  # re-raised in the caller's thread
-            failure.append(exc)
-        finally:
-            finished.set()
-
-    deadline = time.monotonic() + seconds
-    try:
-        threading.Thread(target=run, daemon=True).start()
-        # short waits: a Ctrl-C the kernel delivers to another thread wakes no long wait in this one
-        while not finished.wait(0.1) and time.monotonic() < deadline:
-            pass
-    except KeyboardInterrupt:
-        if not finished.is_set():  # a live worker aborts the interpreter's shutdown: end here
-            exit_now(ExitCode.INTERRUPTED, "interrupted")
-        raise
-    if not finished.is_set():
-        exit_now(
-            ExitCode.FAILED, f"{what} did not return within {seconds:g} s (a kernel that never returns?); stopping"
-        )
-    if failure:
-        raise failure[0]
-    return done[0]
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -78,77 +43,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not shape or any(s <= 0 for s in shape):
         raise CliError(f"malformed shape {text!r}; every dimension must be a positive integer")
     return shape
-
-
-class LineProgress:
-    """Progress for logs and pipes (stderr not a terminal): one plain line per task each time it
-    passes another tenth of its total, or LINE_EVERY_S seconds after the last line."""
-
-    LINE_EVERY_S = 30.0
-
-    def __init__(self) -> None:
-        self.tasks: list[dict[str, Any]] = []
-
-    def __enter__(self) -> LineProgress:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-    def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
-        self.tasks.append(
-            {
-                "description": description,
-                "total": total or 0,
-                "completed": completed,
-                "started": time.monotonic(),
-                "printed": time.monotonic(),
-                "tenth": -1,
-            }
-        )
-        return len(self.tasks) - 1
-
-    def update(self, task: int, total: float | None = None, **_: Any) -> None:
-        if total is not None:
-            self.tasks[task]["total"] = total
-
-    def advance(self, task: int, advance: int = 1) -> None:
-        t = self.tasks[task]
-        t["completed"] += advance
-        tenth = int(10 * t["completed"] / t["total"]) if t["total"] else 10
-        now = time.monotonic()
-        if tenth > t["tenth"] or now - t["printed"] >= self.LINE_EVERY_S:
-            t["tenth"], t["printed"] = tenth, now
-            print(
-                f"{t['description']}: {t['completed']}/{t['total']} after {now - t['started']:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def progress_bar() -> Progress | LineProgress:
-    """A live bar on a terminal; plain lines in logs and pipes (a bar prints nothing there)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    err = console(stderr=True)
-    if not err.is_terminal:
-        return LineProgress()
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
 
 
 def ops() -> None:
@@ -193,14 +87,7 @@ def check(
             help="Seed every draw (values, offsets, eps/cap, extra shapes) from this; default: a fresh one, printed.",
         ),
     ] = None,
-    panel: Annotated[
-        str,
-        typer.Option(
-            help="Default cases: 'quick' (the CPU-sized cases, each in one layout, the layouts in turn: the "
-            "default without a GPU), 'small' (every CPU-sized case in every layout) or 'gpu' (realistic: the "
-            "default with one)."
-        ),
-    ] = "auto",
+    panel: Annotated[str, typer.Option(help=PANEL_HELP)] = "auto",
     impl_module: Annotated[
         list[str] | None,
         typer.Option(
@@ -239,97 +126,195 @@ def check(
     from the official formula. Exit 1 on any failure or a check that outlasts --timeout (an
     isolated arm's worker that outlasts it is killed: that arm fails, the others go on); 2 on
     bad input (an --impl-module that defines no function OP names the functions it does)."""
-    from rich.markup import escape
-    from rich.table import Table
+    run_checks(
+        CheckOptions(
+            op=op,
+            all_=all_,
+            impl=impl,
+            shape=shape,
+            layout=layout,
+            dtype=dtype,
+            seeds=seeds,
+            inputs_seed=inputs_seed,
+            panel=panel,
+            impl_module=impl_module,
+            peers=peers,
+            jsonl=jsonl,
+            exact=exact,
+            timeout=timeout,
+            target=target,
+            isolate=isolate,
+            json_=json_,
+        )
+    )
 
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """`check`'s options, read once from the command line (each one's help: `check`'s parameters)."""
+
+    op: str | None
+    all_: bool
+    impl: list[str] | None
+    shape: list[str] | None
+    layout: list[str] | None
+    dtype: str | None
+    seeds: int
+    inputs_seed: int | None
+    panel: str
+    impl_module: list[str] | None
+    peers: bool
+    jsonl: Path | None
+    exact: bool
+    timeout: float
+    target: str | None
+    isolate: str
+    json_: bool
+
+
+def run_checks(o: CheckOptions) -> None:
+    """`check` (its docstring): refuse a bad option, check each operator's arms on its cases, then
+    print the table and what was skipped; exit 1 on a failed check."""
     from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import all_ops, get_op, load_user_module
-    from kerneltrial.trial.gate import check as run_check
     from kerneltrial.trial.isolation import Settings
-    from kerneltrial.trial.panel import skip_reason
-    from kerneltrial.trial.remote import Isolation, is_isolated
+    from kerneltrial.trial.remote import Isolation
     from kerneltrial.trial.targets import get_target, targeting
 
-    if isolate not in ("user", "all", "none"):
-        raise CliError(f"unknown --isolate {isolate!r}; use user, all or none")
-    profile = get_target(target) if target else None
-    out = console(stderr=json_)
-    isolation = Isolation(Settings(timeout, launch.device(), profile))
-    if all_ == (op is not None):
+    if o.isolate not in ("user", "all", "none"):
+        raise CliError(f"unknown --isolate {o.isolate!r}; use user, all or none")
+    profile = get_target(o.target) if o.target else None
+    isolation = Isolation(Settings(o.timeout, launch.device(), profile))
+    if o.all_ == (o.op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
-    if panel not in ("auto", *PANELS):
-        raise CliError(f"unknown panel {panel!r}; use {', '.join(PANELS)} or auto")
-    user_modules = impl_module or []
-    for spec in user_modules if isolate == "none" else []:  # else imported in a worker only (below)
-        load_user_module(spec, op)
-    operators = all_ops() if all_ else [get_op(op)]
+    if o.panel not in ("auto", *PANELS):
+        raise CliError(f"unknown panel {o.panel!r}; use {', '.join(PANELS)} or auto")
+    user_modules = o.impl_module or []
+    for spec in user_modules if o.isolate == "none" else []:  # else imported in a worker only (below)
+        load_user_module(spec, o.op)
+    operators = all_ops() if o.all_ else [get_op(o.op)]
     device = launch.device()
-    if panel == "auto":
-        panel = "gpu" if device.type == "cuda" else "quick"
+    panel = o.panel if o.panel != "auto" else ("gpu" if device.type == "cuda" else "quick")
+    parts: list[OperatorChecks] = []
+    drawn_from = inp.new_inputs_seed() if o.inputs_seed is None else o.inputs_seed
+    with progress_bar() as bar, targeting(profile), isolation, inp.drawing(drawn_from):
+        for spec in user_modules if o.isolate != "none" else []:
+            isolation.module_arms(spec, o.op)
+        requested = {
+            operator.name: [
+                isolation.isolate(i) if o.isolate == "all" and i.kind != "calibration" else i
+                for i in requested_arms(operator, o.impl, o.peers)
+            ]
+            for operator in operators
+        }
+        for operator in operators:
+            cases = check_cases(operator, o.shape, o.dtype, o.layout, panel)
+            parts.append(check_operator(o, operator, requested[operator.name], cases, device, bar))
+            isolation.close_builtin()  # one operator's built-in arms at a time in their workers
+    print_checks(o, drawn_from, device.type, profile.name if profile else None, requested, parts)
+
+
+@dataclass(frozen=True)
+class OperatorChecks:
+    """One operator's part of `check`: its checks and table rows in the order they ran, and the
+    (case, arm) pairs of its panel it skipped, with why."""
+
+    calls: list[records.CheckedCall]
+    rows: list[list[str]]
+    not_checked: list[str]
+
+
+def check_operator(
+    o: CheckOptions,
+    operator: Operator,
+    impls: list[Impl],
+    cases: list[Case],
+    device: torch.device,
+    bar: Progress | LineProgress,
+) -> OperatorChecks:
+    """Each of the arms `impls` of `operator` on each of `cases` that it takes."""
+    from kerneltrial.trial.panel import skip_reason
+
+    part = OperatorChecks([], [], [])
+    task = bar.add_task(operator.name, total=len(cases) * len(impls))
+    for case in cases:
+        operator.validate(case)
+        part.not_checked.extend(
+            f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
+        )
+        for i in impls:
+            bar.advance(task)
+            if not i.available or not i.supports(case) or skip_reason(i, case):
+                continue
+            results = check_arm(o, operator, i, case, device)
+            part.calls.extend(records.checked_call(operator.name, r.row()) for r in results)
+            part.rows.append(check_row(operator.name, case.id, i.name, results))
+    return part
+
+
+def check_arm(o: CheckOptions, operator: Operator, impl: Impl, case: Case, device: torch.device) -> list[CheckResult]:
+    """One arm on one case: a gate check per seed 0..--seeds-1, each within --timeout (an isolated
+    arm's worker has the same deadline per request, and is killed past it)."""
+    from kerneltrial.trial.gate import check as run_check
+    from kerneltrial.trial.remote import is_isolated
+
+    wait = (lambda _s, _w, work: work()) if is_isolated(impl) else within
+    return [
+        wait(
+            o.timeout,
+            f"{operator.name} {case.id} arm {impl.name} seed {s}",
+            lambda s=s: run_check(operator, impl, case, s, device, exact=o.exact),
+        )
+        for s in range(o.seeds)
+    ]
+
+
+def print_checks(
+    o: CheckOptions,
+    inputs_seed: int,
+    device: str,
+    target: str | None,
+    requested: dict[str, list[Impl]],
+    parts: list[OperatorChecks],
+) -> None:
+    """`check`'s output: the table (title: the `device` type, the interpreter, the --target), the
+    inputs seed, what was skipped (the `requested` arms unavailable here, then the pairs not
+    checked) and the counts, and the --jsonl and --json documents; exit 1 on a failed check."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kerneltrial.ops import launch
+
+    calls = [c for part in parts for c in part.calls]
+    unavailable = {f"{op}/{i.name}: {i.reason}" for op, impls in requested.items() for i in impls if not i.available}
+    skipped = sorted(unavailable) + [line for part in parts for line in part.not_checked]
+    out = console(stderr=o.json_)
     table = Table(
-        title=f"correctness on {device.type}"
+        title=f"correctness on {device}"
         + (" (Triton interpreter)" if launch.interpreted() else "")
-        + (f", launches checked against {profile.name}" if profile else ""),
+        + (f", launches checked against {target}" if target else ""),
         caption=CHECK_COLUMNS_NOTE,
     )
     for column in CHECK_COLUMNS:
         table.add_column(column)
-    calls: list[records.CheckedCall] = []
-    requested: dict[str, list[Impl]] = {}
-    not_checked: list[str] = []
-    drawn_from = inp.new_inputs_seed() if inputs_seed is None else inputs_seed
-    with progress_bar() as bar, targeting(profile), isolation, inp.drawing(drawn_from):
-        for spec in user_modules if isolate != "none" else []:
-            isolation.module_arms(spec, op)
-        for o in operators:
-            arms = requested_arms(o, impl, peers)
-            requested[o.name] = [
-                isolation.isolate(i) if isolate == "all" and i.kind != "calibration" else i for i in arms
-            ]
-        for operator in operators:
-            cases = check_cases(operator, shape, dtype, layout, panel)
-            impls = requested[operator.name]
-            task = bar.add_task(operator.name, total=len(cases) * len(impls))
-            for case in cases:
-                operator.validate(case)
-                not_checked += [
-                    f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
-                ]
-                for i in impls:
-                    bar.advance(task)
-                    if not i.available or not i.supports(case) or skip_reason(i, case):
-                        continue
-                    # an isolated arm's worker has the same deadline per request, and is killed past it
-                    wait = (lambda _s, _w, work: work()) if is_isolated(i) else within
-                    results = [
-                        wait(
-                            timeout,
-                            f"{operator.name} {case.id} arm {i.name} seed {s}",
-                            lambda o=operator, i=i, case=case, s=s: run_check(o, i, case, s, device, exact=exact),
-                        )
-                        for s in range(seeds)
-                    ]
-                    calls += [records.checked_call(operator.name, r.row()) for r in results]
-                    row = check_row(operator.name, case.id, i.name, results)
-                    table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
-            isolation.close_builtin()  # one operator's built-in arms at a time in their workers
+    for part in parts:
+        for row in part.rows:
+            table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
     out.print(table)
-    out.print(f"inputs seed {drawn_from} (--inputs-seed {drawn_from} draws the same inputs again)", markup=False)
-    if jsonl:
-        jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
-    skipped = sorted({f"{o}/{i.name}: {i.reason}" for o, impls in requested.items() for i in impls if not i.available})
-    skipped += not_checked
+    out.print(f"inputs seed {inputs_seed} (--inputs-seed {inputs_seed} draws the same inputs again)", markup=False)
+    if o.jsonl:
+        o.jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
     out.print(f"{len(calls) - len(failed)} passed, {len(failed)} failed")
-    if json_:
+    if o.json_:
         emit_json(
             records.CheckResult(
-                device=device.type,
+                device=device,
                 interpreted=launch.interpreted(),
-                inputs_seed=drawn_from,
+                inputs_seed=inputs_seed,
                 passed=len(calls) - len(failed),
                 failed=len(failed),
                 failing_arms=list(dict.fromkeys(f"{c.op}/{c.arm}" for c in failed)),
@@ -539,31 +524,71 @@ def run(
     With --ray: a fleet directory (one run per work unit and the combined figures); exit 0 when
     some candidate holds on every GPU (--replicas) or passes the protocol's gate over the whole
     panel (--shard cases)."""
+    run_command(
+        RunOptions(
+            protocol=protocol,
+            out=out,
+            resume=resume,
+            order_seed=order_seed,
+            target=target,
+            json_=json_,
+            ray=ray,
+            ray_address=ray_address,
+            replicas=replicas,
+            shard=shard,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`run`'s options, read once from the command line (each one's help: `run`'s parameters)."""
+
+    protocol: Path
+    out: Path
+    resume: bool
+    order_seed: int | None
+    target: str | None
+    json_: bool
+    ray: bool
+    ray_address: str | None
+    replicas: int | None
+    shard: str | None
+
+
+def run_command(o: RunOptions) -> None:
+    """`run` (its docstring): the protocol refused at once when it cannot run, then the trial here
+    or, with --ray, the fleet."""
     from kerneltrial.trial import protocol as proto
     from kerneltrial.trial.preflight import preflight
 
     # torch-free, before any heavy import: a missing file, a bad key, a case too large for this
     # machine (a fleet's workers judge their own memory) is refused at once
-    if ray:
-        proto.load(protocol)
+    if o.ray:
+        proto.load(o.protocol)
     else:
-        preflight(protocol)
+        preflight(o.protocol)
+    if o.ray:
+        from kerneltrial.fleet.cli import run_on_ray
+
+        if o.order_seed is not None or o.target or o.json_:
+            raise CliError("--order-seed, --target and --json are not for --ray runs")
+        run_on_ray(o.protocol, o.out, o.ray_address, o.replicas, o.shard, o.resume)
+        return
+    if o.replicas is not None or o.shard is not None or o.ray_address is not None:
+        raise CliError("--replicas, --shard and --ray-address go with --ray")
+    root, unavailable = run_here(o)
+    print_run(o, root, unavailable)
+
+
+def run_here(o: RunOptions) -> tuple[Path, list[records.UnavailableArm]]:
+    """The trial in this process, with a progress bar; returns its run directory and the arms
+    unavailable here (each named on stderr before any work)."""
     from kerneltrial.trial.runner import run_trial
     from kerneltrial.trial.targets import get_target
 
-    if ray:
-        from kerneltrial.fleet.cli import run_on_ray
-
-        if order_seed is not None or target or json_:
-            raise CliError("--order-seed, --target and --json are not for --ray runs")
-        run_on_ray(protocol, out, ray_address, replicas, shard, resume)
-        return
-    if replicas is not None or shard is not None or ray_address is not None:
-        raise CliError("--replicas, --shard and --ray-address go with --ray")
-
-    profile = get_target(target) if target else None
-
-    human, err = console(stderr=json_), console(stderr=True)
+    profile = get_target(o.target) if o.target else None
+    err = console(stderr=True)
     unavailable: list[records.UnavailableArm] = []
 
     def announce(arms: list[Any]) -> None:
@@ -578,8 +603,14 @@ def run(
 
     with progress_bar() as bar:
         root = run_trial(
-            protocol, out, resume=resume, progress=bar, announce=announce, order_seed=order_seed, target=profile
+            o.protocol, o.out, resume=o.resume, progress=bar, announce=announce, order_seed=o.order_seed, target=profile
         )
+    return root, unavailable
+
+
+def print_run(o: RunOptions, root: Path, unavailable: list[records.UnavailableArm]) -> None:
+    """What `run` prints after its trial: the gate's verdicts and the next commands (with --json,
+    its document on stdout); exit 1 when no arm passed the gate."""
     summary = read_json(root / SUMMARY)
     gate = summary.get("gate", {})
     verdicts = [
@@ -593,9 +624,10 @@ def run(
         f"gate {gate.get('rule')!r} passed by: {', '.join(passed) or 'no arm'}",
         f"next: kerneltrial verify {root} && kerneltrial report {root}",
     ]
+    human = console(stderr=o.json_)
     for line in lines:
         human.print(line, soft_wrap=True, markup=False)
-    if json_:
+    if o.json_:
         emit_json(
             records.RunResult(
                 run_dir=str(root),

@@ -9,7 +9,7 @@ One check = one (case, seed, arm), drawn under the active inputs seed (ops/input
 3. outputs must not contain what a kernel leaves behind unwritten (`poison`): on a GPU the caching
    allocator's free blocks of the outputs' sizes are filled with NaN before the call; on a
    CPU (whose allocator hands out fresh pages) torch.empty* is patched to poison while the
-   arm runs (a kernel can see that patch, and the gate's call stack: docs/DESIGN.md, "Checks",
+   arm runs (a kernel can see that patch, and the gate's call stack: docs/CHECKS.md, "What a kernel can still do",
    says what it can still do);
 4. the arm runs; the current stream is synchronised;
 5. outputs must have the reference's shape and dtype (contiguous where the interface says

@@ -259,7 +259,7 @@ class Protocol(BaseModel):
     # its frames; the harness draws the values, picks the checked call after the sample, compares.
     isolate: Literal["user", "all", "none"] | list[str] = Field(
         default="user",
-        description="Arms that run in a worker process of their own, apart from the harness (docs/DESIGN.md, Checks): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. The module of an isolated user: arm is imported in its worker only, never in kerneltrial's process; an arm a module registers through kerneltrial's registry cannot be isolated.",
+        description="Arms that run in a worker process of their own, apart from the harness (docs/CHECKS.md): user (every user: arm), all (every arm but aa:/slow: copies), none, or a list of arm names. The module of an isolated user: arm is imported in its worker only, never in kerneltrial's process; an arm a module registers through kerneltrial's registry cannot be isolated.",
     )
     isolate_timeout_s: float = Field(
         default=600.0,

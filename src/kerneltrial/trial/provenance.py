@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from kerneltrial.rundir import provenance
+from kerneltrial.rundir.documents import PROVENANCE_V1
 from kerneltrial.rundir.files import now
 
 
@@ -38,6 +39,7 @@ def collect(protocol_sha256: str, source: list[tuple[str, bytes]]) -> dict[str, 
     from kerneltrial.ops.launch import interpreted
 
     return {
+        "schema": PROVENANCE_V1,
         "kind": "kernel",
         "protocol_sha256": protocol_sha256,
         "versions": provenance.versions(),

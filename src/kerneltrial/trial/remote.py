@@ -17,8 +17,8 @@ draws the values, decides what to check, compares and owns the verdict.
   writes value set j before call j, times every call with the harness's Timer and copies every
   call's outputs into their slots. Only then does the harness draw which call to check (the OS's
   randomness), so the worker cannot know it; the check and the audit of every guarded byte run
-  here. The worker's figure is published; the harness's wall clock bounds it (docs/DESIGN.md,
-  "Checks").
+  here. The worker's figure is published; the harness's wall clock bounds it (docs/CHECKS.md,
+  "Checks: what each defeats, and what a kernel can still do").
 - `Isolation` holds the workers of one run or `check`: `module_arms` registers a user module's
   arms without importing the module here, `isolate` gives a built-in arm a worker of its own.
 """

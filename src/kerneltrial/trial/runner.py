@@ -1,4 +1,4 @@
-"""The trial runner: protocol in, run directory out (see docs/DESIGN.md for the format).
+"""The trial runner: protocol in, run directory out (the files: docs/RUNDIR.md; their rules: docs/VERIFY.md).
 
 First the preflight (trial/preflight.py: the protocol file, its keys, every case against free
 memory), before the run directory exists. Then stages, each appending raw rows as it measures
@@ -8,9 +8,9 @@ them (flushed per row):
 2. ceilings: device-to-device copy and a read-only stream on the same device, and two launch
    floors: torch's (an add of 0 to one element) and Triton's (trial/floor.py);
 3. plan: calls per sample per case (fixed by the protocol, or sized from the control);
-4. rounds: per case and seed, warm-up, then in each round every timed arm once, in a
-   seeded random order, each on its own guarded inputs; the last call of every sample runs on
-   the round's fresh values and is checked (trial/timed.py, timed_checks.jsonl);
+4. rounds (trial/rounds.py): per case and seed, warm-up, then in each round every timed arm
+   once, in a seeded random order, each on its own guarded inputs; the last call of every sample
+   runs on the round's fresh values and is checked (trial/timed.py, timed_checks.jsonl);
 5. host cost: per case and timed arm (not one that raised while timed), `host_samples` samples
    of `host_calls` back-to-back calls on one set of inputs, nothing synchronised inside a
    sample: the host time per call a caller is blocked, and whether the device was behind at
@@ -22,16 +22,13 @@ A finished run directory is never overwritten.
 
 from __future__ import annotations
 
-import csv
 import shutil
 import socket
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from kerneltrial.kernel.links import Links
@@ -39,6 +36,7 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, get_op, load_user_module
 from kerneltrial.rundir import provenance as source_provenance
+from kerneltrial.rundir.documents import PLAN_V1
 from kerneltrial.rundir.files import (
     csv_appender,
     jsonl_appender,
@@ -67,16 +65,15 @@ from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.preflight import preflight
-from kerneltrial.trial.remote import Isolation, RemoteFn, timed_arm
+from kerneltrial.trial.remote import Isolation, RemoteFn
+from kerneltrial.trial.rounds import run_rounds
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
 
-# wall_ns: the harness's wall clock around an isolated arm's sample (its bound); empty for an arm in this process
-TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz", "wall_ns"]
 CEILING_COLUMNS = ["kind", "sample", "bytes", "ns"]
 HOST_COLUMNS = ["case", "arm", "sample", "calls", "ns", "behind"]
 CEILING_SAMPLES = 10
-# plan.json `checks` (docs/DESIGN.md): 2 = fresh values before every call, a random call checked; 3 = and
+# plan.json `checks` (docs/VERIFY.md, "Timed checks"): 2 = fresh values before every call, a random call checked; 3 = and
 # isolated arms (plan `isolated`), whose samples carry the harness's wall bound (timings.csv `wall_ns`)
 CHECKS_VERSION = 3
 
@@ -331,177 +328,6 @@ def plan_calls(p: proto.Protocol, op: Operator, timer: Timer, case: Case, impl: 
     return calls
 
 
-def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
-    """Widest speedup CI (high - low) of any arm against the control over the units so far."""
-    from kerneltrial.stats import BootstrapRule, bootstrap_speedup_ci
-
-    rule = BootstrapRule(p.bootstrap_resamples, p.bootstrap_seed, p.confidence)
-    units = sorted({(s, r) for s, r, a in samples if a == control})
-    widest = 0.0
-    for arm in sorted({a for *_, a in samples} - {control}):
-        paired = [u for u in units if (*u, arm) in samples]
-        if len(paired) >= 2:
-            ci = bootstrap_speedup_ci(
-                np.array([samples[(*u, control)] for u in paired]), np.array([samples[(*u, arm)] for u in paired]), rule
-            )
-            widest = max(widest, ci.high - ci.low)
-    return widest
-
-
-def round_order(order_seed: int, case_index: int, seed: int, round_index: int, arms: list[str]) -> list[str]:
-    rng = np.random.default_rng([order_seed, case_index, seed, round_index])
-    return [arms[i] for i in rng.permutation(len(arms))]
-
-
-def reconcile_timed_checks(run: RunDir) -> None:
-    """A run killed between a timing row and its check row: drop that timing row, so the
-    sample is measured again with its check (every timing row has a check; docs/DESIGN.md)."""
-    checked = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in read_jsonl(run.timed_checks)}
-    rows = read_csv(run.timings)
-    kept = [r for r in rows if (r["case"], int(r["seed"]), int(r["round"]), r["arm"]) in checked]
-    if len(kept) != len(rows):
-        tmp = run.timings.with_suffix(".csv.tmp")  # replaced in one step: a kill here loses nothing
-        with tmp.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=TIMING_COLUMNS)
-            writer.writeheader()
-            writer.writerows(kept)
-        tmp.replace(run.timings)
-
-
-def run_rounds(
-    run: RunDir,
-    p: proto.Protocol,
-    op: Operator,
-    timer: Timer,
-    plan: dict[str, Any],
-    timed_arms: dict[str, list[Impl]],
-    device: torch.device,
-    delay: Delay,
-    progress: Any,
-) -> None:
-    """Rounds per case; with a target CI width, extra rounds until it is met or the budget ends.
-    Every sample's last call is checked (trial/timed.py); an arm that raises leaves the case."""
-    reconcile_timed_checks(run)
-    rows = read_csv(run.timings)
-    done = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in rows}
-    samples = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]): int(r["ns"]) / int(r["calls"]) for r in rows}
-    dropped: dict[tuple[str, str], tuple[int, int]] = {}  # (case, arm) -> the (seed, round) it raised in
-    for r in read_jsonl(run.timed_checks):
-        if r["message"].startswith(timed.RAISED):
-            dropped[(r["case"], r["arm"])] = (r["seed"], r["round"])
-            done.add((r["case"], r["seed"], r["round"], r["arm"]))
-    cases = {c["case"]: c for c in plan["cases"]}
-    total = sum(len(timed_arms[cid]) * c.get("rounds", p.rounds) for cid, c in cases.items()) * len(p.seeds)
-    total = max(total, len(done))
-    task = progress.add_task("timing", total=total, completed=len(done))
-    clocks = ClockReader.open(timer.is_gpu)
-    started = time.monotonic()
-    with csv_appender(run.timings, TIMING_COLUMNS) as append, jsonl_appender(run.timed_checks) as append_check:
-
-        def record(check: timed.TimedCheck) -> None:
-            append_check(check.row())
-            done.add((check.case, check.seed, check.round, check.arm))
-            if check.message.startswith(timed.RAISED):
-                dropped[(check.case, check.arm)] = (check.seed, check.round)
-            progress.advance(task)
-
-        def present(case: Case, names: list[str], unit: tuple[int, int]) -> list[str]:
-            """The case's arms still in it at `unit` (an arm that raised is in its last unit)."""
-            return [a for a in names if dropped.get((case.id, a), unit) == unit]
-
-        def time_units(case_index: int, case: Case, arms: list[Impl], round_range: range) -> None:
-            calls = cases[case.id]["calls"]
-            names = [a.name for a in arms]
-            for seed in p.seeds:
-                todo = [
-                    r
-                    for r in round_range
-                    if any((case.id, seed, r, a) not in done for a in present(case, names, (seed, r)))
-                ]
-                if not todo:
-                    continue
-                initial = op.make_inputs(case, seed, device)
-                prepared: dict[str, timed.TimedArm] = {}
-                for impl in arms:
-                    remaining = [r for r in todo if (case.id, seed, r, impl.name) not in done]
-                    if (case.id, impl.name) in dropped or not remaining:
-                        continue
-                    try:
-                        arm = timed_arm(op, impl, initial, calls)
-                        for _ in range(p.warmup):
-                            arm.call()
-                    except Exception as exc:  # an arm may fail in any way; recorded, it leaves the case
-                        record(
-                            timed.raised(
-                                case, seed, remaining[0], impl.name, timed.values_seed(seed, remaining[0]), exc
-                            )
-                        )
-                        continue
-                    finally:
-                        gate.settle(device)  # before the next arm's buffers are allocated
-                    prepared[impl.name] = arm
-                for round_index in todo:
-                    unit = timed.Unit.draw(op, case, seed, round_index, calls, device)
-                    order = round_order(
-                        plan["order_seed"], case_index, seed, round_index, present(case, names, (seed, round_index))
-                    )
-                    graph = timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
-                    for position, name in enumerate(order):
-                        if (case.id, seed, round_index, name) in done:
-                            continue
-                        arm = prepared[name]
-                        try:
-                            ns, checked, wall = arm.sample(timer, op, unit, calls, hash(name) % 2**31, graph)
-                            sm, mem = clocks.read()
-                            check = arm.check(
-                                op, case, seed, round_index, unit, checked, p.exact, device, persistent=not graph
-                            )
-                        except Exception as exc:  # recorded; the arm leaves the case
-                            gate.settle(device)
-                            record(timed.raised(case, seed, round_index, name, unit.seed, exc))
-                            continue
-                        append(
-                            [
-                                case.id,
-                                seed,
-                                round_index,
-                                position,
-                                name,
-                                calls,
-                                ns,
-                                "" if sm is None else sm,
-                                "" if mem is None else mem,
-                                "" if wall is None else wall,
-                            ]
-                        )
-                        samples[(case.id, seed, round_index, name)] = ns / calls
-                        record(check)
-                timer.release()
-
-        for case_index, spec in enumerate(p.cases):
-            case = spec.case()
-            arms = timed_arms[case.id]
-            if not arms:
-                continue
-            delay.ns = cases[case.id].get("delay_spin_ns", cases[case.id].get("injected_delay_ns", 0.0))
-            rounds = cases[case.id].get("rounds", p.rounds)
-            time_units(case_index, case, arms, range(rounds))
-            if p.target_ci_width is None or arms[0].name != p.control:
-                continue
-            mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
-            while (
-                rounds < p.max_rounds
-                and time.monotonic() - started < p.time_budget_s
-                and widest_ci(p, p.control, mine) > p.target_ci_width
-            ):
-                cases[case.id]["rounds"] = rounds = rounds + 1
-                write_json(run.plan, plan)  # before measuring: a resumed run expects this round
-                total += len(arms) * len(p.seeds)
-                progress.update(task, total=total)  # the bar grows with the added round
-                time_units(case_index, case, arms, range(rounds - 1, rounds))
-                mine = {(s, r, a): v for (c, s, r, a), v in samples.items() if c == case.id}
-
-
 def run_host(
     run: RunDir,
     op: Operator,
@@ -562,9 +388,10 @@ def build_plan(
     frozen_at: str | None,
     order_seed: int | None = None,
 ) -> dict[str, Any]:
-    """plan.json: everything verify needs besides the raw rows (docs/DESIGN.md). `order_seed`
+    """plan.json: everything verify needs besides the raw rows (docs/RUNDIR.md). `order_seed`
     overrides the protocol's (replicates: `order_seed_override` true in plan.json)."""
     plan: dict[str, Any] = {
+        "schema": PLAN_V1,
         "protocol_sha256": digest,
         "op": op.name,
         "backend": timer.name,
@@ -724,7 +551,7 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
             order_seed,
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
-    run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
+    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
     run_host(run, op, plan, t.cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it

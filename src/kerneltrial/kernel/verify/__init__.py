@@ -2,7 +2,7 @@
 
 This package deliberately does NOT import `kerneltrial.stats` or `kernel.summary`: it reads
 the files with the csv/json modules and recomputes each figure with its own code (own
-median, own quantile interpolation), following only the contract in docs/DESIGN.md. The
+median, own quantile interpolation), following only the contract in docs/VERIFY.md. The
 one thing shared by necessity is numpy's generator, because the contract defines the
 bootstrap resamples as `numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`.
 

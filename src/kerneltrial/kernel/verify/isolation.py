@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-FAR_INSIDE = 2.0  # the summary's convention (docs/DESIGN.md, "Checks")
+FAR_INSIDE = 2.0  # the summary's convention (docs/CHECKS.md, "What a kernel can still do")
 REL_TOL = 1e-9
 CALIBRATION = ("aa:", "slow:")
 

@@ -13,7 +13,7 @@ from kerneltrial.rundir.checks import VerifyResult
 
 CPU_HOST_CALLS = 2  # host-cost calls per sample the runner uses at most without a GPU
 CALIBRATION_DEFAULTS = {"injected_slowdown": 0.03, "max_false_positive_rate": 0.05, "min_power": 0.9}
-# plausibility defaults the runner writes into plan.json (docs/DESIGN.md, Statistics):
+# plausibility defaults the runner writes into plan.json (docs/VERIFY.md, "Statistics"):
 PLAUSIBILITY_DEFAULTS = {
     # the highest honest figure in the committed H200 runs is 104.2% of the copy ceiling
     # (results/archive/h200/silu_and_mul-s2, 65536x12288, liger): 15% above the best ceiling is not real work

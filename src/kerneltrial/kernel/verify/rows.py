@@ -162,7 +162,7 @@ class TimedChecks:
 
 def unit_order(plan: dict[str, Any]) -> Callable[[int, int], tuple[int, int, int]]:
     """When a (seed, round) unit ran: the planned rounds seed by seed (plan `seeds` order), then
-    each round the noise rule added, across the seeds (docs/DESIGN.md; the runner's loop)."""
+    each round the noise rule added, across the seeds (docs/VERIFY.md, "Timed checks"; the runner's loop)."""
     seeds, planned = as_list(plan["seeds"]), len(as_list(plan["rounds"]))
 
     def order(seed: int, rnd: int) -> tuple[int, int, int]:
