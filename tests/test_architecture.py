@@ -272,3 +272,35 @@ def test_the_graph_resolves_function_level_imports(tmp_path: Path) -> None:
     graph = import_graph(root)
     assert graph["kerneltrial.trial.a"] == {"kerneltrial.trial.b"}
     assert cycles(graph) == [["kerneltrial.trial.a", "kerneltrial.trial.b"]]
+
+
+MAX_FUNCTION_LINES = 80  # issue 28: a newcomer reads a function at a glance
+MAX_MODULE_LINES = 800
+
+
+def oversized(root: Path = PACKAGE) -> list[str]:
+    """Every module over MAX_MODULE_LINES and every function over MAX_FUNCTION_LINES under `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            found.append(f"{path.relative_to(root)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(root)}: {node.name} has {length} lines")
+    return found
+
+
+def test_no_module_or_function_is_too_long() -> None:
+    assert oversized() == []
+
+
+def test_the_size_check_finds_a_planted_long_function_and_module(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def planted():\n{body}" + "\n" * MAX_MODULE_LINES)
+    assert oversized(tmp_path) == [
+        f"long.py: {MAX_MODULE_LINES + MAX_FUNCTION_LINES + 1} lines",
+        f"long.py: planted has {MAX_FUNCTION_LINES + 1} lines",
+    ]

@@ -126,6 +126,24 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
     protocol_bytes = tomli_w.dumps(protocol_of(spec)).encode()
     (path / "protocol.toml").write_bytes(protocol_bytes)
     sha = hashlib.sha256(protocol_bytes).hexdigest()
+    (path / "provenance.json").write_text(json.dumps(_provenance(path, spec, sha)))
+    (path / "plan.json").write_text(json.dumps(_plan(spec, sha)))
+    available = [a["name"] for a in spec.arms if a["available"]]
+    correctness = [row for case in spec.cases for row in _correctness(spec, case, available)]
+    header = "case,seed,round,position,arm,calls,ns" + (",sm_mhz,mem_mhz" if spec.sm_mhz else "")
+    timings, timed_checks = [header], []
+    order_rng = np.random.default_rng(0)
+    for case in spec.cases:
+        _time_case(spec, case, available, order_rng, timings, timed_checks)
+    (path / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in correctness))
+    (path / "timings.csv").write_text("\n".join(timings) + "\n")
+    if checked:
+        (path / "timed_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timed_checks))
+    (path / "ceilings.csv").write_text("\n".join(_ceilings(spec)) + "\n")
+    return path
+
+
+def _provenance(path: Path, spec: RunSpec, sha: str) -> dict:
     provenance = {
         "kind": "kernel",
         "protocol_sha256": sha,
@@ -139,7 +157,7 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         "started_at": "2025-01-01T00:00:00Z",
         "finished_at": "2025-01-01T00:01:00Z",
     }
-    if checked:
+    if spec.checks is not None:
         provenance.update(
             device={"gpu": "NVIDIA H200"} if spec.is_gpu else {"gpu": None, "cpu": "x86_64"},
             triton_interpreter=not spec.is_gpu,  # verify's device check: the interpreter runs only on a CPU
@@ -148,23 +166,27 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
             impl_modules={},
         )
         provenance["git"]["source_sha256"] = write_source_archive(path / "source.tar.gz", spec.source)
-    (path / "provenance.json").write_text(json.dumps(provenance))
-    cases = []
-    for c in spec.cases:
-        shape, layout, dtype = _parts(c)
-        case = {
-            "case": c,
-            "shape": shape,
-            "layout": layout,
-            "dtype": dtype,
-            "bytes": spec.bytes_per_call,
-            "calls": spec.calls,
-        }
-        if c in spec.case_rounds:
-            case["rounds"] = spec.case_rounds[c]
-        if c in spec.injected_delay_ns:
-            case["injected_delay_ns"] = spec.injected_delay_ns[c]
-        cases.append(case)
+    return provenance
+
+
+def _plan_case(spec: RunSpec, c: str) -> dict:
+    shape, layout, dtype = _parts(c)
+    case = {
+        "case": c,
+        "shape": shape,
+        "layout": layout,
+        "dtype": dtype,
+        "bytes": spec.bytes_per_call,
+        "calls": spec.calls,
+    }
+    if c in spec.case_rounds:
+        case["rounds"] = spec.case_rounds[c]
+    if c in spec.injected_delay_ns:
+        case["injected_delay_ns"] = spec.injected_delay_ns[c]
+    return case
+
+
+def _plan(spec: RunSpec, sha: str) -> dict:
     plan = {
         "protocol_sha256": sha,
         "op": spec.op,
@@ -172,76 +194,83 @@ def write_run_dir(path: Path, spec: RunSpec | None = None) -> Path:
         "is_gpu": spec.is_gpu,
         "l2": spec.l2,
         "arms": spec.arms,
-        "cases": cases,
+        "cases": [_plan_case(spec, c) for c in spec.cases],
         "seeds": spec.seeds,
         "rounds": spec.rounds,
         "tie_band": spec.tie_band,
         "gate": spec.gate,
         "bootstrap": {"resamples": spec.resamples, "seed": 7, "confidence": 0.95},
     }
-    if checked:
+    if spec.checks is not None:
         plan.update(checks=spec.checks, exact=spec.exact, plausibility=spec.plausibility, frozen_at=spec.frozen_at)
     if spec.order_seed is not None:
         plan["order_seed"] = spec.order_seed
     for key in ("clocks", "noise_rule", "calibration"):
         if getattr(spec, key) is not None:
             plan[key] = getattr(spec, key)
-    (path / "plan.json").write_text(json.dumps(plan))
-    available = [a["name"] for a in spec.arms if a["available"]]
-    header = "case,seed,round,position,arm,calls,ns" + (",sm_mhz,mem_mhz" if spec.sm_mhz else "")
-    correctness, timings, timed_checks = [], [header], []
-    order_rng = np.random.default_rng(0)
-    for case in spec.cases:
-        for seed in spec.seeds:
-            for arm in available:
-                ok = (case, arm) not in spec.failures
-                row = {
-                    "case": case,
-                    "seed": seed,
-                    "arm": arm,
-                    "passed": ok,
-                    "max_abs": 0.0 if ok else 0.5,
-                    "max_rel": 0.0 if ok else 0.25,
-                    "ulp": 0 if ok else 900,
-                    "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}",
-                }
-                if checked:
-                    row["ulp_hist"] = PASSED_ULP_HIST if ok else FAILED_ULP_HIST
-                correctness.append(row)
-        timed = [a for a in available if (case, a) not in spec.failures]
-        for seed in spec.seeds:
-            for rnd in range(spec.rounds_of(case)):
-                present = [a for a in timed if not spec.dropped(case, a, seed, rnd)]
-                if spec.order_seed is None:
-                    order = list(order_rng.permutation(present))
-                else:  # the runner's rule (docs/VERIFY.md, "Timing units and the round order")
-                    rng = np.random.default_rng([spec.order_seed, spec.cases.index(case), seed, rnd])
-                    order = [present[i] for i in rng.permutation(len(present))]
-                for position, arm in enumerate(order):
-                    raised = spec.raises.get((case, str(arm))) == (seed, rnd)
-                    if checked:
-                        timed_checks.append(_timed_check(spec, case, str(arm), seed, rnd, raised))
-                    if raised:
-                        continue
-                    ns = spec.per_call(case, str(arm), seed, rnd) * spec.calls
-                    row = f"{case},{seed},{rnd},{position},{arm},{spec.calls},{ns!r}"
-                    if spec.sm_mhz:
-                        sm = spec.sm_mhz(case, str(arm), seed, rnd)
-                        row += ",," if sm is None else f",{sm},2619"
-                    timings.append(row)
-    (path / "correctness.jsonl").write_text("".join(json.dumps(r) + "\n" for r in correctness))
-    (path / "timings.csv").write_text("\n".join(timings) + "\n")
-    if checked:
-        (path / "timed_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timed_checks))
+    return plan
+
+
+def _correctness(spec: RunSpec, case: str, available: list[str]) -> list[dict]:
+    rows = []
+    for seed in spec.seeds:
+        for arm in available:
+            ok = (case, arm) not in spec.failures
+            row = {
+                "case": case,
+                "seed": seed,
+                "arm": arm,
+                "passed": ok,
+                "max_abs": 0.0 if ok else 0.5,
+                "max_rel": 0.0 if ok else 0.25,
+                "ulp": 0 if ok else 900,
+                "message": "" if ok else f"max_rel 0.25 > rtol 0.016 at seed {seed}",
+            }
+            if spec.checks is not None:
+                row["ulp_hist"] = PASSED_ULP_HIST if ok else FAILED_ULP_HIST
+            rows.append(row)
+    return rows
+
+
+def _round_order(spec: RunSpec, case: str, seed: int, rnd: int, present: list[str], order_rng) -> list[str]:
+    if spec.order_seed is None:
+        return [str(a) for a in order_rng.permutation(present)]
+    # the runner's rule (docs/VERIFY.md, "Timing units and the round order")
+    rng = np.random.default_rng([spec.order_seed, spec.cases.index(case), seed, rnd])
+    return [present[i] for i in rng.permutation(len(present))]
+
+
+def _time_case(
+    spec: RunSpec, case: str, available: list[str], order_rng, timings: list[str], checks: list[dict]
+) -> None:
+    """Append the case's timing rows (and timed-check rows) to `timings` (and `checks`)."""
+    timed = [a for a in available if (case, a) not in spec.failures]
+    for seed in spec.seeds:
+        for rnd in range(spec.rounds_of(case)):
+            present = [a for a in timed if not spec.dropped(case, a, seed, rnd)]
+            for position, arm in enumerate(_round_order(spec, case, seed, rnd, present, order_rng)):
+                raised = spec.raises.get((case, arm)) == (seed, rnd)
+                if spec.checks is not None:
+                    checks.append(_timed_check(spec, case, arm, seed, rnd, raised))
+                if raised:
+                    continue
+                ns = spec.per_call(case, arm, seed, rnd) * spec.calls
+                row = f"{case},{seed},{rnd},{position},{arm},{spec.calls},{ns!r}"
+                if spec.sm_mhz:
+                    sm = spec.sm_mhz(case, arm, seed, rnd)
+                    row += ",," if sm is None else f",{sm},2619"
+                timings.append(row)
+
+
+def _ceilings(spec: RunSpec) -> list[str]:
     ceilings = ["kind,sample,bytes,ns"]
     ceilings += [f"copy,{i},8000000,{4000 + 100 * i}" for i in range(5)]  # 2000, 1951.2, 1904.8, ... GB/s
     ceilings += [f"read,{i},4000000,{1000 + 50 * i}" for i in range(4)]
-    if checked:
+    if spec.checks is not None:
         ceilings += [f"launch,{i},0,{ns!r}" for i, ns in enumerate(spec.launch_ns)]
     ceilings += [f"triton_launch,{i},0,{ns!r}" for i, ns in enumerate(spec.triton_launch_ns)]
     ceilings += [f"copy_matched,{i},{spec.bytes_per_call},{ns!r}" for i, ns in enumerate(spec.matched_copy_ns)]
-    (path / "ceilings.csv").write_text("\n".join(ceilings) + "\n")
-    return path
+    return ceilings
 
 
 def _timed_check(spec: RunSpec, case: str, arm: str, seed: int, rnd: int, raised: bool) -> dict:
