@@ -54,6 +54,15 @@ def _registry_restored() -> Iterator[None]:
     restore_registry(snapshot)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _registry_restored_per_module() -> Iterator[None]:
+    """Likewise for module-scoped fixtures (a trial run once per module with user arms): what they
+    register is gone when the module ends, not left to the tests of the next module."""
+    snapshot = snapshot_registry()
+    yield
+    restore_registry(snapshot)
+
+
 @pytest.fixture
 def device():
     return launch.device()
@@ -89,15 +98,23 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# a test that uses one of these fixtures (directly or through another) starts that kind of process,
+# and carries its marker whatever its module says: `-m "not serving"` and `-m "not ray"` leave it out
+PROCESS_FIXTURES = {"vllm_client": "serving", "vllm_server_cmd": "serving", "cluster": "ray"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests measured at QUICK_LIMIT_S or longer (DURATIONS) are marked `slow`. Tests that start
-    a real vLLM server run on one xdist worker, one after another (--dist loadgroup): two servers
-    on CI's two cores would slow both. The fleet tests (a local Ray cluster) likewise share one."""
+    """Tests measured at QUICK_LIMIT_S or longer (DURATIONS), and every test that starts a local Ray
+    cluster, are marked `slow`. Tests that start a real vLLM server run on one xdist worker, one
+    after another (--dist loadgroup): two servers on CI's two cores would slow both. The Ray tests
+    likewise share one worker (one local cluster at a time)."""
     measured: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     for item in items:
-        if measured.get(item.nodeid, 0.0) >= QUICK_LIMIT_S:
+        for fixture in sorted(PROCESS_FIXTURES.keys() & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(PROCESS_FIXTURES[fixture])
+        if measured.get(item.nodeid, 0.0) >= QUICK_LIMIT_S or item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("serving") is not None:
             item.add_marker(pytest.mark.xdist_group("vllm"))
-        elif "fleet" in item.path.parts:  # one local Ray cluster at a time
+        elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
