@@ -96,3 +96,20 @@ def test_a_forged_call_count_beyond_what_the_requests_allow_fails_verify(tmp_pat
     problems = verify_serving_run(out).problems
     assert problems and all("more than the launch's requests can produce" in p for p in problems), problems
     assert f"launch {b['launch']} (B): 1000000000 calls of fused_add_rms_norm by kerneltrial" in problems[0]
+
+
+def test_a_deleted_proof_of_dispatch_fails_verify(tmp_path, monkeypatch):
+    """No downgrade: deleting `dispatch` from plan.json, summary.json and every launch row of a run
+    that records a launch nonce does not turn the proof into "not applicable"."""
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1, 1)))
+    assert verify_serving_run(out).problems == [], output
+    for name in ("plan.json", "summary.json"):
+        doc = json.loads((out / name).read_text())
+        doc.pop("dispatch")
+        (out / name).write_text(json.dumps(doc))
+    rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
+    (out / "launches.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in x.items() if k != "dispatch"}) + "\n" for x in rows)
+    )
+    problems = verify_serving_run(out).problems
+    assert any("no proof of dispatch in plan.json, summary.json or launches.jsonl" in p for p in problems), problems

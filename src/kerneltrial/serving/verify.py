@@ -275,7 +275,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
             "dispatch proof", dispatch_problems, "every launch's proof of dispatch decided again from its records"
         )
     else:
-        result.not_applicable("dispatch proof", "not applicable: the protocol asks for no proof of dispatch")
+        result.not_applicable("dispatch proof", "not applicable: the run records no proof of dispatch (an older run)")
     roles = {arm["role"] for arm in run.plan["arms"]}
     if {"baseline", "candidate"} <= roles:
         result.add(

@@ -305,11 +305,22 @@ def verdict_problems(
     return out
 
 
+# plan.json keys that kerneltrial writes only since after the proof of dispatch existed (issue 26:
+# the launch nonce, the model's layer count, the client): a plan holding one had `dispatch` too
+WRITTEN_WITH_DISPATCH = ("nonce", "model_layers", "client")
+
+
 def check_dispatch(
     path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], problems: list[str]
 ) -> dict[str, bool | None]:
     """Append the dispatch problems; return each arm's recomputed validity (empty: not applicable)."""
     if not ("dispatch" in plan or "dispatch" in summary or any("dispatch" in r for r in launches)):
+        newer = [key for key in WRITTEN_WITH_DISPATCH if key in plan]
+        if newer:  # no downgrade: a run this recent wrote its proof; deleting it must not pass
+            problems.append(
+                f"no proof of dispatch in plan.json, summary.json or launches.jsonl, but plan.json records "
+                f"{', '.join(newer)}: kerneltrial has written the proof with those since before them, so it was deleted"
+            )
         return {}
     arms = {a["name"]: a for a in plan["arms"]}
     by_launch = {r.get("launch"): r for r in launches}
