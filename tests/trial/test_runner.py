@@ -253,6 +253,20 @@ def test_a_peer_that_takes_only_some_layouts_is_unavailable_in_the_others(tmp_pa
     assert not coverage.ok and "case 4x64/contiguous/bfloat16 arm torch_eager: no correctness check" in coverage.detail
 
 
+def test_a_candidate_may_not_declare_widths(tmp_path, monkeypatch):
+    """Declared widths bound the extra shapes the gate draws for an arm (ops/spec.py `draws_extra`):
+    a candidate declaring the panel's widths would never meet another width, so the runner refuses it."""
+    from kerneltrial.ops.registry import Case, get_op, load_builtin_ops
+
+    load_builtin_ops()
+    impl = get_op("rmsnorm").impl("packed_r4_w4")
+    monkeypatch.setattr(impl, "widths", (200,))
+    assert not impl.draws_extra(Case((3, 896))) and impl.supports(Case((3, 896)))
+    with pytest.raises(RunError, match=r"candidate arm 'packed_r4_w4' declares widths \(200,\); only a peer may"):
+        run_trial(write_protocol(tmp_path), tmp_path / "refused")
+    assert not (tmp_path / "refused" / "timings.csv").exists()
+
+
 def test_a_candidate_may_not_skip_layouts(tmp_path, monkeypatch):
     """A candidate unavailable in a case would leave the gate there: the runner refuses one that takes only
     some layouts, and verify catches a plan that gives a candidate `layouts` to hide a failed case (planted:

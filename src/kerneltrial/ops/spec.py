@@ -101,7 +101,9 @@ class Impl:
     loader: Callable[[], Callable[..., Any]]
     doc: str = ""
     layouts: tuple[str, ...] | None = None  # None: every layout of the operator
-    widths: tuple[int, ...] | None = None  # None: every last dimension; else the only ones it takes (a peer's contract)
+    # None: every last dimension; else the only ones a peer takes (its contract): the gate draws no extra
+    # shape of another width for it (a user's arm cannot declare one: trial/runner.py refuses it)
+    widths: tuple[int, ...] | None = None
     _fn: Callable[..., Any] | None = field(default=None, repr=False)
     _reason: str | None = field(default=None, repr=False)
 
@@ -124,10 +126,13 @@ class Impl:
         return self._reason or ""
 
     def supports(self, case: Case) -> bool:
-        """Whether `case` is inside the declared contract (layouts, widths): outside it the arm is
-        not applicable, and the gate draws no extra shape outside it for this arm."""
-        layout_ok = self.layouts is None or case.layout in self.layouts
-        return layout_ok and (self.widths is None or case.shape[-1] in self.widths)
+        """Whether the arm takes `case`'s layout: outside its layouts it is not applicable there."""
+        return self.layouts is None or case.layout in self.layouts
+
+    def draws_extra(self, case: Case) -> bool:
+        """Whether the gate may check the arm on the extra shape `case` (ops/inputs.py): inside its
+        layouts and widths. A panel case outside `widths` is still checked, and fails as declined."""
+        return self.supports(case) and (self.widths is None or case.shape[-1] in self.widths)
 
 
 @dataclass

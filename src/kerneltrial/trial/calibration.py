@@ -75,6 +75,7 @@ def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
             loader=base.resolve,
             doc=f"A/A copy of {base_name}",
             layouts=base.layouts,
+            widths=base.widths,
         )
 
     def load() -> Any:
@@ -94,6 +95,7 @@ def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
         loader=load,
         doc=f"{base_name} plus an injected delay",
         layouts=base.layouts,
+        widths=base.widths,
     )
 
 

@@ -26,7 +26,7 @@ draws the values, decides what to check, compares and owns the verdict.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -527,7 +527,7 @@ class Isolation:
                 raise Unavailable(impl.reason)
             return RemoteFn(remote, impl.name, local)
 
-        return Impl(op=impl.op, name=impl.name, kind=impl.kind, loader=loader, doc=impl.doc, layouts=impl.layouts)
+        return replace(impl, loader=loader, _fn=None, _reason=None)  # the same contract (layouts, widths)
 
     def remote(self, source: ArmSource, names: list[str]) -> Remote:
         remote = Remote(WorkerHandle(source, self.settings, names))

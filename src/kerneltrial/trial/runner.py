@@ -210,6 +210,11 @@ def resolve_arms(
                 f"{arm.kind} arm {arm.name!r} takes only layouts {', '.join(arm.layouts)}; only a peer may skip "
                 "layouts (a candidate unavailable in a case would leave the gate): register it for every layout"
             )
+        if arm.widths is not None and arm.kind not in ("peer", "calibration"):  # aa:/slow: copy their peer
+            raise RunError(
+                f"{arm.kind} arm {arm.name!r} declares widths {arm.widths}; only a peer may (the gate would draw "
+                "no extra shape of another width for it): register it without widths"
+            )
     return arms
 
 
