@@ -29,8 +29,8 @@ class RegistrySnapshot:
 
 
 def snapshot_registry() -> RegistrySnapshot:
-    # Built-in operator modules register once, at import: load them before the snapshot, or a
-    # restore would drop the arms of a module first imported during the test, for good.
+    # The built-in operators register once (ops/catalog.py, on the first `load_builtin_ops`): load
+    # them before the snapshot, or a restore would drop operators first loaded during the test.
     registry.load_builtin_ops()
     return RegistrySnapshot(tuple((op, dict(op.impls)) for op in registry._OPERATORS.values()))
 

@@ -236,3 +236,13 @@ def test_errata_lines_that_tools_read_must_be_well_formed(copy_of: Callable[[str
         "ERRATA.md": "ERRATA.md `Superseded by: ../elsewhere` must name another run directory by its name (no path, "
         "not itself); ERRATA.md: one `Reason:` line, and only beside a `Superseded by:` line (the reason it retires)"
     }
+
+
+def test_a_document_naming_another_schema_is_named(copy_of: Callable[[str], Path]) -> None:
+    run = copy_of("schemas")
+    assert json.loads((run / "plan.json").read_text())["schema"] == "kerneltrial.plan/1"
+    edit_json(run / "plan.json", lambda plan: plan.update(schema="kerneltrial.plan/9"))
+    edit_json(run / "provenance.json", lambda provenance: provenance.update(schema="kerneltrial.provenance/0"))
+    detail = failed(run)["document schemas"]
+    assert "plan.json names schema 'kerneltrial.plan/9'; kerneltrial writes 'kerneltrial.plan/1'" in detail
+    assert "provenance.json names schema 'kerneltrial.provenance/0'" in detail

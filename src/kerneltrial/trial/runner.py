@@ -426,7 +426,7 @@ def build_plan(
         "seeds": p.seeds,
         "rounds": p.rounds,
         "host": {"samples": p.host_samples, "calls": host_calls(p.host_calls, timer.is_gpu)},
-        "floor": dict(FLOOR_MODEL),  # the speed-of-light model summary/6 reports (analysis/floor.py)
+        "floor": dict(FLOOR_MODEL),  # the speed-of-light model summary/6 reports (kernel/floor.py)
         "tie_band": p.tie_band,
         "gate": p.gate,
         "bootstrap": {"resamples": p.bootstrap_resamples, "seed": p.bootstrap_seed, "confidence": p.confidence},

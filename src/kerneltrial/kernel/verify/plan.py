@@ -157,6 +157,22 @@ def check_confirmation(run_dir: Path, provenance: dict[str, Any], plan: dict[str
     )
 
 
+# the shapes plan.json and provenance.json may name (rundir/documents.py; absent in runs before the key)
+DOCUMENT_SCHEMAS = {"plan.json": "kerneltrial.plan/1", "provenance.json": "kerneltrial.provenance/1"}
+
+
+def check_document_schemas(plan: dict[str, Any], provenance: dict[str, Any], result: VerifyResult) -> None:
+    """plan.json's and provenance.json's `schema`, where present, is the one shape kerneltrial writes."""
+    problems = [
+        f"{name} names schema {doc['schema']!r}; kerneltrial writes {DOCUMENT_SCHEMAS[name]!r} (or, before it, none)"
+        for name, doc in (("plan.json", plan), ("provenance.json", provenance))
+        if "schema" in doc and doc["schema"] != DOCUMENT_SCHEMAS[name]
+    ]
+    result.add(
+        "document schemas", problems, "plan.json and provenance.json name no other shape than kerneltrial writes"
+    )
+
+
 def _same_value(a: Any, b: Any) -> bool:
     """Equal, with ints and floats compared by value (a TOML 600 and a JSON 600.0 agree); bools stay bools."""
     if isinstance(a, list) and isinstance(b, list):

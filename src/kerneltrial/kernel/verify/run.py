@@ -11,7 +11,7 @@ from kerneltrial.kernel.verify.contract import HOST_FAMILY, ISOLATION_FAMILY, TI
 from kerneltrial.kernel.verify.figures import check_figures
 from kerneltrial.kernel.verify.host import check_host
 from kerneltrial.kernel.verify.isolation import isolation_problems
-from kerneltrial.kernel.verify.plan import check_confirmation, check_protocol
+from kerneltrial.kernel.verify.plan import check_confirmation, check_document_schemas, check_protocol
 from kerneltrial.kernel.verify.rows import read_csv_rows, read_document, read_samples
 from kerneltrial.kernel.verify.timed import check_integrity, check_timed_checks
 from kerneltrial.kernel.verify.timings import check_order, check_rows, correctness_outcome
@@ -100,6 +100,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         f"{', '.join(contract.inputs)} hash as recorded in summary.json",
     )
     check_protocol(run_dir, plan, result)
+    check_document_schemas(plan, provenance, result)
     check_confirmation(run_dir, provenance, plan, result)
     floor = check_writer_contract(run_dir, plan, provenance, correctness, ceiling_rows, result)
     result.record("source commit", *provenance_checks.commit_problems(provenance))
