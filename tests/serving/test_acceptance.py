@@ -23,7 +23,7 @@ from kerneltrial.serving.acceptance import (
     ACCEPTED,
     INCONCLUSIVE,
     REJECTED,
-    Check,
+    GateCheck,
     LaunchFigure,
     Rule,
     compare_case,
@@ -92,7 +92,7 @@ def test_one_launch_per_arm_is_inconclusive_and_says_how_many_are_needed():
         "an even number completes the A B / B A blocks)",
     )
     # a failed gate beside it is a decision: REJECTED, with both reasons
-    v = judge("B", "A", [c], [Check(False, "accuracy 0.100 (0 errors) below the gate 0.95")], RULE)
+    v = judge("B", "A", [c], [GateCheck(False, "accuracy 0.100 (0 errors) below the gate 0.95")], RULE)
     assert v.verdict == REJECTED and len(v.reasons) == 2
     # a missing side is a failed case, not an inconclusive one
     assert judge("B", "A", [compare_case(CASE, None, figures([1.0], [1.0]), RULE)], [], RULE).verdict == REJECTED

@@ -71,22 +71,22 @@ class CaseComparison:
 
 
 @dataclass(frozen=True)
-class Check:
+class GateCheck:
     """A gate beside the figures (accuracy, a dispatch proof): passed, or the reason it did not."""
 
     passed: bool
     reason: str
 
 
-def accuracy_check(accuracy: float | None, errors: int, passed: bool, gate: float) -> Check:
+def accuracy_check(accuracy: float | None, errors: int, passed: bool, gate: float) -> GateCheck:
     """The MATH-500 gate of the arm judged (accuracy None: not measured)."""
     shown = "not measured" if accuracy is None else f"{accuracy:.3f} ({errors} errors)"
-    return Check(passed, f"accuracy {shown} below the gate {gate}")
+    return GateCheck(passed, f"accuracy {shown} below the gate {gate}")
 
 
-def dispatch_check(role: str, arm: str, valid: bool | None, reason: str) -> Check:
+def dispatch_check(role: str, arm: str, valid: bool | None, reason: str) -> GateCheck:
     """An arm's proof of dispatch: only an invalid proof fails (None: not applicable, e.g. an external server)."""
-    return Check(valid is not False, f"{role} {arm}: dispatch proof invalid ({reason})")
+    return GateCheck(valid is not False, f"{role} {arm}: dispatch proof invalid ({reason})")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def case_reasons(c: CaseComparison, rule: Rule) -> list[str]:
     return out
 
 
-def judge(arm: str, against: str, cases: Sequence[CaseComparison], checks: Sequence[Check], rule: Rule) -> Verdict:
+def judge(arm: str, against: str, cases: Sequence[CaseComparison], checks: Sequence[GateCheck], rule: Rule) -> Verdict:
     """REJECTED when a case failed, an interval missed its bound or a check failed; else
     INCONCLUSIVE when a case has too few launches for an interval; else ACCEPTED."""
     short = [r for c in cases if c.status == INCONCLUSIVE for r in case_reasons(c, rule)]

@@ -17,7 +17,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROVENANCE, RUNS, SUMMARY
 from kerneltrial.serving.acceptance import (
-    Check,
+    GateCheck,
     LaunchFigure,
     Rule,
     Verdict,
@@ -353,7 +353,7 @@ def launch_figures(run: ServingRun, arm: str, case: str) -> list[LaunchFigure] |
     return [LaunchFigure(round_of[f.launch], f.total_token_throughput, f.mean_ttft_ms) for f in result.launches]
 
 
-def accuracy_gate(run: ServingRun, arm: str) -> Check | None:
+def accuracy_gate(run: ServingRun, arm: str) -> GateCheck | None:
     """The arm's MATH-500 gate (None: no gate in the protocol)."""
     if run.plan.accuracy is None:
         return None
@@ -363,7 +363,7 @@ def accuracy_gate(run: ServingRun, arm: str) -> Check | None:
     )
 
 
-def dispatch_gate(run: ServingRun, arm: str) -> Check | None:
+def dispatch_gate(run: ServingRun, arm: str) -> GateCheck | None:
     """The arm's proof of dispatch (None: not recorded by this run)."""
     if run.summary.dispatch is None:
         return None

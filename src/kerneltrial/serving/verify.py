@@ -26,8 +26,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
-from kerneltrial.serving.acceptance import Check as GateCheck
-from kerneltrial.serving.acceptance import LaunchFigure, Rule, case_record, compare_case, judge
+from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
 
 REL_TOL = 1e-9
