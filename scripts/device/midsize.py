@@ -206,7 +206,7 @@ def softcap_part(calls: int, repeats: int) -> list[Bandwidth]:
     return found
 
 
-# The panels' worst cases against the fastest peer (results/h200/*-panel, docs/NOTES.md): does any
+# The panels' worst cases against the fastest peer (results/archive/h200/*-panel, docs/NOTES.md): does any
 # registered geometry of ours reach the peer (the dispatcher chose wrong) or none (the kernel's limit)?
 WORST = (
     ("rmsnorm_fp32", (777, 7168), "row_strided"),
