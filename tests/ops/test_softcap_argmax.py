@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from kerneltrial.ops import launch
 from kerneltrial.ops import softcap_argmax as sa
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
+from kerneltrial.trial.timed import Unit
 
 OP = get_op(sa.NAME)
 KERNELS = [name for name, impl in OP.impls.items() if impl.kind in ("control", "candidate")]
@@ -313,3 +316,26 @@ def test_scratch_is_reused_and_allocated_once_per_stream():
     before = {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()}
     assert sa.softcap_row_argmax(logits, cap).tolist() == expected(logits, cap).tolist()
     assert {key: (s.cnt.data_ptr(), s.val.data_ptr()) for key, s in sa._SCRATCH.items()} == before
+
+
+def edge_logits(values: dict, cap: float) -> int:
+    """How many |logits| lie in [SAFE_BELOW, SATURATED[0]) * cap, where implementations may
+    disagree on ties (the module doc): make_inputs draws none there for its own cap."""
+    a = values["logits"].float().abs()
+    return int(((a >= sa.SAFE_BELOW * cap) & (a < sa.SATURATED[0] * cap)).sum())
+
+
+def test_timed_value_sets_are_drawn_for_the_cap_the_sample_keeps():
+    """A timed sample keeps its seed's cap for every call (timed.Unit); each call's logits must be
+    placed for that cap. Planted: the value sets drawn for their own caps and given the sample's
+    (the defect a GPU run showed: false "wrong result while timed" rows, the control's too)."""
+    op, case = get_op(sa.NAME), Case((6, 4096))
+    unit = Unit.draw(op, case, seed=0, round_index=0, calls=8, device=torch.device("cpu"))
+    cap = op.make_inputs(case, 0, torch.device("cpu"))["cap"]
+    assert {v["cap"] for v in unit.pool} == {cap}
+    assert [edge_logits(v, cap) for v in unit.pool] == [0] * 8
+    planted = Unit.draw(replace(op, values_for=None), case, seed=0, round_index=0, calls=8, device=torch.device("cpu"))
+    assert sum(edge_logits(v, cap) for v in planted.pool) > 0
+    # the values are make_inputs' own wherever the caps agree: same seed, same cap, same tensors
+    again = op.values_with(case, 5, torch.device("cpu"), {"cap": op.make_inputs(case, 5, torch.device("cpu"))["cap"]})
+    assert torch.equal(again["logits"], op.make_inputs(case, 5, torch.device("cpu"))["logits"])

@@ -334,6 +334,7 @@ SOFTCAP_ROW_ARGMAX = OperatorSpec(
         doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
         layouts=sa.LAYOUTS,
         make_inputs=sa.make_inputs,
+        values_for=sa.values_for,
         reference=sa.reference,
         oracle=sa.oracle,
         bytes_moved=sa.bytes_moved,

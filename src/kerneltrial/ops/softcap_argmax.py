@@ -65,9 +65,10 @@ exported entry point's rule. ops/catalog.py declares the operator from them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Any
 
 import torch
 import triton
@@ -624,8 +625,22 @@ def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     (`plant_tail`), a tiny row (|x| ~ 1e-23 and below: a tanh that cancels near 0, e.g.
     (exp(2y) - 1) / (exp(2y) + 1), caps the whole row to 0), a large row (`plant_large`) and
     a row with a NaN or an Inf."""
+    return _draw(case, seed, device, None)
+
+
+def values_for(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any]) -> Inputs:
+    """make_inputs' draw for `seed` with another draw's cap: the logits are placed relative to the
+    cap that will be applied (a timed sample keeps its seed's cap). Drawn for their own cap, a
+    saturated or unsaturated logit lands in [SAFE_BELOW, SATURATED[0]) * cap of another, where
+    implementations may disagree on ties (run results/h200/softcap_row_argmax-panel-frozen: 21
+    false "wrong result while timed" rows, the control's among them)."""
+    return _draw(case, seed, device, float(scalars["cap"]))
+
+
+def _draw(case: Case, seed: int, device: torch.device, cap: float | None) -> Inputs:
     gen = inp.generator(seed, device)
-    cap = draw_cap(gen)
+    drawn = draw_cap(gen)  # drawn even when `cap` is given: the rest of the stream stays make_inputs'
+    cap = drawn if cap is None else cap
     logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE * cap)
     picked = inp.pick_rows(inp.rows_of(logits), SPECIAL_ROWS, gen, device)
     tail, large = picked.pop(TAIL, None), picked.pop(inp.LARGE, None)

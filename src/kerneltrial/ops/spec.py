@@ -157,7 +157,17 @@ class Operator:
     real_widths: tuple[int, ...] = REAL_WIDTHS  # widths of the extra shapes the gate draws (ops/inputs.py)
     extra_shape: Callable[[int, int], tuple[int, ...]] = rows_by_width  # (rows, width) -> an extra case's shape
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    # Draws seed's tensors for given scalar arguments, where the values depend on them (softcap's
+    # logits are placed relative to its cap); None: make_inputs' tensors, the scalars replaced.
+    values_for: Callable[[Case, int, torch.device, Mapping[str, Any]], Inputs] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
+
+    def values_with(self, case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any]) -> Inputs:
+        """Fresh tensors drawn from `seed` with the scalar arguments `scalars` (eps, cap) of another
+        draw: the timed value sets of a sample, whose scalars must stay those of its (case, seed)."""
+        if self.values_for is not None:
+            return self.values_for(case, seed, device, scalars)
+        return self.make_inputs(case, seed, device) | dict(scalars)
 
     def outputs(self, inputs: Inputs, returned: Any) -> Outputs:
         """What a call produced: in-place arguments, or the returned tensor(s)."""

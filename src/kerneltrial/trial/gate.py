@@ -525,7 +525,7 @@ def check(
         scalars = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
         reference, oracle = expected(op, values)
         for _ in range(extra_calls(case, seed, impl.name)):  # warm-up: JIT/compile outside the checked call,
-            warm = op.make_inputs(case, seed + streams.WARMUP_SEED_OFFSET, device) | scalars  # on other values
+            warm = op.values_with(case, seed + streams.WARMUP_SEED_OFFSET, device, scalars)  # on other values
             fn(*guard.guard(warm).inputs.values())
         inputs = guard.guard(values)
         drawn = describe(values, inputs)

@@ -76,10 +76,11 @@ class Unit:
     def draw(cls, op: Operator, case: Case, seed: int, round_index: int, calls: int, device: torch.device) -> Unit:
         """Fresh tensors for every call; the scalar arguments (eps, cap) stay those of the
         (case, seed): a compiled peer must not recompile, nor a captured CUDA graph replay a
-        stale eps, inside a timed sample (make_inputs draws them per seed)."""
+        stale eps, inside a timed sample (make_inputs draws them per seed). Tensors whose values
+        depend on a scalar are drawn for the scalar kept (`Operator.values_with`)."""
         base = values_seed(seed, round_index)
         scalars = {k: v for k, v in op.make_inputs(case, seed, device).items() if not isinstance(v, torch.Tensor)}
-        return cls(op, base, [op.make_inputs(case, base + j * CALL_STRIDE, device) | scalars for j in range(calls)])
+        return cls(op, base, [op.values_with(case, base + j * CALL_STRIDE, device, scalars) for j in range(calls)])
 
     def expected(self, j: int) -> tuple[Outputs, Outputs]:
         """(reference, oracle) for value set j."""
