@@ -10,8 +10,7 @@ import numpy as np
 
 from kerneltrial.kernel.verify.rows import Sample, TimedChecks, as_list, rounds_of, unit_order
 from kerneltrial.rundir.checks import VerifyResult
-
-PARTIAL_LAYOUT_KINDS = ("peer", "calibration")  # the only arm kinds plan.json may give `layouts`
+from kerneltrial.rundir.layout import PARTIAL_LAYOUT_KINDS  # the only arm kinds plan.json may give `layouts`
 
 
 def correctness_outcome(
