@@ -82,7 +82,7 @@ def test_an_old_run_uses_its_triton_floor_else_torchs_named() -> None:
 
 
 def test_a_committed_summary_5_reads_without_the_floor_and_computes_it_from_its_ceilings() -> None:
-    run = REPO / "results" / "archive" / "h200" / "rmsnorm-panel"
+    run = REPO / "results" / "h200" / "rmsnorm-panel"
     summary = read_summary(run)
     assert not summary.records_floor
     case = summary.cases[0]

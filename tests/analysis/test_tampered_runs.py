@@ -88,10 +88,8 @@ def downgrade(run: Path) -> None:
 
 
 def committed_commit() -> str:
-    """A commit that wrote a committed run under checks 2 with a host stage, if this checkout's history has it."""
-    commit = json.loads((REPO / "results" / "archive" / "h200" / "rmsnorm-panel" / "provenance.json").read_text())[
-        "git"
-    ]["commit"]
+    """A commit that wrote a committed run of the current contract, if this checkout's history has it."""
+    commit = json.loads((REPO / "results" / "h200" / "rmsnorm-panel" / "provenance.json").read_text())["git"]["commit"]
     if package_at(commit).files is None:
         pytest.skip(f"this checkout has no git history with commit {commit}")
     return commit
