@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
+from tests.kt import run_cli
 
-runner = CliRunner()
 EIGHT = [
     "rmsnorm",
     "rmsnorm_fp32",
@@ -23,7 +21,7 @@ EIGHT = [
 
 
 def test_ops_lists_the_eight_operators_and_peer_availability():
-    result = runner.invoke(app, ["ops"], terminal_width=400)
+    result = run_cli("ops")
     assert result.exit_code == 0, result.output
     for name in EIGHT:
         assert f"{name}(" in result.output
@@ -59,7 +57,7 @@ def test_ops_lists_the_eight_operators_and_peer_availability():
     ],
 )
 def test_every_command_has_help(command):
-    result = runner.invoke(app, [*command, "--help"])
+    result = run_cli(*command, "--help")
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
 
@@ -76,7 +74,7 @@ def test_the_cli_imports_neither_torch_nor_plotting_nor_pandas():
 
 
 def test_version():
-    result = runner.invoke(app, ["--version"])
+    result = run_cli("--version")
     assert result.exit_code == 0 and result.output.startswith("kerneltrial ")
 
 
@@ -95,7 +93,7 @@ def test_an_impl_module_without_the_operator_s_function_is_bad_input(args, tmp_p
     """The planted misspelt entry point (rms_norm) once read as success: `check` ran only the
     built-in arms and exited 0. Now exit 2, naming the functions the module does define."""
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, args)
+    result = run_cli(*args)
     assert result.exit_code == 2, result.output
     assert (
         f"error: {MISSPELT} defines no function rmsnorm (its functions: rms_norm, silu_and_mul); "

@@ -8,7 +8,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from typer.testing import CliRunner
 from kerneltrial import cli_support
 from kerneltrial.cli import app
 from tests.conftest import REPO
+from tests.kt import CliResult, cli_argv, run_cli, run_process, write_protocol
 
 FIXTURES = REPO / "tests" / "fixtures"
 runner = CliRunner()
@@ -39,13 +39,6 @@ shape = [4, 64]
 """
 
 
-def kerneltrial(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The CLI as a user runs it, stdout and stderr piped (not a terminal)."""
-    return subprocess.run(
-        [sys.executable, "-m", "kerneltrial.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
-
-
 def one_error_line(stderr: str) -> str:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
@@ -57,15 +50,24 @@ def one_error_line(stderr: str) -> str:
 
 
 def test_top_level_help_documents_the_exit_codes():
-    result = runner.invoke(app, ["--help"])
+    result = run_cli("--help")
     text = " ".join(result.output.split())
     assert result.exit_code == 0
     assert "Exit codes: 0 ok; 1 a verdict or check failed" in text and "130 interrupted" in text
 
 
 def test_exit_0_when_every_check_passes():
-    result = runner.invoke(
-        app, ["check", "rmsnorm", "--impl", "control", "--shape", "2x100", "--layout", "contiguous", "--seeds", "1"]
+    result = run_cli(
+        "check",
+        "rmsnorm",
+        "--impl",
+        "control",
+        "--shape",
+        "2x100",
+        "--layout",
+        "contiguous",
+        "--seeds",
+        "1",
     )
     assert result.exit_code == 0, result.output
     assert "1 passed, 0 failed" in result.stdout
@@ -84,17 +86,17 @@ def test_exit_0_when_every_check_passes():
     ],
 )
 def test_exit_2_on_bad_input_with_one_error_line(args, message):
-    result = runner.invoke(app, args)
+    result = run_cli(*args)
     assert result.exit_code == 2, result.output
     assert message in one_error_line(result.stderr)
 
 
 def test_exit_2_on_a_malformed_protocol(tmp_path: Path):
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(
-        'name = "x"\nop = "rmsnorm"\ncandidates = ["packed_r4_w4"]\nrounds = "many"\n[[cases]]\nshape = [4, 64]\n'
+    protocol = write_protocol(
+        tmp_path / "p.toml",
+        'name = "x"\nop = "rmsnorm"\ncandidates = ["packed_r4_w4"]\nrounds = "many"\n[[cases]]\nshape = [4, 64]\n',
     )
-    result = runner.invoke(app, ["run", str(protocol), "--out", str(tmp_path / "run")])
+    result = run_cli("run", str(protocol), "--out", str(tmp_path / "run"))
     assert result.exit_code == 2, result.output
     assert "rounds" in one_error_line(result.stderr)
     assert not (tmp_path / "run").exists()
@@ -116,7 +118,7 @@ def test_every_command_takes_the_one_error_path():
     commands = list(leaves(root, []))
     assert len(commands) >= 14
     for command in commands:
-        result = runner.invoke(app, [*command, "--no-such-option"])
+        result = run_cli(*command, "--no-such-option")
         assert result.exit_code == 2, (command, result.output)
         line = one_error_line(result.stderr)
         assert "No such option" in line or command[0] == "serve", command
@@ -148,9 +150,8 @@ def test_interrupt_is_130_with_one_line_and_a_bug_keeps_its_traceback():
 def test_sigint_ends_a_running_check_with_130_and_one_line():
     """Ctrl-C during a check of a kernel that never returns: exit 130, "interrupted", no traceback."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kerneltrial.cli", "check", "rmsnorm"]
-        + ["--impl-module", str(FIXTURES / "planted" / "never_returns.py"), "--impl", "user:never_returns"]
-        + ["--shape", "4x64", "--seeds", "1", "--timeout", "600"],
+        cli_argv("check", "rmsnorm", "--impl-module", FIXTURES / "planted" / "never_returns.py")
+        + ["--impl", "user:never_returns", "--shape", "4x64", "--seeds", "1", "--timeout", "600"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -172,7 +173,7 @@ def test_sigint_ends_a_running_check_with_130_and_one_line():
 
 
 def test_check_json_lists_the_failing_arm():
-    result = kerneltrial(
+    result = run_process(
         "check",
         "rmsnorm",
         "--impl-module",
@@ -187,7 +188,7 @@ def test_check_json_lists_the_failing_arm():
         "1",
         "--json",
     )
-    assert result.returncode == 1, result.stderr
+    assert result.exit_code == 1, result.stderr
     document = json.loads(result.stdout)  # stdout is the JSON document alone
     assert document["schema"] == "kerneltrial.check-result/1"
     assert document["failing_arms"] == ["rmsnorm/user:wrong_rmsnorm"]
@@ -198,17 +199,16 @@ def test_check_json_lists_the_failing_arm():
 
 
 @pytest.fixture(scope="module")
-def json_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def json_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CliResult]:
     tmp = tmp_path_factory.mktemp("json_run")
-    protocol = tmp / "p.toml"
-    protocol.write_text(PROTOCOL.format(module=FIXTURES / "wrong_rmsnorm.py"))
+    protocol = write_protocol(tmp / "p.toml", PROTOCOL, module=FIXTURES / "wrong_rmsnorm.py")
     run = tmp / "run"
-    return run, kerneltrial("run", str(protocol), "--out", str(run), "--json")
+    return run, run_process("run", str(protocol), "--out", str(run), "--json")
 
 
 def test_run_json_names_the_gate_verdict_of_each_arm(json_run):
     run, result = json_run
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["schema"] == "kerneltrial.run-result/1"
     assert document["run_dir"] == str(run) and "NOT GPU" in document["timing"]
@@ -221,8 +221,8 @@ def test_run_json_names_the_gate_verdict_of_each_arm(json_run):
 
 def test_verify_json_lists_the_problem_of_a_tampered_run(json_run, tmp_path: Path):
     run, _ = json_run
-    good = kerneltrial("verify", str(run), "--json")
-    assert good.returncode == 0, good.stderr
+    good = run_process("verify", str(run), "--json")
+    assert good.exit_code == 0, good.stderr
     document = json.loads(good.stdout)
     assert document["schema"] == "kerneltrial.verify-result/1" and document["ok"]
     assert document["runs"][0]["checks"] and all(c["ok"] for c in document["runs"][0]["checks"])
@@ -232,8 +232,8 @@ def test_verify_json_lists_the_problem_of_a_tampered_run(json_run, tmp_path: Pat
     summary = json.loads((tampered / "summary.json").read_text())
     summary["ceilings"]["copy_gbps"] *= 1.01
     (tampered / "summary.json").write_text(json.dumps(summary))
-    bad = kerneltrial("verify", str(tampered), "--json")
-    assert bad.returncode == 1, bad.stderr
+    bad = run_process("verify", str(tampered), "--json")
+    assert bad.exit_code == 1, bad.stderr
     document = json.loads(bad.stdout)
     assert not document["ok"] and not document["runs"][0]["ok"]
     failed = [c for c in document["runs"][0]["checks"] if not c["ok"]]
@@ -242,8 +242,8 @@ def test_verify_json_lists_the_problem_of_a_tampered_run(json_run, tmp_path: Pat
 
 def test_compare_json_has_every_arm_with_numbers(json_run):
     run, _ = json_run
-    result = kerneltrial("compare", str(run), str(run), "--json")
-    assert result.returncode == 0, result.stderr
+    result = run_process("compare", str(run), str(run), "--json")
+    assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["schema"] == "kerneltrial.compare-result/1"
     rows = {(r["case"], r["arm"]): r for r in document["rows"]}
@@ -261,7 +261,7 @@ def test_compare_json_has_every_arm_with_numbers(json_run):
 def test_piped_tables_keep_long_arm_names(tmp_path: Path):
     name = "a_kernel_module_whose_name_is_far_longer_than_eighty_columns_so_a_narrow_table_would_cut_it"
     shutil.copy(FIXTURES / "good_rmsnorm.py", tmp_path / f"{name}.py")
-    result = kerneltrial(
+    result = run_process(
         "check",
         "rmsnorm",
         "--impl-module",
@@ -273,22 +273,22 @@ def test_piped_tables_keep_long_arm_names(tmp_path: Path):
         "--seeds",
         "1",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if f"user:{name}" in line)
     assert "pass" in row and "…" not in result.stdout
 
 
 def test_piped_errors_are_one_whole_line():
     long_name = "an_operator_name_" + "x" * 200
-    result = kerneltrial("check", long_name)
-    assert result.returncode == 2
+    result = run_process("check", long_name)
+    assert result.exit_code == 2
     assert f"unknown operator '{long_name}'" in one_error_line(result.stderr)
 
 
 def test_help_keeps_bracketed_text():
     from kerneltrial.serving.bench import VLLM_ENV
 
-    result = runner.invoke(app, ["serve", "bench", "--help"])
+    result = run_cli("serve", "bench", "--help")
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     assert "JSON list [[input_len, output_len, concurrency, num_requests], ...]" in text
@@ -297,11 +297,12 @@ def test_help_keeps_bracketed_text():
 
 @pytest.mark.slow
 def test_sigint_ends_a_run_with_130_and_keeps_its_rows(tmp_path: Path):
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL.format(module=FIXTURES / "wrong_rmsnorm.py").replace("rounds = 2", "rounds = 40"))
+    protocol = write_protocol(
+        tmp_path / "p.toml", PROTOCOL.replace("rounds = 2", "rounds = 40"), module=FIXTURES / "wrong_rmsnorm.py"
+    )
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kerneltrial.cli", "run", str(protocol), "--out", str(run)],
+        cli_argv("run", protocol, "--out", run),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -18,6 +18,7 @@ from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.documents import read_summary, summary_json
 from kerneltrial.rundir.files import json_text
 from tests.conftest import REPO
+from tests.kt import run_cli
 
 RESULTS = REPO / "results"
 ARCHIVE = "archive"
@@ -196,14 +197,11 @@ def test_performance_md_is_what_the_committed_runs_generate(tmp_path):
     `kerneltrial performance $(dirname results/h200/*/summary.json) --out PERFORMANCE.md` (the per-run
     tables go to results/PERFORMANCE-runs.md beside it; results/archive/ is not read). The command
     verifies every run before it writes a line, as it does here."""
-    from typer.testing import CliRunner
-
     from kerneltrial.analysis.performance_overview import RUNS_FILE
-    from kerneltrial.cli import app
 
     runs = sorted(p for p in (RESULTS / "h200").iterdir() if (p / "summary.json").is_file())
     out = tmp_path / "PERFORMANCE.md"
-    done = CliRunner().invoke(app, ["performance", *map(str, runs), "--out", str(out)])
+    done = run_cli("performance", *map(str, runs), "--out", str(out))
     assert done.exit_code == 0, done.output
     assert out.read_text() == (REPO / "PERFORMANCE.md").read_text()
     assert (tmp_path / RUNS_FILE).read_text() == (REPO / RUNS_FILE).read_text()

@@ -7,19 +7,17 @@ bad input; the `tiny` model preset is documented; the device scripts refuse unfr
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.model.spec import PRESETS
 from kerneltrial.ops.registry import all_ops, get_op
 from kerneltrial.trial.cli import INTERPRETER_NOTE, NEXT_STEPS, check_cases, demo_lines, fresh_run_dir
 from kerneltrial.trial.panel import beyond_grid_case
 from tests.conftest import REPO
+from tests.kt import run_cli, run_process, write_protocol
 
 PROTOCOL = """
 name = "front-door"
@@ -36,12 +34,6 @@ shape = [4, 64]
 """
 
 
-def kerneltrial(*args: str, cwd: Path = REPO, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kerneltrial.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
-    )
-
-
 def test_fresh_run_dir_never_reuses_a_directory(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     assert fresh_run_dir(out) == out / "run" and out.is_dir()
@@ -54,8 +46,8 @@ def test_fresh_run_dir_never_reuses_a_directory(tmp_path: Path) -> None:
 
 def test_protocol_new_without_a_gpu_writes_the_cpu_panel_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "p.toml"
-    result = kerneltrial("protocol", "new", "rmsnorm", "--out", str(out), "--candidate", "packed_r4_w4")
-    assert result.returncode == 0, result.stderr
+    result = run_process("protocol", "new", "rmsnorm", "--out", str(out), "--candidate", "packed_r4_w4")
+    assert result.exit_code == 0, result.stderr
     assert "No GPU visible: writing the operator's small CPU panel" in result.stderr
     shapes = [tuple(c["shape"]) for c in tomllib.loads(out.read_text())["cases"]]
     small = {c.shape for c in get_op("rmsnorm").small_cases}
@@ -64,10 +56,9 @@ def test_protocol_new_without_a_gpu_writes_the_cpu_panel_and_says_so(tmp_path: P
 
 @pytest.mark.slow
 def test_run_names_unavailable_arms_before_timing(tmp_path: Path) -> None:
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL)
-    result = kerneltrial("run", str(protocol), "--out", str(tmp_path / "run"))
-    assert result.returncode == 0, result.stderr
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL)
+    result = run_process("run", str(protocol), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.stderr
     said = "arm torch_compile is unavailable here and will not be timed: torch.compile peers run on a GPU"
     progress = result.stderr.splitlines()  # piped: a line per step (correctness: i/n, timing: i/n)
     first = next(i for i, line in enumerate(progress) if said in line)
@@ -81,8 +72,8 @@ def test_demo_again_writes_a_fresh_run_directory(tmp_path: Path) -> None:
     earlier = out / "run"
     earlier.mkdir(parents=True)
     (earlier / "summary.json").write_text('{"earlier": true}')
-    result = kerneltrial("demo", "--out", str(out), timeout=1800)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_process("demo", "--out", str(out), timeout=1800)
+    assert result.exit_code == 0, result.stderr[-2000:]
     assert (earlier / "summary.json").read_text() == '{"earlier": true}'
     assert (out / "run-2" / "summary.json").is_file() and (out / "run-2" / "report.md").is_file()
     said = " ".join(result.stdout.split())
@@ -125,13 +116,13 @@ def test_the_interpreters_default_check_panel_covers_every_shape_and_every_layou
 
 
 def test_inspect_of_an_unknown_operator_is_bad_input() -> None:
-    done = CliRunner().invoke(app, ["inspect", str(REPO / "submissions" / "zimage_qk_rmsnorm.zip"), "--op", "nosuch"])
+    done = run_cli("inspect", str(REPO / "submissions" / "zimage_qk_rmsnorm.zip"), "--op", "nosuch")
     assert done.exit_code == 2, done.output
     assert done.output.startswith("error: unknown operator 'nosuch'; known: rmsnorm")
 
 
 def test_the_tiny_model_preset_is_documented() -> None:
-    shown = " ".join(CliRunner().invoke(app, ["model", "--help"], terminal_width=200).output.split())
+    shown = " ".join(run_cli("model", "--help").output.split())
     readme = " ".join((REPO / "README.md").read_text().split())
     for name in PRESETS:
         assert f"`{name}`" in shown and f"`{name}`" in readme, name

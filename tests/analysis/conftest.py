@@ -9,6 +9,7 @@ import pytest
 from rundir_factory import write_run_dir
 
 from kerneltrial.kernel.summary import write_summary
+from tests.kt import write_protocol
 
 
 @pytest.fixture
@@ -42,8 +43,7 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kerneltrial.trial.runner import run_trial
 
     root = tmp_path_factory.mktemp("cpu_run")
-    protocol = root / "p.toml"
-    protocol.write_text(CPU_PROTOCOL)
+    protocol = write_protocol(root / "p.toml", CPU_PROTOCOL)
     return run_trial(protocol, root / "run")
 
 

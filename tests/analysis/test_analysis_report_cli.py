@@ -6,12 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from rundir_factory import C1, C2, C3, RunSpec, write_run_dir
-from typer.testing import CliRunner
 
-from kerneltrial import cli_support
-from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
@@ -19,15 +15,9 @@ from kerneltrial.kernel.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, 
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
+from tests.kt import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def cli() -> tuple[CliRunner, typer.Typer]:
-    app = cli_support.app(help="the analysis commands alone")  # the one error path, as in `kerneltrial`
-    mount(app)
-    return CliRunner(), app
 
 
 def test_report_renders_figures_and_every_case_and_arm(run_dir: Path) -> None:
@@ -90,9 +80,8 @@ def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:
         compare_runs(a, b)
 
 
-def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
-    runner, app = cli
-    ok = runner.invoke(app, ["verify", str(run_dir)])
+def test_cli_verify_ok_and_failure(run_dir: Path) -> None:
+    ok = run_cli("verify", str(run_dir))
     assert ok.exit_code == 0, ok.output
     assert ok.output.splitlines()[-1].startswith("verified: all")
     assert "ok   timing rows:" in ok.output
@@ -100,41 +89,36 @@ def test_cli_verify_ok_and_failure(run_dir: Path, cli: tuple[CliRunner, typer.Ty
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["ceilings"]["copy_gbps"] *= 1.01
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    bad = runner.invoke(app, ["verify", str(run_dir)])
+    bad = run_cli("verify", str(run_dir))
     assert bad.exit_code == 1
     assert "FAIL ceilings: ceilings copy_gbps" in bad.output
     assert bad.output.splitlines()[-1].startswith("VERIFY FAILED: 1 of")
 
 
 @pytest.mark.parametrize("command", [["verify"], ["report"], ["compare", "."], ["performance"]])
-def test_cli_bad_input_is_one_line_exit_2(
-    tmp_path: Path, cli: tuple[CliRunner, typer.Typer], command: list[str]
-) -> None:
-    runner, app = cli
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, command: list[str]) -> None:
     missing = str(tmp_path / "missing")
     args = [command[0], missing, *command[1:]] if command[0] != "compare" else ["compare", missing, str(tmp_path)]
-    result = runner.invoke(app, args)
+    result = run_cli(*args)
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "error:" in result.output and "missing" in result.output
     assert "Traceback" not in result.output
 
 
-def test_cli_not_a_run_dir(tmp_path: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
-    runner, app = cli
-    result = runner.invoke(app, ["verify", str(tmp_path)])
+def test_cli_not_a_run_dir(tmp_path: Path) -> None:
+    result = run_cli("verify", str(tmp_path))
     assert result.exit_code == 2 and "missing provenance.json" in result.output
 
 
-def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path, cli: tuple[CliRunner, typer.Typer]) -> None:
-    runner, app = cli
-    assert runner.invoke(app, ["report", str(run_dir)]).exit_code == 0
+def test_cli_report_compare_performance(run_dir: Path, tmp_path: Path) -> None:
+    assert run_cli("report", str(run_dir)).exit_code == 0
     assert (run_dir / "report.md").is_file()
-    compared = runner.invoke(app, ["compare", str(run_dir), str(run_dir)])
+    compared = run_cli("compare", str(run_dir), str(run_dir))
     assert compared.exit_code == 0 and f"| `{C1}` | `fast` | 0.800 | 0.800 | 1.000 |" in compared.output
     out = tmp_path / "PERFORMANCE.md"
     runs_out = tmp_path / "runs.md"
     args = ["performance", str(run_dir), "--out", str(out), "--runs-out", str(runs_out)]
-    assert runner.invoke(app, args).exit_code == 0
+    assert run_cli(*args).exit_code == 0
     assert "# Performance" in out.read_text() and "](runs.md)" in out.read_text()
     assert "## rmsnorm: `run`" in runs_out.read_text() and "](PERFORMANCE.md)" in runs_out.read_text()
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import typer
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
-from typer.testing import CliRunner
 
 import kerneltrial.kernel.git_history as git_history_module
 import kerneltrial.kernel.integrity as integrity_module
@@ -28,6 +27,7 @@ from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
+from tests.kt import run_cli
 
 
 def _failed(run_dir: Path) -> dict[str, str]:
@@ -142,10 +142,10 @@ def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monk
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
     app = typer.Typer(pretty_exceptions_enable=False)
     mount(app)
-    passed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    passed = run_cli("verify", str(tmp_path))
     assert passed.exit_code == 0 and "ok   summary figures: every figure matches" in passed.output
     fake.verify_serving_run = fake_verify(["ttft p50 differs", "row 3 missing"])
-    failed = CliRunner().invoke(app, ["verify", str(tmp_path)])
+    failed = run_cli("verify", str(tmp_path))
     assert failed.exit_code == 1 and "FAIL summary figures: ttft p50 differs; row 3 missing" in failed.output
 
 

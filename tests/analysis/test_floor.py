@@ -21,6 +21,7 @@ from kerneltrial.rundir.documents import Ceilings, read_summary
 from kerneltrial.rundir.layout import FLOOR_MODEL
 from kerneltrial.trial.runner import run_trial
 from tests.conftest import REPO
+from tests.kt import write_protocol
 
 CHECK = "speed-of-light floor"
 PROTOCOL = """
@@ -54,7 +55,7 @@ def edit_json(path: Path, edit) -> None:
 def trial(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run on the CPU (the runner writes plan.json `floor` and a summary/6)."""
     root = tmp_path_factory.mktemp("floor")
-    (root / "p.toml").write_text(PROTOCOL)
+    write_protocol(root / "p.toml", PROTOCOL)
     return run_trial(root / "p.toml", root / "run")
 
 

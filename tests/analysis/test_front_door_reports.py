@@ -9,46 +9,34 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_checked_run, write_run_dir
-from typer.testing import CliRunner
 
-from kerneltrial import cli_support
-from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.kernel import report
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.rundir.documents import read_summary
+from tests.kt import run_cli
 
 
-@pytest.fixture
-def cli() -> tuple[CliRunner, typer.Typer]:
-    app = cli_support.app(help="the analysis commands alone")  # the one error path, as in `kerneltrial`
-    mount(app)
-    return CliRunner(), app
-
-
-def test_compare_with_no_common_case_exits_1_and_says_so(tmp_path: Path, cli) -> None:
+def test_compare_with_no_common_case_exits_1_and_says_so(tmp_path: Path) -> None:
     a, b = write_run_dir(tmp_path / "a"), write_run_dir(tmp_path / "b", RunSpec(cases=[C3, C4]))
     for path in (a, b):
         write_summary(path)
-    runner, app = cli
     for extra in ([], ["--json"]):
-        done = runner.invoke(app, ["compare", str(a), str(b), *extra])
+        done = run_cli("compare", str(a), str(b), *extra)
         assert done.exit_code == 1, done.output
         assert f"error: {a} and {b} have no case and arm in common, so there is nothing to compare" in done.output
         assert f"only in A: case `{C1}`, case `{C2}`; only in B: case `{C3}`, case `{C4}`" in done.output
 
 
-def test_report_of_an_interrupted_run_says_run_resume(run_dir: Path, cli) -> None:
+def test_report_of_an_interrupted_run_says_run_resume(run_dir: Path) -> None:
     (run_dir / "summary.json").unlink()
     provenance = json.loads((run_dir / "provenance.json").read_text())
     (run_dir / "provenance.json").write_text(json.dumps(provenance | {"finished_at": None}))
-    runner, app = cli
-    done = runner.invoke(app, ["report", str(run_dir)])
+    done = run_cli("report", str(run_dir))
     assert done.exit_code == 2
     assert "the run did not finish (interrupted or still running): continue it with" in done.output
     assert f"`kerneltrial run PROTOCOL --out {run_dir} --resume`" in done.output

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import typer
 from rundir_factory import (
     C1,
     C2,
@@ -33,9 +32,7 @@ from rundir_factory import (
     write_run_dir,
     write_source_archive,
 )
-from typer.testing import CliRunner
 
-from kerneltrial.analysis.cli import mount
 from kerneltrial.analysis.compare import compare_runs
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
@@ -44,6 +41,7 @@ from kerneltrial.kernel.report import write_report
 from kerneltrial.kernel.summary import build_summary, write_summary
 from kerneltrial.kernel.verify import CHECKED_RUN_CHECKS, verify_run_dir
 from kerneltrial.rundir.errors import RunDirError
+from tests.kt import run_cli
 
 CHEAT = {"name": "cheat", "kind": "candidate", "available": True, "reason": None}
 GPU = {"is_gpu": True, "backend": "cuda-events"}
@@ -651,9 +649,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
         "ERRATA.md",
     ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
-    runner, app = CliRunner(), typer.Typer()
-    mount(app)
-    output = runner.invoke(app, ["verify", str(run_dir)]).output
+    output = run_cli("verify", run_dir).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
     assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 8} not applicable to this run)")
 

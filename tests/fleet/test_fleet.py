@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 import tomli_w
-from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import verify_one
-from kerneltrial.cli import app
 from kerneltrial.fleet.cli import passed
 from kerneltrial.fleet.driver import _faults
 from kerneltrial.fleet.pieces import path_digests, piece_text
@@ -32,9 +30,9 @@ from kerneltrial.fleet.record import Unit, read_fleet
 from kerneltrial.fleet.worker import FAULT_ENV, TESTING_ENV, run_unit
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import kind_of
+from tests.kt import run_cli, write_protocol
 
 ray = pytest.importorskip("ray")
-cli = CliRunner()
 PROTOCOL = """\
 name = "fleet-test"
 op = "rmsnorm"
@@ -57,11 +55,6 @@ shape = [4, 32]
 """
 
 
-def run_cli(*args: str) -> tuple[int, str]:
-    result = cli.invoke(app, list(args), terminal_width=400)
-    return result.exit_code, result.output
-
-
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(num_cpus=2, include_dashboard=False)
@@ -71,15 +64,15 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def protocol(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("protocol") / "fleet.toml"
-    path.write_text(PROTOCOL)
-    return path
+    return write_protocol(tmp_path_factory.mktemp("protocol") / "fleet.toml", PROTOCOL)
 
 
 def fleet_run(protocol: Path, out: Path, *mode: str) -> Path:
-    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", *mode)
+    result = run_cli("run", str(protocol), "--out", str(out), "--ray", *mode)
     fleet = read_fleet(out)
-    assert fleet.complete and code == (0 if any(passed(fleet.mode, a) for a in fleet.combined.arms) else 1), output
+    assert fleet.complete and result.exit_code == (
+        0 if any(passed(fleet.mode, a) for a in fleet.combined.arms) else 1
+    ), result.output
     return out
 
 
@@ -171,9 +164,9 @@ def test_replicas_run_the_whole_protocol_per_unit_and_combine_as_by_hand(replica
     assert_combined_as_by_hand(replicas)
     assert all(c.between_worker_sd is not None for c in fleet.combined.cases)  # two units per case
     assert verify_one(replicas).ok, failed(replicas)
-    code, output = run_cli("report", str(replicas))
+    result = run_cli("report", str(replicas))
     report = (replicas / "report.md").read_text()
-    assert code == 0 and "holds on every GPU" in report and "between range" in report
+    assert result.exit_code == 0 and "holds on every GPU" in report and "between range" in report
     assert "panel" not in report and "every shard" not in report
     assert (replicas / "workers" / "replica-1" / "report.md").is_file()
 
@@ -184,14 +177,14 @@ def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_sa
     assert [(u.id, u.case_indices, u.order_seed) for u in fleet.units] == [("shard-1", [0], 5), ("shard-2", [1], 5)]
     assert_combined_as_by_hand(shard_copy)
     assert verify_one(shard_copy).ok, failed(shard_copy)
-    code, output = run_cli("report", str(shard_copy))
+    result = run_cli("report", str(shard_copy))
     report = (shard_copy / "report.md").read_text()
-    assert code == 0 and "gate over the whole panel" in report and "passed in every shard" in report, report
+    assert result.exit_code == 0 and "gate over the whole panel" in report and "passed in every shard" in report, report
     assert "holds on every GPU" not in report
     # run shard-1's piece by hand with the ordinary `run`, put it in the worker's place, recombine
     by_hand = shard_copy.parent / "by-hand"
-    code, output = run_cli("run", str(shard_copy / "pieces" / "shard-1.toml"), "--out", str(by_hand))
-    assert code in (0, 1), output
+    result = run_cli("run", str(shard_copy / "pieces" / "shard-1.toml"), "--out", str(by_hand))
+    assert result.exit_code in (0, 1), result.output
     ray_plan = json.loads((shard_copy / "workers" / "shard-1" / "plan.json").read_text())
     hand_plan = json.loads((by_hand / "plan.json").read_text())
     assert hand_plan.pop("inputs_seed") != ray_plan.pop("inputs_seed")  # each run draws its own inputs
@@ -199,13 +192,13 @@ def test_shards_deal_each_case_to_one_unit_and_pieces_run_by_hand_combine_the_sa
     shutil.rmtree(shard_copy / "workers" / "shard-1")
     shutil.copytree(by_hand, shard_copy / "workers" / "shard-1")
     assert "combined figures" in failed(shard_copy)  # the record still holds the Ray unit's figures
-    code, output = run_cli("run", str(protocol), "--out", str(shard_copy), "--ray", "--shard", "cases", "--resume")
-    assert code in (0, 1), output
+    result = run_cli("run", str(protocol), "--out", str(shard_copy), "--ray", "--shard", "cases", "--resume")
+    assert result.exit_code in (0, 1), result.output
     assert [u.attempts for u in read_fleet(shard_copy).units] == [1, 1]  # nothing ran again
     assert_combined_as_by_hand(shard_copy)
     assert set(failed(shard_copy)) == {"report.md"}  # rendered before the record was combined again: stale
-    code, output = run_cli("report", str(shard_copy))  # a stale page does not stop its own rendering
-    assert code == 0, output
+    result = run_cli("report", str(shard_copy))  # a stale page does not stop its own rendering
+    assert result.exit_code == 0, result.output
     assert verify_one(shard_copy).ok, failed(shard_copy)
 
 
@@ -219,8 +212,8 @@ def test_a_worker_killed_mid_unit_is_recorded_and_resume_completes_it(cluster, p
     out = tmp_path / "fleet"
     monkeypatch.setenv(FAULT_ENV, "replica-2:2")  # replica-2's worker dies once 2 timing rows are written
     monkeypatch.setenv(TESTING_ENV, "1")  # the fault hook is inert without it
-    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2")
-    assert code == 1 and f"--out {out} --ray --replicas 2 --resume" in output, output
+    result = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2")
+    assert result.exit_code == 1 and f"--out {out} --ray --replicas 2 --resume" in result.output, result.output
     fleet = read_fleet(out)
     first, second = fleet.units
     assert first.status == "finished" and second.status == "failed" and fleet.finished_at is None
@@ -229,8 +222,8 @@ def test_a_worker_killed_mid_unit_is_recorded_and_resume_completes_it(cluster, p
     assert "replica-2 did not finish" in failed(out)["fleet units"]
     kept = timing_keys(out / second.run)
     monkeypatch.delenv(FAULT_ENV)
-    code, output = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2", "--resume")
-    assert code in (0, 1), output
+    result = run_cli("run", str(protocol), "--out", str(out), "--ray", "--replicas", "2", "--resume")
+    assert result.exit_code in (0, 1), result.output
     fleet = read_fleet(out)
     assert [(u.status, u.attempts) for u in fleet.units] == [("finished", 1), ("finished", 2)]
     rows = timing_keys(out / second.run)
@@ -292,8 +285,7 @@ def test_verify_catches_replica_order_seeds_that_repeat(replicas, tmp_path):
 
 
 def test_a_worker_on_another_device_model_refuses_its_unit(tmp_path):
-    piece = tmp_path / "piece.toml"
-    piece.write_text(PROTOCOL)
+    piece = write_protocol(tmp_path / "piece.toml", PROTOCOL)
     outcome = run_unit(str(piece), str(tmp_path / "run"), str(tmp_path / "log"), "NVIDIA H200", "aside", None)
     assert outcome.exit_code is None and "is not the fleet's 'NVIDIA H200'" in outcome.refused
     assert not (tmp_path / "run").exists()
@@ -309,8 +301,9 @@ def test_a_piece_rebases_the_protocols_paths_onto_its_folder(tmp_path):
     assert piece["cases"] == [parent["cases"][1]] and piece["order_seed"] == 9
     assert (fleet / piece["impl_modules"][0]).resolve() == (tmp_path / "kernels" / "k.py").resolve()
     assert piece["impl_modules"][1] == "some.module"
-    protocol = tmp_path / "fleet.toml"
-    protocol.write_text('impl_modules = ["kernels/k.py"]\ncalibration_run = "calibrated"\n' + PROTOCOL)
+    protocol = write_protocol(
+        tmp_path / "fleet.toml", 'impl_modules = ["kernels/k.py"]\ncalibration_run = "calibrated"\n' + PROTOCOL
+    )
     [module, calibration] = path_digests(protocol, tomllib.loads(protocol.read_text()), fleet)
     assert (module.key, module.path, module.piece_path) == ("impl_modules[0]", "kernels/k.py", piece["impl_modules"][0])
     assert module.sha256 == sha256_file(tmp_path / "kernels" / "k.py")
@@ -327,16 +320,16 @@ def test_the_fault_hook_is_inert_without_the_testing_switch(monkeypatch):
 
 def test_ray_without_ray_installed_says_how_to_install_it(protocol, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--ray", "--replicas", "2")
-    assert code == 2 and output.strip().splitlines() == [
+    result = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--ray", "--replicas", "2")
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
         "error: --ray needs Ray, which is not installed: pip install 'kerneltrial[ray]'"
     ]
     assert not (tmp_path / "f").exists()
 
 
 def test_fleet_flags_go_with_ray(protocol, tmp_path):
-    code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--replicas", "2")
-    assert code == 2 and "go with --ray" in output
+    result = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--replicas", "2")
+    assert result.exit_code == 2 and "go with --ray" in result.output
 
 
 def test_a_worker_reads_the_gpu_ray_gave_it_not_gpu_0(monkeypatch, tmp_path):
@@ -378,8 +371,8 @@ def test_a_unit_started_on_another_chip_is_set_aside_and_run_afresh(cluster, sha
         record.update(finished_at=None, combined=None)
 
     rewrite_fleet(shard_copy, unfinished)
-    code, output = run_cli("run", str(protocol), "--out", str(shard_copy), "--ray", "--shard", "cases", "--resume")
-    assert code in (0, 1), output
+    result = run_cli("run", str(protocol), "--out", str(shard_copy), "--ray", "--shard", "cases", "--resume")
+    assert result.exit_code in (0, 1), result.output
     fleet = read_fleet(shard_copy)
     second = fleet.units[1]
     assert (second.status, second.attempts) == ("finished", 2) and fleet.units[0].attempts == 1
@@ -392,16 +385,21 @@ def test_a_unit_started_on_another_chip_is_set_aside_and_run_afresh(cluster, sha
     assert json.loads((run / "provenance.json").read_text())["hostname"] != "other-host"  # a fresh run
     assert "not resumed, moved to" in (shard_copy / second.log).read_text()
     assert verify_one(shard_copy).ok, failed(shard_copy)
-    code, _ = run_cli("report", str(shard_copy))
-    assert code == 0 and "abandoned/shard-2-attempt2: it was started on GPU" in (shard_copy / "report.md").read_text()
+    result = run_cli("report", str(shard_copy))
+    assert (
+        result.exit_code == 0
+        and "abandoned/shard-2-attempt2: it was started on GPU" in (shard_copy / "report.md").read_text()
+    )
     rewrite_fleet(shard_copy, lambda r: r["units"][1].update(abandoned=[]))  # the set-aside run unlisted
     assert "abandoned/ holds ['abandoned/shard-2-attempt2']" in failed(shard_copy)["fleet units"]
 
 
 def test_more_replicas_than_gpus_are_refused(cluster, protocol, tmp_path, monkeypatch):
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 1.0, "CPU": 2.0})
-    code, output = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--ray", "--replicas", "2")
-    assert code == 2 and "--replicas 2 needs 2 GPUs, one per replica; the cluster has 1" in output, output
+    result = run_cli("run", str(protocol), "--out", str(tmp_path / "f"), "--ray", "--replicas", "2")
+    assert result.exit_code == 2 and "--replicas 2 needs 2 GPUs, one per replica; the cluster has 1" in result.output, (
+        result.output
+    )
     assert not (tmp_path / "f").exists()
 
 

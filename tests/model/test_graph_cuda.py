@@ -15,6 +15,7 @@ from kerneltrial.analysis.cli import verify_one
 from kerneltrial.model.runner import run_model_trial
 from kerneltrial.rundir.files import read_json, read_jsonl
 from tests.conftest import REPO
+from tests.kt import write_protocol
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="graph mode captures CUDA graphs: no CUDA device")
 pytest.importorskip("transformers")
@@ -46,7 +47,7 @@ def cuda_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("graphs")
     for name in ARMS:
         shutil.copy(PLANTED / name, base / name)
-    (base / "p.toml").write_text(PROTOCOL)
+    write_protocol(base / "p.toml", PROTOCOL)
     return run_model_trial(base / "p.toml", base / "run")
 
 

@@ -25,6 +25,7 @@ from kerneltrial.model.spec import PRESETS, Correctness, parse_protocol
 from kerneltrial.model.verify import copy_gbps, input_seed, llama_weight_bytes, redraw
 from kerneltrial.rundir.files import read_json, read_jsonl
 from tests.conftest import REPO
+from tests.kt import write_protocol
 
 pytest.importorskip("transformers")
 
@@ -171,7 +172,7 @@ def test_an_arm_that_cannot_be_captured_is_left_out_of_the_graph_cases_only(
 
     monkeypatch.setattr(cases, "capture", refuses)
     shutil.copy(PLANTED / "reordered_norm.py", tmp_path / "reordered_norm.py")
-    (tmp_path / "p.toml").write_text(TINY.format(arms='"eager", "torch_eager", "user:reordered_norm.py"'))
+    write_protocol(tmp_path / "p.toml", TINY, arms='"eager", "torch_eager", "user:reordered_norm.py"')
     run = run_model_trial(tmp_path / "p.toml", tmp_path / "run")
     captures = {(r["case"], r["arm"]): r for r in read_jsonl(run / "captures.jsonl")}
     assert not captures[("prefill-b1-t4-graph", "eager")]["captured"]

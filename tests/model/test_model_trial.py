@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.model_report import write_model_report
-from kerneltrial.cli import app
 from kerneltrial.model import build
 from kerneltrial.model.arms import ArmUnavailable, op_table
 from kerneltrial.model.build import Router, patch
@@ -25,6 +23,7 @@ from kerneltrial.model.spec import ProtocolError, parse_protocol
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl, write_json
 from kerneltrial.rundir.layout import kind_of
 from tests.conftest import REPO
+from tests.kt import run_cli, write_protocol
 
 pytest.importorskip("transformers")
 
@@ -52,8 +51,7 @@ USER_ARMS = ("scaled_norm.py", "reordered_norm.py", "memoises_after_gate.py")
 
 
 def protocol(tmp_path: Path, arms: str, modes: str = '"eager"') -> Path:
-    path = tmp_path / "model.toml"
-    path.write_text(PROTOCOL.format(arms=arms, modes=modes))
+    path = write_protocol(tmp_path / "model.toml", PROTOCOL, arms=arms, modes=modes)
     for name in (*USER_ARMS, "norm_ignores_weight.py"):
         shutil.copy(PLANTED / name, tmp_path / name)
     return path
@@ -296,7 +294,7 @@ def test_bad_protocols_name_the_fix(arms: str, message: str) -> None:
 
 
 def test_the_command_line_refuses_a_bad_protocol_with_exit_2(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["model", str(protocol(tmp_path, '"kerneltrial"')), "--out", str(tmp_path / "o")])
+    result = run_cli("model", str(protocol(tmp_path, '"kerneltrial"')), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
     assert "must include 'eager'" in result.output
 
@@ -377,10 +375,10 @@ def test_verify_catches_forged_schema_3_records(
 
 def test_a_frozen_model_protocol_is_refused_once_edited(tmp_path: Path) -> None:
     path = protocol(tmp_path, '"eager"')
-    frozen = CliRunner().invoke(app, ["protocol", "freeze", str(path)])
+    frozen = run_cli("protocol", "freeze", str(path))
     assert frozen.exit_code == 0, frozen.output
     path.write_text(path.read_text() + "# an edit after the freeze\n")
-    result = CliRunner().invoke(app, ["model", str(path), "--out", str(tmp_path / "o")])
+    result = run_cli("model", str(path), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
     assert "changed after it was frozen" in result.output and not (tmp_path / "o").exists()
 

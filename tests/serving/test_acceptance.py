@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from scipy import stats
-from typer.testing import CliRunner
 
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import (
@@ -29,13 +28,13 @@ from kerneltrial.serving.acceptance import (
     compare_case,
     judge,
 )
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import free_port
 from kerneltrial.serving.order import launch_order, williams_rows
 from kerneltrial.serving.protocol import Arm, parse_protocol
 from kerneltrial.serving.report_data import load_run, verdict
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.stats import paired_ratio
+from tests.kt import run_cli, write_protocol
 
 from .conftest import FAKE, start_times
 
@@ -211,11 +210,10 @@ def trial_text(rounds: int, names: tuple[str, str] = ("A", "B"), extra: str = ""
 
 
 def run_trial(tmp_path: Path, monkeypatch, text: str, bench: Bench) -> tuple[int, str, Path]:
-    proto = tmp_path / "trial.toml"
-    proto.write_text(text)
+    proto = write_protocol(tmp_path / "trial.toml", text)
     out = tmp_path / "run"
     monkeypatch.setattr(trial, "run_bench", bench)
-    r = CliRunner().invoke(app, ["trial", str(proto), "--vllm", sys.executable, "--quiet", "--out", str(out)])
+    r = run_cli("serve", "trial", str(proto), "--vllm", sys.executable, "--quiet", "--out", str(out))
     return r.exit_code, r.output, out
 
 

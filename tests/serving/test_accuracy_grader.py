@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from kerneltrial.serving import accuracy as A
+from tests.kt import run_cli, write_protocol
 
 
 def test_level3_has_105_problems(math500_path):
@@ -83,10 +84,6 @@ def test_accuracy_against_fake_server(tmp_path, port, fake_argv, math500_path):
 def test_missing_math_verify_names_the_extra(monkeypatch, tmp_path):
     """math-verify is the extra kerneltrial[serve]: without it every entry point fails in one line,
     before any request is sent or any server is launched."""
-    from typer.testing import CliRunner
-
-    from kerneltrial.serving.cli import app
-
     monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` now raises ImportError
     extra = "pip install 'kerneltrial[serve]'"
     with pytest.raises(A.AccuracyError, match=re.escape(extra)):
@@ -96,16 +93,15 @@ def test_missing_math_verify_names_the_extra(monkeypatch, tmp_path):
     with pytest.raises(A.AccuracyError, match=re.escape(extra)):
         A.run_accuracy("http://127.0.0.1:9", "m", A.AccuracySpec(data=str(data)), tmp_path / "acc")
     assert not (tmp_path / "acc").exists()
-    runner = CliRunner()
-    r = runner.invoke(app, ["accuracy", "--base-url", "http://127.0.0.1:9", "--data", str(data)])
+    r = run_cli("serve", "accuracy", "--base-url", "http://127.0.0.1:9", "--data", str(data))
     assert r.exit_code == 2 and extra in r.output and "Traceback" not in r.output, r.output
-    proto = tmp_path / "p.toml"
-    proto.write_text(
+    proto = write_protocol(
+        tmp_path / "p.toml",
         '[server]\nmodel_id = "m"\n[bench]\ncases = [[8, 4, 1, 2]]\n'
         f"[accuracy]\ndata = {json.dumps(str(data))}\n"
-        '[[arms]]\nname = "a"\nargv = ["srv", "--port", "{port}"]\n'
+        '[[arms]]\nname = "a"\nargv = ["srv", "--port", "{port}"]\n',
     )
-    r = runner.invoke(app, ["trial", str(proto), "--vllm", sys.executable, "--out", str(tmp_path / "run")])
+    r = run_cli("serve", "trial", str(proto), "--vllm", sys.executable, "--out", str(tmp_path / "run"))
     assert r.exit_code == 2 and extra in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "run").exists()
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app as main_app
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import group_alive
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import cli_argv, run_cli
 
 from .conftest import REPO
 
@@ -24,31 +21,29 @@ pytestmark = [pytest.mark.serving, pytest.mark.slow]
 def test_bench_against_fake_server_and_verify(tmp_path, port, fake_argv, vllm_client, vllm_server_cmd):
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
-    r = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--launch",
-            "--quiet",
-            "--vllm",
-            vllm_client,
-            "--tokenizer",
-            model,
-            "--model-id",
-            "tiny",
-            "--cases",
-            "[[32, 8, 2, 4]]",
-            "-r",
-            "2",
-            "--out",
-            str(out),
-            "--",
-            *fake_argv(port),
-        ],
+    r = run_cli(
+        "serve",
+        "bench",
+        "--launch",
+        "--quiet",
+        "--vllm",
+        vllm_client,
+        "--tokenizer",
+        model,
+        "--model-id",
+        "tiny",
+        "--cases",
+        "[[32, 8, 2, 4]]",
+        "-r",
+        "2",
+        "--out",
+        str(out),
+        "--",
+        *fake_argv(port),
     )
     assert r.exit_code == 0, r.output
     assert verify_serving_run(out).problems == []
-    assert CliRunner().invoke(main_app, ["verify", str(out)]).exit_code == 0  # the main verify dispatches on kind
+    assert run_cli("verify", str(out)).exit_code == 0  # the main verify dispatches on kind
     rows = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["total_output_tokens"] == 32 for r in rows)
     # tampering is caught
@@ -56,7 +51,7 @@ def test_bench_against_fake_server_and_verify(tmp_path, port, fake_argv, vllm_cl
     s["results"]["server"]["in32-out8-c2-n4"]["total_token_throughput"] *= 1.01
     (out / "summary.json").write_text(json.dumps(s))
     assert any("total_token_throughput" in p for p in verify_serving_run(out).problems)
-    assert CliRunner().invoke(main_app, ["verify", str(out)]).exit_code == 1
+    assert run_cli("verify", str(out)).exit_code == 1
     (out / "protocol.toml").write_text((out / "protocol.toml").read_text() + "\n# edited\n")
     assert any("protocol_sha256" in p for p in verify_serving_run(out).problems)
 
@@ -65,27 +60,25 @@ def test_server_killed_mid_benchmark(tmp_path, port, fake_argv, vllm_client, vll
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
     pidfile = tmp_path / "pid"
-    r = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--launch",
-            "--quiet",
-            "--vllm",
-            vllm_client,
-            "--tokenizer",
-            model,
-            "--model-id",
-            "tiny",
-            "--cases",
-            "[[32, 64, 2, 12]]",
-            "-r",
-            "2",
-            "--out",
-            str(out),
-            "--",
-            *fake_argv(port, "--die-after", "6", "--token-delay", "0.01", "--spawn-child", "--pidfile", str(pidfile)),
-        ],
+    r = run_cli(
+        "serve",
+        "bench",
+        "--launch",
+        "--quiet",
+        "--vllm",
+        vllm_client,
+        "--tokenizer",
+        model,
+        "--model-id",
+        "tiny",
+        "--cases",
+        "[[32, 64, 2, 12]]",
+        "-r",
+        "2",
+        "--out",
+        str(out),
+        "--",
+        *fake_argv(port, "--die-after", "6", "--token-delay", "0.01", "--spawn-child", "--pidfile", str(pidfile)),
     )
     assert r.exit_code == 1, r.output
     assert "server exited with code 9 during the benchmark" in r.output
@@ -117,22 +110,20 @@ def test_incomplete_run_fails_the_case(tmp_path, port, fake_argv, vllm_client, v
 
 
 def test_bad_vllm_path_is_one_line_error(tmp_path, port, fake_argv):
-    r = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--launch",
-            "--vllm",
-            "/nonexistent/vllm",
-            "--model-id",
-            "tiny",
-            "--cases",
-            "[[8,8,1,1]]",
-            "--out",
-            str(tmp_path / "r"),
-            "--",
-            *fake_argv(port),
-        ],
+    r = run_cli(
+        "serve",
+        "bench",
+        "--launch",
+        "--vllm",
+        "/nonexistent/vllm",
+        "--model-id",
+        "tiny",
+        "--cases",
+        "[[8,8,1,1]]",
+        "--out",
+        str(tmp_path / "r"),
+        "--",
+        *fake_argv(port),
     )
     assert r.exit_code == 2 and "vllm executable '/nonexistent/vllm' not found" in r.output
     assert "Traceback" not in r.output
@@ -142,10 +133,8 @@ def test_sigint_during_bench_keeps_raw_and_stops_server(tmp_path, port, fake_arg
     _, _, model = vllm_server_cmd
     out = tmp_path / "run"
     pidfile = tmp_path / "pid"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kerneltrial.serving",
+    cmd = cli_argv(
+        "serve",
         "bench",
         "--launch",
         "--quiet",
@@ -163,7 +152,7 @@ def test_sigint_during_bench_keeps_raw_and_stops_server(tmp_path, port, fake_arg
         str(out),
         "--",
         *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
-    ]
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 180

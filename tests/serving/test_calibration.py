@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 from scipy import stats
-from typer.testing import CliRunner
 
 from kerneltrial.serving import trial
 from kerneltrial.serving.calibration import ARM_A, ARM_A_PRIME, CALIBRATION, read_calibration
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli, write_protocol
 
 from .test_acceptance import CASE, synthetic_bench, trial_text, wobble
 
@@ -29,12 +28,18 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A protocol of 4 rounds and its passed calibration (default launches: 6 per arm, whose 4-round
     subsets give 15 x 2 directions = 30 >= 20 comparisons)."""
     root = tmp_path_factory.mktemp("cal")
-    proto = root / "trial.toml"
-    proto.write_text(trial_text(rounds=4, extra='calibration = "cal"\n'))
+    proto = write_protocol(root / "trial.toml", trial_text(rounds=4, extra='calibration = "cal"\n'))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (wobble(L), 1.0 / wobble(L))))
-        r = CliRunner().invoke(
-            app, ["calibrate", str(proto), "--vllm", sys.executable, "-q", "--out", str(root / "cal")]
+        r = run_cli(
+            "serve",
+            "calibrate",
+            str(proto),
+            "--vllm",
+            sys.executable,
+            "-q",
+            "--out",
+            str(root / "cal"),
         )
     assert r.exit_code == 0, r.output
     return proto, root / "cal"
@@ -71,13 +76,21 @@ def test_calibrate_writes_an_a_a_run_its_noise_and_its_false_acceptance_rate(cal
 
 def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(tmp_path, monkeypatch):
     """The issue's case: --launches 2 "passed" with a gain interval of +-7,453% on the fake server."""
-    proto = tmp_path / "trial.toml"
-    proto.write_text(trial_text(rounds=2))
+    proto = write_protocol(tmp_path / "trial.toml", trial_text(rounds=2))
     noisy = {0: 1.0, 1: 1.3, 2: 0.8, 3: 1.1}  # +-20% from launch to launch
     monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (noisy[L], 1.0 / noisy[L])))
     out = tmp_path / "cal"
-    r = CliRunner().invoke(
-        app, ["calibrate", str(proto), "--launches", "2", "--vllm", sys.executable, "-q", "--out", str(out)]
+    r = run_cli(
+        "serve",
+        "calibrate",
+        str(proto),
+        "--launches",
+        "2",
+        "--vllm",
+        sys.executable,
+        "-q",
+        "--out",
+        str(out),
     )
     assert r.exit_code == 1, r.output
     rec = read_calibration(out)
@@ -96,11 +109,11 @@ def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(t
 
 
 def run_with(proto: Path, tmp_path: Path, text: str, monkeypatch) -> tuple[int, str, Path]:
-    p = proto.parent / f"{tmp_path.name}.toml"  # beside the protocol: `calibration = "cal"` is relative to it
-    p.write_text(text)
+    # beside the protocol: `calibration = "cal"` is relative to it
+    p = write_protocol(proto.parent / f"{tmp_path.name}.toml", text)
     out = tmp_path / "run"
     monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (1.2 if arm == "B" else 1.0, 1.0)))
-    r = CliRunner().invoke(app, ["trial", str(p), "--vllm", sys.executable, "-q", "--out", str(out)])
+    r = run_cli("serve", "trial", str(p), "--vllm", sys.executable, "-q", "--out", str(out))
     return r.exit_code, r.output, out
 
 
@@ -159,12 +172,19 @@ def test_a_calibration_that_did_not_pass_refuses_the_trial(calibrated, tmp_path,
 
 def test_calibrate_refuses_a_protocol_whose_trial_has_no_interval(calibrated, tmp_path):
     proto, _ = calibrated
-    one = tmp_path / "one.toml"
-    one.write_text(proto.read_text().replace("rounds = 4", "rounds = 1"))
-    r = CliRunner().invoke(app, ["calibrate", str(one), "--vllm", sys.executable, "--out", str(tmp_path / "c")])
+    one = write_protocol(tmp_path / "one.toml", proto.read_text().replace("rounds = 4", "rounds = 1"))
+    r = run_cli("serve", "calibrate", str(one), "--vllm", sys.executable, "--out", str(tmp_path / "c"))
     assert r.exit_code == 2 and "the protocol's trial has 1 launch(es) per arm, which gives no interval" in r.output
-    r = CliRunner().invoke(
-        app, ["calibrate", str(proto), "--launches", "3", "--vllm", sys.executable, "--out", str(tmp_path / "c")]
+    r = run_cli(
+        "serve",
+        "calibrate",
+        str(proto),
+        "--launches",
+        "3",
+        "--vllm",
+        sys.executable,
+        "--out",
+        str(tmp_path / "c"),
     )
     assert r.exit_code == 2 and "--launches 3 is below the trial's 4 rounds" in r.output
     assert not (tmp_path / "c").exists()

@@ -19,7 +19,7 @@ from kerneltrial.serving.lifecycle import record_server
 from kerneltrial.serving.preflight import PreflightError, check_inputs, check_model_ref
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.trial import run_protocol
-from tests.conftest import REPO
+from tests.kt import run_cli, write_protocol
 
 
 def protocol_text(
@@ -45,23 +45,13 @@ def test_a_missing_accuracy_file_stops_the_trial_before_anything_runs(tmp_path: 
     assert not out.exists() and not marker.exists()
 
 
-def cli_trial(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(text)
-    return subprocess.run(
-        [sys.executable, "-m", "kerneltrial.cli", "serve", "trial", str(protocol), "--out", str(tmp_path / "run")]
-        + ["--quiet", "--vllm", sys.executable, *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-
 def test_the_cli_refuses_it_with_exit_2_and_one_line(tmp_path: Path) -> None:
     marker, out = tmp_path / "launched", tmp_path / "run"
-    result = cli_trial(tmp_path, protocol_text(marker, "no-such-math500.jsonl"))  # relative: the protocol's folder
-    assert result.returncode == 2, result.stderr
+    protocol = write_protocol(
+        tmp_path / "p.toml", protocol_text(marker, "no-such-math500.jsonl")
+    )  # relative: the protocol's folder
+    result = run_cli("serve", "trial", protocol, "--out", out, "--quiet", "--vllm", sys.executable)
+    assert result.exit_code == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: MATH-500 file") and "no-such-math500.jsonl not found" in line
     # the fix `serve trial` can take: the protocol's key (it has no --data option; issue 26)
@@ -148,11 +138,12 @@ def test_a_port_held_by_a_stale_server_is_named_with_exit_2(tmp_path: Path) -> N
     stale = _listener(port)
     try:
         record_server(port, "127.0.0.1", stale.pid, tmp_path / "killed-run", ["vllm", "serve", "m"])
-        result = cli_trial(tmp_path, protocol_text(tmp_path / "launched", port=port))
+        protocol = write_protocol(tmp_path / "p.toml", protocol_text(tmp_path / "launched", port=port))
+        result = run_cli("serve", "trial", protocol, "--out", tmp_path / "run", "--quiet", "--vllm", sys.executable)
     finally:
         os.killpg(stale.pid, signal.SIGKILL)
         stale.wait()
-    assert result.returncode == 2, result.stderr
+    assert result.exit_code == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: a server from run {tmp_path / 'killed-run'} (pid {stale.pid}, started at ")
     assert line.endswith(f"holds port {port}, bound or not; stop it with `kill -- -{stale.pid}`")

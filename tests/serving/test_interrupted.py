@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.serving import trial
 from kerneltrial.serving.launcher import LaunchError, free_port
 from kerneltrial.serving.lifecycle import group_alive
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import cli_argv, run_cli, write_protocol
 
 from .conftest import FAKE, REPO, start_times
 
@@ -91,7 +90,7 @@ def test_ctrl_c_mid_trial_marks_the_run_interrupted_and_verify_refuses_it(tmp_pa
         f"incomplete run: interrupted at {prov['finished_at']} in launch 2 ({launch_arm(out, 2)}); "
         "it is not evidence, run the trial again"
     )
-    r = CliRunner().invoke(app, ["verify", str(out)])
+    r = run_cli("verify", str(out))
     assert r.exit_code == 1 and "incomplete run: interrupted" in r.output
 
 
@@ -124,7 +123,7 @@ def test_a_run_left_running_is_refused_even_with_a_summary_that_says_ok(tmp_path
     assert json.loads((out / "summary.json").read_text())["status"] == "ok"
     [problem] = verify_serving_run(out).problems
     assert problem.startswith("incomplete run: provenance.json says status 'running' with no finished record")
-    r = CliRunner().invoke(app, ["verify", str(out)])
+    r = run_cli("verify", str(out))
     assert r.exit_code == 1 and "the run was killed" in r.output
 
 
@@ -153,9 +152,9 @@ def test_a_signalled_trial_is_refused_by_verify(tmp_path: Path, sig: signal.Sign
     """SIGTERM: the trial stops its server and records "interrupted" in launch 0. SIGKILL: nothing
     is recorded (provenance stays "running"), the supervisor stops the server, verify refuses."""
     port = free_port()
-    protocol, out, started = tmp_path / "p.toml", tmp_path / "run", tmp_path / "bench-started"
-    protocol.write_text(protocol_text(port))
-    cmd = [sys.executable, "-m", "kerneltrial.cli", "serve", "trial", str(protocol), "--out", str(out), "--quiet"]
+    out, started = tmp_path / "run", tmp_path / "bench-started"
+    protocol = write_protocol(tmp_path / "p.toml", protocol_text(port))
+    cmd = cli_argv("serve", "trial", protocol, "--out", out, "--quiet")
     proc = subprocess.Popen(
         [*cmd, "--vllm", str(fake_client(tmp_path))],
         cwd=REPO,
@@ -185,7 +184,7 @@ def test_a_signalled_trial_is_refused_by_verify(tmp_path: Path, sig: signal.Sign
     else:
         assert prov["status"] == "running" and prov["finished_at"] is None
     assert verify_serving_run(out).problems[0].startswith("incomplete run:")
-    assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 1
+    assert run_cli("verify", str(out)).exit_code == 1
 
 
 def test_the_run_ending_follows_what_stopped_the_loop() -> None:

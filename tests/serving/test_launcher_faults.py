@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, group_alive, operator_env
 from kerneltrial.serving.lifecycle import port_is_free, process_alive, read_record
+from tests.kt import cli_argv
 
 from .conftest import REPO
 
@@ -129,10 +129,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv):
     """`kerneltrial serve launch --hold` as a subprocess; SIGINT it; server group is gone."""
     pidfile = tmp_path / "pid"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kerneltrial.serving",
+    cmd = cli_argv(
+        "serve",
         "launch",
         "--hold",
         "120",
@@ -142,7 +140,7 @@ def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv)
         "tiny",
         "--",
         *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
-    ]
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile, 30)
@@ -169,10 +167,8 @@ def test_sigint_to_kerneltrial_stops_the_server_group(tmp_path, port, fake_argv)
 
 def test_sigterm_to_kerneltrial_also_cleans_up(tmp_path, port, fake_argv):
     pidfile = tmp_path / "pid"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kerneltrial.serving",
+    cmd = cli_argv(
+        "serve",
         "launch",
         "--hold",
         "120",
@@ -182,7 +178,7 @@ def test_sigterm_to_kerneltrial_also_cleans_up(tmp_path, port, fake_argv):
         "tiny",
         "--",
         *fake_argv(port, "--pidfile", str(pidfile)),
-    ]
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile, 30)
@@ -251,10 +247,8 @@ def test_a_server_whose_supervisor_is_killed_gets_sigterm(tmp_path, port, fake_a
 def test_kill_9_of_kerneltrial_stops_the_server_group_and_frees_the_port(tmp_path, port, fake_argv):
     """The supervisor sees kerneltrial die (it is reparented) and stops the group: SIGINT first."""
     pidfile = tmp_path / "pid"
-    cmd = [
-        sys.executable,
-        "-m",
-        "kerneltrial.serving",
+    cmd = cli_argv(
+        "serve",
         "launch",
         "--hold",
         "300",
@@ -264,7 +258,7 @@ def test_kill_9_of_kerneltrial_stops_the_server_group_and_frees_the_port(tmp_pat
         "tiny",
         "--",
         *fake_argv(port, "--spawn-child", "--pidfile", str(pidfile)),
-    ]
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile, 30)

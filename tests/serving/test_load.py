@@ -8,13 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app as main_app
 from kerneltrial.serving.bench import Case, bench_argv, parse_cases
 from kerneltrial.serving.metrics import run_metrics
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli
 
 from .test_acceptance import run_trial, synthetic_bench, trial_text
 
@@ -102,7 +101,7 @@ def test_a_trial_with_a_rate_sweep_and_slos_records_and_verifies_them(tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"]["A"]["in8-out4-c1-n2-r4-b0.5"]["request_goodput"] > 0
     assert verify_serving_run(out).problems == []
-    r = CliRunner().invoke(main_app, ["report", str(out)])
+    r = run_cli("report", str(out))
     assert r.exit_code == 0, r.output
     md = (out / "report.md").read_text()
     assert "| goodput req/s |" in md and "ttft <= 150 ms, e2el <= 1000 ms" in md and (out / "goodput.png").is_file()

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.serving import presets as presets_mod
 from kerneltrial.serving.bench import Case, bench_argv
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.presets import PLUMBING, PresetError, get_preset, presets
 from kerneltrial.serving.protocol import VLLM_BENCH_DEFAULT_SEED, load_protocol, parse_protocol
+from tests.kt import run_cli
 
 from .conftest import FAKE, REPO, official_script, vllm_venv
 
@@ -170,16 +169,15 @@ def test_preset_data_file_is_checked(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_cli_refuses_a_contradicting_extra_argument_before_anything_runs(tmp_path: Path):
-    runner = CliRunner()
     common = ["--preset", "minicpm5-2b", "--model", "/m", "--out", str(tmp_path / "r")]
-    r = runner.invoke(app, ["bench", *common, "--", "--gpu-memory-utilization", "0.9"])
+    r = run_cli("serve", "bench", *common, "--", "--gpu-memory-utilization", "0.9")
     assert r.exit_code == 2 and "contradicts preset minicpm5-2b" in r.output and "--override" in r.output
     assert not (tmp_path / "r").exists()
-    r = runner.invoke(app, ["launch", "--preset", "minicpm5-2b", "--model", "/m", "--", "--port", "1"])
+    r = run_cli("serve", "launch", "--preset", "minicpm5-2b", "--model", "/m", "--", "--port", "1")
     assert r.exit_code == 2 and "kerneltrial sets --port itself" in r.output
-    r = runner.invoke(app, ["bench", "--base-url", "http://h:1", "--override", "dtype", "--cases", "[[1,1,1,1]]"])
+    r = run_cli("serve", "bench", "--base-url", "http://h:1", "--override", "dtype", "--cases", "[[1,1,1,1]]")
     assert r.exit_code == 2 and "--override replaces a flag of a --preset" in r.output
-    r = runner.invoke(app, ["bench", *common, "--seeding", "fresh"])
+    r = run_cli("serve", "bench", *common, "--seeding", "fresh")
     assert r.exit_code == 2 and "--seeding 'fresh' is not official or per_run" in r.output
 
 
@@ -202,12 +200,10 @@ def test_launch_preset_runs_the_official_command_and_records_argv_and_env(tmp_pa
     exe.write_text(FAKE_VLLM.format(python=sys.executable, record=str(record), fake=str(FAKE)))
     exe.chmod(0o755)
     out = tmp_path / "launch"
-    r = CliRunner().invoke(
-        app,
-        [
-            *("launch", "--preset", "minicpm5-2b-metax", "--model", "/models/m", "--vllm", str(exe)),
-            *("--port", str(port), "--out", str(out), "--", "--max-num-seqs", "32"),
-        ],
+    r = run_cli(
+        "serve",
+        *("launch", "--preset", "minicpm5-2b-metax", "--model", "/models/m", "--vllm", str(exe)),
+        *("--port", str(port), "--out", str(out), "--", "--max-num-seqs", "32"),
     )
     assert r.exit_code == 0, r.output
     served = json.loads(record.read_text())
@@ -251,7 +247,7 @@ def test_preset_bench_records_the_seed_of_every_run(
     out = tmp_path / "run"
     args = ["bench", "--preset", "minicpm5-2b", "--model", model, "--vllm", str(exe), "--port", str(port)]
     args += ["--cases", "[[32, 8, 2, 4]]", "-r", "2", "--seeding", seeding, "--quiet", "--out", str(out)]
-    r = CliRunner().invoke(app, [*args, *(["--seed", seed] if seed else []), "--", "--max-num-seqs", "4"])
+    r = run_cli("serve", *args, *(["--seed", seed] if seed else []), "--", "--max-num-seqs", "4")
     assert r.exit_code == 0, r.output
     assert verify_serving_run(out).problems == []
     plan = json.loads((out / "plan.json").read_text())

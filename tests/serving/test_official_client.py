@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.serving import trial
 from kerneltrial.serving.bench import Case, bench_argv
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.official import CASE_SETS, SCRIPT_RUNS, SCRIPT_SCENARIOS, SEED_CASES
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli, write_protocol
 
 from .conftest import FAKE, official_script
 from .test_acceptance import synthetic_bench, trial_text
@@ -131,11 +130,19 @@ def test_a_trial_with_the_official_client_records_and_verifies_its_argv(tmp_path
 
     text = trial_text(rounds=1)
     monkeypatch.setattr(trial, "run_bench", bench)
-    proto = tmp_path / "trial.toml"
-    proto.write_text(text)
+    proto = write_protocol(tmp_path / "trial.toml", text)
     out = tmp_path / "run"
-    r = CliRunner().invoke(
-        app, ["trial", str(proto), "--client", "official", "--vllm", sys.executable, "-q", "--out", str(out)]
+    r = run_cli(
+        "serve",
+        "trial",
+        str(proto),
+        "--client",
+        "official",
+        "--vllm",
+        sys.executable,
+        "-q",
+        "--out",
+        str(out),
     )
     assert r.exit_code == 1 and "INCONCLUSIVE" in r.output, r.output  # one launch per arm
     plan = json.loads((out / "plan.json").read_text())
@@ -166,7 +173,7 @@ def test_serve_bench_takes_a_case_set_and_the_client(tmp_path, monkeypatch, port
     out = tmp_path / "run"
     args = ["bench", "--launch", "--client", "official", "--cases", "seed", "-r", "2", "--tokenizer", str(tmp_path)]
     args += ["--model-id", "tiny", "--vllm", sys.executable, "-q", "--out", str(out), "--port", str(port)]
-    r = CliRunner().invoke(app, [*args, "--", sys.executable, str(FAKE), "--port", "{port}"])
+    r = run_cli("serve", *args, "--", sys.executable, str(FAKE), "--port", "{port}")
     assert r.exit_code == 0, r.output
     plan = json.loads((out / "plan.json").read_text())
     assert [(c["case"], c["label"]) for c in plan["cases"]] == [

@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.serving import trial
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import _VERSIONS_SNIPPET
 from kerneltrial.serving.pins import installed, pin_mismatches, scope
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli, write_protocol
 
 from .test_acceptance import synthetic_bench, trial_text
 
@@ -93,11 +92,10 @@ def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a
 def pinned_trial(tmp_path: Path, monkeypatch, *extra: str) -> tuple[int, str, Path]:
     """A trial whose protocol pins FlagGems 5.3.5: the fake server's interpreter has no FlagGems."""
     text = trial_text(rounds=1).replace("[acceptance]\n", '[pins]\nflag_gems = "5.3.5"\n[acceptance]\n')
-    proto = tmp_path / "trial.toml"
-    proto.write_text(text)
+    proto = write_protocol(tmp_path / "trial.toml", text)
     out = tmp_path / "run"
     monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda a, L: (1.0, 1.0)))
-    r = CliRunner().invoke(app, ["trial", str(proto), *extra, "--vllm", sys.executable, "-q", "--out", str(out)])
+    r = run_cli("serve", "trial", str(proto), *extra, "--vllm", sys.executable, "-q", "--out", str(out))
     return r.exit_code, r.output, out
 
 

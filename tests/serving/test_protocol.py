@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
 
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV, OURS
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.order import launch_order
 from kerneltrial.serving.protocol import (
@@ -20,6 +18,7 @@ from kerneltrial.serving.protocol import (
     non_operator_difference,
     parse_protocol,
 )
+from tests.kt import run_cli, write_protocol
 
 from .conftest import REPO
 
@@ -142,7 +141,7 @@ def test_paths_are_taken_from_the_protocol_folder(tmp_path: Path):
     text = BASE.replace('model_id = "m"', 'model_id = "m"\nmodel = "models/m"').replace(
         "[server]", '[accuracy]\ndata = "data/test.jsonl"\nlevel = 2\n[server]'
     )
-    (tmp_path / "p.toml").write_text(text)
+    write_protocol(tmp_path / "p.toml", text)
     p, raw = load_protocol(tmp_path / "p.toml")
     assert raw == text.encode()
     assert p.server.model == str(tmp_path / "models" / "m") == p.server.effective_tokenizer
@@ -185,25 +184,23 @@ def test_example_protocol_parses():
 
 
 def test_cli_errors_are_one_line(tmp_path: Path):
-    runner = CliRunner()
-    r = runner.invoke(app, ["trial", str(tmp_path / "missing.toml")])
+    r = run_cli("serve", "trial", str(tmp_path / "missing.toml"))
     assert r.exit_code == 2 and "not found" in r.output and "Traceback" not in r.output
-    bad = tmp_path / "bad.toml"
-    bad.write_text(BASE.replace("port = 9000", "port = 70000"))
-    r = runner.invoke(app, ["trial", str(bad)])
+    bad = write_protocol(tmp_path / "bad.toml", BASE.replace("port = 9000", "port = 70000"))
+    r = run_cli("serve", "trial", str(bad))
     assert r.exit_code == 2 and "server.port: input should be less than or equal to 65535, got 70000" in r.output
-    r = runner.invoke(app, ["bench", "--cases", "[[1,2,3,4]]"])
+    r = run_cli("serve", "bench", "--cases", "[[1,2,3,4]]")
     assert r.exit_code == 2 and "choose exactly one of" in r.output
-    r = runner.invoke(app, ["bench", "--preset", "minicpm5-2b"])
+    r = run_cli("serve", "bench", "--preset", "minicpm5-2b")
     assert r.exit_code == 2 and "needs --model" in r.output
-    r = runner.invoke(app, ["bench", "--preset", "nope", "--model", "x"])
+    r = run_cli("serve", "bench", "--preset", "nope", "--model", "x")
     assert r.exit_code == 2 and "unknown preset 'nope'" in r.output
-    r = runner.invoke(app, ["accuracy", "--base-url", "http://127.0.0.1:9", "--data", str(tmp_path / "x.jsonl")])
+    r = run_cli("serve", "accuracy", "--base-url", "http://127.0.0.1:9", "--data", str(tmp_path / "x.jsonl"))
     assert r.exit_code == 2 and "not found" in r.output
-    r = runner.invoke(app, ["bench", "--base-url", "http://127.0.0.1:9", "--cases", "[[8,8,1,1]]"])
+    r = run_cli("serve", "bench", "--base-url", "http://127.0.0.1:9", "--cases", "[[8,8,1,1]]")
     assert r.exit_code == 2 and "no answer from http://127.0.0.1:9/v1/models" in r.output
     for cmd in ("bench", "trial", "accuracy", "launch"):
-        assert runner.invoke(app, [cmd, "--help"]).exit_code == 0
+        assert run_cli("serve", cmd, "--help").exit_code == 0
 
 
 def test_preset_argv():

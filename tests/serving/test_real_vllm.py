@@ -10,11 +10,10 @@ import json
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import Server, ServerSpec, free_port, group_alive
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli, write_protocol
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
@@ -33,24 +32,22 @@ def server(vllm_server_cmd, tmp_path_factory):
 def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
     srv, model = server
     out = tmp_path / "run"
-    r = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--base-url",
-            srv.spec.base_url,
-            "--tokenizer",
-            model,
-            "--vllm",
-            vllm_client,
-            "--quiet",
-            "--cases",
-            "[[64, 16, 4, 8], [128, 8, 2, 4]]",
-            "-r",
-            "2",
-            "--out",
-            str(out),
-        ],
+    r = run_cli(
+        "serve",
+        "bench",
+        "--base-url",
+        srv.spec.base_url,
+        "--tokenizer",
+        model,
+        "--vllm",
+        vllm_client,
+        "--quiet",
+        "--cases",
+        "[[64, 16, 4, 8], [128, 8, 2, 4]]",
+        "-r",
+        "2",
+        "--out",
+        str(out),
     )
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
@@ -89,23 +86,21 @@ def test_bench_two_cases_against_running_server(server, vllm_client, tmp_path):
 def test_accuracy_end_to_end(server, math500_path, tmp_path):
     srv, _ = server
     out = tmp_path / "acc"
-    r = CliRunner().invoke(
-        app,
-        [
-            "accuracy",
-            "--base-url",
-            srv.spec.base_url,
-            "--data",
-            str(math500_path),
-            "--limit",
-            "4",
-            "--max-tokens",
-            "24",
-            "--concurrency",
-            "4",
-            "--out",
-            str(out),
-        ],
+    r = run_cli(
+        "serve",
+        "accuracy",
+        "--base-url",
+        srv.spec.base_url,
+        "--data",
+        str(math500_path),
+        "--limit",
+        "4",
+        "--max-tokens",
+        "24",
+        "--concurrency",
+        "4",
+        "--out",
+        str(out),
     )
     # a random-weight model scores ~0: the gate fails (exit 1) but the pipeline ran
     assert r.exit_code == 1, r.output
@@ -151,9 +146,9 @@ def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path,
             f"argv = {json.dumps(argv)}",
             "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**env, **extra}.items()) + " }",
         ]
-    proto.write_text("\n".join(lines) + "\n")
+    write_protocol(proto, "\n".join(lines) + "\n")
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, ["trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out)])
+    r = run_cli("serve", "trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out))
     assert r.exit_code == 1, r.output  # every run completed, but the candidate is REJECTED: a failed verdict
     assert (out / "protocol.toml").read_bytes() == proto.read_bytes()
     summary = json.loads((out / "summary.json").read_text())

@@ -10,14 +10,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.serving.bench import Case
 from kerneltrial.serving.calibration import read_calibration
-from kerneltrial.serving.cli import app
 from kerneltrial.serving.launcher import free_port
 from kerneltrial.serving.lifecycle import read_record
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli, write_protocol
 
 from .conftest import official_script
 from .test_official_client import Script, check_official
@@ -67,11 +66,10 @@ def official_calibration(vllm_server_cmd, vllm_client, tmp_path_factory) -> tupl
         f"argv = {json.dumps(make('{port}'))}",
         "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }",
     ]
-    proto = root / "official.toml"
-    proto.write_text("\n".join(lines) + "\n")
+    proto = write_protocol(root / "official.toml", "\n".join(lines) + "\n")
     out = root / "cal"
     args = ["calibrate", str(proto), "--launches", "2", "--vllm", vllm_client, "--quiet", "--out", str(out)]
-    r = CliRunner().invoke(app, args)
+    r = run_cli("serve", *args)
     return out, r.output, r.exit_code
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from kerneltrial.serving.launcher import Server, ServerSpec, free_port
 from kerneltrial.serving.lifecycle import group_alive, port_is_free
+from tests.kt import cli_argv
 
 from .conftest import REPO
 
@@ -43,7 +43,7 @@ def test_kill_9_of_kerneltrial_takes_the_vllm_server_with_it(vllm_server_cmd, tm
     make, env, _ = vllm_server_cmd
     port = free_port()
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "kerneltrial.serving", "launch", "--hold", "600", "--out", str(out)]
+    cmd = cli_argv("serve", "launch", "--hold", "600", "--out", out)
     cmd += ["--model-id", "tiny", "--ready-timeout", "300", "--", *make(port)]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -11,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from kerneltrial.cli import app as main_app
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli
 
 from .test_acceptance import run_trial, synthetic_bench, trial_text
 
@@ -51,7 +49,7 @@ def test_a_launch_refused_before_it_spawned_is_recorded_as_refused_not_as_a_base
     assert refused["valid"] is False and refused["reason"] == "launch 1 was refused before it started: it ran nothing"
     assert summary["status"] == "failed" and "refused before it started" in summary["failures"][0]
     assert verify_serving_run(out).problems == []  # the record of what happened verifies
-    r = CliRunner().invoke(main_app, ["verify", str(out)])
+    r = run_cli("verify", str(out))
     assert r.exit_code == 0, r.output
     assert "ok   run finished: provenance.json records the end of a FAILED run (" in r.output
     assert "it is no evidence for any arm" in r.output
@@ -65,7 +63,7 @@ def test_a_launch_refused_before_it_spawned_is_recorded_as_refused_not_as_a_base
 
 def test_verify_of_a_finished_run_says_nothing_of_failure(tmp_path, monkeypatch):
     code, _, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1, 1)))
-    r = CliRunner().invoke(main_app, ["verify", str(out)])
+    r = run_cli("verify", str(out))
     assert r.exit_code == 0 and "ok   run finished: provenance.json records the end of the run\n" in r.output, r.output
 
 

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
+from tests.kt import run_cli
 
 from .test_verify_evidence import _forge_runs, clean_run  # noqa: F401 (the fixture)
 
@@ -34,7 +33,7 @@ def slower_a(clean_run: Path, tmp_path: Path) -> Path:  # noqa: F811
 
 
 def test_compare_shows_each_arm_and_case_of_two_serving_runs(clean_run: Path, slower_a: Path) -> None:  # noqa: F811
-    r = CliRunner().invoke(app, ["compare", str(clean_run), str(slower_a)])
+    r = run_cli("compare", str(clean_run), str(slower_a))
     assert r.exit_code == 0, r.output
     a = next(line for line in r.output.splitlines() if line.startswith("| A | in16-out8-c2-n6 |"))
     b = next(line for line in r.output.splitlines() if line.startswith("| B | in16-out8-c2-n6 |"))
@@ -42,7 +41,7 @@ def test_compare_shows_each_arm_and_case_of_two_serving_runs(clean_run: Path, sl
     assert b.split(" | ")[4] == "1.0000" and b.rstrip(" |").endswith("1.0000")
     assert "[" in a.split(" | ")[2]  # an interval across the two launches
 
-    j = CliRunner().invoke(app, ["compare", "--json", str(clean_run), str(slower_a)])
+    j = run_cli("compare", "--json", str(clean_run), str(slower_a))
     assert j.exit_code == 0, j.output
     doc = json.loads(j.stdout)
     assert doc["schema"] == "kerneltrial.serving-compare-result/1" and doc["only_in_a"] == doc["only_in_b"] == []
@@ -54,7 +53,7 @@ def test_a_serving_run_and_a_kernel_run_are_not_compared(clean_run: Path, tmp_pa
     kernel = tmp_path / "kernel"
     kernel.mkdir()
     (kernel / "provenance.json").write_text(json.dumps({"kind": "kernel"}))
-    r = CliRunner().invoke(app, ["compare", str(clean_run), str(kernel)])
+    r = run_cli("compare", str(clean_run), str(kernel))
     assert r.exit_code == 2 and "is a serving run" in r.output and "compare two runs of one kind" in r.output
 
 
@@ -71,12 +70,12 @@ def test_compare_and_report_refuse_a_serving_run_whose_summary_was_edited(
     summary["results"]["B"]["in16-out8-c2-n6"]["launches"][0]["total_token_throughput"] *= 3
     (run / "summary.json").write_text(json.dumps(summary))
     for command in (["compare", str(clean_run), str(run)], ["report", str(run)]):
-        refused = CliRunner().invoke(app, command)
+        refused = run_cli(*command)
         assert refused.exit_code == 1 and f"{run} fails verification" in refused.output, refused.output
         assert "summary figures (" in refused.output  # the failed check, named
-    marked = CliRunner().invoke(app, ["compare", str(clean_run), str(run), "--unverified"])
+    marked = run_cli("compare", str(clean_run), str(run), "--unverified")
     assert marked.exit_code == 0 and marked.stdout.splitlines()[0] == f"# Serving runs compared ({UNVERIFIED}: " + (
         "rendered with --unverified: `kerneltrial verify` was not required to pass)"
     )
-    assert CliRunner().invoke(app, ["report", str(run), "--unverified"]).exit_code == 0
+    assert run_cli("report", str(run), "--unverified").exit_code == 0
     assert (run / "report.md").read_text().startswith(f"# Serving trial {run.name} ({UNVERIFIED}: ")

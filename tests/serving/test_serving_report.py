@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import case_record
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.report_data import Interval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import run_cli
 
 from .conftest import FAKE, start_times
 
@@ -85,7 +84,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_report_command_renders_a_serving_run(run_dir: Path):
-    r = CliRunner().invoke(app, ["report", str(run_dir)])
+    r = run_cli("report", str(run_dir))
     assert r.exit_code == 0, r.output
     md = (run_dir / "report.md").read_text()
     for png in ("throughput.png", "ttft.png", "latency.png"):
@@ -184,7 +183,7 @@ def test_report_shows_accuracy_and_dispatch_when_recorded(run_dir: Path, tmp_pat
     del rows[1]["dispatch"]  # as launches of a trial from before the proof
     (copy / "launches.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # hand-written figures: they do not verify, so the page is rendered (and titled) unverified
-    assert CliRunner().invoke(app, ["report", str(copy), "--unverified"]).exit_code == 0
+    assert run_cli("report", str(copy), "--unverified").exit_code == 0
     md = (copy / "report.md").read_text()
     assert "| E1 | passed | valid | ACCEPTED | - |" in md
     assert "| E2 | passed | **invalid** | **REJECTED** |" in md and "arm E2: dispatch proof invalid (silu_and_mul" in md
@@ -200,5 +199,5 @@ def test_a_directory_that_is_not_a_serving_run_is_one_error_line(tmp_path: Path)
     (tmp_path / "plan.json").write_text(json.dumps({"arms": []}))
     (tmp_path / "summary.json").write_text("{}")
     (tmp_path / "runs.jsonl").write_text("")
-    r = CliRunner().invoke(app, ["report", str(tmp_path)])
+    r = run_cli("report", str(tmp_path))
     assert r.exit_code == 2 and "plan.json: cases: Field required" in r.output and "Traceback" not in r.output

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.serving import accuracy, metrics, trial
 from kerneltrial.serving import summary as summary_mod
 from kerneltrial.serving.bench import request_rows
@@ -34,6 +32,7 @@ from kerneltrial.serving.verify_evidence import (
     duration_problems,
     request_time_problems,
 )
+from tests.kt import run_cli
 
 from .conftest import FAKE
 
@@ -124,10 +123,6 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _verify_cli(run: Path, *options: str) -> Any:
-    return CliRunner().invoke(app, ["verify", str(run), *options])
-
-
 def test_the_clean_run_verifies_with_its_grader_recorded(clean_run: Path) -> None:
     assert verify_serving_run(clean_run).problems == []
     summary = json.loads((clean_run / "summary.json").read_text())
@@ -135,7 +130,7 @@ def test_the_clean_run_verifies_with_its_grader_recorded(clean_run: Path) -> Non
     stored = json.loads((clean_run / "accuracy" / "B" / "accuracy.json").read_text())
     assert stored["grader"]["rule"] == accuracy.GRADE_RULE and stored["grader"]["math-verify"]
     assert summary["accuracy"]["B"]["correct"] == 2  # 42, 7, 42 against an answer of 42
-    r = _verify_cli(clean_run)
+    r = run_cli("verify", clean_run)
     assert r.exit_code == 0 and "FAIL" not in r.output and "n/a  accuracy grades" not in r.output, r.output
 
 
@@ -163,9 +158,9 @@ def test_flipped_grades_with_a_matching_summary_fail_verify(run: Path) -> None:
         "accuracy B: problem u1 is stored correct=True, re-graded False",
         "accuracy B: summary correct = 3, re-graded 2 of 3",
     ]
-    r = _verify_cli(run)
+    r = run_cli("verify", run)
     assert r.exit_code == 1 and "re-graded False" in r.output
-    trusted = _verify_cli(run, "--no-regrade")  # says what it did not do
+    trusted = run_cli("verify", run, "--no-regrade")  # says what it did not do
     assert trusted.exit_code == 0, trusted.output
     assert "n/a  accuracy grades: not re-graded (--no-regrade): the stored correct flags are trusted" in trusted.output
 
@@ -189,9 +184,9 @@ def test_without_math_verify_verify_cannot_regrade_and_fails(run: Path, monkeypa
     [problem] = verify_serving_run(run).problems
     assert problem.startswith("cannot re-grade the accuracy answers: grading MATH-500 needs math-verify")
     assert problem.endswith("or pass --no-regrade to verify the rest")
-    r = _verify_cli(run)
+    r = run_cli("verify", run)
     assert r.exit_code == 1 and "cannot re-grade" in r.output
-    assert _verify_cli(run, "--no-regrade").exit_code == 0
+    assert run_cli("verify", run, "--no-regrade").exit_code == 0
 
 
 # ---------------------------------------------------------------- durations
@@ -257,7 +252,7 @@ def test_shrunk_durations_with_recomputed_rows_fail_verify(run: Path) -> None:
     assert problems and all("is shorter than its requests' span" in p for p in problems), problems
     assert len(problems) == 4  # each of A's runs: 2 launches x 2 repeats
     assert problems[0].startswith("run A/in16-out8-c2-n6/launch ")
-    assert _verify_cli(run, "--no-regrade").exit_code == 1
+    assert run_cli("verify", run, "--no-regrade").exit_code == 1
 
 
 def test_shrunk_run_duration_alone_fails_verify(run: Path) -> None:

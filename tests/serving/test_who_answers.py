@@ -19,6 +19,7 @@ import pytest
 from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, argv_with_nonce
 from kerneltrial.serving.lifecycle import PortTaken, claim_port, port_is_free, read_record
 from kerneltrial.serving.verify import verify_serving_run
+from tests.kt import cli_argv
 
 from .conftest import FAKE, REPO
 from .test_acceptance import run_trial, synthetic_bench, trial_text
@@ -120,7 +121,7 @@ def test_requests_answered_by_another_server_fail_the_run_and_stop_the_trial(tmp
 
 def hold_in_another_kerneltrial(port: int, out: Path, *server: str) -> subprocess.Popen[str]:
     """`kerneltrial serve launch --hold` in its own process (another kerneltrial), once its port record exists."""
-    cmd = [sys.executable, "-m", "kerneltrial.serving", "launch", "--hold", "120", "--ready-timeout", "300"]
+    cmd = cli_argv("serve", "launch", "--hold", "120", "--ready-timeout", "300")
     cmd += ["--model-id", "tiny", "--out", str(out), "--", *server]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     end = time.monotonic() + 60

@@ -12,9 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.ops.registry import all_ops
 from kerneltrial.submission.archive import (
     FIXED_TIME,
@@ -28,13 +26,13 @@ from kerneltrial.submission.archive import (
 from kerneltrial.submission.package import confirmed_run
 from kerneltrial.submission.receipt import FileRecord, Receipt
 from tests.conftest import REPO
+from tests.kt import run_cli
 from tests.trial import confirmation_chain
 from tests.trial.confirmation_chain import confirmation_run
 
 GOOD = REPO / "tests" / "fixtures" / "good_rmsnorm.py"
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 OPERATORS = {o.name: o.signature for o in all_ops()}
-runner = CliRunner()
 chain = confirmation_chain.chain  # the fixture
 
 # A module that reads a data file beside it at import, as the derived dispatchers read their rule.
@@ -52,11 +50,6 @@ def rmsnorm(x, weight, eps=1e-6):
     eps = max(eps, RULE["eps_floor"])
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 '''
-
-
-def invoke(*args: str | Path) -> tuple[int, str]:
-    result = runner.invoke(app, [str(a) for a in args])
-    return result.exit_code, result.output
 
 
 def zip_of(*entries: tuple[str, bytes] | zipfile.ZipInfo, payloads: dict[str, bytes] | None = None) -> bytes:
@@ -237,21 +230,23 @@ def test_the_archive_is_deterministic_sorted_and_flat():
 def test_the_cli_inspect_exits_1_with_one_line_and_0_when_accepted(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_bytes(zip_of(("../good_rmsnorm.py", GOOD_SOURCE)))
-    code, output = invoke("inspect", bad)
+    result = run_cli("inspect", bad)
     assert (
-        code == 1
-        and output.strip()
+        result.exit_code == 1
+        and result.output.strip()
         == f"error: rejected {bad}: entry '../good_rmsnorm.py' climbs out of the archive (path traversal with '..')"
     )
     misnamed = tmp_path / "misnamed.zip"
     misnamed.write_bytes(build({"m.py": b"def rms_norm(x, weight, eps=1e-6):\n    return x\n"}))
-    code, output = invoke("inspect", misnamed, "--op", "rmsnorm")
-    assert code == 1 and "no entry point: m.py has no top-level function rmsnorm" in output
+    result = run_cli("inspect", misnamed, "--op", "rmsnorm")
+    assert result.exit_code == 1 and "no entry point: m.py has no top-level function rmsnorm" in result.output
     good = tmp_path / "good.zip"
     good.write_bytes(build({"good_rmsnorm.py": GOOD_SOURCE}))
-    code, output = invoke("inspect", good)
-    assert code == 0 and output.startswith(f"accepted {good}: entry point rmsnorm in good_rmsnorm.py")
-    assert invoke("inspect", tmp_path / "absent.zip")[0] == 2
+    result = run_cli("inspect", good)
+    assert result.exit_code == 0 and result.output.startswith(
+        f"accepted {good}: entry point rmsnorm in good_rmsnorm.py"
+    )
+    assert run_cli("inspect", tmp_path / "absent.zip").exit_code == 2
 
 
 def test_package_refuses_what_its_confirmation_run_did_not_confirm(chain, tmp_path):
@@ -262,11 +257,11 @@ def test_package_refuses_what_its_confirmation_run_did_not_confirm(chain, tmp_pa
     out = tmp_path / "s.zip"
 
     def refused(*args: str | Path, module: Path = module, data: Path | None = rule) -> str:
-        code, output = invoke(
+        result = run_cli(
             "package", "zimage_qk_rmsnorm", module, "--out", out, *args, *(["--data", data] if data else [])
         )
-        assert code == 1 and not out.exists(), output
-        return output
+        assert result.exit_code == 1 and not out.exists(), result.output
+        return result.output
 
     swapped = tmp_path / "swap" / rule.name  # every branch and the default pick the control
     swapped.parent.mkdir()
@@ -320,17 +315,18 @@ def test_the_confirmed_run_record_names_phase_gate_and_rule(chain, tmp_path):
 )
 def test_package_exits_2_on_bad_input(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    code, output = invoke("package", "rmsnorm", *args)
-    assert code == 2 and message in output, output
+    result = run_cli("package", "rmsnorm", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_package_refuses_a_misnamed_module_before_importing_it(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def rms_norm(x, weight, eps=1e-6):\n    return x\n")
-    code, output = invoke("package", "rmsnorm", module, "--out", tmp_path / "s.zip", "--unconfirmed")
+    result = run_cli("package", "rmsnorm", module, "--out", tmp_path / "s.zip", "--unconfirmed")
     assert (
-        code == 1
-        and "refused: the archive would be rejected: no entry point: m.py has no top-level function rmsnorm" in output
+        result.exit_code == 1
+        and "refused: the archive would be rejected: no entry point: m.py has no top-level function rmsnorm"
+        in result.output
     )
 
 
@@ -342,13 +338,11 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     module.write_text(RULED)
     rule.write_text("eps_floor = 0.0\n")
     out = tmp_path / "ship" / "submission.zip"
-    code, output = invoke(
-        "package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend", "--unconfirmed"
-    )
-    assert code == 0, output
+    result = run_cli("package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend", "--unconfirmed")
+    assert result.exit_code == 0, result.output
     assert (
         "interface check passed on cpu (isolated: no kerneltrial importable): 20 gate checks, every launch within "
-        "the ascend limits; UNCONFIRMED: no confirmation run tested this code" in output
+        "the ascend limits; UNCONFIRMED: no confirmation run tested this code" in result.output
     )
     receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
     assert receipt.schema_id == "kerneltrial.receipt/3" and receipt.confirmation == "unconfirmed"
@@ -362,14 +356,17 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     assert receipt.tested_in == []
     assert receipt.interface_check.target == "ascend" and receipt.kerneltrial_version
     receipt_file = tmp_path / "ship" / "submission.receipt.json"
-    code, output = invoke("inspect", out, "--receipt", receipt_file)
-    assert code == 0 and "matches its receipt (confirmation: UNCONFIRMED, packaged with --unconfirmed" in output
+    result = run_cli("inspect", out, "--receipt", receipt_file)
+    assert (
+        result.exit_code == 0
+        and "matches its receipt (confirmation: UNCONFIRMED, packaged with --unconfirmed" in result.output
+    )
     tampered = tmp_path / "tampered.zip"
     tampered.write_bytes(build({"ruled_rmsnorm.py": RULED.encode() + b"# edited\n", rule.name: rule.read_bytes()}))
-    code, output = invoke("inspect", tampered, "--receipt", receipt_file)
-    assert code == 1 and "receipt mismatch: ruled_rmsnorm.py has sha256" in output, output
-    code, output = invoke("package", "rmsnorm", module, "--out", out, "--unconfirmed")
-    assert code == 2 and "exists; a package is never overwritten" in output
+    result = run_cli("inspect", tampered, "--receipt", receipt_file)
+    assert result.exit_code == 1 and "receipt mismatch: ruled_rmsnorm.py has sha256" in result.output, result.output
+    result = run_cli("package", "rmsnorm", module, "--out", out, "--unconfirmed")
+    assert result.exit_code == 2 and "exists; a package is never overwritten" in result.output
 
 
 @pytest.mark.slow
@@ -396,17 +393,20 @@ def test_the_interface_check_refuses_what_fails_where_the_target_runs_it(tmp_pat
     if module == "ruled":
         path.write_text(RULED)
         (tmp_path / "ruled_rmsnorm.rule.toml").write_text("eps_floor = 0.0\n")  # beside it, but not packed
-    code, output = invoke("package", "rmsnorm", path, "--out", tmp_path / "s.zip", "--unconfirmed", *args)
-    assert code == 1 and reason in output, output
+    result = run_cli("package", "rmsnorm", path, "--out", tmp_path / "s.zip", "--unconfirmed", *args)
+    assert result.exit_code == 1 and reason in result.output, result.output
     assert not (tmp_path / "s.zip").exists()
 
 
 def test_package_refuses_the_planted_stub_that_execs_its_packed_txt(tmp_path):
     module = REPO / "tests" / "fixtures" / "planted" / "package" / "exec_from_data.py"
-    code, output = invoke(
+    result = run_cli(
         "package", "rmsnorm", module, "--out", tmp_path / "s.zip", "--data", module.with_suffix(".txt"), "--unconfirmed"
     )
-    assert code == 1 and "refused: the archive would be rejected: code from data: exec_from_data.py line 6" in output
+    assert (
+        result.exit_code == 1
+        and "refused: the archive would be rejected: code from data: exec_from_data.py line 6" in result.output
+    )
 
 
 RECEIPT_3 = {
@@ -449,16 +449,16 @@ def test_a_receipt_3_states_its_confirmation_and_process(change, message):
 
 
 def test_inspect_shows_the_receipt_s_confirmation_and_interface_check(tmp_path):
-    code, output = invoke(
+    result = run_cli(
         "inspect",
         REPO / "submissions" / "zimage_qk_rmsnorm.zip",
         "--receipt",
         REPO / "submissions" / "zimage_qk_rmsnorm.receipt.json",
     )
-    assert code == 0 and (
+    assert result.exit_code == 0 and (
         "matches its receipt (confirmation: confirmed in 4 run(s); interface check in-harness, imported where "
-        "kerneltrial was (receipt before receipt/3), on cuda, 56 gate checks)" in output
-    ), output
+        "kerneltrial was (receipt before receipt/3), on cuda, 56 gate checks)" in result.output
+    ), result.output
     archive = tmp_path / "s.zip"
     archive.write_bytes(build({"good_rmsnorm.py": GOOD_SOURCE}))
     found = inspect_archive(archive.read_bytes(), "s.zip", OPERATORS)
@@ -468,8 +468,8 @@ def test_inspect_shows_the_receipt_s_confirmation_and_interface_check(tmp_path):
             RECEIPT_3 | {"archive": found.archive.model_dump(), "files": [f.model_dump() for f in found.files]}
         ).model_dump_json(by_alias=True)
     )
-    code, output = invoke("inspect", archive, "--receipt", receipt)
-    assert code == 0 and (
+    result = run_cli("inspect", archive, "--receipt", receipt)
+    assert result.exit_code == 0 and (
         "(confirmation: UNCONFIRMED, packaged with --unconfirmed: no confirmation run tested this code; "
-        "interface check isolated, no kerneltrial importable, on cpu, 20 gate checks)" in output
-    ), output
+        "interface check isolated, no kerneltrial importable, on cpu, 20 gate checks)" in result.output
+    ), result.output

@@ -11,6 +11,7 @@ import pytest
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.trial.calibration import CalibrationError
 from kerneltrial.trial.runner import calibrate, run_trial
+from tests.kt import write_protocol
 
 BASE = """
 name = "cal"
@@ -28,12 +29,6 @@ injected_slowdown = 0.9
 [[cases]]
 shape = [8, 256]
 """
-
-
-def protocol(tmp_path: Path, rounds: int = 6, extra: str = "") -> Path:
-    path = tmp_path / "p.toml"
-    path.write_text(BASE.format(rounds=rounds, extra=extra))
-    return path
 
 
 # The calibration tests time a control whose duration a busy CPU barely changes: plain-torch
@@ -67,10 +62,9 @@ def steady_protocol(tmp_path: Path) -> Path:
     """The base protocol with the sleeping control `steady` (see STEADY_MODULE)."""
     module = tmp_path / "steady.py"
     module.write_text(STEADY_MODULE)
-    path = tmp_path / "steady.toml"
     extra = f"impl_modules = [{str(module)!r}]\n"
-    path.write_text(BASE.format(rounds=6, extra=extra).replace('control = "control"', 'control = "steady"'))
-    return path
+    steady = BASE.replace('control = "control"', 'control = "steady"')
+    return write_protocol(tmp_path / "steady.toml", steady, rounds=6, extra=extra)
 
 
 def rows(run: Path) -> list[dict[str, str]]:
@@ -102,7 +96,7 @@ def test_calibration_runs_aa_copy_and_slowed_control(tmp_path):
 @pytest.mark.slow
 def test_noise_rule_adds_rounds_until_max(tmp_path):
     extra = "target_ci_width = 1e-9\nmax_rounds = 4\n"
-    run = run_trial(protocol(tmp_path, rounds=2, extra=extra), tmp_path / "run")
+    run = run_trial(write_protocol(tmp_path / "p.toml", BASE, rounds=2, extra=extra), tmp_path / "run")
     plan = json.loads((run / "plan.json").read_text())
     assert plan["cases"][0]["rounds"] == 4  # an unreachable target: stopped by max_rounds
     keys = {(r["seed"], r["round"], r["arm"]) for r in rows(run)}
@@ -112,17 +106,20 @@ def test_noise_rule_adds_rounds_until_max(tmp_path):
 
 def test_noise_rule_stops_when_ci_is_narrow(tmp_path):
     extra = "target_ci_width = 100.0\nmax_rounds = 9\n"
-    run = run_trial(protocol(tmp_path, rounds=2, extra=extra), tmp_path / "run")
+    run = run_trial(write_protocol(tmp_path / "p.toml", BASE, rounds=2, extra=extra), tmp_path / "run")
     assert json.loads((run / "plan.json").read_text())["cases"][0]["rounds"] == 2
 
 
 def test_uncalibrated_run_is_refused(tmp_path):
     with pytest.raises(CalibrationError, match="calibration_run"):
-        run_trial(protocol(tmp_path, extra='calibration_run = "no-such-run"\n'), tmp_path / "run")
+        run_trial(
+            write_protocol(tmp_path / "p.toml", BASE, rounds=6, extra='calibration_run = "no-such-run"\n'),
+            tmp_path / "run",
+        )
 
 
 def test_timings_carry_clock_columns(tmp_path):
-    run = run_trial(protocol(tmp_path, rounds=2), tmp_path / "run")
+    run = run_trial(write_protocol(tmp_path / "p.toml", BASE, rounds=2, extra=""), tmp_path / "run")
     first = rows(run)[0]
     assert "sm_mhz" in first and first["sm_mhz"] == ""  # no NVML on a CPU run: recorded as unknown
 

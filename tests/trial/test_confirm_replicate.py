@@ -10,26 +10,19 @@ import shutil
 import tomllib
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.dispatch import sha256_file
-from kerneltrial.cli import app
 from kerneltrial.replicates.record import cross_run, table_problems, write_table
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.confirm import check_confirmation, write_confirmation
 from tests.analysis.rundir_factory import seal
 from tests.conftest import REPO
+from tests.kt import run_cli
 from tests.trial import confirmation_chain
 from tests.trial.confirmation_chain import CASE, confirmation_run, rewrite
 
 chain = confirmation_chain.chain  # the fixture
-cli = CliRunner()
-
-
-def run_cli(*args: str) -> tuple[int, str]:
-    result = cli.invoke(app, list(args), terminal_width=400)
-    return result.exit_code, result.output
 
 
 def test_confirmation_protocol_has_one_candidate_fresh_seeds_and_links(chain):
@@ -54,17 +47,17 @@ def test_confirmation_protocol_has_one_candidate_fresh_seeds_and_links(chain):
 
 
 def test_run_refuses_an_unfrozen_confirmation(chain):
-    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
-    assert code == 2 and "must be frozen first" in output
+    result = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert result.exit_code == 2 and "must be frozen first" in result.output
 
 
 def test_run_refuses_a_confirmation_reusing_a_seed(chain):
     """The protocol claims exploratory seed 0 only and takes seed 1, which the linked run used."""
     rewrite(chain["confirm"], seeds=[1], exploratory_seeds=[0])
     proto.freeze(chain["confirm"])
-    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
-    assert code == 2, output
-    assert "seed 1 draws inputs the linked run results/explore drew (seeds 1 and 1 are equal" in output
+    result = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert result.exit_code == 2, result.output
+    assert "seed 1 draws inputs the linked run results/explore drew (seeds 1 and 1 are equal" in result.output
     assert not (chain["root"] / "run").exists()
 
 
@@ -95,8 +88,8 @@ def test_run_refuses_links_that_do_not_resolve(chain, edit):
         rewrite(chain["confirm"], impl_modules=["other/zimage_qk_rmsnorm.py"])
         expected = "is not the rule of the one dispatcher module"
     proto.freeze(chain["confirm"])
-    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
-    assert code == 2 and expected in output, output
+    result = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert result.exit_code == 2 and expected in result.output, result.output
 
 
 @pytest.mark.parametrize("edit", ["plan edited", "plan missing"])
@@ -114,8 +107,8 @@ def test_run_refuses_a_linked_plan_that_does_not_hash_as_its_summary(chain, edit
     proto.freeze(chain["confirm"])
     with pytest.raises(proto.ProtocolError, match=expected):
         check_confirmation(chain["confirm"], proto.load(chain["confirm"]))
-    code, output = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
-    assert code == 2 and expected in output, output
+    result = run_cli("run", str(chain["confirm"]), "--out", str(chain["root"] / "run"))
+    assert result.exit_code == 2 and expected in result.output, result.output
 
 
 @pytest.mark.parametrize(
@@ -164,19 +157,19 @@ def test_verify_checks_the_confirmation_candidate_and_the_linked_plan(chain):
 def test_confirm_refuses_a_rule_the_module_does_not_load(chain):
     other = chain["root"] / "other.rule.toml"
     shutil.copyfile(chain["rule"], other)
-    code, output = run_cli(
+    result = run_cli(
         "protocol", "confirm", str(other), "--module", str(chain["module"]), "--out", str(chain["root"] / "c2.toml")
     )
-    assert code == 2 and "confirm the rule the module loads" in output
+    assert result.exit_code == 2 and "confirm the rule the module loads" in result.output
 
 
 @pytest.mark.slow
 def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
-    code, output = run_cli("protocol", "freeze", str(chain["confirm"]))
-    assert code == 0, output
+    done = run_cli("protocol", "freeze", str(chain["confirm"]))
+    assert done.exit_code == 0, done.output
     out = chain["root"] / "replicates"
-    code, output = run_cli("replicate", str(chain["confirm"]), "--runs", "2", "--out", str(out))
-    assert code in (0, 1), output
+    done = run_cli("replicate", str(chain["confirm"]), "--runs", "2", "--out", str(out))
+    assert done.exit_code in (0, 1), done.output
     table = json.loads((out / "replicates.json").read_text())
     assert table["runs"] == ["run-1", "run-2"] and table["order_seeds"] == [1, 2] and table["requested_runs"] == 2
     (row,) = table["cases"]
@@ -185,7 +178,7 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
     assert row["between_run_range"] is not None and row["within_run_ci_width"] is not None
     (arm,) = table["arms"]
     assert arm["every_case_every_run"] == (row["wins"] == 2)
-    assert "wins" in (out / "replicates.md").read_text() and "win on every case in every run" in output
+    assert "wins" in (out / "replicates.md").read_text() and "win on every case in every run" in done.output
     for name in ("run-1", "run-2"):
         plan = json.loads((out / name / "plan.json").read_text())
         assert plan["order_seed_override"] is True
@@ -204,8 +197,8 @@ def test_replicated_confirmation_is_verified_and_a_broken_link_is_caught(chain):
     failed = {c.name: c.detail for c in verify_one(out).failures}
     assert set(failed) == {"run-1: confirmation links", "run-2: confirmation links"}
     assert "changed since" in failed["run-1: confirmation links"]
-    code, output = run_cli("verify", str(out))
-    assert code == 1 and "VERIFY FAILED" in output
+    done = run_cli("verify", str(out))
+    assert done.exit_code == 1 and "VERIFY FAILED" in done.output
 
     (out / "replicates.json").write_text((out / "replicates.json").read_text().replace('"wins": ', '"wins": 1'))
     assert "cross-run table" in {c.name for c in verify_one(out).failures}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.ops.registry import Case, Impl, RegistryError, get_op, load_user_module
 from kerneltrial.trial.gate import check
 from tests.conftest import REPO
+from tests.kt import run_cli
 
 FIXTURES = REPO / "tests" / "fixtures"
 CASE = Case((3, 200))
@@ -69,9 +68,6 @@ def test_bad_user_module_errors():
         load_user_module("no/such/file.py")
 
 
-runner = CliRunner()
-
-
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -83,7 +79,7 @@ runner = CliRunner()
     ],
 )
 def test_cli_bad_input_one_line(args, message):
-    result = runner.invoke(app, args)
+    result = run_cli(*args)
     assert result.exit_code == 2
     text = " ".join(result.output.split())
     assert message in text
@@ -91,22 +87,19 @@ def test_cli_bad_input_one_line(args, message):
 
 
 def test_cli_check_fails_on_wrong_user_kernel():
-    result = runner.invoke(
-        app,
-        [
-            "check",
-            "rmsnorm",
-            "--impl-module",
-            str(FIXTURES / "wrong_rmsnorm.py"),
-            "--impl",
-            "user:wrong_rmsnorm",
-            "--impl",
-            "control",
-            "--shape",
-            "2x100",
-            "--seeds",
-            "1",
-        ],
+    result = run_cli(
+        "check",
+        "rmsnorm",
+        "--impl-module",
+        str(FIXTURES / "wrong_rmsnorm.py"),
+        "--impl",
+        "user:wrong_rmsnorm",
+        "--impl",
+        "control",
+        "--shape",
+        "2x100",
+        "--seeds",
+        "1",
     )
     assert result.exit_code == 1, result.output
     assert "FAIL" in result.output and "pass" in result.output

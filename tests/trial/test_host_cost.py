@@ -16,6 +16,7 @@ from kerneltrial.rundir.documents import read_summary
 from kerneltrial.trial.runner import run_trial
 from kerneltrial.trial.timing import CPU_HOST_CALLS
 from tests.conftest import REPO
+from tests.kt import write_protocol
 
 PROTOCOL = """
 name = "host-cost"
@@ -38,8 +39,7 @@ TIMED = {"control", "packed_r4_w4"}  # the wrong kernel fails correctness: never
 
 
 def run(tmp_path: Path) -> Path:
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL.format(module=REPO / "tests" / "fixtures" / "wrong_rmsnorm.py"))
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=REPO / "tests" / "fixtures" / "wrong_rmsnorm.py")
     return run_trial(protocol, tmp_path / "run")
 
 

@@ -20,6 +20,7 @@ from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.panel import beyond_grid_case, check_panel, skip_reason
 from tests.conftest import REPO
+from tests.kt import run_cli
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 CPU = torch.device("cpu")
@@ -266,14 +267,11 @@ def test_exact_compares_bits_but_not_nan_payloads():
 
 
 def test_check_prints_its_inputs_seed_and_draws_the_same_inputs_again(tmp_path):
-    from typer.testing import CliRunner
-
-    from kerneltrial.cli import app
 
     def check(*extra: str) -> tuple[str, list[dict]]:
         out = tmp_path / f"rows{len(list(tmp_path.iterdir()))}.jsonl"
         args = ["check", "rmsnorm", "--impl", "torch_eager", "--shape", "7x64", "--jsonl", str(out), *extra]
-        result = CliRunner().invoke(app, args, terminal_width=400)
+        result = run_cli(*args)
         assert result.exit_code == 0, result.output
         return result.output, [json.loads(line) for line in out.read_text().splitlines()]
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from kerneltrial.trial.remote import IsolatedArm, Isolation, timed_arm
 from kerneltrial.trial.runner import RunError, check_arms, run_trial
 from kerneltrial.trial.timing import make_timer
 from tests.conftest import REPO
+from tests.kt import run_process, write_protocol
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 CPU = torch.device("cpu")
@@ -136,16 +135,13 @@ def test_a_hung_worker_is_killed_at_the_deadline_and_the_next_call_gets_a_fresh_
 @pytest.mark.slow
 def test_check_names_a_hung_isolated_arm_and_goes_on_with_the_others(tmp_path: Path):
     jsonl = tmp_path / "checks.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "kerneltrial.cli", "check", "rmsnorm", "--impl-module"]
-        + [str(PLANTED / "never_returns.py"), "--impl", "user:never_returns", "--impl", "packed_r4_w4"]
-        + ["--shape", "4x64", "--layout", "contiguous", "--seeds", "1", "--timeout", "3", "--jsonl", str(jsonl)],
-        capture_output=True,
-        text=True,
+    done = run_process(
+        *["check", "rmsnorm", "--impl-module", PLANTED / "never_returns.py", "--impl", "user:never_returns"],
+        *["--impl", "packed_r4_w4", "--shape", "4x64", "--layout", "contiguous", "--seeds", "1", "--timeout", "3"],
+        *["--jsonl", jsonl],
         timeout=300,
-        cwd=REPO,
     )
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.exit_code == 1, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if "user:never_returns" in line)
     assert "FAIL seed 0: raised WorkerHung: worker hung" in row
     (hung,) = [c for c in map(json.loads, jsonl.read_text().splitlines()) if c["arm"] == "user:never_returns"]
@@ -183,8 +179,8 @@ def rows(path: Path) -> list[dict]:
 def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("isolated")
     modules = [str(FIXTURE.get(name, PLANTED / f"{name}.py")) for name in ARMS]
-    protocol = tmp / "p.toml"
-    protocol.write_text(
+    protocol = write_protocol(
+        tmp / "p.toml",
         proto.new(
             "rmsnorm",
             "isolated",
@@ -197,7 +193,7 @@ def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             calls_per_sample=CALLS,
             l2="hot",
             isolate_timeout_s=5.0,
-        )
+        ),
     )
     return run_trial(protocol, tmp / "run")
 
@@ -349,10 +345,10 @@ def test_an_arm_a_module_registers_through_the_registry_cannot_be_isolated(tmp_p
         '@register_impl("rmsnorm", "registered_here")\n'
         "def registered_here(x, weight, eps=1e-6):\n    return x\n"
     )
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(
+    protocol = write_protocol(
+        tmp_path / "p.toml",
         f'name = "n"\nop = "rmsnorm"\ncandidates = ["registered_here"]\nimpl_modules = ["{module}"]\n'
-        'isolate = ["registered_here"]\n[[cases]]\nshape = [4, 64]\n'
+        'isolate = ["registered_here"]\n[[cases]]\nshape = [4, 64]\n',
     )
     with pytest.raises(RunError, match="isolate: arm 'registered_here' is registered by a user module"):
         check_arms(protocol, proto.load(protocol))

@@ -9,6 +9,7 @@ import pytest
 from kerneltrial.ops.registry import get_op
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.runner import check_arms
+from tests.kt import write_protocol
 
 BASE = """
 name = "t"
@@ -72,8 +73,7 @@ def test_bad_case_shape_and_toml():
 
 
 def test_freeze_then_change_is_refused(tmp_path):
-    path = tmp_path / "p.toml"
-    path.write_text(BASE)
+    path = write_protocol(tmp_path / "p.toml", BASE)
     record = proto.freeze(path)
     assert proto.load(path).name == "t"
     assert len(record["sha256"]) == 64
@@ -85,8 +85,9 @@ def test_freeze_then_change_is_refused(tmp_path):
 
 
 def test_confirmation_must_be_frozen(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text('phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE)
+    path = write_protocol(
+        tmp_path / "c.toml", 'phase = "confirmation"\nexploratory_seeds = [0, 1]\nseeds = [7]\n' + BASE
+    )
     with pytest.raises(proto.ProtocolError, match="must be frozen"):
         proto.load(path)
     proto.freeze(path)

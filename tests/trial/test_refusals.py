@@ -10,15 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.ops.registry import Case, get_op, load_user_module
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.gate import check
 from kerneltrial.trial.preflight import GATE_COPIES, Memory, preflight
 from kerneltrial.trial.runner import run_trial
 from tests.conftest import REPO
+from tests.kt import run_cli, write_protocol
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 PROTOCOL = """
@@ -33,18 +32,11 @@ HUGE = [1000000000, 100000]  # the issue's shape: 2e14 bytes of bf16
 HUGE_BYTES = "200,000,000,000,000 bytes"
 
 
-def protocol(tmp_path: Path, shape: list[int] = [4, 64], extra: str = "") -> Path:  # noqa: B006
-    path = tmp_path / "p.toml"
-    path.write_text(PROTOCOL.format(shape=shape, extra=extra))
-    return path
-
-
 def test_run_refuses_bad_input_before_importing_torch(tmp_path: Path) -> None:
     """A missing file, an unknown key and a shape that cannot fit: each one `error:` line, exit 2,
     without torch, numpy or Triton imported (a fresh process: 22 s on a loaded machine before)."""
-    bad_key = protocol(tmp_path, extra="roundz = 3")
-    huge = tmp_path / "huge.toml"
-    huge.write_text(PROTOCOL.format(shape=HUGE, extra=""))
+    bad_key = write_protocol(tmp_path / "p.toml", PROTOCOL, shape=[4, 64], extra="roundz = 3")
+    huge = write_protocol(tmp_path / "huge.toml", PROTOCOL, shape=HUGE, extra="")
     runs = [["nope.toml"], [str(bad_key)], [str(huge)]]
     code = (
         "import sys\nfrom kerneltrial.cli import app\n"
@@ -67,7 +59,7 @@ def test_run_refuses_bad_input_before_importing_torch(tmp_path: Path) -> None:
 
 def test_a_case_is_refused_when_the_gate_cannot_hold_its_tensors(tmp_path: Path) -> None:
     """4x64 bf16 is 512 bytes: it fits in GATE_COPIES x 512 bytes, not in one byte less."""
-    path = protocol(tmp_path)
+    path = write_protocol(tmp_path / "p.toml", PROTOCOL, shape=[4, 64], extra="")
     assert preflight(path, Memory(GATE_COPIES * 512, "test")).cases[0].shape == [4, 64]
     with pytest.raises(proto.ProtocolError, match=r"one input of that shape is 512 bytes.*10,239 bytes are test"):
         preflight(path, Memory(GATE_COPIES * 512 - 1, "test"))
@@ -76,7 +68,7 @@ def test_a_case_is_refused_when_the_gate_cannot_hold_its_tensors(tmp_path: Path)
 def test_the_runner_refuses_a_shape_that_cannot_fit_before_the_run_directory(tmp_path: Path) -> None:
     out = tmp_path / "run"
     with pytest.raises(proto.ProtocolError, match=HUGE_BYTES):
-        run_trial(protocol(tmp_path, shape=HUGE), out)
+        run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL, shape=HUGE, extra=""), out)
     assert not out.exists()
 
 
@@ -116,12 +108,11 @@ def test_a_wrong_value_gives_the_first_bad_index(device) -> None:
 
 
 def test_check_labels_its_references_and_lists_only_the_requested_arms() -> None:
-    runner = CliRunner()
-    done = runner.invoke(app, ["check", "rmsnorm", "--impl", "torch_eager", "--shape", "4x64", "--seeds", "1"])
+    done = run_cli("check", "rmsnorm", "--impl", "torch_eager", "--shape", "4x64", "--seeds", "1")
     assert done.exit_code == 0, done.output
     for label in ("max abs (worse of formula, oracle)", "ulp (worse of formula, oracle)", "ulps from formula"):
         assert label in done.output
     assert "float64 oracle" in done.output and "skipped" not in done.output  # liger etc. were not asked for
-    asked = runner.invoke(app, ["check", "rmsnorm", "--impl", "liger", "--shape", "4x64", "--seeds", "1"])
+    asked = run_cli("check", "rmsnorm", "--impl", "liger", "--shape", "4x64", "--seeds", "1")
     assert "skipped rmsnorm/liger: Liger-Kernel needs a CUDA device" in asked.output
     assert "rmsnorm/flaggems" not in asked.output

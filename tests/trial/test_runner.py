@@ -19,6 +19,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import timing
 from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
+from tests.kt import write_protocol
 
 PROTOCOL = """
 name = "cpu-e2e"
@@ -37,12 +38,7 @@ shape = [4, 64]
 shape = [3, 200]
 layout = "row_strided"
 """
-
-
-def write_protocol(tmp_path: Path, rounds: int = 3) -> Path:
-    path = tmp_path / "p.toml"
-    path.write_text(PROTOCOL.format(module=REPO / "tests" / "fixtures" / "wrong_rmsnorm.py", rounds=rounds))
-    return path
+WRONG = REPO / "tests" / "fixtures" / "wrong_rmsnorm.py"
 
 
 def timing_keys(run: Path) -> list[tuple[str, str, str, str]]:
@@ -51,7 +47,7 @@ def timing_keys(run: Path) -> list[tuple[str, str, str, str]]:
 
 
 def test_end_to_end(tmp_path):
-    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    run = run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3), tmp_path / "run")
     keys = timing_keys(run)
     # 2 cases x 2 seeds x 3 rounds x 2 arms that passed; the wrong kernel is never timed.
     assert len(keys) == len(set(keys)) == 24
@@ -90,7 +86,7 @@ def test_end_to_end(tmp_path):
 
 
 def test_finished_run_is_never_overwritten(tmp_path):
-    protocol = write_protocol(tmp_path)
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3)
     run = run_trial(protocol, tmp_path / "run")
     before = (run / "timings.csv").read_bytes()
     with pytest.raises(RunError, match="never overwritten"):
@@ -102,7 +98,7 @@ def test_finished_run_is_never_overwritten(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_completes_rows(tmp_path):
-    protocol = write_protocol(tmp_path, rounds=12)
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=12)
     out = tmp_path / "run"
     code = f"from pathlib import Path; from kerneltrial.trial.runner import run_trial; run_trial(Path({str(protocol)!r}), Path({str(out)!r}))"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True)
@@ -128,7 +124,7 @@ def test_sigkill_then_resume_completes_rows(tmp_path):
 def test_provenance_records_freeze_and_module_hashes(tmp_path):
     from kerneltrial.trial import protocol as proto
 
-    protocol = write_protocol(tmp_path)
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3)
     proto.freeze(protocol)
     run = run_trial(protocol, tmp_path / "run")
     record = json.loads((run / "provenance.json").read_text())
@@ -139,9 +135,8 @@ def test_provenance_records_freeze_and_module_hashes(tmp_path):
 
 def test_resume_refuses_a_changed_kernel_module(tmp_path):
     module = tmp_path / "wrong_rmsnorm.py"
-    module.write_text((REPO / "tests" / "fixtures" / "wrong_rmsnorm.py").read_text())
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL.format(module=module, rounds=3))
+    module.write_text(WRONG.read_text())
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=module, rounds=3)
     out = tmp_path / "run"
     run = run_trial(protocol, out)
     provenance = json.loads((run / "provenance.json").read_text())
@@ -159,7 +154,7 @@ def test_resume_refuses_a_changed_kernel_module(tmp_path):
 def test_resume_refuses_another_chip_or_host(tmp_path, planted, named):
     """A run started on another GPU (its recorded uuid) or host is never continued here: its
     rows would come from two chips (a fleet unit is resumed wherever Ray puts it)."""
-    protocol = write_protocol(tmp_path)
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3)
     run = run_trial(protocol, tmp_path / "run")
     provenance = json.loads((run / "provenance.json").read_text())
     provenance["finished_at"] = None  # as if killed before the end
@@ -173,7 +168,7 @@ def test_resume_refuses_another_chip_or_host(tmp_path, planted, named):
 
 
 def test_resume_after_the_summary_was_written_finishes(tmp_path):
-    protocol = write_protocol(tmp_path)
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3)
     run = run_trial(protocol, tmp_path / "run")
     provenance = json.loads((run / "provenance.json").read_text())
     provenance["finished_at"] = None  # killed between summary.json and the provenance update
@@ -236,8 +231,8 @@ def test_a_peer_that_takes_only_some_layouts_is_unavailable_in_the_others(tmp_pa
 
     load_builtin_ops()
     monkeypatch.setattr(get_op("rmsnorm").impl("torch_eager"), "layouts", ("contiguous",))
-    path = tmp_path / "p.toml"
-    path.write_text(write_protocol(tmp_path).read_text().replace('"packed_r4_w4", ', '"packed_r4_w4", "torch_eager", '))
+    both = PROTOCOL.replace('"packed_r4_w4", ', '"packed_r4_w4", "torch_eager", ')
+    path = write_protocol(tmp_path / "p.toml", both, module=WRONG, rounds=3)
     run = run_trial(path, tmp_path / "run")
     plan = json.loads((run / "plan.json").read_text())
     assert next(a for a in plan["arms"] if a["name"] == "torch_eager")["layouts"] == ["contiguous"]
@@ -263,7 +258,7 @@ def test_a_candidate_may_not_declare_widths(tmp_path, monkeypatch):
     monkeypatch.setattr(impl, "widths", (200,))
     assert not impl.draws_extra(Case((3, 896))) and impl.supports(Case((3, 896)))
     with pytest.raises(RunError, match=r"candidate arm 'packed_r4_w4' declares widths \(200,\); only a peer may"):
-        run_trial(write_protocol(tmp_path), tmp_path / "refused")
+        run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3), tmp_path / "refused")
     assert not (tmp_path / "refused" / "timings.csv").exists()
 
 
@@ -277,10 +272,10 @@ def test_a_candidate_may_not_skip_layouts(tmp_path, monkeypatch):
     impl = get_op("rmsnorm").impl("packed_r4_w4")
     monkeypatch.setattr(impl, "layouts", ("contiguous",))
     with pytest.raises(RunError, match="candidate arm 'packed_r4_w4' takes only layouts contiguous; only a peer"):
-        run_trial(write_protocol(tmp_path), tmp_path / "refused")
+        run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3), tmp_path / "refused")
     monkeypatch.setattr(impl, "layouts", None)
 
-    run = run_trial(write_protocol(tmp_path), tmp_path / "run")
+    run = run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL, module=WRONG, rounds=3), tmp_path / "run")
     plan_path = run / "plan.json"
     plan = json.loads(plan_path.read_text())
     next(a for a in plan["arms"] if a["name"] == "packed_r4_w4")["layouts"] = ["contiguous"]

@@ -11,39 +11,31 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from kerneltrial.analysis.cli import verify_one
-from kerneltrial.cli import app
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import kind_of
 from kerneltrial.suite.record import read_suite, suite_problems
 from kerneltrial.trial.suite import protocol_dir, protocol_files
 from tests.conftest import REPO
+from tests.kt import cli_argv, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "suite"
 RUNS = ["rmsnorm", "silu_and_mul"]
 MINICPM = REPO / "protocols" / "minicpm5-2b"
-cli = CliRunner()
-
-
-def run_cli(*args: str) -> tuple[int, str]:
-    result = cli.invoke(app, list(args), terminal_width=400)
-    return result.exit_code, result.output
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """A finished suite over the two fixture protocols, and its --json document."""
     out = tmp_path_factory.mktemp("suite") / "E0"
-    result = cli.invoke(app, ["suite", str(FIXTURE), "--tag", "E0", "--out", str(out), "--json"])
+    result = run_cli("suite", FIXTURE, "--tag", "E0", "--out", out, "--json")
     assert result.exit_code == 0, result.output
     return out, json.loads(result.stdout)  # stdout is the document alone (runs print on stderr)
 
@@ -81,8 +73,8 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
         assert kind_of(suite_dir / name) == "kernel"
         assert (suite_dir / name / "protocol.toml").read_bytes() == (FIXTURE / f"{name}.toml").read_bytes()
 
-    code, output = run_cli("verify", str(suite_dir))
-    assert code == 0, output
+    result = run_cli("verify", str(suite_dir))
+    assert result.exit_code == 0, result.output
     names = [c.name for c in verify_one(suite_dir).checks]
     assert (
         "rmsnorm: manifest" in names
@@ -90,8 +82,8 @@ def test_a_suite_runs_every_protocol_and_verifies_and_reports(suite_dir):
         and names[-3:] == ["suite runs", "report.md", "ERRATA.md"]
     )
 
-    code, output = run_cli("report", str(suite_dir))
-    assert code == 0, output
+    result = run_cli("report", str(suite_dir))
+    assert result.exit_code == 0, result.output
     report = (suite_dir / "report.md").read_text()
     assert report.startswith("# Suite `suite`, tag `E0`")
     assert "[`rmsnorm`](rmsnorm/report.md)" in report and "[`silu_and_mul`](silu_and_mul/report.md)" in report
@@ -130,8 +122,8 @@ def test_a_tampered_run_fails_the_suite(suite_dir):
     timings.write_text("\n".join([*rows[:-1], ",".join(last)]) + "\n")
     failed = failed_checks(suite_dir)
     assert failed and all(name.startswith("silu_and_mul: ") for name in failed), failed
-    code, output = run_cli("verify", str(suite_dir))
-    assert code == 1 and "VERIFY FAILED" in output
+    result = run_cli("verify", str(suite_dir))
+    assert result.exit_code == 1 and "VERIFY FAILED" in result.output
 
 
 @pytest.mark.slow
@@ -173,8 +165,8 @@ def test_an_interrupted_suite_resumes_without_measuring_finished_runs(tmp_path):
     """Ctrl-C while the second protocol runs: exit 130, the first run finished, the second left
     `running`; `--resume` finishes the second and leaves every byte of the first as it was."""
     out = tmp_path / "E1"
-    command = [sys.executable, "-m", "kerneltrial.cli", "suite", str(FIXTURE), "--tag", "E1", "--out", str(out)]
-    proc = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv = cli_argv("suite", FIXTURE, "--tag", "E1", "--out", out)
+    proc = subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while not (out / "silu_and_mul" / "correctness.jsonl").exists():  # the second run is measuring
         assert proc.poll() is None, proc.communicate()
@@ -189,10 +181,10 @@ def test_an_interrupted_suite_resumes_without_measuring_finished_runs(tmp_path):
     assert "suite runs" in failed_checks(out)
     first = {p.relative_to(out): p.read_bytes() for p in (out / "rmsnorm").rglob("*") if p.is_file()}
 
-    code, output = run_cli("suite", str(FIXTURE), "--tag", "E1", "--out", str(out))
-    assert code == 2 and "holds a suite; continue it with --resume" in output
-    code, output = run_cli("suite", str(FIXTURE), "--tag", "E1", "--out", str(out), "--resume")
-    assert code == 0, output
+    result = run_cli("suite", str(FIXTURE), "--tag", "E1", "--out", str(out))
+    assert result.exit_code == 2 and "holds a suite; continue it with --resume" in result.output
+    result = run_cli("suite", str(FIXTURE), "--tag", "E1", "--out", str(out), "--resume")
+    assert result.exit_code == 0, result.output
     assert {p.relative_to(out): p.read_bytes() for p in (out / "rmsnorm").rglob("*") if p.is_file()} == first
     record = read_suite(out)
     assert [r.status for r in record.runs] == ["finished", "finished"] and record.finished_at is not None
@@ -208,8 +200,8 @@ def test_resume_records_a_run_that_ended_after_the_suite_stopped_recording(suite
     record["finished_at"] = None
     (suite_dir / "suite.json").write_text(json.dumps(record))
     before = {p: p.read_bytes() for p in suite_dir.rglob("*") if p.is_file() and p.name != "suite.json"}
-    code, output = run_cli("suite", str(FIXTURE), "--tag", "E0", "--out", str(suite_dir), "--resume")
-    assert code == 0, output
+    result = run_cli("suite", str(FIXTURE), "--tag", "E0", "--out", str(suite_dir), "--resume")
+    assert result.exit_code == 0, result.output
     assert {p: p.read_bytes() for p in suite_dir.rglob("*") if p.is_file() and p.name != "suite.json"} == before
     suite = read_suite(suite_dir)
     assert [(r.status, r.exit_code) for r in suite.runs] == [
@@ -220,20 +212,20 @@ def test_resume_records_a_run_that_ended_after_the_suite_stopped_recording(suite
 
 
 def test_suite_refuses_a_tag_that_is_not_a_word(tmp_path):
-    code, output = run_cli("suite", str(FIXTURE), "--tag", "E 0", "--out", str(tmp_path / "s"))
-    assert code == 2 and "tag 'E 0' is not one word" in output
+    result = run_cli("suite", str(FIXTURE), "--tag", "E 0", "--out", str(tmp_path / "s"))
+    assert result.exit_code == 2 and "tag 'E 0' is not one word" in result.output
     assert not (tmp_path / "s").exists()
 
 
 def test_suite_refuses_a_missing_directory_and_a_bad_protocol_before_any_run(tmp_path):
-    code, output = run_cli("suite", "no-such-suite", "--tag", "E0", "--out", str(tmp_path / "s"))
-    assert code == 2 and "no protocol directory 'no-such-suite'" in output
+    result = run_cli("suite", "no-such-suite", "--tag", "E0", "--out", str(tmp_path / "s"))
+    assert result.exit_code == 2 and "no protocol directory 'no-such-suite'" in result.output
     protocols = tmp_path / "p"
     shutil.copytree(FIXTURE, protocols)
     text = (protocols / "silu_and_mul.toml").read_text()
     (protocols / "silu_and_mul.toml").write_text(text.replace('"kerneltrial"', '"no_such_arm"'))
-    code, output = run_cli("suite", str(protocols), "--tag", "E0", "--out", str(tmp_path / "s"))
-    assert code == 2 and "no_such_arm" in output
+    result = run_cli("suite", str(protocols), "--tag", "E0", "--out", str(tmp_path / "s"))
+    assert result.exit_code == 2 and "no_such_arm" in result.output
     assert not (tmp_path / "s").exists()  # the first protocol did not run either
 
 
@@ -255,10 +247,10 @@ def test_resume_refuses_other_protocols_or_another_tag(tmp_path):
         "runs": [{"protocol": "rmsnorm.toml", "sha256": "0" * 64, "run": "rmsnorm", "status": "pending"}],
     }
     (out / "suite.json").write_text(json.dumps(record))
-    code, output = run_cli("suite", str(protocols), "--tag", "E9", "--out", str(out), "--resume")
-    assert code == 2 and "holds suite 'suite' tag 'E0', not 'suite' tag 'E9'" in output
-    code, output = run_cli("suite", str(protocols), "--tag", "E0", "--out", str(out), "--resume")
-    assert code == 2 and "was started with other protocols" in output
+    result = run_cli("suite", str(protocols), "--tag", "E9", "--out", str(out), "--resume")
+    assert result.exit_code == 2 and "holds suite 'suite' tag 'E0', not 'suite' tag 'E9'" in result.output
+    result = run_cli("suite", str(protocols), "--tag", "E0", "--out", str(out), "--resume")
+    assert result.exit_code == 2 and "was started with other protocols" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["suite.json"]
 
 

@@ -12,19 +12,17 @@ import triton.language as tl
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
-from typer.testing import CliRunner
 
-from kerneltrial.cli import app
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.ops.registry import Case, get_op, load_user_module
 from kerneltrial.trial import gate
 from kerneltrial.trial.runner import RunError, run_trial
 from kerneltrial.trial.targets import GridLimitError, get_target, targeting
 from tests.conftest import REPO
+from tests.kt import run_cli, write_protocol
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 ASCEND_REFUSAL = "kernel _one_program_per_item launched grid (70000,), over the ascend limit"
-runner = CliRunner()
 
 
 def check(target: str, module: str, tmp_path: Path) -> tuple[int, list[str]]:
@@ -32,7 +30,7 @@ def check(target: str, module: str, tmp_path: Path) -> tuple[int, list[str]]:
     rows = tmp_path / f"{target}.jsonl"
     args = ["check", "rmsnorm", "--impl-module", str(PLANTED / f"{module}.py"), "--impl", f"user:{module}"]
     args += ["--shape", "1x64", "--layout", "contiguous", "--seeds", "1", "--no-peers", "--target", target]
-    result = runner.invoke(app, [*args, "--jsonl", str(rows)])
+    result = run_cli(*args, "--jsonl", str(rows))
     return result.exit_code, [json.loads(line)["message"] for line in rows.read_text().splitlines()]
 
 
@@ -113,8 +111,7 @@ shape = [4, 64]
 
 @pytest.mark.slow
 def test_run_records_the_target_and_gates_the_over_limit_arm(tmp_path):
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(PROTOCOL.format(module=PLANTED / "huge_grid.py"))
+    protocol = write_protocol(tmp_path / "p.toml", PROTOCOL, module=PLANTED / "huge_grid.py")
     run = run_trial(protocol, tmp_path / "run", target=get_target("ascend"))
     plan = json.loads((run / "plan.json").read_text())
     assert plan["target"] == {"name": "ascend", "max_grid": [65535, 65535, 65535]}

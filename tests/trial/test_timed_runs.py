@@ -15,6 +15,7 @@ from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
+from tests.kt import run_cli, run_process, write_protocol
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 # The late cheats turn after 40 calls: more than the gate makes for two seeds (at most 12 a check:
@@ -52,12 +53,9 @@ def rows(path: Path) -> list[dict]:
 def cheat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("cheats")
     names = [*(n.removeprefix("user:") for n in CHEATS), "pointer_version_cache"]
-    protocol = tmp / "p.toml"
-    protocol.write_text(
-        PROTOCOL.format(
-            cheats=", ".join(f'"{n}"' for n in CHEATS), modules=", ".join(f'"{PLANTED / n}.py"' for n in names)
-        )
-    )
+    cheats = ", ".join(f'"{n}"' for n in CHEATS)
+    modules = ", ".join(f'"{PLANTED / n}.py"' for n in names)
+    protocol = write_protocol(tmp / "p.toml", PROTOCOL, cheats=cheats, modules=modules)
     return run_trial(protocol, tmp / "run")
 
 
@@ -178,9 +176,9 @@ def test_the_gate_does_not_make_a_fixed_number_of_calls():
 
 
 def test_a_peer_as_control_is_refused_before_any_work(tmp_path: Path):
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(
-        'name = "x"\nop = "rmsnorm"\ncontrol = "torch_eager"\ncandidates = ["control"]\n[[cases]]\nshape = [4, 64]\n'
+    protocol = write_protocol(
+        tmp_path / "p.toml",
+        'name = "x"\nop = "rmsnorm"\ncontrol = "torch_eager"\ncandidates = ["control"]\n[[cases]]\nshape = [4, 64]\n',
     )
     with pytest.raises(RunError, match="not a control"):
         run_trial(protocol, tmp_path / "run")
@@ -188,25 +186,20 @@ def test_a_peer_as_control_is_refused_before_any_work(tmp_path: Path):
 
 
 def test_protocol_new_names_a_users_kernel_as_an_arm(tmp_path: Path):
-    from typer.testing import CliRunner
 
-    from kerneltrial.cli import app
     from kerneltrial.trial import protocol as proto
 
     out = tmp_path / "p.toml"
-    result = CliRunner().invoke(
-        app,
-        [
-            "protocol",
-            "new",
-            "rmsnorm",
-            "--out",
-            str(out),
-            "--shape",
-            "4x64",
-            "--impl-module",
-            str(REPO / "tests" / "fixtures" / "good_rmsnorm.py"),
-        ],
+    result = run_cli(
+        "protocol",
+        "new",
+        "rmsnorm",
+        "--out",
+        str(out),
+        "--shape",
+        "4x64",
+        "--impl-module",
+        str(REPO / "tests" / "fixtures" / "good_rmsnorm.py"),
     )
     assert result.exit_code == 0, result.output
     written = proto.parse(out.read_text())
@@ -214,29 +207,24 @@ def test_protocol_new_names_a_users_kernel_as_an_arm(tmp_path: Path):
 
 
 def test_freeze_refuses_a_protocol_whose_arms_cannot_run(tmp_path: Path):
-    from typer.testing import CliRunner
 
-    from kerneltrial.cli import app
-
-    protocol = tmp_path / "p.toml"
-    protocol.write_text('name = "x"\nop = "rmsnorm"\ncandidates = ["no_such_kernel"]\n[[cases]]\nshape = [4, 64]\n')
-    result = CliRunner().invoke(app, ["protocol", "freeze", str(protocol)])
+    protocol = write_protocol(
+        tmp_path / "p.toml", 'name = "x"\nop = "rmsnorm"\ncandidates = ["no_such_kernel"]\n[[cases]]\nshape = [4, 64]\n'
+    )
+    result = run_cli("protocol", "freeze", str(protocol))
     assert result.exit_code == 2 and "unknown implementation 'no_such_kernel'" in result.output
     assert not (tmp_path / "p.toml.freeze.json").exists()
 
 
 def test_run_exits_1_when_no_arm_passes_the_gate_and_logs_progress_lines(tmp_path: Path):
-    from typer.testing import CliRunner
 
-    from kerneltrial.cli import app
-
-    protocol = tmp_path / "p.toml"
-    protocol.write_text(
+    protocol = write_protocol(
+        tmp_path / "p.toml",
         PROTOCOL.format(cheats='"user:raises_when_timed"', modules=f'"{PLANTED / "raises_when_timed.py"}"')
         .replace('"packed_r4_w4", "user:pointer_version_cache", ', "")
-        .replace("rounds = 3", "rounds = 12")
+        .replace("rounds = 3", "rounds = 12"),
     )
-    result = CliRunner().invoke(app, ["run", str(protocol), "--out", str(tmp_path / "run")])
+    result = run_cli("run", str(protocol), "--out", str(tmp_path / "run"))
     assert result.exit_code == 1, result.output
     assert "gate failed by user:raises_when_timed" in result.output and "passed by: no arm" in result.output
     assert "timing: " in result.output and "correctness: " in result.output  # plain progress lines: not a terminal
@@ -273,8 +261,9 @@ def test_resume_refuses_a_run_started_by_other_code(tmp_path: Path):
     from kerneltrial.trial import protocol as proto
     from kerneltrial.trial.runner import prepare
 
-    protocol = tmp_path / "p.toml"
-    protocol.write_text('name = "x"\nop = "rmsnorm"\ncandidates = ["packed_r4_w4"]\n[[cases]]\nshape = [4, 64]\n')
+    protocol = write_protocol(
+        tmp_path / "p.toml", 'name = "x"\nop = "rmsnorm"\ncandidates = ["packed_r4_w4"]\n[[cases]]\nshape = [4, 64]\n'
+    )
     run, _ = prepare(tmp_path / "run", protocol, proto.load(protocol), resume=False)
     record = json.loads(run.provenance.read_text())
     record["git"]["source_sha256"] = "0" * 64
@@ -320,35 +309,25 @@ def rows_of(run: Path) -> list[dict]:
 
 
 def test_check_stops_a_kernel_that_never_returns():
-    import subprocess
-    import sys
-
     module = PLANTED / "never_returns.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kerneltrial.cli",
-            "check",
-            "rmsnorm",
-            "--impl-module",
-            str(module),
-            "--impl",
-            "user:never_returns",
-            "--shape",
-            "4x64",
-            "--seeds",
-            "1",
-            "--timeout",
-            "3",
-            "--isolate",
-            "none",  # in kerneltrial's process; an isolated one: tests/trial/test_isolation.py
-        ],
-        capture_output=True,
-        text=True,
+    done = run_process(
+        "check",
+        "rmsnorm",
+        "--impl-module",
+        module,
+        "--impl",
+        "user:never_returns",
+        "--shape",
+        "4x64",
+        "--seeds",
+        "1",
+        "--timeout",
+        "3",
+        "--isolate",
+        "none",  # in kerneltrial's process; an isolated one: tests/trial/test_isolation.py
         timeout=120,
     )
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.exit_code == 1, done.stdout + done.stderr
     assert "user:never_returns seed 0 did not return within 3 s" in done.stderr
 
 
