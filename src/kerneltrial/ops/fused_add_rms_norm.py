@@ -41,9 +41,10 @@ rule. ops/catalog.py declares the operators from them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from typing import Any
 
 import torch
 import triton
@@ -325,13 +326,14 @@ def fused_add_rms_norm_auto(
 # ---- semantics --------------------------------------------------------------------------
 
 
-def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+def make_inputs(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any] | None = None) -> Inputs:
     """x and residual at drawn offsets, the special rows of the normalisations in the same rows
-    of both (so their sum has them too), a drawn eps (the coverage inputs.py describes)."""
+    of both (so their sum has them too), a drawn eps (the coverage inputs.py describes), or
+    `scalars`' (inputs.kept)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
     residual = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    eps = inp.draw_eps(gen, 1e-6)
+    eps = inp.kept(inp.draw_eps(gen, 1e-6), scalars, "eps")
     picked = inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device)
     inp.scale_rows(x, picked, eps)
     inp.scale_rows(residual, picked, eps)

@@ -51,8 +51,9 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -151,6 +152,13 @@ def draw_eps(gen: torch.Generator, default: float) -> float:
         return default
     low, high = (math.log(e) for e in EPS_RANGE)
     return math.exp(low + (high - low) * uniform(gen))
+
+
+def kept(drawn: float, scalars: Mapping[str, Any] | None, name: str) -> float:
+    """The scalar argument a draw uses: `drawn`, or another draw's (`scalars`, from
+    Operator.values_with: a timed sample keeps its seed's eps or cap). Drawn either way, so the
+    rest of the stream is the same; the tensors are then placed for the scalar kept."""
+    return drawn if scalars is None else float(scalars[name])
 
 
 def rows_of(t: torch.Tensor) -> int:

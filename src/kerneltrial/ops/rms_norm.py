@@ -23,7 +23,7 @@ rule. ops/catalog.py declares the operators from them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -254,12 +254,12 @@ def rms_norm_auto(x: torch.Tensor, weight: torch.Tensor, eps: float, round_befor
 # ---- semantics --------------------------------------------------------------------------
 
 
-def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+def make_inputs(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any] | None = None) -> Inputs:
     """x and weight at drawn offsets, x with the special rows of the normalisations, a drawn
-    eps (the coverage inputs.py describes)."""
+    eps (the coverage inputs.py describes), or `scalars`' (inputs.kept)."""
     gen = inp.generator(seed, device)
     x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    eps = inp.draw_eps(gen, 1e-6)
+    eps = inp.kept(inp.draw_eps(gen, 1e-6), scalars, "eps")
     inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device), eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
     return {"x": x, "weight": weight, "eps": eps}

@@ -616,7 +616,7 @@ def plant_tail(row: torch.Tensor) -> None:
     row[-1] = row.max().float() + 1.0
 
 
-def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+def make_inputs(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any] | None = None) -> Inputs:
     """A drawn cap (`draw_cap`); logits ~ N(0, (LOGIT_SCALE * cap)^2) at a drawn offset
     (inputs.py, "Coverage") with tied maxima in every row, saturated ties in every other row
     (`saturated_rows`), an unsaturated pair (UNSATURATED * cap, answered by the later one
@@ -624,23 +624,13 @@ def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     as many as leave one ordinary row), a row of zeros (every element ties), a TAIL row
     (`plant_tail`), a tiny row (|x| ~ 1e-23 and below: a tanh that cancels near 0, e.g.
     (exp(2y) - 1) / (exp(2y) + 1), caps the whole row to 0), a large row (`plant_large`) and
-    a row with a NaN or an Inf."""
-    return _draw(case, seed, device, None)
-
-
-def values_for(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any]) -> Inputs:
-    """make_inputs' draw for `seed` with another draw's cap: the logits are placed relative to the
-    cap that will be applied (a timed sample keeps its seed's cap). Drawn for their own cap, a
-    saturated or unsaturated logit lands in [SAFE_BELOW, SATURATED[0]) * cap of another, where
-    implementations may disagree on ties (run results/h200/softcap_row_argmax-panel-frozen: 21
-    false "wrong result while timed" rows, the control's among them)."""
-    return _draw(case, seed, device, float(scalars["cap"]))
-
-
-def _draw(case: Case, seed: int, device: torch.device, cap: float | None) -> Inputs:
+    a row with a NaN or an Inf. With `scalars` (Operator.values_with), the logits are placed for
+    their cap instead of the drawn one: a timed sample keeps its seed's cap, and logits placed for
+    another cap land in [SAFE_BELOW, SATURATED[0]) * cap, where implementations may disagree on ties
+    (run results/archive/h200/softcap_row_argmax-panel-frozen: 16 false "wrong result while timed"
+    rows, the control's among them)."""
     gen = inp.generator(seed, device)
-    drawn = draw_cap(gen)  # drawn even when `cap` is given: the rest of the stream stays make_inputs'
-    cap = drawn if cap is None else cap
+    cap = inp.kept(draw_cap(gen), scalars, "cap")
     logits = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device, scale=LOGIT_SCALE * cap)
     picked = inp.pick_rows(inp.rows_of(logits), SPECIAL_ROWS, gen, device)
     tail, large = picked.pop(TAIL, None), picked.pop(inp.LARGE, None)

@@ -24,9 +24,10 @@ operator's without the persistent one, PAIR_GEOMETRIES).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache, partial
+from typing import Any
 
 import torch
 import triton
@@ -199,21 +200,21 @@ def special_heads(x: torch.Tensor, gen: torch.Generator, device: torch.device, e
     inp.scale_rows(x, inp.pick_rows(inp.rows_of(x), inp.NORM_ROWS, gen, device), eps)
 
 
-def make_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+def make_inputs(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any] | None = None) -> Inputs:
     """x in `contiguous` layout, or the K slice of a fused QKV tensor (`qkv_slice`), at a
-    drawn offset, with special rows; a drawn eps (inputs.py, "Coverage")."""
+    drawn offset, with special rows; a drawn eps (inputs.py, "Coverage"), or `scalars`' (inputs.kept)."""
     gen = inp.generator(seed, device)
     if case.layout == "qkv_slice":
         x = qkv_slices(case.shape, case.torch_dtype, gen, device)[1]
     else:
         x = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    eps = inp.draw_eps(gen, EPS)
+    eps = inp.kept(inp.draw_eps(gen, EPS), scalars, "eps")
     special_heads(x, gen, device, eps)
     weight = inp.randn((case.shape[-1],), case.torch_dtype, gen, device)
     return {"x": x, "weight": weight, "eps": eps}
 
 
-def make_pair_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
+def make_pair_inputs(case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any] | None = None) -> Inputs:
     """Q and K: two contiguous tensors, or both slices of one fused QKV tensor (`qkv_slice`);
     coverage as in `make_inputs`, special rows drawn for each."""
     gen = inp.generator(seed, device)
@@ -222,7 +223,7 @@ def make_pair_inputs(case: Case, seed: int, device: torch.device) -> Inputs:
     else:
         q = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
         k = inp.with_layout(case.shape, case.layout, case.torch_dtype, gen, device)
-    eps = inp.draw_eps(gen, EPS)
+    eps = inp.kept(inp.draw_eps(gen, EPS), scalars, "eps")
     special_heads(q, gen, device, eps)
     special_heads(k, gen, device, eps)
     d = case.shape[-1]

@@ -472,6 +472,11 @@ def stale(op: Operator, fn: Callable[..., Any], case: Case, seed: int, device: t
     return ""
 
 
+def raised_message(exc: Exception) -> str:
+    """How a check names an exception an arm raised: its type and first line."""
+    return f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
 def extra_shapes(
     op: Operator, fn: Callable[..., Any], extras: list[Case], seed: int, device: torch.device, exact: bool
 ) -> str:
@@ -480,7 +485,10 @@ def extra_shapes(
         values = op.make_inputs(extra, streams.extra_seed(seed, k), device)
         g = guard.guard(values)
         reference, oracle = expected(op, values)
-        got = call(op, fn, g.inputs, device, reference)
+        try:
+            got = call(op, fn, g.inputs, device, reference)
+        except Exception as exc:  # an arm may fail in any way: named with the shape it failed on
+            return f"at the drawn shape {extra.id}: {raised_message(exc)}"
         _, message = checked_outputs(op, extra, g, values, got, reference, oracle, exact)
         if message:
             return f"at the drawn shape {extra.id}: {message}"
@@ -542,7 +550,7 @@ def check(
                 or extra_shapes(op, fn, extras, seed, device, exact)
             )
     except Exception as exc:  # an arm may fail in any way; the gate records it
-        raised = f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raised = raised_message(exc)
         return result(None, targets.first_since(launches) or raised)
     finally:
         settle(device)
