@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import typer
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_run_dir
 
 import kerneltrial.kernel.git_history as git_history_module
@@ -22,7 +21,6 @@ import kerneltrial.kernel.provenance_checks as provenance_checks_module
 import kerneltrial.kernel.schema_requirements as schema_requirements_module
 import kerneltrial.kernel.verify as verify_module
 import kerneltrial.replicates.record as replicates_module
-from kerneltrial.analysis.cli import mount
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.rundir.checks import VerifyResult
@@ -140,8 +138,6 @@ def test_the_cli_sends_serving_runs_to_the_serving_verifier(tmp_path: Path, monk
 
     fake.verify_serving_run = fake_verify([])
     monkeypatch.setitem(sys.modules, "kerneltrial.serving.verify", fake)
-    app = typer.Typer(pretty_exceptions_enable=False)
-    mount(app)
     passed = run_cli("verify", str(tmp_path))
     assert passed.exit_code == 0 and "ok   summary figures: every figure matches" in passed.output
     fake.verify_serving_run = fake_verify(["ttft p50 differs", "row 3 missing"])
