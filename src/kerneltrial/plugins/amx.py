@@ -22,13 +22,18 @@ ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
 
 
-def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether the CPU reports the AMX tile state (`amx_tile` among its flags)."""
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The flags of the first CPU in /proc/cpuinfo (empty where it is unreadable)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return False
-    return any(line.startswith("flags") and "amx_tile" in line.split() for line in text.splitlines())
+        return set()
+    return next((set(line.partition(":")[2].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
+def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU reports the AMX tile state (`amx_tile` among its flags)."""
+    return "amx_tile" in cpu_flags(cpuinfo)
 
 
 def request_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:

