@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import torch
 
-from kerneltrial.trial import targets
+from kerneltrial.trial import confine, targets
 from kerneltrial.trial.shared import Arena
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -116,15 +116,18 @@ class Process:
         self.settings = settings
         self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-worker-"))
         self.log = (self.folder / "worker.log").open("wb")
+        self.confinement = confine.Confinement(confine.host(settings.device.type == "cuda"), self.folder)
         to_worker, from_harness = os.pipe()
         from_worker, to_harness = os.pipe()
+        program = [sys.executable, "-I", str(WORKER), source.mode, str(to_worker), str(to_harness)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER), source.mode, str(to_worker), str(to_harness)],
+            self.confinement.command(program),
             pass_fds=(to_worker, to_harness),
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=self.folder,
+            env=self.confinement.environment(),
             start_new_session=True,  # its own process group: a Ctrl-C reaches the harness, which ends it
         )
         os.close(to_worker)
@@ -203,6 +206,7 @@ class Process:
         return WorkerBroken(f"worker broke the protocol: {detail}; killed")
 
     def kill(self) -> None:
+        self.confinement.kill()
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -223,6 +227,7 @@ class Process:
         for fd in (self.write_fd, self.read_fd):
             os.close(fd)
         self.log.close()
+        self.confinement.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -262,14 +267,18 @@ class WorkerHandle:
         if self.process is not None:
             return self.process
         self.arena.close()
-        self.arena = Arena(self.settings.device)
         self.process = Process(self.source, self.settings)
+        self.arena = Arena(self.settings.device, owner=self.process.confinement.own)
         self.generation += 1
         try:
             answer = self.process.request(self.load_message(), "loaded")
         except (WorkerFailure, ArmRaised):  # a module that fails to import leaves no worker behind
             self.stop()
             raise
+        problems = self.process.confinement.problems(self.process.proc.pid)
+        if problems:
+            self.stop()
+            raise WorkerBroken(f"worker broke the protocol: its sandbox was not applied ({'; '.join(problems)}); killed")
         modules = answer.get("kerneltrial_modules")
         if self.source.mode == "sealed" and modules:
             self.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class Arena:
     """The shared buffers of one worker, on one device; `close` frees them (CPU: deletes the files)."""
 
     device: torch.device
+    owner: Callable[[Path], None] | None = None  # hands each file to the worker's uid (trial/confine.py)
     folder: Path | None = None
     buffers: dict[int, Buffer] = field(default_factory=dict)
     next_id: int = 0
@@ -59,15 +61,21 @@ class Arena:
             if self.folder is None:
                 base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
                 self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-shared-", dir=base))
+                self.own(self.folder)
             path = self.folder / f"buffer-{self.next_id}"
             with path.open("wb") as handle:
                 handle.truncate(nbytes)
+            self.own(path)
             storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=nbytes)
             flat = torch.empty(0, dtype=torch.uint8).set_(storage)
             desc = {"id": self.next_id, "nbytes": nbytes, "path": str(path)}
         buffer = Buffer(self.next_id, flat, desc)
         self.buffers[buffer.id] = buffer
         return buffer
+
+    def own(self, path: Path) -> None:
+        if self.owner is not None:
+            self.owner(path)
 
     def full(
         self, size: tuple[int, ...], fill: float | int | bool, dtype: torch.dtype, device: torch.device

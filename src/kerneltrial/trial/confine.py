@@ -1,0 +1,356 @@
+"""The harness's side of the sandbox (trial/sandbox.py): what this host allows, one worker's
+confinement, and what /proc says the worker got.
+
+The pieces (docs/CHECKS.md, "The sandbox"):
+
+- `uid`: the worker runs as a uid and gid no other process runs as, with every group and
+  capability dropped (util-linux `setpriv`; the harness must be root). It cannot trace, signal or
+  open /proc/PID/mem of the harness or of another arm, nor write what the harness did not give it
+  (the run directory included). Where the interpreter lies under a directory only root may enter,
+  the worker keeps CAP_DAC_READ_SEARCH (it reads every file, writes none): `reads_all`.
+- `pidns`: a PID namespace of its own, so that everything it starts dies with it.
+- `cgroup`: a cgroup (v2) of its own: frozen while another arm is timed (`freeze`), killed whole.
+- `no_new_privs`: always.
+- `seccomp`: ptrace, process_vm_readv/writev, pidfd_getfd and kcmp refused (pyseccomp).
+
+`host()` probes each piece once per process by starting the sandbox with it alone. A piece the host
+refuses is recorded with its reason (`HostSandbox.missing`) and every page that shows the run's
+verdict says so. After a worker loads, `Confinement.observe` reads the worker's credentials,
+namespace, filter and cgroup from /proc (never from the worker) and the harness refuses a worker
+that lacks a piece the host allowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SANDBOX = Path(__file__).with_name("sandbox.py")
+PIECES = ("uid", "pidns", "cgroup", "no_new_privs", "seccomp")
+UID_BASE = 2_000_000_000  # far above the ranges distributions and subuid files hand out
+UID_SPAN = 100_000_000
+READ_SEARCH = "dac_read_search"
+CAP_DAC_READ_SEARCH = 1 << 2  # its bit in /proc/PID/status CapEff
+FREEZE_WAIT_S = 5.0
+PROBE_S = 60.0
+WORKER_IMPORTS = "import torch"  # what a worker must reach under its own uid
+HANDED_OUT: set[int] = set()  # the uids this process gave its workers (never given twice)
+
+
+def setpriv_argv(uid: int, read_search: bool) -> list[str]:
+    """setpriv's options for a worker of `uid` (every group and capability dropped; CAP_DAC_READ_SEARCH
+    kept as an ambient capability where `read_search`)."""
+    setpriv = shutil.which("setpriv") or "setpriv"
+    caps = ["-all", f"+{READ_SEARCH}"] if read_search else ["-all"]
+    argv = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+    argv += [f"--inh-caps={','.join(caps)}", f"--bounding-set={','.join(caps)}"]
+    if read_search:
+        argv.append(f"--ambient-caps=+{READ_SEARCH}")
+    return [*argv, "--"]
+
+
+def cgroup2_root() -> Path | None:
+    """The mount point of the cgroup v2 hierarchy (pure v2 or a hybrid's `unified`), if any."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return None
+
+
+def free_uid(taken: set[int]) -> int:
+    """A uid in [UID_BASE, UID_BASE + UID_SPAN) that no running process has and this process has
+    not handed out."""
+    running = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Uid:"):
+                    running.update(int(u) for u in line.split()[1:])
+                    break
+        except OSError:
+            continue
+    while True:
+        uid = UID_BASE + random.SystemRandom().randrange(UID_SPAN)
+        if uid not in running and uid not in taken:
+            taken.add(uid)
+            return uid
+
+
+def pyseccomp_path() -> str | None:
+    spec = importlib.util.find_spec("pyseccomp")
+    return spec.origin if spec is not None else None
+
+
+@dataclass(frozen=True)
+class HostSandbox:
+    """What this host lets the harness put around a worker."""
+
+    allowed: tuple[str, ...]
+    missing: dict[str, str]  # piece -> why the host refuses it
+    cgroup_root: str | None
+    reads_all: bool  # the uid keeps CAP_DAC_READ_SEARCH to reach the interpreter
+
+    def note(self) -> str:
+        """One line for pages that show a verdict: what the sandbox lacked, or ''."""
+        if not self.missing:
+            return ""
+        parts = [f"{piece} ({why})" for piece, why in self.missing.items()]
+        return "isolated arms ran without these sandbox pieces: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One probe: a sandbox with some pieces, running the worker's first steps."""
+
+    pieces: tuple[str, ...]
+    cgroup: Path | None
+    uid: int
+    read_search: bool = False
+
+    def argv(self, code: str) -> list[str]:
+        uid = self.uid if "uid" in self.pieces else None
+        return sandbox_argv(self.pieces, self.cgroup, uid, self.read_search, [sys.executable, "-I", "-c", code])
+
+
+def sandbox_argv(
+    pieces: tuple[str, ...], cgroup: Path | None, uid: int | None, read_search: bool, program: list[str]
+) -> list[str]:
+    """The command that starts `program` in the sandbox with `pieces` (trial/sandbox.py, then setpriv)."""
+    spec = {
+        "cgroup": str(cgroup) if "cgroup" in pieces and cgroup else None,
+        "pidns": "pidns" in pieces,
+        "seccomp": pyseccomp_path() if "seccomp" in pieces else None,
+    }
+    prefix = setpriv_argv(uid, read_search) if uid is not None else []
+    return [sys.executable, "-I", str(SANDBOX), json.dumps(spec), "--", *prefix, *program]
+
+
+def run_trials(trials: list[Trial], code: str) -> list[str]:
+    """For each trial, '' when it ran `code`, else why not (the trials run at once)."""
+    procs = []
+    for t in trials:
+        env = {k: v for k, v in os.environ.items() if k != "HOME"} | {"HOME": "/tmp"}
+        procs.append(
+            subprocess.Popen(t.argv(code), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=env)
+        )
+    reasons = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=PROBE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        text = err.decode(errors="replace").strip().splitlines()
+        reasons.append("" if proc.returncode == 0 else (text[-1] if text else f"exit {proc.returncode}")[:300])
+    return reasons
+
+
+def _preconditions(root: Path | None) -> dict[str, str]:
+    """Pieces this host cannot offer at all, and why (no process started)."""
+    missing = {}
+    if os.geteuid() != 0:
+        missing["uid"] = "the harness is not root, so it cannot start a worker under another uid"
+    elif shutil.which("setpriv") is None:
+        missing["uid"] = "util-linux setpriv is not installed"
+    if pyseccomp_path() is None:
+        missing["seccomp"] = "pyseccomp is not installed (pip install pyseccomp)"
+    if root is None:
+        missing["cgroup"] = "no cgroup v2 hierarchy is mounted"
+    return missing
+
+
+def _make_probe_cgroup(root: Path | None, missing: dict[str, str]) -> Path | None:
+    if root is None or "cgroup" in missing:
+        return None
+    probe = root / f"kerneltrial-probe-{os.getpid()}"
+    try:
+        probe.mkdir(exist_ok=True)
+    except OSError as exc:
+        missing["cgroup"] = f"cannot make a cgroup under {root}: {exc.strerror}"
+        return None
+    lacking = [n for n in ("cgroup.freeze", "cgroup.kill", "cgroup.procs") if not (probe / n).exists()]
+    if lacking:
+        missing["cgroup"] = f"the kernel's cgroup v2 lacks {', '.join(lacking)}"
+    return probe
+
+
+@functools.cache
+def host(cuda: bool = False) -> HostSandbox:
+    """Probe the pieces once per process and device kind: the whole sandbox first, running the
+    worker's first steps (torch imported; with `cuda`, a CUDA tensor made); where that fails, each
+    piece alone, at once, and the pieces that fail alone are left out, with their reasons."""
+    root = cgroup2_root()
+    missing = _preconditions(root)
+    probe = _make_probe_cgroup(root, missing)
+    code = WORKER_IMPORTS + ("; torch.ones(1, device='cuda').sum().item()" if cuda else "")
+    uid = free_uid(set())
+    try:
+        offered = tuple(p for p in PIECES if p not in missing)
+        if run_trials([Trial(offered, probe, uid)], code)[0]:
+            alone = [Trial((p,), probe, uid) for p in offered]
+            if "uid" in offered:
+                alone.append(Trial(("uid",), probe, uid, read_search=True))
+            reasons = run_trials(alone, code)
+            reads_all = "uid" in offered and bool(reasons[offered.index("uid")]) and not reasons[-1]
+            for piece, why in zip(offered, reasons, strict=False):
+                if why and not (piece == "uid" and reads_all):
+                    missing[piece] = why
+        else:
+            reads_all = False
+    finally:
+        if probe is not None:
+            probe.rmdir()
+    allowed = tuple(p for p in PIECES if p not in missing)
+    return HostSandbox(allowed, missing, str(root) if "cgroup" in allowed else None, reads_all)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One process of a worker as /proc shows it."""
+
+    pid: int
+    uids: tuple[int, ...]
+    cap_eff: int
+    no_new_privs: bool
+    seccomp_filter: bool
+    ns_pids: tuple[int, ...]  # its pid in each PID namespace, outermost first
+
+    @property
+    def nested_pid(self) -> bool:
+        return len(self.ns_pids) > 1
+
+
+def read_status(pid: int) -> Observed | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return Observed(
+        pid=pid,
+        uids=tuple(int(u) for u in fields.get("Uid", "").split()),
+        cap_eff=int(fields.get("CapEff", "0").strip() or "0", 16),
+        no_new_privs=fields.get("NoNewPrivs", "0").strip() == "1",
+        seccomp_filter=fields.get("Seccomp", "0").strip() == "2",
+        ns_pids=tuple(int(p) for p in fields.get("NSpid", "").split()),
+    )
+
+
+@dataclass
+class Confinement:
+    """One worker's sandbox: its uid, its cgroup, and the command and environment that start it."""
+
+    sandbox: HostSandbox
+    folder: Path
+    uid: int | None = None
+    cgroup: Path | None = None
+
+    def __post_init__(self) -> None:
+        if "uid" in self.sandbox.allowed:
+            self.uid = free_uid(HANDED_OUT)
+            os.chown(self.folder, self.uid, self.uid)
+        if self.sandbox.cgroup_root:
+            self.cgroup = Path(self.sandbox.cgroup_root) / f"kerneltrial-{os.getpid()}-{self.folder.name}"
+            self.cgroup.mkdir()
+
+    def command(self, program: list[str]) -> list[str]:
+        return sandbox_argv(self.sandbox.allowed, self.cgroup, self.uid, self.sandbox.reads_all, program)
+
+    def environment(self) -> dict[str, str]:
+        """The worker's environment: the harness's, with every home and cache in the worker's folder
+        (a uid of its own can write nothing else; no cache is shared between arms)."""
+        env = dict(os.environ)
+        home = str(self.folder)
+        for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+            env[name] = home
+        env["USER"] = env["LOGNAME"] = "kerneltrial-worker"
+        return env
+
+    def own(self, path: Path) -> None:
+        """Hand a file the worker must write (a shared buffer) to the worker's uid."""
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+
+    def pids(self, leader: int) -> list[int]:
+        if self.cgroup is not None:
+            try:
+                return [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
+            except OSError:
+                return []
+        return [leader]
+
+    def problems(self, leader: int) -> list[str]:
+        """What /proc shows missing from the worker's processes (the sandbox's own processes, its
+        parent outside the PID namespace, `leader`, and the namespace's init, are root by design)."""
+        found = [o for o in (read_status(p) for p in self.pids(leader)) if o is not None]
+        if "pidns" in self.sandbox.allowed:
+            workers = [o for o in found if o.pid != leader and o.ns_pids[-1:] != (1,)]
+        else:
+            workers = found
+        if not workers:
+            return ["no worker process was found in its cgroup"]
+        allowed_caps = CAP_DAC_READ_SEARCH if self.sandbox.reads_all else 0
+        problems = []
+        for o in workers:
+            if self.uid is not None and (set(o.uids) != {self.uid} or o.cap_eff & ~allowed_caps):
+                problems.append(f"pid {o.pid} runs as uid {o.uids} with capabilities {o.cap_eff:#x}")
+            if not o.no_new_privs:
+                problems.append(f"pid {o.pid} lacks no-new-privs")
+            if "seccomp" in self.sandbox.allowed and not o.seccomp_filter:
+                problems.append(f"pid {o.pid} has no seccomp filter")
+            if "pidns" in self.sandbox.allowed and not o.nested_pid:
+                problems.append(f"pid {o.pid} is not in a PID namespace of its own")
+        return problems
+
+    def _set_frozen(self, frozen: bool) -> None:
+        if self.cgroup is None:
+            return
+        (self.cgroup / "cgroup.freeze").write_text("1" if frozen else "0")
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        want = f"frozen {int(frozen)}"
+        while want not in (self.cgroup / "cgroup.events").read_text().splitlines():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cgroup {self.cgroup} did not reach '{want}' in {FREEZE_WAIT_S:g} s")
+            time.sleep(0.0002)
+
+    def freeze(self) -> None:
+        """Stop every process of the worker (it runs no instruction until `thaw`)."""
+        self._set_frozen(True)
+
+    def thaw(self) -> None:
+        self._set_frozen(False)
+
+    def kill(self) -> None:
+        """Kill every process of the worker, however it detached itself."""
+        if self.cgroup is not None and self.cgroup.exists():
+            try:
+                (self.cgroup / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.kill()
+        if self.cgroup is None:
+            return
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while self.cgroup.exists():
+            try:
+                self.cgroup.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.005)
