@@ -16,6 +16,7 @@ from kerneltrial.kernel.report import operator_name, speedup_cell, us_cell
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, read_summary
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.integrity_notes import integrity_lines
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def comparison(a: Path, b: Path) -> Comparison:
         notes.append("**Warning: the runs used different timing backends; their times are not comparable.**")
     if summary_a.protocol_sha256 != summary_b.protocol_sha256:
         notes.append("Note: the runs follow different protocols (protocol_sha256 differs).")
+    for name, summary in (("A", summary_a), ("B", summary_b)):
+        notes += [f"**Isolation, run {name}: {w}.**" for w in integrity_lines(summary.warnings)]
     return Comparison(
         summary_a.label,
         summary_b.label,

@@ -78,6 +78,7 @@ from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.integrity_notes import integrity_lines
 from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
 
 # issue 16's targets
@@ -214,6 +215,23 @@ def preregistration_table(run_dirs: list[Path]) -> list[str]:
         "not beside each figure.",
         "",
         *markdown_table(["run", "operator", "protocol"], rows),
+        "",
+    ]
+
+
+def isolation_table(run_dirs: list[Path]) -> list[str]:
+    """The current kernel runs whose verdicts rest on less than the whole isolation (a `user:` arm
+    in kerneltrial's process, isolated arms without a sandbox piece: rundir/integrity_notes.py);
+    nothing when there are none."""
+    rows = [[f"`{Path(d).name}`", note] for d in run_dirs for note in integrity_lines(read_summary(d).warnings)]
+    if not rows:
+        return []
+    return [
+        "## Isolation",
+        "",
+        'These runs\' verdicts rest on less than the whole isolation (docs/CHECKS.md, "The sandbox"):',
+        "",
+        *markdown_table(["run", "what was missing"], rows),
         "",
     ]
 
@@ -462,6 +480,7 @@ def write_performance_md(
     ]
     page += overview_page(current)
     page += preregistration_table(current)
+    page += isolation_table(current)
     if models:
         page += [
             "## Model level",

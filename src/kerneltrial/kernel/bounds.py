@@ -5,7 +5,8 @@ wall clock around the same sample, from the request it sends to the answer it re
 `wall_ns`). The arm's figure is what is published; the bound is what the harness can vouch for:
 an arm that controls its process can claim any time up to it (docs/CHECKS.md, "Checks: what each defeats, and what a kernel can still do"). The
 summary puts both side by side for every (case, isolated arm) that was timed, and warns where the
-claim is far inside the bound.
+claim is far inside the bound; then it warns of every `user:` arm left in kerneltrial's process and
+of the sandbox's missing pieces (rundir/integrity_notes.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from kerneltrial import stats
 from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
+from kerneltrial.rundir.integrity_notes import integrity_warnings
 
 # A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
 # then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):
@@ -58,4 +60,5 @@ def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: lis
             )
             if claimed > 0 and bound > FAR_INSIDE * claimed:
                 warnings.append(far_inside_warning(str(case["case"]), arm, claimed, bound))
+    warnings.extend(integrity_warnings(plan))
     return IsolationFigures(arms=isolated, far_inside=FAR_INSIDE, bounds=bounds)

@@ -145,6 +145,16 @@ class PlanTarget(Document):
     )
 
 
+class SandboxRecord(Document):
+    allowed: list[str] = Field(
+        description="The pieces every worker ran in (uid, pidns, cgroup, no_new_privs, seccomp)."
+    )
+    missing: dict[str, str] = Field(description="Each piece the host refused, with the reason its probe gave.")
+    reads_all: bool = Field(
+        description="The worker's uid kept CAP_DAC_READ_SEARCH (it reads every file, writes none) to reach the interpreter."
+    )
+
+
 class Plan(Document):
     schema_: Literal["kerneltrial.plan/1"] | None = Field(
         None, alias="schema", description="`kerneltrial.plan/1`; null: a plan from before the key."
@@ -184,6 +194,10 @@ class Plan(Document):
     isolated: list[str] = Field(
         default=[],
         description="`checks` 3: the arms that ran in a worker process of their own, as protocol `isolate` names them.",
+    )
+    sandbox: SandboxRecord | None = Field(
+        default=None,
+        description="The sandbox pieces this host gave the isolated workers (trial/confine.py); null without isolated arms, or before the sandbox.",
     )
     exact: bool = Field(description="Whether outputs must equal the official formula bit for bit.")
     plausibility: PlausibilityRule | None = Field(description="The plausibility rule; null before timed checks.")

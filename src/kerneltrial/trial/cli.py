@@ -484,7 +484,9 @@ def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML fil
     else:
         from kerneltrial.trial.runner import check_arms
 
-        check_arms(file, proto.parse(text, str(file)))
+        parsed = proto.parse(text, str(file))
+        check_arms(file, parsed)
+        proto.refuse_in_process(parsed, file)
     record = proto.freeze(file, validated=True)
     console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 

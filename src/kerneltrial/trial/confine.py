@@ -34,7 +34,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneltrial.rundir.integrity_notes import sandbox_warning
+
 SANDBOX = Path(__file__).with_name("sandbox.py")
+WORKER = Path(__file__).with_name("worker.py")
 PIECES = ("uid", "pidns", "cgroup", "no_new_privs", "seccomp")
 UID_BASE = 2_000_000_000  # far above the ranges distributions and subuid files hand out
 UID_SPAN = 100_000_000
@@ -106,10 +109,7 @@ class HostSandbox:
 
     def note(self) -> str:
         """One line for pages that show a verdict: what the sandbox lacked, or ''."""
-        if not self.missing:
-            return ""
-        parts = [f"{piece} ({why})" for piece, why in self.missing.items()]
-        return "isolated arms ran without these sandbox pieces: " + "; ".join(parts)
+        return sandbox_warning(self.missing) if self.missing else ""
 
 
 @dataclass(frozen=True)
@@ -154,9 +154,17 @@ def run_trials(trials: list[Trial], code: str) -> list[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-        text = err.decode(errors="replace").strip().splitlines()
-        reasons.append("" if proc.returncode == 0 else (text[-1] if text else f"exit {proc.returncode}")[:300])
+        reasons.append("" if proc.returncode == 0 else failure(err.decode(errors="replace"), proc.returncode))
     return reasons
+
+
+def failure(stderr: str, code: int) -> str:
+    """Why a probe failed, in one line: the last line naming an error (a traceback's last line is
+    often a hint, not the error), else the last line, else the exit code."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or "error" in line]
+    line = (named or lines or [f"exit {code}"])[-1]
+    return f"the worker's first steps fail in it: {line}"[:300]
 
 
 def _preconditions(root: Path | None) -> dict[str, str]:
@@ -188,16 +196,38 @@ def _make_probe_cgroup(root: Path | None, missing: dict[str, str]) -> Path | Non
     return probe
 
 
+def _cuda_ipc_code() -> tuple[object, str]:
+    """A harness buffer on the GPU (kept alive by the caller) and the code that opens and writes it
+    with the worker's own functions (trial/worker.py, loaded by path)."""
+    import torch
+
+    from kerneltrial.trial.shared import cuda_handle
+
+    buffer = torch.zeros(16, dtype=torch.uint8, device="cuda")
+    desc = {"cuda": cuda_handle(buffer.untyped_storage())}
+    code = (
+        f"{WORKER_IMPORTS}; import importlib.util; "
+        f"spec = importlib.util.spec_from_file_location('_kt_probe_worker', {str(WORKER)!r}); "
+        "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w); "
+        f"w.bytes_of(w.open_buffer({desc!r})).fill_(1); torch.cuda.synchronize()"
+    )
+    return buffer, code
+
+
 @functools.cache
 def host(cuda: bool = False) -> HostSandbox:
     """Probe the pieces once per process and device kind: the whole sandbox first, running the
-    worker's first steps (torch imported; with `cuda`, a CUDA tensor made); where that fails, each
+    worker's first steps (torch imported; with `cuda`, a buffer of the harness opened through CUDA
+    IPC and written); where that fails, each
     piece alone, at once, and the pieces that fail alone are left out, with their reasons."""
     root = cgroup2_root()
     missing = _preconditions(root)
     probe = _make_probe_cgroup(root, missing)
-    code = WORKER_IMPORTS + ("; torch.ones(1, device='cuda').sum().item()" if cuda else "")
     uid = free_uid(set())
+    shared = None
+    code = WORKER_IMPORTS
+    if cuda:  # the worker must open the harness's CUDA IPC handles (trial/shared.py), as it will
+        shared, code = _cuda_ipc_code()
     try:
         offered = tuple(p for p in PIECES if p not in missing)
         if run_trials([Trial(offered, probe, uid)], code)[0]:
@@ -212,10 +242,26 @@ def host(cuda: bool = False) -> HostSandbox:
         else:
             reads_all = False
     finally:
+        del shared
         if probe is not None:
             probe.rmdir()
     allowed = tuple(p for p in PIECES if p not in missing)
     return HostSandbox(allowed, missing, str(root) if "cgroup" in allowed else None, reads_all)
+
+
+def descendants(leader: int) -> list[int]:
+    """`leader` and every process below it (from /proc/PID/stat's parent pids)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found = [leader]
+    for pid in found:
+        found += [child for child, parent in parents.items() if parent == pid and child not in found]
+    return found
 
 
 @dataclass(frozen=True)
@@ -258,6 +304,7 @@ class Confinement:
     folder: Path
     uid: int | None = None
     cgroup: Path | None = None
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         if "uid" in self.sandbox.allowed:
@@ -286,12 +333,13 @@ class Confinement:
             os.chown(path, self.uid, self.uid)
 
     def pids(self, leader: int) -> list[int]:
+        """The worker's processes: its cgroup's, else `leader` and its descendants."""
         if self.cgroup is not None:
             try:
                 return [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
             except OSError:
                 return []
-        return [leader]
+        return descendants(leader)
 
     def problems(self, leader: int) -> list[str]:
         """What /proc shows missing from the worker's processes (the sandbox's own processes, its
@@ -317,9 +365,10 @@ class Confinement:
         return problems
 
     def _set_frozen(self, frozen: bool) -> None:
-        if self.cgroup is None:
+        if self.cgroup is None or self.frozen == frozen:
             return
         (self.cgroup / "cgroup.freeze").write_text("1" if frozen else "0")
+        self.frozen = frozen
         deadline = time.monotonic() + FREEZE_WAIT_S
         want = f"frozen {int(frozen)}"
         while want not in (self.cgroup / "cgroup.events").read_text().splitlines():
@@ -333,6 +382,15 @@ class Confinement:
 
     def thaw(self) -> None:
         self._set_frozen(False)
+
+    def cpu_us(self) -> int | None:
+        """CPU time every process of the worker has used (cgroup cpu.stat), in microseconds."""
+        if self.cgroup is None:
+            return None
+        for line in (self.cgroup / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1])
+        return None
 
     def kill(self) -> None:
         """Kill every process of the worker, however it detached itself."""

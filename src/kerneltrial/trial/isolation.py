@@ -139,6 +139,7 @@ class Process:
     def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
         """Send one request and return its answer (kind `expect`); an arm's raise is raised here."""
         what = str(message["kind"])
+        self.confinement.thaw()  # frozen while another arm was timed (remote.Isolation.quiet)
         timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
         deadline = time.monotonic() + timeout
         data = json.dumps(message).encode()
@@ -216,6 +217,7 @@ class Process:
 
     def close(self) -> None:
         """Ask the worker to exit, kill it if it does not, free its pipes and folder."""
+        self.confinement.thaw()
         if self.proc.poll() is None:
             try:
                 data = json.dumps({"kind": "exit"}).encode()
@@ -278,7 +280,9 @@ class WorkerHandle:
         problems = self.process.confinement.problems(self.process.proc.pid)
         if problems:
             self.stop()
-            raise WorkerBroken(f"worker broke the protocol: its sandbox was not applied ({'; '.join(problems)}); killed")
+            raise WorkerBroken(
+                f"worker broke the protocol: its sandbox was not applied ({'; '.join(problems)}); killed"
+            )
         modules = answer.get("kerneltrial_modules")
         if self.source.mode == "sealed" and modules:
             self.stop()

@@ -267,6 +267,15 @@ class Protocol(BaseModel):
         description="Seconds an isolated arm's worker may take to answer one request (a call, a timed sample); past it the worker is killed and the arm fails that check with `worker hung`.",
     )
 
+    allow_in_process: bool = Field(
+        default=False,
+        description="Accept a user: arm that `isolate` leaves in kerneltrial's process (its code could patch the harness): `protocol freeze` refuses such a protocol without it, and every page of the run says so.",
+    )
+    accept_partial_sandbox: bool = Field(
+        default=False,
+        description="Run a frozen protocol's isolated arms although this host lacks a piece of the sandbox (trial/confine.py: uid, pidns, cgroup, no_new_privs, seccomp); without it such a run refuses to start. The missing pieces are recorded (plan.json `sandbox`) and every page of the run says so.",
+    )
+
     @field_validator("gate")
     @classmethod
     def _gate(cls, gate: str) -> str:
@@ -335,6 +344,11 @@ class Protocol(BaseModel):
             return [a for a in self.arms() if not a.startswith(CALIBRATION_PREFIXES)]
         return [] if self.isolate == "none" else list(self.isolate)
 
+    def in_process_user_arms(self) -> list[str]:
+        """The `user:` arms `isolate` leaves in kerneltrial's process."""
+        isolated = set(self.isolated())
+        return [a for a in [self.control, *self.candidates] if a.startswith("user:") and a not in isolated]
+
     def isolates_module(self, spec: str) -> bool:
         """Whether user module `spec` is imported in a worker only, never in kerneltrial's process: its
         `user:` arm is isolated. (A module whose `user:` arm is not an arm of the trial is imported
@@ -392,11 +406,22 @@ def freeze_record(path: Path) -> dict[str, str] | None:
     return json.loads(record.read_text()) if record.exists() else None
 
 
+def refuse_in_process(protocol: Protocol, path: Path) -> None:
+    """A protocol to be frozen leaves no user: arm in kerneltrial's process, unless it says
+    `allow_in_process = true` (then the run's pages say so)."""
+    left = protocol.in_process_user_arms()
+    if left and not protocol.allow_in_process:
+        raise ProtocolError(
+            f"{path}: isolate leaves {', '.join(left)} in kerneltrial's process, where its code can patch the "
+            'harness; isolate it (isolate = "user"), or accept that in the protocol with allow_in_process = true'
+        )
+
+
 def freeze(path: Path, validated: bool = False) -> dict[str, str]:
     """Validate `path` as a kernel protocol (unless the caller `validated` it: a whole-model
     protocol) and record its sha256 and the time; refuse to re-freeze a changed file."""
     if not validated:
-        parse(path.read_text(), str(path))
+        refuse_in_process(parse(path.read_text(), str(path)), path)
     record = freeze_path(path)
     digest = sha256_file(path)
     if record.exists():

@@ -529,6 +529,16 @@ class Isolation:
 
         return replace(impl, loader=loader, _fn=None, _reason=None)  # the same contract (layouts, widths)
 
+    def quiet(self, arm: timed.TimedArm | None) -> None:
+        """Freeze every worker but `arm`'s (trial/confine.py): while one arm is timed, no other arm's
+        process runs an instruction, so none can slow it. An in-process arm (None, or not isolated)
+        freezes them all. A frozen worker thaws at its next request."""
+        keep = arm.remote if isinstance(arm, IsolatedArm) else None
+        for remote in self.remotes:
+            process = remote.handle.process
+            if process is not None and remote is not keep:
+                process.confinement.freeze()
+
     def remote(self, source: ArmSource, names: list[str]) -> Remote:
         remote = Remote(WorkerHandle(source, self.settings, names))
         self.remotes.append(remote)

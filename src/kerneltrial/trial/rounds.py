@@ -131,6 +131,7 @@ class Session:
     append_check: Callable[[dict[str, Any]], None]  # a row of timed_checks.jsonl
     progress: Any
     task: int
+    quiet: Callable[[timed.TimedArm | None], None]  # every other arm's worker frozen (remote.Isolation.quiet)
 
     def record(self, check: timed.TimedCheck) -> None:
         """Write a unit's check (timed_checks.jsonl), count it done and advance the bar."""
@@ -185,6 +186,7 @@ def time_round(
             continue
         arm = prepared[name]
         try:
+            s.quiet(arm)
             ns, checked, wall = arm.sample(s.timer, s.op, unit, calls, hash(name) % 2**31, graph)
             sm, mem = s.clocks.read()
             check = arm.check(s.op, case, seed, round_index, unit, checked, s.p.exact, s.device, persistent=not graph)
@@ -243,6 +245,7 @@ def run_rounds(
     device: torch.device,
     delay: Delay,
     progress: Any,
+    quiet: Callable[[timed.TimedArm | None], None],
 ) -> dict[str, Any]:
     """The rounds of every case (module docstring); returns the plan as they leave it: `plan`
     with the rounds the noise rule added (plan.json is rewritten before each added round, so
@@ -257,7 +260,9 @@ def run_rounds(
     clocks = ClockReader.open(timer.is_gpu)
     started = time.monotonic()
     with csv_appender(run.timings, TIMING_COLUMNS) as append, jsonl_appender(run.timed_checks) as append_check:
-        s = Session(p, op, timer, device, plan["order_seed"], clocks, measured, append, append_check, progress, task)
+        s = Session(
+            p, op, timer, device, plan["order_seed"], clocks, measured, append, append_check, progress, task, quiet
+        )
         for case_index, spec in enumerate(p.cases):
             case = spec.case()
             arms, n = timed_arms[case.id], rounds[case.id]

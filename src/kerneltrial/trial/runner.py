@@ -50,7 +50,7 @@ from kerneltrial.rundir.files import (
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import COPY_MATCHED, FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, TRITON_LAUNCH, RunDir
 from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
-from kerneltrial.trial import gate, provenance, timed
+from kerneltrial.trial import confine, gate, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import (
     CalibrationError,
@@ -380,6 +380,14 @@ def run_host(
             progress.advance(task)
 
 
+def sandbox_record(p: proto.Protocol, device: torch.device) -> dict[str, Any] | None:
+    """plan.json `sandbox`: the pieces this host gave isolated workers (null without isolated arms)."""
+    if not p.isolated():
+        return None
+    sandbox = confine.host(device.type == "cuda")
+    return {"allowed": list(sandbox.allowed), "missing": sandbox.missing, "reads_all": sandbox.reads_all}
+
+
 def build_plan(
     p: proto.Protocol,
     op: Operator,
@@ -403,6 +411,7 @@ def build_plan(
         "is_gpu": timer.is_gpu,
         "checks": CHECKS_VERSION,
         "isolated": p.isolated(),
+        "sandbox": sandbox_record(p, device),
         "exact": p.exact,
         "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
@@ -479,6 +488,20 @@ def inputs_seed_of(run: RunDir, resume: bool) -> int | None:
     return inp.new_inputs_seed()
 
 
+def refuse_partial_sandbox(protocol_path: Path, p: proto.Protocol, device: torch.device) -> None:
+    """A frozen protocol's isolated arms run in the whole sandbox, or the protocol accepts less
+    (`accept_partial_sandbox`); an exploratory run only records what was missing."""
+    if not p.isolated() or p.accept_partial_sandbox or not proto.is_frozen(protocol_path):
+        return
+    sandbox = confine.host(device.type == "cuda")
+    if sandbox.missing:
+        raise RunError(
+            f"{protocol_path}: {sandbox.note()}; a frozen protocol's isolated arms need the whole sandbox. Run where "
+            "the host allows it (as root, with setpriv, cgroup v2, pyseccomp), or accept it in a new protocol with "
+            "accept_partial_sandbox = true (recorded; every page of the run says so)"
+        )
+
+
 def _run_trial(
     protocol_path: Path,
     out: Path,
@@ -492,6 +515,7 @@ def _run_trial(
     links = check_confirmation(protocol_path, p)
     device = launch.device()
     timer = make_timer(p.backend, p.l2)
+    refuse_partial_sandbox(protocol_path, p, device)
     with Isolation(Settings(p.isolate_timeout_s, device, target, (timer.name, timer.cold))) as isolation:
         registered = load_modules(p, protocol_path, isolation)
         op = get_op(p.op)
@@ -510,7 +534,7 @@ def _run_trial(
         if resume and sealed_on_resume(out):
             return out
         run, digest = prepare(out, protocol_path, p, resume, links)
-        trial = Trial(run, p, op, arms, cases, timer, device, delay, progress or _NoProgress())
+        trial = Trial(run, p, op, arms, cases, timer, device, delay, progress or _NoProgress(), isolation.quiet)
         return _measure(trial, digest, resume, order_seed, target)
 
 
@@ -527,6 +551,7 @@ class Trial:
     device: torch.device
     delay: Delay
     progress: Any
+    quiet: Callable[[timed.TimedArm | None], None]  # freezes every worker but the timed arm's (remote.Isolation.quiet)
 
 
 def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target: Target | None) -> Path:
@@ -536,6 +561,7 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
     run, p, op, timer, device, delay, progress = t.run, t.p, t.op, t.timer, t.device, t.delay, t.progress
     delay.measure_rate()
     passed = run_correctness(run, op, t.arms, t.cases, p.seeds, device, progress, exact=p.exact)
+    t.quiet(None)  # no worker runs while the harness measures its ceilings
     run_ceilings(run, timer, device, [op.bytes_moved(c) for c in t.cases])
     timed_arms = {c.id: [a for a in t.arms if passed[(c.id, a.name)]] for c in t.cases}
     if run.plan.exists():
@@ -556,7 +582,8 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
             order_seed,
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
-    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress)
+    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress, t.quiet)
+    t.quiet(None)  # the host stage times in-process arms only
     run_host(run, op, plan, t.cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 
     write_summary(run.root, overwrite=resume)  # a resumed run may have died after writing it

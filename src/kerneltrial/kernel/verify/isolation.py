@@ -7,7 +7,8 @@ and verify's own median, nothing of kerneltrial.stats, kernel.summary or kernel.
   and claims no more than it; no row of an arm that ran in kerneltrial's process carries one;
 - summary.json `isolation` holds, per timed (case, isolated arm), the medians of ns / calls and
   wall_ns / calls and their ratio, and `warnings` names every claim more than FAR_INSIDE times
-  inside its bound.
+  inside its bound, every `user:` arm left in kerneltrial's process and the sandbox's missing
+  pieces (plan.json `sandbox`; the wording is rundir/integrity_notes.py's).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from kerneltrial.rundir.integrity_notes import integrity_warnings
 
 FAR_INSIDE = 2.0  # the summary's convention (docs/CHECKS.md, "What a kernel can still do")
 REL_TOL = 1e-9
@@ -127,6 +130,7 @@ def isolation_problems(
                 problems.append(
                     f"summary isolation bound of {want['case']} {want['arm']}: {wrong} differ from the rows"
                 )
+    warnings += integrity_warnings(plan)
     problems += [f"summary warnings lack {w!r}" for w in warnings if w not in summary.get("warnings", [])]
     far = sum(w in summary.get("warnings", []) for w in warnings)
     return problems, f"{len(isolated)} isolated arm(s); {len(bounds)} bound(s) recomputed, {far} far inside and warned"

@@ -1,0 +1,203 @@
+"""The sandbox around isolated workers (issue 35, items 1 and 3): the worker cannot trace, signal,
+read or write the harness, everything it starts dies with it, and while another arm is timed it
+runs nothing. Planted modules (tests/fixtures/planted/): reaches_the_harness, leaves_a_daemon,
+burns_between_calls; each test also runs the planted module unconfined (or unfrozen) where that is
+safe, so that it shows the attack works there and the test can fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.ops.registry import Case, RegistryError
+from kerneltrial.rundir.integrity_notes import in_process_warning, sandbox_warning
+from kerneltrial.rundir.layout import RunDir
+from kerneltrial.trial import confine
+from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.isolation import Settings
+from kerneltrial.trial.remote import Isolation
+from kerneltrial.trial.runner import RunError, run_trial, write_manifest
+from tests.conftest import REPO
+from tests.kt import run_cli, write_protocol
+
+PLANTED = REPO / "tests" / "fixtures" / "planted"
+CPU = torch.device("cpu")
+ATTACKS = ("ptrace", "/proc/PID/mem", "signal", "process_vm_readv", "write the harness's folder")
+HOST = confine.host()
+needs = pytest.mark.skipif(
+    set(HOST.allowed) != set(confine.PIECES), reason=f"this host lacks sandbox pieces: {HOST.missing}"
+)
+
+
+def arm(iso: Isolation, name: str):
+    (impl,) = iso.module_arms(str(PLANTED / f"{name}.py"))
+    return impl.resolve()
+
+
+def call(fn) -> torch.Tensor:
+    (out,) = fn(torch.ones(2, 8), torch.ones(8), 1e-6)
+    return out
+
+
+def attacks(monkeypatch: pytest.MonkeyPatch, folder: Path, sandbox: confine.HostSandbox) -> dict[str, bool]:
+    folder.chmod(0o755)  # as a run directory is: the harness's, readable by all
+    monkeypatch.setenv("KT_PLANTED_HARNESS_PID", str(os.getpid()))
+    monkeypatch.setenv("KT_PLANTED_HARNESS_DIR", str(folder))
+    monkeypatch.setattr(confine, "host", lambda cuda=False: sandbox)
+    with Isolation(Settings(60, CPU)) as iso:
+        flags = call(arm(iso, "reaches_the_harness")).tolist()
+    return dict(zip(ATTACKS, [f == 1.0 for f in flags], strict=True))
+
+
+@needs
+def test_the_worker_cannot_trace_signal_read_or_write_the_harness(monkeypatch, tmp_path: Path):
+    assert attacks(monkeypatch, tmp_path, HOST) == dict.fromkeys(ATTACKS, False)
+
+
+@needs
+def test_unconfined_the_same_worker_reaches_the_harness(monkeypatch, tmp_path: Path):
+    none = confine.HostSandbox((), dict.fromkeys(confine.PIECES, "left out by the test"), None, False)
+    assert attacks(monkeypatch, tmp_path, none) == dict.fromkeys(ATTACKS, True)
+
+
+@needs
+def test_each_piece_alone_stops_what_it_claims(monkeypatch, tmp_path: Path):
+    def only(*pieces: str) -> confine.HostSandbox:
+        return confine.HostSandbox(pieces, {}, HOST.cgroup_root if "cgroup" in pieces else None, False)
+
+    uid = attacks(monkeypatch, tmp_path, only("uid", "no_new_privs"))
+    assert not any(uid.values()), uid  # no capability, another uid: nothing reaches a root harness
+    seccomp = attacks(monkeypatch, tmp_path, only("seccomp", "no_new_privs"))
+    assert not seccomp["ptrace"] and not seccomp["process_vm_readv"] and seccomp["/proc/PID/mem"], seccomp
+    pidns = attacks(monkeypatch, tmp_path, only("pidns", "no_new_privs"))
+    assert not pidns["signal"] and not pidns["/proc/PID/mem"], pidns  # the harness's pid names nothing there
+
+
+def processes_of(uid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        line = next((x for x in text.splitlines() if x.startswith("Uid:")), "")
+        if str(uid) in line.split()[1:]:
+            found.append(int(status.parent.name))
+    return found
+
+
+@needs
+def test_what_the_worker_starts_dies_with_it():
+    with Isolation(Settings(60, CPU)) as iso:
+        fn = arm(iso, "leaves_a_daemon")
+        call(fn)
+        confinement = fn.remote.handle.process.confinement
+        uid, cgroup = confinement.uid, confinement.cgroup
+        assert len(processes_of(uid)) >= 2  # the worker and its detached daemon
+    deadline = time.monotonic() + 10
+    while processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_of(uid) == [] and not cgroup.exists()
+
+
+def burned_us(confinement: confine.Confinement, seconds: float) -> int:
+    start = confinement.cpu_us()
+    time.sleep(seconds)
+    return confinement.cpu_us() - start
+
+
+@needs
+def test_a_frozen_worker_burns_nothing_while_another_arm_is_timed():
+    with Isolation(Settings(60, CPU)) as iso:
+        fn = arm(iso, "burns_between_calls")
+        call(fn)
+        confinement = fn.remote.handle.process.confinement
+        assert burned_us(confinement, 0.3) > 50_000  # between calls it burns (the attack)
+        iso.quiet(None)  # an in-process arm is timed now
+        assert burned_us(confinement, 0.3) < 2_000
+        assert call(fn).shape == (2, 8)  # its next request thaws it
+        assert not confinement.frozen
+
+
+@needs
+def test_a_worker_without_the_sandbox_the_host_allows_is_refused(monkeypatch):
+    monkeypatch.setattr(confine.Confinement, "command", lambda self, program: program)  # the sandbox skipped
+    with (
+        Isolation(Settings(60, CPU)) as iso,
+        pytest.raises(RegistryError, match="WorkerBroken: .*its sandbox was not applied"),
+    ):
+        arm(iso, "burns_between_calls")
+
+
+# ---------------------------------------------------------------- no silent downgrade (item 4)
+
+GOOD = REPO / "tests" / "fixtures" / "good_rmsnorm.py"
+WRONG = REPO / "tests" / "fixtures" / "wrong_rmsnorm.py"
+PARTIAL = confine.HostSandbox(
+    tuple(p for p in confine.PIECES if p != "seccomp"), {"seccomp": "left out by the test"}, HOST.cgroup_root, False
+)
+
+
+def downgraded(tmp_path: Path, **keys: object) -> Path:
+    """A protocol that isolates user:good_rmsnorm and leaves user:wrong_rmsnorm in kerneltrial's process."""
+    text = proto.new(
+        "rmsnorm",
+        "downgraded",
+        ["user:good_rmsnorm", "user:wrong_rmsnorm"],
+        [Case((4, 64))],
+        impl_modules=[str(GOOD), str(WRONG)],
+        isolate=["user:good_rmsnorm"],
+        seeds=[0],
+        rounds=2,
+        warmup=1,
+        calls_per_sample=2,
+        l2="hot",
+        **keys,
+    )
+    return write_protocol(tmp_path / "p.toml", text)
+
+
+def test_freeze_refuses_a_user_arm_left_in_process_unless_the_protocol_accepts_it(tmp_path: Path):
+    refused = run_cli("protocol", "freeze", downgraded(tmp_path))
+    assert refused.exit_code == 2 and "leaves user:wrong_rmsnorm in kerneltrial's process" in refused.output
+    assert "allow_in_process = true" in refused.output and not proto.is_frozen(tmp_path / "p.toml")
+    accepted = downgraded(tmp_path, allow_in_process=True)
+    assert run_cli("protocol", "freeze", accepted).exit_code == 0
+
+
+def test_a_frozen_protocol_refuses_a_partial_sandbox_unless_it_accepts_one(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(confine, "host", lambda cuda=False: PARTIAL)
+    protocol = downgraded(tmp_path, allow_in_process=True)
+    proto.freeze(protocol)
+    with pytest.raises(
+        RunError, match=r"without these sandbox pieces: seccomp \(left out by the test\).*accept_partial"
+    ):
+        run_trial(protocol, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_every_page_says_what_the_run_lacked(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(confine, "host", lambda cuda=False: PARTIAL)
+    run = run_trial(downgraded(tmp_path), tmp_path / "run")
+    notes = [in_process_warning("user:wrong_rmsnorm"), sandbox_warning({"seccomp": "left out by the test"})]
+    summary = json.loads((run / "summary.json").read_text())
+    assert all(n in summary["warnings"] for n in notes)
+    assert run_cli("report", run).exit_code == 0
+    assert all(n in (run / "report.md").read_text() for n in notes)
+    assert all(n in run_cli("compare", run, run).output for n in notes)
+    page = tmp_path / "PERFORMANCE.md"
+    assert run_cli("performance", run, "--out", page).exit_code == 0
+    assert all(n in page.read_text() for n in notes)
+    assert verify_run_dir(run).ok
+    # a reviewer who deletes the notes from the summary (and rehashes the manifest) is caught
+    summary["warnings"] = [w for w in summary["warnings"] if w not in notes]
+    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_manifest(RunDir(run))  # the reviewer rehashes the manifest
+    assert any("summary warnings lack" in problem for problem in verify_run_dir(run).problems)
