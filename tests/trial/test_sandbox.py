@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.ops.registry import Case, RegistryError
+from kerneltrial.ops.registry import Case, RegistryError, get_op
 from kerneltrial.rundir.integrity_notes import in_process_warning, sandbox_warning
 from kerneltrial.rundir.layout import RunDir
-from kerneltrial.trial import confine
+from kerneltrial.trial import confine, gate
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.remote import Isolation
@@ -118,11 +118,12 @@ def test_a_frozen_worker_burns_nothing_while_another_arm_is_timed():
         fn = arm(iso, "burns_between_calls")
         call(fn)
         confinement = fn.remote.handle.process.confinement
+        assert confinement.frozen  # held while the harness read the call's memory
+        confinement.thaw()
         assert burned_us(confinement, 0.3) > 50_000  # between calls it burns (the attack)
         iso.quiet(None)  # an in-process arm is timed now
         assert burned_us(confinement, 0.3) < 2_000
-        assert call(fn).shape == (2, 8)  # its next request thaws it
-        assert not confinement.frozen
+        assert call(fn).shape == (2, 8)  # its next request thaws it (and it is held again after)
 
 
 @needs
@@ -201,3 +202,24 @@ def test_every_page_says_what_the_run_lacked(monkeypatch, tmp_path: Path):
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_manifest(RunDir(run))  # the reviewer rehashes the manifest
     assert any("summary warnings lack" in problem for problem in verify_run_dir(run).problems)
+
+
+# ---------------------------------------------------------------- the harness's own reads (items 2 and 5)
+
+
+def gate_messages(name: str, device: torch.device, case: Case) -> list[str]:
+    with Isolation(Settings(120, device)) as iso:
+        (impl,) = iso.module_arms(str(PLANTED / f"{name}.py"))
+        result = gate.check(get_op("rmsnorm"), impl, case, 0, device)
+    return [] if result.passed else [result.message]
+
+
+def test_a_worker_that_reports_a_false_snapshot_of_its_inputs_is_caught():
+    (message,) = gate_messages("false_snapshot", CPU, Case((4, 64)))
+    assert "wrote an argument's memory after the call returned" in message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="stream order needs a CUDA device; none is visible here")
+def test_an_arm_whose_output_is_not_ordered_with_the_callers_stream_is_refused_on_cuda():
+    (message,) = gate_messages("private_stream", torch.device("cuda"), Case((4096, 4096)))
+    assert "not finished when the current stream was synchronised" in message

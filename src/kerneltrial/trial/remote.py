@@ -69,6 +69,10 @@ OUTPUT_CAP_FACTOR = 16  # ... or this many times the bytes of its inputs
 ALIGN = 64  # bytes: the start of every tensor packed into one shared buffer
 
 
+class LateWrite(WorkerFailure):
+    """The arm's memory changed after its call returned (the check fails; the worker goes on)."""
+
+
 class BoundExceeded(WorkerBroken):
     """The worker claimed a sample took longer than the harness measured around it (stopped)."""
 
@@ -176,6 +180,16 @@ class Remote:
             self.mirrors, self.recent, self.slots, self.sent, self.drop = {}, [], {}, set(), []
             self.bind, self.bind_buffers = None, set()
 
+    def hold(self) -> None:
+        """Freeze the worker while the harness reads the memory it shares with it (trial/confine.py):
+        no thread of the worker can change it between the answer and the harness's read. Its next
+        request thaws it. On a GPU, work it queued before stays queued (docs/CHECKS.md)."""
+        process = self.handle.process
+        if process is not None:
+            process.confinement.freeze()
+        if self.handle.settings.device.type == "cuda":
+            torch.cuda.synchronize(self.handle.settings.device)
+
     def additions(self) -> list[dict[str, Any]]:
         """Buffers the worker has not mapped yet (and now will)."""
         new = [b for i, b in self.arena.buffers.items() if i not in self.sent]
@@ -219,10 +233,20 @@ class Remote:
         outputs = [[k, b.id] for k, b in slots.items()]
         snapshots = [[self.mirrors[k].live.id, self.mirrors[k].snap.id] for k in used]
         self.request({"kind": "fetch", "outputs": outputs, "snapshots": snapshots}, "fetched")
+        self.hold()
+        late = False
         for k in used:  # the inputs as the worker left them, outputs in place included
             mirror = self.mirrors[k]
-            bytes_of(mirror.storage).copy_(mirror.snap.bytes[: mirror.storage.nbytes()])
+            n = mirror.storage.nbytes()
+            late |= not torch.equal(mirror.live.bytes[:n], mirror.snap.bytes[:n])
+            bytes_of(mirror.storage).copy_(mirror.snap.bytes[:n])
         self.retire(used, slots)
+        if late:
+            raise LateWrite(
+                "wrote an argument's memory after the call returned: the harness's own read of it, after every "
+                "stream finished, differs from the copy made at the return on the caller's stream (a write on "
+                "a stream not ordered with the caller's, or a worker that reports a false snapshot)"
+            )
         if metas is None:
             return None
         return tuple(view(self.base(m, slots), m) for m in metas)
@@ -414,6 +438,8 @@ class IsolatedArm(timed.TimedArm):
         start = time.perf_counter_ns()
         answer = self._request({"kind": "sample", "calls": calls, "key": key}, "sampled")
         wall = time.perf_counter_ns() - start
+        assert self.remote is not None
+        self.remote.hold()  # frozen while the harness audits the guarded inputs and reads the slots
         ns = _count(answer.get("ns"), "ns")
         if ns > wall:
             raise BoundExceeded(
