@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -159,10 +160,10 @@ def run_trials(trials: list[Trial], code: str) -> list[str]:
 
 
 def failure(stderr: str, code: int) -> str:
-    """Why a probe failed, in one line: the last line naming an error (a traceback's last line is
-    often a hint, not the error), else the last line, else the exit code."""
+    """Why a probe failed, in one line: the last line that starts with an exception's name (a
+    traceback's last line is often a hint, not the error), else the last line, else the exit code."""
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    named = [line for line in lines if "Error" in line or "error" in line]
+    named = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
     line = (named or lines or [f"exit {code}"])[-1]
     return f"the worker's first steps fail in it: {line}"[:300]
 
