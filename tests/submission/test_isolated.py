@@ -1,11 +1,17 @@
 """The isolated interface check (issue 24, item 3): the archive runs where no kerneltrial module is
-importable, and the harness judges its outputs with the gate's rules."""
+importable, and the harness judges its outputs with the gate's rules; since issue 35 (item 6) it
+runs as a target imports it (python with site, a scrubbed environment, a neutral parent) under
+two environments."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +20,8 @@ import torch
 
 from kerneltrial.ops.registry import Case, Impl, RegistryError, get_op, load_user_module
 from kerneltrial.submission.archive import build
-from kerneltrial.submission.isolated import (
-    Remote,
-    Reply,
-    WorkerEnded,
-    interface_check,
-    path_without_kerneltrial,
-    started,
-)
+from kerneltrial.submission.isolated import Prepared, Remote, Reply, WorkerEnded, interface_check, started
+from kerneltrial.submission.target_env import FIRST, scrubbed_environ, second_environment, site_directories
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.targets import get_target
 from tests.conftest import REPO
@@ -39,31 +39,65 @@ def unpacked(tmp_path: Path, module: Path) -> Path:
     return tmp_path
 
 
-def test_the_worker_sees_no_kerneltrial_with_both_shims_loaded(tmp_path, monkeypatch):
-    """The planted module's import fails naming what it finds if any kerneltrial module is
-    loaded or importable, a loaded module's file lies in kerneltrial's package, or a KERNELTRIAL*
-    variable is set. In the worker (a target given, so the launch hook and the interpreter's
-    rounding fix are both loaded before the import), with the repository on PYTHONPATH and a
-    KERNELTRIAL variable set, it imports; in kerneltrial's process it does not."""
+def test_the_worker_sees_no_kerneltrial_under_either_environment(tmp_path, monkeypatch):
+    """The planted probe's import fails naming what it finds if any kerneltrial module is
+    loaded or importable, a loaded module's file lies in kerneltrial's package, a variable names
+    kerneltrial, a kerneltrial program is on PATH, an ancestor's or its own command line names
+    it, a shim is in sys.modules, or site is off. In the worker (a target given, so the launch
+    hook and the poisoning are both loaded before the import), with the repository on
+    PYTHONPATH, a KERNELTRIAL variable and a variable naming kerneltrial set, it imports under
+    both environments; in kerneltrial's process it does not."""
     module = PACKAGE / "looks_for_the_harness.py"
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # its src/ holds the package: `import src.kerneltrial`
     monkeypatch.setenv("KERNELTRIAL_VLLM", "/opt/vllm/bin/python")
-    with started(unpacked(tmp_path, module), module.stem, "rmsnorm", get_target("ascend"), 300) as worker:
-        hello = worker.hello()
-    assert hello.error == "" and "rmsnorm" in hello.callables, hello
+    monkeypatch.setenv("HARNESS_HOME", "/opt/kerneltrial")
+    prepared = Prepared.make(unpacked(tmp_path, module))
+    for environment in (FIRST, second_environment(2)):
+        with started(prepared, environment, module.stem, "rmsnorm", get_target("ascend"), 300) as worker:
+            hello = worker.hello()
+        assert hello.error == "" and "rmsnorm" in hello.callables, hello
     with pytest.raises(RegistryError, match="the module sees kerneltrial: kerneltrial"):
         load_user_module(str(module))
 
 
-def test_the_worker_path_holds_no_kerneltrial(tmp_path, monkeypatch):
+def test_the_target_interpreter_holds_no_kerneltrial_and_every_other_package(tmp_path, monkeypatch):
+    """Its site-packages links every entry of this interpreter's site directories but
+    kerneltrial's; its sys.path holds no folder from which kerneltrial imports."""
     monkeypatch.setenv("PYTHONPATH", str(REPO / "src"))
-    path = path_without_kerneltrial(tmp_path, tmp_path)
-    assert str(REPO / "src") not in path
-    assert path and all(not (Path(entry) / "kerneltrial").exists() for entry in path)
+    (tmp_path / "archive").mkdir()
+    prepared = Prepared.make(tmp_path)
+    linked = {entry.name for entry in (tmp_path / "py").glob("lib/python*/site-packages/*")}
+    everything = {entry.name for folder in site_directories() for entry in folder.iterdir()}
+    assert linked == {name for name in everything if "kerneltrial" not in name.casefold()}
+    assert "torch" in linked and len(linked) < len(everything)
+    assert str(REPO / "src") not in prepared.path
+    assert prepared.path and all(not (Path(entry) / "kerneltrial").exists() for entry in prepared.path)
     assert importlib.util.find_spec("kerneltrial") is not None  # while this process has it
 
 
-def test_the_planted_kerneltrial_sniffer_passes_in_process_and_fails_isolated():
+def test_the_environment_is_scrubbed_of_kerneltrial_and_the_harness(tmp_path):
+    programs = tmp_path / "bin"
+    programs.mkdir()
+    (programs / "kerneltrial").touch()
+    environ = {
+        "KERNELTRIAL_RUNS": "/runs",
+        "PATH": f"{programs}{os.pathsep}/usr/bin{os.pathsep}/opt/kerneltrial/bin",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+        "NOTE": "run by kerneltrial",
+        "PYTEST_XDIST_WORKER": "gw0",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": "/src",
+        "EMPTY": "",
+    }
+    assert scrubbed_environ(environ, tmp_path) == {
+        "PATH": "/usr/bin",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+        "EMPTY": "",
+        "PWD": str(tmp_path),
+    }
+
+
+def test_the_planted_sniffer_passes_in_process_and_fails_isolated():
     """The hole: correct only while a kerneltrial module is in sys.modules, so the gate in
     kerneltrial's own process passes it; the isolated check, as the target imports it, does not."""
     operator = get_op("rmsnorm")
@@ -74,6 +108,47 @@ def test_the_planted_kerneltrial_sniffer_passes_in_process_and_fails_isolated():
     assert not result.passed and result.reason.startswith(
         "gate: 1x64/contiguous/bfloat16 seed 0: output differs from the reference: max abs"
     ), result
+    assert "(imported as the target imports it: python main.py with site, torch's default" in result.reason
+
+
+# The planted modules that can tell the old check (`python -I -S`, one torch thread, started by
+# kerneltrial) from a plain python: each imported under those conditions, then as a target would.
+# What the probe needs comes in a variable, so no command line but the parent's names kerneltrial.
+SNIFFERS = {"right_with_one_thread": 9, "right_under_kerneltrial_parent": 13, "right_without_site": 8}
+PROBE = """
+import importlib, json, os, sys
+probe = json.loads(os.environ["PROBE"])
+sys.path[:0] = probe["path"]
+import torch
+if probe["one_thread"]:
+    torch.set_num_threads(1)
+x, w = torch.randn(4, 64), torch.randn(64)
+ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+ratios = {n: round(float((importlib.import_module(n).rmsnorm(x, w, 1e-6) / ref).mean())) for n in probe["names"]}
+print(json.dumps(ratios | {"threads": torch.get_num_threads()}))
+"""
+PARENT = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[2:]))"  # argv[1]: what it is named
+
+
+def sniffed(python: Path, parent: str, flags: list[str], one_thread: bool) -> dict[str, int]:
+    """What each sniffer returns, as a ratio to the reference, imported by `python` with `flags`
+    under a parent process named `parent`; and torch's thread count there."""
+    probe = {"path": [str(PACKAGE), *sys.path], "one_thread": one_thread, "names": list(SNIFFERS)}
+    environ = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"PROBE": json.dumps(probe)}
+    command = [str(python), "-c", PARENT, parent, str(python), *flags, "-c", PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environ, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_planted_environment_sniffers_are_right_only_as_the_old_check_ran_them(tmp_path):
+    (tmp_path / "archive").mkdir()
+    python = Prepared.make(tmp_path).python  # a plain python with site, in a folder naming nothing
+    old = sniffed(python, "kerneltrial-package", ["-I", "-S"], one_thread=True)
+    assert old == dict.fromkeys(SNIFFERS, 1) | {"threads": 1}
+    plain = sniffed(python, "serve", [], one_thread=False)
+    default = plain.pop("threads")
+    assert plain == SNIFFERS | ({"right_with_one_thread": 1} if default == 1 else {})
 
 
 @pytest.mark.slow

@@ -341,8 +341,9 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
     result = run_cli("package", "rmsnorm", module, "--out", out, "--data", rule, "--target", "ascend", "--unconfirmed")
     assert result.exit_code == 0, result.output
     assert (
-        "interface check passed on cpu (isolated: no kerneltrial importable): 20 gate checks, every launch within "
-        "the ascend limits; UNCONFIRMED: no confirmation run tested this code" in result.output
+        "interface check passed on cpu (isolated: no kerneltrial importable; imported as the target imports it, "
+        "under 2 environments): 40 gate checks, every launch within the ascend limits; UNCONFIRMED: no "
+        "confirmation run tested this code" in result.output
     )
     receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
     assert receipt.schema_id == "kerneltrial.receipt/3" and receipt.confirmation == "unconfirmed"
@@ -407,6 +408,47 @@ def test_package_refuses_the_planted_stub_that_execs_its_packed_txt(tmp_path):
         result.exit_code == 1
         and "refused: the archive would be rejected: code from data: exec_from_data.py line 6" in result.output
     )
+
+
+TARGET_IMPORT = "(imported as the target imports it: python main.py with site, torch's default"
+DIFFERS = "gate: 1x64/contiguous/bfloat16 seed 0: output differs from the reference"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "data", "reasons"),
+    [
+        (
+            "right_with_one_thread",
+            [],
+            [
+                "interface check failed: environment-dependent: it passes under python ",
+                f"(a module must not tell one process from another): {DIFFERS}",
+            ],
+        ),
+        ("right_under_kerneltrial_parent", [], [f"interface check failed: {DIFFERS}", TARGET_IMPORT]),
+        ("right_without_site", [], [f"interface check failed: {DIFFERS}", TARGET_IMPORT]),
+        (
+            "attrgetter_exec",
+            ["exec_from_data.txt"],
+            [
+                "refused: the archive would be rejected: code from data: attrgetter_exec.py line 13 uses the "
+                "attribute exec through attrgetter"
+            ],
+        ),
+    ],
+)
+def test_package_refuses_each_module_that_can_tell_it_is_being_checked(tmp_path, module, data, reasons):
+    """Issue 35, item 6: right only with one torch thread, only under a parent whose command line
+    names kerneltrial, only under `python -S`, or running hidden code through
+    `operator.attrgetter("exec")(builtins)`: each passed the old check; each is refused now."""
+    package_dir = PLANTED / "package"
+    extra = [arg for name in data for arg in ("--data", package_dir / name)]
+    result = run_cli(
+        "package", "rmsnorm", package_dir / f"{module}.py", "--out", tmp_path / "s.zip", *extra, "--unconfirmed"
+    )
+    assert result.exit_code == 1 and all(reason in result.output for reason in reasons), result.output
+    assert not (tmp_path / "s.zip").exists()
 
 
 RECEIPT_3 = {

@@ -42,12 +42,14 @@ def package(
     --unconfirmed, said in the receipt), that the archive passes `inspect`, and that, unpacked
     and run where no kerneltrial module is importable (as the target runs it), it has exactly one
     entry point OP of the operator's signature whose outputs pass the correctness gate (with the
-    launch limits of --target). Exit 1 when refused, naming why; 2 on bad input (a missing file,
+    launch limits of --target), imported as a target imports it (python with site, nothing of
+    kerneltrial in its environment or parent) under two environments that must agree. Exit 1 when refused, naming why; 2 on bad input (a missing file,
     an --out that is not a .zip, a --confirmed path that is no run directory, neither or both of
     --confirmed and --unconfirmed)."""
     from kerneltrial.submission.package import BadInput, PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
+    from kerneltrial.submission.target_env import ENVIRONMENTS
 
     try:
         receipt = build_package(op, module, out, data or [], confirmed or [], target, timeout, unconfirmed)
@@ -58,7 +60,8 @@ def package(
     check = receipt.interface_check
     typer.echo(
         f"packaged {out} (sha256 {receipt.archive.sha256}, {len(receipt.files)} file(s)); receipt {receipt_path(out)}\n"
-        f"interface check passed on {check.device} (isolated: no kerneltrial importable): {check.checks} gate checks"
+        f"interface check passed on {check.device} (isolated: no kerneltrial importable; imported as the target "
+        f"imports it, under {ENVIRONMENTS} environments): {check.checks} gate checks"
         + (f", every launch within the {check.target} limits" if check.target else "")
         + (
             f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}"

@@ -1,15 +1,14 @@
 """The package interface check, run as the target runs an archive: in a process where no
-kerneltrial module is importable, judged by the harness.
+kerneltrial module is importable or visible, judged by the harness.
 
 The harness (this process) unpacks the archive into a scratch folder and starts
-`target_worker.py` (a copy, under `python -I -S`, in an empty working directory) with a
-sys.path of the unpacked folder first, then what a fresh `python` of this interpreter would
-have (PYTHONPATH, site-packages, their .pth files' entries; no working or script directory),
-without kerneltrial: each directory holding a kerneltrial entry (the package, its
-distribution metadata, an editable install's .pth or finder, a folder holding the package)
-is replaced by a folder of links to its other entries, and no .pth file runs in the worker.
-Environment variables named KERNELTRIAL* are dropped. So a module that behaves one way when kerneltrial is imported (or importable) and
-another at the target behaves here as at the target.
+`target_worker.py` (a copy) as a target would import the archive: a plain interpreter with
+site enabled, sys.path the unpacked folder then the target interpreter's path without
+kerneltrial, an environment scrubbed of kerneltrial, a parent whose command line names nothing
+of it, under two environments that differ in script name, working directory and torch's
+thread count (target_env.py says how each is made). The archive must pass under both: a
+module that passes under one and not the other is refused as `environment-dependent` (it can
+tell one process from another, and so the check from the target).
 
 The harness draws every input, sends it, receives the outputs and the inputs as the call left
 them, and judges with the gate: `gate.check` runs on `Remote`, an arm whose every call runs in
@@ -31,8 +30,8 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
@@ -49,11 +48,22 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import interpreter_fix, launch
 from kerneltrial.ops.registry import Case, Impl, Operator, all_ops, get_op
 from kerneltrial.submission.interface import mismatch, params_of_signature
+from kerneltrial.submission.target_env import (
+    FIRST,
+    Environment,
+    fresh_path,
+    launch_command,
+    names_kerneltrial,
+    path_without_kerneltrial,
+    scrubbed_environ,
+    second_environment,
+    target_python,
+)
 from kerneltrial.trial import gate, poison, targets
 
 SEEDS = (0, 1)
 WORKER = Path(__file__).with_name("target_worker.py")
-# kerneltrial's torch-only files the worker runs (copied beside it; see target_worker.py)
+# kerneltrial's torch-only files the worker runs (copied into the scratch folder; see target_worker.py)
 SHIMS = {
     "poison": Path(poison.__file__),
     "bf16_rounding": Path(interpreter_fix.__file__),
@@ -71,90 +81,58 @@ class WorkerEnded(Exception):
 class InterfaceResult:
     passed: bool
     reason: str  # one line; '' when passed
-    checks: int  # gate checks that ran
+    checks: int  # gate checks that ran, under every environment together
     device: str
+    environments: tuple[str, ...] = ()  # each environment it ran under, in words
 
 
-def _fresh_path(workdir: Path) -> list[str]:
-    """sys.path of a fresh `python` of this interpreter with this environment (PYTHONPATH,
-    site-packages and what their .pth files add), started in the empty `workdir`, without the
-    working directory: this process's script and test directories are not in it."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return json.loads(done.stdout)
+@dataclass(frozen=True)
+class Prepared:
+    """What every worker of one check shares: the scratch folder (the archive unpacked in
+    archive/), the target interpreter, its sys.path, the scrubbed environment, the shims."""
 
+    scratch: Path
+    python: Path
+    path: list[str]
+    environ: dict[str, str]
+    shims: dict[str, str]  # SHIMS name -> the copy in the scratch folder
 
-def _names_kerneltrial(folder: Path) -> bool:
-    return "kerneltrial" in folder.name.casefold()
-
-
-def _hidden(folder: Path) -> set[str]:
-    """The entries of `folder` that would make kerneltrial importable from it: those whose name
-    contains 'kerneltrial' (the package, its distribution metadata, an editable install's .pth
-    or finder) and folders holding one (a repository's src/: `import src.kerneltrial`)."""
-    hidden = set()
-    for child in folder.iterdir():
-        try:
-            if _names_kerneltrial(child) or (child.is_dir() and any(map(_names_kerneltrial, child.iterdir()))):
-                hidden.add(child.name)
-        except OSError:  # unreadable: nothing can be imported from it either
-            continue
-    return hidden
-
-
-def path_without_kerneltrial(scratch: Path, workdir: Path) -> list[str]:
-    """`_fresh_path()` with nothing of kerneltrial: each directory with `_hidden` entries is
-    replaced by a folder in `scratch` of links to its other entries; an entry that is not a
-    directory (a zip) is kept unless its own path names kerneltrial."""
-    path: list[str] = []
-    for index, entry in enumerate(_fresh_path(workdir)):
-        folder = Path(entry)
-        if not folder.is_dir():
-            if entry and "kerneltrial" not in entry.casefold():
-                path.append(entry)
-            continue
-        hidden = _hidden(folder)
-        if not hidden:
-            path.append(entry)
-            continue
-        overlay = scratch / f"path-{index}"
-        overlay.mkdir()
-        for child in sorted(folder.iterdir()):
-            if child.name not in hidden:
-                (overlay / child.name).symlink_to(child)
-        path.append(str(overlay))
-    return path
+    @classmethod
+    def make(cls, scratch: Path) -> Prepared:
+        """Build them in `scratch`, which holds the unpacked archive in archive/."""
+        for folder in ("app", "lib", "work"):
+            (scratch / folder).mkdir()
+        python = target_python(scratch)
+        environ = scrubbed_environ(os.environ, scratch / "work")
+        path = path_without_kerneltrial(scratch, fresh_path(python, scratch / "work", environ))
+        shims = {name: str(shutil.copy(file, scratch / "lib" / f"{name}.py")) for name, file in SHIMS.items()}
+        return cls(scratch, python, path, environ, shims)
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What the worker is told: one JSON object on its command line (target_worker.py reads
-    these fields; it cannot import this class)."""
+    """What the worker is told: one JSON object, the first line of its input (target_worker.py
+    reads these fields; it cannot import this class)."""
 
     path: list[str]  # its sys.path, after the unpacked archive
     archive_dir: str
     module: str
     op: str
-    channel: tuple[int, int]  # the worker's pipe ends: what it reads, what it writes
     hello: str  # files: the module's Hello (JSON), each call's arguments and Reply (torch.save)
     request: str
     reply: str
-    shims: dict[str, str]  # SHIMS name -> the copy beside the worker
+    shims: dict[str, str]  # SHIMS name -> the copy in the scratch folder
     target: dict[str, Any] | None  # targets.Target.record(), when a target is named
+    threads: int | None  # torch.set_num_threads before the import; None: torch's default
 
 
 @dataclass(frozen=True)
 class Hello:
     """What the worker found in the module: an import error, or its callables and the entry
-    point's `inspect.signature` text."""
+    point's `inspect.signature` text; and torch's thread count before the import."""
 
     error: str
+    threads: int
     callables: list[str] = field(default_factory=list)
     signature: str = ""
 
@@ -172,41 +150,60 @@ class Reply:
 
 
 class Worker:
-    """The worker process and its channel: a request file, a reply file, a line per call."""
+    """The worker process and its channel: a request file, a reply file, a line per call. The
+    worker is not this process's child: the launcher's second process is its parent, and says
+    `exited N` on the channel when it ends; all three share the launcher's process group."""
 
-    def __init__(self, process: subprocess.Popen[bytes], channel: tuple[int, int], folder: Path, timeout: float):
-        self.process = process
+    def __init__(
+        self, launcher: subprocess.Popen[bytes], channel: tuple[int, int], folder: Path, timeout: float, deadline: float
+    ):
+        self.launcher = launcher
         self.inbox, self.outbox = channel  # the harness's ends: what the worker writes, what it reads
         self.folder = folder
         self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.deadline = deadline
         self.ended = ""
+        self.received = b""
 
     def _end(self, why: str) -> WorkerEnded:
         self.ended = self.ended or why
         return WorkerEnded(self.ended)
 
-    def _exited(self) -> str:
+    def kill(self) -> None:
+        """The launcher's process group: its second process and the worker."""
         try:
-            code = self.process.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            code = None
+            os.killpg(self.launcher.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # every one of them already gone
+            pass
+
+    def _exited(self, line: str | None) -> str:
+        code = line.split()[1] if line else None
         lines = (self.folder / "worker.log").read_text(errors="replace").strip().splitlines()
         return f"crashed: the worker exited (exit {code}): {lines[-1] if lines else 'no output'}"
 
-    def _wait(self) -> None:
-        """Until the worker's next line, the end of the channel or the deadline."""
-        received = b""
-        while not received.endswith(b"\n"):
-            remaining = self.deadline - time.monotonic()
+    def _line(self, until: float) -> str | None:
+        """The channel's next line, or None at its end; TimeoutError at `until`."""
+        while b"\n" not in self.received:
+            remaining = until - time.monotonic()
             if remaining <= 0:
-                self.process.kill()  # stuck in the arm: it would not see its channel close
-                raise self._end(f"did not finish within {self.timeout:g} s (a kernel that never returns?)")
+                raise TimeoutError
             if select.select([self.inbox], [], [], remaining)[0]:
                 chunk = os.read(self.inbox, 4096)
                 if not chunk:
-                    raise self._end(self._exited())
-                received += chunk
+                    return None
+                self.received += chunk
+        line, _, self.received = self.received.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def _wait(self) -> None:
+        """Until the worker's next line, the end of the channel or the deadline."""
+        try:
+            line = self._line(self.deadline)
+        except TimeoutError:
+            self.kill()  # stuck in the arm: it would not see its channel close
+            raise self._end(f"did not finish within {self.timeout:g} s (a kernel that never returns?)") from None
+        if line is None or line.startswith("exited "):
+            raise self._end(self._exited(line))
 
     def hello(self) -> Hello:
         self._wait()
@@ -220,56 +217,75 @@ class Worker:
         try:
             os.write(self.outbox, b"call\n")
         except BrokenPipeError:
-            raise self._end(self._exited()) from None
+            raise self._end(self._exited(None)) from None
         self._wait()
         return Reply(**torch.load(self.folder / "reply.pt", weights_only=True))
 
+    def close(self) -> None:
+        """Close the channel (the worker's loop ends at the end of its input) and wait for the
+        launcher's report; kill what is left after EXIT_WAIT_S."""
+        os.close(self.outbox)
+        end = time.monotonic() + EXIT_WAIT_S
+        try:
+            while self._line(end) is not None:
+                pass
+        except TimeoutError:
+            self.kill()
+        os.close(self.inbox)
+        self.launcher.wait()
+
 
 @contextmanager
-def started(scratch: Path, module: str, op: str, target: targets.Target | None, timeout: float) -> Iterator[Worker]:
-    """A worker for the archive unpacked in `scratch/archive`; stopped on leaving the block."""
-    harness, workdir = scratch / "harness", scratch / "work"
-    harness.mkdir()
-    workdir.mkdir()
-    script = shutil.copy(WORKER, harness / "worker.py")
-    shims = {name: str(shutil.copy(path, harness / f"{name}.py")) for name, path in SHIMS.items()}
-    worker_in, outbox = os.pipe()
-    inbox, worker_out = os.pipe()
+def started(
+    prepared: Prepared,
+    environment: Environment,
+    module: str,
+    op: str,
+    target: targets.Target | None,
+    timeout: float,
+    deadline: float | None = None,
+) -> Iterator[Worker]:
+    """A worker for the archive unpacked in `prepared.scratch/archive`, under `environment`;
+    stopped on leaving the block. `deadline` (time.monotonic) defaults to `timeout` from now."""
+    scratch = prepared.scratch
+    folder = scratch / f"run-{Path(environment.script).stem}"
+    folder.mkdir(exist_ok=True)
+    script = scratch / "app" / environment.script
+    if not script.exists():
+        shutil.copy(WORKER, script)
+    cwd = scratch / ("work" if environment.cwd == "empty" else "archive")
     config = WorkerConfig(
-        path=path_without_kerneltrial(scratch, workdir),
+        path=prepared.path,
         archive_dir=str(scratch / "archive"),
         module=module,
         op=op,
-        channel=(worker_in, worker_out),
-        hello=str(harness / "hello.json"),
-        request=str(harness / "request.pt"),
-        reply=str(harness / "reply.pt"),
-        shims=shims,
+        hello=str(folder / "hello.json"),
+        request=str(folder / "request.pt"),
+        reply=str(folder / "reply.pt"),
+        shims=prepared.shims,
         target=target.record() if target else None,
+        threads=environment.threads,
     )
-    environment = {k: v for k, v in os.environ.items() if "KERNELTRIAL" not in k.upper()}
-    with open(harness / "worker.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script), json.dumps(asdict(config))],
-            cwd=workdir,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(worker_in, worker_out),
+    worker_in, outbox = os.pipe()
+    inbox, worker_out = os.pipe()
+    with open(folder / "worker.log", "wb") as log:
+        launcher = subprocess.Popen(
+            launch_command(prepared.python, script),
+            cwd=cwd,
+            env=prepared.environ | {"PWD": str(cwd)},
+            stdin=worker_in,
+            stdout=worker_out,
+            stderr=log,
+            start_new_session=True,  # its own process group, which the worker stays in
         )
     os.close(worker_in)
     os.close(worker_out)
+    worker = Worker(launcher, (inbox, outbox), folder, timeout, deadline or time.monotonic() + timeout)
     try:
-        yield Worker(process, (inbox, outbox), harness, timeout)
+        os.write(outbox, json.dumps(asdict(config)).encode() + b"\n")
+        yield worker
     finally:
-        os.close(outbox)  # the worker's loop ends at the end of its input
-        os.close(inbox)
-        try:
-            process.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        worker.close()
 
 
 def _raised(text: str) -> Exception:
@@ -376,33 +392,90 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def interface_check(archive: bytes, op_name: str, target_name: str | None, timeout: float) -> InterfaceResult:
-    """Run the unpacked `archive` in a worker and gate its entry point on every case of the
-    operator's panel (the small CPU panel without a GPU, the GPU panel with one), every layout,
-    seeds 0 and 1, with the target's launch limits when one is named. Raises `WorkerEnded`
-    when the worker exits or `timeout` (seconds, for the whole check) runs out."""
-    operator = get_op(op_name)
+@dataclass(frozen=True)
+class Run:
+    """The check under one environment."""
+
+    passed: bool
+    reason: str
+    checks: int
+    environment: str  # in words, with the thread count the worker had
+    threads: int
+
+
+def _check_under(
+    prepared: Prepared,
+    environment: Environment,
+    operator: Operator,
+    module_file: str,
+    target: targets.Target | None,
+    timeout: float,
+    deadline: float,
+) -> Run:
+    """The gate on every case of the panel, every layout, both seeds, in a worker under `environment`."""
     device = launch.device()
+    with started(prepared, environment, module_file[:-3], operator.name, target, timeout, deadline) as worker:
+        hello = worker.hello()
+        described = environment.describe(hello.threads)
+        problem = _entry_problem(operator, hello, module_file)
+        if problem:
+            return Run(False, problem, 0, described, hello.threads)
+        name = f"submission:{module_file[:-3]}"
+        impl = Impl(op=operator.name, name=name, kind="user", loader=lambda: Remote(worker))
+        panel = operator.gpu_cases if device.type == "cuda" else operator.small_cases
+        checks = 0
+        cases = [Case(c.shape, c.dtype, layout) for c in panel for layout in operator.layouts]
+        for case, seed in ((case, seed) for case in cases for seed in SEEDS):
+            with inp.drawing(inp.new_inputs_seed()):  # values, offsets, eps and extra shapes drawn afresh
+                result = gate.check(operator, impl, case, seed, device)
+            if worker.ended:
+                raise WorkerEnded(worker.ended)
+            checks += 1
+            if not result.passed:
+                return Run(False, f"gate: {case.id} seed {seed}: {result.message}", checks, described, hello.threads)
+        return Run(True, "", checks, described, hello.threads)
+
+
+def _verdict(runs: list[Run], device: str) -> InterfaceResult:
+    """Passed when every environment passed; a failure under one environment that another
+    passes is `environment-dependent`."""
+    checks = sum(run.checks for run in runs)
+    environments = tuple(run.environment for run in runs)
+    failed = [run for run in runs if not run.passed]
+    if not failed:
+        return InterfaceResult(True, "", checks, device, environments)
+    first = failed[0]
+    passed = [run for run in runs if run.passed]
+    reason = (
+        f"environment-dependent: it passes under {passed[0].environment} but not under {first.environment} "
+        f"(a module must not tell one process from another): {first.reason}"
+        if passed
+        else f"{first.reason} (imported as the target imports it: {first.environment})"
+    )
+    return InterfaceResult(False, reason, checks, device, environments)
+
+
+def _scratch_parent() -> str | None:
+    """Where the scratch folder goes: the temporary directory, unless its path names kerneltrial."""
+    return "/tmp" if names_kerneltrial(tempfile.gettempdir()) else None
+
+
+def interface_check(archive: bytes, op_name: str, target_name: str | None, timeout: float) -> InterfaceResult:
+    """Run the unpacked `archive` in a worker under each of two environments (`FIRST`, then
+    `second_environment` of the thread count the first had) and gate its entry point on every
+    case of the operator's panel (the small CPU panel without a GPU, the GPU panel with one),
+    every layout, seeds 0 and 1, with the target's launch limits when one is named. Raises
+    `WorkerEnded` when a worker exits or `timeout` (seconds, for the whole check) runs out."""
+    operator = get_op(op_name)
     target = targets.get_target(target_name) if target_name else None
-    with tempfile.TemporaryDirectory() as folder, _one_thread():
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(dir=_scratch_parent()) as folder, _one_thread():
         scratch = Path(folder)
         with zipfile.ZipFile(io.BytesIO(archive)) as zipped:
             (module_file,) = [n for n in zipped.namelist() if n.endswith(".py")]  # `inspect` passed: one, flat
             zipped.extractall(scratch / "archive")
-        with started(scratch, module_file[:-3], op_name, target, timeout) as worker:
-            problem = _entry_problem(operator, worker.hello(), module_file)
-            if problem:
-                return InterfaceResult(False, problem, 0, device.type)
-            impl = Impl(op=op_name, name=f"submission:{module_file[:-3]}", kind="user", loader=lambda: Remote(worker))
-            panel = operator.gpu_cases if device.type == "cuda" else operator.small_cases
-            checks = 0
-            cases = [Case(c.shape, c.dtype, layout) for c in panel for layout in operator.layouts]
-            for case, seed in ((case, seed) for case in cases for seed in SEEDS):
-                with inp.drawing(inp.new_inputs_seed()):  # values, offsets, eps and extra shapes drawn afresh
-                    result = gate.check(operator, impl, case, seed, device)
-                if worker.ended:
-                    raise WorkerEnded(worker.ended)
-                checks += 1
-                if not result.passed:
-                    return InterfaceResult(False, f"gate: {case.id} seed {seed}: {result.message}", checks, device.type)
-            return InterfaceResult(True, "", checks, device.type)
+        prepared = Prepared.make(scratch)
+        runs = [_check_under(prepared, FIRST, operator, module_file, target, timeout, deadline)]
+        second = second_environment(runs[0].threads)
+        runs.append(_check_under(prepared, second, operator, module_file, target, timeout, deadline))
+    return _verdict(runs, launch.device().type)
