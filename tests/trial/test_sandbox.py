@@ -62,14 +62,14 @@ def test_the_worker_cannot_trace_signal_read_or_write_the_harness(monkeypatch, t
 
 @needs
 def test_unconfined_the_same_worker_reaches_the_harness(monkeypatch, tmp_path: Path):
-    none = confine.HostSandbox((), dict.fromkeys(confine.PIECES, "left out by the test"), None, False)
+    none = confine.HostSandbox((), dict.fromkeys(confine.PIECES, "left out by the test"), None)
     assert attacks(monkeypatch, tmp_path, none) == dict.fromkeys(ATTACKS, True)
 
 
 @needs
 def test_each_piece_alone_stops_what_it_claims(monkeypatch, tmp_path: Path):
     def only(*pieces: str) -> confine.HostSandbox:
-        return confine.HostSandbox(pieces, {}, HOST.cgroup_root if "cgroup" in pieces else None, False)
+        return confine.HostSandbox(pieces, {}, HOST.cgroup_root if "cgroup" in pieces else None)
 
     uid = attacks(monkeypatch, tmp_path, only("uid", "no_new_privs"))
     assert not any(uid.values()), uid  # no capability, another uid: nothing reaches a root harness
@@ -141,7 +141,7 @@ def test_a_worker_without_the_sandbox_the_host_allows_is_refused(monkeypatch):
 GOOD = REPO / "tests" / "fixtures" / "good_rmsnorm.py"
 WRONG = REPO / "tests" / "fixtures" / "wrong_rmsnorm.py"
 PARTIAL = confine.HostSandbox(
-    tuple(p for p in confine.PIECES if p != "seccomp"), {"seccomp": "left out by the test"}, HOST.cgroup_root, False
+    tuple(p for p in confine.PIECES if p != "seccomp"), {"seccomp": "left out by the test"}, HOST.cgroup_root
 )
 
 

@@ -150,9 +150,6 @@ class SandboxRecord(Document):
         description="The pieces every worker ran in (uid, pidns, cgroup, no_new_privs, seccomp)."
     )
     missing: dict[str, str] = Field(description="Each piece the host refused, with the reason its probe gave.")
-    reads_all: bool = Field(
-        description="The worker's uid kept CAP_DAC_READ_SEARCH (it reads every file, writes none) to reach the interpreter."
-    )
 
 
 class Plan(Document):

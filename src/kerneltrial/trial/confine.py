@@ -6,8 +6,9 @@ The pieces (docs/CHECKS.md, "The sandbox"):
 - `uid`: the worker runs as a uid and gid no other process runs as, with every group and
   capability dropped (util-linux `setpriv`; the harness must be root). It cannot trace, signal or
   open /proc/PID/mem of the harness or of another arm, nor write what the harness did not give it
-  (the run directory included). Where the interpreter lies under a directory only root may enter,
-  the worker keeps CAP_DAC_READ_SEARCH (it reads every file, writes none): `reads_all`.
+  (the run directory included). It keeps one capability, CAP_DAC_READ_SEARCH: it reads every file
+  and writes none, so that an interpreter, a package or a user's kernel file in a folder only root
+  may enter (a pytest temporary folder, /root) loads as it would in the harness.
 - `pidns`: a PID namespace of its own, so that everything it starts dies with it.
 - `cgroup`: a cgroup (v2) of its own: frozen while another arm is timed (`freeze`), killed whole.
 - `no_new_privs`: always.
@@ -34,11 +35,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kerneltrial.rundir.integrity_notes import sandbox_warning
 
+if TYPE_CHECKING:
+    from kerneltrial.trial.shared import Arena
+
 SANDBOX = Path(__file__).with_name("sandbox.py")
 WORKER = Path(__file__).with_name("worker.py")
+VMM = Path(__file__).with_name("vmm.py")
 PIECES = ("uid", "pidns", "cgroup", "no_new_privs", "seccomp")
 UID_BASE = 2_000_000_000  # far above the ranges distributions and subuid files hand out
 UID_SPAN = 100_000_000
@@ -50,15 +56,13 @@ WORKER_IMPORTS = "import torch"  # what a worker must reach under its own uid
 HANDED_OUT: set[int] = set()  # the uids this process gave its workers (never given twice)
 
 
-def setpriv_argv(uid: int, read_search: bool) -> list[str]:
-    """setpriv's options for a worker of `uid` (every group and capability dropped; CAP_DAC_READ_SEARCH
-    kept as an ambient capability where `read_search`)."""
+def setpriv_argv(uid: int) -> list[str]:
+    """setpriv's options for a worker of `uid`: every group and capability dropped but
+    CAP_DAC_READ_SEARCH (kept as an ambient capability: read every file, write none)."""
     setpriv = shutil.which("setpriv") or "setpriv"
-    caps = ["-all", f"+{READ_SEARCH}"] if read_search else ["-all"]
+    caps = f"-all,+{READ_SEARCH}"
     argv = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
-    argv += [f"--inh-caps={','.join(caps)}", f"--bounding-set={','.join(caps)}"]
-    if read_search:
-        argv.append(f"--ambient-caps=+{READ_SEARCH}")
+    argv += [f"--inh-caps={caps}", f"--bounding-set={caps}", f"--ambient-caps=+{READ_SEARCH}"]
     return [*argv, "--"]
 
 
@@ -106,7 +110,6 @@ class HostSandbox:
     allowed: tuple[str, ...]
     missing: dict[str, str]  # piece -> why the host refuses it
     cgroup_root: str | None
-    reads_all: bool  # the uid keeps CAP_DAC_READ_SEARCH to reach the interpreter
 
     def note(self) -> str:
         """One line for pages that show a verdict: what the sandbox lacked, or ''."""
@@ -120,33 +123,32 @@ class Trial:
     pieces: tuple[str, ...]
     cgroup: Path | None
     uid: int
-    read_search: bool = False
 
     def argv(self, code: str) -> list[str]:
         uid = self.uid if "uid" in self.pieces else None
-        return sandbox_argv(self.pieces, self.cgroup, uid, self.read_search, [sys.executable, "-I", "-c", code])
+        return sandbox_argv(self.pieces, self.cgroup, uid, [sys.executable, "-I", "-c", code])
 
 
-def sandbox_argv(
-    pieces: tuple[str, ...], cgroup: Path | None, uid: int | None, read_search: bool, program: list[str]
-) -> list[str]:
+def sandbox_argv(pieces: tuple[str, ...], cgroup: Path | None, uid: int | None, program: list[str]) -> list[str]:
     """The command that starts `program` in the sandbox with `pieces` (trial/sandbox.py, then setpriv)."""
     spec = {
         "cgroup": str(cgroup) if "cgroup" in pieces and cgroup else None,
         "pidns": "pidns" in pieces,
         "seccomp": pyseccomp_path() if "seccomp" in pieces else None,
     }
-    prefix = setpriv_argv(uid, read_search) if uid is not None else []
+    prefix = setpriv_argv(uid) if uid is not None else []
     return [sys.executable, "-I", str(SANDBOX), json.dumps(spec), "--", *prefix, *program]
 
 
-def run_trials(trials: list[Trial], code: str) -> list[str]:
+def run_trials(trials: list[Trial], code: str, fds: tuple[int, ...] = ()) -> list[str]:
     """For each trial, '' when it ran `code`, else why not (the trials run at once)."""
     procs = []
     for t in trials:
         env = {k: v for k, v in os.environ.items() if k != "HOME"} | {"HOME": "/tmp"}
         procs.append(
-            subprocess.Popen(t.argv(code), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=env)
+            subprocess.Popen(
+                t.argv(code), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=env, pass_fds=fds
+            )
         )
     reasons = []
     for proc in procs:
@@ -197,57 +199,54 @@ def _make_probe_cgroup(root: Path | None, missing: dict[str, str]) -> Path | Non
     return probe
 
 
-def _cuda_ipc_code() -> tuple[object, str]:
-    """A harness buffer on the GPU (kept alive by the caller) and the code that opens and writes it
-    with the worker's own functions (trial/worker.py, loaded by path)."""
+def _cuda_ipc_code() -> tuple[Arena, str, tuple[int, ...]]:
+    """A harness buffer on the GPU (kept alive by the caller), the code that opens and writes it
+    with the worker's own functions (trial/worker.py and trial/vmm.py, loaded by path) and the
+    descriptor the code needs passed (a VMM buffer's), as a worker's buffers are made and opened."""
     import torch
 
-    from kerneltrial.trial.shared import cuda_handle
+    from kerneltrial.trial.shared import Arena
 
-    buffer = torch.zeros(16, dtype=torch.uint8, device="cuda")
-    desc = {"cuda": cuda_handle(buffer.untyped_storage())}
+    arena = Arena(torch.device("cuda", torch.cuda.current_device()))
+    buffer = arena.allocate(16)
+    desc = buffer.desc | ({"fd": buffer.fd} if buffer.fd is not None else {})
+    load = "spec = importlib.util.spec_from_file_location({0!r}, {1!r}); {2} = importlib.util.module_from_spec(spec); spec.loader.exec_module({2}); "
     code = (
         f"{WORKER_IMPORTS}; import importlib.util; "
-        f"spec = importlib.util.spec_from_file_location('_kt_probe_worker', {str(WORKER)!r}); "
-        "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w); "
-        f"w.bytes_of(w.open_buffer({desc!r})).fill_(1); torch.cuda.synchronize()"
+        + load.format("_kt_probe_worker", str(WORKER), "w")
+        + load.format("_kt_probe_vmm", str(VMM), "v")
+        + f"w.bytes_of(w.open_buffer({desc!r}, v)).fill_(1); torch.cuda.synchronize()"
     )
-    return buffer, code
+    return arena, code, (() if buffer.fd is None else (buffer.fd,))
 
 
 @functools.cache
 def host(cuda: bool = False) -> HostSandbox:
     """Probe the pieces once per process and device kind: the whole sandbox first, running the
-    worker's first steps (torch imported; with `cuda`, a buffer of the harness opened through CUDA
-    IPC and written); where that fails, each
-    piece alone, at once, and the pieces that fail alone are left out, with their reasons."""
+    worker's first steps (torch imported; with `cuda`, a GPU buffer of the harness opened and written
+    as a worker opens its buffers); where that fails, each piece alone, at once, and the pieces that
+    fail alone are left out, with their reasons."""
     root = cgroup2_root()
     missing = _preconditions(root)
     probe = _make_probe_cgroup(root, missing)
     uid = free_uid(set())
-    shared = None
-    code = WORKER_IMPORTS
-    if cuda:  # the worker must open the harness's CUDA IPC handles (trial/shared.py), as it will
-        shared, code = _cuda_ipc_code()
+    shared, code, fds = None, WORKER_IMPORTS, ()
+    if cuda:  # the worker must open the harness's GPU buffers (trial/shared.py, trial/vmm.py)
+        shared, code, fds = _cuda_ipc_code()
     try:
         offered = tuple(p for p in PIECES if p not in missing)
-        if run_trials([Trial(offered, probe, uid)], code)[0]:
+        if run_trials([Trial(offered, probe, uid)], code, fds)[0]:
             alone = [Trial((p,), probe, uid) for p in offered]
-            if "uid" in offered:
-                alone.append(Trial(("uid",), probe, uid, read_search=True))
-            reasons = run_trials(alone, code)
-            reads_all = "uid" in offered and bool(reasons[offered.index("uid")]) and not reasons[-1]
-            for piece, why in zip(offered, reasons, strict=False):
-                if why and not (piece == "uid" and reads_all):
+            for piece, why in zip(offered, run_trials(alone, code, fds), strict=True):
+                if why:
                     missing[piece] = why
-        else:
-            reads_all = False
     finally:
-        del shared
+        if shared is not None:
+            shared.close()
         if probe is not None:
             probe.rmdir()
     allowed = tuple(p for p in PIECES if p not in missing)
-    return HostSandbox(allowed, missing, str(root) if "cgroup" in allowed else None, reads_all)
+    return HostSandbox(allowed, missing, str(root) if "cgroup" in allowed else None)
 
 
 def descendants(leader: int) -> list[int]:
@@ -316,7 +315,7 @@ class Confinement:
             self.cgroup.mkdir()
 
     def command(self, program: list[str]) -> list[str]:
-        return sandbox_argv(self.sandbox.allowed, self.cgroup, self.uid, self.sandbox.reads_all, program)
+        return sandbox_argv(self.sandbox.allowed, self.cgroup, self.uid, program)
 
     def environment(self) -> dict[str, str]:
         """The worker's environment: the harness's, with every home and cache in the worker's folder
@@ -352,10 +351,9 @@ class Confinement:
             workers = found
         if not workers:
             return ["no worker process was found in its cgroup"]
-        allowed_caps = CAP_DAC_READ_SEARCH if self.sandbox.reads_all else 0
         problems = []
         for o in workers:
-            if self.uid is not None and (set(o.uids) != {self.uid} or o.cap_eff & ~allowed_caps):
+            if self.uid is not None and (set(o.uids) != {self.uid} or o.cap_eff & ~CAP_DAC_READ_SEARCH):
                 problems.append(f"pid {o.pid} runs as uid {o.uids} with capabilities {o.cap_eff:#x}")
             if not o.no_new_privs:
                 problems.append(f"pid {o.pid} lacks no-new-privs")

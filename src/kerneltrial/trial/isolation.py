@@ -1,7 +1,8 @@
 """The harness's side of an isolated worker: start it, talk to it under a deadline, name how it died.
 
-A worker (trial/worker.py) is started with `python -I` by file path, in a fresh temporary working
-directory, as its own process group, with two pipes it alone holds besides the harness; its output
+A worker (trial/worker.py) is started with `python -I` by file path, in the sandbox (trial/confine.py,
+trial/sandbox.py), in a fresh temporary working directory, as its own process group, with two pipes
+and a socket (for GPU buffers' descriptors) it alone holds besides the harness; its output
 goes to a log file nobody parses. Every request waits at most `Settings.timeout_s` for its answer.
 A worker that misses it is killed (its whole process group) and the request raises `WorkerHung`;
 one that dies raises `WorkerCrashed` (killed by a signal) or `WorkerExited` (it exited); one that
@@ -22,6 +23,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -42,6 +44,7 @@ SHIMS = {  # self-contained files the worker loads by path (worker.py says why)
     "poison": Path(__file__).with_name("poison.py"),
     "timing": Path(__file__).with_name("timing.py"),
     "targets": Path(__file__).with_name("targets.py"),
+    "vmm": Path(__file__).with_name("vmm.py"),
 }
 HEADER = struct.Struct(">I")
 MAX_ANSWER = 64 << 20  # bytes of one answer: far above any honest one (metadata only; data is shared)
@@ -119,10 +122,12 @@ class Process:
         self.confinement = confine.Confinement(confine.host(settings.device.type == "cuda"), self.folder)
         to_worker, from_harness = os.pipe()
         from_worker, to_harness = os.pipe()
-        program = [sys.executable, "-I", str(WORKER), source.mode, str(to_worker), str(to_harness)]
+        self.fds, worker_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # GPU buffers' descriptors
+        fds = (to_worker, to_harness, worker_fds.fileno())
+        program = [sys.executable, "-I", str(WORKER), source.mode, *map(str, fds)]
         self.proc = subprocess.Popen(
             self.confinement.command(program),
-            pass_fds=(to_worker, to_harness),
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -132,16 +137,23 @@ class Process:
         )
         os.close(to_worker)
         os.close(to_harness)
+        worker_fds.close()
         self.write_fd, self.read_fd = from_harness, from_worker
         os.set_blocking(self.write_fd, False)
         os.set_blocking(self.read_fd, False)
 
-    def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
-        """Send one request and return its answer (kind `expect`); an arm's raise is raised here."""
+    def request(self, message: dict[str, Any], expect: str, fds: list[int] | None = None) -> dict[str, Any]:
+        """Send one request (and, first, the descriptors `fds` of the GPU buffers it adds, in their
+        order) and return its answer (kind `expect`); an arm's raise is raised here."""
         what = str(message["kind"])
         self.confinement.thaw()  # frozen while another arm was timed (remote.Isolation.quiet)
         timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
         deadline = time.monotonic() + timeout
+        if fds:
+            try:
+                socket.send_fds(self.fds, [b"f"], fds)
+            except OSError:
+                raise self.died(what) from None
         data = json.dumps(message).encode()
         self._write(HEADER.pack(len(data)) + data, deadline, what)
         (length,) = HEADER.unpack(self._read(HEADER.size, deadline, what))
@@ -228,6 +240,7 @@ class Process:
         self.kill()
         for fd in (self.write_fd, self.read_fd):
             os.close(fd)
+        self.fds.close()
         self.log.close()
         self.confinement.close()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -256,10 +269,10 @@ class WorkerHandle:
     def __post_init__(self) -> None:
         self.arena = Arena(self.settings.device)
 
-    def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
+    def request(self, message: dict[str, Any], expect: str, fds: list[int] | None = None) -> dict[str, Any]:
         process = self.start()
         try:
-            return process.request(message, expect)
+            return process.request(message, expect, fds)
         except WorkerFailure:
             self.stop()
             raise

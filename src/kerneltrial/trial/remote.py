@@ -190,11 +190,11 @@ class Remote:
         if self.handle.settings.device.type == "cuda":
             torch.cuda.synchronize(self.handle.settings.device)
 
-    def additions(self) -> list[dict[str, Any]]:
+    def additions(self) -> list[Buffer]:
         """Buffers the worker has not mapped yet (and now will)."""
         new = [b for i, b in self.arena.buffers.items() if i not in self.sent]
         self.sent |= {b.id for b in new}
-        return [b.desc for b in new]
+        return new
 
     def release(self, ids: list[int]) -> None:
         self.arena.release(ids)
@@ -202,9 +202,16 @@ class Remote:
         self.sent -= set(ids)
 
     def request(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
-        message = message | {"add": self.additions(), "drop": self.drop}
+        """Send `message` with the buffers the worker has yet to map (a GPU buffer's descriptor goes
+        over the worker's socket; the harness's copy is closed once sent) and those to unmap."""
+        new = self.additions()
+        message = message | {"add": [b.desc for b in new], "drop": self.drop}
         self.drop = []
-        return self.handle.request(message, expect)
+        try:
+            return self.handle.request(message, expect, [b.fd for b in new if b.fd is not None])
+        finally:
+            for buffer in new:
+                buffer.close_fd()
 
     # ---- gate calls
 

@@ -385,7 +385,7 @@ def sandbox_record(p: proto.Protocol, device: torch.device) -> dict[str, Any] | 
     if not p.isolated():
         return None
     sandbox = confine.host(device.type == "cuda")
-    return {"allowed": list(sandbox.allowed), "missing": sandbox.missing, "reads_all": sandbox.reads_all}
+    return {"allowed": list(sandbox.allowed), "missing": sandbox.missing}
 
 
 def build_plan(

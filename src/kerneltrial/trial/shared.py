@@ -3,8 +3,10 @@ process and its outputs come back (trial/worker.py describes the wire format).
 
 On a CPU each buffer is a file in a private temporary folder (in /dev/shm where it exists, so it
 stays in memory), mapped with `torch.UntypedStorage.from_file(..., shared=True)` on both sides;
-on a GPU it is a device allocation the worker opens through a CUDA IPC handle (the fields of
-`UntypedStorage._share_cuda_`, as torch.multiprocessing sends them). The harness writes the
+on a GPU it is a device allocation made with CUDA's virtual memory API, whose file descriptor the
+harness sends the worker over a Unix socket (trial/vmm.py: a worker of another uid can open it),
+or, where cuda-python is not installed, a device allocation the worker opens through a legacy CUDA
+IPC handle (the fields of `UntypedStorage._share_cuda_`), which cannot cross uids. The harness writes the
 values, the worker writes outputs into slots, and neither side copies through a pipe.
 """
 
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 
+from kerneltrial.trial import vmm
+
 SHM = Path("/dev/shm")
 
 
@@ -34,6 +38,12 @@ class Buffer:
     id: int
     bytes: torch.Tensor
     desc: dict[str, Any]
+    fd: int | None = None  # a VMM buffer's exported descriptor, until it is sent to the worker
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def typed(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """The first `numel` elements of the buffer as `dtype` (a flat view, same memory)."""
@@ -54,7 +64,13 @@ class Arena:
         """A new shared buffer of at least `nbytes` bytes (one, for an empty tensor)."""
         nbytes = max(1, int(nbytes))
         self.next_id += 1
-        if self.device.type == "cuda":
+        fd = None
+        if self.device.type == "cuda" and vmm.available():  # a worker of another uid can open it
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            mapping, fd = vmm.Mapping.create(nbytes, index)
+            flat = mapping.tensor()[:nbytes]
+            desc = {"id": self.next_id, "nbytes": nbytes, "vmm": [index, mapping.size]}
+        elif self.device.type == "cuda":
             flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             desc = {"id": self.next_id, "nbytes": nbytes, "cuda": cuda_handle(flat.untyped_storage())}
         else:
@@ -69,7 +85,7 @@ class Arena:
             storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=nbytes)
             flat = torch.empty(0, dtype=torch.uint8).set_(storage)
             desc = {"id": self.next_id, "nbytes": nbytes, "path": str(path)}
-        buffer = Buffer(self.next_id, flat, desc)
+        buffer = Buffer(self.next_id, flat, desc, fd)
         self.buffers[buffer.id] = buffer
         return buffer
 
@@ -113,6 +129,7 @@ class Arena:
             buffer = self.buffers.pop(i, None)
             if buffer is None:
                 continue
+            buffer.close_fd()
             if "path" in buffer.desc:
                 Path(buffer.desc["path"]).unlink(missing_ok=True)
 

@@ -3,19 +3,20 @@ kerneltrial's harness, and never imports the harness.
 
 The harness (trial/isolation.py) starts it by file path,
 
-    python -I .../kerneltrial/trial/worker.py MODE READ_FD WRITE_FD
+    python -I .../kerneltrial/trial/worker.py MODE READ_FD WRITE_FD [FDS_FD]
 
 reads nothing from its stdout or stderr but a log (an arm may print anything) and talks to it over
-two pipes: requests on READ_FD, answers on WRITE_FD. A message is one frame: 4 bytes big-endian
+two pipes: requests on READ_FD, answers on WRITE_FD; on FDS_FD, a Unix socket, the descriptors of
+GPU buffers arrive before the request that adds them. A message is one frame: 4 bytes big-endian
 length, then that many bytes of UTF-8 JSON, an object with a "kind". The harness waits a deadline
 for every answer and kills a worker that misses it; a worker whose harness has gone exits.
 
-What it imports: the standard library, torch, triton, the arm's module, and four self-contained
+What it imports: the standard library, torch, triton, the arm's module, and five self-contained
 files of kerneltrial loaded by path under private names (`_kt_shim_*`, so that no `kerneltrial*`
 module is in sys.modules): ops/interpreter_fix.py (the interpreter's bf16 rounding, as in the
 harness), trial/poison.py (poisoned outputs for the gate's calls), trial/timing.py (the harness's
-Timer: an isolated arm is timed as an in-process one is) and trial/targets.py (the launch limits
-of `--target`). None of them holds harness state. Before anything else it takes kerneltrial out of
+Timer: an isolated arm is timed as an in-process one is), trial/targets.py (the launch limits
+of `--target`) and trial/vmm.py (GPU buffers; it imports cuda-python when one arrives). None of them holds harness state. Before anything else it takes kerneltrial out of
 reach: a finder first on sys.meta_path refuses `kerneltrial` and every submodule (MODE `sealed`,
 user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kerneltrial`,
 `kerneltrial.ops*` (where the built-in kernels and peers live) and the torch-free constants of
@@ -42,8 +43,9 @@ answer carries `refused`, the first launch over the target's limits the request 
   release {id, drop} -> released
   exit (no answer)
 A shared buffer (`add`): {id, nbytes, path} (CPU: a file, mapped with UntypedStorage.from_file,
-shared) or {id, nbytes, cuda: [device, handle, size, offset, ref handle, ref offset, event handle,
-event sync]} (CUDA IPC; bytes as hex). A tensor: {buffer, dtype, shape, stride, offset}; a scalar
+shared), {id, nbytes, vmm: [device, size]} (GPU: CUDA's virtual memory API, its descriptor on
+FDS_FD; the `vmm` shim, trial/vmm.py, maps it) or {id, nbytes, cuda: [device, handle, size, offset,
+ref handle, ref offset, event handle, event sync]} (legacy CUDA IPC; bytes as hex). A tensor: {buffer, dtype, shape, stride, offset}; a scalar
 argument: {value}.
 """
 
@@ -55,6 +57,7 @@ import importlib.util
 import inspect
 import json
 import os
+import socket
 import struct
 import sys
 import threading
@@ -78,8 +81,9 @@ PARENT_POLL_S = 1.0
 class Refuse(importlib.abc.MetaPathFinder):
     """First on sys.meta_path: kerneltrial (in MODE registry: all but REGISTRY_ALLOWED) is not importable."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, fd_socket: socket.socket | None = None) -> None:
         self.mode = mode
+        self.fd_socket = fd_socket
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name != PACKAGE and not name.startswith(PACKAGE + "."):
@@ -172,12 +176,18 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def open_buffer(desc: dict[str, Any]) -> Any:
-    """The storage of one shared buffer the harness owns."""
+def open_buffer(desc: dict[str, Any], vmm: ModuleType | None = None) -> Any:
+    """The storage of one shared buffer the harness owns (a GPU buffer made with CUDA's virtual
+    memory API: through the `vmm` shim, from the descriptor in `desc["fd"]`)."""
     import torch
 
     if "path" in desc:
         return torch.UntypedStorage.from_file(desc["path"], shared=True, nbytes=int(desc["nbytes"]))
+    if "vmm" in desc:
+        if vmm is None:
+            raise ValueError("a VMM buffer needs the vmm shim")
+        device, size = (int(v) for v in desc["vmm"])
+        return vmm.Mapping.open(int(desc["fd"]), size, device).tensor().untyped_storage()
     device, handle, size, offset, ref_handle, ref_offset, event, sync = desc["cuda"]
     torch.cuda._lazy_init()
     return torch.UntypedStorage._new_shared_cuda(
@@ -295,13 +305,16 @@ class Bind:
 class Worker:
     """The state of one worker: its arm's functions, the harness's buffers it has mapped, its binds."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, fd_socket: socket.socket | None = None) -> None:
         self.mode = mode
+        self.fd_socket = fd_socket
         self.functions: dict[str, Any] = {}
         self.own_functions: list[str] = []  # a sealed module's top-level functions, for the harness's error
         self.buffers: dict[int, Any] = {}
         self.binds: dict[int, Bind] = {}
         self.held: list[Any] = []  # the last gate call's output storages
+        self.staged: list[Any] = []  # ... and their bytes as copied at its return, on the current stream
+        self.staged_inputs: dict[int, Any] = {}  # its argument buffers' bytes, likewise
         self.returned: list[Any] = []
         self.shims: dict[str, ModuleType] = {}
         self.context = ExitStack()
@@ -330,10 +343,22 @@ class Worker:
     # -- buffers and arguments
 
     def update(self, message: dict[str, Any]) -> None:
+        """Unmap the buffers to drop; map the added ones (a GPU buffer's descriptor arrives on the
+        socket first, one per VMM buffer, in their order)."""
         for buffer in message.get("drop", []):
             self.buffers.pop(int(buffer), None)
-        for desc in message.get("add", []):
-            self.buffers[int(desc["id"])] = open_buffer(desc)
+        added = list(message.get("add", []))
+        shared = [d for d in added if "vmm" in d]
+        if shared:
+            if self.fd_socket is None:
+                raise ValueError("GPU buffers need the worker's socket (FDS_FD)")
+            _, fds, _, _ = socket.recv_fds(self.fd_socket, 16, len(shared))
+            if len(fds) != len(shared):
+                raise ValueError(f"{len(shared)} GPU buffers but {len(fds)} descriptors arrived")
+            for desc, fd in zip(shared, fds, strict=True):
+                desc["fd"] = fd
+        for desc in added:
+            self.buffers[int(desc["id"])] = open_buffer(desc, self.shims.get("vmm"))
 
     def argument(self, desc: dict[str, Any]) -> Any:
         """A scalar, or a new tensor object over a shared buffer (with a version counter of its own)."""
@@ -412,28 +437,35 @@ class Worker:
         poison.poison_free_blocks(self.returned or [a for a in args if isinstance(a, torch.Tensor)])
         with poison.poisoned_allocations(self.device):
             returned = self.functions[message["fn"]](*args)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
         outputs = None if returned is None else as_outputs(returned)
         answer: dict[str, Any] = {"kind": "called", "outputs": None}
         if returned is not None and outputs is None:
             answer["returned"] = type(returned).__name__
         self.returned = outputs or []
         answer["outputs"], self.held = describe(self.returned, self.buffers, self.held)
+        # what a caller's stream sees right after the return, copied on it before anything waits:
+        # an output left on a stream not ordered with the caller's is caught however late it is read
+        self.staged = [bytes_of(storage).clone() for storage in self.held]
+        used = {int(d["buffer"]) for d in message["args"] if "buffer" in d}
+        self.staged_inputs = {b: bytes_of(self.buffers[b]).clone() for b in used}
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
         if outputs is None:
             answer["outputs"] = None
         return answer
 
     def on_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Outputs of the last call and snapshots of input buffers into harness buffers, on the
-        current stream; then every stream of the device is waited for (the gate's `settle`)."""
+        """Outputs of the last call and snapshots of its input buffers, as copied at its return
+        (`on_call`), into harness buffers; then every stream of the device is waited for (the
+        gate's `settle`)."""
         import torch
 
         self.update(message)
-        pairs = [(self.held[int(k)], int(b)) for k, b in message["outputs"]]
-        pairs += [(self.buffers[int(s)], int(b)) for s, b in message["snapshots"]]
-        for source, buffer in pairs:
-            src = bytes_of(source)
+        pairs = [(self.staged[int(k)], int(b)) for k, b in message["outputs"]]
+        pairs += [
+            (self.staged_inputs.get(int(s), bytes_of(self.buffers[int(s)])), int(b)) for s, b in message["snapshots"]
+        ]
+        for src, buffer in pairs:
             bytes_of(self.buffers[buffer])[: src.numel()].copy_(src)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
@@ -493,12 +525,14 @@ class Worker:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        raise SystemExit("usage: python -I worker.py sealed|registry READ_FD WRITE_FD (started by kerneltrial)")
+    if len(argv) not in (4, 5):
+        raise SystemExit(
+            "usage: python -I worker.py sealed|registry READ_FD WRITE_FD [FDS_FD] (started by kerneltrial)"
+        )
     mode, read_fd, write_fd = argv[1], int(argv[2]), int(argv[3])
     seal(mode)
     watch_parent()
-    worker = Worker(mode)
+    worker = Worker(mode, socket.socket(fileno=int(argv[4])) if len(argv) == 5 else None)
     while True:
         message = read_frame(read_fd)
         if message is None or message.get("kind") == "exit":
