@@ -223,3 +223,13 @@ def test_a_worker_that_reports_a_false_snapshot_of_its_inputs_is_caught():
 def test_an_arm_whose_output_is_not_ordered_with_the_callers_stream_is_refused_on_cuda():
     (message,) = gate_messages("private_stream", torch.device("cuda"), Case((4096, 4096)))
     assert "not finished when the current stream was synchronised" in message
+
+
+def test_check_says_what_its_verdicts_rest_on(monkeypatch):
+    args = ("check", "rmsnorm", "--impl-module", GOOD, "--impl", "user:good_rmsnorm", "--no-peers")
+    args += ("--shape", "4x64", "--seeds", "1")
+    in_process = run_cli(*args, "--isolate", "none")
+    assert in_process.exit_code == 0 and f"warning: {in_process_warning('user:good_rmsnorm')}" in in_process.output
+    monkeypatch.setattr(confine, "host", lambda cuda=False: PARTIAL)
+    partial = run_cli(*args)
+    assert partial.exit_code == 0 and "warning: partial sandbox: isolated arms ran without these" in partial.output

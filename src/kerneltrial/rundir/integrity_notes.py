@@ -14,7 +14,7 @@ PREFIXES = (IN_PROCESS, SANDBOX)
 
 def in_process_warning(arm: str) -> str:
     return (
-        f"{IN_PROCESS}arm {arm} ran in kerneltrial's process (protocol isolate): nothing stopped its code from "
+        f"{IN_PROCESS}arm {arm} ran in kerneltrial's process (`isolate` leaves it there): nothing stopped its code from "
         "patching the harness, so its verdict rests on its good faith"
     )
 

@@ -178,6 +178,7 @@ def run_checks(o: CheckOptions) -> None:
     from kerneltrial.ops import inputs as inp
     from kerneltrial.ops import launch
     from kerneltrial.ops.registry import all_ops, get_op, load_user_module
+    from kerneltrial.trial import confine
     from kerneltrial.trial.isolation import Settings
     from kerneltrial.trial.remote import Isolation
     from kerneltrial.trial.targets import get_target, targeting
@@ -212,7 +213,8 @@ def run_checks(o: CheckOptions) -> None:
             cases = check_cases(operator, o.shape, o.dtype, o.layout, panel)
             parts.append(check_operator(o, operator, requested[operator.name], cases, device, bar))
             isolation.close_builtin()  # one operator's built-in arms at a time in their workers
-    print_checks(o, drawn_from, device.type, profile.name if profile else None, requested, parts)
+    notes = confine.isolation_notes(o.impl_module or [], o.isolate, device.type == "cuda")
+    print_checks(o, drawn_from, device.type, profile.name if profile else None, requested, parts, notes)
 
 
 @dataclass(frozen=True)
@@ -277,10 +279,12 @@ def print_checks(
     target: str | None,
     requested: dict[str, list[Impl]],
     parts: list[OperatorChecks],
+    notes: list[str],
 ) -> None:
     """`check`'s output: the table (title: the `device` type, the interpreter, the --target), the
     inputs seed, what was skipped (the `requested` arms unavailable here, then the pairs not
-    checked) and the counts, and the --jsonl and --json documents; exit 1 on a failed check."""
+    checked), the isolation `notes`, the counts, and the --jsonl and --json documents; exit 1 on a
+    failed check."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -307,6 +311,8 @@ def print_checks(
         o.jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
+    for note in notes:
+        out.print(f"warning: {note}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
     out.print(f"{len(calls) - len(failed)} passed, {len(failed)} failed")
     if o.json_:

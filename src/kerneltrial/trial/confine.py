@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kerneltrial.rundir.integrity_notes import sandbox_warning
+from kerneltrial.rundir.integrity_notes import in_process_warning, sandbox_warning
 
 if TYPE_CHECKING:
     from kerneltrial.trial.shared import Arena
@@ -411,3 +411,17 @@ class Confinement:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.005)
+
+
+def isolation_notes(modules: list[str], isolate: str, cuda: bool) -> list[str]:
+    """What `check`'s verdicts rest on short of the whole isolation (rundir/integrity_notes.py): the
+    user `modules` left in kerneltrial's process (`isolate` none), or isolated arms without a
+    sandbox piece."""
+    from kerneltrial.ops.registry import user_stem
+
+    if isolate == "none":
+        return [in_process_warning(f"user:{user_stem(m)}") for m in modules]
+    if not modules and isolate != "all":
+        return []
+    note = host(cuda).note()
+    return [note] if note else []
