@@ -152,7 +152,9 @@ def test_two_trials_one_port_the_second_is_refused_while_the_first_has_not_bound
         refused_while_unbound(port, tmp_path, fake_argv(port), tmp_path / "first")
     finally:
         first.send_signal(signal.SIGTERM)  # kerneltrial stops its server and exits 130
-        assert first.wait(timeout=60) == 130
+        code = first.wait(timeout=60)
+        # once under load: exit -2 (an uncaught KeyboardInterrupt or a SIGINT), not reproduced since; say what it printed
+        assert code == 130, f"exit {code}; kerneltrial printed: {first.stdout.read() if first.stdout else ''}"
     assert read_record(port) is None
 
 

@@ -11,18 +11,31 @@ record inside the killed run's own directory could not be found from a new run.
 The record is consulted whether or not anything listens (issue 26): vLLM takes tens of seconds
 to bind its port and binds with SO_REUSEPORT, so a second trial that only looked for a listener
 started its own server on a port another trial's server was about to take, and both answered.
-A launch therefore claims the port's record atomically (O_EXCL) before it spawns anything, and a
-record that names a live process (the claiming kerneltrial, or the server it started) refuses
-every other launch on that port, bound or not.
+A launch therefore claims the port's record before it spawns anything, and a record that names a
+live process (the claiming kerneltrial, or the server it started) refuses every other launch on
+that port, bound or not.
+
+One holder per port (issue 36): every read-decide-write of a port's record (claim, the server's
+pid, release) runs under an exclusive flock of `port-P.lock` beside it, a file that is never
+removed or replaced (a lock on a file that another process may unlink locks nothing), and every
+record is written whole to a temporary file and renamed over the old one, so a reader sees the
+old record or the new one, never a file half written. A record is stale only when it names a
+process that is gone (its pid, and its start time where /proc shows it); an unreadable record
+names no process and is never taken over (the O_EXCL claim it replaces deleted an unreadable
+record, the claim another kerneltrial had just created and not yet written: 4 simultaneous
+claimers gave 2-4 holders in 35 of 100 rounds). The kernel drops a lock with its holder, even
+one killed by kill -9, so a dead claimer never blocks the port.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +45,10 @@ POLL_S = 0.5
 # How long a launch waits for its port: a server whose kerneltrial was killed is stopped by its
 # supervisor within stop_grace_s (30 s by default) plus SIGTERM's 10 s; 60 s covers both.
 PORT_WAIT_S = 60.0
+# How long a claim waits for another process's read-decide-write of the same record (milliseconds
+# each); a holder stopped inside it (SIGSTOP, a debugger) is named after this.
+LOCK_WAIT_S = 10.0
+LOCK_POLL_S = 0.002
 
 
 class PortTaken(RuntimeError):
@@ -128,6 +145,10 @@ def _record_path(port: int) -> Path:
     return state_dir() / f"port-{port}.json"
 
 
+def _lock_path(port: int) -> Path:
+    return state_dir() / f"port-{port}.lock"
+
+
 def _start_ticks(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -136,54 +157,117 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
 
 
-def claim_port(host: str, port: int, run_dir: Path, argv: list[str], wait_s: float) -> ServerRecord:
-    """Wait for the port (wait_for_port), then claim its record atomically: the claim names this
-    kerneltrial, so every other launch on the port is refused from now on, before anything binds.
-    PortTaken when another launch's record names a live process (it claimed first)."""
-    path = _record_path(port)
+@contextmanager
+def port_lock(port: int, wait_s: float | None = None) -> Iterator[None]:
+    """The port's record to this process alone: an exclusive flock of `port-P.lock`, released when
+    the block ends or the process dies. PortTaken when another process holds it for `wait_s`
+    (default LOCK_WAIT_S)."""
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    path = _lock_path(port)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PortTaken(
+                        f"another process has held the lock {path} of port {port}'s record for {wait_s:.0f} s (a "
+                        "kerneltrial stopped while it claims or releases the port?); resume or end it (`fuser "
+                        f"{path}` names it), or pick another port (server.port / --port)"
+                    ) from None
+                time.sleep(LOCK_POLL_S)
+            except OSError as e:
+                raise PortTaken(
+                    f"cannot lock {path} ({e.strerror}): port claims need flock; point XDG_STATE_HOME at a local "
+                    "folder (the state folder is on a file system without locks)"
+                ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+class _Unreadable(ValueError):
+    """A port's record exists but holds no record (empty, cut short, not JSON, other keys)."""
+
+
+def _load(port: int) -> ServerRecord | None:
+    """The port's record, None when there is none; _Unreadable when the file holds no record."""
+    path = _record_path(port)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Unreadable(f"{path}: {e.strerror}") from None
+    try:
+        return ServerRecord(**json.loads(text))
+    except (ValueError, TypeError) as e:
+        raise _Unreadable(f"{path} ({len(text)} bytes): {e}") from None
+
+
+def _write(rec: ServerRecord) -> None:
+    """The record whole or not at all: written to a file of this process's own, then renamed over."""
+    path = _record_path(rec.port)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(rec), indent=1))
+    os.replace(tmp, path)
+
+
+def unreadable_message(port: int, why: str) -> str:
+    return (
+        f"port {port}'s record {why} is not a record kerneltrial can read: it names no process, so nothing "
+        "says whether its writer still runs, and it is not taken over; remove it once no kerneltrial uses port "
+        f"{port}, or pick another port (server.port / --port)"
+    )
+
+
+def claim_port(host: str, port: int, run_dir: Path, argv: list[str], wait_s: float) -> ServerRecord:
+    """Wait for the port (wait_for_port), then claim its record under the port's lock: the claim
+    names this kerneltrial, so every other launch on the port is refused from now on, before
+    anything binds. PortTaken when another launch's record names a live process (it claimed
+    first), or the record cannot be read."""
     me = os.getpid()
     claim = ServerRecord(port, host, None, None, me, str(run_dir), list(argv), now(), _start_ticks(me))
-    while True:
-        wait_for_port(host, port, wait_s)
+    wait_for_port(host, port, wait_s)
+    with port_lock(port):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            rec = read_record(port)
-            if rec is not None and rec.alive:
-                raise PortTaken(rec.holds_message()) from None
-            path.unlink(missing_ok=True)  # a stale or unreadable record: nobody holds it
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(claim), indent=1))
-        return claim
+            rec = _load(port)
+        except _Unreadable as e:
+            raise PortTaken(unreadable_message(port, str(e))) from None
+        if rec is not None and rec.alive:  # claimed since wait_for_port looked
+            raise PortTaken(rec.holds_message())
+        _write(claim)  # over a stale record: the processes it names are gone
+    return claim
 
 
 def record_server(port: int, host: str, pid: int, run_dir: Path, argv: list[str]) -> ServerRecord:
     """The port's record names the started server (replacing this kerneltrial's claim)."""
     me = os.getpid()
     rec = ServerRecord(port, host, pid, _start_ticks(pid), me, str(run_dir), list(argv), now(), _start_ticks(me))
-    path = _record_path(port)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{me}")
-    tmp.write_text(json.dumps(asdict(rec), indent=1))
-    os.replace(tmp, path)
+    with port_lock(port):
+        _write(rec)
     return rec
 
 
 def read_record(port: int) -> ServerRecord | None:
+    """The port's record; None when there is none or it cannot be read."""
     try:
-        return ServerRecord(**json.loads(_record_path(port).read_text()))
-    except (OSError, ValueError, TypeError):
+        return _load(port)
+    except _Unreadable:
         return None
 
 
 def forget_server(port: int, pid: int | None) -> None:
     """Remove the port's record if it is this kerneltrial's for this server (pid None: its claim);
     a later launch may own the port now."""
-    rec = read_record(port)
-    if rec is not None and rec.pid == pid and rec.kerneltrial_pid == os.getpid():
-        _record_path(port).unlink(missing_ok=True)
+    with port_lock(port):
+        rec = read_record(port)
+        if rec is not None and rec.pid == pid and rec.kerneltrial_pid == os.getpid():
+            _record_path(port).unlink(missing_ok=True)
 
 
 def port_holders(port: int) -> list[tuple[int, str]]:

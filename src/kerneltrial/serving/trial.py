@@ -44,6 +44,7 @@ from kerneltrial.serving.bench import (
     request_rows,
     run_bench,
 )
+from kerneltrial.serving.completeness import failed_requests_reason, judge_requests
 from kerneltrial.serving.dispatch_proof import Files, check_launch
 from kerneltrial.serving.fl_policy import FILE_ENVS, Platform
 from kerneltrial.serving.launcher import (
@@ -540,7 +541,7 @@ class _Trial:
             raise
         row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
         row["wall_s"] = time.monotonic() - t0
-        figures, foreign = self.judge_run(raw, case, server)
+        figures, foreign = self.judge_run(raw, case, server, argv)
         row.update(figures)
         if row["status"] != "ok":
             self.failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
@@ -554,9 +555,12 @@ class _Trial:
             raise LaunchError(row["reason"])
         self.emit("ran", row=row)
 
-    def judge_run(self, raw: dict[str, Any], case: Case, server: Server | None) -> tuple[dict[str, Any], bool]:
+    def judge_run(
+        self, raw: dict[str, Any], case: Case, server: Server | None, argv: list[str]
+    ) -> tuple[dict[str, Any], bool]:
         """A run's figures and status, and whether another server answered: FAILED when a request
-        got another server's 404 (for the launch's nonce) or fewer than num_requests completed."""
+        got another server's 404 (for the launch's nonce), fewer than num_requests completed, or a
+        completed request returned other than the output tokens its argv asked for (completeness.py)."""
         m = metrics.run_metrics(raw, self.proto.bench.percentiles, self.proto.bench.goodput)
         foreign = foreign_answers(raw) if server is not None and server.nonce else 0
         if foreign and server is not None:
@@ -566,7 +570,11 @@ class _Trial:
                 "another port"
             )
             return {"status": "FAILED", "reason": reason, **m}, True
+        complete = judge_requests(raw, argv)
+        figures = {**m, "incomplete_requests": len(complete.short)}
+        reasons = [complete.reason()] if complete.short else []
         if m["completed"] != case.num_requests:
-            reason = f"completed {m['completed']} of {case.num_requests} requests"
-            return {"status": "FAILED", "reason": reason, **m}, False
-        return {"status": "ok", **m}, False
+            reasons.insert(0, failed_requests_reason(raw, int(m["completed"]), case.num_requests))
+        if reasons:
+            return {"status": "FAILED", "reason": "; ".join(reasons), **figures}, False
+        return {"status": "ok", **figures}, False

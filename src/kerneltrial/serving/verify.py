@@ -28,6 +28,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
+from kerneltrial.serving.verify_requests import completeness_problems
 
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
@@ -334,6 +335,12 @@ def _check_runs(run: ServingRun, result: VerifyResult) -> None:
         [p for r in recounted for p in _figure_problems(r)],
         f"{len(recounted)} runs' figures recomputed from their raw files",
     )
+    cases = {c["case"]: c for c in run.plan["cases"]}
+    result.add(
+        "complete requests",
+        [p for r in recounted for p in completeness_problems(r.row, r.raw, cases.get(r.row.get("case")), r.where)],
+        "every run's status recounted from its requests: each completed, with the output tokens its case asks for",
+    )
     concurrency = {c["case"]: int(c["concurrency"]) for c in run.plan["cases"]}
     result.add(
         "request evidence",
@@ -376,18 +383,14 @@ def _recount(run: ServingRun) -> tuple[list[str], list[Recounted]]:
 
 
 def _figure_problems(run: Recounted) -> list[str]:
-    """A run's figures in runs.jsonl, its status and vLLM's own count against the recount."""
+    """A run's figures in runs.jsonl and vLLM's own count against the recount (its status:
+    verify_requests.py, the `complete requests` check)."""
     r, got, where = run.row, run.figures, run.where
     problems = [
         f"{where}: {k} is {r.get(k)} in runs.jsonl, recomputed {v}"
         for k, v in got.items()
         if k not in r or not _close(r[k], v)
     ]
-    want_status = "ok" if got["completed"] == r.get("num_requests") else "FAILED"
-    if r.get("status") != want_status:
-        problems.append(
-            f"{where}: status {r.get('status')} but completed {got['completed']} of {r.get('num_requests')}"
-        )
     if run.raw.get("completed") is not None and run.raw["completed"] != got["completed"]:
         problems.append(
             f"{where}: vLLM's own completed ({run.raw['completed']}) differs from the recount {got['completed']}"
