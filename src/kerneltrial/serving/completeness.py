@@ -1,4 +1,4 @@
-"""Complete requests only (issue 36, item 3; docs/serving.md, "Complete requests").
+"""Complete requests only (issue 36, item 3; docs/serving.md, "Benchmark a running server": "Complete requests only").
 
 vLLM's client counts a request as successful once its stream delivered one chunk and nothing
 raised (`vllm/benchmarks/lib/endpoint_request_func.py`). A stream the server closed mid-response,
