@@ -346,7 +346,7 @@ def test_package_then_inspect_a_good_module_with_its_rule_file(tmp_path):
         "confirmation run tested this code" in result.output
     )
     receipt = Receipt.read(tmp_path / "ship" / "submission.receipt.json")
-    assert receipt.schema_id == "kerneltrial.receipt/3" and receipt.confirmation == "unconfirmed"
+    assert receipt.schema_id == "kerneltrial.receipt/4" and receipt.confirmation == "unconfirmed"
     assert receipt.interface_check.process == "isolated"
     assert receipt.op == "rmsnorm" and receipt.signature == "rmsnorm(x, weight, eps=1e-6) -> Tensor"
     assert [(f.name, f.size) for f in receipt.files] == [
@@ -499,8 +499,12 @@ def test_inspect_shows_the_receipt_s_confirmation_and_interface_check(tmp_path):
     )
     assert result.exit_code == 0 and (
         "matches its receipt (confirmation: confirmed in 4 run(s); interface check in-harness, imported where "
-        "kerneltrial was (receipt before receipt/3), on cuda, 56 gate checks)" in result.output
-    ), result.output
+        "kerneltrial was (receipt before receipt/3), on cuda, 56 gate checks); its 4 run(s) verify and were made "
+        "from this module, and 8 of their checked calls, re-executed from the archive on the CPU, are within the "
+        "gate's tolerance" in result.output
+    ), (
+        result.output
+    )  # issue 35, item 7: the runs re-verified and the module re-executed (tests/submission/test_evidence.py)
     archive = tmp_path / "s.zip"
     archive.write_bytes(build({"good_rmsnorm.py": GOOD_SOURCE}))
     found = inspect_archive(archive.read_bytes(), "s.zip", OPERATORS)
@@ -513,5 +517,6 @@ def test_inspect_shows_the_receipt_s_confirmation_and_interface_check(tmp_path):
     result = run_cli("inspect", archive, "--receipt", receipt)
     assert result.exit_code == 0 and (
         "(confirmation: UNCONFIRMED, packaged with --unconfirmed: no confirmation run tested this code; "
-        "interface check isolated, no kerneltrial importable, on cpu, 20 gate checks)" in result.output
+        "interface check isolated, no kerneltrial importable, unconfined (receipt before receipt/4), on cpu, "
+        "20 gate checks)" in result.output
     ), result.output

@@ -85,7 +85,7 @@ def _entry_problem(info: zipfile.ZipInfo) -> str:
     return ""
 
 
-def _read_entries(data: bytes) -> dict[str, bytes]:
+def read_entries(data: bytes) -> dict[str, bytes]:
     """Every entry's bytes, after refusing anything but a flat set of small regular files."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
@@ -200,7 +200,7 @@ def inspect_archive(
     after another operator, ASCII names, no import of kerneltrial and no code loaded from
     data (`codecheck`); the receipt, when given, must describe these bytes. Raises `Rejected`
     with a one-line reason."""
-    entries = _read_entries(data)
+    entries = read_entries(data)
     for name in sorted(entries):
         problem = entry_name_problem(name)
         if problem:

@@ -43,9 +43,14 @@ def package(
     and run where no kerneltrial module is importable (as the target runs it), it has exactly one
     entry point OP of the operator's signature whose outputs pass the correctness gate (with the
     launch limits of --target), imported as a target imports it (python with site, nothing of
-    kerneltrial in its environment or parent) under two environments that must agree. Exit 1 when refused, naming why; 2 on bad input (a missing file,
-    an --out that is not a .zip, a --confirmed path that is no run directory, neither or both of
+    kerneltrial in its environment or parent) under two environments that must agree, each worker
+    in the trial's sandbox (another uid, its own PID namespace and cgroup, no-new-privs, seccomp;
+    a piece the host lacks is said and recorded); with --confirmed, the archived module is first
+    re-executed on the CPU on a sample of each run's checked calls and must pass the gate's
+    comparison on each. Exit 1 when refused, naming why; 2 on bad input (a missing file, an --out
+    that is not a .zip, a --confirmed path that is no run directory, neither or both of
     --confirmed and --unconfirmed)."""
+    from kerneltrial.submission.confined import record_note
     from kerneltrial.submission.package import BadInput, PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
@@ -64,10 +69,18 @@ def package(
         f"imports it, under {ENVIRONMENTS} environments): {check.checks} gate checks"
         + (f", every launch within the {check.target} limits" if check.target else "")
         + (
-            f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}"
+            f"; tested in {', '.join(r.run_dir for r in receipt.tested_in)}, "
+            f"{sum(r.replayed or 0 for r in receipt.tested_in)} of their checked calls re-executed from the archive "
+            "on the CPU, each within the gate's tolerance"
             if receipt.tested_in
             else "; UNCONFIRMED: no confirmation run tested this code (the receipt says so)"
         )
+    )
+    note = record_note(check.sandbox) if check.sandbox else ""
+    typer.echo(
+        f"warning: {note} (the interface check's workers; the receipt records it)"
+        if note
+        else "sandbox: every piece (uid, pidns, cgroup, no_new_privs, seccomp)"
     )
 
 
@@ -75,13 +88,20 @@ def inspect(
     archive: Annotated[Path, typer.Argument(help="A submission archive (.zip).")],
     op: Annotated[str | None, typer.Option(help="The operator it must implement (default: the receipt's).")] = None,
     receipt: Annotated[Path | None, typer.Option(help="A receipt the archive must match.")] = None,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds the re-execution on the receipt's runs may take.")
+    ] = 600.0,
 ) -> None:
     """Re-check a submission archive without importing it: no path traversal, absolute path,
     link, duplicate or oversized entry; one module with a top-level function named after the
     operator, of its signature, and no other entry point; ASCII names; no code loaded from a
     data entry or a string (exec, eval, compile, importlib, runpy, pickle, ...); the receipt, if
-    given, matches, and its confirmation and interface check are shown. Exit 0 when accepted,
-    1 when rejected (one line says why), 2 on bad input."""
+    given, matches, and its confirmation and interface check are shown. A receipt's runs must
+    be present, verify, have passed the module's arm and have been made from the archived module
+    (provenance impl_modules, and the run's source archive where it holds the module), and the
+    archived module, re-executed (sandboxed, on the CPU) on a sample of their checked calls, must
+    pass the gate's comparison on each. Exit 0 when accepted, 1 when rejected (one line says
+    why), 2 on bad input."""
     from pydantic import ValidationError
 
     from kerneltrial.ops.registry import all_ops
@@ -101,9 +121,38 @@ def inspect(
         found = inspect_archive(archive.read_bytes(), archive.name, signatures, op, recorded)
     except Rejected as exc:
         raise CliError(f"rejected {archive}: {exc}", ExitCode.FAILED) from None
+    rechecked = _recheck_runs(archive, recorded, receipt.parent, timeout) if recorded and receipt else ""
     typer.echo(
         f"accepted {archive}: entry point {found.op} in {found.module}, {len(found.files)} file(s), "
-        f"sha256 {found.archive.sha256}" + (f", matches its receipt ({_receipt_line(recorded)})" if recorded else "")
+        f"sha256 {found.archive.sha256}"
+        + (f", matches its receipt ({_receipt_line(recorded)})" if recorded else "")
+        + rechecked
+    )
+
+
+def _recheck_runs(archive: Path, receipt: Receipt, folder: Path, timeout: float) -> str:
+    """Re-verify the runs `receipt` names and re-execute the archive on their checked calls (exit
+    1 naming what fails); what was done, for inspect's line ('' for an unconfirmed receipt)."""
+    from kerneltrial.submission.archive import read_entries
+    from kerneltrial.submission.evidence import PackageError, receipt_runs
+    from kerneltrial.submission.isolated import WorkerEnded
+    from kerneltrial.submission.replay import replay
+
+    if not receipt.tested_in:
+        return ""
+    data = archive.read_bytes()
+    try:
+        runs = receipt_runs(receipt, folder, read_entries(data))
+        result = replay(data, receipt.op, runs, timeout)
+    except PackageError as exc:
+        raise CliError(f"rejected {archive}: {exc}", ExitCode.FAILED) from None
+    except WorkerEnded as exc:
+        raise CliError(f"rejected {archive}: the re-execution on the receipt's runs {exc}", ExitCode.FAILED) from None
+    if not result.passed:
+        raise CliError(f"rejected {archive}: replay: {result.reason}", ExitCode.FAILED)
+    return (
+        f"; its {len(runs)} run(s) verify and were made from this module, and {sum(result.calls.values())} of "
+        "their checked calls, re-executed from the archive on the CPU, are within the gate's tolerance"
     )
 
 
@@ -120,6 +169,11 @@ def _receipt_line(receipt: Receipt) -> str:
         if check.process == "isolated"
         else "in-harness, imported where kerneltrial was (receipt before receipt/3)"
     )
+    if check.sandbox is not None:
+        missing = ", ".join(check.sandbox.missing)
+        process += f", in a sandbox without {missing}" if missing else ", in the whole sandbox"
+    elif check.process == "isolated":
+        process += ", unconfined (receipt before receipt/4)"
     return f"{confirmation}; interface check {process}, on {check.device}, {check.checks} gate checks"
 
 

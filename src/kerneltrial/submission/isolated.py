@@ -8,7 +8,10 @@ kerneltrial, an environment scrubbed of kerneltrial, a parent whose command line
 of it, under two environments that differ in script name, working directory and torch's
 thread count (target_env.py says how each is made). The archive must pass under both: a
 module that passes under one and not the other is refused as `environment-dependent` (it can
-tell one process from another, and so the check from the target).
+tell one process from another, and so the check from the target). Each worker runs in the
+sandbox the trial's isolated workers run in (trial/confine.py, from neutral copies:
+submission/confined.py): it cannot write the scratch folder or the harness's files, nor
+trace, signal or read the harness; a piece the host lacks is in the result (`sandbox`).
 
 The harness draws every input, sends it, receives the outputs and the inputs as the call left
 them, and judges with the gate: `gate.check` runs on `Remote`, an arm whose every call runs in
@@ -19,7 +22,8 @@ mechanism, kept here so the check can move to the general isolation worker (issu
 GPU it poisons free blocks of its previous result's sizes, not of the reference's (the same
 sizes once a case's warm-up calls ran); the poisoning and the launch-limit hook run inside the
 worker, where a hostile module can disable them (the threat here is a module that behaves
-differently at the target, which the isolation removes; one that attacks the check is item 1's).
+differently at the target, which the isolation removes; one that attacks the check from its
+worker gets no further than the sandbox).
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ import torch
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import interpreter_fix, launch
 from kerneltrial.ops.registry import Case, Impl, Operator, all_ops, get_op
+from kerneltrial.submission.confined import Copies, WorkerSandbox, sandbox_record
 from kerneltrial.submission.interface import mismatch, params_of_signature
+from kerneltrial.submission.receipt import SandboxRecord
 from kerneltrial.submission.target_env import (
     FIRST,
     Environment,
@@ -59,7 +65,7 @@ from kerneltrial.submission.target_env import (
     second_environment,
     target_python,
 )
-from kerneltrial.trial import gate, poison, targets
+from kerneltrial.trial import confine, gate, poison, targets
 
 SEEDS = (0, 1)
 WORKER = Path(__file__).with_name("target_worker.py")
@@ -84,29 +90,35 @@ class InterfaceResult:
     checks: int  # gate checks that ran, under every environment together
     device: str
     environments: tuple[str, ...] = ()  # each environment it ran under, in words
+    sandbox: SandboxRecord | None = None  # the pieces the workers ran in (None: no worker started)
 
 
 @dataclass(frozen=True)
 class Prepared:
     """What every worker of one check shares: the scratch folder (the archive unpacked in
-    archive/), the target interpreter, its sys.path, the scrubbed environment, the shims."""
+    archive/), the target interpreter, its sys.path, the scrubbed environment, the shims, the
+    sandbox's copies, and the device kind the sandbox was probed for (`cuda`)."""
 
     scratch: Path
     python: Path
     path: list[str]
     environ: dict[str, str]
     shims: dict[str, str]  # SHIMS name -> the copy in the scratch folder
+    copies: Copies
+    cuda: bool
 
     @classmethod
-    def make(cls, scratch: Path) -> Prepared:
-        """Build them in `scratch`, which holds the unpacked archive in archive/."""
+    def make(cls, scratch: Path, cuda: bool | None = None) -> Prepared:
+        """Build them in `scratch`, which holds the unpacked archive in archive/; `cuda` defaults
+        to whether the check runs on a GPU."""
         for folder in ("app", "lib", "work"):
             (scratch / folder).mkdir()
         python = target_python(scratch)
         environ = scrubbed_environ(os.environ, scratch / "work")
         path = path_without_kerneltrial(scratch, fresh_path(python, scratch / "work", environ))
         shims = {name: str(shutil.copy(file, scratch / "lib" / f"{name}.py")) for name, file in SHIMS.items()}
-        return cls(scratch, python, path, environ, shims)
+        cuda = launch.device().type == "cuda" if cuda is None else cuda
+        return cls(scratch, python, path, environ, shims, Copies.make(scratch / "lib", python), cuda)
 
 
 @dataclass(frozen=True)
@@ -151,17 +163,25 @@ class Reply:
 
 class Worker:
     """The worker process and its channel: a request file, a reply file, a line per call. The
-    worker is not this process's child: the launcher's second process is its parent, and says
-    `exited N` on the channel when it ends; all three share the launcher's process group."""
+    worker is not this process's child: the sandbox's processes and the launcher stand between
+    (target_env.LAUNCHER); the launcher says `launcher PID` first and `exited N` on the channel
+    when the worker ends. All of them share the first process's group, and the sandbox's cgroup."""
 
     def __init__(
-        self, launcher: subprocess.Popen[bytes], channel: tuple[int, int], folder: Path, timeout: float, deadline: float
+        self,
+        launcher: subprocess.Popen[bytes],
+        channel: tuple[int, int],
+        config: WorkerConfig,
+        sandbox: WorkerSandbox,
+        timing: tuple[float, float],
     ):
         self.launcher = launcher
         self.inbox, self.outbox = channel  # the harness's ends: what the worker writes, what it reads
-        self.folder = folder
-        self.timeout = timeout
-        self.deadline = deadline
+        self.config = config
+        self.folder = Path(config.request).parent  # the harness's: the log and each request
+        self.sandbox = sandbox
+        self.timeout, self.deadline = timing
+        self.leader = launcher.pid  # whose processes /proc is read for (the launcher's, without a PID namespace)
         self.ended = ""
         self.received = b""
 
@@ -170,11 +190,36 @@ class Worker:
         return WorkerEnded(self.ended)
 
     def kill(self) -> None:
-        """The launcher's process group: its second process and the worker."""
+        """Every process of the worker: its cgroup's, and the first process's group."""
+        self.sandbox.kill()
         try:
             os.killpg(self.launcher.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # every one of them already gone
             pass
+
+    def confined(self, when: str) -> None:
+        """End the check unless /proc shows every sandbox piece the host allowed (`when`: at what point)."""
+        problems = self.sandbox.problems(self.leader)
+        if problems:
+            self.kill()
+            allowed = ", ".join(self.sandbox.host.allowed)
+            raise self._end(
+                f"stopped {when}: the worker's sandbox was not applied ({'; '.join(problems)}), though this host "
+                f"allows {allowed} (trial/confine.py); nothing of the module is trusted"
+            )
+
+    def launched(self) -> None:
+        """Read the launcher's pid, then check its sandbox before the worker imports anything."""
+        try:
+            line = self._line(self.deadline)
+        except TimeoutError:
+            self.kill()
+            raise self._end(f"did not start within {self.timeout:g} s") from None
+        if line is None or not line.startswith("launcher "):
+            raise self._end(self._exited(line))
+        if not self.sandbox.pidns:  # its pid is this process's namespace's
+            self.leader = int(line.split()[1])
+        self.confined("before the worker started")
 
     def _exited(self, line: str | None) -> str:
         code = line.split()[1] if line else None
@@ -207,19 +252,22 @@ class Worker:
 
     def hello(self) -> Hello:
         self._wait()
-        return Hello(**json.loads((self.folder / "hello.json").read_text()))
+        hello = Hello(**json.loads(Path(self.config.hello).read_text()))
+        if not hello.error:  # else the worker has ended
+            self.confined("after the module's import")
+        return hello
 
     def call(self, args: list[Any]) -> Reply:
         """One call of the entry point on `args` in the worker."""
         if self.ended:
             raise WorkerEnded(self.ended)
-        torch.save({"args": args}, self.folder / "request.pt")
+        torch.save({"args": args}, self.config.request)
         try:
             os.write(self.outbox, b"call\n")
         except BrokenPipeError:
             raise self._end(self._exited(None)) from None
         self._wait()
-        return Reply(**torch.load(self.folder / "reply.pt", weights_only=True))
+        return Reply(**torch.load(self.config.reply, weights_only=True))
 
     def close(self) -> None:
         """Close the channel (the worker's loop ends at the end of its input) and wait for the
@@ -245,11 +293,13 @@ def started(
     timeout: float,
     deadline: float | None = None,
 ) -> Iterator[Worker]:
-    """A worker for the archive unpacked in `prepared.scratch/archive`, under `environment`;
-    stopped on leaving the block. `deadline` (time.monotonic) defaults to `timeout` from now."""
+    """A worker for the archive unpacked in `prepared.scratch/archive`, under `environment`, in
+    its sandbox (submission/confined.py); stopped on leaving the block. `deadline`
+    (time.monotonic) defaults to `timeout` from now."""
     scratch = prepared.scratch
-    folder = scratch / f"run-{Path(environment.script).stem}"
+    folder = scratch / f"run-{Path(environment.script).stem}"  # the harness's: the log and each request
     folder.mkdir(exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix="own-", dir=folder))  # the worker's: its home, hello and replies
     script = scratch / "app" / environment.script
     if not script.exists():
         shutil.copy(WORKER, script)
@@ -259,33 +309,48 @@ def started(
         archive_dir=str(scratch / "archive"),
         module=module,
         op=op,
-        hello=str(folder / "hello.json"),
+        hello=str(own / "hello.json"),
         request=str(folder / "request.pt"),
-        reply=str(folder / "reply.pt"),
+        reply=str(own / "reply.pt"),
         shims=prepared.shims,
         target=target.record() if target else None,
         threads=environment.threads,
     )
+    host = confine.host(prepared.cuda)
+    try:
+        sandbox = WorkerSandbox.make(host, own, prepared.copies)
+    except OSError as exc:  # the cgroup (the probe made one a moment ago), or the folder's owner
+        raise WorkerEnded(
+            f"could not start: the worker's sandbox cannot be made ({exc}); the host allowed {', '.join(host.allowed)}"
+        ) from None
     worker_in, outbox = os.pipe()
     inbox, worker_out = os.pipe()
-    with open(folder / "worker.log", "wb") as log:
-        launcher = subprocess.Popen(
-            launch_command(prepared.python, script),
-            cwd=cwd,
-            env=prepared.environ | {"PWD": str(cwd)},
-            stdin=worker_in,
-            stdout=worker_out,
-            stderr=log,
-            start_new_session=True,  # its own process group, which the worker stays in
-        )
-    os.close(worker_in)
-    os.close(worker_out)
-    worker = Worker(launcher, (inbox, outbox), folder, timeout, deadline or time.monotonic() + timeout)
+    try:
+        with open(folder / "worker.log", "wb") as log:
+            launcher = subprocess.Popen(
+                sandbox.command(launch_command(prepared.python, script, fork_away=not sandbox.pidns)),
+                cwd=cwd,
+                env=sandbox.environment(prepared.environ) | {"PWD": str(cwd)},
+                stdin=worker_in,
+                stdout=worker_out,
+                stderr=log,
+                start_new_session=True,  # its own process group, which the worker stays in
+            )
+    except BaseException:
+        sandbox.close()
+        raise
+    finally:
+        os.close(worker_in)
+        os.close(worker_out)
+    timing = (timeout, deadline or time.monotonic() + timeout)
+    worker = Worker(launcher, (inbox, outbox), config, sandbox, timing)
     try:
         os.write(outbox, json.dumps(asdict(config)).encode() + b"\n")
+        worker.launched()
         yield worker
     finally:
         worker.close()
+        sandbox.close()
 
 
 def _raised(text: str) -> Exception:
@@ -365,7 +430,7 @@ def _write_back(sent: tuple[Any, ...], back: list[Any]) -> dict[int, torch.Untyp
     return homes
 
 
-def _entry_problem(operator: Operator, hello: Hello, module_file: str) -> str:
+def entry_problem(operator: Operator, hello: Hello, module_file: str) -> str:
     """Why the imported module is not a submission of `operator`, or ''."""
     if hello.error:
         return hello.error
@@ -417,7 +482,7 @@ def _check_under(
     with started(prepared, environment, module_file[:-3], operator.name, target, timeout, deadline) as worker:
         hello = worker.hello()
         described = environment.describe(hello.threads)
-        problem = _entry_problem(operator, hello, module_file)
+        problem = entry_problem(operator, hello, module_file)
         if problem:
             return Run(False, problem, 0, described, hello.threads)
         name = f"submission:{module_file[:-3]}"
@@ -436,14 +501,14 @@ def _check_under(
         return Run(True, "", checks, described, hello.threads)
 
 
-def _verdict(runs: list[Run], device: str) -> InterfaceResult:
+def _verdict(runs: list[Run], device: str, sandbox: SandboxRecord) -> InterfaceResult:
     """Passed when every environment passed; a failure under one environment that another
     passes is `environment-dependent`."""
     checks = sum(run.checks for run in runs)
     environments = tuple(run.environment for run in runs)
     failed = [run for run in runs if not run.passed]
     if not failed:
-        return InterfaceResult(True, "", checks, device, environments)
+        return InterfaceResult(True, "", checks, device, environments, sandbox)
     first = failed[0]
     passed = [run for run in runs if run.passed]
     reason = (
@@ -452,7 +517,7 @@ def _verdict(runs: list[Run], device: str) -> InterfaceResult:
         if passed
         else f"{first.reason} (imported as the target imports it: {first.environment})"
     )
-    return InterfaceResult(False, reason, checks, device, environments)
+    return InterfaceResult(False, reason, checks, device, environments, sandbox)
 
 
 def _scratch_parent() -> str | None:
@@ -460,22 +525,30 @@ def _scratch_parent() -> str | None:
     return "/tmp" if names_kerneltrial(tempfile.gettempdir()) else None
 
 
-def interface_check(archive: bytes, op_name: str, target_name: str | None, timeout: float) -> InterfaceResult:
-    """Run the unpacked `archive` in a worker under each of two environments (`FIRST`, then
-    `second_environment` of the thread count the first had) and gate its entry point on every
-    case of the operator's panel (the small CPU panel without a GPU, the GPU panel with one),
-    every layout, seeds 0 and 1, with the target's launch limits when one is named. Raises
-    `WorkerEnded` when a worker exits or `timeout` (seconds, for the whole check) runs out."""
-    operator = get_op(op_name)
-    target = targets.get_target(target_name) if target_name else None
-    deadline = time.monotonic() + timeout
+@contextmanager
+def unpacked(archive: bytes, cuda: bool | None = None) -> Iterator[tuple[Prepared, str]]:
+    """A scratch folder holding `archive` unpacked and prepared (`Prepared.make`), and the name of
+    its module; removed on leaving the block, with one torch thread meanwhile (`_one_thread`)."""
     with tempfile.TemporaryDirectory(dir=_scratch_parent()) as folder, _one_thread():
         scratch = Path(folder)
         with zipfile.ZipFile(io.BytesIO(archive)) as zipped:
             (module_file,) = [n for n in zipped.namelist() if n.endswith(".py")]  # `inspect` passed: one, flat
             zipped.extractall(scratch / "archive")
-        prepared = Prepared.make(scratch)
+        yield Prepared.make(scratch, cuda), module_file
+
+
+def interface_check(archive: bytes, op_name: str, target_name: str | None, timeout: float) -> InterfaceResult:
+    """Run the unpacked `archive` in a worker under each of two environments (`FIRST`, then
+    `second_environment` of the thread count the first had) and gate its entry point on every
+    case of the operator's panel (the small CPU panel without a GPU, the GPU panel with one),
+    every layout, seeds 0 and 1, with the target's launch limits when one is named; every worker
+    in its sandbox (the pieces it had: `InterfaceResult.sandbox`). Raises `WorkerEnded` when a
+    worker exits, its sandbox was not applied, or `timeout` (seconds, for the whole check) runs out."""
+    operator = get_op(op_name)
+    target = targets.get_target(target_name) if target_name else None
+    deadline = time.monotonic() + timeout
+    with unpacked(archive) as (prepared, module_file):
         runs = [_check_under(prepared, FIRST, operator, module_file, target, timeout, deadline)]
         second = second_environment(runs[0].threads)
         runs.append(_check_under(prepared, second, operator, module_file, target, timeout, deadline))
-    return _verdict(runs, launch.device().type)
+    return _verdict(runs, launch.device().type, sandbox_record(confine.host(prepared.cuda)))

@@ -1,8 +1,11 @@
 """The receipt `package` writes beside a submission archive: what is inside it (sha256 and size
 of every file and of the archive), what it implements (the operator and its signature), which
-kerneltrial checked it, where it was tested (or that it was not: `confirmation`), and the
-interface check it passed (and how: `interface_check.process`).
-`inspect --receipt` compares an archive with it and shows both."""
+kerneltrial checked it, where it was tested (or that it was not: `confirmation`; and, for each
+run, how many of its checked calls `package` re-executed from the archive: `replayed`), and the
+interface check it passed (how: `interface_check.process`; in which sandbox: `.sandbox`).
+`inspect --receipt` compares an archive with it, re-verifies the runs it names and re-executes
+the archive on their checked inputs (submission/evidence.py, submission/replay.py), and shows
+both."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kerneltrial.rundir.hashing import sha256_bytes
 
-RECEIPT_SCHEMA = "kerneltrial.receipt/3"
+RECEIPT_SCHEMA = "kerneltrial.receipt/4"
+# receipt/4 adds `replayed` to each run and `sandbox` to the interface check; receipt/3 (before
+# the replay and the sandbox) reads them as None.
 # Older receipts are still read. receipt/1 (before package checked the run's phase, gate, verify
 # and rule): its run records lack the fields below marked "receipt/2". receipt/1 and /2 (before
 # the isolated interface check and --unconfirmed) lack `confirmation` and
@@ -51,6 +56,19 @@ class RunRecord(BaseModel):
     gate: str | None = None  # the run's preregistered gate rule
     gate_passed: bool | None = None  # the arm among the run's summary.json gate passed_arms
     rule: FileRecord | None = None  # the packed rule file, as the run's confirmation links it
+    # receipt/4 (None before): checked calls of this run `package` re-executed from the archive
+    # on the CPU, every one within the gate's tolerance (submission/replay.py)
+    replayed: int | None = None
+
+
+class SandboxRecord(BaseModel):
+    """The sandbox the interface check's workers ran in (trial/confine.py): the pieces the host
+    gave, and each piece it refused with the reason its probe gave."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allowed: list[str]
+    missing: dict[str, str]
 
 
 class InterfaceRecord(BaseModel):
@@ -65,14 +83,16 @@ class InterfaceRecord(BaseModel):
     # the harness (submission/isolated.py); "in-harness" (receipt/1, /2): imported into a
     # process that had imported kerneltrial first
     process: Literal["isolated", "in-harness"]
+    # receipt/4 (None before: the worker ran unconfined, as the harness's user)
+    sandbox: SandboxRecord | None = None
 
 
 class Receipt(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["kerneltrial.receipt/3", "kerneltrial.receipt/2", "kerneltrial.receipt/1"] = Field(
-        default=RECEIPT_SCHEMA, alias="schema"
-    )
+    schema_id: Literal[
+        "kerneltrial.receipt/4", "kerneltrial.receipt/3", "kerneltrial.receipt/2", "kerneltrial.receipt/1"
+    ] = Field(default=RECEIPT_SCHEMA, alias="schema")
     op: str
     signature: str
     module: str
@@ -103,6 +123,10 @@ class Receipt(BaseModel):
         for run in self.tested_in:
             if None in (run.phase, run.arm, run.gate, run.gate_passed, run.rule):
                 raise ValueError(f"{self.schema_id}: tested_in {run.run_dir} lacks phase, arm, gate or rule")
+            if self.schema_id == RECEIPT_SCHEMA and run.replayed is None:
+                raise ValueError(f"{self.schema_id}: tested_in {run.run_dir} lacks replayed (the calls re-executed)")
+        if self.schema_id == RECEIPT_SCHEMA and self.interface_check.sandbox is None:
+            raise ValueError(f"{self.schema_id}: interface_check lacks sandbox (the pieces its workers ran in)")
         if (self.confirmation == "confirmed") != bool(self.tested_in):
             raise ValueError(
                 f"confirmation {self.confirmation!r} with {len(self.tested_in)} tested_in run(s): "

@@ -15,9 +15,14 @@ what its process looks like. So the worker runs:
   names it, no entry of a variable's value that names it or (PATH) holds a `kerneltrial*`
   program, none of the test runner's PYTEST_* variables, no thread-count variable;
 - started by a parent whose command line names nothing of kerneltrial: a launcher (`LAUNCHER`,
-  `python -c` of a few neutral lines) forks, its first process exits, and the second, reparented
-  away from the harness, starts the worker, waits for it and reports its exit status on the
-  channel; so no ancestor of the worker left in its PID namespace is the harness;
+  `python -c` of a few neutral lines) says its pid on the channel (`launcher N`), starts the
+  worker, waits for it and reports its exit status there (`exited N`). In the sandbox's PID
+  namespace (trial/confine.py; submission/confined.py runs the sandbox from neutrally named
+  copies) the harness is outside it and the launcher's parent is the namespace's init, so the
+  launcher does not fork away (the init would see its child exit and end the namespace). Without
+  one it forks first and its first process exits, so that the second, reparented away from the
+  harness, is the worker's parent: no ancestor of the worker left in its PID namespace is the
+  harness;
 - under each of two environments (`ENVIRONMENTS`) that differ in what a target may differ in:
   the worker script's name, the working directory (an empty folder, the unpacked archive) and
   torch's thread count (its default, then another: 1, or 2 where the default is 1).
@@ -37,13 +42,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# The launcher: its first process exits at once, so the second (the worker's parent) is
-# reparented away from the harness; it reports the worker's exit status on the channel (its
-# standard output, which the worker inherits too) as `exited N`.
+# The launcher: it says its pid (`launcher N`, the process the harness reads the sandbox of
+# when the worker has no cgroup or PID namespace of its own), starts the worker and reports its
+# exit status (`exited N`) on the channel (its standard output, which the worker inherits too).
+# `FORK_AWAY` goes first where the harness is in the worker's PID namespace: its first process
+# exits at once, so the second (the worker's parent) is reparented away from the harness.
+FORK_AWAY = "if os.fork():\n    os._exit(0)\n"
 LAUNCHER = (
     "import os, subprocess, sys\n"
-    "if os.fork():\n"
-    "    os._exit(0)\n"
+    "{fork}"
+    "os.write(1, b'launcher %d\\n' % os.getpid())\n"
     "code = subprocess.call(sys.argv[1:])\n"
     "os.write(1, b'exited %d\\n' % code)\n"
 )
@@ -199,6 +207,7 @@ def path_without_kerneltrial(scratch: Path, path: list[str]) -> list[str]:
     return kept
 
 
-def launch_command(python: Path, script: Path) -> list[str]:
-    """The launcher's command line: `python -c LAUNCHER python script`."""
-    return [str(python), "-c", LAUNCHER, str(python), str(script)]
+def launch_command(python: Path, script: Path, fork_away: bool = True) -> list[str]:
+    """The launcher's command line: `python -c LAUNCHER python script`; `fork_away` False in a
+    PID namespace of the worker's own (see `LAUNCHER`)."""
+    return [str(python), "-c", LAUNCHER.format(fork=FORK_AWAY if fork_away else ""), str(python), str(script)]
