@@ -80,7 +80,8 @@ def test_more_than_65535_rows_through_the_packed_dispatcher(op, launches, device
 def test_grid_stride_loop_covers_every_row_and_tile(op, name, launches, monkeypatch, device):
     monkeypatch.setattr(launch, "MAX_GRID", 3)
     passes(op, op.impl(name), Case((9, 5000), layout="row_strided"), device)
-    assert {grid for grid, _ in launches} == {(3,)}
+    grids = {grid for grid, _ in launches}  # the gate's 1-D extra shape is one row: one program
+    assert (3,) in grids and all(grid[0] <= 3 for grid in grids), grids
 
 
 def test_row_strided_input_is_read_in_place(op, launches, device):

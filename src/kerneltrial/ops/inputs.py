@@ -19,7 +19,8 @@ tests/ops/test_domain.py plant one defect per item and show the gate catching it
 - a storage offset per tensor (`randn`): 0 (a fresh allocation) or a multiple of OFFSET_ALIGN
   bytes up to OFFSET_STEPS of them, drawn; the guard keeps it (trial/guard.py) and the gate
   calls every arm once more with the same values at the other kind of offset. 16-byte steps
-  keep the alignment Triton specialises on, so a nonzero offset costs a kernel no speed;
+  keep the alignment Triton specialises on, so a nonzero offset costs a kernel no speed
+  (misaligned pointers are an extra shape of the gate's, below);
 - special rows (`pick_rows`, `scale_rows`), placed at seeded positions:
   - ZERO, a row of zeros: its norm is 0 and only eps keeps rsqrt finite (a kernel without
     eps writes 0 * inf = NaN); for an argmax, a row of ties across every lane;
@@ -43,20 +44,35 @@ tests/ops/test_domain.py plant one defect per item and show the gate catching it
 - extra shapes (`extra_cases`): besides its case, each thorough gate check calls the arm
   on shapes drawn for it: each of the operator's real model widths with probability 1/2
   (1, 3 or 5 rows), and with probability 1/2 one more of odd rows and width, so neither
-  the widths nor the number of distinct shapes of a run is the panel's.
+  the widths nor the number of distinct shapes of a run is the panel's; and (DOMAIN_DRAWS):
+  - the check's own case misaligned (`Case.misalign`, ops/placement.py): every tensor an odd
+    number of elements (1..15) further into its storage, so no data pointer is 16-byte aligned,
+    as in a slice `h[:, 1:]` (the drawn offsets above keep the alignment, so that the timed
+    calls run at a fresh allocation's; a kernel that assumes it is wrong only here). Arms
+    whose contract takes aligned pointers only (`Impl.aligned`) are not drawn it;
+  - a row count drawn log-uniformly in ROWS_RANGE (24..2**17, between and beyond every panel's
+    row counts; 24..1024 in the Triton interpreter) at a narrow width, so a kernel wrong on row
+    counts no panel holds (100..60000, say) is caught in some check of a run;
+  - with probability 1/2 each, a 4-D shape and a 1-D one ([N]; operators whose shape rule
+    needs more dimensions, softcap_row_argmax and the Z-Image norms, refuse it).
+  In the Triton interpreter the kernels kerneltrial ships take no extra shape of more than
+  spec.INTERPRETED_EXTRA_ROWS rows (`Impl.draws_extra`); a GPU checks them on every one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import random
 import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from kerneltrial.ops import launch
 from kerneltrial.ops.spec import Case, Operator
 from kerneltrial.rundir.streams import EXTRA_SHAPES_MAX
 
@@ -240,16 +256,71 @@ REAL_ROWS = (1, 3, 5)  # rows of a real-width extra shape (none of rmsnorm's pan
 RANDOM_ROWS = (11, 23)  # odd rows of a random extra shape, in this range
 RANDOM_WIDTHS = (3, 1023)  # odd widths of a random extra shape, in this range
 
+# The rest of the domain (issue 35): each thorough check also draws
+MISALIGNED, DRAWN_ROWS, RANK_4, RANK_1 = "misaligned", "drawn rows", "4-D", "1-D"
+DOMAIN_DRAWS = (MISALIGNED, DRAWN_ROWS, RANK_4, RANK_1)  # in the order extra_cases lists them
+MISALIGN_ELEMENTS = (1, 15)  # the check's own case, every tensor an odd count in this range further in
+ROWS_RANGE = (24, 1 << 17)  # a row count drawn log-uniformly in this range, past every panel's rows,
+ROWS_RANGE_INTERPRETED = (24, 1 << 10)  # ... in this one in the Triton interpreter (one program at a time)
+# The widths of these shapes are multiples of WIDTH_STEP elements (16 bytes of bf16), so each varies
+# one thing (the row count, the rank) and no arm that takes only rows of whole 16-byte vectors (a
+# peer's contract) is excluded by its width: odd widths are the random shape's above.
+WIDTH_STEP = 8
+ROWS_WIDTHS = (8, 64)  # ... at a width in this range (narrow: 2**17 rows cost a torch arm ms)
+RANK_4_WIDTHS = (8, 248)  # a 4-D shape's width is drawn in this range
+RANK_1_WIDTHS = (8, 1016)  # a 1-D shape's width is drawn in this range
+RANK_4_LEADS = ((2, 3), (2, 3), (2, 3, 5))  # a 4-D shape's leading sizes are drawn from these
+RANK_PROBABILITY = 0.5  # each of the 4-D and 1-D shapes is drawn with this probability
+
 
 def _pick(digest: bytes, at: int, choices: tuple[int, ...]) -> int:
     return choices[int.from_bytes(digest[at : at + 2], "little") % len(choices)]
 
 
+def drawn_width(rng: random.Random, bounds: tuple[int, int]) -> int:
+    """A multiple of WIDTH_STEP in `bounds` (inclusive), uniform."""
+    return WIDTH_STEP * rng.randint(bounds[0] // WIDTH_STEP, bounds[1] // WIDTH_STEP)
+
+
+def drawn_rows(rng: random.Random) -> int:
+    """A row count log-uniform in ROWS_RANGE (ROWS_RANGE_INTERPRETED in the Triton interpreter)."""
+    low, high = (math.log(r) for r in (ROWS_RANGE_INTERPRETED if launch.interpreted() else ROWS_RANGE))
+    return round(math.exp(low + (high - low) * rng.random()))
+
+
+def rank_4(op: Operator, rng: random.Random) -> tuple[int, ...]:
+    """A 4-D shape: the operator's extra-shape form with leading sizes drawn (RANK_4_LEADS)
+    prepended up to four dimensions ([a, b, c, N]; [a, c, heads, head_dim] for the Z-Image form)."""
+    a, b, c = (rng.choice(sizes) for sizes in RANK_4_LEADS)
+    base = op.extra_shape(c, drawn_width(rng, RANK_4_WIDTHS))
+    return (*(a, b)[: max(0, 4 - len(base))], *base)
+
+
+def domain_shapes(op: Operator, rng: random.Random) -> list[tuple[int, ...]]:
+    """The drawn row count's shape, and the 4-D and 1-D shapes drawn (each with RANK_PROBABILITY;
+    the 1-D one is [N] of the extra-shape form, which shape rules that need more dimensions refuse)."""
+    shapes = []
+    if DRAWN_ROWS in DOMAIN_DRAWS:
+        shapes.append(op.extra_shape(drawn_rows(rng), drawn_width(rng, ROWS_WIDTHS)))
+    if RANK_4 in DOMAIN_DRAWS and rng.random() < RANK_PROBABILITY:
+        shapes.append(rank_4(op, rng))
+    if RANK_1 in DOMAIN_DRAWS and rng.random() < RANK_PROBABILITY:
+        shapes.append(op.extra_shape(1, drawn_width(rng, RANK_1_WIDTHS))[-1:])
+    return shapes
+
+
+def misaligned_case(case: Case, rng: random.Random) -> Case:
+    """The check's own case with every tensor an odd number of elements further in (Case.misalign)."""
+    return replace(case, misalign=rng.randrange(MISALIGN_ELEMENTS[0] | 1, MISALIGN_ELEMENTS[1] + 1, 2))
+
+
 def extra_cases(op: Operator, case: Case, seed: int) -> list[Case]:
     """The extra shapes of the gate check of (`case`, `seed`) under the active inputs seed, in
-    the case's dtype and layout (see the module doc); shapes the operator refuses, and the
-    case's own, are left out."""
+    the case's dtype and layout (see the module doc): the case itself misaligned, the real widths
+    and the random odd shape drawn, a drawn row count, the 4-D and 1-D shapes drawn; shapes the
+    operator refuses, and the case's own (but misaligned), are left out."""
     digest = hashlib.sha256(f"{_active[0]}/{op.name}/{case.id}/{seed}/extra".encode()).digest()
+    rng = random.Random(hashlib.sha256(f"{_active[0]}/{op.name}/{case.id}/{seed}/domain".encode()).digest())
     shapes = [
         op.extra_shape(_pick(digest, 2 * i + 1, REAL_ROWS), width)
         for i, width in enumerate(op.real_widths)
@@ -259,8 +330,8 @@ def extra_cases(op: Operator, case: Case, seed: int) -> list[Case]:
     odd_widths = tuple(range(RANDOM_WIDTHS[0] | 1, RANDOM_WIDTHS[1] + 1, 2))
     for k in range(digest[20] % (EXTRA_MAX_RANDOM + 1)):
         shapes.append(op.extra_shape(_pick(digest, 21 + 4 * k, odd_rows), _pick(digest, 23 + 4 * k, odd_widths)))
-    cases = []
-    for shape in dict.fromkeys(shapes):
+    cases = [misaligned_case(case, rng)] if MISALIGNED in DOMAIN_DRAWS and not case.misalign else []
+    for shape in dict.fromkeys([*shapes, *domain_shapes(op, rng)]):
         extra = Case(shape, case.dtype, case.layout)
         if shape != case.shape and not op.refusal(extra):
             cases.append(extra)

@@ -89,8 +89,13 @@ def flashinfer_loader(module: str, attr: str, adapt: Callable[[Any], Callable[..
 def flashinfer(
     module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]], doc: str, layouts: tuple[str, ...] | None = None
 ) -> Arm:
-    """The `flashinfer` peer: `flashinfer.<module>.<attr>` wrapped by `adapt` (`flashinfer_loader`)."""
-    return Arm("flashinfer", flashinfer_loader(module, attr, adapt), f"FlashInfer: {doc}", layouts=layouts)
+    """The `flashinfer` peer: `flashinfer.<module>.<attr>` wrapped by `adapt` (`flashinfer_loader`).
+    Aligned pointers only (`Impl.aligned`): its kernels load 16-byte vectors (`vec_t`) from the
+    data pointers as given; a misaligned one would fault, a sticky CUDA error in the harness
+    (from its sources, not yet run misaligned on a GPU)."""
+    return Arm(
+        "flashinfer", flashinfer_loader(module, attr, adapt), f"FlashInfer: {doc}", layouts=layouts, aligned=True
+    )
 
 
 # ---- adapters (each takes FlashInfer's function, returns the operator's signature) --------

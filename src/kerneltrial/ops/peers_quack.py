@@ -64,8 +64,10 @@ def quack_loader(adapt: Callable[[Any], Callable[..., Any]]) -> Loader:
 
 
 def quack(doc: str) -> Arm:
-    """The `quack` peer of an RMSNorm operator."""
-    return Arm("quack", quack_loader(rmsnorm), f"QuACK: {doc}")
+    """The `quack` peer of an RMSNorm operator; aligned pointers only (`Impl.aligned`): its CuTe DSL
+    kernels take their tensors with an assumed 16-byte alignment (from its sources, not yet run
+    misaligned on a GPU)."""
+    return Arm("quack", quack_loader(rmsnorm), f"QuACK: {doc}", aligned=True)
 
 
 def rmsnorm(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -114,8 +114,17 @@ def sglang(
     widths: tuple[int, ...] | None = None,
 ) -> Arm:
     """The `sglang` peer: `sglang.kernels.ops.<module>.<attr>` wrapped by `adapt` (`sglang_loader`;
-    `layouts`, `widths`: its contract, see `Impl`)."""
-    return Arm("sglang", sglang_loader(module, attr, adapt, jit), f"SGLang: {doc}", layouts=layouts, widths=widths)
+    `layouts`, `widths`: its contract, see `Impl`). Its JIT CUDA kernels (`jit`) take aligned
+    pointers only (`Impl.aligned`: packed vector loads from the pointers as given; from their
+    sources, not yet run misaligned on a GPU); its Triton kernels take any."""
+    return Arm(
+        "sglang",
+        sglang_loader(module, attr, adapt, jit),
+        f"SGLang: {doc}",
+        layouts=layouts,
+        widths=widths,
+        aligned=jit,
+    )
 
 
 # ---- adapters (each takes SGLang's function, returns the operator's signature) ------------

@@ -60,7 +60,7 @@ def register_spec(spec: OperatorSpec) -> Operator:
     """Register a declared operator and its arms (the one path for the built-in operators)."""
     op = register_op(spec.operator)
     for arm in spec.arms:
-        _add(op, Impl(op.name, arm.name, arm.kind, arm.loader, arm.doc, arm.layouts, arm.widths))
+        _add(op, Impl(op.name, arm.name, arm.kind, arm.loader, arm.doc, arm.layouts, arm.widths, arm.aligned))
     return op
 
 

@@ -16,12 +16,15 @@ in `Operator.inplace`. `reference` and `oracle` are pure and return that same tu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
 
+from kerneltrial.ops import launch
+from kerneltrial.ops.placement import placed
 from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
 
 Inputs = dict[str, Any]
@@ -43,15 +46,20 @@ class Unavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Case:
-    """One problem: a shape, a dtype and a memory layout of the inputs."""
+    """One problem: a shape, a dtype and a memory layout of the inputs. `misalign` (0 for every
+    panel and protocol case): every tensor sits that many elements (an odd number) further into
+    its storage, so no data pointer is 16-byte aligned (ops/placement.py; the gate draws such a
+    case as an extra shape, ops/inputs.py `extra_cases`)."""
 
     shape: tuple[int, ...]
     dtype: str = "bfloat16"
     layout: str = "contiguous"
+    misalign: int = 0
 
     @property
     def id(self) -> str:
-        return case_id(self.shape, self.layout, self.dtype)
+        base = case_id(self.shape, self.layout, self.dtype)
+        return f"{base}/misaligned+{self.misalign}" if self.misalign else base
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -81,6 +89,14 @@ def rows_by_width(rows: int, width: int) -> tuple[int, ...]:
     return (rows, width)
 
 
+# The kernels kerneltrial ships (and calibration copies of them or of peers): in the Triton
+# interpreter, one program at a time, they take no extra shape of more than INTERPRETED_EXTRA_ROWS
+# rows (the gate's drawn row counts reach 1024 there: seconds per call for a one-row-per-program
+# kernel, ~2.3 ms a row on this project's machines); a GPU checks them on every drawn row count.
+SHIPPED_KINDS = ("control", "candidate", "calibration")
+INTERPRETED_EXTRA_ROWS = 128
+
+
 # Default tolerances against both the reference and the float64 oracle. bf16: rtol 0.016
 # is two bf16 ulps (2 * 2**-7), enough for one extra rounding step between the formula and
 # a kernel; fp16 and fp32 likewise a few ulps of their mantissa.
@@ -104,6 +120,9 @@ class Impl:
     # None: every last dimension; else the only ones a peer takes (its contract): the gate draws no extra
     # shape of another width for it (a user's arm cannot declare one: trial/runner.py refuses it)
     widths: tuple[int, ...] | None = None
+    # True: takes only 16-byte aligned data pointers (its contract, e.g. a CUDA kernel of 16-byte
+    # vector loads): the gate draws no misaligned extra case for it (Case.misalign)
+    aligned: bool = False
     _fn: Callable[..., Any] | None = field(default=None, repr=False)
     _reason: str | None = field(default=None, repr=False)
 
@@ -131,8 +150,15 @@ class Impl:
 
     def draws_extra(self, case: Case) -> bool:
         """Whether the gate may check the arm on the extra shape `case` (ops/inputs.py): inside its
-        layouts and widths. A panel case outside `widths` is still checked, and fails as declined."""
-        return self.supports(case) and (self.widths is None or case.shape[-1] in self.widths)
+        layouts and widths, aligned where it takes only aligned pointers, and, for the kernels
+        kerneltrial ships in the Triton interpreter, of at most INTERPRETED_EXTRA_ROWS rows. A panel
+        case outside `widths` is still checked, and fails as declined."""
+        if not self.supports(case) or (self.widths is not None and case.shape[-1] not in self.widths):
+            return False
+        if case.misalign and self.aligned:
+            return False
+        rows = math.prod(case.shape[:-1])
+        return not (self.kind in SHIPPED_KINDS and launch.interpreted() and rows > INTERPRETED_EXTRA_ROWS)
 
 
 @dataclass
@@ -161,6 +187,12 @@ class Operator:
     # logits are placed relative to its cap); None: make_inputs' tensors, the scalars replaced.
     values_for: Callable[[Case, int, torch.device, Mapping[str, Any]], Inputs] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Every draw honours a case's `misalign` (ops/placement.py), whoever wrote the operator."""
+        self.make_inputs = placed(self.make_inputs)
+        if self.values_for is not None:
+            self.values_for = placed(self.values_for)
 
     def values_with(self, case: Case, seed: int, device: torch.device, scalars: Mapping[str, Any]) -> Inputs:
         """Fresh tensors drawn from `seed` with the scalar arguments `scalars` (eps, cap) of another
@@ -218,6 +250,7 @@ class Arm:
     kind: ImplKind = "peer"
     layouts: tuple[str, ...] | None = None
     widths: tuple[int, ...] | None = None
+    aligned: bool = False
 
 
 def own(name: str, fn: Callable[..., Any], doc: str, kind: ImplKind = "candidate") -> Arm:
