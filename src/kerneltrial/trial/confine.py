@@ -327,10 +327,10 @@ class Confinement:
         env["USER"] = env["LOGNAME"] = "kerneltrial-worker"
         return env
 
-    def own(self, path: Path) -> None:
-        """Hand a file the worker must write (a shared buffer) to the worker's uid."""
+    def own(self, fd: int) -> None:
+        """Hand a file the worker must write (a shared buffer, open as `fd`) to the worker's uid."""
         if self.uid is not None:
-            os.chown(path, self.uid, self.uid)
+            os.fchown(fd, self.uid, self.uid)
 
     def pids(self, leader: int) -> list[int]:
         """The worker's processes: its cgroup's, else `leader` and its descendants."""

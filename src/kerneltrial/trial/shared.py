@@ -55,7 +55,7 @@ class Arena:
     """The shared buffers of one worker, on one device; `close` frees them (CPU: deletes the files)."""
 
     device: torch.device
-    owner: Callable[[Path], None] | None = None  # hands each file to the worker's uid (trial/confine.py)
+    owner: Callable[[int], None] | None = None  # hands each file (a descriptor) to the worker's uid (trial/confine.py)
     folder: Path | None = None
     buffers: dict[int, Buffer] = field(default_factory=dict)
     next_id: int = 0
@@ -76,22 +76,23 @@ class Arena:
         else:
             if self.folder is None:
                 base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+                # the harness's: a worker that could write it could plant links the harness follows
                 self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-shared-", dir=base))
-                self.own(self.folder)
+                self.folder.chmod(0o711)
             path = self.folder / f"buffer-{self.next_id}"
-            with path.open("wb") as handle:
-                handle.truncate(nbytes)
-            self.own(path)
+            made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.ftruncate(made, nbytes)
+                if self.owner is not None:
+                    self.owner(made)  # handed to the worker's uid by descriptor, never by name
+            finally:
+                os.close(made)
             storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=nbytes)
             flat = torch.empty(0, dtype=torch.uint8).set_(storage)
             desc = {"id": self.next_id, "nbytes": nbytes, "path": str(path)}
         buffer = Buffer(self.next_id, flat, desc, fd)
         self.buffers[buffer.id] = buffer
         return buffer
-
-    def own(self, path: Path) -> None:
-        if self.owner is not None:
-            self.owner(path)
 
     def full(
         self, size: tuple[int, ...], fill: float | int | bool, dtype: torch.dtype, device: torch.device
