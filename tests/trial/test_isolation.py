@@ -197,7 +197,8 @@ def isolated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ),
     )
     # The planted arms count calls ("correct for their first 20"); the gate makes 15-21 by the inputs
-    # seed (its extra shapes), so the run's seed is pinned to one whose gate makes fewer than 20 (278 since the drawn domain of issue 35 item 8).
+    # seed (its extra shapes), so the run's seed is pinned to one whose gate makes fewer than 20
+    # (278 since the drawn domain of issue 35 item 8).
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(inp, "new_inputs_seed", lambda: 278)
         return run_trial(protocol, tmp / "run")
