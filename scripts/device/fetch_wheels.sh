@@ -4,7 +4,7 @@
 set -e
 cd "$(dirname "$0")/../.."
 for pkg in liger-kernel==0.8.5 flag-gems==5.0.2 sqlalchemy pydantic==2.14.4 pydantic-core==2.50.5 \
-           annotated-types typing-inspection tomli-w; do
+           annotated-types typing-inspection tomli-w pyseccomp==0.1.2; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d .whl "$pkg"
