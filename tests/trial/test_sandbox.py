@@ -1,13 +1,16 @@
 """The sandbox around isolated workers (issue 35, items 1 and 3): the worker cannot trace, signal,
 read or write the harness, everything it starts dies with it, and while another arm is timed it
-runs nothing. Planted modules (tests/fixtures/planted/): reaches_the_harness, leaves_a_daemon,
-burns_between_calls; each test also runs the planted module unconfined (or unfrozen) where that is
+runs nothing; what it reads of the harness's memory it cannot change behind the harness. Planted
+modules (tests/fixtures/planted/): reaches_the_harness, leaves_a_daemon, burns_between_calls,
+false_snapshot, restores_its_input, shrinks_its_buffers, private_stream; each test also runs the planted module unconfined (or unfrozen) where that is
 safe, so that it shows the attack works there and the test can fail."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -24,11 +27,12 @@ from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.remote import Isolation
 from kerneltrial.trial.runner import RunError, run_trial, write_manifest
 from tests.conftest import REPO
-from tests.kt import run_cli, write_protocol
+from tests.kt import run_cli, run_process, write_protocol
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 CPU = torch.device("cpu")
 ATTACKS = ("ptrace", "/proc/PID/mem", "signal", "process_vm_readv", "write the harness's folder")
+ATTACKS += ("connect to the harness's loopback port", "a user namespace", "io_uring")
 HOST = confine.host()
 needs = pytest.mark.skipif(
     set(HOST.allowed) != set(confine.PIECES), reason=f"this host lacks sandbox pieces: {HOST.missing}"
@@ -50,7 +54,8 @@ def attacks(monkeypatch: pytest.MonkeyPatch, folder: Path, sandbox: confine.Host
     monkeypatch.setenv("KT_PLANTED_HARNESS_PID", str(os.getpid()))
     monkeypatch.setenv("KT_PLANTED_HARNESS_DIR", str(folder))
     monkeypatch.setattr(confine, "host", lambda cuda=False: sandbox)
-    with Isolation(Settings(60, CPU)) as iso:
+    with socket.create_server(("127.0.0.1", 0)) as server, Isolation(Settings(60, CPU)) as iso:
+        monkeypatch.setenv("KT_PLANTED_HARNESS_PORT", str(server.getsockname()[1]))
         flags = call(arm(iso, "reaches_the_harness")).tolist()
     return dict(zip(ATTACKS, [f == 1.0 for f in flags], strict=True))
 
@@ -72,11 +77,13 @@ def test_each_piece_alone_stops_what_it_claims(monkeypatch, tmp_path: Path):
         return confine.HostSandbox(pieces, {}, HOST.cgroup_root if "cgroup" in pieces else None)
 
     uid = attacks(monkeypatch, tmp_path, only("uid", "no_new_privs"))
-    assert not any(uid.values()), uid  # no capability, another uid: nothing reaches a root harness
+    assert not any(uid[a] for a in ATTACKS[:5]), uid  # no capability, another uid: nothing reaches a root harness
     seccomp = attacks(monkeypatch, tmp_path, only("seccomp", "no_new_privs"))
     assert not seccomp["ptrace"] and not seccomp["process_vm_readv"] and seccomp["/proc/PID/mem"], seccomp
+    assert not seccomp["a user namespace"] and not seccomp["io_uring"], seccomp
     pidns = attacks(monkeypatch, tmp_path, only("pidns", "no_new_privs"))
     assert not pidns["signal"] and not pidns["/proc/PID/mem"], pidns  # the harness's pid names nothing there
+    assert not pidns["connect to the harness's loopback port"] and pidns["io_uring"], pidns  # its own network
 
 
 def processes_of(uid: int) -> list[int]:
@@ -197,11 +204,31 @@ def test_every_page_says_what_the_run_lacked(monkeypatch, tmp_path: Path):
     assert run_cli("performance", run, "--out", page).exit_code == 0
     assert all(n in page.read_text() for n in notes)
     assert verify_run_dir(run).ok
-    # a reviewer who deletes the notes from the summary (and rehashes the manifest) is caught
-    summary["warnings"] = [w for w in summary["warnings"] if w not in notes]
-    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    write_manifest(RunDir(run))  # the reviewer rehashes the manifest
-    assert any("summary warnings lack" in problem for problem in verify_run_dir(run).problems)
+    # a reviewer who deletes the notes (and rehashes the manifest) is caught: from the summary, ...
+    edited = reviewed(run, tmp_path / "a", lambda plan, summary: summary["warnings"].remove(notes[1]))
+    assert any("summary warnings lack" in problem for problem in edited)
+    # ... with plan.json's record of the sandbox (the runner's code shows it writes one), ...
+    edited = reviewed(
+        run, tmp_path / "b", lambda plan, summary: (plan.pop("sandbox"), summary["warnings"].remove(notes[1]))
+    )
+    assert any("with a sandbox record" in problem and "source.tar.gz" in problem for problem in edited), edited
+    # ... or with the record emptied
+    edited = reviewed(
+        run, tmp_path / "c", lambda plan, summary: (plan.update(sandbox=None), summary["warnings"].remove(notes[1]))
+    )
+    assert any("plan.json sandbox is None but arms ['user:good_rmsnorm'] ran isolated" in p for p in edited), edited
+
+
+def reviewed(run: Path, copy: Path, edit) -> list[str]:
+    """verify's problems with a copy of `run` whose plan.json and summary.json `edit` changed,
+    its manifest rehashed as a reviewer would."""
+    shutil.copytree(run, copy)
+    plan, summary = (json.loads((copy / name).read_text()) for name in ("plan.json", "summary.json"))
+    edit(plan, summary)
+    for name, document in (("plan.json", plan), ("summary.json", summary)):
+        (copy / name).write_text(json.dumps(document, indent=2) + "\n")
+    write_manifest(RunDir(copy))
+    return verify_run_dir(copy).problems
 
 
 # ---------------------------------------------------------------- the harness's own reads (items 2 and 5)
@@ -217,6 +244,24 @@ def gate_messages(name: str, device: torch.device, case: Case) -> list[str]:
 def test_a_worker_that_reports_a_false_snapshot_of_its_inputs_is_caught():
     (message,) = gate_messages("false_snapshot", CPU, Case((4, 64)))
     assert "wrote an argument's memory after the call returned" in message
+
+
+def test_a_kernel_that_writes_its_input_faults_however_its_worker_would_hide_it():
+    (message,) = gate_messages("restores_its_input", CPU, Case((4, 64)))
+    assert "killed by signal SIGSEGV during 'call'" in message
+    assert "its inputs are read-only to it: a kernel that writes one faults" in message
+
+
+@pytest.mark.slow
+def test_a_worker_cannot_shrink_a_buffer_under_the_harness():
+    """In a process of its own: were the cut allowed, the harness would die of SIGBUS."""
+    done = run_process(
+        *["check", "rmsnorm", "--impl-module", PLANTED / "shrinks_its_buffers.py", "--no-peers"],
+        *["--impl", "user:shrinks_its_buffers", "--shape", "4x64", "--seeds", "1"],
+        timeout=300,
+    )
+    assert done.exit_code == 0 and " 0 failed" in done.stdout, done.output[-2000:]
+    assert "pass" in next(line for line in done.stdout.splitlines() if "user:shrinks_its_buffers" in line)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="stream order needs a CUDA device; none is visible here")

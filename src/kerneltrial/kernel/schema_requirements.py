@@ -20,6 +20,8 @@ below it (`downgrade_problems`):
   ceilings.csv, `checked_call` in timed checks, the issue-16 ceiling kinds (written only by
   runners with the host stage), and the isolation traces of contract 3 (plan.json `isolated`,
   provenance.json `isolation`, the `wall_ns` column of timings.csv).
+A runner that records the sandbox (plan.json `sandbox`, issue 35) is known from its code alone:
+deleting the key, and with it the run's "partial sandbox" warnings, fails `no downgrade`.
 What it cannot catch: a forger who removes every witness and names a commit from before timed
 checks (or one this checkout does not know) has written an older run from scratch; docs/VERIFY.md
 ("What verify can and cannot prove") says what answers that.
@@ -49,22 +51,29 @@ from kerneltrial.rundir.layout import (
 
 CHECKS_CONSTANT = re.compile(rb"^CHECKS_VERSION = (\d+)", re.MULTILINE)  # trial/runner.py since 7e5e53b
 HOST_KEY = re.compile(rb'"host":\s*\{\s*"samples"')  # plan.json's host stage, written since b961c2c
+SANDBOX_KEY = re.compile(rb'"sandbox":\s*sandbox_record\(')  # plan.json `sandbox`, written since 6fd655a
 RUNNER_PACKAGE = "trial/"  # where the runner that writes plan.json lives in the package
 CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`, timings.csv `wall_ns`
 
 
 @dataclass(frozen=True)
 class WriterContract:
-    """What a runner writes: the timed-check contract (0: none) and whether it runs the host stage."""
+    """What a runner writes: the timed-check contract (0: none), whether it runs the host stage and
+    whether its plan records the sandbox of isolated arms."""
 
     checks: int
     host: bool
+    sandbox: bool = False
 
     def __str__(self) -> str:
         return f"checks {self.checks}" + (" with a host stage" if self.host else "")
 
+    def named(self, sandbox: bool) -> str:
+        """As str(), saying whether it records the sandbox where `sandbox` (the difference at issue)."""
+        return str(self) + ((" with" if self.sandbox else " without") + " a sandbox record" if sandbox else "")
+
     def covers(self, other: WriterContract) -> bool:
-        return self.checks >= other.checks and (self.host or not other.host)
+        return self.checks >= other.checks and (self.host or not other.host) and (self.sandbox or not other.sandbox)
 
 
 @dataclass(frozen=True)
@@ -92,13 +101,15 @@ TIMED_CHECKS_REQUIREMENT = Requirement(
     ("freeze", "git.source_sha256", "finished_at"),
 )
 HOST_REQUIREMENT = Requirement((HOST,), ("host",), ())
+SANDBOX_REQUIREMENT = Requirement((), ("sandbox",), ())
 ISOLATION_REQUIREMENT = Requirement((), ("isolated",), ("isolation",), ("wall_ns",))
 
 
 def declared(plan: dict[str, Any]) -> WriterContract:
     """The contract plan.json declares (verify's schema check refuses a `checks` it does not know)."""
     checks = plan.get("checks")
-    return WriterContract(checks if isinstance(checks, int) and not isinstance(checks, bool) else 0, "host" in plan)
+    checks = checks if isinstance(checks, int) and not isinstance(checks, bool) else 0
+    return WriterContract(checks, "host" in plan, "sandbox" in plan)
 
 
 def requirements(contract: WriterContract) -> list[Requirement]:
@@ -107,6 +118,7 @@ def requirements(contract: WriterContract) -> list[Requirement]:
         for r, needed in (
             (TIMED_CHECKS_REQUIREMENT, contract.checks >= 1),
             (HOST_REQUIREMENT, contract.host),
+            (SANDBOX_REQUIREMENT, contract.sandbox),
             (ISOLATION_REQUIREMENT, contract.checks >= CHECKS_ISOLATED),
         )
         if needed
@@ -151,7 +163,8 @@ def writer_contract(files: Mapping[str, bytes]) -> WriterContract:
     CHECKS_VERSION (none before timed checks) and whether its plan has the host stage."""
     runner = [data for path, data in files.items() if path.startswith(RUNNER_PACKAGE)]
     checks = next((int(m.group(1)) for data in runner if (m := CHECKS_CONSTANT.search(data))), 0)
-    return WriterContract(checks, any(HOST_KEY.search(data) for data in runner))
+    host, sandbox = (any(key.search(data) for data in runner) for key in (HOST_KEY, SANDBOX_KEY))
+    return WriterContract(checks, host, sandbox)
 
 
 def _code_witnesses(run_dir: Path, provenance: dict[str, Any]) -> list[Witness]:
@@ -230,14 +243,19 @@ def writer_floor(
     witnesses = _code_witnesses(run_dir, provenance) + _row_witnesses(
         run_dir, plan, provenance, correctness, ceiling_kinds
     )
-    floor = WriterContract(max((w.least.checks for w in witnesses), default=0), any(w.least.host for w in witnesses))
+    floor = WriterContract(
+        max((w.least.checks for w in witnesses), default=0),
+        any(w.least.host for w in witnesses),
+        any(w.least.sandbox for w in witnesses),
+    )
     return floor, witnesses
 
 
 def downgrade_problems(contract: WriterContract, witnesses: list[Witness]) -> list[str]:
     """A declaration below what a witness shows the run was written under, one line per witness."""
     return [
-        f"plan.json declares {contract}, but {w.what} shows a run written under {w.least}: "
+        f"plan.json declares {contract.named(w.least.sandbox and not contract.sandbox)}, but {w.what} shows a run "
+        f"written under {w.least.named(w.least.sandbox and not contract.sandbox)}: "
         "a run directory is verified under the contract that wrote it (restore the deleted files and keys)"
         for w in witnesses
         if not contract.covers(w.least)

@@ -9,10 +9,13 @@ The pieces (docs/CHECKS.md, "The sandbox"):
   (the run directory included). It keeps one capability, CAP_DAC_READ_SEARCH: it reads every file
   and writes none, so that an interpreter, a package or a user's kernel file in a folder only root
   may enter (a pytest temporary folder, /root) loads as it would in the harness.
-- `pidns`: a PID namespace of its own, so that everything it starts dies with it.
+- `pidns`: PID, mount and network namespaces of its own: everything it starts dies with it, it
+  sees no process outside, and it reaches no socket of the host's network.
 - `cgroup`: a cgroup (v2) of its own: frozen while another arm is timed (`freeze`), killed whole.
 - `no_new_privs`: always.
-- `seccomp`: ptrace, process_vm_readv/writev, pidfd_getfd and kcmp refused (pyseccomp).
+- `seccomp`: what reaches other processes (ptrace, process_vm_*, pidfd_getfd, kcmp), new
+  namespaces and mounts, io_uring, perf_event_open, bpf and the keyring refused (pyseccomp;
+  trial/sandbox.py lists them).
 
 `host()` probes each piece once per process by starting the sandbox with it alone. A piece the host
 refuses is recorded with its reason (`HostSandbox.missing`) and every page that shows the run's
@@ -274,6 +277,7 @@ class Observed:
     no_new_privs: bool
     seccomp_filter: bool
     ns_pids: tuple[int, ...]  # its pid in each PID namespace, outermost first
+    net_ns: str  # its network namespace ("net:[inode]"; "" when unreadable)
 
     @property
     def nested_pid(self) -> bool:
@@ -293,7 +297,15 @@ def read_status(pid: int) -> Observed | None:
         no_new_privs=fields.get("NoNewPrivs", "0").strip() == "1",
         seccomp_filter=fields.get("Seccomp", "0").strip() == "2",
         ns_pids=tuple(int(p) for p in fields.get("NSpid", "").split()),
+        net_ns=network_namespace(pid),
     )
+
+
+def network_namespace(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -327,11 +339,6 @@ class Confinement:
         env["USER"] = env["LOGNAME"] = "kerneltrial-worker"
         return env
 
-    def own(self, fd: int) -> None:
-        """Hand a file the worker must write (a shared buffer, open as `fd`) to the worker's uid."""
-        if self.uid is not None:
-            os.fchown(fd, self.uid, self.uid)
-
     def pids(self, leader: int) -> list[int]:
         """The worker's processes: its cgroup's, else `leader` and its descendants."""
         if self.cgroup is not None:
@@ -361,6 +368,8 @@ class Confinement:
                 problems.append(f"pid {o.pid} has no seccomp filter")
             if "pidns" in self.sandbox.allowed and not o.nested_pid:
                 problems.append(f"pid {o.pid} is not in a PID namespace of its own")
+            if "pidns" in self.sandbox.allowed and o.net_ns in ("", network_namespace("self")):
+                problems.append(f"pid {o.pid} is not in a network namespace of its own")
         return problems
 
     def _set_frozen(self, frozen: bool) -> None:

@@ -53,6 +53,7 @@ REAP_S = 5.0  # how long a worker that closed its pipe gets to exit before it is
 # one-function module on a loaded 2-core CPU machine), whatever the deadline of a call.
 LOAD_S = 120.0
 IDENTIFIER_MAX = 64
+FDS_PER_MESSAGE = 200  # descriptors in one message on the socket (Linux takes at most 253)
 
 
 class WorkerFailure(RuntimeError):
@@ -122,7 +123,8 @@ class Process:
         self.confinement = confine.Confinement(confine.host(settings.device.type == "cuda"), self.folder)
         to_worker, from_harness = os.pipe()
         from_worker, to_harness = os.pipe()
-        self.fds, worker_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # GPU buffers' descriptors
+        self.fds, worker_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # shared buffers' descriptors
+        self.fds.setblocking(False)
         fds = (to_worker, to_harness, worker_fds.fileno())
         program = [sys.executable, "-I", str(WORKER), source.mode, *map(str, fds)]
         self.proc = subprocess.Popen(
@@ -143,17 +145,13 @@ class Process:
         os.set_blocking(self.read_fd, False)
 
     def request(self, message: dict[str, Any], expect: str, fds: list[int] | None = None) -> dict[str, Any]:
-        """Send one request (and, first, the descriptors `fds` of the GPU buffers it adds, in their
+        """Send one request (and, first, the descriptors `fds` of the shared buffers it adds, in their
         order) and return its answer (kind `expect`); an arm's raise is raised here."""
         what = str(message["kind"])
         self.confinement.thaw()  # frozen while another arm was timed (remote.Isolation.quiet)
         timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
         deadline = time.monotonic() + timeout
-        if fds:
-            try:
-                socket.send_fds(self.fds, [b"f"], fds)
-            except OSError:
-                raise self.died(what) from None
+        self._send_fds(fds or [], deadline, what)
         data = json.dumps(message).encode()
         self._write(HEADER.pack(len(data)) + data, deadline, what)
         (length,) = HEADER.unpack(self._read(HEADER.size, deadline, what))
@@ -181,6 +179,21 @@ class Process:
                 view = view[os.write(self.write_fd, view) :]
             except BrokenPipeError:
                 raise self.died(what) from None
+
+    def _send_fds(self, fds: list[int], deadline: float, what: str) -> None:
+        """The descriptors, FDS_PER_MESSAGE at a time, under the request's deadline (a worker that
+        never reads its socket is killed at it, as one that never reads its pipe)."""
+        for start in range(0, len(fds), FDS_PER_MESSAGE):
+            while True:
+                if not select.select([], [self.fds], [], self._left(deadline, what))[1]:
+                    continue
+                try:
+                    socket.send_fds(self.fds, [b"f"], fds[start : start + FDS_PER_MESSAGE])
+                    break
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    raise self.died(what) from None
 
     def _read(self, n: int, deadline: float, what: str) -> bytes:
         chunks: list[bytes] = []
@@ -283,7 +296,7 @@ class WorkerHandle:
             return self.process
         self.arena.close()
         self.process = Process(self.source, self.settings)
-        self.arena = Arena(self.settings.device, owner=self.process.confinement.own)
+        self.arena = Arena(self.settings.device)
         self.generation += 1
         try:
             answer = self.process.request(self.load_message(), "loaded")

@@ -41,6 +41,7 @@ from kerneltrial.trial.isolation import (
     ArmSource,
     Settings,
     WorkerBroken,
+    WorkerCrashed,
     WorkerExited,
     WorkerFailure,
     WorkerHandle,
@@ -146,11 +147,13 @@ def view(storage: torch.UntypedStorage, meta: OutputMeta) -> torch.Tensor:
 
 @dataclass
 class Mirror:
-    """A harness storage handed to the worker: the copy it works on and the snapshot that comes back."""
+    """A harness storage handed to the worker: the copy it works on (`readonly`: read-only to it,
+    on a CPU) and the snapshot it makes at the call's return."""
 
     storage: torch.UntypedStorage
     live: Buffer
     snap: Buffer
+    readonly: bool
 
 
 @dataclass
@@ -215,18 +218,25 @@ class Remote:
 
     # ---- gate calls
 
-    def call(self, fn: str, args: tuple[Any, ...]) -> Any:
-        """One call of the arm's `fn` on the harness's `args`, as the gate makes it; a worker whose
+    def call(self, fn: str, args: tuple[Any, ...], readonly: bool) -> Any:
+        """One call of the arm's `fn` on the harness's `args`, as the gate makes it (`readonly`: the
+        operator writes none of its arguments, so the worker gets them read-only); a worker whose
         answer breaks the protocol is stopped."""
         try:
-            return self._call(fn, args)
+            return self._call(fn, args, readonly)
         except WorkerBroken:
             self.handle.stop()
             raise
+        except WorkerCrashed as exc:
+            if readonly and self.handle.settings.device.type == "cpu":
+                raise WorkerCrashed(
+                    f"{exc} (its inputs are read-only to it: a kernel that writes one faults)"
+                ) from None
+            raise
 
-    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, fn: str, args: tuple[Any, ...], readonly: bool) -> Any:
         self.start()
-        descs, used = self.arguments(args)
+        descs, used = self.arguments(args, readonly)
         device = self.handle.settings.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the copies into the mirrors are complete
@@ -242,11 +252,11 @@ class Remote:
         self.request({"kind": "fetch", "outputs": outputs, "snapshots": snapshots}, "fetched")
         self.hold()
         late = False
-        for k in used:  # the inputs as the worker left them, outputs in place included
+        for k in used:  # the inputs as the harness reads them, worker frozen, outputs in place included
             mirror = self.mirrors[k]
             n = mirror.storage.nbytes()
             late |= not torch.equal(mirror.live.bytes[:n], mirror.snap.bytes[:n])
-            bytes_of(mirror.storage).copy_(mirror.snap.bytes[:n])
+            bytes_of(mirror.storage).copy_(mirror.live.bytes[:n])
         self.retire(used, slots)
         if late:
             raise LateWrite(
@@ -258,7 +268,7 @@ class Remote:
             return None
         return tuple(view(self.base(m, slots), m) for m in metas)
 
-    def arguments(self, args: tuple[Any, ...]) -> tuple[list[dict[str, Any]], set[int]]:
+    def arguments(self, args: tuple[Any, ...], readonly: bool) -> tuple[list[dict[str, Any]], set[int]]:
         """The wire form of `args` and the mirrors they use (values copied in)."""
         descs: list[dict[str, Any]] = []
         used: set[int] = set()
@@ -266,9 +276,13 @@ class Remote:
             if isinstance(a, torch.Tensor):
                 storage = a.untyped_storage()
                 key = storage.data_ptr()
+                if key in self.mirrors and self.mirrors[key].readonly != readonly:
+                    old = self.mirrors.pop(key)
+                    self.release([old.live.id, old.snap.id])
                 if key not in self.mirrors:
                     n = storage.nbytes()
-                    self.mirrors[key] = Mirror(storage, self.arena.allocate(n), self.arena.allocate(n))
+                    live, snap = self.arena.allocate(n, readonly), self.arena.allocate(n)
+                    self.mirrors[key] = Mirror(storage, live, snap, readonly)
                 mirror = self.mirrors[key]
                 mirror.live.bytes[: storage.nbytes()].copy_(bytes_of(storage))
                 used.add(key)
@@ -329,23 +343,24 @@ class Remote:
 
 
 class RemoteFn:
-    """An isolated arm's function: called like the arm, run in its worker (`Remote.call`).
-    `local`: a built-in arm's own callable, for what the harness sizes without timing the arm."""
+    """An isolated arm's function: called like the arm, run in its worker (`Remote.call`; `inplace`:
+    its operator writes arguments, else the worker gets them read-only). `local`: a built-in arm's
+    own callable, for what the harness sizes without timing the arm."""
 
-    def __init__(self, remote: Remote, fn: str, local: Any = None) -> None:
-        self.remote, self.fn, self.local = remote, fn, local
+    def __init__(self, remote: Remote, fn: str, inplace: bool, local: Any = None) -> None:
+        self.remote, self.fn, self.inplace, self.local = remote, fn, inplace, local
 
     def __call__(self, *args: Any) -> Any:
-        return self.remote.call(self.fn, args)
+        return self.remote.call(self.fn, args, readonly=not self.inplace)
 
 
-def pack(arena: Arena, likes: list[torch.Tensor]) -> list[torch.Tensor]:
+def pack(arena: Arena, likes: list[torch.Tensor], readonly: bool = False) -> list[torch.Tensor]:
     """Contiguous tensors shaped like `likes`, all in one new shared buffer (zeroed)."""
     starts, total = [], 0
     for t in likes:
         starts.append(total)
         total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    storage = arena.allocate(total).bytes.untyped_storage()
+    storage = arena.allocate(total, readonly).bytes.untyped_storage()
     return [
         torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, start // t.element_size(), t.shape)
         for t, start in zip(likes, starts, strict=True)
@@ -379,7 +394,7 @@ class IsolatedArm(timed.TimedArm):
         like = (
             [values[n] for n in op.inplace] if op.inplace else list(op.reference(*gate.clone_inputs(values).values()))
         )
-        flat = pack(remote.arena, [values[n] for _ in range(calls) for n in tensors])
+        flat = pack(remote.arena, [values[n] for _ in range(calls) for n in tensors], readonly=True)
         pool = [dict(zip(tensors, flat[j * len(tensors) : (j + 1) * len(tensors)], strict=True)) for j in range(calls)]
         flat = pack(remote.arena, [t for _ in range(calls) for t in like])
         slots = [flat[j * len(like) : (j + 1) * len(like)] for j in range(calls)]
@@ -535,7 +550,7 @@ class Isolation:
                     op=operator.name,
                     name=name,
                     kind="user",
-                    loader=lambda n=operator.name: RemoteFn(remote, n),
+                    loader=lambda o=operator: RemoteFn(remote, o.name, bool(o.inplace)),
                     doc=f"{operator.name} from {spec}, in an isolated worker",
                 )
                 added.append(operator.impls[name])
@@ -558,7 +573,7 @@ class Isolation:
             local = impl.resolve()
             if local is None:
                 raise Unavailable(impl.reason)
-            return RemoteFn(remote, impl.name, local)
+            return RemoteFn(remote, impl.name, bool(registry.get_op(impl.op).inplace), local)
 
         return replace(impl, loader=loader, _fn=None, _reason=None)  # the same contract (layouts, widths)
 

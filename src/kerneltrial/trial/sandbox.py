@@ -8,16 +8,23 @@ SPEC is one JSON object (trial/confine.py writes it): {"cgroup": path | null, "p
 1. `cgroup`: this process joins the cgroup (v2) the harness made for the worker; everything it
    starts is born there, so the harness can freeze all of it (while another arm is timed) and kill
    all of it (`cgroup.kill`), however it detaches itself (setsid, double fork).
-2. `pidns`: a PID namespace of its own, with its own /proc in a mount namespace of its own (unshare
-   + fork + mount + fork): the worker sees no process outside it. Its PID 1 is this file's code: it
+2. `pidns`: a PID namespace of its own, with its own /proc in a mount namespace of its own, and a
+   network namespace of its own with no interface up (unshare + fork + mount + fork): the worker
+   sees no process outside it and reaches no socket of the host's network (a server on the
+   harness's port included). Its PID 1 is this file's code: it
    reaps orphans, waits for the worker (PID 2) and exits as the worker did, and when it exits the
    kernel kills every process left in the namespace. This process stays outside as PID 1's
    parent and exits as it did; each dies when its parent does (parent-death signal), so the
    harness gone, everything goes.
 3. no-new-privs, always: nothing executed from here on gains privileges (set-uid binaries, file
    capabilities).
-4. `seccomp`: a filter (libseccomp, through pyseccomp) that refuses ptrace, process_vm_readv/writev,
-   pidfd_getfd and kcmp with EPERM, inherited by everything the worker starts.
+4. `seccomp`: a filter (libseccomp, through pyseccomp), inherited by everything the worker starts,
+   that refuses with EPERM what reaches other processes (ptrace, process_vm_readv/writev,
+   pidfd_getfd, kcmp), what would give it a namespace or mount of its own (unshare, setns, mount,
+   clone with CLONE_NEWUSER; clone3, whose flags a filter cannot read, answers ENOSYS so that libc
+   falls back to clone), and kernel interfaces a sandboxed program has no use for and that widen
+   what it can reach (io_uring, perf_event_open, bpf, userfaultfd, the kernel keyring,
+   open_by_handle_at).
 
 Then it executes PROGRAM, which trial/confine.py makes `setpriv` (util-linux) where the harness
 runs as root: every group dropped, a uid and gid no other process runs as, no capability but the
@@ -38,10 +45,17 @@ import sys
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
-DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
+DENIED = (
+    *("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp"),
+    *("unshare", "setns", "mount", "umount2", "pivot_root", "open_by_handle_at"),
+    *("io_uring_setup", "io_uring_enter", "io_uring_register", "perf_event_open", "bpf", "userfaultfd"),
+    *("add_key", "request_key", "keyctl"),
+)
 FAILED = 71
 
 
@@ -76,9 +90,13 @@ def load_seccomp(path: str) -> None:
     spec.loader.exec_module(pyseccomp)
 
     rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    for name in DENIED:
+    denied = [(pyseccomp.ERRNO(errno.EPERM), name, ()) for name in DENIED]
+    denied.append((pyseccomp.ERRNO(errno.ENOSYS), "clone3", ()))
+    new_user = pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+    denied.append((pyseccomp.ERRNO(errno.EPERM), "clone", (new_user,)))
+    for action, name, args in denied:
         try:
-            rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+            rules.add_rule(action, name, *args)
         except (ValueError, OSError):  # a syscall this kernel or architecture lacks
             continue
     rules.load()
@@ -122,7 +140,9 @@ def enter_pid_namespace() -> None:
     """Return in the worker (PID 2 of a new namespace, with its own /proc). The parent outside
     exits as the worker did, told its status by PID 1 over a pipe (PID 1 cannot kill itself with
     a signal: its namespace protects it)."""
-    _check(_libc().unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare(CLONE_NEWPID | CLONE_NEWNS)")
+    _check(
+        _libc().unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET), "unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET)"
+    )
     told, tell = os.pipe()
     init = os.fork()
     if init:

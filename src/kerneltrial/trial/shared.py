@@ -1,30 +1,35 @@
 """Buffers the harness owns and an isolated worker maps: how inputs reach an arm in another
 process and its outputs come back (trial/worker.py describes the wire format).
 
-On a CPU each buffer is a file in a private temporary folder (in /dev/shm where it exists, so it
-stays in memory), mapped with `torch.UntypedStorage.from_file(..., shared=True)` on both sides;
-on a GPU it is a device allocation made with CUDA's virtual memory API, whose file descriptor the
-harness sends the worker over a Unix socket (trial/vmm.py: a worker of another uid can open it),
-or, where cuda-python is not installed, a device allocation the worker opens through a legacy CUDA
-IPC handle (the fields of `UntypedStorage._share_cuda_`), which cannot cross uids. The harness writes the
-values, the worker writes outputs into slots, and neither side copies through a pipe.
+On a CPU each buffer is a memfd (anonymous shared memory, in no folder) that the harness maps and
+whose descriptor it sends the worker over a Unix socket; its size is sealed (a worker cannot shrink
+it under the harness's mapping, which would kill the harness with SIGBUS), and a buffer the worker
+must only read (a gate call's input) is sealed against every later writable mapping: the worker can
+map it read-only and no other way, whatever it reopens, and a kernel that writes it faults. On a GPU
+each buffer is a device allocation made with CUDA's virtual memory API, its descriptor sent the same
+way (trial/vmm.py: a worker of another uid can open it; the worker chooses its own access, so a GPU
+input is not read-only to it), or, where cuda-python is not installed, a device allocation the
+worker opens through a legacy CUDA IPC handle (the fields of `UntypedStorage._share_cuda_`), which
+cannot cross uids. The harness writes the values, the worker writes outputs into slots, and neither
+side copies through a pipe.
 """
 
 from __future__ import annotations
 
+import fcntl
+import mmap
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kerneltrial.trial import vmm
 
-SHM = Path("/dev/shm")
+# F_SEAL_FUTURE_WRITE (Linux 5.1): no new writable mapping, no write(2), through any descriptor;
+# mappings made before it (the harness's) stay writable. Python's fcntl module does not name it.
+F_SEAL_FUTURE_WRITE = 0x0010
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -38,7 +43,7 @@ class Buffer:
     id: int
     bytes: torch.Tensor
     desc: dict[str, Any]
-    fd: int | None = None  # a VMM buffer's exported descriptor, until it is sent to the worker
+    fd: int | None = None  # its descriptor (a memfd, or a VMM buffer's), until it is sent to the worker
 
     def close_fd(self) -> None:
         if self.fd is not None:
@@ -52,44 +57,29 @@ class Buffer:
 
 @dataclass
 class Arena:
-    """The shared buffers of one worker, on one device; `close` frees them (CPU: deletes the files)."""
+    """The shared buffers of one worker, on one device; `close` frees them."""
 
     device: torch.device
-    owner: Callable[[int], None] | None = None  # hands each file (a descriptor) to the worker's uid (trial/confine.py)
-    folder: Path | None = None
     buffers: dict[int, Buffer] = field(default_factory=dict)
     next_id: int = 0
 
-    def allocate(self, nbytes: int) -> Buffer:
-        """A new shared buffer of at least `nbytes` bytes (one, for an empty tensor)."""
+    def allocate(self, nbytes: int, readonly: bool = False) -> Buffer:
+        """A new shared buffer of at least `nbytes` bytes (one, for an empty tensor); `readonly`:
+        the worker may only read it (CPU; a GPU buffer's access is the worker's to choose)."""
         nbytes = max(1, int(nbytes))
         self.next_id += 1
-        fd = None
+        desc: dict[str, Any] = {"id": self.next_id, "nbytes": nbytes}
         if self.device.type == "cuda" and vmm.available():  # a worker of another uid can open it
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             mapping, fd = vmm.Mapping.create(nbytes, index)
             flat = mapping.tensor()[:nbytes]
-            desc = {"id": self.next_id, "nbytes": nbytes, "vmm": [index, mapping.size]}
+            desc["vmm"] = [index, mapping.size]
         elif self.device.type == "cuda":
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            desc = {"id": self.next_id, "nbytes": nbytes, "cuda": cuda_handle(flat.untyped_storage())}
+            fd, flat = None, torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            desc["cuda"] = cuda_handle(flat.untyped_storage())
         else:
-            if self.folder is None:
-                base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
-                # the harness's: a worker that could write it could plant links the harness follows
-                self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-shared-", dir=base))
-                self.folder.chmod(0o711)
-            path = self.folder / f"buffer-{self.next_id}"
-            made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                os.ftruncate(made, nbytes)
-                if self.owner is not None:
-                    self.owner(made)  # handed to the worker's uid by descriptor, never by name
-            finally:
-                os.close(made)
-            storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=nbytes)
-            flat = torch.empty(0, dtype=torch.uint8).set_(storage)
-            desc = {"id": self.next_id, "nbytes": nbytes, "path": str(path)}
+            fd, flat = sealed_memory(nbytes, readonly)
+            desc["memory"] = "read" if readonly else "write"
         buffer = Buffer(self.next_id, flat, desc, fd)
         self.buffers[buffer.id] = buffer
         return buffer
@@ -131,14 +121,24 @@ class Arena:
             if buffer is None:
                 continue
             buffer.close_fd()
-            if "path" in buffer.desc:
-                Path(buffer.desc["path"]).unlink(missing_ok=True)
 
     def close(self) -> None:
         self.release(list(self.buffers))
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+
+
+def sealed_memory(nbytes: int, readonly: bool) -> tuple[int, torch.Tensor]:
+    """A memfd of `nbytes` mapped here, its size sealed (and, `readonly`, every later writable
+    mapping refused): its descriptor and a flat uint8 tensor over the harness's mapping."""
+    fd = os.memfd_create("kerneltrial-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, nbytes)
+        flat = torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
+        seals = SIZE_SEALS | (F_SEAL_FUTURE_WRITE if readonly else 0) | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, flat
 
 
 def cuda_handle(storage: torch.UntypedStorage) -> list[Any]:

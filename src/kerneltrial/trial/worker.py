@@ -7,7 +7,7 @@ The harness (trial/isolation.py) starts it by file path,
 
 reads nothing from its stdout or stderr but a log (an arm may print anything) and talks to it over
 two pipes: requests on READ_FD, answers on WRITE_FD; on FDS_FD, a Unix socket, the descriptors of
-GPU buffers arrive before the request that adds them. A message is one frame: 4 bytes big-endian
+shared buffers arrive before the request that adds them. A message is one frame: 4 bytes big-endian
 length, then that many bytes of UTF-8 JSON, an object with a "kind". The harness waits a deadline
 for every answer and kills a worker that misses it; a worker whose harness has gone exits.
 
@@ -42,9 +42,10 @@ answer carries `refused`, the first launch over the target's limits the request 
          output shared storage with the previous call's output, which the worker still held
   release {id, drop} -> released
   exit (no answer)
-A shared buffer (`add`): {id, nbytes, path} (CPU: a file, mapped with UntypedStorage.from_file,
-shared), {id, nbytes, vmm: [device, size]} (GPU: CUDA's virtual memory API, its descriptor on
-FDS_FD; the `vmm` shim, trial/vmm.py, maps it) or {id, nbytes, cuda: [device, handle, size, offset,
+A shared buffer (`add`): {id, nbytes, memory: "read" | "write"} (CPU: a memfd, its descriptor on
+FDS_FD, mapped shared; "read": read-only, the harness sealed it against writable mappings),
+{id, nbytes, vmm: [device, size]} (GPU: CUDA's virtual memory API, its descriptor on FDS_FD; the
+`vmm` shim, trial/vmm.py, maps it) or {id, nbytes, cuda: [device, handle, size, offset,
 ref handle, ref offset, event handle, event sync]} (legacy CUDA IPC; bytes as hex). A tensor: {buffer, dtype, shape, stride, offset}; a scalar
 argument: {value}.
 """
@@ -56,12 +57,14 @@ import importlib.abc
 import importlib.util
 import inspect
 import json
+import mmap
 import os
 import socket
 import struct
 import sys
 import threading
 import time
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
@@ -177,12 +180,20 @@ def dtype_name(dtype: Any) -> str:
 
 
 def open_buffer(desc: dict[str, Any], vmm: ModuleType | None = None) -> Any:
-    """The storage of one shared buffer the harness owns (a GPU buffer made with CUDA's virtual
-    memory API: through the `vmm` shim, from the descriptor in `desc["fd"]`)."""
+    """The storage of one shared buffer the harness owns, from its descriptor (`desc["fd"]`): a
+    memfd, mapped read-only where `memory` is "read" (the harness sealed it so: no writable mapping
+    of it can be made), or a GPU buffer made with CUDA's virtual memory API, through the `vmm` shim."""
     import torch
 
-    if "path" in desc:
-        return torch.UntypedStorage.from_file(desc["path"], shared=True, nbytes=int(desc["nbytes"]))
+    if "memory" in desc:
+        readonly = desc["memory"] == "read"
+        memory = mmap.mmap(
+            int(desc["fd"]), int(desc["nbytes"]), prot=mmap.PROT_READ if readonly else mmap.PROT_WRITE | mmap.PROT_READ
+        )
+        os.close(int(desc["fd"]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not writable": a kernel that writes it faults, as it should
+            return torch.frombuffer(memory, dtype=torch.uint8).untyped_storage()
     if "vmm" in desc:
         if vmm is None:
             raise ValueError("a VMM buffer needs the vmm shim")
@@ -343,18 +354,21 @@ class Worker:
     # -- buffers and arguments
 
     def update(self, message: dict[str, Any]) -> None:
-        """Unmap the buffers to drop; map the added ones (a GPU buffer's descriptor arrives on the
-        socket first, one per VMM buffer, in their order)."""
+        """Unmap the buffers to drop; map the added ones (their descriptors arrive on the socket
+        first, one per buffer but a legacy CUDA IPC one, in their order)."""
         for buffer in message.get("drop", []):
             self.buffers.pop(int(buffer), None)
         added = list(message.get("add", []))
-        shared = [d for d in added if "vmm" in d]
+        shared = [d for d in added if "cuda" not in d]
         if shared:
             if self.fd_socket is None:
-                raise ValueError("GPU buffers need the worker's socket (FDS_FD)")
-            _, fds, _, _ = socket.recv_fds(self.fd_socket, 16, len(shared))
-            if len(fds) != len(shared):
-                raise ValueError(f"{len(shared)} GPU buffers but {len(fds)} descriptors arrived")
+                raise ValueError("shared buffers need the worker's socket (FDS_FD)")
+            fds: list[int] = []
+            while len(fds) < len(shared):  # the harness sends them a message of at most 200 at a time
+                data, more, _, _ = socket.recv_fds(self.fd_socket, 1, len(shared) - len(fds))
+                if not data or not more:
+                    raise ValueError(f"{len(shared)} shared buffers but {len(fds)} descriptors arrived")
+                fds += more
             for desc, fd in zip(shared, fds, strict=True):
                 desc["fd"] = fd
         for desc in added:

@@ -8,7 +8,8 @@ and verify's own median, nothing of kerneltrial.stats, kernel.summary or kernel.
 - summary.json `isolation` holds, per timed (case, isolated arm), the medians of ns / calls and
   wall_ns / calls and their ratio, and `warnings` names every claim more than FAR_INSIDE times
   inside its bound, every `user:` arm left in kerneltrial's process and the sandbox's missing
-  pieces (plan.json `sandbox`; the wording is rundir/integrity_notes.py's).
+  pieces (plan.json `sandbox`, which a run with isolated arms must hold; the wording is
+  rundir/integrity_notes.py's).
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ def isolation_problems(
     if not isinstance(isolated, list) or not all(isinstance(a, str) and a in names for a in isolated):
         return [f"plan.json isolated {isolated!r} is not a list of the plan's arms"], ""
     problems = []
+    if isolated and "sandbox" in plan and not isinstance(plan["sandbox"], dict):
+        problems.append(
+            f"plan.json sandbox is {plan['sandbox']!r} but arms {isolated} ran isolated: the runner records "
+            "the sandbox of every run with isolated arms"
+        )
     wanted = protocol_isolated(tomllib.loads((run_dir / "protocol.toml").read_text()))
     if wanted != isolated:
         problems.append(f"plan.json isolated {isolated} is not what protocol.toml's isolate names ({wanted})")
