@@ -359,6 +359,7 @@ class Confinement:
         if not workers:
             return ["no worker process was found in its cgroup"]
         problems = []
+        harness_net = network_namespace("self")
         for o in workers:
             if self.uid is not None and (set(o.uids) != {self.uid} or o.cap_eff & ~CAP_DAC_READ_SEARCH):
                 problems.append(f"pid {o.pid} runs as uid {o.uids} with capabilities {o.cap_eff:#x}")
@@ -368,7 +369,7 @@ class Confinement:
                 problems.append(f"pid {o.pid} has no seccomp filter")
             if "pidns" in self.sandbox.allowed and not o.nested_pid:
                 problems.append(f"pid {o.pid} is not in a PID namespace of its own")
-            if "pidns" in self.sandbox.allowed and o.net_ns in ("", network_namespace("self")):
+            if "pidns" in self.sandbox.allowed and o.net_ns in ("", harness_net):
                 problems.append(f"pid {o.pid} is not in a network namespace of its own")
         return problems
 

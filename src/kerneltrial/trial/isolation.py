@@ -2,7 +2,7 @@
 
 A worker (trial/worker.py) is started with `python -I` by file path, in the sandbox (trial/confine.py,
 trial/sandbox.py), in a fresh temporary working directory, as its own process group, with two pipes
-and a socket (for GPU buffers' descriptors) it alone holds besides the harness; its output
+and a socket (for shared buffers' descriptors) it alone holds besides the harness; its output
 goes to a log file nobody parses. Every request waits at most `Settings.timeout_s` for its answer.
 A worker that misses it is killed (its whole process group) and the request raises `WorkerHung`;
 one that dies raises `WorkerCrashed` (killed by a signal) or `WorkerExited` (it exited); one that

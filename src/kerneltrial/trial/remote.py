@@ -5,8 +5,10 @@ draws the values, decides what to check, compares and owns the verdict.
   (trial/gate.py) calls it as it calls any arm, unchanged: each call copies the tensors' storages
   into shared buffers (a mirror per storage, kept across the next call so that the gate's "same
   buffers" call reaches the worker at the same addresses), runs the function in the worker with
-  poisoned outputs, and copies the worker's view back: the outputs into slots the harness owns
-  and, for every input buffer, a snapshot taken before the worker waits for its side streams.
+  poisoned outputs (on a CPU the inputs read-only to it, unless the operator writes them), and
+  copies back the outputs, into slots the harness owns, and every argument's memory as the harness
+  itself reads it with the worker frozen; the worker's snapshot of it, taken at the return before
+  it waits for its side streams, must equal that read (`LateWrite`).
   The harness mirrors what the gate inspects: an output that is a view of an input comes back as
   a view of the harness's input (`aliasing`), one that reuses the storage of the last call's
   output comes back in that call's slot (`persistent`); a launch over the target's limits is
