@@ -1,6 +1,6 @@
 # On the device machine (issues 35 and 38): the sandbox's GPU tests (CUDA IPC under the sandbox,
 # the private-stream planted arm), then the frozen isolation-cuda-sandbox protocol (the same kernel in
-# kerneltrial's process and in an isolated worker), verified, into results/h200/.
+# kerneltrial's process and in an isolated worker), verified, into the card's results/ folder.
 # Usage: KERNELTRIAL_SOURCE_COMMIT=<the commit sent> bash scripts/device/isolation.sh
 . scripts/device/frozen.sh; exploratory_flag "$1"
 require_frozen protocols/isolation-cuda-sandbox.toml || exit 2
@@ -8,7 +8,7 @@ require_frozen protocols/isolation-cuda-sandbox.toml || exit 2
 mkdir -p $OUT/logs
 python3 -m pytest -q -p no:cacheprovider -n 0 tests/trial/test_sandbox.py tests/trial/test_isolation.py \
   -k "cuda or gpu" > $OUT/logs/gpu-tests.log 2>&1; echo "gpu tests: rc=$?"; tail -3 $OUT/logs/gpu-tests.log
-out=results/h200/isolation-cuda-sandbox-frozen
+out=$RESULTS/isolation-cuda-sandbox-frozen
 python3 -m kerneltrial.cli run protocols/isolation-cuda-sandbox.toml --out $out > $OUT/logs/run.log 2>&1
 echo "run: rc=$?"; tail -4 $OUT/logs/run.log
 python3 -m kerneltrial.cli verify $out | tail -2
