@@ -191,9 +191,10 @@ def test_module_and_rule_work_alone_from_a_zip(tmp_path):
         "import os, sys; os.environ['TRITON_INTERPRET'] = '1'; sys.path[:0] = [sys.argv[1]]\n"
         "import torch, zimage_qk_rmsnorm as m\n"
         "assert 'kerneltrial' not in sys.modules and '.zip' in m.__file__\n"
-        "x = torch.randn(3, 30, 128).to(torch.bfloat16); w = torch.randn(128).to(torch.bfloat16)\n"
+        "torch.manual_seed(0); x = torch.randn(3, 30, 128).to(torch.bfloat16); w = torch.randn(128).to(torch.bfloat16)\n"
         "ref = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(w.dtype) * w)\n"
-        "y = m.zimage_qk_rmsnorm(x, w); assert (y.float() - ref.float()).abs().max() < 0.1\n"
+        "y = m.zimage_qk_rmsnorm(x, w)  # bf16 rounds twice in ref, once in the kernel: 2 ulp at most\n"
+        "assert ((y.float() - ref.float()).abs() <= ref.float().abs() / 64 + 1e-2).all()\n"
         "print(m.rule().choose(90, 128, 'contiguous'))\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
