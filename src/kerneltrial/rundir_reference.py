@@ -51,6 +51,7 @@ from kerneltrial.rundir.layout import (
     TIMED_CHECKS,
     TIMINGS,
 )
+from kerneltrial.serving.script_csv import RESULTS_DIR as SCRIPT_DIR
 
 HEADER = (
     "# Run directory reference\n\n"
@@ -262,7 +263,7 @@ SERVING_FILES = (
         (
             "arms (argv, expanded argv, env), cases, rounds, repeats, seeding mode and bench seeds (run k's "
             "`--seed`), launch order, percentiles, model id, nonce (on or off), model_layers (config.json's "
-            "`num_hidden_layers`, null when unknown), client (`completions` or `official`), goodput SLOs, "
+            "`num_hidden_layers`, null when unknown), client (`completions`, `official` or `flagos-chat`), goodput SLOs, "
             "fl_platform, each arm's selection_files, pins and override_pins, tokenizer, accuracy spec, "
             "acceptance rule"
         ),
@@ -305,6 +306,16 @@ SERVING_FILES = (
         (
             "launch, arm, case, run, seeding, seed, client_argv (the full `vllm bench serve` command), "
             "num_requests, status (`ok`/`FAILED`) and reason, raw path + sha256, every figure below"
+        ),
+    ),
+    RunFile(
+        (f"{SCRIPT_DIR}/NN-ARM/raw_runs_TIMESTAMP.csv", f"{SCRIPT_DIR}/NN-ARM/summary_TIMESTAMP.csv"),
+        "per run, appended; the summary at the launch's end",
+        (
+            "the organisers' script's CSVs (benchmark_throughput_serve.py), one pair per launch in its "
+            "columns and timestamp format: a row per run with its Run Status (SUCCESS when the run is `ok`), "
+            "and per case the mean of the runs after the first, a case with a failed counted run left out "
+            "(serving/script_csv.py)"
         ),
     ),
     RunFile(

@@ -41,7 +41,13 @@ def math500() -> Path:
 
 
 def official_script() -> Path:
-    """The official FlagOS throughput script in the vendored vllm-plugin-FL snapshot."""
+    """The organisers' throughput script, upstream vllm-plugin-FL's benchmark_throughput_serve.py, vendored
+    byte-exact (../shared/vendor/README.md): what `--client official` runs."""
+    return shared() / "vendor" / "flagos-benchmarks" / "benchmark_throughput_serve.py"
+
+
+def flagos_chat_script() -> Path:
+    """The fork's chat throughput script in the vendored vllm-plugin-FL snapshot: `--client flagos-chat`."""
     return shared() / "vendor" / "vllm-plugin-FL" / "benchmarks" / "benchmark_throughput_flagos.py"
 
 

@@ -42,7 +42,7 @@ def test_a_case_table_sweeps_concurrency_and_carries_its_arrival_process():
         parse_cases([{"input_len": 8, "output_len": 4, "concurrency": 1, "num_requests": 8, "rate": 1}])
 
 
-@pytest.mark.parametrize("client", ["completions", "official"])
+@pytest.mark.parametrize("client", ["completions", "official", "flagos-chat"])
 def test_rate_burstiness_and_goodput_pass_through_either_client(client: str):
     case = Case(8, 4, 2, 2, request_rate=4.0, burstiness=0.5)
     argv = bench_argv(

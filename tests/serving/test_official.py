@@ -15,9 +15,9 @@ from kerneltrial.serving.presets import PLUMBING, PresetError, get_preset, prese
 from kerneltrial.serving.protocol import VLLM_BENCH_DEFAULT_SEED, load_protocol, parse_protocol
 from tests.kt import run_cli
 
-from .conftest import FAKE, REPO, official_script, vllm_venv
+from .conftest import FAKE, REPO, flagos_chat_script, official_script, vllm_venv
 
-OFFICIAL_SCRIPT = official_script()
+SCRIPTS = (official_script(), flagos_chat_script())  # the organisers' (--client official) and the fork's
 PROTOCOLS = [REPO / "protocols" / "serving" / n for n in ("minicpm5-2b-t2.toml", "minicpm5-2b-flaggems.toml")]
 
 BASE = """
@@ -62,11 +62,13 @@ def test_unknown_seeding_mode_is_refused():
 
 
 def test_official_script_passes_no_seed_and_the_client_default_is_ours():
-    """The rule's sources: the official script repeats `vllm bench serve` without --seed, whose default is 0."""
-    if not OFFICIAL_SCRIPT.is_file():
-        pytest.skip(f"official script not found at {OFFICIAL_SCRIPT}")
-    script = OFFICIAL_SCRIPT.read_text()
-    assert '"--seed"' not in script and "NUM_RUNS = 4" in script and '"random"' in script
+    """The rule's sources: both scripts repeat `vllm bench serve` 4 times without --seed, whose default is 0."""
+    missing = [str(p) for p in SCRIPTS if not p.is_file()]
+    if missing:
+        pytest.skip(f"vendored script not found at {', '.join(missing)}")
+    upstream, fork = (p.read_text() for p in SCRIPTS)
+    assert '"--seed"' not in upstream and "\nRUNS = 4\n" in upstream and '"random"' in upstream
+    assert '"--seed"' not in fork and "NUM_RUNS = 4" in fork and '"random"' in fork
     datasets = list(vllm_venv().glob("lib/python3*/site-packages/vllm/benchmarks/datasets/datasets.py"))
     if not datasets:
         pytest.skip(f"no vLLM install under {vllm_venv()} to read its default seed from")

@@ -79,6 +79,10 @@ def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a
     ]
     ok = [{"mismatches": [], "overridden": False}]
     assert scope("official", PINS, ok, gpu) == {"kind": "official", "hardware": gpu[0]["hardware"], "reasons": []}
+    fork = scope("flagos-chat", PINS, ok, gpu)  # the fork's chat script is not the organisers'
+    assert fork["kind"] == "proxy" and fork["reasons"] == [
+        "client flagos-chat, not the organisers' (--client official)"
+    ]
     s = scope("completions", {"vllm": "0.32.0"}, [{"mismatches": ["x"], "overridden": True}], [])
     assert s["kind"] == "proxy" and s["hardware"].startswith("CPU: ")
     assert s["reasons"] == [

@@ -1,6 +1,6 @@
 """Issue 26 against a real vLLM CPU server (the tiny model): the two-trials-one-port race refused;
 a calibration without power fails with its reason; an official-client run whose recorded argv
-is the vendored script's. Needs `bash .ci/serving-setup.sh` (skips cleanly otherwise).
+is the organisers' vendored script's and whose CSVs are in its format. Needs `bash .ci/serving-setup.sh` (skips cleanly otherwise).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli, write_protocol
 
 from .conftest import official_script
-from .test_official_client import Script, check_official
+from .scripts_ast import Upstream
+from .test_official_client import check_official
 from .test_who_answers import hold_in_another_kerneltrial, refused_while_unbound
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
@@ -51,14 +52,14 @@ def official_calibration(vllm_server_cmd, vllm_client, tmp_path_factory) -> tupl
     lines = [
         'name = "tiny-official"',
         "rounds = 2",
-        "repeats = 2",
+        "repeats = 4",  # the organisers' script's RUNS, which client official requires
         "[server]",
         'model_id = "tiny"',
         f"port = {free_port()}",
         f"tokenizer = {json.dumps(model)}",
         "ready_timeout_s = 300",
         "[bench]",
-        "cases = [[32, 8, 2, 2]]",  # --num-prompts = concurrency, as the script's scenarios send
+        "cases = [[32, 8, 2, 2]]",
         'client = "official"',
         "[[arms]]",
         'name = "E0"',
@@ -92,17 +93,25 @@ def test_a_calibration_without_power_fails_with_its_reason(official_calibration)
 def test_an_official_client_run_records_the_scripts_argv(official_calibration, vllm_server_cmd, vllm_client):
     out, output, _ = official_calibration
     _, _, model = vllm_server_cmd
-    script = Script(official_script())
+    script = Upstream.read(official_script())
     plan = json.loads((out / "plan.json").read_text())
     port = str(plan["base_url"].rsplit(":", 1)[1])
-    site = {"--host": "127.0.0.1", "--port": port, "--model": "tiny", "--tokenizer": model}
+    site = {"--model": "tiny", "--host": "127.0.0.1", "--port": port}
     rows = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     launches = {L["launch"]: L for L in (json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines())}
-    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows), output
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows), output
     for row in rows:
         argv = row["client_argv"]
         check_official(argv, script, site, Case(32, 8, 2, 2))  # the script's argv, then only the recording
+        assert argv[argv.index("--tokenizer") + 1] == model  # the model id "tiny" is not the tokenizer's path
         assert argv[0] == vllm_client and argv[-2:] == ["--served-model-name", launches[row["launch"]]["nonce"]]
         raw = json.loads((out / row["raw"]).read_text())
         assert raw["completed"] == 2 and row["total_token_throughput"] == pytest.approx(raw["total_token_throughput"])
-        assert all(n > 32 for n in raw["input_lens"])  # the chat template's tokens on top of the random prompt
+    # every launch wrote the script's CSVs: a SUCCESS row per run, the case in the summary
+    for launch in launches:
+        [raw_csv] = (out / "benchmark_results").glob(f"{launch:02d}-*/raw_runs_*.csv")
+        lines = raw_csv.read_text().splitlines()
+        assert lines[0].split(",") == script.constants["RAW_CSV_COLUMNS"] and len(lines) == 1 + 4
+        assert all(",SUCCESS," in x for x in lines[1:])
+        summary = raw_csv.with_name(raw_csv.name.replace("raw_runs_", "summary_")).read_text().splitlines()
+        assert summary[0].split(",") == script.constants["SUMMARY_CSV_COLUMNS"] and summary[1].startswith("32,8,2,2,")

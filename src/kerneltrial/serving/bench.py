@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kerneltrial.serving import vllm_platform
+from kerneltrial.serving import flagos_chat, official, vllm_platform
 from kerneltrial.serving.launcher import Server, stop_group
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, percentile_word
 
 VLLM_ENV = "KERNELTRIAL_VLLM"
-# the official script's request path (serving/official.py)
-OFFICIAL_BACKEND, OFFICIAL_ENDPOINT = "openai-chat", "/v1/chat/completions"
+# the benchmark clients: kerneltrial's, the organisers' script's (serving/official.py) and a fork's
+# chat script's (serving/flagos_chat.py)
+CLIENTS = ("completions", "official", "flagos-chat")
 
 
 class BenchError(RuntimeError):
@@ -36,7 +37,7 @@ class Case:
     output_len: int
     concurrency: int
     num_requests: int
-    label: str = ""  # the built-in set it comes from (serving/official.py: "seed 1", "script p4096d1024")
+    label: str = ""  # the built-in set it comes from (CASE_SETS: "seed 1", "official 1024_1024_c64")
     request_rate: float | None = None  # `vllm bench serve --request-rate` (req/s); None: inf, all sent at once
     burstiness: float | None = None  # `--burstiness` (gamma shape of the arrival gaps; 1: Poisson); needs a rate
 
@@ -64,6 +65,27 @@ class Case:
 
 CASE_KEYS = ("input_len", "output_len", "concurrency", "num_requests")
 CASE_TABLE_KEYS = (*CASE_KEYS, "request_rate", "burstiness")
+SEED_CASES = (
+    (4096, 1024, 64, 256),
+    (16384, 1024, 64, 128),
+)  # the Track 2 seed's (protocols/serving/minicpm5-2b-t2.toml)
+
+
+def _script_cases(name: str, cases: tuple[tuple[int, int, int, int], ...]) -> tuple[Case, ...]:
+    """The organisers' script's cases, each labelled with the set and the script's case name."""
+    return tuple(Case(i, o, c, n, label=f"{name} {i}_{o}_c{c}") for i, o, c, n in cases)
+
+
+# The built-in case sets a protocol's `cases` (or --cases) may name, each case labelled with its set
+CASE_SETS: dict[str, tuple[Case, ...]] = {
+    "official": _script_cases("official", official.DEFAULT_CASES),  # the script's DEFAULT_TEST_CASES
+    "official-all": _script_cases("official-all", official.ALL_CASES),  # its ALL_TEST_CASES (--enable-all)
+    "seed": tuple(Case(*c, label=f"seed {i + 1}") for i, c in enumerate(SEED_CASES)),
+    # the fork's SCENARIOS, --num-prompts = concurrency as it sends them
+    "flagos-chat": tuple(
+        Case(i, o, c, c, label=f"flagos-chat {name}") for name, i, o, c in flagos_chat.SCRIPT_SCENARIOS
+    ),
+}
 
 
 def _positive_int(x: Any) -> bool:
@@ -156,13 +178,21 @@ def bench_argv(
     goodput: dict[str, float] | None = None,
 ) -> list[str]:
     """The client's argv; `served_name` (a launch's nonce) is the model name every request sends.
-    client "official": the organisers' argv (serving/official.py), which passes no --seed. The
-    case's request rate and burstiness and the goodput SLOs (ms) follow the request path."""
+    client "official": the organisers' script's argv (serving/official.py), "flagos-chat": a fork's
+    chat script's (serving/flagos_chat.py); neither passes --seed. The case's request rate and
+    burstiness and the goodput SLOs (ms) follow the request path."""
     load = case.load_argv() + goodput_argv(goodput)
+    url = urlsplit(base_url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
     if client == "official":
-        url = urlsplit(base_url)
-        argv = official_argv(vllm, url.hostname or "127.0.0.1", url.port or 80, model_id, tokenizer or model_id, case)
+        site = [] if tokenizer in (None, model_id) else ["--tokenizer", str(tokenizer)]
+        argv = official_argv(vllm, host, port, model_id, case) + site
         return argv + load + recording(result_dir, result_file, percentiles, served_name)
+    if client == "flagos-chat":
+        argv = flagos_chat_argv(vllm, host, port, model_id, tokenizer or model_id, case)
+        return argv + load + recording(result_dir, result_file, percentiles, served_name)
+    if client != "completions":
+        raise ValueError(f"client {client!r} is not one of {', '.join(CLIENTS)}")
     argv = [
         vllm,
         "bench",
@@ -223,19 +253,40 @@ def foreign_answers(raw: dict[str, Any]) -> int:
     return sum(1 for e in raw.get("errors") or [] if str(e).strip() == NOT_FOUND)
 
 
-def official_argv(vllm: str, host: str, port: int, model_id: str, tokenizer: str, case: Case) -> list[str]:
-    """The official script's `vllm bench serve` argv for one case (serving/official.py), in its
-    order, with the site's values."""
+def official_argv(vllm: str, host: str, port: int, model_id: str, case: Case) -> list[str]:
+    """The organisers' script's `vllm bench serve` argv for one case (serving/official.py:
+    COMMON_ARGS, then run_once's options), in its order, with the site's model id, host and port."""
+    # fmt: off
+    return [
+        vllm, "bench", "serve",
+        "--backend", official.BACKEND,
+        "--model", model_id,
+        "--endpoint", official.ENDPOINT,
+        "--host", host,
+        "--port", str(port),
+        "--dataset-name", "random",
+        "--ignore-eos",
+        "--random-input-len", str(case.input_len),
+        "--random-output-len", str(case.output_len),
+        "--max-concurrency", str(case.concurrency),
+        "--num-prompts", str(case.num_requests),
+    ]
+    # fmt: on
+
+
+def flagos_chat_argv(vllm: str, host: str, port: int, model_id: str, tokenizer: str, case: Case) -> list[str]:
+    """The fork's chat script's `vllm bench serve` argv for one case (serving/flagos_chat.py), in
+    its order, with the site's values."""
     # fmt: off
     return [
         vllm, "bench", "serve",
         "--host", host,
         "--port", str(port),
-        "--backend", OFFICIAL_BACKEND,
+        "--backend", flagos_chat.BACKEND,
         "--model", model_id,
         "--tokenizer", tokenizer,
         "--dataset-name", "random",
-        "--endpoint", OFFICIAL_ENDPOINT,
+        "--endpoint", flagos_chat.ENDPOINT,
         "--ignore-eos",
         "--trust-remote-code",
         "--random-input-len", str(case.input_len),
@@ -247,7 +298,7 @@ def official_argv(vllm: str, host: str, port: int, model_id: str, tokenizer: str
 
 
 def recording(result_dir: Path, result_file: str, percentiles: tuple[float, ...], served_name: str | None) -> list[str]:
-    """What kerneltrial appends to the official argv: where and what the client records, and the
+    """What kerneltrial appends to a script's argv: where and what the client records, and the
     launch's nonce as the requests' model name. None of it changes the prompts or the load."""
     out = [
         *("--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file),

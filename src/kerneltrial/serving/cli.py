@@ -33,9 +33,16 @@ PRESET_HELP = (
     "extra server arguments go after `--`. Sources: docs/serving.md."
 )
 CLIENT_HELP = (
-    "Benchmark client: completions (kerneltrial's: --backend vllm --endpoint /v1/completions) or official (the "
-    "organisers' argv from benchmark_throughput_flagos.py: --backend openai-chat --endpoint /v1/chat/completions "
+    "Benchmark client: completions (kerneltrial's: --backend vllm --endpoint /v1/completions --seed S); official "
+    "(the organisers' benchmark_throughput_serve.py: its argv --backend vllm --endpoint /v1/completions "
+    "--dataset-name random --ignore-eos, no --seed, RUNS = 4 so --repeats 4); or flagos-chat (a fork's chat script, "
+    "benchmark_throughput_flagos.py, not the organisers': --backend openai-chat --endpoint /v1/chat/completions "
     "--trust-remote-code, no --seed). The accuracy gate always uses the chat endpoint."
+)
+CASES_HELP = (
+    "JSON list [[input_len, output_len, concurrency, num_requests], ...], or a built-in set: official (the organisers' "
+    "script's DEFAULT_TEST_CASES), official-all (its ALL_TEST_CASES), seed (the Track 2 seed's cases) or flagos-chat "
+    "(the fork's chat script's scenarios)."
 )
 PINS_HELP = (
     "Launch even when the server environment does not match the protocol's [pins] (vllm-plugin-FL commit, FlagGems, "
@@ -56,8 +63,10 @@ app = cli_support.app(
 
 
 def _client(client: str) -> str:
-    if client not in ("completions", "official"):
-        raise CliError(f"--client {client!r} is not completions or official")
+    from kerneltrial.serving.bench import CLIENTS
+
+    if client not in CLIENTS:
+        raise CliError(f"--client {client!r} is not one of {', '.join(CLIENTS)}; pick one of them")
     return client
 
 
@@ -277,12 +286,7 @@ def _execute(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -
 @app.command(context_settings=EXTRA)
 def bench(
     ctx: typer.Context,
-    cases: str = typer.Option(
-        None,
-        "--cases",
-        help="JSON list [[input_len, output_len, concurrency, num_requests], ...], or a built-in set: seed (the "
-        "Track 2 seed's cases) or script (the official throughput script's scenarios).",
-    ),
+    cases: str = typer.Option(None, "--cases", help=CASES_HELP),
     client: str = typer.Option("completions", "--client", help=CLIENT_HELP),
     repeats: int = typer.Option(
         4, "--repeats", "-r", help="Runs per case; the first is the warm-up and is dropped (>= 2)."
@@ -407,11 +411,9 @@ def _bench_protocol(o: BenchOptions) -> str:
     """The protocol `serve bench` runs: one arm, one round, its cases `repeats` times each."""
     import tomli_w
 
-    from kerneltrial.serving.bench import parse_cases
+    from kerneltrial.serving.bench import CASE_SETS, parse_cases
 
-    case_list: list[Any] | str | None = (
-        o.cases if o.cases in ("seed", "script") else parse_cases(o.cases) if o.cases else None
-    )
+    case_list: list[Any] | str | None = o.cases if o.cases in CASE_SETS else parse_cases(o.cases) if o.cases else None
     target = _bench_target(o)
     case_list = case_list or target.cases
     if not case_list:

@@ -1,50 +1,67 @@
-"""The organisers' benchmark client, reproduced (issue 26): `--client official`.
+"""The organisers' benchmark client (issue 36, item 7): `--client official`.
 
-The official FlagOS throughput script, vllm-plugin-FL `benchmarks/benchmark_throughput_flagos.py`
-(the snapshot this project tests against; its README says to edit SERVED_MODEL_NAME and the
-tokenizer), runs for each scenario (name, input_len, output_len, concurrency), NUM_RUNS = 4 times:
+The upstream throughput script of vllm-plugin-FL, `benchmarks/benchmark_throughput_serve.py`
+(flagos-ai/vllm-plugin-FL, vendored byte-exact at ../shared/vendor/flagos-benchmarks/; the Track 2
+brief quotes its conventions), runs each case (input_len, output_len, concurrency, num_prompts)
+RUNS = 4 times as
 
-    vllm bench serve --host HOST --port PORT --backend openai-chat --model SERVED_MODEL_NAME
-        --tokenizer TOKENIZER --dataset-name random --endpoint /v1/chat/completions --ignore-eos
-        --trust-remote-code --random-input-len I --random-output-len O --num-prompts C
-        --max-concurrency C
+    vllm bench serve --backend vllm --model MODEL --endpoint /v1/completions --host localhost
+        --port 8000 --dataset-name random --ignore-eos --random-input-len I --random-output-len O
+        --max-concurrency C --num-prompts N
 
-(no --seed: every run uses the client's default seed 0). `bench.official_argv` is that argv with
-the site's host, port, model id and tokenizer, and `--num-prompts` from the case (the script's
-scenarios set it to the concurrency). kerneltrial appends `bench.recording` options, which change
-what the client saves and prints, not the requests it sends: the per-request JSON
-(`--save-result --save-detailed`, where), the percentiles it computes, no progress bar; and, for
-a launched server, `--served-model-name NONCE` (the model name in each request: only that
-launch's server answers to it; serving/launcher.py). tests/serving/test_official_client.py
-parses the vendored script and compares.
-
-Two case sets are built in, each labelled: `seed`, the Track 2 seed's cases (kerneltrial's
-MiniCPM5-2B reference cases, protocols/serving/minicpm5-2b-t2.toml), and `script`, the script's
-SCENARIOS with --num-prompts = concurrency as it sends them.
+(no --seed: every run uses the client's default seed 0), marks a run SUCCESS when its successful
+requests equal num_prompts, else FAILED, appends it to `raw_runs_<timestamp>.csv`, drops the first
+SKIP_FIRST runs, and appends the mean of the rest to `summary_<timestamp>.csv` unless a counted run
+FAILED. `bench.official_argv` is that argv with the site's model id, host and port (MODEL, localhost and
+8000 are the values the script's header says to adjust). kerneltrial appends `--tokenizer` when the
+model id is not the tokenizer's path (the script's MODEL is both) and its recording options
+(bench.recording), which change what the client saves and prints, not the requests it sends.
+tests/serving/test_official_client.py parses the vendored script and compares the argv, the
+constants, the case table and the CSV columns with these; serving/script_csv.py writes the CSVs.
 """
 
 from __future__ import annotations
 
-from kerneltrial.serving.bench import Case
-
-SCRIPT = "vllm-plugin-FL benchmarks/benchmark_throughput_flagos.py"
-SCRIPT_RUNS = 4  # NUM_RUNS: runs per scenario (benchmark_throughput_flagos_statistics.py drops the first)
-# SCENARIOS of the script: (name, input_len, output_len, concurrency)
-SCRIPT_SCENARIOS: tuple[tuple[str, int, int, int], ...] = (
-    ("p128d128", 128, 128, 100),
-    ("p6144d128", 6144, 128, 100),
-    ("p30720d128", 30720, 128, 100),
-    ("p128d6144", 128, 6144, 100),
-    ("p6144d6144", 6144, 6144, 100),
-    ("p30720d6144", 30720, 6144, 100),
-    ("p4096d2048", 4096, 2048, 64),
-    ("p6144d1024", 6144, 1024, 100),
-    ("p4096d1024", 4096, 1024, 100),
-    ("p2048d1024", 2048, 1024, 100),
-    ("p1024d1024", 1024, 1024, 100),
+SCRIPT = "vllm-plugin-FL benchmarks/benchmark_throughput_serve.py"
+RUNS = 4  # total runs of each case
+SKIP_FIRST = 1  # runs dropped before the mean (the warm-up)
+BACKEND, ENDPOINT = "vllm", "/v1/completions"
+SUCCESS, FAILED = "SUCCESS", "FAILED"  # a run's "Run Status" in raw_runs_<timestamp>.csv
+# (random_input_len, random_output_len, max_concurrency, num_prompts): DEFAULT_TEST_CASES, and the
+# six more of ALL_TEST_CASES (--enable-all)
+DEFAULT_CASES: tuple[tuple[int, int, int, int], ...] = (
+    (1024, 1024, 64, 256),
+    (4096, 1024, 64, 256),
+    (16384, 1024, 64, 256),
+    (65536, 1024, 64, 256),
 )
-SEED_CASES = ((4096, 1024, 64, 256), (16384, 1024, 64, 128))
-CASE_SETS: dict[str, tuple[Case, ...]] = {
-    "seed": tuple(Case(*c, label=f"seed {i + 1}") for i, c in enumerate(SEED_CASES)),
-    "script": tuple(Case(i, o, c, c, label=f"script {name}") for name, i, o, c in SCRIPT_SCENARIOS),
-}
+ALL_CASES: tuple[tuple[int, int, int, int], ...] = (
+    *DEFAULT_CASES,
+    (4096, 1024, 1, 256),
+    (4096, 1024, 4, 256),
+    (4096, 1024, 16, 256),
+    (4096, 1024, 256, 256),
+    (131072, 1024, 64, 64),
+    (262144, 1024, 64, 64),
+)
+CASE_COLUMNS = ("Prefill", "Decode", "Conc", "Num Prompts")
+METRIC_COLUMNS = (
+    "Benchmark Duration (s)",
+    "Total Input Tokens",
+    "Total Output Tokens",
+    "Req/s",
+    "Output tok/s",
+    "Peak Output tok/s",
+    "Total tok/s",
+    "Mean TTFT (ms)",
+    "Median TTFT (ms)",
+    "P99 TTFT (ms)",
+    "Mean TPOT (ms)",
+    "Median TPOT (ms)",
+    "P99 TPOT (ms)",
+    "Mean ITL (ms)",
+    "Median ITL (ms)",
+    "P99 ITL (ms)",
+)
+RAW_COLUMNS = (*CASE_COLUMNS, "Successful Requests", "Run Status", *METRIC_COLUMNS)
+SUMMARY_COLUMNS = (*CASE_COLUMNS, *METRIC_COLUMNS)

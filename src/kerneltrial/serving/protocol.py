@@ -45,16 +45,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from kerneltrial.model_fields import describe
 from kerneltrial.plugins import KERNELS_ENV, OPS_ENV
+from kerneltrial.serving import official
 from kerneltrial.serving.accuracy import AccuracySpec
-from kerneltrial.serving.bench import Case, parse_cases
+from kerneltrial.serving.bench import CASE_SETS, Case, parse_cases
 from kerneltrial.serving.fl_policy import FILE_ENVS, PER_OP_ENV, Platform, selection
 from kerneltrial.serving.lifecycle import PORT_WAIT_S
 from kerneltrial.serving.metrics import DEFAULT_PERCENTILES, GOODPUT_KEYS
-from kerneltrial.serving.official import CASE_SETS
 
 # `vllm bench serve`'s default --seed (vllm/benchmarks/datasets/datasets.py, add_dataset_parser,
-# vLLM 0.32.0): the seed of every run of the official throughput script, which passes none
-# (vllm-plugin-FL benchmarks/benchmark_throughput_flagos.py).
+# vLLM 0.32.0): the seed of every run of the organisers' throughput script and of the fork's chat
+# script, which pass none (serving/official.py, serving/flagos_chat.py).
 VLLM_BENCH_DEFAULT_SEED = 0
 
 PLACEHOLDERS = ("{port}", "{host}", "{model}", "{model_id}")
@@ -311,9 +311,12 @@ class Bench(BaseModel):
 
     cases: list[Case] = Field(
         description="Throughput cases, each [input_len, output_len, concurrency, num_requests] of positive integers; "
-        'or a built-in set, each case labelled with it: "seed" (the Track 2 seed\'s two cases) or "script" (the '
-        "official throughput script's scenarios, num_requests = concurrency; serving/official.py).",
-        json_schema_extra={"toml_type": 'list of [int, int, int, int] or tables, or "seed" or "script"'},
+        "or a built-in set, each case labelled with it: \"official\" (the organisers' script's DEFAULT_TEST_CASES), "
+        '"official-all" (its ALL_TEST_CASES), "seed" (the Track 2 seed\'s two cases) or "flagos-chat" (the fork\'s '
+        "chat script's SCENARIOS, num_requests = concurrency); bench.CASE_SETS.",
+        json_schema_extra={
+            "toml_type": 'list of [int, int, int, int] or tables, or "official", "official-all", "seed" or "flagos-chat"'
+        },
     )
     goodput: dict[str, float] | None = Field(
         default=None,
@@ -322,11 +325,13 @@ class Bench(BaseModel):
         "verified. A case may be a table {input_len, output_len, concurrency, num_requests, request_rate, "
         "burstiness}: request_rate (req/s) and burstiness pass through, and a list of concurrencies is a sweep.",
     )
-    client: Literal["completions", "official"] = Field(
+    client: Literal["completions", "official", "flagos-chat"] = Field(
         default="completions",
         description="The benchmark client's request path: completions = kerneltrial's `--backend vllm --endpoint "
-        "/v1/completions`; official = the organisers' argv (benchmark_throughput_flagos.py: `--backend openai-chat "
-        "--endpoint /v1/chat/completions --trust-remote-code`, no --seed), plus kerneltrial's recording options.",
+        "/v1/completions --seed S`; official = the organisers' script's argv (benchmark_throughput_serve.py: "
+        "`--backend vllm --endpoint /v1/completions --dataset-name random --ignore-eos`, no --seed; repeats must be "
+        "its RUNS = 4); flagos-chat = a fork's chat script's (benchmark_throughput_flagos.py: `--backend openai-chat "
+        "--endpoint /v1/chat/completions --trust-remote-code`, no --seed); both plus kerneltrial's recording options.",
     )
     timeout_s: float = Field(
         default=3600.0, gt=0, description="Seconds one `vllm bench serve` run may take before it is stopped."
@@ -367,10 +372,10 @@ class Bench(BaseModel):
         return goodput
 
     @model_validator(mode="after")
-    def _official_seeds(self) -> Bench:
-        if self.client == "official" and (self.seeding, self.seed) != ("official", VLLM_BENCH_DEFAULT_SEED):
+    def _script_seeds(self) -> Bench:
+        if self.client != "completions" and (self.seeding, self.seed) != ("official", VLLM_BENCH_DEFAULT_SEED):
             raise ValueError(
-                f"client official sends no --seed, as the official script does (every run: the client's default "
+                f"client {self.client} sends no --seed, as its script does (every run: the client's default "
                 f"{VLLM_BENCH_DEFAULT_SEED}); remove seeding = {self.seeding!r} and seed = {self.seed}, or use "
                 'client = "completions"'
             )
@@ -503,6 +508,16 @@ class Protocol(BaseModel):
             if (diff := non_operator_difference(ref, arm)) is not None:
                 raise ValueError(diff)
         return arms
+
+    @model_validator(mode="after")
+    def _official_runs(self) -> Protocol:
+        if self.bench.client == "official" and self.repeats != official.RUNS:
+            raise ValueError(
+                f"repeats = {self.repeats}: client official runs each case RUNS = {official.RUNS} times, the first "
+                f"{official.SKIP_FIRST} dropped, as {official.SCRIPT} does; set repeats = {official.RUNS} or use "
+                'client = "completions"'
+            )
+        return self
 
     @model_validator(mode="after")
     def _per_op_changes_only_the_arms_ops(self) -> Protocol:

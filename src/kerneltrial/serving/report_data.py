@@ -56,7 +56,7 @@ class PlanArm(BaseModel):
 class PlanCase(BaseModel):
     model_config = _READ
     case: str
-    label: str = ""  # the built-in case set it comes from (serving/official.py); runs before issue 26: none
+    label: str = ""  # the built-in case set it comes from (bench.CASE_SETS); runs before issue 26: none
 
     @property
     def heading(self) -> str:

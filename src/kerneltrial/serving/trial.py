@@ -8,6 +8,7 @@ Run directory (see docs/serving.md):
     launches/NN-ARM/server.log
     launches/NN-ARM/dispatch/dispatch-PID.json   the plugins' call records (proof of dispatch)
     raw/NN-ARM/CASE/runK.json + runK.log   the `vllm bench serve --save-detailed` result
+    benchmark_results/NN-ARM/raw_runs_<timestamp>.csv + summary_<timestamp>.csv   the organisers' CSVs
     runs.jsonl         one row per run (status, raw file + sha256, figures), appended
     requests.csv       one row per request of every run, appended
     accuracy/ARM/records.jsonl + accuracy.json
@@ -33,7 +34,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
-from kerneltrial.serving import metrics
+from kerneltrial.serving import metrics, script_csv
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
     BenchError,
@@ -173,7 +174,7 @@ def plan_doc(
         "rounds": proto.rounds,
         "repeats": proto.repeats,
         "seed": proto.seed,
-        "client": proto.bench.client,  # the request path: completions (kerneltrial's) or official (the organisers')
+        "client": proto.bench.client,  # the request path: completions (kerneltrial's), official, flagos-chat
         "goodput": proto.bench.goodput,  # SLOs (ms) of --goodput; each case's request_rate/burstiness is in cases
         "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
         "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
@@ -368,6 +369,7 @@ class _Trial:
     failures: list[str] = field(default_factory=list)
     proofs: list[LaunchProof] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
+    stamp: str = field(default_factory=script_csv.stamp)  # the start, in the names of the script's CSVs
 
     def close(self, ending: RunEnding, total_s: float) -> dict[str, Any] | None:
         """provenance.json's last write and, unless the run broke off, summary.json (returned)."""
@@ -375,6 +377,7 @@ class _Trial:
         run_scope = scope(self.proto.bench.client, self.proto.pins.flat(), self.pin_rows, devices)
         prov = final_provenance(self.started, ending, self.stopped_in, self.server_versions, total_s, run_scope)
         write_json(self.out / layout.PROVENANCE, prov)
+        script_csv.write_run(self.out, self.stamp, self.proto.bench.cases, self.proto.repeats, self.runs)
         if not ending.summarised:
             return None
         figures = summarise(self.proto, self.runs, self.acc, self.sha, self.failures, self.proofs, self.refused)

@@ -22,8 +22,9 @@ a sentence that names the run and the invariant it breaks.
   each launch with its round's block (order.planned_launches);
 - the client's argv (`client_problems`): every run sent the case's lengths, concurrency and prompt
   count down the plan's request path (client `completions`: --backend vllm --endpoint
-  /v1/completions --seed S; `official`: the organisers' --backend openai-chat --endpoint
-  /v1/chat/completions --trust-remote-code and no --seed);
+  /v1/completions --seed S; `official`: the organisers' script's --backend vllm --endpoint
+  /v1/completions --dataset-name random --ignore-eos and no --seed; `flagos-chat`: the fork's
+  --backend openai-chat --endpoint /v1/chat/completions --trust-remote-code and no --seed);
 - pins and scope (`pins_problems`): plan.json's pins are protocol.toml's, every launch's recorded
   mismatches are those of its recorded versions against them (serving/pins.py's comparison, a
   definition), a mismatch without --override-pins was refused, and the scope is recomputed;
@@ -253,10 +254,15 @@ def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launch
 
 NONCE_FLAG = "--served-model-name"
 # the request path of each client mode, as docs/serving.md states it (written out here, apart from bench.py)
-CLIENT_FLAGS = {
+CLIENT_FLAGS: dict[str, dict[str, list[str] | None]] = {
     "completions": {"--backend": ["vllm"], "--endpoint": ["/v1/completions"]},
-    "official": {"--backend": ["openai-chat"], "--endpoint": ["/v1/chat/completions"], "--trust-remote-code": []},
+    "official": {
+        **{"--backend": ["vllm"], "--endpoint": ["/v1/completions"], "--dataset-name": ["random"]},
+        **{"--ignore-eos": [], "--base-url": None, "--trust-remote-code": None},
+    },
+    "flagos-chat": {"--backend": ["openai-chat"], "--endpoint": ["/v1/chat/completions"], "--trust-remote-code": []},
 }
+SEEDLESS = ("official", "flagos-chat")  # clients whose scripts pass no --seed
 
 
 def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
@@ -266,7 +272,7 @@ def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[st
     client = plan.get("client", "completions")
     want_flags = CLIENT_FLAGS.get(client)
     if want_flags is None:
-        return [f"plan.json names client {client!r}, not completions or official"]
+        return [f"plan.json names client {client!r}, not one of {', '.join(CLIENT_FLAGS)}"]
     cases = {c["case"]: c for c in plan["cases"]}
     problems = []
     for r in runs:
@@ -289,8 +295,8 @@ def client_problems(plan: dict[str, Any], runs: list[dict[str, Any]]) -> list[st
             for f, v in want.items()
             if (v is None and f in argv) or (v is not None and (f not in argv or _flag_values(argv, f) != v))
         ]
-        if client == "official" and "--seed" in argv:
-            wrong.append("--seed (the official script passes none)")
+        if client in SEEDLESS and "--seed" in argv:
+            wrong.append(f"--seed (the {client} client's script passes none)")
         if wrong:
             problems.append(
                 f"run {r.get('arm')}/{r.get('case')}/launch {r.get('launch')}/run {r.get('run')}: its client argv "
