@@ -17,21 +17,7 @@ import pandas as pd
 
 from kerneltrial import stats
 from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
-from kerneltrial.rundir.integrity_notes import integrity_warnings
-
-# A claim below 1/FAR_INSIDE of the harness's bound is warned about: most of what the harness saw is
-# then outside the arm's figure. A convention; what honest arms read (docs/NOTES.md, "Isolation"):
-# on a loaded 2-core CPU machine, interpreted Triton kernels (tens of ms per call) 1.01-1.04x, torch
-# arms of ~80 us per call 2.9-23x (the round trip and the copies of the outputs dominate); on a GPU
-# the round trip alone (tens of microseconds) puts every short kernel far inside.
-FAR_INSIDE = 2.0
-
-
-def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str:
-    return (
-        f"case {case}: isolated arm {arm} claims {claimed / 1e3:.4g} us per call, {bound / claimed:.1f}x inside "
-        f"the harness's wall bound of {bound / 1e3:.4g} us: the figure rests on the arm's own clock"
-    )
+from kerneltrial.rundir.integrity_notes import FAR_INSIDE, far_inside_warning, integrity_warnings
 
 
 def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> IsolationFigures:

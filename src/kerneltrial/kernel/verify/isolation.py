@@ -1,5 +1,6 @@
 """verify's check of isolated arms (plan.json `checks` 3), recomputed independently: the csv module
-and verify's own median, nothing of kerneltrial.stats, kernel.summary or kernel.bounds.
+and verify's own median, nothing of kerneltrial.stats, kernel.summary or kernel.bounds (only the
+warnings' wording and FAR_INSIDE, rundir/integrity_notes.py).
 
 - plan.json `isolated` is what protocol.toml's `isolate` names (user: every `user:` arm; all: every
   arm but `aa:`/`slow:` copies; none; or the list itself);
@@ -21,9 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.rundir.integrity_notes import integrity_warnings
+from kerneltrial.rundir.integrity_notes import FAR_INSIDE, far_inside_warning, integrity_warnings
 
-FAR_INSIDE = 2.0  # the summary's convention (docs/CHECKS.md, "What a kernel can still do")
 REL_TOL = 1e-9
 CALIBRATION = ("aa:", "slow:")
 
@@ -58,13 +58,6 @@ def _row_problems(number: int, row: dict[str, str], isolated: set[str]) -> list[
             "around the same sample"
         ]
     return []
-
-
-def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str:
-    return (
-        f"case {case}: isolated arm {arm} claims {claimed / 1e3:.4g} us per call, {bound / claimed:.1f}x inside "
-        f"the harness's wall bound of {bound / 1e3:.4g} us: the figure rests on the arm's own clock"
-    )
 
 
 def _close(a: Any, b: Any) -> bool:
