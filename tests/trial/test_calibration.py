@@ -134,3 +134,19 @@ def test_calibration_of_another_operator_is_refused(tmp_path):
     assert calibration["passed"], calibration["sentence"]  # the steady control: no longer at the mercy of load
     with pytest.raises(Exception, match="calibrated 'rmsnorm', not 'rmsnorm_fp32'"):
         run_trial(other, tmp_path / "run")
+
+
+def test_a_calibration_copy_keeps_its_arms_contract(monkeypatch):
+    """aa:/slow: copies take the layouts, widths and alignment of the arm they copy, so the gate draws
+    them what it draws the arm (a copy of an aligned-only peer is drawn no misaligned case)."""
+    from dataclasses import replace
+
+    from kerneltrial.ops.registry import get_op
+    from kerneltrial.trial.calibration import calibration_arm
+
+    op = get_op("rmsnorm")
+    base = replace(op.impl("control"), layouts=("contiguous",), widths=(64,), aligned=True)
+    monkeypatch.setattr(op, "impl", lambda name: base)
+    for name in ("aa:control", "slow:control"):
+        copy = calibration_arm(op, name, lambda: None)
+        assert (copy.layouts, copy.widths, copy.aligned, copy.kind) == (("contiguous",), (64,), True, "calibration")

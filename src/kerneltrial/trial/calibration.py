@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,19 +65,12 @@ class Delay:
 
 
 def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
-    """`aa:ARM` (an A/A copy of ARM) or `slow:ARM` (ARM followed by `delay`)."""
+    """`aa:ARM` (an A/A copy of ARM) or `slow:ARM` (ARM followed by `delay`), with ARM's contract
+    (layouts, widths, alignment): the gate draws the copy what it draws ARM."""
     prefix, _, base_name = name.partition(":")
     base = op.impl(base_name)
     if prefix == "aa":
-        return Impl(
-            op=op.name,
-            name=name,
-            kind="calibration",
-            loader=base.resolve,
-            doc=f"A/A copy of {base_name}",
-            layouts=base.layouts,
-            widths=base.widths,
-        )
+        return _copy(op, base, name, base.resolve, f"A/A copy of {base_name}")
 
     def load() -> Any:
         fn = base.resolve()
@@ -88,14 +82,19 @@ def calibration_arm(op: Operator, name: str, delay: Delay) -> Impl:
 
         return slowed
 
+    return _copy(op, base, name, load, f"{base_name} plus an injected delay")
+
+
+def _copy(op: Operator, base: Impl, name: str, loader: Callable[[], Any], doc: str) -> Impl:
     return Impl(
         op=op.name,
         name=name,
         kind="calibration",
-        loader=load,
-        doc=f"{base_name} plus an injected delay",
+        loader=loader,
+        doc=doc,
         layouts=base.layouts,
         widths=base.widths,
+        aligned=base.aligned,
     )
 
 
