@@ -143,6 +143,28 @@ def test_a_run_with_every_case_ok_summarises_every_case_and_verifies(tmp_path, m
         assert [(r["Prefill"], r["Decode"], r["Conc"], r["Num Prompts"]) for r in rows] == [("8", "4", "1", "2")]
         assert float(rows[0]["Benchmark Duration (s)"]) == 2.0
     assert verify_serving_run(out).problems == []
+    # planted: one cell of a raw_runs CSV edited (a faster run), a summary deleted, a stray CSV added
+    first, second = sorted((out / script_csv.RESULTS_DIR).iterdir())
+    [raw_file] = first.glob("raw_runs_*.csv")
+    lines = raw_file.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b",2.0,", b",1.5,", 1)
+    raw_file.write_bytes(b"\n".join(lines))
+    [summary_file] = second.glob("summary_*.csv")
+    summary_file.rename(second / "summary_20200101_000000.csv")
+    problems = verify_serving_run(out).problems
+    stamps = sorted([raw_file.name.removeprefix("raw_runs_").removesuffix(".csv"), "20200101_000000"])
+    assert problems == [f"{script_csv.RESULTS_DIR}/ names 2 timestamps ({stamps}), not the run's one"], problems
+    (second / "summary_20200101_000000.csv").rename(summary_file)
+    (second / "notes.csv").write_text("x\n")
+    summary_file.write_text(summary_file.read_text())  # the script's \r\n line ends become \n
+    (first / summary_file.name).unlink()
+    base = script_csv.RESULTS_DIR
+    assert verify_serving_run(out).problems == [
+        f"{base}/{first.name}/{raw_file.name}: line 3 is not what runs.jsonl gives",
+        f"{base}/{first.name}/{summary_file.name}: missing (runs.jsonl calls for it)",
+        f"{base}/{second.name}/notes.csv: not a file runs.jsonl calls for",
+        f"{base}/{second.name}/{summary_file.name}: line 1 is not what runs.jsonl gives",
+    ]
 
 
 def fixture_files() -> tuple[Path, Path]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kerneltrial.serving import accuracy, metrics, trial
+from kerneltrial.serving import accuracy, metrics, script_csv, trial
 from kerneltrial.serving import summary as summary_mod
 from kerneltrial.serving.bench import request_rows
 from kerneltrial.serving.launcher import free_port
@@ -224,6 +224,9 @@ def _forge_runs(run: Path, arm: str, edit: Any, rewrite_requests: bool = True) -
         "results"
     ]
     (run / "summary.json").write_text(json.dumps(summary))
+    [stamp] = {f.name.removeprefix("raw_runs_").removesuffix(".csv") for f in run.glob("benchmark_results/*/raw_*")}
+    shutil.rmtree(run / script_csv.RESULTS_DIR)  # the script's CSVs, rewritten from the forged rows
+    script_csv.write_run(run, stamp, proto.bench.cases, proto.repeats, rows)
 
 
 def _gain(run: Path) -> float:

@@ -356,6 +356,10 @@ def _check_runs(run: ServingRun, result: VerifyResult) -> None:
         ],
         "per-request times within each run's duration and concurrency; the client's figures agree",
     )
+    if (csv_problems := evidence.script_csv_problems(run.path, run.plan, run.rows)) is None:
+        result.not_applicable("script CSVs", "not applicable: the run has no benchmark_results/ (an older run)")
+    else:
+        result.add("script CSVs", csv_problems, "benchmark_results/ is the organisers' script's CSVs of runs.jsonl")
     raws = {(r.row.get("launch"), r.row.get("arm"), r.row.get("case"), r.row.get("run")): r.raw for r in recounted}
     result.add(
         "requests table", evidence.requests_table_problems(run.path, raws), "requests.csv is the raw files' requests"

@@ -42,6 +42,8 @@ client, so a forgery has to rewrite every per-request time of every affected run
 from __future__ import annotations
 
 import math
+import re
+import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,9 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
+from kerneltrial.serving import script_csv
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
+from kerneltrial.serving.bench import Case
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.pins import pin_mismatches, scope
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
@@ -420,3 +424,49 @@ def regrade_problems(path: Path, accuracy: dict[str, Any]) -> list[str]:
                 f"accuracy {arm}: summary correct = {summary.get('correct')}, re-graded {k} of {len(records)}"
             )
     return problems
+
+
+STAMPED = re.compile(r"^\d{2}-[^/]+/(?:raw_runs|summary)_(\d{8}_\d{6})\.csv$")  # script_csv's file names
+
+
+def script_csv_problems(path: Path, plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str] | None:
+    """benchmark_results/ is what serving/script_csv.py writes from runs.jsonl, byte for byte (the
+    runs' figures themselves are checked against their raw files); None when the run has none (an
+    older run)."""
+    root = path / script_csv.RESULTS_DIR
+    if not root.is_dir():
+        return None
+    present = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    stamps = {m.group(1) for name in present if (m := STAMPED.match(name))}
+    if len(stamps) != 1:
+        return [f"{script_csv.RESULTS_DIR}/ names {len(stamps)} timestamps ({sorted(stamps)}), not the run's one"]
+    names = {f.name for f in fields(Case)}
+    cases = [Case(**{k: v for k, v in c.items() if k in names}) for c in plan["cases"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        script_csv.write_run(Path(tmp), stamps.pop(), cases, int(plan["repeats"]), rows)
+        rebuilt = {
+            p.relative_to(Path(tmp) / script_csv.RESULTS_DIR).as_posix(): p.read_bytes()
+            for p in (Path(tmp) / script_csv.RESULTS_DIR).rglob("*")
+            if p.is_file()
+        }
+    problems = [
+        f"{script_csv.RESULTS_DIR}/{name}: missing (runs.jsonl calls for it)"
+        for name in rebuilt.keys() - present.keys()
+    ]
+    problems += [
+        f"{script_csv.RESULTS_DIR}/{name}: not a file runs.jsonl calls for" for name in present.keys() - rebuilt.keys()
+    ]
+    problems += [
+        f"{script_csv.RESULTS_DIR}/{name}: {_first_difference(present[name], rebuilt[name])}"
+        for name in sorted(rebuilt.keys() & present.keys())
+        if rebuilt[name] != present[name]
+    ]
+    return _capped(sorted(problems), "script CSV problems")
+
+
+def _first_difference(got: bytes, want: bytes) -> str:
+    got_lines, want_lines = got.split(b"\n"), want.split(b"\n")
+    for i, (a, b) in enumerate(zip(got_lines, want_lines, strict=False)):
+        if a != b:
+            return f"line {i + 1} is not what runs.jsonl gives"
+    return f"{len(got_lines)} lines where runs.jsonl gives {len(want_lines)}"
