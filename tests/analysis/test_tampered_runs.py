@@ -62,8 +62,10 @@ def drop_column(path: Path, name: str) -> None:
 
 
 def scrub_isolation(run: Path) -> None:
-    """The traces of contract 3 (isolated arms) removed: plan `isolated`, provenance `isolation`, wall_ns."""
-    edit_json(run / "plan.json", lambda plan: plan.pop("isolated"))
+    """The traces of contract 3 (isolated arms) removed: plan `isolated` and `roundtrip`, provenance
+    `isolation`, wall_ns, roundtrip.csv."""
+    edit_json(run / "plan.json", lambda plan: [plan.pop(k) for k in ("isolated", "roundtrip")])
+    (run / "roundtrip.csv").unlink()
     edit_json(run / "provenance.json", lambda provenance: provenance.pop("isolation"))
     drop_column(run / "timings.csv", "wall_ns")
 

@@ -4,7 +4,8 @@ its own clock is bounded by the harness's, and verify holds the two together.
 
 Planted modules (tests/fixtures/planted/, each file's header says what it does): patches_the_gate
 and reads_the_frames pass in kerneltrial's process and fail isolated; crashes_, hangs_ and
-exits_when_timed kill their worker; underclaims and overclaims rewrite their worker's timer.
+exits_when_timed kill their worker; underclaims, shaves_its_clock and overclaims rewrite their worker's timer
+(the first two fall below the harness's floor, the last exceeds its bound).
 """
 
 from __future__ import annotations
@@ -162,14 +163,16 @@ ARMS = {  # user arm -> how it must end up (a correctness message, or a timed ch
     "hangs_when_timed": ("timed", "raised while timed: WorkerHung: worker hung: no answer to 'sample'"),
     "exits_when_timed": ("timed", "raised while timed: WorkerExited: worker exited with code 3 during 'sample'"),
     "overclaims": ("timed", "raised while timed: BoundExceeded: worker claimed 3600000000000 ns"),
-    "underclaims": None,
+    "underclaims": ("implausible", "implausible: its worker claims less than the harness's floor in 6 of 6 samples"),
+    "shaves_its_clock": ("implausible", "implausible: its worker claims less than the harness's floor in "),
+    "slow_rmsnorm": None,  # shaves_its_clock's honest twin
     # planted cheats of issue 10, isolated: still caught (the worker poisons gate calls as the gate
     # does; an arm's buffers keep their addresses across samples; its inputs are the harness's memory)
     "watches_the_gate": ("timed", "wrong result while timed: "),
     "pointer_cache": ("timed", "wrong result while timed: "),
     "sabotages_late": ("timed", "modified its inputs while timed: weight"),
 }
-FIXTURE = {"good_rmsnorm": REPO / "tests" / "fixtures" / "good_rmsnorm.py"}
+FIXTURE = {name: REPO / "tests" / "fixtures" / f"{name}.py" for name in ("good_rmsnorm", "slow_rmsnorm")}
 
 
 def rows(path: Path) -> list[dict]:
@@ -211,14 +214,21 @@ def test_every_planted_isolated_arm_fails_as_named_and_the_run_goes_on(isolated_
         arm = f"user:{name}"
         gate_failures = [r["message"] for r in correctness if r["arm"] == arm and not r["passed"]]
         timed_failures = [r["message"] for r in checks if r["arm"] == arm and not r["passed"]]
-        if outcome is None:
+        if outcome is None or outcome[0] == "implausible":
             assert not gate_failures and not timed_failures, (arm, gate_failures, timed_failures)
         elif outcome[0] == "correctness":
             assert gate_failures and all(m.startswith(outcome[1]) for m in gate_failures), (arm, gate_failures)
         else:
             assert not gate_failures and any(m.startswith(outcome[1]) for m in timed_failures), (arm, timed_failures)
     summary = json.loads((isolated_run / "summary.json").read_text())
-    assert summary["gate"]["passed_arms"] == ["user:good_rmsnorm", "user:underclaims"]
+    [case] = summary["cases"]
+    for name, outcome in ARMS.items():
+        entry = case["arms"][f"user:{name}"]
+        if outcome is None:
+            assert entry["status"] == "timed", (name, entry)
+        elif outcome[0] == "implausible":
+            assert entry["status"] == "implausible" and entry["reason"].startswith(outcome[1]), (name, entry)
+    assert summary["gate"]["passed_arms"] == ["user:good_rmsnorm", "user:slow_rmsnorm"]
 
 
 @pytest.mark.slow
@@ -233,6 +243,11 @@ def test_the_run_records_its_isolated_arms_and_verifies(isolated_run: Path):
     assert all(int(r["wall_ns"]) >= int(r["ns"]) for r in timings if r["wall_ns"])
     host = (isolated_run / "host.csv").read_text()
     assert "user:" not in host  # an isolated arm's host cost is not measured
+    assert plan["roundtrip"] == "torch_eager"
+    with (isolated_run / "roundtrip.csv").open() as handle:
+        trips = list(csv.DictReader(handle))
+    assert [(r["seed"], r["round"]) for r in trips] == [(s, r) for s in "01" for r in "001122"]  # two per round
+    assert all(0 <= int(r["ns"]) <= int(r["wall_ns"]) and r["calls"] == str(CALLS) for r in trips)
     result = verify_run_dir(isolated_run)
     assert result.ok, [c.detail for c in result.failures]
     assert any(c.name == "isolation bounds" and c.ok and c.applicable for c in result.checks)
@@ -283,6 +298,39 @@ def test_verify_fails_a_claim_over_its_bound_and_a_missing_bound(isolated_run: P
 
     detail = isolation_check(rewritten(isolated_run, tmp_path / "missing", missing))
     assert "isolated arm user:good_rmsnorm has no harness wall bound (missing harness row)" in detail
+
+
+@pytest.mark.slow
+def test_verify_fails_a_hidden_floor_a_forged_round_trip_and_a_deleted_one(isolated_run: Path, tmp_path: Path):
+    """Planted forgeries of the floor: the shaving arm's status set back to timed; a round trip
+    made longer than its wall clock; roundtrip.csv deleted with plan.json's key (no downgrade)."""
+    hidden = tmp_path / "hidden"
+    shutil.copytree(isolated_run, hidden)
+    summary = json.loads((hidden / "summary.json").read_text())
+    summary["cases"][0]["arms"]["user:shaves_its_clock"] |= {"status": "timed", "reason": None}
+    (hidden / "summary.json").write_text(json.dumps(summary))
+    failed = {c.name: c.detail for c in verify_run_dir(hidden).failures}
+    assert (
+        "arm user:shaves_its_clock status: summary 'timed' != 'implausible'"
+        in failed[f"figures case={CASE.id} arm=user:shaves_its_clock"]
+    )
+
+    forged = tmp_path / "forged"
+    shutil.copytree(isolated_run, forged)
+    lines = (forged / "roundtrip.csv").read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[4] = str(int(cells[5]) + 1)  # ns beyond wall_ns
+    (forged / "roundtrip.csv").write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    assert "roundtrip.csv line 2: case " in isolation_check(forged)
+
+    deleted = tmp_path / "deleted"
+    shutil.copytree(isolated_run, deleted)
+    (deleted / "roundtrip.csv").unlink()
+    plan = json.loads((deleted / "plan.json").read_text())
+    del plan["roundtrip"]
+    (deleted / "plan.json").write_text(json.dumps(plan))
+    failed = {c.name: c.detail for c in verify_run_dir(deleted).failures}
+    assert "without a round trip, but source.tar.gz shows a run written under" in failed["no downgrade"]
 
 
 @pytest.mark.slow

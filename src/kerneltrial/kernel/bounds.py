@@ -7,6 +7,15 @@ an arm that controls its process can claim any time up to it (docs/CHECKS.md, "C
 summary puts both side by side for every (case, isolated arm) that was timed, and warns where the
 claim is far inside the bound; then it warns of every `user:` arm left in kerneltrial's process and
 of the sandbox's missing pieces (rundir/integrity_notes.py).
+
+The floor (plan.json `roundtrip`, issue 35 item 2; host clock only): after each round that timed an
+isolated arm, kerneltrial's own torch formula in a trusted worker of its own was timed on the same
+unit (roundtrip.csv); its wall clock less its own claim is what a sample costs beside its calls.
+With `roundtrip_ns` the case's largest such cost, the floor of one sample of an arm is
+(1 - tie_band) * wall_ns - roundtrip_ns: the harness vouches that the arm's calls took at least
+that. An arm whose claim is below its sample's floor in most of its samples (UNDER_FRACTION,
+rundir/integrity_notes.py) is implausible (it has no speedup), so what an arm reports can move its
+figure by at most the tie band and the reference's largest round trip.
 """
 
 from __future__ import annotations
@@ -20,10 +29,31 @@ from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
 from kerneltrial.rundir.integrity_notes import FAR_INSIDE, far_inside_warning, integrity_warnings
 
 
-def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str]) -> IsolationFigures:
+def roundtrips(roundtrip: pd.DataFrame | None) -> dict[str, float]:
+    """Each case's largest wall_ns - ns of the reference worker (roundtrip.csv; none without the file)."""
+    if roundtrip is None or roundtrip.empty:
+        return {}
+    cost = pd.to_numeric(roundtrip["wall_ns"]) - pd.to_numeric(roundtrip["ns"])
+    return {str(case): float(v) for case, v in cost.groupby(roundtrip["case"]).max().items()}
+
+
+def floor_of(rows: pd.DataFrame, roundtrip_ns: float, tie_band: float) -> tuple[float, int]:
+    """The median floor per call of a (case, arm)'s timings rows, and how many rows claim less than
+    their own floor (module docstring)."""
+    wall = pd.to_numeric(rows["wall_ns"]).to_numpy(dtype=float)
+    floors = (1 - tie_band) * wall - roundtrip_ns
+    under = int((rows["ns"].to_numpy(dtype=float) < floors).sum())
+    return stats.median(floors / rows["calls"].to_numpy(dtype=float)), under
+
+
+def isolation_figures(
+    plan: dict[str, Any], timings: pd.DataFrame, warnings: list[str], roundtrip: pd.DataFrame | None = None
+) -> IsolationFigures:
     """summary.json `isolation`: the arms (plan `isolated`), FAR_INSIDE and one bound per timed (case,
     isolated arm), in plan order of cases and arms; medians over the (case, arm)'s timings rows of
-    ns / calls (claimed) and wall_ns / calls (bound); ratio = bound / claimed."""
+    ns / calls (claimed) and wall_ns / calls (bound); ratio = bound / claimed; and, where the case
+    has round trips, its largest and the floor (module docstring)."""
+    costs = roundtrips(roundtrip)
     isolated = [str(a) for a in plan.get("isolated", [])]
     bounds = []
     for case in plan["cases"]:
@@ -34,6 +64,12 @@ def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: lis
             claimed = stats.median((rows["ns"] / rows["calls"]).to_numpy(dtype=float))
             bound = stats.median((pd.to_numeric(rows["wall_ns"]) / rows["calls"]).to_numpy(dtype=float))
             ratio = bound / claimed if claimed > 0 else None
+            cost = costs.get(str(case["case"]))
+            # unset, not null, without a round trip: a run from before it writes no such keys (summary_json)
+            floor_figures = {}
+            if cost is not None:
+                floor, under = floor_of(rows, cost, float(plan["tie_band"]))
+                floor_figures = {"roundtrip_ns": cost, "floor_ns_per_call": floor, "under_samples": under}
             bounds.append(
                 IsolationBound(
                     case=str(case["case"]),
@@ -42,6 +78,7 @@ def isolation_figures(plan: dict[str, Any], timings: pd.DataFrame, warnings: lis
                     claimed_ns_per_call=claimed,
                     bound_ns_per_call=bound,
                     ratio=ratio,
+                    **floor_figures,
                 )
             )
             if claimed > 0 and bound > FAR_INSIDE * claimed:

@@ -393,6 +393,8 @@ def isolation_lines(summary: Summary, h: str) -> list[str]:
             "n/a"
             if b.ratio is None
             else (f"**{b.ratio:.1f}x**" if b.ratio > figures.far_inside else f"{b.ratio:.1f}x"),
+            "n/a" if b.floor_ns_per_call is None else us_cell(b.floor_ns_per_call, ".4g"),
+            "n/a" if b.under_samples is None else f"{b.under_samples} of {b.samples}",
         ]
         for b in figures.bounds
     ]
@@ -402,9 +404,23 @@ def isolation_lines(summary: Summary, h: str) -> list[str]:
         "",
         f"Arms {_names(figures.arms)} ran in a worker process each, apart from kerneltrial's. Each timed itself; "
         "the harness vouches only for the wall clock around each sample, which bounds the claim. "
-        f"**Bold**: the bound is more than {figures.far_inside:g}x the claim, which then rests on the arm's own clock.",
+        f"**Bold**: the bound is more than {figures.far_inside:g}x the claim, which then rests on the arm's own clock. "
+        "The floor (host clock): each sample's wall clock less the tie band and the largest round trip of "
+        "kerneltrial's own worker in the case; an arm below it in most of its samples is implausible.",
         "",
-        *markdown_table(["case", "arm", "samples", "claimed µs/call", "harness bound µs/call", "bound / claim"], rows),
+        *markdown_table(
+            [
+                "case",
+                "arm",
+                "samples",
+                "claimed µs/call",
+                "harness bound µs/call",
+                "bound / claim",
+                "floor µs/call",
+                "below floor",
+            ],
+            rows,
+        ),
     ]
 
 

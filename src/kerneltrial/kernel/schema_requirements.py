@@ -43,6 +43,7 @@ from kerneltrial.rundir.layout import (
     COPY_MATCHED,
     HOST,
     MANIFEST,
+    ROUNDTRIP,
     SOURCE_ARCHIVE,
     TIMED_CHECKS,
     TIMINGS,
@@ -52,28 +53,41 @@ from kerneltrial.rundir.layout import (
 CHECKS_CONSTANT = re.compile(rb"^CHECKS_VERSION = (\d+)", re.MULTILINE)  # trial/runner.py since 7e5e53b
 HOST_KEY = re.compile(rb'"host":\s*\{\s*"samples"')  # plan.json's host stage, written since b961c2c
 SANDBOX_KEY = re.compile(rb'"sandbox":\s*sandbox_record\(')  # plan.json `sandbox`, written since 6fd655a
+ROUNDTRIP_KEY = re.compile(rb'"roundtrip":\s*roundtrip_reference\(')  # plan.json `roundtrip` (issue 35 item 2)
 RUNNER_PACKAGE = "trial/"  # where the runner that writes plan.json lives in the package
 CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`, timings.csv `wall_ns`
 
 
 @dataclass(frozen=True)
 class WriterContract:
-    """What a runner writes: the timed-check contract (0: none), whether it runs the host stage and
-    whether its plan records the sandbox of isolated arms."""
+    """What a runner writes: the timed-check contract (0: none), whether it runs the host stage,
+    whether its plan records the sandbox of isolated arms and whether it writes the round trip
+    (plan.json `roundtrip`, roundtrip.csv)."""
 
     checks: int
     host: bool
     sandbox: bool = False
+    roundtrip: bool = False
 
     def __str__(self) -> str:
         return f"checks {self.checks}" + (" with a host stage" if self.host else "")
 
-    def named(self, sandbox: bool) -> str:
-        """As str(), saying whether it records the sandbox where `sandbox` (the difference at issue)."""
-        return str(self) + ((" with" if self.sandbox else " without") + " a sandbox record" if sandbox else "")
+    def named(self, sandbox: bool, roundtrip: bool = False) -> str:
+        """As str(), saying whether it records the sandbox where `sandbox` and the round trip where
+        `roundtrip` (the differences at issue)."""
+        return (
+            str(self)
+            + ((" with" if self.sandbox else " without") + " a sandbox record" if sandbox else "")
+            + ((" with" if self.roundtrip else " without") + " a round trip" if roundtrip else "")
+        )
 
     def covers(self, other: WriterContract) -> bool:
-        return self.checks >= other.checks and (self.host or not other.host) and (self.sandbox or not other.sandbox)
+        return (
+            self.checks >= other.checks
+            and (self.host or not other.host)
+            and (self.sandbox or not other.sandbox)
+            and (self.roundtrip or not other.roundtrip)
+        )
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,7 @@ TIMED_CHECKS_REQUIREMENT = Requirement(
 )
 HOST_REQUIREMENT = Requirement((HOST,), ("host",), ())
 SANDBOX_REQUIREMENT = Requirement((), ("sandbox",), ())
+ROUNDTRIP_REQUIREMENT = Requirement((ROUNDTRIP,), ("roundtrip",), ())
 ISOLATION_REQUIREMENT = Requirement((), ("isolated",), ("isolation",), ("wall_ns",))
 
 
@@ -109,7 +124,7 @@ def declared(plan: dict[str, Any]) -> WriterContract:
     """The contract plan.json declares (verify's schema check refuses a `checks` it does not know)."""
     checks = plan.get("checks")
     checks = checks if isinstance(checks, int) and not isinstance(checks, bool) else 0
-    return WriterContract(checks, "host" in plan, "sandbox" in plan)
+    return WriterContract(checks, "host" in plan, "sandbox" in plan, "roundtrip" in plan)
 
 
 def requirements(contract: WriterContract) -> list[Requirement]:
@@ -119,6 +134,7 @@ def requirements(contract: WriterContract) -> list[Requirement]:
             (TIMED_CHECKS_REQUIREMENT, contract.checks >= 1),
             (HOST_REQUIREMENT, contract.host),
             (SANDBOX_REQUIREMENT, contract.sandbox),
+            (ROUNDTRIP_REQUIREMENT, contract.roundtrip),
             (ISOLATION_REQUIREMENT, contract.checks >= CHECKS_ISOLATED),
         )
         if needed
@@ -163,8 +179,10 @@ def writer_contract(files: Mapping[str, bytes]) -> WriterContract:
     CHECKS_VERSION (none before timed checks) and whether its plan has the host stage."""
     runner = [data for path, data in files.items() if path.startswith(RUNNER_PACKAGE)]
     checks = next((int(m.group(1)) for data in runner if (m := CHECKS_CONSTANT.search(data))), 0)
-    host, sandbox = (any(key.search(data) for data in runner) for key in (HOST_KEY, SANDBOX_KEY))
-    return WriterContract(checks, host, sandbox)
+    host, sandbox, roundtrip = (
+        any(key.search(data) for data in runner) for key in (HOST_KEY, SANDBOX_KEY, ROUNDTRIP_KEY)
+    )
+    return WriterContract(checks, host, sandbox, roundtrip)
 
 
 def _code_witnesses(run_dir: Path, provenance: dict[str, Any]) -> list[Witness]:
@@ -200,6 +218,8 @@ def _row_witnesses(
     ]
     if (run_dir / HOST).is_file():
         found.append(Witness(WriterContract(0, True), f"{HOST} is present"))
+    if (run_dir / ROUNDTRIP).is_file():
+        found.append(Witness(WriterContract(CHECKS_ISOLATED, False, roundtrip=True), f"{ROUNDTRIP} is present"))
     keys = [key for key in ("exact", "plausibility", "frozen_at") if key in plan]
     if keys:
         found.append(Witness(timed, f"plan.json has {keys}"))
@@ -247,16 +267,21 @@ def writer_floor(
         max((w.least.checks for w in witnesses), default=0),
         any(w.least.host for w in witnesses),
         any(w.least.sandbox for w in witnesses),
+        any(w.least.roundtrip for w in witnesses),
     )
     return floor, witnesses
 
 
 def downgrade_problems(contract: WriterContract, witnesses: list[Witness]) -> list[str]:
     """A declaration below what a witness shows the run was written under, one line per witness."""
-    return [
-        f"plan.json declares {contract.named(w.least.sandbox and not contract.sandbox)}, but {w.what} shows a run "
-        f"written under {w.least.named(w.least.sandbox and not contract.sandbox)}: "
-        "a run directory is verified under the contract that wrote it (restore the deleted files and keys)"
-        for w in witnesses
-        if not contract.covers(w.least)
-    ]
+    problems = []
+    for w in witnesses:
+        if contract.covers(w.least):
+            continue
+        differs = (w.least.sandbox and not contract.sandbox, w.least.roundtrip and not contract.roundtrip)
+        problems.append(
+            f"plan.json declares {contract.named(*differs)}, but {w.what} shows a run "
+            f"written under {w.least.named(*differs)}: "
+            "a run directory is verified under the contract that wrote it (restore the deleted files and keys)"
+        )
+    return problems

@@ -94,7 +94,7 @@ def _arm_entry(inputs: CaseInputs, arm: dict[str, Any], case: dict[str, Any], fl
         return _untimed(kind, NOT_TIMED, host, reason="passed correctness but has no timing rows")
     median = stats.median(times.to_numpy())
     achieved = stats.gbps(case["bytes"], median)
-    reason = inputs.schema.implausibility(achieved, median)
+    reason = inputs.schema.implausibility(achieved, median) or inputs.schema.under_claim(case_id, name, median)
     ceiling = inputs.copy_ceiling
     return _untimed(kind, TIMED if reason is None else IMPLAUSIBLE, host, reason=reason).model_copy(
         update={

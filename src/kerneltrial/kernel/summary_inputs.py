@@ -15,7 +15,14 @@ from kerneltrial import stats
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_bytes
-from kerneltrial.rundir.layout import COPY_MATCHED, HOST, PARTIAL_LAYOUT_KINDS, TIMED_CHECKS
+from kerneltrial.rundir.layout import (
+    COPY_MATCHED,
+    HOST,
+    PARTIAL_LAYOUT_KINDS,
+    ROUNDTRIP,
+    ROUNDTRIP_COLUMNS,
+    TIMED_CHECKS,
+)
 
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns"]
 CLOCK_COLUMNS = ["sm_mhz", "mem_mhz"]  # optional; empty where the clock is unknown
@@ -46,6 +53,7 @@ class RunFiles:
     ceilings: pd.DataFrame
     timed_checks: list[TimedCheck] | None = None  # None: the run has no timed_checks.jsonl
     host: pd.DataFrame | None = None  # None: the run has no host.csv
+    roundtrip: pd.DataFrame | None = None  # None: the run has no roundtrip.csv
 
 
 def _require(run_dir: Path, name: str) -> Path:
@@ -83,7 +91,9 @@ def load_run(run_dir: Path) -> RunFiles:
     ceilings = _read_csv(_require(run_dir, "ceilings.csv"), CEILING_COLUMNS, {"kind": str})
     timed_checks = _timed_checks(run_dir / TIMED_CHECKS) if (run_dir / TIMED_CHECKS).is_file() else None
     host = _read_csv(run_dir / HOST, HOST_COLUMNS, {"case": str, "arm": str}) if (run_dir / HOST).is_file() else None
-    return RunFiles(plan, sha256_bytes(protocol_bytes), correctness, timings, ceilings, timed_checks, host)
+    path = run_dir / ROUNDTRIP
+    roundtrip = _read_csv(path, list(ROUNDTRIP_COLUMNS), {"case": str}) if path.is_file() else None
+    return RunFiles(plan, sha256_bytes(protocol_bytes), correctness, timings, ceilings, timed_checks, host, roundtrip)
 
 
 def _timed_checks(path: Path) -> list[TimedCheck]:

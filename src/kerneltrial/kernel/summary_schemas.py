@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial import gate_rule, stats
-from kerneltrial.kernel.bounds import isolation_figures
+from kerneltrial.kernel.bounds import floor_of, isolation_figures, roundtrips
 from kerneltrial.kernel.floor import CaseFloors
 from kerneltrial.kernel.summary_inputs import RunFiles, TimedCheck
 from kerneltrial.rundir.documents import (
@@ -25,7 +25,8 @@ from kerneltrial.rundir.documents import (
     TimedCheckCounts,
 )
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, TIMED_CHECKS, TRITON_LAUNCH
+from kerneltrial.rundir.integrity_notes import under_claim_reason, under_claimed
+from kerneltrial.rundir.layout import HOST, INPUT_FILES, ROUNDTRIP, TIMED_CHECKS, TRITON_LAUNCH
 from kerneltrial.rundir.summary_versions import SUMMARY_V3, SUMMARY_V4, SUMMARY_V5, SUMMARY_V6, SUMMARY_V7
 
 SCHEMA = SUMMARY_V7  # what a new run's summary is
@@ -91,6 +92,10 @@ class SchemaV3:
 
     def implausibility(self, achieved_gbps: float, median_ns: float) -> str | None:
         """Why a timed arm's figures cannot be real work: never judged before summary/4."""
+        return None
+
+    def under_claim(self, case_id: str, arm: str, median_ns: float) -> str | None:
+        """Why an isolated arm's claim is below the harness's floor: no floor before plan.json `roundtrip`."""
         return None
 
     def launch_ceiling(self) -> tuple[float | None, int | None]:
@@ -303,14 +308,33 @@ class SchemaV7(SchemaV6):
 
     schema = SUMMARY_V7
 
+    roundtrip: pd.DataFrame | None = None  # roundtrip.csv: runs with plan.json `roundtrip` (kernel/bounds.py)
+
     @classmethod
     def from_run(cls, run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV7:
         if "wall_ns" not in run.timings.columns:
             raise RunDirError("plan.json has checks 3 but timings.csv has no wall_ns column (the harness's bound)")
-        return replace(super().from_run(run, copy_gbps, read_gbps), timings=run.timings)
+        if run.plan.get("roundtrip") and run.roundtrip is None:
+            raise RunDirError(
+                f"plan.json has roundtrip {run.plan['roundtrip']!r} but the run directory has no {ROUNDTRIP}; "
+                "a run with a round trip writes a row after each round that timed an isolated arm"
+            )
+        roundtrip = run.roundtrip if run.plan.get("roundtrip") else None
+        return replace(super().from_run(run, copy_gbps, read_gbps), timings=run.timings, roundtrip=roundtrip)
 
     def isolation(self, warnings: list[str]) -> IsolationFigures | None:
-        return isolation_figures(self.plan, self.timings, warnings)
+        return isolation_figures(self.plan, self.timings, warnings, self.roundtrip)
+
+    def under_claim(self, case_id: str, arm: str, median_ns: float) -> str | None:
+        """The reason an isolated arm's claims are below the harness's floor (kernel/bounds.py)."""
+        cost = roundtrips(self.roundtrip).get(case_id)
+        if cost is None or arm not in self.plan.get("isolated", []):
+            return None
+        rows = self.timings[(self.timings["case"] == case_id) & (self.timings["arm"] == arm)]
+        floor, under = floor_of(rows, cost, float(self.plan["tie_band"]))
+        if not under_claimed(under, len(rows)):
+            return None
+        return under_claim_reason(under, len(rows), median_ns, floor, cost)
 
 
 def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:

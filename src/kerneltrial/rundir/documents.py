@@ -196,6 +196,10 @@ class Plan(Document):
         default=None,
         description="The sandbox pieces this host gave the isolated workers (trial/confine.py); null without isolated arms, or before the sandbox.",
     )
+    roundtrip: str | None = Field(
+        default=None,
+        description="The control whose trusted isolated worker measured each round's round trip (roundtrip.csv, the floor under isolated arms' claims); null where no floor applies (no isolated arm, or a GPU) or before issue 35.",
+    )
     exact: bool = Field(description="Whether outputs must equal the official formula bit for bit.")
     plausibility: PlausibilityRule | None = Field(description="The plausibility rule; null before timed checks.")
     frozen_at: str | None = Field(
@@ -560,6 +564,18 @@ class IsolationBound(Document):
     )
     ratio: float | None = Field(
         description="bound / claimed; above `far_inside` the summary warns that the figure rests on the arm's own clock."
+    )
+    roundtrip_ns: float | None = Field(
+        default=None,
+        description="The largest wall_ns - ns of the case's roundtrip.csv rows: what a sample of the trusted reference worker cost beside its calls; null without a floor (plan.json `roundtrip` null or absent).",
+    )
+    floor_ns_per_call: float | None = Field(
+        default=None,
+        description="Median of ((1 - tie_band) * wall_ns - roundtrip_ns) / calls: the least the harness vouches the arm's calls took. Null without a floor.",
+    )
+    under_samples: int | None = Field(
+        default=None,
+        description="Samples whose claim (ns) is below their floor (1 - tie_band) * wall_ns - roundtrip_ns; in most of them (rundir/integrity_notes.py UNDER_FRACTION) the arm is implausible. Null without a floor.",
     )
 
 

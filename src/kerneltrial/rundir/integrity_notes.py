@@ -1,6 +1,7 @@
 """The warnings that say a run's verdict rests on less than the whole isolation (issue 35, item 4):
 a `user:` arm left in kerneltrial's process, isolated arms without a piece of the sandbox, and an
-isolated arm's claim far inside the harness's wall bound. The summary writes them (kernel/bounds.py),
+isolated arm's claim far inside the harness's wall bound; and the reason an isolated arm's claim
+below the harness's floor is implausible. The summary writes them (kernel/bounds.py),
 verify recomputes them from plan.json and timings.csv, and report.md, `performance` and `compare`
 show every warning that starts with one of `PREFIXES`."""
 
@@ -25,6 +26,30 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
         f"case {case}: isolated arm {arm} claims {claimed / 1e3:.4g} us per call, {bound / claimed:.1f}x inside "
         f"the harness's wall bound of {bound / 1e3:.4g} us: the figure rests on the arm's own clock"
     )
+
+
+# An isolated arm whose claim is below the harness's floor in at least this fraction of its samples
+# (and at least UNDER_LEAST of them) is implausible (kernel/bounds.py). An honest arm gets there only
+# if that many of its round trips exceed every one of the reference's, which has twice its samples:
+# for 6 samples against 12, 5 of 6 above all 12 has probability 7e-4 when the two are alike. The
+# torch arms of tests/trial/test_isolation.py (4x64, 8 calls, a loaded 2-core machine) had round
+# trips of 0.4-8.6 ms per sample, the reference's largest 0.7-4.9 ms: a claim moves by less than that.
+UNDER_FRACTION = 0.75
+UNDER_LEAST = 3
+
+
+def under_claim_reason(under: int, samples: int, claimed: float, floor: float, roundtrip_ns: float) -> str:
+    """Why an isolated arm's claims are implausible: below the harness's floor (kernel/bounds.py)."""
+    return (
+        f"implausible: its worker claims less than the harness's floor in {under} of {samples} samples (median "
+        f"claim {claimed / 1e3:.4g} us per call, median floor {floor / 1e3:.4g} us: the wall clock around each "
+        f"sample less the tie band and the largest round trip of kerneltrial's reference worker in this case, "
+        f"{roundtrip_ns / 1e3:.4g} us per sample): the arm's own clock under-reports its calls"
+    )
+
+
+def under_claimed(under: int, samples: int) -> bool:
+    return under >= UNDER_LEAST and under >= UNDER_FRACTION * samples
 
 
 def in_process_warning(arm: str) -> str:

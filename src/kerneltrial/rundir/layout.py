@@ -36,6 +36,9 @@ PARTIAL_LAYOUT_KINDS = ("peer", "calibration")
 TIMINGS = "timings.csv"
 TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
+ROUNDTRIP = "roundtrip.csv"  # the trusted reference worker's samples (runs with plan.json `roundtrip`)
+# its columns (trial/rounds.py writes a row after each round that timed an isolated arm)
+ROUNDTRIP_COLUMNS = ("case", "seed", "round", "calls", "ns", "wall_ns")
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
 REPORT = "report.md"  # derived: verify renders it again and compares (kernel/derived.py)
@@ -117,6 +120,10 @@ class RunDir:
     @property
     def host(self) -> Path:
         return self.root / HOST
+
+    @property
+    def roundtrip(self) -> Path:
+        return self.root / ROUNDTRIP
 
     @property
     def summary(self) -> Path:

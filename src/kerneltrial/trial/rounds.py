@@ -6,6 +6,13 @@ is checked (trial/timed.py, timed_checks.jsonl); an arm that raises leaves the c
 CI width, extra rounds until it is met, `max_rounds` or the time budget. Rows on disk are kept
 (resume). `Measured` says what remains, `time_round` measures one (case, seed, round), and
 `run_rounds` loops over the cases.
+
+The round trip (plan.json `roundtrip`, host clock only): where a round timed an isolated arm, a
+trusted worker of kerneltrial's own torch formula (`reference`, the same sandbox, the same unit, the
+same calls) is timed REFERENCE_SAMPLES times after the arms; its wall clock less its own claim is what a sample costs beside
+its calls (the request, the value sets written, the outputs copied into slots). roundtrip.csv keeps
+each, and the summary's floor of an isolated arm's claim is its wall clock less the case's largest
+(kernel/bounds.py).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import csv
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +29,20 @@ import torch
 
 from kerneltrial.ops.registry import Case, Impl, Operator
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, read_csv, read_jsonl, write_json
-from kerneltrial.rundir.layout import RunDir
+from kerneltrial.rundir.layout import ROUNDTRIP_COLUMNS, RunDir
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay
 from kerneltrial.trial.clocks import ClockReader
-from kerneltrial.trial.remote import timed_arm
+from kerneltrial.trial.remote import IsolatedArm, timed_arm
 from kerneltrial.trial.timing import Timer
 
 # wall_ns: the harness's wall clock around an isolated arm's sample (its bound); empty for an arm in this process
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz", "wall_ns"]
 Key = tuple[str, int, int, str]  # (case, seed, round, arm): one sample of timings.csv
+# the reference's samples per round: twice an arm's, so that an honest arm's round trips rarely all
+# exceed the reference's largest (kernel/bounds.py: the floor takes that largest)
+REFERENCE_SAMPLES = 2
 
 
 def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
@@ -132,6 +143,8 @@ class Session:
     progress: Any
     task: int
     quiet: Callable[[timed.TimedArm | None], None]  # every other arm's worker frozen (remote.Isolation.quiet)
+    reference: Impl | None = None  # the control in a trusted worker of its own (module docstring)
+    append_roundtrip: Callable[[list[object]], None] | None = None  # a row of roundtrip.csv
 
     def record(self, check: timed.TimedCheck) -> None:
         """Write a unit's check (timed_checks.jsonl), count it done and advance the bar."""
@@ -173,14 +186,17 @@ def time_round(
     names: list[str],
     prepared: dict[str, timed.TimedArm],
     calls: int,
+    reference: timed.TimedArm | None = None,
 ) -> None:
     """One unit: every arm still in the case once, in the round's seeded order, on the round's
-    fresh values (trial/timed.py `Unit`); a sample already on disk is not taken again."""
+    fresh values (trial/timed.py `Unit`); a sample already on disk is not taken again. Then, where
+    an isolated arm was timed, the reference's round trip (module docstring)."""
     unit = timed.Unit.draw(s.op, case, seed, round_index, calls, s.device)
     order = round_order(
         s.order_seed, case_index, seed, round_index, s.measured.present(case.id, names, (seed, round_index))
     )
     graph = s.timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
+    isolated = False
     for position, name in enumerate(order):
         if (case.id, seed, round_index, name) in s.measured.done:
             continue
@@ -199,6 +215,12 @@ def time_round(
         )
         s.measured.samples[(case.id, seed, round_index, name)] = ns / calls
         s.record(check)
+        isolated = isolated or isinstance(arm, IsolatedArm)
+    if reference is not None and isolated and s.append_roundtrip is not None:
+        s.quiet(reference)
+        for _ in range(REFERENCE_SAMPLES):
+            ns, _, wall = reference.sample(s.timer, s.op, unit, calls, 0, graph)
+            s.append_roundtrip([case.id, seed, round_index, calls, ns, wall])
 
 
 def time_units(s: Session, case_index: int, case: Case, arms: list[Impl], calls: int, rounds: range) -> None:
@@ -209,9 +231,23 @@ def time_units(s: Session, case_index: int, case: Case, arms: list[Impl], calls:
         if not todo:
             continue
         prepared = warm_arms(s, case, seed, arms, todo, calls)
+        reference = warm_reference(s, case, seed, prepared, calls)
         for round_index in todo:
-            time_round(s, case_index, case, seed, round_index, names, prepared, calls)
+            time_round(s, case_index, case, seed, round_index, names, prepared, calls, reference)
         s.timer.release()
+
+
+def warm_reference(
+    s: Session, case: Case, seed: int, prepared: dict[str, timed.TimedArm], calls: int
+) -> timed.TimedArm | None:
+    """The trusted reference worker on the seed's inputs after the warm-up, where an isolated arm
+    is to be timed (module docstring); it is kerneltrial's own control, so a failure is the harness's."""
+    if s.reference is None or not any(isinstance(a, IsolatedArm) for a in prepared.values()):
+        return None
+    reference = timed_arm(s.op, s.reference, s.op.make_inputs(case, seed, s.device), calls)
+    for _ in range(s.p.warmup):
+        reference.call()
+    return reference
 
 
 def wants_round(
@@ -235,6 +271,12 @@ def with_rounds(plan: dict[str, Any], rounds: dict[str, int]) -> dict[str, Any]:
     return plan | {"cases": cases}
 
 
+def roundtrip_appender(run: RunDir, plan: dict[str, Any]) -> AbstractContextManager[Any]:
+    """roundtrip.csv's appender in a run whose plan.json has `roundtrip` (a header only where it is
+    null); none in a run from before it (a resumed one), which must not gain the file."""
+    return csv_appender(run.roundtrip, list(ROUNDTRIP_COLUMNS)) if "roundtrip" in plan else nullcontext(None)
+
+
 def run_rounds(
     run: RunDir,
     p: proto.Protocol,
@@ -246,6 +288,7 @@ def run_rounds(
     delay: Delay,
     progress: Any,
     quiet: Callable[[timed.TimedArm | None], None],
+    reference: Impl | None = None,
 ) -> dict[str, Any]:
     """The rounds of every case (module docstring); returns the plan as they leave it: `plan`
     with the rounds the noise rule added (plan.json is rewritten before each added round, so
@@ -259,9 +302,26 @@ def run_rounds(
     task = progress.add_task("timing", total=total, completed=len(measured.done))
     clocks = ClockReader.open(timer.is_gpu)
     started = time.monotonic()
-    with csv_appender(run.timings, TIMING_COLUMNS) as append, jsonl_appender(run.timed_checks) as append_check:
+    with (
+        csv_appender(run.timings, TIMING_COLUMNS) as append,
+        jsonl_appender(run.timed_checks) as append_check,
+        roundtrip_appender(run, plan) as append_roundtrip,
+    ):
         s = Session(
-            p, op, timer, device, plan["order_seed"], clocks, measured, append, append_check, progress, task, quiet
+            p,
+            op,
+            timer,
+            device,
+            plan["order_seed"],
+            clocks,
+            measured,
+            append,
+            append_check,
+            progress,
+            task,
+            quiet,
+            reference if plan.get("roundtrip") else None,
+            append_roundtrip,
         )
         for case_index, spec in enumerate(p.cases):
             case = spec.case()

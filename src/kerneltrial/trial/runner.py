@@ -76,6 +76,9 @@ CEILING_SAMPLES = 10
 # plan.json `checks` (docs/VERIFY.md, "Timed checks"): 2 = fresh values before every call, a random call checked; 3 = and
 # isolated arms (plan `isolated`), whose samples carry the harness's wall bound (timings.csv `wall_ns`)
 CHECKS_VERSION = 3
+# the round trip's trusted worker (trial/rounds.py): kerneltrial's torch formula, the fastest built-in
+# arm of every operator, so that its wall clock is mostly what a sample costs beside its calls
+ROUNDTRIP_REFERENCE = "torch_eager"
 
 
 class RunError(RuntimeError):
@@ -412,6 +415,7 @@ def build_plan(
         "checks": CHECKS_VERSION,
         "isolated": p.isolated(),
         "sandbox": sandbox_record(p, device),
+        "roundtrip": roundtrip_reference(p, timer),
         "exact": p.exact,
         "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
@@ -502,6 +506,14 @@ def refuse_partial_sandbox(protocol_path: Path, p: proto.Protocol, device: torch
         )
 
 
+def roundtrip_reference(p: proto.Protocol, timer: Timer) -> str | None:
+    """plan.json `roundtrip`: the built-in arm whose trusted worker measures a sample's round trip
+    (trial/rounds.py), where the floor applies: isolated arms on the host clock; else None (on a
+    GPU the worker's timer starts a sample with a spin of its own length, which the harness cannot
+    see, so no floor follows from the wall clock: docs/CHECKS.md)."""
+    return ROUNDTRIP_REFERENCE if p.isolated() and timer.name == "host-clock" else None
+
+
 def _run_trial(
     protocol_path: Path,
     out: Path,
@@ -534,7 +546,10 @@ def _run_trial(
         if resume and sealed_on_resume(out):
             return out
         run, digest = prepare(out, protocol_path, p, resume, links)
-        trial = Trial(run, p, op, arms, cases, timer, device, delay, progress or _NoProgress(), isolation.quiet)
+        reference = isolation.isolate(op.impl(ROUNDTRIP_REFERENCE)) if roundtrip_reference(p, timer) else None
+        trial = Trial(
+            run, p, op, arms, cases, timer, device, delay, progress or _NoProgress(), isolation.quiet, reference
+        )
         return _measure(trial, digest, resume, order_seed, target)
 
 
@@ -552,6 +567,7 @@ class Trial:
     delay: Delay
     progress: Any
     quiet: Callable[[timed.TimedArm | None], None]  # freezes every worker but the timed arm's (remote.Isolation.quiet)
+    reference: Impl | None = None  # the control in a trusted worker of its own (trial/rounds.py, the round trip)
 
 
 def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target: Target | None) -> Path:
@@ -582,7 +598,7 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
             order_seed,
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
-    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress, t.quiet)
+    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress, t.quiet, t.reference)
     t.quiet(None)  # the host stage times in-process arms only
     run_host(run, op, plan, t.cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 

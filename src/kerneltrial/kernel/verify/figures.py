@@ -47,6 +47,7 @@ def _arm_state(
     per_unit: dict[tuple[str, str], dict[tuple[int, int], float]],
     timed: TimedChecks | None,
     limits: Limits | None,
+    under: dict[tuple[str, str], str],
 ) -> ArmState:
     case_id = str(case["case"])
     state = outcome.get((case_id, name), "unavailable")
@@ -63,6 +64,8 @@ def _arm_state(
         reason = limits.reason(float(case["bytes"]) / median, median)
         if reason:
             return ArmState(IMPLAUSIBLE, times, reason=reason)
+    if (case_id, name) in under:  # an isolated arm's claims below the harness's floor (verify/isolation.py)
+        return ArmState(IMPLAUSIBLE, times, reason=under[(case_id, name)])
     return ArmState("timed", times)
 
 
@@ -106,6 +109,7 @@ class FigureInputs:
     timed: TimedChecks | None
     contract: Contract
     control: str | None
+    under: dict[tuple[str, str], str]  # isolated arms below the harness's floor: why (verify/isolation.py)
 
 
 def check_figures(
@@ -118,6 +122,7 @@ def check_figures(
     result: VerifyResult,
     contract: Contract,
     timed: TimedChecks | None,
+    under: dict[tuple[str, str], str] | None = None,
 ) -> None:
     """Every figure of summary.json: the run header, clocks, ceilings, each case's and arm's figures,
     then the calibration and the aggregates they feed."""
@@ -148,6 +153,7 @@ def check_figures(
         timed,
         contract,
         control,
+        under or {},
     )
     tally = Tally()
     for case in plan["cases"]:
@@ -248,7 +254,9 @@ def _check_case(inputs: FigureInputs, case: dict[str, Any], tally: Tally, result
             f"{n_rounds} rounds",
         )
     states = {
-        a["name"]: _arm_state(case, a["name"], inputs.outcome, inputs.per_unit, inputs.timed, inputs.limits)
+        a["name"]: _arm_state(
+            case, a["name"], inputs.outcome, inputs.per_unit, inputs.timed, inputs.limits, inputs.under
+        )
         for a in plan["arms"]
     }
     for arm in plan["arms"]:

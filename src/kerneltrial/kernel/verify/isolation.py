@@ -10,7 +10,11 @@ warnings' wording and FAR_INSIDE, rundir/integrity_notes.py).
   wall_ns / calls and their ratio, and `warnings` names every claim more than FAR_INSIDE times
   inside its bound, every `user:` arm left in kerneltrial's process and the sandbox's missing
   pieces (plan.json `sandbox`, which a run with isolated arms must hold; the wording is
-  rundir/integrity_notes.py's).
+  rundir/integrity_notes.py's);
+- with plan.json `roundtrip`, roundtrip.csv's rows are integers with a claim within their wall
+  clock, and each bound's round trip (the case's largest wall_ns - ns), median floor and count of
+  samples below their floor ((1 - tie_band) * wall_ns - round trip) are recomputed; which arms that
+  makes implausible, kernel/verify/figures.py decides with `floors`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.rundir.integrity_notes import FAR_INSIDE, far_inside_warning, integrity_warnings
+from kerneltrial.rundir.integrity_notes import (
+    FAR_INSIDE,
+    far_inside_warning,
+    integrity_warnings,
+    under_claim_reason,
+    under_claimed,
+)
 
 REL_TOL = 1e-9
 CALIBRATION = ("aa:", "slow:")
@@ -66,8 +76,47 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
+def roundtrip_costs(run_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """Each case's largest wall_ns - ns of roundtrip.csv (plan.json `roundtrip`; none without it), and
+    the problems of its rows: integers, a claim within its wall clock, a case of the plan."""
+    if not plan.get("roundtrip"):
+        return {}, []
+    path = run_dir / "roundtrip.csv"
+    if not path.is_file():
+        return {}, [f"plan.json roundtrip is {plan['roundtrip']!r} but roundtrip.csv is missing"]
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    cases, costs, problems = {str(c["case"]) for c in plan["cases"]}, {}, []
+    for number, row in enumerate(rows, 2):
+        try:
+            ns, wall = int(row["ns"]), int(row["wall_ns"])
+        except (KeyError, TypeError, ValueError):
+            problems.append(f"roundtrip.csv line {number}: unparsable ns {row.get('ns')!r} or wall_ns")
+            continue
+        if row.get("case") not in cases or ns > wall or ns < 0:
+            problems.append(f"roundtrip.csv line {number}: case {row.get('case')!r}, ns {ns}, wall_ns {wall}")
+            continue
+        costs[row["case"]] = max(costs.get(row["case"], 0.0), float(wall - ns))
+    return costs, problems
+
+
+def _floor(mine: list[dict[str, str]], cost: float | None, tie_band: float, median: Callable) -> dict[str, Any]:
+    if cost is None:
+        return {}  # a run without a round trip records no floor
+    floors = [((1 - tie_band) * int(r["wall_ns"]) - cost, float(r["ns"]), int(r["calls"])) for r in mine]
+    return {
+        "roundtrip_ns": cost,
+        "floor_ns_per_call": median([f / calls for f, _, calls in floors]),
+        "under_samples": sum(ns < f for f, ns, _ in floors),
+    }
+
+
 def _recomputed(
-    plan: dict[str, Any], rows: list[dict[str, str]], isolated: list[str], median: Callable[[list[float]], float]
+    plan: dict[str, Any],
+    rows: list[dict[str, str]],
+    isolated: list[str],
+    median: Callable[[list[float]], float],
+    costs: dict[str, float],
 ) -> tuple[list[dict[str, Any]], list[str]]:
     bounds, warnings = [], []
     for case in plan["cases"]:
@@ -86,6 +135,7 @@ def _recomputed(
                     "bound_ns_per_call": bound,
                     "ratio": bound / claimed if claimed > 0 else None,
                 }
+                | _floor(mine, costs.get(str(case["case"])), float(plan["tie_band"]), median)
             )
             if claimed > 0 and bound > FAR_INSIDE * claimed:
                 warnings.append(far_inside_warning(str(case["case"]), arm, claimed, bound))
@@ -113,9 +163,11 @@ def isolation_problems(
         rows = list(csv.DictReader(handle))
     for number, row in enumerate(rows, 2):
         problems += _row_problems(number, row, set(isolated))
+    costs, roundtrip_problems = roundtrip_costs(run_dir, plan)
+    problems += roundtrip_problems
     if problems:
         return problems, ""
-    bounds, warnings = _recomputed(plan, rows, isolated, median)
+    bounds, warnings = _recomputed(plan, rows, isolated, median, costs)
     recorded = summary.get("isolation") or {}
     if recorded.get("arms") != isolated or recorded.get("far_inside") != FAR_INSIDE:
         problems.append(f"summary isolation arms/far_inside {recorded.get('arms')}/{recorded.get('far_inside')}")
@@ -132,4 +184,37 @@ def isolation_problems(
     warnings += integrity_warnings(plan)
     problems += [f"summary warnings lack {w!r}" for w in warnings if w not in summary.get("warnings", [])]
     far = sum(w in summary.get("warnings", []) for w in warnings)
-    return problems, f"{len(isolated)} isolated arm(s); {len(bounds)} bound(s) recomputed, {far} far inside and warned"
+    floors = sum(b.get("floor_ns_per_call") is not None for b in bounds)
+    return problems, (
+        f"{len(isolated)} isolated arm(s); {len(bounds)} bound(s) recomputed, {far} far inside and warned; "
+        f"{floors} floor(s) from {plan.get('roundtrip')!r}'s round trips"
+    )
+
+
+def under_claim_reasons(
+    run_dir: Path, plan: dict[str, Any], median: Callable[[list[float]], float]
+) -> dict[tuple[str, str], str]:
+    """(case, isolated arm) -> why it is implausible: its claim below the harness's floor in most of
+    its samples (rundir/integrity_notes.py's rule and wording); empty without plan.json `roundtrip`
+    or where roundtrip.csv or timings.csv is unreadable (the check `isolation bounds` names that)."""
+    costs, problems = roundtrip_costs(run_dir, plan)
+    if not costs or problems:
+        return {}
+    with (run_dir / "timings.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    found = {}
+    for case, cost in costs.items():
+        for arm in plan.get("isolated") or []:
+            mine = [r for r in rows if r["case"] == case and r["arm"] == arm]
+            if not mine:
+                continue
+            try:
+                figures = _floor(mine, cost, float(plan["tie_band"]), median)
+                claimed = median([float(r["ns"]) / int(r["calls"]) for r in mine])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if under_claimed(figures["under_samples"], len(mine)):
+                found[(case, arm)] = under_claim_reason(
+                    figures["under_samples"], len(mine), claimed, figures["floor_ns_per_call"], cost
+                )
+    return found

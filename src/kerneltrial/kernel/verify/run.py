@@ -10,7 +10,7 @@ from kerneltrial.kernel.verify.arithmetic import median_of
 from kerneltrial.kernel.verify.contract import HOST_FAMILY, ISOLATION_FAMILY, TIMED_FAMILY, contract_of, not_checked
 from kerneltrial.kernel.verify.figures import check_figures
 from kerneltrial.kernel.verify.host import check_host
-from kerneltrial.kernel.verify.isolation import isolation_problems
+from kerneltrial.kernel.verify.isolation import isolation_problems, under_claim_reasons
 from kerneltrial.kernel.verify.plan import check_confirmation, check_document_schemas, check_protocol
 from kerneltrial.kernel.verify.rows import read_csv_rows, read_document, read_samples
 from kerneltrial.kernel.verify.timed import check_integrity, check_timed_checks
@@ -115,7 +115,8 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
         not_checked(TIMED_FAMILY, floor, result)
     check_rows(plan, samples, outcome, result, timed)
     check_order(plan, samples, outcome, result, timed)
-    check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed)
+    under = under_claim_reasons(run_dir, plan, median_of) if contract.has(ISOLATION_FAMILY) else {}
+    check_figures(plan, summary, samples, outcome, ceiling_rows, correctness, result, contract, timed, under)
     if contract.has(HOST_FAMILY):
         check_host(run_dir, plan, summary, outcome, timed, result)
     else:
