@@ -44,6 +44,8 @@ from kerneltrial.rundir.layout import (
     REPORT,
     REPORT_FIGURES,
     REQUESTS,
+    ROUNDTRIP,
+    ROUNDTRIP_COLUMNS,
     RUNS,
     SOURCE_ARCHIVE,
     SUITE,
@@ -180,6 +182,20 @@ KERNEL_FILES = (
         ),
     ),
     RunFile(
+        (ROUNDTRIP,),
+        "appended per round that timed an isolated arm (runs with plan.json `roundtrip`)",
+        (
+            "`" + ",".join(ROUNDTRIP_COLUMNS) + "`: the round trip of issue 35 item 2 (host clock only). "
+            "After every arm of a (case, seed, round) and only where one of them was isolated, "
+            "kerneltrial's own torch formula (plan `roundtrip`, e.g. `torch_eager`) in a trusted isolated "
+            "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
+            "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
+            "takes each case's largest `wall_ns - ns` as the round trip under every isolated arm's floor "
+            "((1 - tie_band) * wall_ns - round trip, per sample); an arm below its floor in most of its "
+            "samples is implausible. A header only on a GPU or without isolated arms"
+        ),
+    ),
+    RunFile(
         (SUMMARY,),
         "at end",
         (
@@ -262,7 +278,7 @@ SERVING_FILES = (
         "at start",
         (
             "arms (argv, expanded argv, env), cases, rounds, repeats, seeding mode and bench seeds (run k's "
-            "`--seed`), launch order, percentiles, model id, nonce (on or off), model_layers (config.json's "
+            "`--seed`), launch order, percentiles, model id, nonce (on or off), ledger (the served ledger, with the nonce), model_layers (config.json's "
             "`num_hidden_layers`, null when unknown), client (`completions`, `official` or `flagos-chat`), goodput SLOs, "
             "fl_platform, each arm's selection_files, pins and override_pins, tokenizer, accuracy spec, "
             "acceptance rule"
@@ -273,8 +289,9 @@ SERVING_FILES = (
         "one row per launch, appended",
         (
             "status (`ok`, `error`, `refused`: never spawned, `interrupted`), spawned, argv (with the nonce),"
-            " nonce, answer_checks, env set, operator env, pid/pgid, ready_s, stop_s, wall_s, signals sent, "
-            "exit code, group_gone, status, error, log path; `dispatch` (launched servers): dir, valid, "
+            " nonce, answer_checks (before: readiness, each run, after the last run; probes; listeners), env set, "
+            "operator env, pid/pgid, ready_s, stop_s, wall_s, signals sent, exit code, group_gone, served_lines "
+            "(the ledger's lines kerneltrial read), status, error, log path; `dispatch` (launched servers): dir, valid, "
             "reason, intended (op -> implementation), processes, counts (op, impl, calls, errors), files "
             "(record name -> sha256)"
         ),
@@ -283,6 +300,15 @@ SERVING_FILES = (
         (f"{LAUNCH_DIR}/NN-ARM/server.log",),
         "during launch",
         "server stdout+stderr",
+    ),
+    RunFile(
+        (f"{LAUNCH_DIR}/NN-ARM/served.jsonl",),
+        "during launch (plan `ledger`)",
+        (
+            "the served ledger: one line per HTTP request the server answered, written by kerneltrial's "
+            "middleware inside it (plugins/ledger.py) into a pipe only kerneltrial reads: {`path`, `status`, "
+            "`t0`, `t1`} (the server's monotonic clock at the request's start and end)"
+        ),
     ),
     RunFile(
         (f"{LAUNCH_DIR}/NN-ARM/{DISPATCH_DIR}/dispatch-PID.json",),
@@ -305,7 +331,9 @@ SERVING_FILES = (
         "per run, appended",
         (
             "launch, arm, case, run, seeding, seed, client_argv (the full `vllm bench serve` command), "
-            "num_requests, status (`ok`/`FAILED`) and reason, raw path + sha256, every figure below"
+            "num_requests, status (`ok`/`FAILED`) and reason, raw path + sha256, window (the monotonic clock "
+            "before the client started and after it ended) and served (completions the server's ledger holds "
+            "inside it; plan `ledger`), every figure below"
         ),
     ),
     RunFile(
@@ -408,6 +436,20 @@ MODEL_FILES = (
         "the kernels each routed region launched in the profiled call: " + _columns(model_layout.KERNEL_COLUMNS),
     ),
     RunFile((f"{model_layout.PROFILES}/",), "during the run", "the profiler's table of each attributed call"),
+    RunFile(
+        (ROUNDTRIP,),
+        "appended per round that timed an isolated arm (runs with plan.json `roundtrip`)",
+        (
+            "`" + ",".join(ROUNDTRIP_COLUMNS) + "`: the round trip of issue 35 item 2 (host clock only). "
+            "After every arm of a (case, seed, round) and only where one of them was isolated, "
+            "kerneltrial's own torch formula (plan `roundtrip`, e.g. `torch_eager`) in a trusted isolated "
+            "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
+            "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
+            "takes each case's largest `wall_ns - ns` as the round trip under every isolated arm's floor "
+            "((1 - tie_band) * wall_ns - round trip, per sample); an arm below its floor in most of its "
+            "samples is implausible. A header only on a GPU or without isolated arms"
+        ),
+    ),
     RunFile(
         (SUMMARY,),
         "at end",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from kerneltrial.serving.launcher import free_port
@@ -20,6 +22,17 @@ def start_times(n: int, duration: float, latency: float) -> list[float]:
     another, the last ending when the run's duration does: what `--save-detailed` records and
     verify checks the duration against (serving/verify_evidence.py)."""
     return [100.0 + i * (duration - latency) / max(n - 1, 1) for i in range(n)]
+
+
+def answer_as_served(server: Any, n: int) -> None:
+    """What a real client's run leaves in the server's own ledger (serving/served.py): `n`
+    completions, sent to the launch's server. The fake clients call it before they write their
+    synthetic raw file (none for an external server: there is no ledger)."""
+    if server is None or getattr(server, "ledger", None) is None:
+        return
+    for _ in range(n):
+        body = {"model": server.served_name, "prompt": "x", "max_tokens": 1}
+        httpx.post(f"{server.spec.base_url}/v1/completions", json=body, timeout=10.0)  # whoever answers
 
 
 def vllm_venv() -> Path:

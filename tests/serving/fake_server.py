@@ -12,7 +12,9 @@ share the port); --bind-delay S waits S seconds before binding (vLLM binds after
 N-th completion request arrives. --spawn-child starts a sleeping child in the same process
 group (to check that the whole group is stopped). With KERNELTRIAL_DISPATCH_LOG set (the
 trial sets it) it writes the call record kerneltrial's vLLM plugin would write for the ops
-KERNELTRIAL_VLLM_OPS selects (the only import outside the standard library).
+KERNELTRIAL_VLLM_OPS selects; with `--middleware kerneltrial.plugins.ledger.Ledger` (as the
+launcher asks of vLLM) it writes kerneltrial's served ledger, one line per answered request, with
+that module's own writer (the only imports outside the standard library).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ARGS: argparse.Namespace
+LEDGER = None  # kerneltrial's ledger middleware (plugins/ledger.py), with --middleware naming it
+LEDGER_RECORD = None
 COUNT = 0
 LOCK = threading.Lock()
 
@@ -40,6 +44,17 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *a: object) -> None:
         sys.stdout.write(f"{self.address_string()} {fmt % a}\n")
         sys.stdout.flush()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.status = code
+        super().send_response(code, message)
+
+    def handle_one_request(self) -> None:
+        """As the base class; then, with kerneltrial's ledger middleware asked for, its line (plugins/ledger.py)."""
+        t0, self.status = time.monotonic(), 0
+        super().handle_one_request()
+        if LEDGER is not None and self.status:
+            LEDGER.write(LEDGER_RECORD(self.path.split("?")[0], self.status, t0, time.monotonic()))
 
     def _json(self, code: int, obj: object) -> None:
         body = json.dumps(obj).encode()
@@ -130,6 +145,15 @@ def write_dispatch_record() -> None:
     (directory / f"dispatch-{os.getpid()}.json").write_text(record.to_json())
 
 
+def load_ledger() -> None:
+    """kerneltrial's ledger middleware, where --middleware names it, as vLLM would load it."""
+    global LEDGER, LEDGER_RECORD
+    from kerneltrial.plugins import ledger
+
+    if ledger.MIDDLEWARE in ARGS.middleware:
+        LEDGER, LEDGER_RECORD = ledger.Ledger(app=None), ledger.record  # type: ignore[arg-type]
+
+
 def main() -> None:
     global ARGS
     ap = argparse.ArgumentParser()
@@ -145,6 +169,7 @@ def main() -> None:
     ap.add_argument("--spawn-child", action="store_true")
     ap.add_argument("--pidfile")
     ap.add_argument("--answer", default="The answer is \\boxed{42}.")
+    ap.add_argument("--middleware", action="append", default=[])  # vLLM's option: the ledger's, as vLLM loads it
     ARGS = ap.parse_args()
     if ARGS.pidfile:
         with open(ARGS.pidfile, "w") as f:
@@ -155,6 +180,7 @@ def main() -> None:
     if ARGS.ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     write_dispatch_record()
+    load_ledger()
     if ARGS.spawn_child:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     time.sleep(ARGS.bind_delay)

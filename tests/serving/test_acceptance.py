@@ -36,7 +36,7 @@ from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.stats import paired_ratio
 from tests.kt import run_cli, write_protocol
 
-from .conftest import FAKE, start_times
+from .conftest import FAKE, answer_as_served, start_times
 
 RULE = Rule(noise_band=0.01, ttft_ratio_max=1.01, confidence=0.95)
 CASE = "in8-out4-c1-n2"
@@ -177,6 +177,7 @@ def synthetic_bench(factors: Callable[[str, int], tuple[float, float]]) -> Bench
         speed, slow_start = factors(arm, int(launch))
         ttft = 0.1 * slow_start
         latency = ttft + 0.01 * (n_out - 1)
+        answer_as_served(server, n)
         raw = {
             "duration": 2.0 / speed,
             "completed": n,

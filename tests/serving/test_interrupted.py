@@ -22,7 +22,7 @@ from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import cli_argv, run_cli, write_protocol
 
-from .conftest import FAKE, REPO, start_times
+from .conftest import FAKE, REPO, answer_as_served, start_times
 
 
 def protocol_text(port: int) -> str:
@@ -43,6 +43,7 @@ def fake_bench(stop_at: int, error: BaseException):
         if int(json_path.parent.parent.name.split("-")[0]) == stop_at:
             raise error
         n = 2
+        answer_as_served(server, n)
         raw = {
             "duration": 1.0,
             "completed": n,

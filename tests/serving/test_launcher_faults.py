@@ -225,7 +225,8 @@ def test_the_port_record_lives_as_long_as_the_server(tmp_path, port, fake_argv, 
         rec = read_record(port)
         assert rec is not None and rec.pid == srv.proc.pid and rec.alive
         assert rec.run_dir == str(tmp_path) and rec.kerneltrial_pid == os.getpid()
-        assert rec.argv == [*fake_argv(port), "--served-model-name", "tiny", srv.nonce]  # the argv that ran
+        ledger = ["--middleware", "kerneltrial.plugins.ledger.Ledger"]  # the served ledger (issue 36)
+        assert rec.argv == [*fake_argv(port), "--served-model-name", "tiny", srv.nonce, *ledger]  # the argv that ran
         assert (server_records / f"port-{port}.json").is_file()
     assert read_record(port) is None
 

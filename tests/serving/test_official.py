@@ -214,6 +214,7 @@ def test_launch_preset_runs_the_official_command_and_records_argv_and_env(tmp_pa
     launch = json.loads((out / "launch.json").read_text())["record"]
     nonce = launch["nonce"]  # the launch's nonce, served beside the model id (who answers: issue 26)
     want.insert(want.index("minicpm5-2b") + 1, nonce)
+    want += ["--middleware", "kerneltrial.plugins.ledger.Ledger"]  # the served ledger (issue 36)
     assert served == {"argv": want, "maca": "0"}
     assert launch["argv"] == [str(exe), *want] and launch["env_set"] == {"MACA_VISIBLE_DEVICES": "0"}
     assert launch["operator_env"]["MACA_VISIBLE_DEVICES"] == "0"  # the device selection, in the environment record
@@ -227,7 +228,8 @@ if argv[0] == "serve":
     port = argv[argv.index("--port") + 1]
     i = argv.index("--served-model-name") + 1
     names = argv[i : next((j for j in range(i, len(argv)) if argv[j].startswith("-")), len(argv))]
-    os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names])
+    ledger = ["--middleware", argv[argv.index("--middleware") + 1]] if "--middleware" in argv else []
+    os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names, *ledger])
 os.execv({client!r}, [{client!r}, *argv])
 """
 

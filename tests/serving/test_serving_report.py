@@ -19,7 +19,7 @@ from kerneltrial.serving.report_data import Interval, load_run, parts_of, verdic
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli
 
-from .conftest import FAKE, start_times
+from .conftest import FAKE, answer_as_served, start_times
 
 # arm -> (throughput factor, TTFT factor): E1 gains 5%, E2 is inside the noise band, E3 gains 9%
 # but its TTFT is 3% worse than E0's.
@@ -50,6 +50,7 @@ def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: floa
     run = int(json_path.stem.removeprefix("run"))
     speed, slow_start = SPEED[arm]
     jitter = 1 + JITTER * ((int(launch) * 3 + run) % 4)
+    answer_as_served(server, n)
     duration = 2.0 / (speed * jitter)
     ttft = 0.1 * slow_start * jitter
     raw = {

@@ -34,7 +34,7 @@ from kerneltrial.serving.verify_evidence import (
 )
 from tests.kt import run_cli
 
-from .conftest import FAKE
+from .conftest import FAKE, answer_as_served
 
 # arm -> seconds per output token: B is 10% faster than A
 TOKEN_S = {"A": 0.010, "B": 0.009}
@@ -75,6 +75,7 @@ def fake_bench(argv: list[str], json_path: Path, log_path: Path, timeout_s: floa
         int(opt["--max-concurrency"]),
         TOKEN_S[arm],
     )
+    answer_as_served(server, int(opt["--num-prompts"]))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(raw))
     log_path.write_text("synthetic bench\n")

@@ -41,9 +41,13 @@ def test_the_nonce_joins_the_names_vllm_serves():
     assert argv_with_nonce(["srv", "--port", "1"], "tiny", n)[-2:] == ["tiny", n]  # no model: the model id
 
 
-def foreign_server(port: int) -> subprocess.Popen[bytes]:
-    """Another server on the port, as vLLM binds (SO_REUSEPORT), serving the model id but not the nonce."""
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(port), "--reuse-port"], start_new_session=True)
+def foreign_server(port: int, *names: str) -> subprocess.Popen[bytes]:
+    """Another server on the port, as vLLM binds (SO_REUSEPORT), serving the model id but not the nonce
+    (or, with `names`, serving those: e.g. the nonce, read from the server's /proc/PID/cmdline)."""
+    served = ["--served-model-name", *names] if names else []
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(port), "--reuse-port", *served], start_new_session=True
+    )
     time.sleep(1.0)
     return proc
 
@@ -73,15 +77,17 @@ def test_readiness_refuses_a_server_that_does_not_echo_the_nonce(tmp_path, port,
 
 
 def test_a_server_that_joins_the_port_is_caught_before_the_next_run(tmp_path, monkeypatch):
-    """The second server starts during run 0; the probes before run 1 find it (8 probes, each a new
-    connection: SO_REUSEPORT spreads them over both servers)."""
+    """The second server starts at the end of run 0; the checks before run 1 find it in the kernel's
+    socket tables (the 8 probes, each a new connection that SO_REUSEPORT spreads over both servers,
+    would find it too, with probability 1 - 1/2^8)."""
     others: list[subprocess.Popen[bytes]] = []
     base = synthetic_bench(lambda arm, L: (1.0, 1.0))
 
     def bench(argv, json_path, log_path, timeout_s, server=None):
-        if not others:
+        raw = base(argv, json_path, log_path, timeout_s, server)
+        if not others:  # after run 0's requests
             others.append(foreign_server(server.spec.port))
-        return base(argv, json_path, log_path, timeout_s, server)
+        return raw
 
     text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
     try:
@@ -89,11 +95,36 @@ def test_a_server_that_joins_the_port_is_caught_before_the_next_run(tmp_path, mo
     finally:
         for p in others:
             stop(p)
-    assert code == 1 and "without this launch's nonce" in output, output
+    assert code == 1 and "1 other listener(s) on port" in output, output
     rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
-    assert rows[0]["status"] == "error" and "another server answers on this port" in rows[0]["error"]
+    assert rows[0]["status"] == "error" and "another server shares the port (SO_REUSEPORT)" in rows[0]["error"]
+    assert f"pid {others[0].pid} (" in rows[0]["error"]  # the intruder named, from its socket's inode
     assert rows[0]["nonce"].startswith("kt-")
     assert [c["before"] for c in rows[0]["answer_checks"]] == ["readiness", "in8-out4-c1-n2 run 0"]  # then caught
+
+
+def test_a_server_that_serves_the_nonce_is_caught_by_the_kernels_tables_after_the_last_run(tmp_path, monkeypatch):
+    """Planted: an intruder that read the nonce from the server's /proc/PID/cmdline and serves it joins
+    the port during the last run; /v1/models probes cannot tell it apart, the socket tables can."""
+    others: list[subprocess.Popen[bytes]] = []
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        raw = base(argv, json_path, log_path, timeout_s, server)
+        if json_path.name == "run1.json" and not others:  # after the last run's requests
+            others.append(foreign_server(server.spec.port, "tiny", server.nonce))
+        return raw
+
+    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
+    try:
+        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
+    finally:
+        for p in others:
+            stop(p)
+    assert code == 1 and "1 other listener(s) on port" in output and "after the last run" in output, output
+    rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
+    checks = [c["before"] for c in rows[0]["answer_checks"]]
+    assert checks == ["readiness", "in8-out4-c1-n2 run 0", "in8-out4-c1-n2 run 1"], checks  # the last one failed
 
 
 def test_requests_answered_by_another_server_fail_the_run_and_stop_the_trial(tmp_path, monkeypatch):
@@ -186,3 +217,63 @@ def test_verify_fails_a_run_that_did_not_send_its_launchs_nonce(tmp_path, monkey
     assert any(
         "the client sent model name none, not its launch's nonce 'kt-" in p for p in verify_serving_run(out).problems
     )
+
+
+def test_answers_another_server_gave_are_missing_from_the_servers_own_ledger(tmp_path, monkeypatch):
+    """Planted: an intruder that serves the nonce (read from /proc/PID/cmdline) shares the port and
+    answers some of run 0's requests; every answer looks right, but the launch's own server has no
+    record of it (its ledger), so the run fails and the trial stops. The intruder is started between
+    the checks before run 0 and the run's requests; the client's requests are spread over both
+    servers by SO_REUSEPORT, so it is sent enough of them to answer one with probability 1 - 1/2^23."""
+    others: list[subprocess.Popen[bytes]] = []
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        if not others:
+            others.append(foreign_server(server.spec.port, "tiny", server.nonce))
+        return base(argv, json_path, log_path, timeout_s, server)
+
+    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
+    text = text.replace("cases = [[8, 4, 1, 2]]", "cases = [[8, 4, 1, 23]]")
+    try:
+        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
+    finally:
+        for p in others:
+            stop(p)
+    assert code == 1 and "the server's own ledger holds" in output, output
+    run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
+    assert run["status"] == "FAILED" and run["served"] < 23 and "from another process on port" in run["reason"]
+    assert (out / "launches" / "00-A" / "served.jsonl").is_file() or (
+        out / "launches" / "00-B" / "served.jsonl"
+    ).is_file()
+
+
+def test_verify_recounts_every_run_from_the_servers_ledger(tmp_path, monkeypatch):
+    """Planted forgeries of the ledger: a run's `served` raised, the ledger's completions cut (with
+    `served` lowered to match), and the ledger deleted; each named by verify's `served ledger`."""
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), synthetic_bench(lambda a, L: (1.0, 1.0)))
+    assert code == 1 and "INCONCLUSIVE" in output, output  # one launch per arm
+    assert verify_serving_run(out).problems == []
+    runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert all(r["served"] >= r["completed"] == 2 for r in runs)
+
+    def served_check() -> str:
+        return next(c.detail for c in verify_serving_run(out).checks if c.name == "served ledger")
+
+    forged = [r | {"served": r["served"] + 1} if i == 0 else r for i, r in enumerate(runs)]
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in forged))
+    assert f"served = {runs[0]['served'] + 1}, the ledger holds {runs[0]['served']} in its window" in served_check()
+
+    tag = f"{runs[0]['launch']:02d}-{runs[0]['arm']}"
+    ledger = out / "launches" / tag / "served.jsonl"
+    lines = ledger.read_text().splitlines()
+    kept = [x for x in lines if "/v1/completions" not in x]  # every answer of the launch's runs cut
+    ledger.write_text("".join(x + "\n" for x in kept))
+    cut = [r | {"served": 0} if r["launch"] == runs[0]["launch"] else r for r in runs]
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
+    detail = served_check()
+    assert f"served.jsonl has {len(kept)} lines, the trial read {len(lines)}" in detail
+    assert "ok, but the ledger holds 0 answered completion(s) for 2 completed" in detail
+
+    ledger.unlink()
+    assert f"launch {tag}: launches/{tag}/served.jsonl is missing" in served_check()

@@ -10,9 +10,13 @@ runs, the port's record (lifecycle.py) names it to a later start.
 
 Who answers (issue 26): each launch gets a nonce, a random model name added to the server's
 `--served-model-name` (vLLM serves every name listed). Readiness requires /v1/models to list it,
-`confirm_answers` probes again before each benchmark run, and the benchmark client and the
+`confirm_answers` probes again before each benchmark run and after a launch's last, and the benchmark client and the
 accuracy run send it as the model name, so a request that reaches another server on the same
-port (vLLM binds with SO_REUSEPORT) fails instead of being measured. Stopping sends SIGINT to the group,
+port (vLLM binds with SO_REUSEPORT) fails instead of being measured. Each of those checks also
+reads the kernel's socket tables: a listener on the port that the server's process group does not
+hold is refused whatever it answers (serving/listeners.py). And the server keeps its own ledger of
+every answer it sent, through kerneltrial's middleware into a pipe only kerneltrial reads
+(plugins/ledger.py, serving/served.py): a run whose completed requests are not all in it fails. Stopping sends SIGINT to the group,
 waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing outside that
 group is signalled.
 """
@@ -34,6 +38,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from kerneltrial.plugins.ledger import FD_ENV, MIDDLEWARE
 from kerneltrial.serving import supervise, vllm_platform
 from kerneltrial.serving.lifecycle import (
     PORT_WAIT_S,
@@ -43,12 +48,15 @@ from kerneltrial.serving.lifecycle import (
     group_alive,
     record_server,
 )
+from kerneltrial.serving.listeners import foreign_listener_message, foreign_listeners
+from kerneltrial.serving.served import SERVED, LedgerReader
 
 OPERATOR_ENV_PREFIXES = ("VLLM_", "FLAGGEMS", "USE_FLAGGEMS", "GEMS_", "TRITON_", "KERNELTRIAL_")
 # MACA_VISIBLE_DEVICES: MetaX's device selection (the minicpm5-2b-metax preset's source exports it)
 OPERATOR_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "MACA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD", "HF_HUB_OFFLINE")
 NONCE_PREFIX = "kt-"
 SERVED_NAME_FLAG = "--served-model-name"
+MIDDLEWARE_FLAG = "--middleware"  # vLLM's ASGI middleware option: the served ledger's (plugins/ledger.py)
 # /v1/models probes after readiness and before each benchmark run: every probe opens a new
 # connection, which SO_REUSEPORT hands to one of the listening servers by a hash of its source
 # port, so 8 probes miss a second server on the port with probability 1/2^8.
@@ -257,6 +265,7 @@ class Server:
         self.echo = echo
         self.nonce: str | None = new_nonce() if spec.nonce else None
         self.claimed = False  # this launch holds the port's record (lifecycle.claim_port)
+        self.ledger: LedgerReader | None = None  # with a nonce: what the server says it answered (served.py)
 
     # -- gates -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -266,6 +275,8 @@ class Server:
         if shutil.which(s.argv[0]) is None:
             raise LaunchError(f"cannot start server {s.argv[0]!r}: not found or not executable; check the command path")
         argv = argv_with_nonce(s.argv, s.model_id, self.nonce) if self.nonce else list(s.argv)
+        if self.nonce:
+            argv += [MIDDLEWARE_FLAG, MIDDLEWARE]  # the served ledger (plugins/ledger.py)
         try:
             claim_port(s.host, s.port, self.run_dir, argv, s.port_wait_s)
         except PortTaken as e:
@@ -274,15 +285,25 @@ class Server:
         env, choice = vllm_platform.process_env(argv[0], {**os.environ, **s.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
+        read_end, write_end = os.pipe() if self.nonce else (-1, -1)
+        if self.nonce:
+            env[FD_ENV] = str(write_end)
         t0 = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", supervise.__file__, str(os.getpid()), str(s.stop_grace_s), "--", *argv],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", supervise.__file__, str(os.getpid()), str(s.stop_grace_s), "--", *argv],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                pass_fds=(write_end,) if self.nonce else (),
+            )
+        finally:
+            if self.nonce:
+                os.close(write_end)  # the server's end only: the pipe ends when the server does
+        if self.nonce:
+            self.ledger = LedgerReader(read_end, self.log_path.parent / SERVED)
         self.timings["spawned_at"] = t0
         self.record = {
             "argv": argv,
@@ -343,9 +364,16 @@ class Server:
             )
 
     def confirm_answers(self, before: str) -> None:
-        """ANSWER_PROBES answers of /v1/models, each on a new connection, all listing this launch's
-        nonce: no other server shares the port. Recorded (probes, when) in the launch record."""
+        """No other listener on the port (the kernel's tables, serving/listeners.py), then
+        ANSWER_PROBES answers of /v1/models, each on a new connection, all listing this launch's
+        nonce: no other server shares the port. Recorded (when, probes, listeners) in the launch record."""
+        assert self.proc is not None
+        foreign = foreign_listeners(self.spec.port, self.proc.pid)
+        if foreign:
+            raise LaunchError(foreign_listener_message(self.spec.port, foreign, before))
+        check = {"before": before, "probes": ANSWER_PROBES if self.nonce else 0, "listeners": "alone"}
         if not self.nonce:
+            self.record.setdefault("answer_checks", []).append(check)
             return
         for _ in range(ANSWER_PROBES):
             try:
@@ -357,7 +385,7 @@ class Server:
             if not 200 <= status < 300:
                 raise LaunchError(f"/v1/models answered HTTP {status} before {before}; see {self.log_path}")
             self._judge_models(ids)
-        self.record.setdefault("answer_checks", []).append({"before": before, "probes": ANSWER_PROBES})
+        self.record.setdefault("answer_checks", []).append(check)
 
     def check_alive(self, during: str = "the benchmark") -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -380,6 +408,9 @@ class Server:
         self.record["signals_sent"] = stop_group(self.proc, self.spec.stop_grace_s)
         self.record["exit_code"] = self.proc.returncode
         self.record["group_gone"] = not group_alive(self.proc.pid)
+        if self.ledger is not None:
+            self.ledger.close()
+            self.record["served_lines"] = self.ledger.lines
         if self.record["group_gone"]:
             forget_server(self.spec.port, self.proc.pid)
         self.timings["stop_s"] = time.monotonic() - t0

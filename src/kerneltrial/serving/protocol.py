@@ -289,8 +289,10 @@ class Server(BaseModel):
     nonce: bool = Field(
         default=True,
         description="Add a per-launch nonce to the server's --served-model-name (vLLM serves every name listed) and "
-        "send it as the model name of every request, so only this launch's server can answer; false for a server "
-        "that does not take vLLM's --served-model-name (who answers is then not checked, and the launch records so).",
+        "send it as the model name of every request, so only this launch's server can answer; and start it with "
+        "kerneltrial's ledger middleware (--middleware kerneltrial.plugins.ledger.Ledger), so that every answer is "
+        "in the server's own ledger; false for a server that does not take vLLM's --served-model-name and "
+        "--middleware (who answers is then not checked, and the launch records so).",
     )
 
     @field_validator("model")

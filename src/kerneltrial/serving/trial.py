@@ -59,6 +59,7 @@ from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.pins import devices_record, installed, pin_mismatches, scope, vendor_devices
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
+from kerneltrial.serving.served import served_problem
 from kerneltrial.serving.summary import LaunchProof, summarise
 from kerneltrial.serving.vllm_platform import interpreter_of
 
@@ -183,6 +184,7 @@ def plan_doc(
         "percentiles": list(proto.bench.percentiles),
         "model_id": proto.server.model_id,
         "nonce": proto.server.nonce,  # each launch's nonce is in launches.jsonl, its runs send it (issue 26)
+        "ledger": proto.server.nonce,  # each spawned launch keeps its server's served.jsonl (issue 36, served.py)
         "model_layers": model_layers(proto.server.model),
         "tokenizer": proto.server.effective_tokenizer,
         "base_url": proto.url(),
@@ -485,6 +487,8 @@ class _Trial:
         for case in self.proto.bench.cases:
             for k in range(self.proto.repeats):
                 self.bench_run(arm, launch, tag, case, k, base_url, server)
+        if server is not None:
+            server.confirm_answers("after the last run")
         spec = self.proto.accuracy
         if spec is None or arm.name in self.acc:
             return None
@@ -494,6 +498,12 @@ class _Trial:
         res = run_accuracy(base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name)
         if server is not None:
             server.check_alive("the accuracy run")
+            answered = int(res["n"]) - int(res["errors"])  # each in the server's own ledger, or the trial stops
+            if (
+                server.ledger is not None
+                and (late := server.ledger.served(t_acc, time.monotonic(), answered)) < answered
+            ):
+                raise LaunchError(f"accuracy run: {served_problem(late, answered, server.spec.port)}")
         self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
         return time.monotonic() - t_acc
 
@@ -535,6 +545,7 @@ class _Trial:
         }
         try:
             raw = run_bench(argv, rdir / f"run{k}.json", rdir / f"run{k}.log", proto.bench.timeout_s, server)
+            row["window"] = [t0, time.monotonic()]  # the served ledger's window (serving/served.py)
         except (LaunchError, BenchError) as e:
             row.update({"status": "FAILED", "reason": str(e), "wall_s": time.monotonic() - t0})
             if (rdir / f"run{k}.json").is_file():
@@ -544,7 +555,7 @@ class _Trial:
             raise
         row["raw_sha256"] = sha256_file(rdir / f"run{k}.json")
         row["wall_s"] = time.monotonic() - t0
-        figures, foreign = self.judge_run(raw, case, server, argv)
+        figures, foreign = self.judge_run(raw, case, server, argv, row["window"])
         row.update(figures)
         if row["status"] != "ok":
             self.failures.append(f"launch {launch} {arm.name} {case.id} run {k}: {row['reason']}")
@@ -559,11 +570,13 @@ class _Trial:
         self.emit("ran", row=row)
 
     def judge_run(
-        self, raw: dict[str, Any], case: Case, server: Server | None, argv: list[str]
+        self, raw: dict[str, Any], case: Case, server: Server | None, argv: list[str], window: list[float] | None
     ) -> tuple[dict[str, Any], bool]:
         """A run's figures and status, and whether another server answered: FAILED when a request
-        got another server's 404 (for the launch's nonce), fewer than num_requests completed, or a
-        completed request returned other than the output tokens its argv asked for (completeness.py)."""
+        got another server's 404 (for the launch's nonce), the server's own ledger lacks an answer
+        the client completed (served.py: another process answered it), fewer than num_requests
+        completed, or a completed request returned other than the output tokens its argv asked for
+        (completeness.py)."""
         m = metrics.run_metrics(raw, self.proto.bench.percentiles, self.proto.bench.goodput)
         foreign = foreign_answers(raw) if server is not None and server.nonce else 0
         if foreign and server is not None:
@@ -576,6 +589,10 @@ class _Trial:
         complete = judge_requests(raw, argv)
         figures = {**m, "incomplete_requests": len(complete.short)}
         reasons = [complete.reason()] if complete.short else []
+        if server is not None and server.ledger is not None and window is not None:
+            figures["served"] = server.ledger.served(*window, int(m["completed"]))
+            if (problem := served_problem(figures["served"], int(m["completed"]), server.spec.port)) is not None:
+                return {"status": "FAILED", "reason": problem, **figures}, True
         if m["completed"] != case.num_requests:
             reasons.insert(0, failed_requests_reason(raw, int(m["completed"]), case.num_requests))
         if reasons:

@@ -29,6 +29,7 @@ from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
 from kerneltrial.serving.verify_requests import completeness_problems
+from kerneltrial.serving.verify_served import served_problems
 
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
@@ -498,7 +499,8 @@ def _accuracy_arm_problems(run: ServingRun, a: str, s: dict[str, Any]) -> list[s
 
 
 def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any]]:
-    """`launch order`, `launch nonces`, `bench client` and `pins` from launches.jsonl; returns its rows."""
+    """`launch order`, `launch nonces`, `bench client`, `served ledger` and `pins` from launches.jsonl;
+    returns its rows."""
     problems: list[str] = []
     launches = _read_jsonl(run.path / "launches.jsonl", problems)
     finished = run.prov.get("status") == "finished"
@@ -510,6 +512,12 @@ def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any
         "each run's client named its launch's nonce",
     )
     result.add("bench client", evidence.client_problems(run.plan, run.rows), "every run's client as the plan says")
+    if (served := served_problems(run.path, run.plan, launches, run.rows)) is None:
+        result.not_applicable(
+            "served ledger", "not applicable: the plan keeps no ledger (before issue 36, or no nonce)"
+        )
+    else:
+        result.add("served ledger", served, "every run's answers are in its server's own ledger")
     result.add(
         "pins",
         evidence.pins_problems(run.path, run.plan, launches, run.summary, run.prov),
