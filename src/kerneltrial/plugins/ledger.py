@@ -13,7 +13,7 @@ counts the lines of each run's window against the requests the client completed
 
 A pipe cannot be opened by path: another process can write to it only by holding the descriptor,
 which it gets only by inheriting it or, as root, by ptrace or pidfd_getfd on the server (what a
-user with root can still do: docs/serving.md, "Who answers"). Standard library only: it runs in
+user with root can still do: docs/serving.md, "Launch lifecycle", under Who answers). Standard library only: it runs in
 vLLM's interpreter and imports nothing of kerneltrial but this file.
 """
 
