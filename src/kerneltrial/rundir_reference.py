@@ -437,20 +437,6 @@ MODEL_FILES = (
     ),
     RunFile((f"{model_layout.PROFILES}/",), "during the run", "the profiler's table of each attributed call"),
     RunFile(
-        (ROUNDTRIP,),
-        "appended per round that timed an isolated arm (runs with plan.json `roundtrip`)",
-        (
-            "`" + ",".join(ROUNDTRIP_COLUMNS) + "`: the round trip of issue 35 item 2 (host clock only). "
-            "After every arm of a (case, seed, round) and only where one of them was isolated, "
-            "kerneltrial's own torch formula (plan `roundtrip`, e.g. `torch_eager`) in a trusted isolated "
-            "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
-            "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
-            "takes each case's largest `wall_ns - ns` as the round trip under every isolated arm's floor "
-            "((1 - tie_band) * wall_ns - round trip, per sample); an arm below its floor in most of its "
-            "samples is implausible. A header only on a GPU or without isolated arms"
-        ),
-    ),
-    RunFile(
         (SUMMARY,),
         "at end",
         (

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +60,36 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def trial_with_intruder(
+    tmp_path: Path, monkeypatch, joins: Callable[[Path], str | None], nonce: bool = False, cases: str = "[[8, 4, 1, 2]]"
+) -> tuple[int, str, Path, int]:
+    """A reuse-port trial on fake servers; an intruder (foreign_server; with `nonce`, serving the
+    launch's nonce too, as one that read /proc/PID/cmdline would) joins the port in the first run
+    for whose raw file `joins` says "before" (its requests) or "after". Returns the CLI's exit code
+    and output, the run directory and the intruder's pid."""
+    others: list[subprocess.Popen[bytes]] = []
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def intrude(when: str, json_path: Path, server: Any) -> None:
+        if joins(json_path) == when and not others:
+            others.append(foreign_server(server.spec.port, *(("tiny", server.nonce) if nonce else ())))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        intrude("before", json_path, server)
+        raw = base(argv, json_path, log_path, timeout_s, server)
+        intrude("after", json_path, server)
+        return raw
+
+    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
+    text = text.replace("cases = [[8, 4, 1, 2]]", f"cases = {cases}")
+    try:
+        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
+    finally:
+        for p in others:
+            stop(p)
+    return code, output, out, others[0].pid if others else -1
+
+
 def test_readiness_refuses_a_server_that_does_not_echo_the_nonce(tmp_path, port, fake_argv):
     srv = Server(
         ServerSpec(fake_argv(port, "--reuse-port", "--bind-delay", "2"), "tiny", port=port, ready_timeout_s=20),
@@ -80,25 +112,13 @@ def test_a_server_that_joins_the_port_is_caught_before_the_next_run(tmp_path, mo
     """The second server starts at the end of run 0; the checks before run 1 find it in the kernel's
     socket tables (the 8 probes, each a new connection that SO_REUSEPORT spreads over both servers,
     would find it too, with probability 1 - 1/2^8)."""
-    others: list[subprocess.Popen[bytes]] = []
-    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
-
-    def bench(argv, json_path, log_path, timeout_s, server=None):
-        raw = base(argv, json_path, log_path, timeout_s, server)
-        if not others:  # after run 0's requests
-            others.append(foreign_server(server.spec.port))
-        return raw
-
-    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
-    try:
-        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
-    finally:
-        for p in others:
-            stop(p)
+    code, output, out, intruder = trial_with_intruder(
+        tmp_path, monkeypatch, lambda path: "after" if path.name == "run0.json" else None
+    )
     assert code == 1 and "1 other listener(s) on port" in output, output
     rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
     assert rows[0]["status"] == "error" and "another server shares the port (SO_REUSEPORT)" in rows[0]["error"]
-    assert f"pid {others[0].pid} (" in rows[0]["error"]  # the intruder named, from its socket's inode
+    assert f"pid {intruder} (" in rows[0]["error"]  # the intruder named, from its socket's inode
     assert rows[0]["nonce"].startswith("kt-")
     assert [c["before"] for c in rows[0]["answer_checks"]] == ["readiness", "in8-out4-c1-n2 run 0"]  # then caught
 
@@ -106,21 +126,11 @@ def test_a_server_that_joins_the_port_is_caught_before_the_next_run(tmp_path, mo
 def test_a_server_that_serves_the_nonce_is_caught_by_the_kernels_tables_after_the_last_run(tmp_path, monkeypatch):
     """Planted: an intruder that read the nonce from the server's /proc/PID/cmdline and serves it joins
     the port during the last run; /v1/models probes cannot tell it apart, the socket tables can."""
-    others: list[subprocess.Popen[bytes]] = []
-    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
 
-    def bench(argv, json_path, log_path, timeout_s, server=None):
-        raw = base(argv, json_path, log_path, timeout_s, server)
-        if json_path.name == "run1.json" and not others:  # after the last run's requests
-            others.append(foreign_server(server.spec.port, "tiny", server.nonce))
-        return raw
+    def last(path: Path) -> str | None:
+        return "after" if path.name == "run1.json" else None
 
-    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
-    try:
-        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
-    finally:
-        for p in others:
-            stop(p)
+    code, output, out, _ = trial_with_intruder(tmp_path, monkeypatch, last, nonce=True)
     assert code == 1 and "1 other listener(s) on port" in output and "after the last run" in output, output
     rows = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
     checks = [c["before"] for c in rows[0]["answer_checks"]]
@@ -225,21 +235,9 @@ def test_answers_another_server_gave_are_missing_from_the_servers_own_ledger(tmp
     record of it (its ledger), so the run fails and the trial stops. The intruder is started between
     the checks before run 0 and the run's requests; the client's requests are spread over both
     servers by SO_REUSEPORT, so it is sent enough of them to answer one with probability 1 - 1/2^23."""
-    others: list[subprocess.Popen[bytes]] = []
-    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
-
-    def bench(argv, json_path, log_path, timeout_s, server=None):
-        if not others:
-            others.append(foreign_server(server.spec.port, "tiny", server.nonce))
-        return base(argv, json_path, log_path, timeout_s, server)
-
-    text = trial_text(rounds=1).replace('"--port", "{port}"]', '"--port", "{port}", "--reuse-port"]')
-    text = text.replace("cases = [[8, 4, 1, 2]]", "cases = [[8, 4, 1, 23]]")
-    try:
-        code, output, out = run_trial(tmp_path, monkeypatch, text, bench)
-    finally:
-        for p in others:
-            stop(p)
+    code, output, out, _ = trial_with_intruder(
+        tmp_path, monkeypatch, lambda path: "before", nonce=True, cases="[[8, 4, 1, 23]]"
+    )
     assert code == 1 and "the server's own ledger holds" in output, output
     run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
     assert run["status"] == "FAILED" and run["served"] < 23 and "from another process on port" in run["reason"]
