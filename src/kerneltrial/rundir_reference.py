@@ -186,13 +186,14 @@ KERNEL_FILES = (
         "appended per round that timed an isolated arm (runs with plan.json `roundtrip`)",
         (
             "`" + ",".join(ROUNDTRIP_COLUMNS) + "`: the round trip of issue 35 item 2 (host clock only). "
-            "After every arm of a (case, seed, round) and only where one of them was isolated, "
+            "Before the arms of a (case, seed, round) and only where one of them is isolated, "
             "kerneltrial's own torch formula (plan `roundtrip`, e.g. `torch_eager`) in a trusted isolated "
             "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
             "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
-            "takes each case's largest `wall_ns - ns` as the round trip under every isolated arm's floor "
-            "((1 - tie_band) * wall_ns - round trip, per sample); an arm below its floor in most of its "
-            "samples is implausible. A header only on a GPU or without isolated arms"
+            "takes each case's median `wall_ns - ns` plus 3 median absolute deviations as the round trip "
+            "under every isolated arm's floor ((1 - tie_band) * wall_ns - round trip, per sample); an arm "
+            "whose median claim per call is below its median floor is implausible. A header only on a GPU "
+            "or without isolated arms"
         ),
     ),
     RunFile(

@@ -163,8 +163,8 @@ ARMS = {  # user arm -> how it must end up (a correctness message, or a timed ch
     "hangs_when_timed": ("timed", "raised while timed: WorkerHung: worker hung: no answer to 'sample'"),
     "exits_when_timed": ("timed", "raised while timed: WorkerExited: worker exited with code 3 during 'sample'"),
     "overclaims": ("timed", "raised while timed: BoundExceeded: worker claimed 3600000000000 ns"),
-    "underclaims": ("implausible", "implausible: its worker claims less than the harness's floor in 6 of 6 samples"),
-    "shaves_its_clock": ("implausible", "implausible: its worker claims less than the harness's floor in "),
+    "underclaims": ("implausible", "implausible: its worker's median claim, 0.000125 us per call, is below "),
+    "shaves_its_clock": ("implausible", "implausible: its worker's median claim, "),
     "slow_rmsnorm": None,  # shaves_its_clock's honest twin
     # planted cheats of issue 10, isolated: still caught (the worker poisons gate calls as the gate
     # does; an arm's buffers keep their addresses across samples; its inputs are the harness's memory)

@@ -11,11 +11,12 @@ of the sandbox's missing pieces (rundir/integrity_notes.py).
 The floor (plan.json `roundtrip`, issue 35 item 2; host clock only): after each round that timed an
 isolated arm, kerneltrial's own torch formula in a trusted worker of its own was timed on the same
 unit (roundtrip.csv); its wall clock less its own claim is what a sample costs beside its calls.
-With `roundtrip_ns` the case's largest such cost, the floor of one sample of an arm is
-(1 - tie_band) * wall_ns - roundtrip_ns: the harness vouches that the arm's calls took at least
-that. An arm whose claim is below its sample's floor in most of its samples (UNDER_FRACTION,
-rundir/integrity_notes.py) is implausible (it has no speedup), so what an arm reports can move its
-figure by at most the tie band and the reference's largest round trip.
+With `roundtrip_ns` the case's round trip (the median of the reference's plus ROUNDTRIP_SPREADS
+median absolute deviations, rundir/integrity_notes.py: no single sample sets it), the floor of one
+sample of an arm is (1 - tie_band) * wall_ns - roundtrip_ns: the harness vouches that the arm's
+calls took at least that. An arm whose median claim per call (the published figure) is below its
+median floor per call is implausible (it has no speedup), so what an arm reports can move its
+figure by at most the tie band and the round trip.
 """
 
 from __future__ import annotations
@@ -26,15 +27,21 @@ import pandas as pd
 
 from kerneltrial import stats
 from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
-from kerneltrial.rundir.integrity_notes import FAR_INSIDE, far_inside_warning, integrity_warnings
+from kerneltrial.rundir.integrity_notes import FAR_INSIDE, ROUNDTRIP_SPREADS, far_inside_warning, integrity_warnings
 
 
 def roundtrips(roundtrip: pd.DataFrame | None) -> dict[str, float]:
-    """Each case's largest wall_ns - ns of the reference worker (roundtrip.csv; none without the file)."""
+    """Each case's reference round trip (roundtrip.csv wall_ns - ns): their median plus
+    ROUNDTRIP_SPREADS median absolute deviations (none without the file)."""
     if roundtrip is None or roundtrip.empty:
         return {}
-    cost = pd.to_numeric(roundtrip["wall_ns"]) - pd.to_numeric(roundtrip["ns"])
-    return {str(case): float(v) for case, v in cost.groupby(roundtrip["case"]).max().items()}
+    cost = (pd.to_numeric(roundtrip["wall_ns"]) - pd.to_numeric(roundtrip["ns"])).astype(float)
+    found = {}
+    for case, values in cost.groupby(roundtrip["case"]):
+        center = stats.median(values.to_numpy())
+        spread = stats.median(abs(values.to_numpy() - center))
+        found[str(case)] = center + ROUNDTRIP_SPREADS * spread
+    return found
 
 
 def floor_of(rows: pd.DataFrame, roundtrip_ns: float, tie_band: float) -> tuple[float, int]:
@@ -52,7 +59,7 @@ def isolation_figures(
     """summary.json `isolation`: the arms (plan `isolated`), FAR_INSIDE and one bound per timed (case,
     isolated arm), in plan order of cases and arms; medians over the (case, arm)'s timings rows of
     ns / calls (claimed) and wall_ns / calls (bound); ratio = bound / claimed; and, where the case
-    has round trips, its largest and the floor (module docstring)."""
+    has round trips, its round trip and the floor (module docstring)."""
     costs = roundtrips(roundtrip)
     isolated = [str(a) for a in plan.get("isolated", [])]
     bounds = []

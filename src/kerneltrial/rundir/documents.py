@@ -567,15 +567,15 @@ class IsolationBound(Document):
     )
     roundtrip_ns: float | None = Field(
         default=None,
-        description="The largest wall_ns - ns of the case's roundtrip.csv rows: what a sample of the trusted reference worker cost beside its calls; null without a floor (plan.json `roundtrip` null or absent).",
+        description="The case's round trip: the median of its roundtrip.csv rows' wall_ns - ns (what a sample of the trusted reference worker cost beside its calls) plus 3 median absolute deviations; absent without a floor (plan.json `roundtrip` null or absent).",
     )
     floor_ns_per_call: float | None = Field(
         default=None,
-        description="Median of ((1 - tie_band) * wall_ns - roundtrip_ns) / calls: the least the harness vouches the arm's calls took. Null without a floor.",
+        description="Median of ((1 - tie_band) * wall_ns - roundtrip_ns) / calls: the least the harness vouches the arm's calls took; a median claim per call below it is implausible. Absent without a floor.",
     )
     under_samples: int | None = Field(
         default=None,
-        description="Samples whose claim (ns) is below their floor (1 - tie_band) * wall_ns - roundtrip_ns; in most of them (rundir/integrity_notes.py UNDER_FRACTION) the arm is implausible. Null without a floor.",
+        description="Samples whose claim (ns) is below their floor (1 - tie_band) * wall_ns - roundtrip_ns. Absent without a floor.",
     )
 
 

@@ -28,28 +28,23 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
     )
 
 
-# An isolated arm whose claim is below the harness's floor in at least this fraction of its samples
-# (and at least UNDER_LEAST of them) is implausible (kernel/bounds.py). An honest arm gets there only
-# if that many of its round trips exceed every one of the reference's, which has twice its samples:
-# for 6 samples against 12, 5 of 6 above all 12 has probability 7e-4 when the two are alike. The
-# torch arms of tests/trial/test_isolation.py (4x64, 8 calls, a loaded 2-core machine) had round
-# trips of 0.4-8.6 ms per sample, the reference's largest 0.7-4.9 ms: a claim moves by less than that.
-UNDER_FRACTION = 0.75
-UNDER_LEAST = 3
+# The round trip under an isolated arm's floor (kernel/bounds.py): the median of the case's reference
+# round trips plus ROUNDTRIP_SPREADS median absolute deviations, so that no single sample (a stall of
+# the reference, planted or not) sets it. On the loaded 2-core CI machine the reference's round trips
+# at 4x64 with 8 calls were 0.33-0.79 ms per sample with one of 3.9 ms, the honest arms' 0.45-1.97 ms
+# (docs/NOTES.md, "The harness's floor"); an arm is implausible when its median claim per call, the
+# published figure, is below its median floor per call.
+ROUNDTRIP_SPREADS = 3.0
 
 
 def under_claim_reason(under: int, samples: int, claimed: float, floor: float, roundtrip_ns: float) -> str:
     """Why an isolated arm's claims are implausible: below the harness's floor (kernel/bounds.py)."""
     return (
-        f"implausible: its worker claims less than the harness's floor in {under} of {samples} samples (median "
-        f"claim {claimed / 1e3:.4g} us per call, median floor {floor / 1e3:.4g} us: the wall clock around each "
-        f"sample less the tie band and the largest round trip of kerneltrial's reference worker in this case, "
-        f"{roundtrip_ns / 1e3:.4g} us per sample): the arm's own clock under-reports its calls"
+        f"implausible: its worker's median claim, {claimed / 1e3:.4g} us per call, is below the harness's median "
+        f"floor of {floor / 1e3:.4g} us (the wall clock around each sample less the tie band and the reference "
+        f"worker's round trip in this case, {roundtrip_ns / 1e3:.4g} us per sample; {under} of {samples} samples "
+        "below their floor): the arm's own clock under-reports its calls"
     )
-
-
-def under_claimed(under: int, samples: int) -> bool:
-    return under >= UNDER_LEAST and under >= UNDER_FRACTION * samples
 
 
 def in_process_warning(arm: str) -> str:

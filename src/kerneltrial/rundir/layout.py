@@ -39,6 +39,8 @@ HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json 
 ROUNDTRIP = "roundtrip.csv"  # the trusted reference worker's samples (runs with plan.json `roundtrip`)
 # its columns (trial/rounds.py writes a row after each round that timed an isolated arm)
 ROUNDTRIP_COLUMNS = ("case", "seed", "round", "calls", "ns", "wall_ns")
+# the reference's samples per round: several, so that its round trip has a spread to measure
+ROUNDTRIP_SAMPLES = 2
 MANIFEST = "manifest.json"
 SOURCE_ARCHIVE = "source.tar.gz"
 REPORT = "report.md"  # derived: verify renders it again and compares (kernel/derived.py)

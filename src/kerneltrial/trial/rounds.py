@@ -7,12 +7,13 @@ CI width, extra rounds until it is met, `max_rounds` or the time budget. Rows on
 (resume). `Measured` says what remains, `time_round` measures one (case, seed, round), and
 `run_rounds` loops over the cases.
 
-The round trip (plan.json `roundtrip`, host clock only): where a round timed an isolated arm, a
+The round trip (plan.json `roundtrip`, host clock only): where a round times an isolated arm, a
 trusted worker of kerneltrial's own torch formula (`reference`, the same sandbox, the same unit, the
-same calls) is timed REFERENCE_SAMPLES times after the arms; its wall clock less its own claim is what a sample costs beside
+same calls) is timed ROUNDTRIP_SAMPLES times before the arms (so a run killed mid-round and resumed
+times it again with the arms left); its wall clock less its own claim is what a sample costs beside
 its calls (the request, the value sets written, the outputs copied into slots). roundtrip.csv keeps
-each, and the summary's floor of an isolated arm's claim is its wall clock less the case's largest
-(kernel/bounds.py).
+each, and the summary's floor of an isolated arm's claim is its wall clock less the case's round
+trip (kernel/bounds.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from kerneltrial.ops.registry import Case, Impl, Operator
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, read_csv, read_jsonl, write_json
-from kerneltrial.rundir.layout import ROUNDTRIP_COLUMNS, RunDir
+from kerneltrial.rundir.layout import ROUNDTRIP_COLUMNS, ROUNDTRIP_SAMPLES, RunDir
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay
@@ -40,9 +41,6 @@ from kerneltrial.trial.timing import Timer
 # wall_ns: the harness's wall clock around an isolated arm's sample (its bound); empty for an arm in this process
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz", "wall_ns"]
 Key = tuple[str, int, int, str]  # (case, seed, round, arm): one sample of timings.csv
-# the reference's samples per round: twice an arm's, so that an honest arm's round trips rarely all
-# exceed the reference's largest (kernel/bounds.py: the floor takes that largest)
-REFERENCE_SAMPLES = 2
 
 
 def widest_ci(p: proto.Protocol, control: str, samples: dict[tuple[int, int, str], float]) -> float:
@@ -189,14 +187,20 @@ def time_round(
     reference: timed.TimedArm | None = None,
 ) -> None:
     """One unit: every arm still in the case once, in the round's seeded order, on the round's
-    fresh values (trial/timed.py `Unit`); a sample already on disk is not taken again. Then, where
-    an isolated arm was timed, the reference's round trip (module docstring)."""
+    fresh values (trial/timed.py `Unit`); a sample already on disk is not taken again. First, where
+    an isolated arm is to be timed, the reference's round trips (module docstring)."""
     unit = timed.Unit.draw(s.op, case, seed, round_index, calls, s.device)
     order = round_order(
         s.order_seed, case_index, seed, round_index, s.measured.present(case.id, names, (seed, round_index))
     )
     graph = s.timer.name == "cuda-graph"  # a graph's outputs live in its pool: copied, not kept
-    isolated = False
+    pending = [n for n in order if (case.id, seed, round_index, n) not in s.measured.done]
+    if reference is not None and s.append_roundtrip is not None:
+        if any(isinstance(prepared[n], IsolatedArm) for n in pending):  # first: a resumed round keeps its trips
+            s.quiet(reference)
+            for _ in range(ROUNDTRIP_SAMPLES):
+                ns, _, wall = reference.sample(s.timer, s.op, unit, calls, 0, graph)
+                s.append_roundtrip([case.id, seed, round_index, calls, ns, wall])
     for position, name in enumerate(order):
         if (case.id, seed, round_index, name) in s.measured.done:
             continue
@@ -215,12 +219,6 @@ def time_round(
         )
         s.measured.samples[(case.id, seed, round_index, name)] = ns / calls
         s.record(check)
-        isolated = isolated or isinstance(arm, IsolatedArm)
-    if reference is not None and isolated and s.append_roundtrip is not None:
-        s.quiet(reference)
-        for _ in range(REFERENCE_SAMPLES):
-            ns, _, wall = reference.sample(s.timer, s.op, unit, calls, 0, graph)
-            s.append_roundtrip([case.id, seed, round_index, calls, ns, wall])
 
 
 def time_units(s: Session, case_index: int, case: Case, arms: list[Impl], calls: int, rounds: range) -> None:

@@ -12,9 +12,11 @@ warnings' wording and FAR_INSIDE, rundir/integrity_notes.py).
   pieces (plan.json `sandbox`, which a run with isolated arms must hold; the wording is
   rundir/integrity_notes.py's);
 - with plan.json `roundtrip`, roundtrip.csv's rows are integers with a claim within their wall
-  clock, and each bound's round trip (the case's largest wall_ns - ns), median floor and count of
-  samples below their floor ((1 - tie_band) * wall_ns - round trip) are recomputed; which arms that
-  makes implausible, kernel/verify/figures.py decides with `floors`.
+  clock, two for every (case, seed, round) where an isolated arm was timed, and each bound's round
+  trip (the median of the case's wall_ns - ns plus ROUNDTRIP_SPREADS median absolute deviations),
+  median floor and count of samples below their floor ((1 - tie_band) * wall_ns - round trip) are
+  recomputed; an arm whose median claim is below its median floor is implausible
+  (`under_claim_reasons`, which kernel/verify/figures.py applies).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from typing import Any
 
 from kerneltrial.rundir.integrity_notes import (
     FAR_INSIDE,
+    ROUNDTRIP_SPREADS,
     far_inside_warning,
     integrity_warnings,
     under_claim_reason,
-    under_claimed,
 )
+from kerneltrial.rundir.layout import ROUNDTRIP_SAMPLES
 
 REL_TOL = 1e-9
 CALIBRATION = ("aa:", "slow:")
@@ -76,9 +79,13 @@ def _close(a: Any, b: Any) -> bool:
     return a == b
 
 
-def roundtrip_costs(run_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
-    """Each case's largest wall_ns - ns of roundtrip.csv (plan.json `roundtrip`; none without it), and
-    the problems of its rows: integers, a claim within its wall clock, a case of the plan."""
+def roundtrip_costs(
+    run_dir: Path, plan: dict[str, Any], median: Callable[[list[float]], float]
+) -> tuple[dict[str, float], list[str]]:
+    """Each case's round trip from roundtrip.csv (plan.json `roundtrip`; none without it): the median
+    of wall_ns - ns plus ROUNDTRIP_SPREADS median absolute deviations; and the problems of its rows:
+    integers, a claim within its wall clock, a case of the plan, and ROUNDTRIP_SAMPLES of them for
+    every (case, seed, round) in which an isolated arm was timed."""
     if not plan.get("roundtrip"):
         return {}, []
     path = run_dir / "roundtrip.csv"
@@ -86,7 +93,8 @@ def roundtrip_costs(run_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, floa
         return {}, [f"plan.json roundtrip is {plan['roundtrip']!r} but roundtrip.csv is missing"]
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    cases, costs, problems = {str(c["case"]) for c in plan["cases"]}, {}, []
+    cases, trips, problems = {str(c["case"]) for c in plan["cases"]}, {}, []
+    per_unit: dict[tuple[str, str, str], int] = {}
     for number, row in enumerate(rows, 2):
         try:
             ns, wall = int(row["ns"]), int(row["wall_ns"])
@@ -96,8 +104,29 @@ def roundtrip_costs(run_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, floa
         if row.get("case") not in cases or ns > wall or ns < 0:
             problems.append(f"roundtrip.csv line {number}: case {row.get('case')!r}, ns {ns}, wall_ns {wall}")
             continue
-        costs[row["case"]] = max(costs.get(row["case"], 0.0), float(wall - ns))
+        trips.setdefault(row["case"], []).append(float(wall - ns))
+        key = (row["case"], row.get("seed", ""), row.get("round", ""))
+        per_unit[key] = per_unit.get(key, 0) + 1
+    problems += _missing_trips(run_dir, plan, per_unit)
+    costs = {}
+    for case, values in trips.items():
+        center = median(values)
+        costs[case] = center + ROUNDTRIP_SPREADS * median([abs(v - center) for v in values])
     return costs, problems
+
+
+def _missing_trips(run_dir: Path, plan: dict[str, Any], per_unit: dict[tuple[str, str, str], int]) -> list[str]:
+    """Every (case, seed, round) with an isolated arm's timings row has ROUNDTRIP_SAMPLES round trips
+    (the reference is timed first in each round, so a killed and resumed run keeps them)."""
+    isolated = set(plan.get("isolated") or [])
+    with (run_dir / "timings.csv").open(newline="") as handle:
+        units = sorted({(r["case"], r["seed"], r["round"]) for r in csv.DictReader(handle) if r["arm"] in isolated})
+    short = [u for u in units if per_unit.get(u, 0) < ROUNDTRIP_SAMPLES]
+    return [
+        f"roundtrip.csv has {per_unit.get(u, 0)} round trip(s) of ({u[0]}, seed {u[1]}, round {u[2]}), where an "
+        f"isolated arm was timed; the runner writes {ROUNDTRIP_SAMPLES}"
+        for u in short[:5]
+    ] + ([f"... and {len(short) - 5} more such units"] if len(short) > 5 else [])
 
 
 def _floor(mine: list[dict[str, str]], cost: float | None, tie_band: float, median: Callable) -> dict[str, Any]:
@@ -163,7 +192,7 @@ def isolation_problems(
         rows = list(csv.DictReader(handle))
     for number, row in enumerate(rows, 2):
         problems += _row_problems(number, row, set(isolated))
-    costs, roundtrip_problems = roundtrip_costs(run_dir, plan)
+    costs, roundtrip_problems = roundtrip_costs(run_dir, plan, median)
     problems += roundtrip_problems
     if problems:
         return problems, ""
@@ -194,10 +223,10 @@ def isolation_problems(
 def under_claim_reasons(
     run_dir: Path, plan: dict[str, Any], median: Callable[[list[float]], float]
 ) -> dict[tuple[str, str], str]:
-    """(case, isolated arm) -> why it is implausible: its claim below the harness's floor in most of
-    its samples (rundir/integrity_notes.py's rule and wording); empty without plan.json `roundtrip`
+    """(case, isolated arm) -> why it is implausible: its median claim below its median floor
+    (rundir/integrity_notes.py's wording); empty without plan.json `roundtrip`
     or where roundtrip.csv or timings.csv is unreadable (the check `isolation bounds` names that)."""
-    costs, problems = roundtrip_costs(run_dir, plan)
+    costs, problems = roundtrip_costs(run_dir, plan, median)
     if not costs or problems:
         return {}
     with (run_dir / "timings.csv").open(newline="") as handle:
@@ -213,7 +242,7 @@ def under_claim_reasons(
                 claimed = median([float(r["ns"]) / int(r["calls"]) for r in mine])
             except (KeyError, TypeError, ValueError):
                 continue
-            if under_claimed(figures["under_samples"], len(mine)):
+            if claimed < figures["floor_ns_per_call"]:
                 found[(case, arm)] = under_claim_reason(
                     figures["under_samples"], len(mine), claimed, figures["floor_ns_per_call"], cost
                 )
