@@ -307,7 +307,7 @@ SERVING_FILES = (
         "during launch (plan `ledger`)",
         (
             "the served ledger: one line per HTTP request the server answered, written by kerneltrial's "
-            "middleware inside it (plugins/ledger.py) into a pipe only kerneltrial reads: {`path`, `status`, "
+            "middleware inside it (plugins/ledger.py) into a socket only kerneltrial reads: {`path`, `status`, "
             "`t0`, `t1`} (the server's monotonic clock at the request's start and end)"
         ),
     ),

@@ -192,7 +192,8 @@ with open({record!r}, "w") as f:
 port = argv[argv.index("--port") + 1]
 i = argv.index("--served-model-name") + 1
 names = argv[i : next((j for j in range(i, len(argv)) if argv[j].startswith("-")), len(argv))]
-os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names])
+ledger = ["--middleware", argv[argv.index("--middleware") + 1]]
+os.execv(sys.executable, [sys.executable, {fake!r}, "--port", port, "--served-model-name", *names, *ledger])
 """
 
 

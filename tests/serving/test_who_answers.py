@@ -23,7 +23,7 @@ from kerneltrial.serving.lifecycle import PortTaken, claim_port, port_is_free, r
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import cli_argv
 
-from .conftest import FAKE, REPO
+from .conftest import FAKE, REPO, answer_as_served
 from .test_acceptance import run_trial, synthetic_bench, trial_text
 
 HOST = "127.0.0.1"
@@ -275,3 +275,35 @@ def test_verify_recounts_every_run_from_the_servers_ledger(tmp_path, monkeypatch
 
     ledger.unlink()
     assert f"launch {tag}: launches/{tag}/served.jsonl is missing" in served_check()
+
+
+def test_a_server_that_keeps_no_ledger_is_refused_at_readiness(tmp_path, port):
+    """Planted: a server command that drops kerneltrial's --middleware (as vLLM with several API server
+    processes loses the ledger's socket): it answers /v1/models, but the readiness probes are not in its
+    ledger, so the launch is refused before any run."""
+    wrapper = tmp_path / "no_ledger.py"
+    wrapper.write_text(
+        "import os, sys\n"
+        "argv = sys.argv[1:]\n"
+        "i = argv.index('--middleware')\n"
+        f"os.execv(sys.executable, [sys.executable, {str(FAKE)!r}, *argv[:i], *argv[i + 2:]])\n"
+    )
+    srv = Server(ServerSpec([sys.executable, str(wrapper), "--port", str(port)], "tiny", port=port), tmp_path / "s.log")
+    with pytest.raises(LaunchError, match=r"the server answered /v1/models but its ledger holds 0 line\(s\)"):
+        with srv:
+            pass
+
+
+def test_requests_of_another_client_in_a_run_fail_it(tmp_path, monkeypatch):
+    """Planted: an intruder that answers some requests could make the count up with requests of its own
+    to the real server; more answers in a run's window than the client sent fail the run."""
+    base = synthetic_bench(lambda arm, L: (1.0, 1.0))
+
+    def bench(argv, json_path, log_path, timeout_s, server=None):
+        answer_as_served(server, 1)  # another client's request, inside the run's window
+        return base(argv, json_path, log_path, timeout_s, server)
+
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=1), bench)
+    assert code == 1 and "more than the 2 the client sent: another process sent requests" in output, output
+    run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])
+    assert run["status"] == "FAILED" and run["served"] == 3

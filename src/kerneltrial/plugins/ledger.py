@@ -1,8 +1,8 @@
 """The served ledger (issue 36, item 1): inside the server, one record per answered HTTP request,
-written to a pipe only kerneltrial holds the other end of.
+written to a socket only kerneltrial holds the other end of.
 
 kerneltrial starts vLLM with `--middleware kerneltrial.plugins.ledger.Ledger` (vLLM's option for
-an ASGI middleware, loaded in its API server) and the write end of a pipe as an inherited file
+an ASGI middleware, loaded in its API server) and one end of a socket pair as an inherited file
 descriptor named by KERNELTRIAL_LEDGER_FD (serving/launcher.py). For every HTTP request the
 middleware writes one line when the response's last byte was sent: the path, the status and the
 server's monotonic clock at the request's start and end (CLOCK_MONOTONIC: the host's clock, the
@@ -11,9 +11,12 @@ shares the port through SO_REUSEPORT and serves the same model names, leaves no 
 counts the lines of each run's window against the requests the client completed
 (serving/served.py).
 
-A pipe cannot be opened by path: another process can write to it only by holding the descriptor,
-which it gets only by inheriting it or, as root, by ptrace or pidfd_getfd on the server (what a
-user with root can still do: docs/serving.md, "Launch lifecycle", under Who answers). Standard library only: it runs in
+A socket cannot be opened by path, not even through /proc/PID/fd/N (a pipe can: a hostile review
+reopened one for writing): another process can write to it only by holding the descriptor, which
+it gets by inheriting it or, with ptrace rights over the server, by pidfd_getfd or ptrace (what a
+user with root can still do: docs/serving.md, "Launch lifecycle", under Who answers). The variable
+is removed from os.environ so that the server's own children do not name it; /proc/PID/environ
+still shows it, and the number is no secret. Standard library only: it runs in
 vLLM's interpreter and imports nothing of kerneltrial but this file.
 """
 
@@ -35,13 +38,13 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 def record(path: str, status: int, t0: float, t1: float) -> bytes:
-    """One line of the ledger (well under PIPE_BUF, so each write lands whole)."""
+    """One line of the ledger (one small write, which a stream socket delivers whole and in order)."""
     return (json.dumps({"path": path[:200], "status": status, "t0": t0, "t1": t1}) + "\n").encode()
 
 
 def ledger_fd() -> int | None:
-    """The ledger's descriptor from the environment (removed from it, so the server's own children
-    do not name it), or None when this server keeps no ledger."""
+    """The ledger's descriptor from the environment (removed from os.environ, so the server's own
+    children do not name it), or None when this server keeps no ledger."""
     value = os.environ.pop(FD_ENV, None)
     return int(value) if value and value.isdigit() else None
 

@@ -15,7 +15,7 @@ accuracy run send it as the model name, so a request that reaches another server
 port (vLLM binds with SO_REUSEPORT) fails instead of being measured. Each of those checks also
 reads the kernel's socket tables: a listener on the port that the server's process group does not
 hold is refused whatever it answers (serving/listeners.py). And the server keeps its own ledger of
-every answer it sent, through kerneltrial's middleware into a pipe only kerneltrial reads
+every answer it sent, through kerneltrial's middleware into a socket only kerneltrial reads
 (plugins/ledger.py, serving/served.py): a run whose completed requests are not all in it fails. Stopping sends SIGINT to the group,
 waits, then SIGTERM, then SIGKILL, and waits until the group is gone. Nothing outside that
 group is signalled.
@@ -285,8 +285,10 @@ class Server:
         env, choice = vllm_platform.process_env(argv[0], {**os.environ, **s.env})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab", buffering=0)
-        read_end, write_end = os.pipe() if self.nonce else (-1, -1)
-        if self.nonce:
+        # a socket pair, not a pipe: /proc/PID/fd/N of a pipe reopens for writing, of a socket it does not
+        ours, theirs = socket.socketpair() if self.nonce else (None, None)
+        write_end = theirs.fileno() if theirs is not None else -1
+        if theirs is not None:
             env[FD_ENV] = str(write_end)
         t0 = time.time()
         try:
@@ -300,10 +302,10 @@ class Server:
                 pass_fds=(write_end,) if self.nonce else (),
             )
         finally:
-            if self.nonce:
-                os.close(write_end)  # the server's end only: the pipe ends when the server does
-        if self.nonce:
-            self.ledger = LedgerReader(read_end, self.log_path.parent / SERVED)
+            if theirs is not None:
+                theirs.close()  # the server's end only: the ledger ends when the server does
+        if ours is not None:
+            self.ledger = LedgerReader(ours.detach(), self.log_path.parent / SERVED)
         self.timings["spawned_at"] = t0
         self.record = {
             "argv": argv,
@@ -351,6 +353,18 @@ class Server:
             time.sleep(0.5)
         self.timings["ready_s"] = time.monotonic() - t0
         self.confirm_answers("readiness")
+        self.confirm_ledger()
+
+    def confirm_ledger(self) -> None:
+        """The server keeps its ledger: the readiness probes just answered are in it (served.py)."""
+        if self.ledger is None or self.ledger.probes(ANSWER_PROBES):
+            return
+        raise LaunchError(
+            f"the server answered /v1/models but its ledger holds {self.ledger.lines} line(s): kerneltrial's "
+            f"middleware ({MIDDLEWARE}) did not load or cannot write (vLLM with several API server processes, "
+            "--api-server-count or data parallel, does not pass the ledger on); serve with one API server, "
+            f"or set server.nonce = false (who answers is then not checked); see {self.log_path}"
+        )
 
     def _judge_models(self, ids: list[str]) -> None:
         """An answer of /v1/models: the model id, and this launch's nonce, must be listed."""

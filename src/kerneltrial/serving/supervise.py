@@ -15,7 +15,7 @@ the server in that group and waits for it:
   in the server before it execs; this script is single-threaded, so "the parent thread died"
   means this process died).
 
-The served ledger's pipe (KERNELTRIAL_LEDGER_FD, launcher.py) is passed on to the server and closed
+The served ledger's socket (KERNELTRIAL_LEDGER_FD, launcher.py) is passed on to the server and closed
 here. SIGINT and SIGTERM sent to the group by the launcher's stop are for the server; this script
 outlives them until the server has exited. kerneltrial's parent is watched by polling getppid
 rather than by a death signal: PR_SET_PDEATHSIG fires when the *thread* that forked dies, and
@@ -32,7 +32,7 @@ import sys
 import time
 
 POLL_S = 0.2
-LEDGER_FD_ENV = "KERNELTRIAL_LEDGER_FD"  # plugins/ledger.py FD_ENV: the served ledger's pipe, passed on
+LEDGER_FD_ENV = "KERNELTRIAL_LEDGER_FD"  # plugins/ledger.py FD_ENV: the served ledger's socket, passed on
 TERM_WAIT_S = 10.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -77,10 +77,10 @@ def main(argv: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a handler, not SIG_IGN: exec resets it in the server
         signal.signal(sig, lambda signum, frame: None)
     try:
-        ledger = os.environ.get(LEDGER_FD_ENV, "")  # the served ledger's pipe (launcher.py): the server's
+        ledger = os.environ.get(LEDGER_FD_ENV, "")  # the served ledger's socket (launcher.py): the server's
         child = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=(int(ledger),) if ledger.isdigit() else ())
         if ledger.isdigit():
-            os.close(int(ledger))  # the server holds it; the pipe ends when the server's group does
+            os.close(int(ledger))  # the server holds it; the ledger ends when the server's group does
     except OSError as e:
         sys.stderr.write(f"kerneltrial supervisor: cannot start {argv[0]!r}: {e.strerror}\n")
         sys.exit(127)

@@ -503,7 +503,7 @@ class _Trial:
                 server.ledger is not None
                 and (late := server.ledger.served(t_acc, time.monotonic(), answered)) < answered
             ):
-                raise LaunchError(f"accuracy run: {served_problem(late, answered, server.spec.port)}")
+                raise LaunchError(f"accuracy run: {served_problem(late, answered, late, server.spec.port)}")
         self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
         return time.monotonic() - t_acc
 
@@ -591,7 +591,8 @@ class _Trial:
         reasons = [complete.reason()] if complete.short else []
         if server is not None and server.ledger is not None and window is not None:
             figures["served"] = server.ledger.served(*window, int(m["completed"]))
-            if (problem := served_problem(figures["served"], int(m["completed"]), server.spec.port)) is not None:
+            problem = served_problem(figures["served"], int(m["completed"]), case.num_requests, server.spec.port)
+            if problem is not None:
                 return {"status": "FAILED", "reason": problem, **figures}, True
         if m["completed"] != case.num_requests:
             reasons.insert(0, failed_requests_reason(raw, int(m["completed"]), case.num_requests))

@@ -7,7 +7,8 @@ With plan.json `ledger` true, every launch whose server was spawned keeps `launc
 of it that ran records its `window` (the monotonic clock before the client started and after it
 ended) and `served`: the completions answered with HTTP 200 inside the window. verify counts them
 again from the file, requires the count the row records, and requires an `ok` run to have at
-least its completed requests (an answer another process gave has no line). The file must hold as many lines as the launch record says the trial read
+least its completed requests and at most the requests it sent (an answer another process gave has
+no line; requests of its own add some). The file must hold as many lines as the launch record says the trial read
 (`served_lines`), so lines cannot be dropped or added without rewriting that record too.
 """
 
@@ -57,11 +58,13 @@ def _run_problems(row: dict[str, Any], lines: list[dict[str, Any]], where: str) 
     if row.get("served") != counted:
         problems.append(f"{where}: served = {row.get('served')}, the ledger holds {counted} in its window")
     completed = row.get("completed")
-    if row.get("status") == "ok" and isinstance(completed, int) and counted < completed:
-        problems.append(
-            f"{where}: ok, but the ledger holds {counted} answered completion(s) for {completed} completed: "
-            "another process answered the rest"
-        )
+    sent = row.get("num_requests")
+    if row.get("status") == "ok" and isinstance(completed, int) and isinstance(sent, int):
+        if not completed <= counted <= sent:
+            problems.append(
+                f"{where}: ok, but the ledger holds {counted} answered completion(s) for {completed} completed of "
+                f"{sent} sent: another process answered some, or sent requests of its own"
+            )
     return problems
 
 
