@@ -15,8 +15,9 @@ With `roundtrip_ns` the case's round trip (the median of the reference's plus RO
 median absolute deviations, rundir/integrity_notes.py: no single sample sets it), the floor of one
 sample of an arm is (1 - tie_band) * wall_ns - roundtrip_ns: the harness vouches that the arm's
 calls took at least that. An arm whose median claim per call (the published figure) is below its
-median floor per call is implausible (it has no speedup), so what an arm reports can move its
-figure by at most the tie band and the round trip.
+median floor per call, with at least MIN_UNDER samples under theirs (integrity_notes.implausibly_under),
+is implausible (it has no speedup), so what an arm reports can move its figure by at most the tie
+band and the round trip (from 3 samples on; with 2, one sample's lie halved: docs/CHECKS.md).
 """
 
 from __future__ import annotations

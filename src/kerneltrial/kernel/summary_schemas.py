@@ -25,7 +25,7 @@ from kerneltrial.rundir.documents import (
     TimedCheckCounts,
 )
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.integrity_notes import under_claim_reason
+from kerneltrial.rundir.integrity_notes import implausibly_under, under_claim_reason
 from kerneltrial.rundir.layout import HOST, INPUT_FILES, ROUNDTRIP, TIMED_CHECKS, TRITON_LAUNCH
 from kerneltrial.rundir.summary_versions import SUMMARY_V3, SUMMARY_V4, SUMMARY_V5, SUMMARY_V6, SUMMARY_V7
 
@@ -332,7 +332,9 @@ class SchemaV7(SchemaV6):
             return None
         rows = self.timings[(self.timings["case"] == case_id) & (self.timings["arm"] == arm)]
         floor, under = floor_of(rows, cost, float(self.plan["tie_band"]))
-        return under_claim_reason(under, len(rows), median_ns, floor, cost) if median_ns < floor else None
+        if not implausibly_under(median_ns, floor, under, len(rows)):
+            return None
+        return under_claim_reason(under, len(rows), median_ns, floor, cost)
 
 
 def schema_of(run: RunFiles, copy_gbps: float | None, read_gbps: float | None) -> SchemaV3:

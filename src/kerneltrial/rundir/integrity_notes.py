@@ -33,8 +33,19 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
 # the reference, planted or not) sets it. On the loaded 2-core CI machine the reference's round trips
 # at 4x64 with 8 calls were 0.33-0.79 ms per sample with one of 3.9 ms, the honest arms' 0.45-1.97 ms
 # (docs/NOTES.md, "The harness's floor"); an arm is implausible when its median claim per call, the
-# published figure, is below its median floor per call.
+# published figure, is below its median floor per call and at least MIN_UNDER of its samples (all, with
+# fewer) claim less than their own floor. One sample stalled outside the arm's clock (the host
+# descheduling the worker or the harness) raises that sample's floor alone: with two samples that was
+# enough to call an honest interpreted arm implausible on the loaded CI machine (1 of 2 under, median
+# claim 13.3 ms, median floor 14.9 ms). An arm that moves its median with its clock must shave at least
+# half of its samples, 2 or more from 3 samples on; with 2 samples, one shaved sample escapes (docs/CHECKS.md).
 ROUNDTRIP_SPREADS = 3.0
+MIN_UNDER = 2
+
+
+def implausibly_under(claimed: float, floor: float, under: int, samples: int) -> bool:
+    """Whether an isolated arm's median claim per call is implausible against the harness's floor."""
+    return claimed < floor and under >= min(MIN_UNDER, samples)
 
 
 def under_claim_reason(under: int, samples: int, claimed: float, floor: float, roundtrip_ns: float) -> str:

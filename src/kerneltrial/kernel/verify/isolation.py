@@ -32,6 +32,7 @@ from kerneltrial.rundir.integrity_notes import (
     FAR_INSIDE,
     ROUNDTRIP_SPREADS,
     far_inside_warning,
+    implausibly_under,
     integrity_warnings,
     under_claim_reason,
 )
@@ -223,8 +224,8 @@ def isolation_problems(
 def under_claim_reasons(
     run_dir: Path, plan: dict[str, Any], median: Callable[[list[float]], float]
 ) -> dict[tuple[str, str], str]:
-    """(case, isolated arm) -> why it is implausible: its median claim below its median floor
-    (rundir/integrity_notes.py's wording); empty without plan.json `roundtrip`
+    """(case, isolated arm) -> why it is implausible: its median claim below its median floor with
+    enough samples under theirs (rundir/integrity_notes.py's rule and wording); empty without plan.json `roundtrip`
     or where roundtrip.csv or timings.csv is unreadable (the check `isolation bounds` names that)."""
     costs, problems = roundtrip_costs(run_dir, plan, median)
     if not costs or problems:
@@ -242,7 +243,7 @@ def under_claim_reasons(
                 claimed = median([float(r["ns"]) / int(r["calls"]) for r in mine])
             except (KeyError, TypeError, ValueError):
                 continue
-            if claimed < figures["floor_ns_per_call"]:
+            if implausibly_under(claimed, figures["floor_ns_per_call"], figures["under_samples"], len(mine)):
                 found[(case, arm)] = under_claim_reason(
                     figures["under_samples"], len(mine), claimed, figures["floor_ns_per_call"], cost
                 )
