@@ -1,11 +1,12 @@
-# Run protocols on the GPU, one run directory each under results/h200/, and pack them
+# Run protocols on the GPU, one run directory each under the card's results/ folder ($RESULTS,
+# scripts/device/setup.sh: results/h200 or results/h100), and pack them
 # into $OUT/runs.tar.gz. Usage: bash scripts/device/panels.sh SECONDS_EACH NAME[=OUTNAME]...
 # NAME is a protocol under protocols/ without .toml (OUTNAME: another run directory name,
 # e.g. a re-run after a change); "calibration/NAME" runs the A/A calibration of
 # protocols/calibration/NAME.toml ("calibration" alone: rmsnorm-aa); "check" runs the
 # correctness gate on every operator at a realistic shape, output kept in results/h200-checks/.
-# An unfinished run directory already in results/h200/ (carried back from an earlier
-# call) is resumed, not restarted. OUTNAME may leave results/h200/ (e.g.
+# An unfinished run directory already in $RESULTS/ (carried back from an earlier
+# call) is resumed, not restarted. OUTNAME may leave $RESULTS/ (e.g.
 # planted/rmsnorm-cheats=../h200-planted/rmsnorm-cheats); everything under results/ is packed.
 # Every protocol named must be frozen (scripts/device/frozen.sh), unless the first argument is
 # --exploratory: bash scripts/device/panels.sh --exploratory SECONDS_EACH NAME...
@@ -16,10 +17,10 @@ for arg in "${@:2}"; do
 done
 . scripts/device/setup.sh || exit 1
 limit=$1; shift
-mkdir -p results/h200 results/h200-checks $OUT/logs
+mkdir -p $RESULTS results/h200-checks $OUT/logs
 for arg in "$@"; do
-  name=${arg%%=*}; out=results/h200/${arg#*=}
-  [ "$arg" = "$name" ] && out=results/h200/${name//\//-}  # no =OUTNAME: calibration/x -> calibration-x
+  name=${arg%%=*}; out=$RESULTS/${arg#*=}
+  [ "$arg" = "$name" ] && out=$RESULTS/${name//\//-}  # no =OUTNAME: calibration/x -> calibration-x
   if [ "$name" = check ]; then  # every operator and implementation (peers too) at realistic shapes
     for spec in rmsnorm:4096x2048 rmsnorm_fp32:4096x2048 fused_add_rmsnorm:4096x2048 gemma_fused_add_rmsnorm:4096x2048 \
                 sigmoid_gate_mul:4096x2048 silu_and_mul:4096x12288 zimage_qk_rmsnorm:4096x30x128 \

@@ -2,7 +2,9 @@
 # scripts/device/fetch_wheels.sh) into /tmp/site and
 # puts them and the package's src/ on PYTHONPATH; RESULTS is the results/ folder of the card it
 # runs on (results/h200 or results/h100). Usage: . scripts/device/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+if ls .whl/*.whl > /dev/null 2>&1; then  # none carried: what the machine has
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
