@@ -51,10 +51,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         """As the base class; then, with kerneltrial's ledger middleware asked for, its line (plugins/ledger.py)."""
-        t0, self.status = time.monotonic(), 0
+        t0, self.status, self.last_byte = time.monotonic(), 0, None
         super().handle_one_request()
         if LEDGER is not None and self.status:
-            LEDGER.write(LEDGER_RECORD(self.path.split("?")[0], self.status, t0, time.monotonic()))
+            t1 = self.last_byte or time.monotonic()  # as the middleware: read before the last byte leaves
+            LEDGER.write(LEDGER_RECORD(self.path.split("?")[0], self.status, t0, t1))
 
     def _json(self, code: int, obj: object) -> None:
         body = json.dumps(obj).encode()
@@ -62,6 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.last_byte = time.monotonic()
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
@@ -113,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(ARGS.token_delay)
         usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": max_tokens}}
+        self.last_byte = time.monotonic()
         self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True

@@ -22,12 +22,13 @@ from .conftest import REPO
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
 
-def test_three_launches_back_to_back_on_one_port(vllm_server_cmd, tmp_path: Path) -> None:
+def test_two_launches_back_to_back_on_one_port(vllm_server_cmd, tmp_path: Path) -> None:
     """Each: start, ready, one request (which leaves a connection that vLLM closes), stop. The
-    next start on the same port must not be refused (a trial used to abort at its second launch)."""
+    second start on the same port must not be refused (a trial used to abort at its second launch;
+    a third launch, once here, is a cold start the suite cannot afford)."""
     make, env, _ = vllm_server_cmd
     port = free_port()
-    for k in range(3):
+    for k in range(2):
         srv = Server(ServerSpec(make(port), "tiny", port=port, env=env, ready_timeout_s=300), tmp_path / f"{k}.log")
         with srv:
             r = httpx.post(

@@ -5,8 +5,10 @@ kerneltrial starts vLLM with `--middleware kerneltrial.plugins.ledger.Ledger` (v
 an ASGI middleware, loaded in its API server) and one end of a socket pair as an inherited file
 descriptor named by KERNELTRIAL_LEDGER_FD (serving/launcher.py). For every HTTP request the
 middleware writes one line when the response's last byte was sent: the path, the status and the
-server's monotonic clock at the request's start and end (CLOCK_MONOTONIC: the host's clock, the
-one kerneltrial's process reads). A request answered by any other process, e.g. a server that
+server's monotonic clock at the request's start and just before its last byte was handed to the
+socket (CLOCK_MONOTONIC: the host's clock, the one kerneltrial's process reads; the end is read
+before the send, else a server descheduled after it stamped an answer the client had already
+counted after the run's window: a loaded machine's flake). A request answered by any other process, e.g. a server that
 shares the port through SO_REUSEPORT and serves the same model names, leaves no line: the trial
 counts the lines of each run's window against the requests the client completed
 (serving/served.py).
@@ -64,11 +66,12 @@ class Ledger:
 
         async def sent(message: Message) -> None:
             nonlocal status
+            t1 = time.monotonic()  # before the last byte leaves: the client cannot end its run before it
             await send(message)
             if message.get("type") == "http.response.start":
                 status = int(message.get("status", 0))
             elif message.get("type") == "http.response.body" and not message.get("more_body", False):
-                self.write(record(str(scope.get("path", "")), status, t0, time.monotonic()))
+                self.write(record(str(scope.get("path", "")), status, t0, t1))
 
         await self.app(scope, receive, sent)
 
