@@ -282,7 +282,8 @@ SERVING_FILES = (
             "`--seed`), launch order, percentiles, model id, nonce (on or off), ledger (the served ledger, with the nonce), model_layers (config.json's "
             "`num_hidden_layers`, null when unknown), client (`completions`, `official` or `flagos-chat`), goodput SLOs, "
             "fl_platform, each arm's selection_files, pins and override_pins, tokenizer, accuracy spec, "
-            "acceptance rule"
+            "acceptance rule, effective (the model path as resolved and the client: what verify derives the "
+            "plan from beside protocol.toml)"
         ),
     ),
     RunFile(

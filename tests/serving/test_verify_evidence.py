@@ -324,8 +324,11 @@ def test_a_relabelled_block_fails_verify(run: Path) -> None:
     plan = json.loads((run / "plan.json").read_text())
     plan["launches"] = [dict(x, block=x["round"]) for x in plan["launches"]]
     (run / "plan.json").write_text(json.dumps(plan))
-    [problem] = verify_serving_run(run).problems
-    assert problem.startswith("plan.json's launch order is not launch_order(arms, rounds=2, seed=3)")
+    derived, order = verify_serving_run(run).problems  # the plan against its protocol, then against launch_order
+    assert (
+        derived.startswith('plan.json launches is [{"launch": 0, "round": 0, "block": 0,') and "toml gives" in derived
+    )
+    assert order.startswith("plan.json's launch order is not launch_order(arms, rounds=2, seed=3)")
 
 
 def test_a_finished_run_missing_a_launch_fails_verify(run: Path) -> None:

@@ -17,7 +17,6 @@ Run directory (see docs/serving.md):
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -40,7 +39,6 @@ from kerneltrial.serving.bench import (
     BenchError,
     Case,
     bench_argv,
-    case_dict,
     foreign_answers,
     request_rows,
     run_bench,
@@ -57,6 +55,7 @@ from kerneltrial.serving.launcher import (
 )
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.pins import devices_record, installed, pin_mismatches, scope, vendor_devices
+from kerneltrial.serving.plan import plan_doc
 from kerneltrial.serving.preflight import check_inputs
 from kerneltrial.serving.protocol import Arm, Protocol
 from kerneltrial.serving.served import served_problem
@@ -159,53 +158,6 @@ ACCURACY_KEYS = (
     "truncated",
     "grader",
 )
-
-
-def plan_doc(
-    proto: Protocol, sha: str, order: list[PlannedLaunch], copies: dict[str, dict[str, dict[str, Any]]]
-) -> dict[str, Any]:
-    """plan.json: everything the run will do, written before the first launch."""
-    return {
-        "protocol_sha256": sha,
-        "arms": [
-            a.model_dump() | {"argv_expanded": proto.expand(a), "selection_files": copies[a.name]} for a in proto.arms
-        ],
-        "fl_platform": proto.server.fl_platform.model_dump() if proto.server.fl_platform else None,
-        "cases": [case_dict(c) for c in proto.bench.cases],
-        "rounds": proto.rounds,
-        "repeats": proto.repeats,
-        "seed": proto.seed,
-        "client": proto.bench.client,  # the request path: completions (kerneltrial's), official, flagos-chat
-        "goodput": proto.bench.goodput,  # SLOs (ms) of --goodput; each case's request_rate/burstiness is in cases
-        "seeding": proto.bench.seeding,  # official: one prompt seed for every run of a case (docs/serving.md)
-        "bench_seeds": [proto.bench.run_seed(k) for k in range(proto.repeats)],
-        "launches": [asdict(x) for x in order],
-        "warmup": {"drop_first": 1},
-        "percentiles": list(proto.bench.percentiles),
-        "model_id": proto.server.model_id,
-        "nonce": proto.server.nonce,  # each launch's nonce is in launches.jsonl, its runs send it (issue 26)
-        "ledger": proto.server.nonce,  # each spawned launch keeps its server's served.jsonl (issue 36, served.py)
-        "model_layers": model_layers(proto.server.model),
-        "tokenizer": proto.server.effective_tokenizer,
-        "base_url": proto.url(),
-        "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
-        "acceptance": proto.acceptance.model_dump(),
-        "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
-    }
-
-
-def model_layers(model: str | None) -> int | None:
-    """num_hidden_layers of a local model's config.json (also under text_config), else None: the
-    bound on plausible kernel calls per request that verify applies (verify_dispatch.py)."""
-    config = Path(model or "") / "config.json"
-    if not model or not config.is_file():
-        return None
-    try:
-        doc = json.loads(config.read_text())
-    except ValueError:
-        return None
-    layers = doc.get("num_hidden_layers") or (doc.get("text_config") or {}).get("num_hidden_layers")
-    return int(layers) if isinstance(layers, int) else None
 
 
 def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
+from kerneltrial.serving.verify_plan import plan_problems
 from kerneltrial.serving.verify_requests import completeness_problems
 from kerneltrial.serving.verify_served import served_problems
 
@@ -265,6 +266,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
     result.add("required files", [], ", ".join(NEEDED) + " present")
     result.add("runs.jsonl", unreadable, f"{len(run.rows)} rows, each a JSON object")
     _check_documents(run, result)
+    result.add("plan derived", *plan_problems(path, run.plan, run.prov))
     _check_runs(run, result)
     recomputed = _check_summary(run, result)
     _check_accuracy(run, regrade, result)

@@ -220,7 +220,8 @@ def call_bounds(path: Path, plan: dict[str, Any], launches: list[dict[str, Any]]
     x (layers + 1) x (tokens + STARTUP_PASSES). Tokens: every planned run's requests and the
     client's initial test request at the case's lengths (plus TEMPLATE_TOKENS each), and, in the
     arm's first launch, the accuracy run's prompts (bytes) and max_tokens per stored problem."""
-    layers = plan.get("model_layers") or UNKNOWN_LAYERS
+    recorded = plan.get("model_layers")  # a forged count cannot lift the bound past the deepest model's
+    layers = min(recorded, UNKNOWN_LAYERS) if isinstance(recorded, int) and recorded > 0 else UNKNOWN_LAYERS
     per_launch = sum(
         int(plan.get("repeats", 0))
         * (int(c["num_requests"]) + 1)
