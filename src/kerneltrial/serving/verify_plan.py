@@ -33,7 +33,7 @@ from kerneltrial.serving.protocol import ProtocolError, parse_protocol
 RUNNER = "serving/plan.py"  # the module that writes plan.json's keys, in the package at a commit
 OLD_RUNNER = "serving/trial.py"  # where plan_doc lived before serving/plan.py
 # what the model path and the client fix: not derivable for a run without `effective`
-MODEL_OR_CLIENT = ("arms", "client", "tokenizer", "cases", "bench_seeds", "seeding", "model_layers")
+MODEL_OR_CLIENT = ("arms", "client", "tokenizer", "bench_seeds", "seeding", "model_layers")
 # checked elsewhere (the protocol hash), or by their own check here (the layers)
 NOT_COMPARED = ("protocol_sha256", "model_layers", "effective")
 
@@ -94,7 +94,8 @@ def _layer_problems(plan: dict[str, Any]) -> list[str]:
     """plan.json model_layers against the model's config.json, where the model is on this machine."""
     recorded = plan.get("effective")
     model = recorded.get("model") if isinstance(recorded, dict) else None
-    here = model_layers(model) if isinstance(model, str) else None
+    # an absolute path only: a relative one would be read from the verifier's working directory
+    here = model_layers(model) if isinstance(model, str) and Path(model).is_absolute() else None
     if here is None or plan.get("model_layers") == here:
         return []
     return [f"plan.json model_layers is {plan.get('model_layers')!r}, the model's config.json here says {here}"]
