@@ -18,6 +18,7 @@ from kerneltrial.kernel.git_history import package_at
 from kerneltrial.serving import trial
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_dispatch import UNKNOWN_LAYERS, call_bounds
+from kerneltrial.serving.verify_plan import plan_doc_keys
 from tests.conftest import REPO
 from tests.kt import run_cli, write_protocol
 
@@ -104,3 +105,17 @@ def test_a_stripped_proof_of_dispatch_fails_no_downgrade_at_a_known_commit(run: 
     missing = f"which the runner at commit {head[:12]} (git history) writes: no downgrade"
     for key in ("dispatch", "nonce", "ledger", "model_layers", "client"):
         assert f"plan.json has no `{key}`, {missing}" in found.problems, found.problems
+
+
+def test_only_plan_docs_own_keys_are_required() -> None:
+    """The runner's other dicts are not plan.json's: provenance_doc's "client" at a commit whose
+    plan_doc wrote none made an honest run fail no downgrade (the hostile review)."""
+    source = b"""
+def plan_doc(proto):
+    return {"nonce": proto.nonce, "dispatch": {"env": 1}}
+
+def provenance_doc():
+    return {"client": {"vllm": 1}}
+"""
+    assert plan_doc_keys(source) == {"nonce", "dispatch"}
+    assert plan_doc_keys(b"def other():\n    return {'nonce': 1}\n") == set()

@@ -20,6 +20,7 @@ another run: docs/VERIFY.md).
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,22 @@ def written_keys(prov: dict[str, Any], keys: list[str]) -> tuple[set[str] | None
     if tree.files is None:
         return None, tree.reason
     source = tree.files.get(RUNNER) or tree.files.get(OLD_RUNNER) or b""
-    return {key for key in keys if f'"{key}":'.encode() in source}, f"the runner at commit {commit[:12]}"
+    return plan_doc_keys(source) & set(keys), f"the runner at commit {commit[:12]}"
+
+
+def plan_doc_keys(source: bytes) -> set[str]:
+    """The string keys of the dict `plan_doc` returns in a module's source (none where it has no
+    such function): its other dicts (provenance's "client", say) are not plan.json's."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "plan_doc":
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Dict):
+                    return {k.value for k in ret.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return set()
 
 
 def plan_problems(path: Path, plan: dict[str, Any], prov: dict[str, Any]) -> tuple[list[str], str]:
