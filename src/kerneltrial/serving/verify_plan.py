@@ -28,13 +28,13 @@ from typing import Any
 from kerneltrial.kernel.git_history import package_at
 from kerneltrial.rundir.layout import PROTOCOL
 from kerneltrial.serving.order import planned_launches
-from kerneltrial.serving.plan import model_layers, plan_doc, with_effective
+from kerneltrial.serving.plan import plan_doc, with_effective
 from kerneltrial.serving.protocol import ProtocolError, parse_protocol
 
 RUNNER = "serving/plan.py"  # the module that writes plan.json's keys, in the package at a commit
 OLD_RUNNER = "serving/trial.py"  # where plan_doc lived before serving/plan.py
 # what the model path and the client fix: not derivable for a run without `effective`
-MODEL_OR_CLIENT = ("arms", "client", "tokenizer", "bench_seeds", "seeding", "model_layers")
+MODEL_OR_CLIENT = ("arms", "client", "tokenizer", "bench_seeds", "seeding")
 # checked elsewhere (the protocol hash), or by their own check here (the layers)
 NOT_COMPARED = ("protocol_sha256", "model_layers", "effective")
 
@@ -100,18 +100,19 @@ def plan_problems(path: Path, plan: dict[str, Any], prov: dict[str, Any]) -> tup
             continue
         if plan[key] != derived.get(key):
             problems.append(f"plan.json {key} is {_short(plan[key])}, {PROTOCOL} gives {_short(derived.get(key))}")
-    problems += _layer_problems(plan)
+    problems += _layer_problems(plan, derived)
     compared = "every value" if "effective" in plan else "the values that do not rest on the model path or client"
     keys = f"the keys {source} writes required" if written is not None else f"no key required ({source})"
     return problems, f"plan.json derived from {PROTOCOL}: {compared} compared; {keys}"
 
 
-def _layer_problems(plan: dict[str, Any]) -> list[str]:
-    """plan.json model_layers against the model's config.json, where the model is on this machine."""
+def _layer_problems(plan: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    """plan.json model_layers against the derived plan's (the model's config.json, read once by
+    plan_doc), where the model is on this machine."""
     recorded = plan.get("effective")
     model = recorded.get("model") if isinstance(recorded, dict) else None
     # an absolute path only: a relative one would be read from the verifier's working directory
-    here = model_layers(model) if isinstance(model, str) and Path(model).is_absolute() else None
+    here = derived.get("model_layers") if isinstance(model, str) and Path(model).is_absolute() else None
     if here is None or plan.get("model_layers") == here:
         return []
     return [f"plan.json model_layers is {plan.get('model_layers')!r}, the model's config.json here says {here}"]
