@@ -39,7 +39,7 @@ def chain(tmp_path: Path) -> dict[str, Path]:
         cases=[CASE],
         arms=ARMS,
         seeds=[0, 1],
-        rounds=2,
+        rounds=3,  # an isolated arm needs 3 samples per (case, arm) in a frozen protocol (refuse_thin_isolation)
         l2="hot",
         resamples=200,
         failures=set(),
@@ -69,7 +69,7 @@ def confirmation_run(chain: dict[str, Path], name: str = "confirmation-run", pas
         cases=[CASE],
         arms=[ARMS[0], {"name": arm, "kind": "candidate", "available": True, "reason": None}],
         seeds=[2],
-        rounds=2,
+        rounds=3,  # an isolated arm needs 3 samples per (case, arm) in a frozen protocol (refuse_thin_isolation)
         l2="hot",
         resamples=200,
         failures=set(),

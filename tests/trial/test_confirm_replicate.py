@@ -32,7 +32,7 @@ def test_confirmation_protocol_has_one_candidate_fresh_seeds_and_links(chain):
     assert p["impl_modules"] == ["submission/zimage_qk_rmsnorm.py"]
     assert (p["seeds"], p["exploratory_seeds"]) == ([2], [0, 1])
     assert [c["shape"] for c in p["cases"]] == [[2, 3, 128]]
-    assert (p["gate"], p["rounds"], p["calls_per_sample"]) == ("no_loss", 2, 1)
+    assert (p["gate"], p["rounds"], p["calls_per_sample"]) == ("no_loss", 3, 1)
     assert p["rule"] == {"path": "submission/zimage_qk_rmsnorm.rule.toml", "sha256": sha256_file(chain["rule"])}
     assert p["derived_from"] == [
         {

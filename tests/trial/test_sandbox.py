@@ -160,13 +160,8 @@ def downgraded(tmp_path: Path, **keys: object) -> Path:
         ["user:good_rmsnorm", "user:wrong_rmsnorm"],
         [Case((4, 64))],
         impl_modules=[str(GOOD), str(WRONG)],
-        isolate=["user:good_rmsnorm"],
-        seeds=[0],
-        rounds=2,
-        warmup=1,
-        calls_per_sample=2,
-        l2="hot",
-        **keys,
+        **{"isolate": ["user:good_rmsnorm"], "seeds": [0], "rounds": 3, "warmup": 1, "calls_per_sample": 2, "l2": "hot"}
+        | keys,
     )
     return write_protocol(tmp_path / "p.toml", text)
 
@@ -177,6 +172,14 @@ def test_freeze_refuses_a_user_arm_left_in_process_unless_the_protocol_accepts_i
     assert "allow_in_process = true" in refused.output and not proto.is_frozen(tmp_path / "p.toml")
     accepted = downgraded(tmp_path, allow_in_process=True)
     assert run_cli("protocol", "freeze", accepted).exit_code == 0
+
+
+def test_freeze_refuses_isolated_arms_with_fewer_samples_than_the_floor_needs(tmp_path: Path):
+    thin = downgraded(tmp_path, allow_in_process=True, rounds=2)  # 1 seed x 2 rounds
+    refused = run_cli("protocol", "freeze", thin)
+    assert refused.exit_code == 2 and "user:good_rmsnorm run isolated with 2 samples per (case, arm)" in refused.output
+    assert "needs at least 3" in refused.output and not proto.is_frozen(thin)
+    assert run_cli("protocol", "freeze", downgraded(tmp_path, allow_in_process=True)).exit_code == 0  # 3 rounds
 
 
 def test_a_frozen_protocol_refuses_a_partial_sandbox_unless_it_accepts_one(monkeypatch, tmp_path: Path):

@@ -492,7 +492,7 @@ def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML fil
 
         parsed = proto.parse(text, str(file))
         check_arms(file, parsed)
-        proto.refuse_in_process(parsed, file)
+        proto.refuse_at_freeze(parsed, file)
     record = proto.freeze(file, validated=True)
     console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kerneltrial.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
 from kerneltrial.rundir import streams
+from kerneltrial.rundir.integrity_notes import MIN_UNDER
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
@@ -417,11 +418,31 @@ def refuse_in_process(protocol: Protocol, path: Path) -> None:
         )
 
 
+def refuse_thin_isolation(protocol: Protocol, path: Path) -> None:
+    """A protocol to be frozen gives each isolated arm more samples per (case, arm) than the
+    floor under its claims needs to be shaved (integrity_notes.MIN_UNDER): with fewer, one
+    shaved sample moves the arm's median unseen (docs/CHECKS.md, "Isolated, under-report")."""
+    isolated = protocol.isolated()
+    samples = len(protocol.seeds) * protocol.rounds
+    if isolated and samples <= MIN_UNDER:
+        raise ProtocolError(
+            f"{path}: {', '.join(isolated)} run isolated with {samples} samples per (case, arm) (seeds x rounds = "
+            f"{len(protocol.seeds)} x {protocol.rounds}); the harness's floor under an isolated arm's claim needs "
+            f"at least {MIN_UNDER + 1}, else one shaved sample moves its median unseen: add seeds or rounds"
+        )
+
+
+def refuse_at_freeze(protocol: Protocol, path: Path) -> None:
+    """What `protocol freeze` refuses of a kernel protocol beyond its validation."""
+    refuse_in_process(protocol, path)
+    refuse_thin_isolation(protocol, path)
+
+
 def freeze(path: Path, validated: bool = False) -> dict[str, str]:
     """Validate `path` as a kernel protocol (unless the caller `validated` it: a whole-model
     protocol) and record its sha256 and the time; refuse to re-freeze a changed file."""
     if not validated:
-        refuse_in_process(parse(path.read_text(), str(path)), path)
+        refuse_at_freeze(parse(path.read_text(), str(path)), path)
     record = freeze_path(path)
     digest = sha256_file(path)
     if record.exists():
