@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from kerneltrial.serving.launcher import free_port
 
@@ -62,6 +63,23 @@ def official_script() -> Path:
 def flagos_chat_script() -> Path:
     """The fork's chat throughput script in the vendored vllm-plugin-FL snapshot: `--client flagos-chat`."""
     return shared() / "vendor" / "vllm-plugin-FL" / "benchmarks" / "benchmark_throughput_flagos.py"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def typed_argv() -> Any:
+    """An in-process `run_cli` (typer's CliRunner) records the command line a user would have typed:
+    serving runs keep sys.argv in provenance.json `argv`, and verify derives plan.json `effective`
+    from it (serving/effective.py); under CliRunner sys.argv would be pytest's own."""
+    invoke = CliRunner.invoke
+
+    def typed(self: CliRunner, cli: Any, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "argv", ["kerneltrial", *map(str, args or [])])
+            return invoke(self, cli, args, *rest, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CliRunner, "invoke", typed)
+        yield
 
 
 @pytest.fixture(autouse=True)

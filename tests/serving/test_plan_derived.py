@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kerneltrial.kernel.git_history import package_at
+from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import trial
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_dispatch import UNKNOWN_LAYERS, call_bounds
@@ -56,9 +57,12 @@ def check(run: Path) -> Any:
 def test_the_clean_run_is_its_protocols_plan(clean_run: Path) -> None:
     found = check(clean_run)
     assert found.ok, found.detail
-    assert found.detail.startswith("plan.json derived from protocol.toml: every value compared; ")
+    assert found.detail.startswith(
+        "plan.json derived from protocol.toml and its `effective`, each derived again from provenance.json argv: "
+        "every value compared; "
+    )
     plan = json.loads((clean_run / "plan.json").read_text())
-    assert plan["effective"] == {"model": None, "client": "completions"}
+    assert plan["effective"] == {"model": None, "client": "completions", "tokenizer": None}
 
 
 def test_nonce_false_is_caught(run: Path) -> None:
@@ -118,4 +122,82 @@ def provenance_doc():
     return {"client": {"vllm": 1}}
 """
     assert plan_doc_keys(source) == {"nonce", "dispatch"}
-    assert plan_doc_keys(b"def other():\n    return {'nonce': 1}\n") == set()
+    assert plan_doc_keys(b"def other():\n    return {'nonce': 1}\n") is None  # no plan: nothing known, nothing required
+    before_plan_doc = b"def run_protocol(proto):\n    plan = {'arms': 1, 'cases': 2}\n    write_json(plan)\n"
+    assert plan_doc_keys(before_plan_doc) == {"arms", "cases"}  # the runner of b1290ad to 5c14f16
+
+
+# ---------------------------------------------------------------- the hostile review's holes (issue 36 item 5)
+
+BEFORE_EFFECTIVE = "93e1c81b755b3eac1e8b325861f68c5c7bc2a900"  # its runner writes every key but `effective`
+BEFORE_LEDGER = "57c85fb95a7c13c1d9899374d8d090c00ddacb65"  # its runner writes neither `ledger` nor `effective`
+
+
+def at_commit(run: Path, commit: str) -> None:
+    """provenance.json names `commit`, clean (skips where this checkout cannot read it)."""
+    if package_at(commit).files is None:
+        pytest.skip(f"this checkout has no commit {commit[:12]} in its history to read the runner from")
+    edit(run / "provenance.json", lambda prov: prov.update(git={"commit": commit, "dirty": False}))
+
+
+def swap_protocol(run: Path, text: str) -> None:
+    """protocol.toml replaced by `text`, its hash rewritten in the three documents that hold it."""
+    (run / "protocol.toml").write_text(text)
+    sha = sha256_file(run / "protocol.toml")
+    for name in ("provenance.json", "plan.json", "summary.json"):
+        edit(run / name, lambda doc: doc.update(protocol_sha256=sha))
+
+
+def test_a_swapped_protocol_without_effective_at_an_older_commit_is_caught(run: Path) -> None:
+    """The hostile review: deleting `effective` and naming a commit from before it skipped the arms,
+    the client, the tokenizer and the seeds, so another protocol's plan passed."""
+    text = (run / "protocol.toml").read_text()
+    swapped = text.replace('"baseline"', '"was"').replace('"candidate"', '"baseline"').replace('"was"', '"candidate"')
+    assert swapped != text  # the roles swapped: the candidate's launches read as the baseline's
+    swap_protocol(run, swapped)
+    edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    at_commit(run, BEFORE_EFFECTIVE)
+    found = check(run)
+    assert not found.ok
+    assert 'plan.json arms[0].role is "baseline", protocol.toml gives "candidate"' in found.problems, found.problems
+
+
+def test_seeding_is_compared_without_effective(run: Path) -> None:
+    edit(run / "plan.json", lambda plan: plan.pop("effective") and plan.update(seeding="per_run"))
+    assert 'plan.json seeding is "per_run", protocol.toml gives "official"' in check(run).problems
+
+
+def test_without_effective_the_client_comes_from_the_argv(run: Path) -> None:
+    """A run without `effective` whose argv gave no --client ran the protocol's client; one whose
+    argv gave --client ran that one."""
+    edit(run / "plan.json", lambda plan: plan.pop("effective") and plan.update(client="flagos-chat"))
+    assert 'plan.json client is "flagos-chat", protocol.toml gives "completions"' in check(run).problems
+    edit(run / "provenance.json", lambda prov: prov.update(argv=[*prov["argv"], "--client", "flagos-chat"]))
+    assert not [p for p in check(run).problems if p.startswith("plan.json client is")]
+
+
+def test_the_honest_run_without_effective_still_passes(run: Path) -> None:
+    edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    found = check(run)
+    assert found.ok, found.problems
+    assert "the model and client recovered from provenance.json argv (no `effective`: an older run)" in found.detail
+
+
+def test_a_key_the_named_commits_runner_never_writes_proves_a_later_runner(run: Path) -> None:
+    """A plan holding `effective` (and `ledger`) while provenance names a commit whose runner writes
+    neither was written by a later runner: the commit is not the code that ran."""
+    at_commit(run, BEFORE_LEDGER)
+    later = "(git history) never writes: a later runner wrote this plan, not the commit provenance.json names"
+    problems = check(run).problems
+    for key in ("effective", "ledger"):
+        assert f"plan.json has `{key}`, which the runner at commit {BEFORE_LEDGER[:12]} {later}" in problems, problems
+    assert not [p for p in problems if "`nonce`" in p or "`dispatch`" in p]  # both written then
+
+
+def test_the_keys_of_the_named_commit_are_those_of_its_runner(run: Path) -> None:
+    """The honest twin: a plan with exactly the keys the commit's runner writes passes."""
+    edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    at_commit(run, BEFORE_EFFECTIVE)
+    found = check(run)
+    assert found.ok, found.problems
+    assert f"the keys the runner at commit {BEFORE_EFFECTIVE[:12]} writes required, and only those" in found.detail

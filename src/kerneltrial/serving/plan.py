@@ -1,7 +1,7 @@
 """plan.json of a serving run: what the run will do, written before its first launch, and what
 verify derives again from the run's protocol.toml (serving/verify_plan.py). Beside protocol.toml it
 rests on what the command line and the machine fixed (`effective`: the model path as the run
-resolved it, or --model; the client, or --client) and on the model's config.json (its layer count,
+resolved it, or --model; the client, or --client; the tokenizer the client loaded: serving/effective.py) and on the model's config.json (its layer count,
 where the model is a local folder)."""
 
 from __future__ import annotations
@@ -14,22 +14,9 @@ from typing import Any
 from kerneltrial.plugins import LOG_ENV
 from kerneltrial.rundir import layout
 from kerneltrial.serving.bench import case_dict
+from kerneltrial.serving.effective import effective
 from kerneltrial.serving.order import PlannedLaunch
 from kerneltrial.serving.protocol import Protocol
-
-
-def effective(proto: Protocol) -> dict[str, Any]:
-    """plan.json `effective`: the values beside protocol.toml that the run used."""
-    return {"model": proto.server.model, "client": proto.bench.client}
-
-
-def with_effective(proto: Protocol, recorded: dict[str, Any]) -> Protocol:
-    """`proto` (parsed from a run's protocol.toml) with the run's `effective` values applied."""
-    if recorded.get("model"):
-        proto = proto.with_model(str(recorded["model"]))
-    if recorded.get("client") and recorded["client"] != proto.bench.client:
-        proto = proto.with_client(str(recorded["client"]))
-    return proto
 
 
 def plan_doc(
@@ -62,7 +49,7 @@ def plan_doc(
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
         "acceptance": proto.acceptance.model_dump(),
         "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
-        "effective": effective(proto),
+        "effective": effective(proto).record(),  # serving/effective.py
     }
 
 

@@ -259,7 +259,11 @@ class Server(BaseModel):
         description="Model path or hub id: fills {model} in argv, default tokenizer; a relative path that exists "
         "is taken from the protocol's folder; `serve trial --model` overrides it.",
     )
-    tokenizer: str | None = Field(default=None, description="Tokenizer for `vllm bench serve`; unset: server.model.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Tokenizer for `vllm bench serve`; unset: server.model; a relative path that exists is taken from "
+        "the protocol's folder, as server.model is.",
+    )
     host: str = Field(default="127.0.0.1", description="Address of the launched server; fills {host} in argv.")
     port: int = Field(
         default=8000, ge=1, le=65535, description="Port of the launched server (must be free); fills {port} in argv."
@@ -295,13 +299,15 @@ class Server(BaseModel):
         "--middleware (who answers is then not checked, and the launch records so).",
     )
 
-    @field_validator("model")
+    @field_validator("model", "tokenizer")
     @classmethod
-    def _from_protocol_folder(cls, model: str | None, info: ValidationInfo) -> str | None:
+    def _from_protocol_folder(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """A relative path that exists in the protocol's folder, resolved there (the tokenizer as the
+        model: one equal to it stays equal, so it follows `serve trial --model`)."""
         base: Path | None = (info.context or {}).get("base_dir")
-        if model and base is not None and not Path(model).is_absolute() and (base / model).exists():
-            return str((base / model).resolve())
-        return model
+        if path and base is not None and not Path(path).is_absolute() and (base / path).exists():
+            return str((base / path).resolve())
+        return path
 
     @property
     def effective_tokenizer(self) -> str | None:

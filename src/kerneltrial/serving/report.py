@@ -327,6 +327,15 @@ def _scope_line(scope: Scope | None) -> str:
     return f"Scope: **{scope.kind}** on {scope.hardware}.{why}"
 
 
+def overrides_line(run: ServingRun) -> str:
+    """The values given on the command line (provenance.json argv) that replace protocol.toml's."""
+    if run.overrides is None:
+        return f"Command line: {NOT_RECORDED} (protocol.toml does not parse)."
+    if not run.overrides:
+        return "Command line: protocol.toml as written (no value given beside it differs from it)."
+    return "Command line overrides protocol.toml: " + "; ".join(str(o) for o in run.overrides) + "."
+
+
 def render(run: ServingRun, unverified: bool = False) -> str:
     """report.md of a serving run (verify renders it again and compares); `unverified`: the title says so."""
     s = run.summary
@@ -338,6 +347,8 @@ def render(run: ServingRun, unverified: bool = False) -> str:
         + f". GPU: {run.gpu or 'not recorded'}.",
         "",
         _scope_line(s.scope),
+        "",
+        overrides_line(run),
         "",
         *arms_lines(run),
         "",

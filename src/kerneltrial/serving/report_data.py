@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
-from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROVENANCE, RUNS, SUMMARY
+from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROTOCOL, PROVENANCE, RUNS, SUMMARY
 from kerneltrial.serving.acceptance import (
     GateCheck,
     LaunchFigure,
@@ -27,8 +27,9 @@ from kerneltrial.serving.acceptance import (
     judge,
 )
 from kerneltrial.serving.dispatch_proof import intended_ops
+from kerneltrial.serving.effective import Override, command_line, overrides, written
 from kerneltrial.serving.fl_policy import SelectionError
-from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform
+from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform, ProtocolError, parse_protocol
 from kerneltrial.stats import t_half_width
 
 M = TypeVar("M", bound=BaseModel)
@@ -217,6 +218,7 @@ class ServingRun:
     launches: list[LaunchRow]
     gpu: str | None
     ops: dict[str, frozenset[tuple[str, str]]]  # arm -> (dispatch op, implementation) it swaps in
+    overrides: tuple[Override, ...] | None = None  # the command line's values beside protocol.toml (None: unreadable)
 
 
 def arm_ops(run_dir: Path, plan: Plan) -> dict[str, frozenset[tuple[str, str]]]:
@@ -257,7 +259,20 @@ def load_run(run_dir: Path) -> ServingRun:
         launches=[_read(LaunchRow, run_dir / LAUNCHES, r) for r in launches],
         gpu=gpu,
         ops=arm_ops(run_dir, plan),
+        overrides=command_overrides(run_dir, provenance),
     )
+
+
+def command_overrides(run_dir: Path, provenance: object) -> tuple[Override, ...] | None:
+    """The values provenance.json `argv` gave on the command line that differ from protocol.toml's
+    (serving/effective.py); None where protocol.toml does not parse."""
+    argv = provenance.get("argv") if isinstance(provenance, dict) else None
+    try:
+        text = (run_dir / PROTOCOL).read_text(encoding="utf-8")
+        proto = parse_protocol(text, run_dir)
+    except (OSError, UnicodeDecodeError, ProtocolError):
+        return None
+    return tuple(overrides(written(text, proto), command_line(argv)))
 
 
 # ---------------------------------------------------------------- figures derived for the report

@@ -28,7 +28,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.verify_dispatch import check_dispatch
-from kerneltrial.serving.verify_plan import plan_problems
+from kerneltrial.serving.verify_plan import RunProtocol, plan_problems, read_run_protocol
 from kerneltrial.serving.verify_requests import completeness_problems
 from kerneltrial.serving.verify_served import served_problems
 
@@ -223,6 +223,7 @@ class ServingRun:
     rows: list[dict[str, Any]]  # runs.jsonl
     pcts: list[float]  # the plan's percentiles
     slos: dict[str, float] | None  # --goodput SLOs (ms); before issue 26: none
+    protocol: RunProtocol  # protocol.toml, parsed once for the plan, the launch order and the pins
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
     result.add("required files", [], ", ".join(NEEDED) + " present")
     result.add("runs.jsonl", unreadable, f"{len(run.rows)} rows, each a JSON object")
     _check_documents(run, result)
-    result.add("plan derived", *plan_problems(path, run.plan, run.prov))
+    result.add("plan derived", *plan_problems(run.protocol, run.plan, run.prov))
     _check_runs(run, result)
     recomputed = _check_summary(run, result)
     _check_accuracy(run, regrade, result)
@@ -304,6 +305,7 @@ def _read_run(path: Path) -> tuple[ServingRun, list[str]]:
         rows,
         [float(p) for p in plan.get("percentiles", [99])],
         plan.get("goodput"),
+        read_run_protocol(path),
     )
     return run, problems
 
@@ -506,7 +508,7 @@ def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any
     problems: list[str] = []
     launches = _read_jsonl(run.path / "launches.jsonl", problems)
     finished = run.prov.get("status") == "finished"
-    problems += evidence.launch_order_problems(run.path, finished, run.plan.get("launches"), launches)
+    problems += evidence.launch_order_problems(run.protocol, finished, run.plan.get("launches"), launches)
     result.add("launch order", problems, f"{len(launches)} launches in the order the seed gives")
     result.add(
         "launch nonces",
@@ -522,7 +524,7 @@ def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any
         result.add("served ledger", served, "every run's answers are in its server's own ledger")
     result.add(
         "pins",
-        evidence.pins_problems(run.path, run.plan, launches, run.summary, run.prov),
+        evidence.pins_problems(run.protocol, run.plan, launches, run.summary, run.prov),
         "the launches ran the pinned versions",
     )
     return launches

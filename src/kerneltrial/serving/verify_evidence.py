@@ -56,7 +56,7 @@ from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
 from kerneltrial.serving.bench import Case
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.pins import pin_mismatches, scope
-from kerneltrial.serving.protocol import ProtocolError, parse_protocol
+from kerneltrial.serving.verify_plan import RunProtocol
 
 TIME_TOL_S = 1e-6  # float rounding of sums of perf_counter differences
 # The client's duration beyond its requests' span: its set-up before the first request and the
@@ -231,13 +231,14 @@ def _same_cell(cell: str, value: Any) -> bool:
     return cell == str(value)
 
 
-def launch_order_problems(path: Path, finished: bool, plan_launches: Any, launches: list[dict[str, Any]]) -> list[str]:
+def launch_order_problems(
+    rp: RunProtocol, finished: bool, plan_launches: Any, launches: list[dict[str, Any]]
+) -> list[str]:
     """plan.json's launch order and launches.jsonl (in file order) follow launch_order(arms,
-    rounds, seed) of protocol.toml; a finished run has every launch."""
-    try:
-        proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
-    except (ProtocolError, UnicodeDecodeError) as error:
-        return [f"{PROTOCOL} does not parse, so the launch order cannot be recomputed: {error}"]
+    rounds, seed) of protocol.toml (`rp`, parsed once by verify); a finished run has every launch."""
+    proto = rp.proto
+    if proto is None:
+        return [f"{PROTOCOL} does not parse, so the launch order cannot be recomputed: {rp.error}"]
     rule = f"launch_order(arms, rounds={proto.rounds}, seed={proto.seed})"
     want = [asdict(x) for x in planned_launches(proto.arms, proto.rounds, proto.seed)]
     problems = []
@@ -347,16 +348,16 @@ def nonce_problems(plan: dict[str, Any], launches: list[dict[str, Any]], runs: l
 
 
 def pins_problems(
-    path: Path, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], prov: dict[str, Any]
+    rp: RunProtocol, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], prov: dict[str, Any]
 ) -> list[str]:
-    """plan.json's pins are protocol.toml's; each launch's pin record is its comparison; a mismatch
-    not overridden was refused; summary.json's scope is the one these records give."""
+    """plan.json's pins are protocol.toml's (`rp`, parsed once by verify); each launch's pin record is
+    its comparison; a mismatch not overridden was refused; summary.json's scope is the one these
+    records give."""
     if "pins" not in plan:
         return []  # before issue 26
-    try:
-        proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
-    except (ProtocolError, UnicodeDecodeError) as error:
-        return [f"{PROTOCOL} does not parse, so the pins cannot be checked: {error}"]
+    proto = rp.proto
+    if proto is None:
+        return [f"{PROTOCOL} does not parse, so the pins cannot be checked: {rp.error}"]
     problems = []
     if plan["pins"] != proto.pins.flat():
         problems.append(f"plan.json pins {plan['pins']} are not protocol.toml's {proto.pins.flat()}")

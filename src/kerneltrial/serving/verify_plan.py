@@ -1,51 +1,75 @@
 """verify derives, never trusts (issue 36, item 5): a serving run's plan.json against the plan its
 own protocol.toml gives.
 
-Every plan value that bounds a check (the nonce and the ledger, the client, the cases, repeats and
-seeds, the launch order, the proof of dispatch's records, the accuracy and acceptance rules) is
-derived again with serving/plan.py from protocol.toml and the run's `effective` values, and a value
-plan.json states otherwise is a problem with its name. The model's layer count (the dispatch
-proof's call bound) is derived from the model's config.json where the model is on this machine;
-elsewhere the bound never exceeds verify_dispatch.UNKNOWN_LAYERS, whatever plan.json says. A plan
-without `effective` (a run from before it) is compared on the values that do not depend on the
-model path or the client.
+Every plan value that bounds a check (the nonce and the ledger, the client, the arms, the cases,
+repeats and seeds, the launch order, the proof of dispatch's records, the accuracy and acceptance
+rules) is derived again with serving/plan.py from protocol.toml and the values beside it, and a
+value plan.json states otherwise is a problem with its name. The values beside it are plan.json
+`effective`, each derived again from provenance.json `argv` (serving/effective.py: an `effective`
+the command line does not give is a problem); a run from before `effective` has its model and
+client recovered from that argv, so deleting `effective` leaves every value compared. The model's
+layer count (the dispatch proof's call bound) is derived from the model's config.json where the
+model is on this machine; elsewhere the bound never exceeds verify_dispatch.UNKNOWN_LAYERS,
+whatever plan.json says.
 
-No downgrade: a key missing from plan.json is a problem where the runner at the run's recorded
-commit (this checkout's git history, kernel/git_history.py) writes it: deleting the proof of
-dispatch, the nonce and every newer key no longer reads as an older run. Where the commit is
-unknown here, or the tree was dirty, only the keys' values are compared (and a forger who rewrites
-protocol.toml, its hash in three documents and every record that follows from it has written
-another run: docs/VERIFY.md).
+No downgrade, both ways: a key missing from plan.json is a problem where the runner at the run's
+recorded commit (this checkout's git history, kernel/git_history.py) writes it, and a key that
+runner never writes is proof that a later runner wrote the plan, so provenance.json names the wrong
+commit: deleting the proof of dispatch and every newer key, or naming an older commit, no longer
+reads as an older run. Where the commit is unknown here, or the tree was dirty, only the keys'
+values are compared (and a forger who rewrites protocol.toml, its hash in three documents and
+every record that follows from it has written another run: docs/VERIFY.md).
+
+protocol.toml is parsed once (`read_run_protocol`) for every check that reads it: this one, the
+launch order and the pins (serving/verify_evidence.py).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kerneltrial.kernel.git_history import package_at
 from kerneltrial.rundir.layout import PROTOCOL
+from kerneltrial.serving.effective import Written, argv_problems, command_line, recovered, with_effective, written
 from kerneltrial.serving.order import planned_launches
-from kerneltrial.serving.plan import plan_doc, with_effective
-from kerneltrial.serving.protocol import ProtocolError, parse_protocol
+from kerneltrial.serving.plan import plan_doc
+from kerneltrial.serving.protocol import Protocol, ProtocolError, parse_protocol
 
 RUNNER = "serving/plan.py"  # the module that writes plan.json's keys, in the package at a commit
-OLD_RUNNER = "serving/trial.py"  # where plan_doc lived before serving/plan.py
-# what the model path and the client fix: not derivable for a run without `effective`
-MODEL_OR_CLIENT = ("arms", "client", "tokenizer", "bench_seeds", "seeding")
-# checked elsewhere (the protocol hash), or by their own check here (the layers)
+OLD_RUNNER = "serving/trial.py"  # where plan_doc lived before serving/plan.py (and the plan before plan_doc)
+# checked elsewhere (the protocol hash), or by their own check here (the layers, `effective`)
 NOT_COMPARED = ("protocol_sha256", "model_layers", "effective")
 
 
-def derived_plan(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan protocol.toml gives with the run's `effective` values (ProtocolError if it does not
-    parse), as JSON would hold it; the selection files' copies are the plan's own (verify_dispatch
-    rehashes them)."""
-    proto = parse_protocol((path / PROTOCOL).read_text(encoding="utf-8"), path)
-    recorded = plan.get("effective")
-    proto = with_effective(proto, recorded if isinstance(recorded, dict) else {})
+@dataclass(frozen=True)
+class RunProtocol:
+    """A run's protocol.toml parsed once (with the run directory as its folder), with the values the
+    command line can change as written; or why it does not parse."""
+
+    proto: Protocol | None
+    written: Written | None
+    error: str | None = None
+
+
+def read_run_protocol(path: Path) -> RunProtocol:
+    """The protocol.toml of the run directory `path`, for every check that reads it."""
+    try:
+        text = (path / PROTOCOL).read_text(encoding="utf-8")
+        proto = parse_protocol(text, path)
+    except (ProtocolError, UnicodeDecodeError, OSError) as error:
+        return RunProtocol(None, None, str(error))
+    return RunProtocol(proto, written(text, proto))
+
+
+def derived_plan(proto: Protocol, plan: dict[str, Any], beside: dict[str, Any]) -> dict[str, Any]:
+    """The plan `proto` gives with the values `beside` it (plan.json `effective`, or those recovered
+    from the command line; ProtocolError for a client the protocol refuses), as JSON would hold it;
+    the selection files' copies are the plan's own (verify_dispatch rehashes them)."""
+    proto = with_effective(proto, beside)
     copies = {a.get("name"): a.get("selection_files", {}) for a in plan.get("arms", []) if isinstance(a, dict)}
     order = planned_launches(proto.arms, proto.rounds, proto.seed)
     derived = plan_doc(
@@ -54,8 +78,8 @@ def derived_plan(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(derived))
 
 
-def written_keys(prov: dict[str, Any], keys: list[str]) -> tuple[set[str] | None, str]:
-    """Which of `keys` the runner at the recorded commit writes into plan.json, or None and why not."""
+def written_keys(prov: dict[str, Any]) -> tuple[set[str] | None, str]:
+    """The keys the runner at the recorded commit writes into plan.json, or None and why not."""
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     commit = git.get("commit")
     if not isinstance(commit, str) or not commit or git.get("dirty") is not False:
@@ -64,53 +88,116 @@ def written_keys(prov: dict[str, Any], keys: list[str]) -> tuple[set[str] | None
     if tree.files is None:
         return None, tree.reason
     source = tree.files.get(RUNNER) or tree.files.get(OLD_RUNNER) or b""
-    return plan_doc_keys(source) & set(keys), f"the runner at commit {commit[:12]}"
+    keys = plan_doc_keys(source)
+    if keys is None:
+        return None, f"the runner at commit {commit[:12]} writes no plan.json this verifier can read"
+    return keys, f"the runner at commit {commit[:12]}"
 
 
-def plan_doc_keys(source: bytes) -> set[str]:
-    """The string keys of the dict `plan_doc` returns in a module's source (none where it has no
-    such function): its other dicts (provenance's "client", say) are not plan.json's."""
+def plan_doc_keys(source: bytes) -> set[str] | None:
+    """The string keys of the dict `plan_doc` returns in a module's source, or (a runner from before
+    plan_doc) of the dict literal it assigns to `plan`; None where it has neither. Its other dicts
+    (provenance's "client", say) are not plan.json's."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()
+        return None
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "plan_doc":
             for ret in ast.walk(node):
                 if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Dict):
-                    return {k.value for k in ret.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-    return set()
+                    return _keys(ret.value)
+            return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            if any(isinstance(t, ast.Name) and t.id == "plan" for t in node.targets):
+                return _keys(node.value)
+    return None
 
 
-def plan_problems(path: Path, plan: dict[str, Any], prov: dict[str, Any]) -> tuple[list[str], str]:
-    """Each plan value unlike the derived one, each key the recorded commit's runner writes that is
-    missing, and the layer count against the model's config.json where it is here; and a detail."""
+def _keys(node: ast.Dict) -> set[str]:
+    return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def plan_problems(rp: RunProtocol, plan: dict[str, Any], prov: dict[str, Any]) -> tuple[list[str], str]:
+    """Each `effective` value the command line does not give, each plan value unlike the derived
+    one, each key the recorded commit's runner writes that is missing or never writes that is
+    there, and the layer count against the model's config.json where it is here; and a detail."""
+    if rp.proto is None or rp.written is None:
+        return [f"{PROTOCOL} does not give a plan, so plan.json cannot be derived: {rp.error}"], ""
+    cmd = command_line(prov.get("argv"))
+    recorded = plan.get("effective")
+    if isinstance(recorded, dict):
+        problems, beside = argv_problems(recorded, rp.written, cmd), recorded
+        whence = "its `effective`, each derived again from provenance.json argv"
+    else:
+        problems, beside = [], recovered(rp.written, cmd, plan.get("tokenizer"))
+        whence = "the model and client recovered from provenance.json argv (no `effective`: an older run)"
     try:
-        derived = derived_plan(path, plan)
-    except (ProtocolError, UnicodeDecodeError, OSError) as error:
-        return [f"{PROTOCOL} does not give a plan, so plan.json cannot be derived: {error}"], ""
-    written, source = written_keys(prov, list(derived))
+        derived = derived_plan(rp.proto, plan, beside)
+    except ProtocolError as error:
+        return [*problems, f"{PROTOCOL} with the run's values beside it does not give a plan: {error}"], ""
+    written_by, source = written_keys(prov)
+    problems += key_problems(plan, set(derived), written_by, source)
+    problems += value_problems(plan, derived)
+    problems += _layer_problems(plan, derived, beside.get("model"))
+    keys = (
+        f"the keys {source} writes required, and only those"
+        if written_by is not None
+        else f"no key required ({source})"
+    )
+    return problems, f"plan.json derived from {PROTOCOL} and {whence}: every value compared; {keys}"
+
+
+def key_problems(plan: dict[str, Any], current: set[str], written_by: set[str] | None, source: str) -> list[str]:
+    """No downgrade: a key of the current plan that the recorded commit's runner writes and plan.json
+    lacks; no later runner: one that runner never writes and plan.json holds."""
+    if written_by is None:
+        return []
+    missing = [
+        f"plan.json has no `{key}`, which {source} (git history) writes: no downgrade"
+        for key in sorted(current & written_by)
+        if key not in plan
+    ]
+    later = [
+        f"plan.json has `{key}`, which {source} (git history) never writes: a later runner wrote this plan, "
+        "not the commit provenance.json names"
+        for key in sorted(current - written_by)
+        if key in plan
+    ]
+    return missing + later
+
+
+def value_problems(plan: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    """Each value plan.json holds that the derived plan states otherwise (every key but those checked
+    elsewhere)."""
     problems = []
     for key in derived:
-        if key not in plan:
-            if written is not None and key in written:
-                problems.append(f"plan.json has no `{key}`, which {source} (git history) writes: no downgrade")
-            continue
-        if key in NOT_COMPARED or ("effective" not in plan and key in MODEL_OR_CLIENT):
-            continue
-        if plan[key] != derived.get(key):
-            problems.append(f"plan.json {key} is {_short(plan[key])}, {PROTOCOL} gives {_short(derived.get(key))}")
-    problems += _layer_problems(plan, derived)
-    compared = "every value" if "effective" in plan else "the values that do not rest on the model path or client"
-    keys = f"the keys {source} writes required" if written is not None else f"no key required ({source})"
-    return problems, f"plan.json derived from {PROTOCOL}: {compared} compared; {keys}"
+        if key in plan and key not in NOT_COMPARED and plan[key] != derived[key]:
+            where, got, want = first_difference(plan[key], derived[key], key)
+            problems.append(f"plan.json {where} is {_short(got)}, {PROTOCOL} gives {_short(want)}")
+    return problems
 
 
-def _layer_problems(plan: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+ABSENT = "(absent)"
+
+
+def first_difference(got: Any, want: Any, where: str) -> tuple[str, Any, Any]:
+    """The first place two JSON values differ (`arms[1].role`, say), and the two values there."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for k in [*want, *(k for k in got if k not in want)]:
+            if got.get(k, ABSENT) != want.get(k, ABSENT):
+                return first_difference(got.get(k, ABSENT), want.get(k, ABSENT), f"{where}.{k}")
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            if a != b:
+                return first_difference(a, b, f"{where}[{i}]")
+    return where, got, want
+
+
+def _layer_problems(plan: dict[str, Any], derived: dict[str, Any], model: Any) -> list[str]:
     """plan.json model_layers against the derived plan's (the model's config.json, read once by
     plan_doc), where the model is on this machine."""
-    recorded = plan.get("effective")
-    model = recorded.get("model") if isinstance(recorded, dict) else None
     # an absolute path only: a relative one would be read from the verifier's working directory
     here = derived.get("model_layers") if isinstance(model, str) and Path(model).is_absolute() else None
     if here is None or plan.get("model_layers") == here:
