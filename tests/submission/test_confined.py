@@ -84,8 +84,10 @@ def test_the_sandbox_runs_from_copies_that_name_nothing_of_kerneltrial(tmp_path)
     shutil.copy(GOOD, tmp_path / "archive")
     with started(Prepared.make(tmp_path), FIRST, GOOD.stem, "rmsnorm", None, 120) as worker:
         assert worker.hello().error == ""
-        command = " ".join(worker.sandbox.command(["python"]))
-        cgroup = str(worker.sandbox.confinement.cgroup)
+        process = worker.remote.handle.process
+        assert process is not None
+        command = " ".join(map(str, process.proc.args))  # the sandbox's, the launcher's and the worker's
+        cgroup = str(process.confinement.cgroup)
     assert "kerneltrial" not in command.casefold() and "kerneltrial" not in cgroup.casefold(), (command, cgroup)
 
 

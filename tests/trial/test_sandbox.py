@@ -138,7 +138,7 @@ def test_a_worker_without_the_sandbox_the_host_allows_is_refused(monkeypatch):
     monkeypatch.setattr(confine.Confinement, "command", lambda self, program: program)  # the sandbox skipped
     with (
         Isolation(Settings(60, CPU)) as iso,
-        pytest.raises(RegistryError, match="WorkerBroken: .*its sandbox was not applied"),
+        pytest.raises(RegistryError, match="SandboxMissing: .*its sandbox was not applied"),
     ):
         arm(iso, "burns_between_calls")
 

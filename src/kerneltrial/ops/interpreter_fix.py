@@ -7,7 +7,7 @@ kernel run on the CPU differs from the official formula by up to two bf16 ulps a
 correctness gate could not tell a rounding bug from the interpreter's. `patch()` replaces
 that one conversion with torch's round-to-nearest-even; every other conversion is Triton's.
 Nothing of kerneltrial is imported: the package interface check's worker runs a copy of this
-file (submission/target_worker.py).
+file (trial/worker.py loads it by path; the package interface check copies it).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The sandbox around the package interface check's workers: trial/confine.py's, the one the
 trial's isolated workers run in (issue 35, item 1), run from copies that name nothing of kerneltrial.
 
-Each worker (submission/isolated.py `started`) gets a `confine.Confinement` of its own: as root, a
+Each worker (submission/isolated.py `TargetStarter`) gets a `confine.Confinement` of its own: as root, a
 uid no other process runs as, with no capability but CAP_DAC_READ_SEARCH (it reads every file and
 writes none but its own folder's); a PID namespace of its own with its own /proc; a cgroup of its
 own (killed whole, so a child that calls setsid dies with it); no-new-privs; a seccomp filter
 (ptrace, process_vm_readv/writev, pidfd_getfd, kcmp refused). It writes one folder, its own
-(`own-*/` in its run folder: its home and caches, hello.json and each reply); it reads the target
-interpreter, the unpacked archive, the shims and each request with CAP_DAC_READ_SEARCH; its
-configuration and channel are inherited pipes, its log an inherited descriptor. The scratch folder
+(`own-*/` in its run folder: its home and caches); it reads the target interpreter, the
+unpacked archive and the shims with CAP_DAC_READ_SEARCH; its channel is inherited pipes and a
+socket (trial/worker.py, MODE target), its log an inherited descriptor. The scratch folder
 is root's (mode 0700), so the worker cannot write there (the shims, the archive, the other
 environment's files), nor in the --out folder, nor signal, trace or read the harness.
 

@@ -42,7 +42,7 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops.registry import Case, Inputs, Operator, get_op
 from kerneltrial.rundir.streams import CALL_STRIDE
 from kerneltrial.submission.confined import sandbox_record
-from kerneltrial.submission.isolated import Remote, WorkerEnded, entry_problem, started, unpacked
+from kerneltrial.submission.isolated import TargetWorker, WorkerEnded, entry_problem, started, unpacked
 from kerneltrial.submission.receipt import SandboxRecord
 from kerneltrial.submission.target_env import FIRST
 from kerneltrial.trial import confine, gate
@@ -139,7 +139,7 @@ def sample(runs: Sequence[Path], arm: str) -> list[Checked]:
     return chosen
 
 
-def _problem(op: Operator, remote: Remote, checked: Checked, exact: bool) -> str:
+def _problem(op: Operator, remote: TargetWorker, checked: Checked, exact: bool) -> str:
     """Why the archived module's outputs on `checked`'s inputs fail the gate's comparison, or ''."""
     values = checked.inputs(op)
     reference, oracle = gate.expected(op, values)
@@ -169,10 +169,9 @@ def replay(archive: bytes, op_name: str, runs: Sequence[Path], timeout: float = 
             problem = entry_problem(op, hello, module_file)
             if problem:
                 return ReplayResult(False, f"the archived module cannot be re-executed: {problem}", calls, sandbox)
-            remote = Remote(worker)
             for checked in chosen:
                 exact = bool(json.loads((checked.run / "plan.json").read_text()).get("exact"))
-                problem = _problem(op, remote, checked, exact)
+                problem = _problem(op, worker, checked, exact)
                 if problem:
                     reason = (
                         f"{checked.run}: the archived {module_file}, re-executed on the CPU on the run's "

@@ -26,8 +26,8 @@ what its process looks like. So the worker runs:
 - under each of two environments (`ENVIRONMENTS`) that differ in what a target may differ in:
   the worker script's name, the working directory (an empty folder, the unpacked archive) and
   torch's thread count (its default, then another: 1, or 2 where the default is 1).
-The worker reads its configuration from its standard input, so its own command line is
-`python <scratch>/app/<script>` too.
+The worker's channel is its standard input and output and its configuration the first request
+(trial/worker.py, MODE target), so its own command line is `python <scratch>/app/<script>` too.
 """
 
 from __future__ import annotations
@@ -43,17 +43,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The launcher: it says its pid (`launcher N`, the process the harness reads the sandbox of
-# when the worker has no cgroup or PID namespace of its own), starts the worker and reports its
-# exit status (`exited N`) on the channel (its standard output, which the worker inherits too).
+# when the worker has no PID namespace of its own) on its status descriptor, starts the worker
+# with the request and answer pipes as its standard input and output and the descriptor socket
+# kept (closing its own copies, so the worker's end is the channel's), and reports the worker's exit status there (`exited N`). Its arguments: STATUS_FD
+# READ_FD WRITE_FD SOCKET_FD, then the worker's command line.
 # `FORK_AWAY` goes first where the harness is in the worker's PID namespace: its first process
 # exits at once, so the second (the worker's parent) is reparented away from the harness.
 FORK_AWAY = "if os.fork():\n    os._exit(0)\n"
 LAUNCHER = (
     "import os, subprocess, sys\n"
     "{fork}"
-    "os.write(1, b'launcher %d\\n' % os.getpid())\n"
-    "code = subprocess.call(sys.argv[1:])\n"
-    "os.write(1, b'exited %d\\n' % code)\n"
+    "status, read, write, sock = (int(a) for a in sys.argv[1:5])\n"
+    "os.write(status, b'launcher %d\\n' % os.getpid())\n"
+    "child = subprocess.Popen(sys.argv[5:], stdin=read, stdout=write, pass_fds=(sock,))\n"
+    "for fd in (read, write, sock):\n"
+    "    os.close(fd)\n"
+    "os.write(status, b'exited %d\\n' % child.wait())\n"
 )
 # variables a test runner sets (pytest-xdist, pytest-cov), and those that fix the thread count
 DROPPED_PREFIXES = ("PYTEST_", "COV_CORE_")
@@ -207,7 +212,8 @@ def path_without_kerneltrial(scratch: Path, path: list[str]) -> list[str]:
     return kept
 
 
-def launch_command(python: Path, script: Path, fork_away: bool = True) -> list[str]:
-    """The launcher's command line: `python -c LAUNCHER python script`; `fork_away` False in a
-    PID namespace of the worker's own (see `LAUNCHER`)."""
-    return [str(python), "-c", LAUNCHER.format(fork=FORK_AWAY if fork_away else ""), str(python), str(script)]
+def launch_command(python: Path, script: Path, fds: tuple[int, int, int, int], fork_away: bool = True) -> list[str]:
+    """The launcher's command line: `python -c LAUNCHER STATUS READ WRITE SOCKET python script`;
+    `fork_away` False in a PID namespace of the worker's own (see `LAUNCHER`)."""
+    code = LAUNCHER.format(fork=FORK_AWAY if fork_away else "")
+    return [str(python), "-c", code, *map(str, fds), str(python), str(script)]

@@ -1,9 +1,10 @@
 """The harness's side of an isolated worker: start it, talk to it under a deadline, name how it died.
 
-A worker (trial/worker.py) is started with `python -I` by file path, in the sandbox (trial/confine.py,
-trial/sandbox.py), in a fresh temporary working directory, as its own process group, with two pipes
-and a socket (for shared buffers' descriptors) it alone holds besides the harness; its output
-goes to a log file nobody parses. Every request waits at most `Settings.timeout_s` for its answer.
+A worker (trial/worker.py) is started by a `Starter`: a trial's (`TrialStarter`) with `python -I` by
+file path, in the sandbox (trial/confine.py, trial/sandbox.py), in a fresh temporary working
+directory, as its own process group; the package interface check's (submission/isolated.py) as a
+target imports an archive. Either way it runs with two pipes and a socket (for shared buffers'
+descriptors) it alone holds besides the harness; its output goes to a log file nobody parses. Every request waits at most `Settings.timeout_s` for its answer.
 A worker that misses it is killed (its whole process group) and the request raises `WorkerHung`;
 one that dies raises `WorkerCrashed` (killed by a signal) or `WorkerExited` (it exited); one that
 answers what the protocol does not allow raises `WorkerBroken` and is killed. Each is a failure of
@@ -14,6 +15,37 @@ Answers are JSON read by `json.loads` and checked field by field where they are 
 worker sends is executed or unpickled here. An arm's own exception comes back as its type name and
 first line and is raised here as an `ArmRaised` subclass of that name, so that a check's message
 reads as it does for an arm in the harness's process ("raised RuntimeError: ...").
+
+The worker's requests and answers (trial/worker.py; "raised" {type, message} answers any request
+whose work raised; every answer carries `refused`, the first launch over the target's limits the
+request saw, or ""):
+  load {module | op, names, sys_path, shims, target, timer, device}
+      -> loaded {pid, defines, kerneltrial_modules}
+      MODE target adds {archive, threads, fds_fd} and answers {threads, error, callables, signature}:
+      torch's thread count before the import; the module's import error, else its callables and the
+      entry point's signature (names[0] is the entry point)
+  call {fn, args, add, drop}                  one untimed call (a gate call), poisoned outputs,
+      -> called {outputs}                     read after synchronising the current stream
+         outputs: null (returned None) | [{dtype, shape, stride, offset, storage, nbytes,
+                  input (buffer id) | previous (storage index of the last call)}] | returned: TYPE
+  fetch {outputs: [[storage, buffer]], snapshots: [[buffer, buffer]]} -> fetched
+         each output storage and each input buffer copied into a harness buffer, then every
+         stream of the device waited for
+  bind {id, fn, args, add, inplace, pool, slots} -> bound   an arm's inputs for timed samples
+  warm {id, calls} -> warmed
+  sample {id, calls, key} -> sampled {ns, odd, persistent, retaken, kept_behind}
+         before call j, value set j (`pool[j]`) is written into the inputs; after it, its outputs
+         are copied into `slots[j]` (both outside the timed intervals); `odd`: {call: metas} of
+         outputs that did not fit their slot or are not contiguous; `persistent`: calls whose
+         output shared storage with the previous call's output, which the worker still held
+  release {id, drop} -> released
+  exit (no answer)
+A shared buffer (`add`): {id, nbytes, memory: "read" | "write"} (CPU: a memfd, its descriptor on
+FDS_FD, mapped shared; "read": read-only, the harness sealed it against writable mappings),
+{id, nbytes, vmm: [device, size]} (GPU: CUDA's virtual memory API, its descriptor on FDS_FD; the
+`vmm` shim, trial/vmm.py, maps it) or {id, nbytes, cuda: [device, handle, size, offset,
+ref handle, ref offset, event handle, event sync]} (legacy CUDA IPC; bytes as hex). A tensor:
+{buffer, dtype, shape, stride, offset}; a scalar argument: {value}.
 """
 
 from __future__ import annotations
@@ -31,7 +63,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, Protocol
 
 import torch
 
@@ -76,6 +108,16 @@ class WorkerBroken(WorkerFailure):
     """Answered what the protocol does not allow (malformed, oversized, out of bounds); killed."""
 
 
+class SandboxMissing(WorkerBroken):
+    """/proc shows a sandbox piece the host allowed missing from the worker (`when`: at what point)."""
+
+    def __init__(self, problems: list[str], when: str) -> None:
+        super().__init__(
+            f"worker broke the protocol: its sandbox was not applied {when} ({'; '.join(problems)}); killed"
+        )
+        self.problems, self.when = problems, when
+
+
 class ArmRaised(Exception):
     """The arm raised in its worker; subclasses carry the arm's exception type name."""
 
@@ -92,15 +134,60 @@ def arm_exception(name: str, message: str) -> ArmRaised:
     return _RAISED[name](message)
 
 
+@dataclass
+class Started:
+    """A worker process as its `Starter` started it: the process the harness waits for, its
+    sandbox, the read end of its launcher's status lines (`launcher PID`, then `exited CODE`; None:
+    no launcher), whether its PID is in a namespace of its own, what its `load` request adds."""
+
+    proc: subprocess.Popen[bytes]
+    confinement: confine.Confinement
+    status: int | None = None
+    pidns: bool = True
+    load: dict[str, Any] = field(default_factory=dict)
+
+
+class Starter(Protocol):
+    """How a worker starts: with `fds` (its request and answer pipes and its descriptor socket)
+    passed on, its output to `log`, in `folder` (the harness's, removed when the worker ends)."""
+
+    def start(self, fds: tuple[int, int, int], log: IO[bytes], folder: Path) -> Started: ...
+
+
+@dataclass(frozen=True)
+class TrialStarter:
+    """A trial's worker: `python -I worker.py MODE FDS...` by path, in the sandbox (trial/confine.py)."""
+
+    mode: str
+    cuda: bool
+
+    def start(self, fds: tuple[int, int, int], log: IO[bytes], folder: Path) -> Started:
+        confinement = confine.Confinement(confine.host(self.cuda), folder)
+        program = [sys.executable, "-I", str(WORKER), self.mode, *map(str, fds)]
+        proc = subprocess.Popen(
+            confinement.command(program),
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            env=confinement.environment(),
+            start_new_session=True,  # its own process group: a Ctrl-C reaches the harness, which ends it
+        )
+        return Started(proc, confinement)
+
+
 @dataclass(frozen=True)
 class Settings:
     """How the harness runs isolated arms: the answer deadline, the device, the launch limits to
-    check (`--target`) and the timer of timed samples (backend, cold L2; None: no timed samples)."""
+    check (`--target`), the timer of timed samples (backend, cold L2; None: no timed samples) and
+    how workers start (None: a trial's, `TrialStarter`)."""
 
     timeout_s: float
     device: torch.device
     target: targets.Target | None = None
     timer: tuple[str, bool] | None = None
+    starter: Starter | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +195,7 @@ class ArmSource:
     """Where an isolated arm's code comes from: a user module (`sealed`: a file path or a dotted
     name, kerneltrial not importable) or kerneltrial's own operators (`registry`: the op's arms)."""
 
-    mode: Literal["sealed", "registry"]
+    mode: Literal["sealed", "registry", "target"]
     module: str | None = None
     op: str | None = None
 
@@ -118,31 +205,62 @@ class Process:
 
     def __init__(self, source: ArmSource, settings: Settings) -> None:
         self.settings = settings
-        self.folder = Path(tempfile.mkdtemp(prefix="kerneltrial-worker-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="worker-"))  # a neutral name: the log is its output descriptor
         self.log = (self.folder / "worker.log").open("wb")
-        self.confinement = confine.Confinement(confine.host(settings.device.type == "cuda"), self.folder)
         to_worker, from_harness = os.pipe()
         from_worker, to_harness = os.pipe()
         self.fds, worker_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # shared buffers' descriptors
         self.fds.setblocking(False)
         fds = (to_worker, to_harness, worker_fds.fileno())
-        program = [sys.executable, "-I", str(WORKER), source.mode, *map(str, fds)]
-        self.proc = subprocess.Popen(
-            self.confinement.command(program),
-            pass_fds=fds,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=self.folder,
-            env=self.confinement.environment(),
-            start_new_session=True,  # its own process group: a Ctrl-C reaches the harness, which ends it
+        starter = settings.starter or TrialStarter(source.mode, settings.device.type == "cuda")
+        try:
+            started = starter.start(fds, self.log, self.folder)
+        finally:
+            os.close(to_worker)
+            os.close(to_harness)
+            worker_fds.close()
+        self.proc, self.confinement, self.status, self.load = (
+            started.proc,
+            started.confinement,
+            started.status,
+            started.load,
         )
-        os.close(to_worker)
-        os.close(to_harness)
-        worker_fds.close()
+        self.leader = self.proc.pid  # whose processes /proc is read for (a launcher's, without a PID namespace)
+        self.pidns = started.pidns
+        self.status_text = b""
         self.write_fd, self.read_fd = from_harness, from_worker
         os.set_blocking(self.write_fd, False)
         os.set_blocking(self.read_fd, False)
+
+    def launched(self) -> None:
+        """With a launcher: its pid read (`launcher PID`), then its sandbox checked before the worker
+        imports anything."""
+        if self.status is None:
+            return
+        deadline = time.monotonic() + max(self.settings.timeout_s, LOAD_S)
+        line = self._status_line(deadline)
+        if not line.startswith("launcher "):
+            raise self.died("start")
+        if not self.pidns:  # its pid is the harness's namespace's
+            self.leader = int(line.split()[1])
+        problems = self.confinement.problems(self.leader)
+        if problems:
+            self.kill()
+            raise SandboxMissing(problems, "before the worker started")
+
+    def _status_line(self, deadline: float) -> str:
+        """The launcher's next status line ('' at its end or at `deadline`)."""
+        assert self.status is not None
+        while b"\n" not in self.status_text:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.status], [], [], left)[0]:
+                return ""
+            chunk = os.read(self.status, 4096)
+            if not chunk:
+                return ""
+            self.status_text += chunk
+        line, _, self.status_text = self.status_text.partition(b"\n")
+        return line.decode(errors="replace")
 
     def request(self, message: dict[str, Any], expect: str, fds: list[int] | None = None) -> dict[str, Any]:
         """Send one request (and, first, the descriptors `fds` of the shared buffers it adds, in their
@@ -223,6 +341,11 @@ class Process:
         except subprocess.TimeoutExpired:
             self.kill()
             return WorkerBroken(f"worker broke the protocol: it closed its pipe during '{what}'; killed")
+        if self.status is not None:  # the launcher's report of the worker's exit
+            line = self._status_line(time.monotonic() + REAP_S)
+            line = self._status_line(time.monotonic() + REAP_S) if line.startswith("launcher ") else line
+            if line.startswith("exited ") and line.split()[1].lstrip("-").isdigit():
+                code = int(line.split()[1])
         if code < 0:
             return WorkerCrashed(f"worker crashed: killed by signal {signal.Signals(-code).name} during '{what}'")
         return WorkerExited(f"worker exited with code {code} during '{what}'")
@@ -251,7 +374,7 @@ class Process:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-        for fd in (self.write_fd, self.read_fd):
+        for fd in (self.write_fd, self.read_fd, *([] if self.status is None else [self.status])):
             os.close(fd)
         self.fds.close()
         self.log.close()
@@ -277,6 +400,7 @@ class WorkerHandle:
     defines: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)  # a sealed module's own top-level functions
     modules: list[str] = field(default_factory=list)  # the kerneltrial modules the worker says it holds
+    loaded: dict[str, Any] = field(default_factory=dict)  # the last `loaded` answer
     generation: int = 0
 
     def __post_init__(self) -> None:
@@ -299,23 +423,23 @@ class WorkerHandle:
         self.arena = Arena(self.settings.device)
         self.generation += 1
         try:
-            answer = self.process.request(self.load_message(), "loaded")
+            self.process.launched()
+            answer = self.process.request(self.load_message() | self.process.load, "loaded")
         except (WorkerFailure, ArmRaised):  # a module that fails to import leaves no worker behind
             self.stop()
             raise
-        problems = self.process.confinement.problems(self.process.proc.pid)
+        problems = self.process.confinement.problems(self.process.leader)
         if problems:
             self.stop()
-            raise WorkerBroken(
-                f"worker broke the protocol: its sandbox was not applied ({'; '.join(problems)}); killed"
-            )
+            raise SandboxMissing(problems, "after its module's import")
         modules = answer.get("kerneltrial_modules")
-        if self.source.mode == "sealed" and modules:
+        if self.source.mode != "registry" and modules:
             self.stop()
             raise WorkerBroken(f"worker broke the protocol: a sealed worker imported {modules}; killed")
         self.defines = [str(n) for n in answer.get("defines", [])]
         self.functions = [str(n) for n in answer.get("functions", [])]
         self.modules = [str(m) for m in modules or []]
+        self.loaded = answer
         return self.process
 
     def load_message(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ torch.empty* is patched to poison while the arm runs (`poisoned_allocations`).
 Torch and the standard library only, nothing of kerneltrial, on purpose: the processes where no
 kerneltrial module is importable load this file by its path, so an arm there is poisoned the
 same way as in the gate (trial/gate.py): the isolated worker (trial/worker.py) and the package
-interface check's worker (submission/target_worker.py).
+interface check, which runs that worker from a copy.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kerneltrial.gate_rule import parse_gate
 from kerneltrial.model_fields import describe
 from kerneltrial.rundir import streams
-from kerneltrial.rundir.integrity_notes import MIN_UNDER
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.integrity_notes import MIN_UNDER
 from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
 
 if TYPE_CHECKING:  # torch-free at import: `run` validates a protocol before any heavy import
@@ -421,7 +421,7 @@ def refuse_in_process(protocol: Protocol, path: Path) -> None:
 def refuse_thin_isolation(protocol: Protocol, path: Path) -> None:
     """A protocol to be frozen gives each isolated arm more samples per (case, arm) than the
     floor under its claims needs to be shaved (integrity_notes.MIN_UNDER): with fewer, one
-    shaved sample moves the arm's median unseen (docs/CHECKS.md, "Isolated, under-report")."""
+    shaved sample moves the arm's median unseen (docs/CHECKS.md, "What a kernel can still do")."""
     isolated = protocol.isolated()
     samples = len(protocol.seeds) * protocol.rounds
     if isolated and samples <= MIN_UNDER:

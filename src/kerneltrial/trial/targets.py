@@ -18,7 +18,7 @@ LibEntry) call it directly with a 3-tuple grid.
 Standard library only, nothing of kerneltrial: the processes where no kerneltrial module is
 importable load this file by its path. An isolated worker (trial/worker.py) checks its arm's
 launches with the harness's target, and the harness counts what the worker refused (`note`);
-the package interface check's worker (submission/target_worker.py) runs a copy of it.
+the package interface check runs the same worker from a copy.
 """
 
 from __future__ import annotations

@@ -1,53 +1,30 @@
 """The isolated worker: a process of its own that runs one kernel module's functions for
-kerneltrial's harness, and never imports the harness.
+kerneltrial's harness, and never imports the harness. One worker for trials and packages.
 
-The harness (trial/isolation.py) starts it by file path,
-
-    python -I .../kerneltrial/trial/worker.py MODE READ_FD WRITE_FD [FDS_FD]
-
-reads nothing from its stdout or stderr but a log (an arm may print anything) and talks to it over
-two pipes: requests on READ_FD, answers on WRITE_FD; on FDS_FD, a Unix socket, the descriptors of
-shared buffers arrive before the request that adds them. A message is one frame: 4 bytes big-endian
-length, then that many bytes of UTF-8 JSON, an object with a "kind". The harness waits a deadline
-for every answer and kills a worker that misses it; a worker whose harness has gone exits.
+The harness (trial/isolation.py) starts it by file path, `python -I .../trial/worker.py MODE
+READ_FD WRITE_FD [FDS_FD]`; the package interface check (submission/isolated.py, MODE `target`)
+runs a copy under a neutral name with no argument, by a plain interpreter, as a target would
+import the archive: its channel is its standard input and output (moved to descriptors of its
+own at once; 0 becomes /dev/null, 1 its log), FDS_FD is named in `load`, which also sets a path
+without kerneltrial; no finder of the worker's is on sys.meta_path and the shims leave
+sys.modules once loaded. The harness reads nothing of its output but a log (an arm may print
+anything): requests on READ_FD, answers on WRITE_FD; on FDS_FD, a Unix socket, the descriptors of
+shared buffers arrive before the request that adds them. A message is one frame: 4 bytes
+big-endian length, then that many bytes of UTF-8 JSON, an object with a "kind". The harness waits
+a deadline for every answer and kills a worker that misses it; a worker whose harness has gone exits.
 
 What it imports: the standard library, torch, triton, the arm's module, and five self-contained
-files of kerneltrial loaded by path under private names (`_kt_shim_*`, so that no `kerneltrial*`
-module is in sys.modules): ops/interpreter_fix.py (the interpreter's bf16 rounding, as in the
-harness), trial/poison.py (poisoned outputs for the gate's calls), trial/timing.py (the harness's
-Timer: an isolated arm is timed as an in-process one is), trial/targets.py (the launch limits
-of `--target`) and trial/vmm.py (GPU buffers; it imports cuda-python when one arrives). None of them holds harness state. Before anything else it takes kerneltrial out of
-reach: a finder first on sys.meta_path refuses `kerneltrial` and every submodule (MODE `sealed`,
-user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets `kerneltrial`,
-`kerneltrial.ops*` (where the built-in kernels and peers live) and the torch-free constants of
+files of kerneltrial loaded by path under private names (`_kt_shim_*`): ops/interpreter_fix.py
+(the interpreter's bf16 rounding, as in the harness), trial/poison.py (poisoned outputs for the
+gate's calls), trial/timing.py (the harness's Timer: an isolated arm is timed as an in-process one
+is), trial/targets.py (the launch limits of `--target`) and trial/vmm.py (GPU buffers; it imports
+cuda-python when one arrives). None of them holds harness state. Before anything else it takes
+kerneltrial out of reach: a finder first on sys.meta_path refuses `kerneltrial` and every
+submodule (MODE `sealed`, user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets
+`kerneltrial`, `kerneltrial.ops*` (the built-in kernels and peers) and the torch-free constants of
 `kerneltrial.rundir*` they read import, and refuses the rest (trial, analysis, ...: the harness).
 
-Requests and answers ("raised" {type, message} answers any request whose work raised; every
-answer carries `refused`, the first launch over the target's limits the request saw, or ""):
-  load {module | op, names, sys_path, shims, target, timer, device}
-      -> loaded {pid, defines, kerneltrial_modules}
-  call {fn, args, add, drop}                  one untimed call (a gate call), poisoned outputs,
-      -> called {outputs}                     read after synchronising the current stream
-         outputs: null (returned None) | [{dtype, shape, stride, offset, storage, nbytes,
-                  input (buffer id) | previous (storage index of the last call)}] | returned: TYPE
-  fetch {outputs: [[storage, buffer]], snapshots: [[buffer, buffer]]} -> fetched
-         each output storage and each input buffer copied into a harness buffer, then every
-         stream of the device waited for
-  bind {id, fn, args, add, inplace, pool, slots} -> bound   an arm's inputs for timed samples
-  warm {id, calls} -> warmed
-  sample {id, calls, key} -> sampled {ns, odd, persistent, retaken, kept_behind}
-         before call j, value set j (`pool[j]`) is written into the inputs; after it, its outputs
-         are copied into `slots[j]` (both outside the timed intervals); `odd`: {call: metas} of
-         outputs that did not fit their slot or are not contiguous; `persistent`: calls whose
-         output shared storage with the previous call's output, which the worker still held
-  release {id, drop} -> released
-  exit (no answer)
-A shared buffer (`add`): {id, nbytes, memory: "read" | "write"} (CPU: a memfd, its descriptor on
-FDS_FD, mapped shared; "read": read-only, the harness sealed it against writable mappings),
-{id, nbytes, vmm: [device, size]} (GPU: CUDA's virtual memory API, its descriptor on FDS_FD; the
-`vmm` shim, trial/vmm.py, maps it) or {id, nbytes, cuda: [device, handle, size, offset,
-ref handle, ref offset, event handle, event sync]} (legacy CUDA IPC; bytes as hex). A tensor: {buffer, dtype, shape, stride, offset}; a scalar
-argument: {value}.
+The requests and answers it takes and gives: trial/isolation.py's docstring.
 """
 
 from __future__ import annotations
@@ -102,7 +79,10 @@ class Refuse(importlib.abc.MetaPathFinder):
 
 
 def seal(mode: str) -> None:
-    """Take kerneltrial out of reach before anything of the arm is imported."""
+    """Take kerneltrial out of reach before anything of the arm is imported (MODE target: the
+    harness gives a path without it, set at `load`)."""
+    if mode == "target":
+        return
     if mode not in ("sealed", "registry"):
         raise SystemExit(f"worker: unknown mode {mode!r}; use sealed or registry")
     sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != Path(__file__).resolve().parent]
@@ -331,6 +311,7 @@ class Worker:
         self.context = ExitStack()
         self.timer: Any = None
         self.device: Any = None
+        self.fixed = False
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The answer to one request; `refused`: the first over-limit launch (--target) it saw."""
@@ -348,8 +329,14 @@ class Worker:
         """The interpreter's float32 -> bfloat16 rounding, as in the harness, once triton is imported
         (by the arm: a worker whose arm uses torch alone never imports it)."""
         fix = self.shims.get("interpreter_fix")
-        if fix is not None and os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
-            fix.patch()
+        if self.fixed or fix is None or os.environ.get("TRITON_INTERPRET") != "1" or "triton" not in sys.modules:
+            return
+        fix.patch()
+        self.fixed = True
+        if self.mode == "target":  # the module would see the patch's marker
+            from triton.runtime import interpreter
+
+            vars(interpreter._convert_float).pop("kerneltrial_patched", None)
 
     # -- buffers and arguments
 
@@ -387,11 +374,19 @@ class Worker:
     # -- requests
 
     def on_load(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.mode == "target":
+            sys.path[:] = [str(p) for p in message["sys_path"]]
+            self.fd_socket = socket.socket(fileno=int(message["fds_fd"]))
         import torch
 
+        if message.get("threads") is not None:
+            torch.set_num_threads(int(message["threads"]))
         self.device = torch.device(message["device"])
         shims = message["shims"]
         self.shims = {name: load_file(f"_kt_shim_{name}", path) for name, path in shims.items()}
+        if self.mode == "target":  # loaded: the module would see them in sys.modules
+            for name in shims:
+                sys.modules.pop(f"_kt_shim_{name}", None)
         target = message.get("target")
         if target:
             targets = self.shims["targets"]
@@ -402,6 +397,8 @@ class Worker:
             gpu = self.device.type == "cuda"
             self.timer = self.shims["timing"].timer_for(timer["backend"], gpu, bool(timer["cold"]))
         names = [str(n) for n in message["names"]]
+        if self.mode == "target":
+            return self.load_target(str(message["module"]), str(message["archive"]), names[0], torch.get_num_threads())
         self.functions = self.load_arm(message, names)
         loaded = sorted(m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + "."))
         return {
@@ -411,6 +408,30 @@ class Worker:
             "functions": self.own_functions,
             "kerneltrial_modules": loaded,
         }
+
+    def load_target(self, name: str, archive: str, entry: str, threads: int) -> dict[str, Any]:
+        """MODE target: the unpacked archive's module `name` imported by its name, as a target
+        imports it; an import error is part of the answer (the harness words the check's result)."""
+        answer: dict[str, Any] = {"kind": "loaded", "pid": os.getpid(), "threads": threads, "error": ""}
+        answer |= {"callables": [], "signature": "", "defines": [], "kerneltrial_modules": []}
+        if importlib.util.find_spec(name) is not None:
+            return answer | {"error": f"the module name {name} is taken by an installed module here; rename {name}.py"}
+        sys.path.insert(0, archive)
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # a user's module may raise anything at import
+            return answer | {
+                "error": f"{name}.py failed to import from the unpacked archive: {type(exc).__name__}: {exc}"
+            }
+        fn = getattr(module, entry, None)
+        try:
+            signature = str(inspect.signature(fn)) if callable(fn) else ""
+        except (TypeError, ValueError):
+            signature = "(?)"
+        self.functions = {entry: fn} if callable(fn) else {}
+        answer["kerneltrial_modules"] = sorted(m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + "."))
+        callables = sorted(n for n, v in vars(module).items() if callable(v))
+        return answer | {"callables": callables, "signature": signature, "defines": sorted(self.functions)}
 
     def load_arm(self, message: dict[str, Any], names: list[str]) -> dict[str, Any]:
         """The functions `names` of the arm: a module's top-level functions, or (MODE registry)
@@ -538,15 +559,28 @@ class Worker:
         return {"kind": "released"}
 
 
+def target_channel() -> tuple[int, int]:
+    """MODE target: the channel (standard input and output) on descriptors of the worker's own;
+    0 becomes /dev/null and 1 the log (standard error)."""
+    read_fd, write_fd = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    return read_fd, write_fd
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (4, 5):
+    if len(argv) == 1:  # a target's launch (see the module's docstring)
+        mode, (read_fd, write_fd), fd_socket = "target", target_channel(), None
+    elif len(argv) in (4, 5):
+        mode, read_fd, write_fd = argv[1], int(argv[2]), int(argv[3])
+        fd_socket = socket.socket(fileno=int(argv[4])) if len(argv) == 5 else None
+    else:
         raise SystemExit(
             "usage: python -I worker.py sealed|registry READ_FD WRITE_FD [FDS_FD] (started by kerneltrial)"
         )
-    mode, read_fd, write_fd = argv[1], int(argv[2]), int(argv[3])
     seal(mode)
     watch_parent()
-    worker = Worker(mode, socket.socket(fileno=int(argv[4])) if len(argv) == 5 else None)
+    worker = Worker(mode, fd_socket)
     while True:
         message = read_frame(read_fd)
         if message is None or message.get("kind") == "exit":
