@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from scipy import stats
 
 from kerneltrial.serving import trial
-from kerneltrial.serving.calibration import ARM_A, ARM_A_PRIME, CALIBRATION, read_calibration
+from kerneltrial.serving.calibration import ARM_A, ARM_A_PRIME, CALIBRATION, Binding, read_calibration
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli, write_protocol
 
@@ -71,28 +72,41 @@ def test_calibrate_writes_an_a_a_run_its_noise_and_its_false_acceptance_rate(cal
     assert (rec.false_acceptances, rec.false_acceptance_rate, rec.passed, rec.reasons) == (0, 0.0, True, [])
     assert rec.sentence.startswith("Calibration passed for trials of 4 launches per arm: interval half-widths")
     assert "accepted 0 of 30 A/A comparison(s)" in rec.sentence
-    assert json.loads((cal / CALIBRATION).read_text())["schema"] == "kerneltrial.serving-calibration/2"
+    assert json.loads((cal / CALIBRATION).read_text())["schema"] == "kerneltrial.serving-calibration/3"
+    assert rec.binding.repeats == 2 and rec.binding.client == "completions" and rec.binding.trial_rounds == 4
+    assert rec.binding_sha256 == rec.binding.sha256()
+    found = next(c for c in verify_serving_run(cal).checks if c.name == "calibration")
+    assert found.ok and found.detail == "calibration.json recomputed from its run, bound by hash"
 
 
-def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(tmp_path, monkeypatch):
-    """The issue's case: --launches 2 "passed" with a gain interval of +-7,453% on the fake server."""
-    proto = write_protocol(tmp_path / "trial.toml", trial_text(rounds=2))
+@pytest.fixture(scope="module")
+def unpowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """A protocol of 2 rounds and its failed calibration (--launches 2, +-20% launch noise), and the
+    command's output."""
+    root = tmp_path_factory.mktemp("unpowered")
+    proto = write_protocol(root / "trial.toml", trial_text(rounds=2))
     noisy = {0: 1.0, 1: 1.3, 2: 0.8, 3: 1.1}  # +-20% from launch to launch
-    monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (noisy[L], 1.0 / noisy[L])))
-    out = tmp_path / "cal"
-    r = run_cli(
-        "serve",
-        "calibrate",
-        str(proto),
-        "--launches",
-        "2",
-        "--vllm",
-        sys.executable,
-        "-q",
-        "--out",
-        str(out),
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (noisy[L], 1.0 / noisy[L])))
+        r = run_cli(
+            "serve",
+            "calibrate",
+            str(proto),
+            "--launches",
+            "2",
+            "--vllm",
+            sys.executable,
+            "-q",
+            "--out",
+            str(root / "cal"),
+        )
     assert r.exit_code == 1, r.output
+    return proto, root / "cal", r.output
+
+
+def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(unpowered):
+    """The issue's case: --launches 2 "passed" with a gain interval of +-7,453% on the fake server."""
+    _, out, output = unpowered
     rec = read_calibration(out)
     assert not rec.passed and len(rec.comparisons) == 2 and rec.comparisons_needed == 20
     [noise] = rec.noise
@@ -105,15 +119,16 @@ def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(t
         "2 A/A comparison(s) cannot estimate a false-acceptance rate of 0.05 (at least 20 are needed: each 2-round "
         "subset of the calibration's rounds, each case, both directions); pass --launches 6",
     ]
-    assert "Calibration FAILED for trials of 2 launches per arm" in r.output and rec.reasons[0] in r.output
+    assert "Calibration FAILED for trials of 2 launches per arm" in output and rec.reasons[0] in output
+    assert verify_serving_run(out).problems == []  # a failed calibration is still the record of its run
 
 
-def run_with(proto: Path, tmp_path: Path, text: str, monkeypatch) -> tuple[int, str, Path]:
+def run_with(proto: Path, tmp_path: Path, text: str, monkeypatch, *options: str) -> tuple[int, str, Path]:
     # beside the protocol: `calibration = "cal"` is relative to it
     p = write_protocol(proto.parent / f"{tmp_path.name}.toml", text)
     out = tmp_path / "run"
     monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (1.2 if arm == "B" else 1.0, 1.0)))
-    r = run_cli("serve", "trial", str(p), "--vllm", sys.executable, "-q", "--out", str(out))
+    r = run_cli("serve", "trial", str(p), "--vllm", sys.executable, "-q", "--out", str(out), *options)
     return r.exit_code, r.output, out
 
 
@@ -139,8 +154,17 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
             "calibrated (noise_band, ttft_ratio_max, confidence, rounds) = (0.01, 1.01, 0.95, 4), this trial has "
             "(0.01, 1.01, 0.95, 2)",
         ),
+        (lambda t: t.replace("repeats = 2", "repeats = 3"), "calibrated repeats 2, this trial has 3 (binding sha256"),
+        (
+            lambda t: t + '[pins]\nvllm = "0.32.0"\n',
+            'calibrated pins.vllm null, this trial has "0.32.0" (binding sha256',
+        ),
+        (
+            lambda t: t.replace('model_id = "tiny"', 'model_id = "tiny"\ntokenizer = "/elsewhere"'),
+            'calibrated tokenizer null, this trial has "/elsewhere"',
+        ),
     ],
-    ids=["other-argv", "other-cases", "other-model", "missing", "other-rounds"],
+    ids=["other-argv", "other-cases", "other-model", "missing", "other-rounds", "other-repeats", "pins", "tokenizer"],
 )
 def test_a_trial_is_refused_before_any_launch_when_the_calibration_does_not_match(
     calibrated, tmp_path, monkeypatch, edit, message
@@ -151,23 +175,83 @@ def test_a_trial_is_refused_before_any_launch_when_the_calibration_does_not_matc
     assert len(output.strip().splitlines()) == 1 and not out.exists()  # one line, nothing launched or written
 
 
-def test_a_calibration_that_did_not_pass_refuses_the_trial(calibrated, tmp_path, monkeypatch):
-    import shutil
+def test_a_calibration_made_with_another_client_is_refused(calibrated, tmp_path, monkeypatch):
+    """The issue: a calibration of another client was accepted; `serve trial --client` is applied
+    before the calibration is checked."""
+    proto, _ = calibrated
+    code, output, out = run_with(proto, tmp_path, proto.read_text(), monkeypatch, "--client", "flagos-chat")
+    assert code == 2 and 'calibrated client "completions", this trial has "flagos-chat"' in output, output
+    assert not out.exists()
 
-    proto, cal = calibrated
-    bad = proto.parent / f"bad-{tmp_path.name}"
+
+def test_a_calibration_that_did_not_pass_refuses_the_trial(unpowered, tmp_path, monkeypatch):
+    proto, cal, _ = unpowered
+    text = proto.read_text().replace("[acceptance]\n", '[acceptance]\ncalibration = "cal"\n')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    reason = read_calibration(cal).reasons[0]
+    assert code == 2 and f"acceptance.calibration 'cal' did not pass: {reason}" in output and not out.exists()
+
+
+def copied(cal: Path, tmp_path: Path, change) -> Path:
+    """A copy of the calibration run beside its protocol, its calibration.json changed by `change`."""
+    bad = cal.parent / f"bad-{tmp_path.name}"
     shutil.copytree(cal, bad)
     rec = json.loads((bad / CALIBRATION).read_text())
-    reason = "the rule accepted 1 of 30 A/A comparisons"
-    rec |= {"false_acceptances": 1, "passed": False, "reasons": [reason]}  # planted: one A/A accepted
+    change(rec)
     (bad / CALIBRATION).write_text(json.dumps(rec))
-    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
+    return bad
+
+
+def test_a_calibration_flipped_to_passed_is_refused(unpowered, tmp_path, monkeypatch):
+    """The issue's forgery: `passed` set to true (and its reasons emptied) in calibration.json was
+    accepted by `serve trial`; the record is recomputed from its run, which says it failed."""
+    proto, cal, _ = unpowered
+    bad = copied(cal, tmp_path, lambda rec: rec.update(passed=True, reasons=[]))
+    found = next(c for c in verify_serving_run(bad).checks if c.name == "calibration")
+    gives = "its run (protocol.toml, summary.json) gives"
+    assert f"calibration.json passed is true, {gives} false" in found.problems, found.problems
+    assert any(p.startswith(f"calibration.json reasons is [], {gives} [") for p in found.problems)
+    text = proto.read_text().replace("[acceptance]\n", f'[acceptance]\ncalibration = "{bad.name}"\n')
     code, output, out = run_with(proto, tmp_path, text, monkeypatch)
-    assert code == 2 and f"did not pass: {reason}" in output and not out.exists()
-    rec["schema"] = "kerneltrial.serving-calibration/1"  # a calibration from before the power check
-    (bad / CALIBRATION).write_text(json.dumps(rec))
+    assert code == 2 and f"acceptance.calibration '{bad.name}' does not verify (" in output, output
+    assert "calibration.json passed is true" in output and not out.exists()
+
+
+def test_an_older_calibration_schema_is_refused(calibrated, tmp_path, monkeypatch):
+    proto, cal = calibrated
+    for schema, lacks in (
+        ("kerneltrial.serving-calibration/1", "from before its power check (issue 26)"),
+        ("kerneltrial.serving-calibration/2", "from before its binding to what it calibrates (issue 36)"),
+    ):
+        bad = copied(cal, tmp_path / schema[-1], lambda rec, s=schema: rec.update(schema=s))
+        text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
+        code, output, _ = run_with(proto, tmp_path, text, monkeypatch)
+        assert code == 2 and f"{lacks}; calibrate again" in output, output
+
+
+def test_a_binding_rewritten_to_fit_another_trial_is_refused(calibrated, tmp_path, monkeypatch):
+    """A careful forger rewrites the binding to the trial's repeats and its hash: the binding then
+    matches, but the record is not the one its run gives."""
+    proto, cal = calibrated
+
+    def refit(rec: dict) -> None:
+        rec["binding"]["repeats"] = 4
+        rec["binding_sha256"] = Binding.model_validate(rec["binding"]).sha256()
+
+    bad = copied(cal, tmp_path, refit)
+    text = (
+        proto.read_text()
+        .replace('calibration = "cal"', f'calibration = "{bad.name}"')
+        .replace("repeats = 2", "repeats = 4")
+    )
     code, output, out = run_with(proto, tmp_path, text, monkeypatch)
-    assert code == 2 and "from before its power check (issue 26); calibrate again" in output
+    assert (
+        code == 2 and "calibration.json binding.repeats is 4, its run (protocol.toml, summary.json) gives 2" in output
+    )
+    edited = copied(cal, tmp_path / "hash", lambda rec: rec["binding"].update(repeats=4))
+    found = next(c for c in verify_serving_run(edited).checks if c.name == "calibration")
+    assert found.problems[0].startswith("calibration.json binding_sha256 is "), found.problems
+    assert found.problems[0].endswith("...: the binding or its hash was edited")
 
 
 def test_calibrate_refuses_a_protocol_whose_trial_has_no_interval(calibrated, tmp_path):

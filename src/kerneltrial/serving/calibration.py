@@ -20,14 +20,20 @@ gain interval of +-2,391,912%, from a false-acceptance rate estimated on 2 compa
   independence (the rate is coarse; the power criterion is the one that carries weight);
 - the rate itself: the rule accepts at most max_false_acceptance_rate of those comparisons.
 
-A trial protocol may require a passed calibration (`[acceptance] calibration = DIR`):
-`require_calibration` checks before the first launch that it calibrated the same model, server
-argv and environment apart from operator selection, cases, rule and trial size, and passed.
+calibration.json is bound to what it calibrates (issue 36 item 4): `binding` holds the model and
+tokenizer, the baseline's argv and environment (apart from operator selection), the cases,
+repeats, client, prompt seeds, pins, the acceptance rule and the trial's rounds, and
+`binding_sha256` its hash. A trial protocol may require a passed calibration (`[acceptance]
+calibration = DIR`): serving/calibration_gate.py checks before the first launch that the
+calibration's binding is the trial's, that its run directory verifies and that its record is the
+one its run gives (serving/calibration_evidence.py), and that it passed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import random
 import tomllib
@@ -40,12 +46,17 @@ from scipy import stats
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.serving.acceptance import MIN_ROUNDS, LaunchFigure, Rule, compare_case
+from kerneltrial.serving.bench import case_dict
 from kerneltrial.serving.order import planned_launches
-from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
+from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, Protocol
 from kerneltrial.serving.summary import acceptance_rule, launch_figures
 
 CALIBRATION = "calibration.json"
-SCHEMA = "kerneltrial.serving-calibration/2"
+SCHEMA = "kerneltrial.serving-calibration/3"
+BEFORE = {  # older schemas, and what they lack
+    "kerneltrial.serving-calibration/1": "from before its power check (issue 26)",
+    "kerneltrial.serving-calibration/2": "from before its binding to what it calibrates (issue 36)",
+}
 ARM_A, ARM_A_PRIME = "A", "A-prime"
 MAX_SUBSETS = 5000  # n-subsets of the calibration's rounds judged per case (a seeded sample beyond)
 
@@ -85,6 +96,58 @@ class Noise(BaseModel):
     launches_needed: int | None  # launches per arm that bring both below (None: a bound is not positive)
 
 
+class Binding(BaseModel):
+    """What a calibration calibrates: a trial with these values, and only such a trial, may rest on it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: str | None
+    model_id: str
+    tokenizer: str | None
+    argv: list[str]  # the baseline's, before {port}/{model} are filled in
+    env: dict[str, str]  # the baseline's, apart from operator selection (what the trial's arms differ in)
+    cases: list[dict[str, Any]]
+    repeats: int
+    client: str
+    seeding: str
+    bench_seed: int
+    pins: dict[str, str | None]
+    noise_band: float
+    ttft_ratio_max: float
+    confidence: float
+    max_false_acceptance_rate: float
+    trial_rounds: int
+
+    def sha256(self) -> str:
+        """The hash calibration.json records (`binding_sha256`): of the binding's canonical JSON."""
+        text = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def binding(proto: Protocol, trial_rounds: int) -> Binding:
+    """The binding of a calibration of `proto` (a trial protocol, or its calibration protocol: its
+    baseline is the trial's) for trials of `trial_rounds` launches per arm."""
+    base = proto.arm("baseline") or proto.arms[0]
+    a = proto.acceptance
+    return Binding(
+        model=proto.server.model,
+        model_id=proto.server.model_id,
+        tokenizer=proto.server.effective_tokenizer,
+        argv=list(base.argv),
+        env={k: v for k, v in sorted(base.env.items()) if k not in OPERATOR_SELECTION_ENV},
+        cases=[case_dict(c) for c in proto.bench.cases],
+        repeats=proto.repeats,
+        client=proto.bench.client,
+        seeding=proto.bench.seeding,
+        bench_seed=proto.bench.seed,
+        pins=proto.pins.flat(),
+        noise_band=a.noise_band,
+        ttft_ratio_max=a.ttft_ratio_max,
+        confidence=a.confidence,
+        max_false_acceptance_rate=a.max_false_acceptance_rate,
+        trial_rounds=trial_rounds,
+    )
+
+
 class CalibrationRecord(BaseModel):
     """calibration.json."""
 
@@ -110,6 +173,8 @@ class CalibrationRecord(BaseModel):
     passed: bool
     reasons: list[str]  # why it did not pass (empty when it did)
     sentence: str
+    binding: Binding  # what it calibrates
+    binding_sha256: str  # Binding.sha256() of `binding`
 
 
 def comparisons_needed(max_rate: float) -> int | None:
@@ -297,6 +362,8 @@ def calibration_record(proto: Protocol, summary: dict[str, Any], trial_rounds: i
         passed=passed,
         reasons=reasons,
         sentence=_sentence(passed, reasons, noise, trial_rounds, false, len(comparisons), rate, bound),
+        binding=(bound_to := binding(proto, trial_rounds)),
+        binding_sha256=bound_to.sha256(),
     )
 
 
@@ -358,45 +425,13 @@ def read_calibration(run_dir: Path) -> CalibrationRecord:
         )
     data = read_json(path)
     if isinstance(data, dict) and data.get("schema") != SCHEMA:
+        lacks = BEFORE.get(str(data.get("schema")), f"not a {SCHEMA} record")
         raise CalibrationError(
-            f"{path} is a {data.get('schema')} calibration, from before its power check (issue 26); calibrate again "
-            f"with this kerneltrial (`kerneltrial serve calibrate PROTOCOL --out DIR`)"
+            f"{path} is a {data.get('schema')} calibration, {lacks}; calibrate again with this kerneltrial "
+            f"(`kerneltrial serve calibrate PROTOCOL --out DIR`)"
         )
     try:
         return CalibrationRecord.model_validate(data)
     except ValidationError as e:
         where = ".".join(str(x) for x in e.errors(include_url=False)[0]["loc"])
         raise RunDirError(f"{path}: {where} is missing or malformed; is this a `serve calibrate` run?") from None
-
-
-def require_calibration(proto: Protocol, base_dir: Path) -> None:
-    """Refuse (CalibrationError, one line) unless the protocol's calibration run passed for the
-    same model, server argv and environment (apart from operator selection), cases, acceptance
-    rule and trial size (rounds). Nothing to check without `calibration`."""
-    name = proto.acceptance.calibration
-    if name is None:
-        return
-    record = read_calibration(base_dir / name)
-    where = f"acceptance.calibration {name!r}"
-    base = proto.arm("baseline") or proto.arms[0]
-    if (record.model, record.model_id) != (proto.server.model, proto.server.model_id):
-        raise CalibrationError(
-            f"{where} calibrated model {record.model!r} ({record.model_id}), this trial serves "
-            f"{proto.server.model!r} ({proto.server.model_id}); calibrate this model first"
-        )
-    diff = non_operator_difference(Arm(name="calibration", argv=record.argv, env=record.env), base)
-    if diff is not None:
-        raise CalibrationError(f"{where} used another server: {diff}; calibrate with this protocol")
-    cases = [c.id for c in proto.bench.cases]
-    if record.cases != cases:
-        raise CalibrationError(f"{where} calibrated cases {record.cases}, this trial runs {cases}; calibrate them")
-    a = proto.acceptance
-    mine = (a.noise_band, a.ttft_ratio_max, a.confidence, proto.rounds)
-    theirs = (record.noise_band, record.ttft_ratio_max, record.confidence, record.trial_rounds)
-    if mine != theirs:
-        raise CalibrationError(
-            f"{where} calibrated (noise_band, ttft_ratio_max, confidence, rounds) = {theirs}, this trial has {mine}; "
-            "calibrate this protocol"
-        )
-    if not record.passed:
-        raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")

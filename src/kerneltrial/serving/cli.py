@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from kerneltrial import cli_support
-from kerneltrial.cli_support import CliError, ExitCode, console
+from kerneltrial.cli import support as cli_support
+from kerneltrial.cli.support import CliError, ExitCode, console
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -528,11 +528,12 @@ def trial(
     when a run failed or it was REJECTED or INCONCLUSIVE (verdict and reasons in summary.json and
     on screen), 2 when the required calibration does not qualify.
     """
-    from kerneltrial.serving.calibration import require_calibration
+    from kerneltrial.serving.calibration_gate import require_calibration
     from kerneltrial.serving.protocol import load_protocol
 
     proto, raw = load_protocol(protocol)
-    require_calibration(proto.with_model(model) if model else proto, protocol.parent)  # before any launch
+    proto = proto.with_model(model) if model else proto
+    require_calibration(proto.with_client(_client(client)) if client else proto, protocol.parent)  # before any launch
     out = out_dir or default_out("trial")
     _execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins))
 

@@ -175,7 +175,7 @@ def value_problems(plan: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     for key in derived:
         if key in plan and key not in NOT_COMPARED and plan[key] != derived[key]:
             where, got, want = first_difference(plan[key], derived[key], key)
-            problems.append(f"plan.json {where} is {_short(got)}, {PROTOCOL} gives {_short(want)}")
+            problems.append(f"plan.json {where} is {short(got)}, {PROTOCOL} gives {short(want)}")
     return problems
 
 
@@ -205,6 +205,6 @@ def _layer_problems(plan: dict[str, Any], derived: dict[str, Any], model: Any) -
     return [f"plan.json model_layers is {plan.get('model_layers')!r}, the model's config.json here says {here}"]
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 160 else text[:157] + "..."

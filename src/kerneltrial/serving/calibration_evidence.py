@@ -1,0 +1,61 @@
+"""calibration.json as evidence (issue 36 item 4): `verify` recomputes a calibration run's record
+from the run itself, as it recomputes a trial's verdict.
+
+A calibration run directory is an ordinary serving run (its figures are recomputed from the raw
+files by serving/verify.py) plus calibration.json. `calibration_problems` derives the record again
+with serving/calibration.py from the run's protocol.toml (with plan.json `effective`, itself
+derived from the provenance argv: serving/verify_plan.py) and its summary.json, and names every
+field that calibration.json states otherwise: a `passed` flipped to true, reasons deleted, noise
+or comparisons edited, a binding rewritten to fit another trial (other repeats, another client)
+or a binding_sha256 that is not its binding's hash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.serving.calibration import CALIBRATION, CalibrationError, calibration_record, read_calibration
+from kerneltrial.serving.effective import with_effective
+from kerneltrial.serving.protocol import ProtocolError
+from kerneltrial.serving.verify_plan import RunProtocol, first_difference, short
+
+SHOWN = 5  # fields named before "and N more"
+
+
+def calibration_problems(
+    path: Path, plan: dict[str, Any], summary: dict[str, Any], rp: RunProtocol
+) -> list[str] | None:
+    """Each field of calibration.json unlike the record its run gives, and a binding_sha256 that is
+    not its binding's hash; None when the run has no calibration.json (a trial, not a calibration)."""
+    if not (path / CALIBRATION).is_file():
+        return None
+    try:
+        record = read_calibration(path)
+    except (CalibrationError, RunDirError) as error:
+        return [str(error)]
+    if rp.proto is None:
+        return [f"protocol.toml does not parse, so {CALIBRATION} cannot be recomputed: {rp.error}"]
+    recorded = plan.get("effective")
+    try:
+        proto = with_effective(rp.proto, recorded if isinstance(recorded, dict) else {})
+        again = calibration_record(proto, summary, record.trial_rounds)
+    except (ProtocolError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return [f"{CALIBRATION} cannot be recomputed from its run ({type(error).__name__}: {error}): not an A/A run"]
+    problems = []
+    if record.binding.sha256() != record.binding_sha256:
+        problems.append(
+            f"{CALIBRATION} binding_sha256 is {record.binding_sha256[:12]}..., its binding hashes to "
+            f"{record.binding.sha256()[:12]}...: the binding or its hash was edited"
+        )
+    stored, derived = record.model_dump(by_alias=True), again.model_dump(by_alias=True)
+    for key, want in derived.items():
+        if stored.get(key) != want:
+            where, got, then = first_difference(stored.get(key), want, key)
+            problems.append(
+                f"{CALIBRATION} {where} is {short(got)}, its run (protocol.toml, summary.json) gives {short(then)}"
+            )
+    if len(problems) > SHOWN:
+        problems = [*problems[:SHOWN], f"... and {len(problems) - SHOWN} more fields of {CALIBRATION}"]
+    return problems

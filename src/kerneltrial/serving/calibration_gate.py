@@ -1,0 +1,83 @@
+"""A trial that requires a passed calibration (`[acceptance] calibration = DIR`) refuses, before its
+first launch, a calibration that does not match it or is not evidence (issue 36 item 4).
+
+`require_calibration` reads DIR/calibration.json and refuses (CalibrationError, one line, exit 2)
+unless it calibrated the trial's own binding (serving/calibration.py `Binding`: model, tokenizer,
+baseline argv and environment apart from operator selection, cases, repeats, client, prompt
+seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), its run
+directory verifies (serving/verify.py, with calibration.json recomputed from the run:
+serving/calibration_evidence.py) and it passed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kerneltrial.serving.calibration import CalibrationError, CalibrationRecord, binding, read_calibration
+from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
+from kerneltrial.serving.verify import verify_serving_run
+from kerneltrial.serving.verify_plan import first_difference, short
+
+
+def require_calibration(proto: Protocol, base_dir: Path) -> None:
+    """Refuse (CalibrationError, one line) unless the protocol's calibration (`proto` with the command
+    line's --model and --client applied) matches this trial, verifies and passed. Nothing to check
+    without `calibration`."""
+    name = proto.acceptance.calibration
+    if name is None:
+        return
+    where = f"acceptance.calibration {name!r}"
+    record = read_calibration(base_dir / name)
+    _require_same_trial(proto, record, where)
+    _require_binding(proto, record, where)
+    result = verify_serving_run(base_dir / name)
+    if result.problems:
+        raise CalibrationError(
+            f"{where} does not verify ({len(result.problems)} problem(s); first: {result.problems[0]}); "
+            f"`kerneltrial verify {base_dir / name}` lists them; calibrate again"
+        )
+    if not record.passed:
+        raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")
+
+
+def _require_same_trial(proto: Protocol, record: CalibrationRecord, where: str) -> None:
+    """The model, the server, the cases, the rule and the rounds, each refused with its own message."""
+    base = proto.arm("baseline") or proto.arms[0]
+    if (record.model, record.model_id) != (proto.server.model, proto.server.model_id):
+        raise CalibrationError(
+            f"{where} calibrated model {record.model!r} ({record.model_id}), this trial serves "
+            f"{proto.server.model!r} ({proto.server.model_id}); calibrate this model first"
+        )
+    diff = non_operator_difference(Arm(name="calibration", argv=record.argv, env=record.env), base)
+    if diff is not None:
+        raise CalibrationError(f"{where} used another server: {diff}; calibrate with this protocol")
+    cases = [c.id for c in proto.bench.cases]
+    if record.cases != cases:
+        raise CalibrationError(f"{where} calibrated cases {record.cases}, this trial runs {cases}; calibrate them")
+    a = proto.acceptance
+    mine = (a.noise_band, a.ttft_ratio_max, a.confidence, proto.rounds)
+    theirs = (record.noise_band, record.ttft_ratio_max, record.confidence, record.trial_rounds)
+    if mine != theirs:
+        raise CalibrationError(
+            f"{where} calibrated (noise_band, ttft_ratio_max, confidence, rounds) = {theirs}, this trial has {mine}; "
+            "calibrate this protocol"
+        )
+
+
+def _require_binding(proto: Protocol, record: CalibrationRecord, where: str) -> None:
+    """The calibration's binding hash is this trial's (repeats, client, pins, seeds, tokenizer ... : the
+    first differing value named)."""
+    want = binding(proto, proto.rounds)
+    if record.binding_sha256 == want.sha256():
+        return
+    got, need = record.binding.model_dump(), want.model_dump()
+    if got == need:
+        raise CalibrationError(
+            f"{where}: calibration.json binding_sha256 is not the hash of its binding (edited); calibrate again"
+        )
+    key, theirs, mine = first_difference(got, need, "binding")
+    raise CalibrationError(
+        f"{where} calibrated {key.removeprefix('binding.')} {short(theirs)}, this trial has {short(mine)} "
+        f"(binding sha256 {record.binding_sha256[:12]}..., this trial's {want.sha256()[:12]}...); "
+        "calibrate this protocol"
+    )
