@@ -1,26 +1,13 @@
-"""The import graph of src/kerneltrial: no circle, no upward arrow, `rundir` on the ground floor.
+"""The import graph of src/kerneltrial: no circle, no upward arrow, no loop between folders,
+`rundir` on the ground floor.
 
-The rule, as data (LAYERS below; docs/DESIGN.md, "Floors"):
-
-    floor 0  rundir, model_fields,       the run directory; pydantic field walking; the gate grammar; the
-             gate_rule, publication      UNVERIFIED mark: import nothing of kerneltrial
-    floor 1  ops, stats                  operators; pure statistics (each imports only floor 0)
-    floor 2  kernel                      a kernel run's summary, independent verifier and report
-    floor 3  analysis                    what spans runs and kinds: performance pages, compare, dispatch
-    floor 4  replicates, suite           records of kernel runs combined (the cross-run table, suite.json)
-    floor 5  trial, plugins              the kernel, replicate and suite runners; vLLM plugins serving ops
-    floor 6  serving, submission,        serving trials (dispatch proof reads the plugins' records);
-             model, fleet                package and inspect; whole-model trials; fleet runs on Ray
-    floor 7  protocol_keys,              the protocol reference (docs/PROTOCOL_KEYS.md) and the run-directory
-             rundir_reference            reference (docs/RUNDIR.md), each from its models and layouts
-    floor 8  the command line            cli.py, cli_support.py, cli_records.py, workflow_cli.py, every */cli.py,
-                                         serving/__main__.py
-
-A module may import its own group (a package, or all command-line modules together) and any
-group on a lower floor; nothing else. The graph holds every import, at module level and inside
-functions (a lazy import is still an arrow), and no two modules may import each other through
-any chain. `rundir` imports no torch, numpy, pandas or matplotlib, so that every command can
-read a run directory without them.
+The rule, as data, in one place: LAYERS (each folder's floor) and WHAT (each floor in words)
+below; docs/DESIGN.md's "Floors" table is drawn from them (`floors_table`, checked here). A module
+may import its own group (a folder, or the command line: the `cli` package and the modules in
+CLI_MODULES) and any group on a lower floor; nothing else. The graph holds every import, at
+module level and inside functions (a lazy import is still an arrow); no two modules may import
+each other through any chain, and no two folders either. `rundir` imports no torch, numpy,
+pandas or matplotlib, so that every command can read a run directory without them.
 """
 
 from __future__ import annotations
@@ -55,13 +42,19 @@ LAYERS = {
     "rundir_reference": 7,
     "cli": 8,
 }
-CLI_MODULES = {
-    "kerneltrial.cli",
-    "kerneltrial.cli_support",
-    "kerneltrial.cli_records",
-    "kerneltrial.workflow_cli",
-    "kerneltrial.serving.__main__",
+WHAT = {
+    0: "the run directory (no torch, numpy, pandas or matplotlib); pydantic field walking; the gate's grammar; the UNVERIFIED mark",
+    1: "operators; pure statistics",
+    2: "a kernel run's summary, independent verifier and report",
+    3: "what spans runs and kinds: performance pages, compare, dispatch rules",
+    4: "records of kernel runs combined",
+    5: "the kernel, replicate and suite runners; vLLM plugins serving our ops",
+    6: "serving trials; packages; whole-model trials; Ray fleets",
+    7: "the generated references",
+    8: "the `cli/` package (one module per command group), `serving/cli.py`, `serving/__main__.py`",
 }
+# the command line's modules outside the `cli` package (serving's commands, until they move there)
+CLI_MODULES = {"kerneltrial.serving.cli", "kerneltrial.serving.__main__"}
 HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
 
 Graph = dict[str, set[str]]
@@ -103,7 +96,7 @@ def import_graph(root: Path = PACKAGE) -> Graph:
 
 
 def group_of(module: str) -> str:
-    if module in CLI_MODULES or module.endswith(".cli"):
+    if module in CLI_MODULES or module == "kerneltrial.cli" or module.startswith("kerneltrial.cli."):
         return "cli"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
@@ -155,6 +148,23 @@ def upward_arrows(graph: Graph, layers: dict[str, int] = LAYERS) -> list[str]:
     return wrong
 
 
+def folder_graph(graph: Graph) -> Graph:
+    """group -> the other groups its modules import."""
+    folders: Graph = {}
+    for source, targets in graph.items():
+        folders.setdefault(group_of(source), set()).update(group_of(t) for t in targets)
+    return {group: targets - {group} for group, targets in folders.items()}
+
+
+def floors_table(layers: dict[str, int] = LAYERS) -> str:
+    """docs/DESIGN.md's "Floors" table, drawn from LAYERS and WHAT."""
+    rows = ["| floor | groups | what |", "|---|---|---|"]
+    for floor in sorted(set(layers.values())):
+        groups = ", ".join(f"`{g}`" for g, f in layers.items() if f == floor and g not in ("kerneltrial", "cli"))
+        rows.append(f"| {floor} | {groups or 'the command line'} | {WHAT[floor]} |")
+    return "\n".join(rows) + "\n"
+
+
 # ---------------------------------------------------------------- the tree
 
 
@@ -168,6 +178,15 @@ def test_no_circle() -> None:
 
 def test_no_upward_arrow() -> None:
     assert upward_arrows(import_graph()) == []
+
+
+def test_no_loop_between_folders() -> None:
+    assert cycles(folder_graph(import_graph())) == []
+
+
+def test_design_draws_the_floors_from_the_declaration() -> None:
+    design = (PACKAGE.parents[1] / "docs" / "DESIGN.md").read_text()
+    assert floors_table() in design, "docs/DESIGN.md's Floors table: paste tests/test_architecture.py floors_table()"
 
 
 def test_rundir_is_the_ground_floor() -> None:
@@ -242,7 +261,7 @@ def test_the_checker_finds_a_planted_circle() -> None:
         ("kerneltrial.kernel.verify", "kerneltrial.analysis.performance"),  # a run kind into the cross-kind floor
         ("kerneltrial.kernel.verify", "kerneltrial.suite.record"),  # a run kind into a combination of runs
         ("kerneltrial.ops.rms_norm", "kerneltrial.trial.runner"),  # floor 1 -> floor 5
-        ("kerneltrial.trial.runner", "kerneltrial.analysis.cli"),  # into the command line
+        ("kerneltrial.trial.runner", "kerneltrial.cli.analysis"),  # into the command line
     ],
 )
 def test_the_checker_finds_a_planted_upward_arrow(source: str, target: str) -> None:
@@ -253,13 +272,30 @@ def test_the_checker_finds_a_planted_upward_arrow(source: str, target: str) -> N
 
 def test_the_checker_allows_downward_and_sideways_within_a_group() -> None:
     graph = {
-        "kerneltrial.cli": {"kerneltrial.analysis.cli", "kerneltrial.trial.cli"},
-        "kerneltrial.analysis.cli": {"kerneltrial.serving.verify", "kerneltrial.rundir.layout"},
+        "kerneltrial.cli": {"kerneltrial.cli.analysis", "kerneltrial.cli.trial"},
+        "kerneltrial.cli.analysis": {"kerneltrial.serving.verify", "kerneltrial.rundir.layout"},
         "kerneltrial.trial.runner": {"kerneltrial.kernel.summary", "kerneltrial.trial.gate"},
         "kerneltrial.suite.record": {"kerneltrial.analysis.performance", "kerneltrial.kernel.verify"},
         "kerneltrial.kernel.summary": {"kerneltrial.stats", "kerneltrial.rundir.files"},
     }
     assert upward_arrows(graph) == []
+
+
+def test_the_checker_finds_a_planted_folder_loop_through_a_command_module(tmp_path: Path) -> None:
+    """Before the `cli` package every */cli.py counted as the roof, so trial/cli.py importing model
+    and model importing trial hid a loop between the two folders: both checks now catch it."""
+    root = tmp_path / "kerneltrial"
+    for folder in ("trial", "model"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "trial" / "protocol.py").write_text("")
+    (root / "trial" / "cli.py").write_text("from kerneltrial.model import spec\n")
+    (root / "model" / "spec.py").write_text("from kerneltrial.trial import protocol\n")
+    graph = import_graph(root)
+    assert cycles(graph) == []  # no module circle: only the folders loop
+    assert cycles(folder_graph(graph)) == [["model", "trial"]]
+    assert upward_arrows(graph) == ["kerneltrial.trial.cli (floor 5) -> kerneltrial.model.spec (floor 6)"]
 
 
 def test_the_graph_resolves_function_level_imports(tmp_path: Path) -> None:

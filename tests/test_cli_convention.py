@@ -16,8 +16,8 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from kerneltrial import cli_support
 from kerneltrial.cli import app
+from kerneltrial.cli import support as cli_support
 from tests.conftest import REPO
 from tests.kt import CliResult, cli_argv, run_cli, run_process, write_protocol
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneltrial.analysis.cli import verify_one
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.kernel.git_history import objects, package_at
 from kerneltrial.kernel.report import superseded_by
 from kerneltrial.kernel.summary import build_summary

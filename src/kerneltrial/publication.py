@@ -1,7 +1,7 @@
 """What every published page says about its verification.
 
 `kerneltrial report`, `compare` and `performance` render a run only after the independent
-verification passed (analysis/cli.py runs it and refuses a run that fails, exit 1). With
+verification passed (cli/analysis.py runs it and refuses a run that fails, exit 1). With
 `--unverified` they render anyway, and every page they write says so in its title: the one
 mark below, so that no page of an unverified run can be mistaken for a verified one.
 """

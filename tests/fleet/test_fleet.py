@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from kerneltrial.analysis.cli import verify_one
-from kerneltrial.fleet.cli import passed
+from kerneltrial.cli.analysis import verify_one
+from kerneltrial.cli.fleet import passed
 from kerneltrial.fleet.driver import _faults
 from kerneltrial.fleet.pieces import path_digests, piece_text
 from kerneltrial.fleet.record import Unit, read_fleet

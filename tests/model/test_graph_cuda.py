@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kerneltrial.analysis.cli import verify_one
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.model.runner import run_model_trial
 from kerneltrial.rundir.files import read_json, read_jsonl
 from tests.conftest import REPO

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kerneltrial.analysis.cli import verify_one
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.model import build, cases
 from kerneltrial.model.arms import op_table
 from kerneltrial.model.attribution import align

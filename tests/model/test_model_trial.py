@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.model_report import write_model_report
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.model import build
 from kerneltrial.model.arms import ArmUnavailable, op_table
 from kerneltrial.model.build import Router, patch

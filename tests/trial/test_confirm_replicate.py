@@ -11,8 +11,8 @@ import tomllib
 
 import pytest
 
-from kerneltrial.analysis.cli import verify_one
 from kerneltrial.analysis.dispatch import sha256_file
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.replicates.record import cross_run, table_problems, write_table
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.confirm import check_confirmation, write_confirmation

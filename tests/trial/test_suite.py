@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kerneltrial.analysis.cli import verify_one
+from kerneltrial.cli.analysis import verify_one
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import kind_of
 from kerneltrial.suite.record import read_suite, suite_problems

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kerneltrial import cli_records as records
-from kerneltrial.cli_support import CliError, ExitCode, LineProgress, console, emit_json, progress_bar, sub_app, within
+from kerneltrial.cli import records
+from kerneltrial.cli.support import CliError, ExitCode, LineProgress, console, emit_json, progress_bar, sub_app, within
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import CORRECTNESS, SUMMARY
 from kerneltrial.trial.targets import TARGETS
@@ -577,7 +577,7 @@ def run_command(o: RunOptions) -> None:
     else:
         preflight(o.protocol)
     if o.ray:
-        from kerneltrial.fleet.cli import run_on_ray
+        from kerneltrial.cli.fleet import run_on_ray
 
         if o.order_seed is not None or o.target or o.json_:
             raise CliError("--order-seed, --target and --json are not for --ray runs")

@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from kerneltrial import cli_records as records
-from kerneltrial.cli_support import CliError, ExitCode, emit_json
+from kerneltrial.cli import records
+from kerneltrial.cli.support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.documents import read_summary
 from kerneltrial.rundir.files import read_json

@@ -1,22 +1,24 @@
-"""The `kerneltrial` command line: parses arguments, calls the library, prints.
+"""The `kerneltrial` command line, the only roof of the house: parses arguments, calls the
+library a floor down, prints.
 
-Command groups live next to the code they drive: analysis commands in
-`analysis/cli.py`, serving commands in `serving/cli.py`, kernel commands in
-`trial/cli.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow_cli.py`,
-package and inspect in `submission/cli.py`, whole-model trials in `model/cli.py`. This module only mounts them. Errors, exit codes
-and output width follow `cli_support` (one error path for every command).
+One module per command group in this package: kernel commands in `trial.py`, analysis commands
+in `analysis.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow.py`, package and
+inspect in `submission.py`, whole-model trials in `model.py`, fleet runs in `fleet.py`, serving
+commands in serving/cli.py. This module only mounts them. Errors, exit codes and output width
+follow `support` (one error path for every command); `records` writes what commands print.
 """
 
 from __future__ import annotations
 
 import typer
 
-from kerneltrial import cli_support, workflow_cli
-from kerneltrial.analysis import cli as analysis_cli
-from kerneltrial.model import cli as model_cli
+from kerneltrial.cli import analysis as analysis_cli
+from kerneltrial.cli import model as model_cli
+from kerneltrial.cli import submission as submission_cli
+from kerneltrial.cli import support as cli_support
+from kerneltrial.cli import trial as trial_cli
+from kerneltrial.cli import workflow as workflow_cli
 from kerneltrial.serving import cli as serving_cli
-from kerneltrial.submission import cli as submission_cli
-from kerneltrial.trial import cli as trial_cli
 
 app = cli_support.app(
     help=(
@@ -50,6 +52,3 @@ workflow_cli.mount(app)
 submission_cli.mount(app)
 model_cli.mount(app)
 app.add_typer(serving_cli.app, name="serve", help="Serving trials: launch vLLM, benchmark, A/B, MATH-500 accuracy.")
-
-if __name__ == "__main__":
-    app()

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from kerneltrial import cli_records as records
-from kerneltrial.cli_support import ExitCode, console, emit_json, sub_app
+from kerneltrial.cli import records
+from kerneltrial.cli.support import ExitCode, console, emit_json, sub_app
 from kerneltrial.rundir.layout import REPLICATES_MD
 
 dispatch_app = sub_app("Shape dispatch rules derived from trials.")
@@ -126,7 +126,7 @@ def suite(
 
 
 def mount(app: typer.Typer) -> None:
-    from kerneltrial.trial.cli import protocol_app
+    from kerneltrial.cli.trial import protocol_app
 
     app.add_typer(dispatch_app, name="dispatch")
     protocol_app.command("confirm")(confirm)

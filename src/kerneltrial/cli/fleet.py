@@ -1,5 +1,5 @@
 """`kerneltrial run PROTOCOL --out DIR --ray [--ray-address A] (--replicas N | --shard cases)`: the
-command side of fleet runs (trial/cli.py parses the flags and hands over here)."""
+command side of fleet runs (cli/trial.py parses the flags and hands over here)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kerneltrial.cli_support import CliError, ExitCode, console
+from kerneltrial.cli.support import CliError, ExitCode, console
 from kerneltrial.fleet.record import FleetArm, Mode
 
 

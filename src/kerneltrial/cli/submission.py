@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kerneltrial.cli_support import CliError, ExitCode
-from kerneltrial.trial.cli import TARGET_OPTION
+from kerneltrial.cli.support import CliError, ExitCode
+from kerneltrial.cli.trial import TARGET_OPTION
 
 if TYPE_CHECKING:
     from kerneltrial.submission.receipt import Receipt
