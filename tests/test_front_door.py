@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kerneltrial.cli.trial import INTERPRETER_NOTE, NEXT_STEPS, check_cases, demo_lines, fresh_run_dir
+from kerneltrial.cli.demo import INTERPRETER_NOTE, NEXT_STEPS, demo_lines, fresh_run_dir
 from kerneltrial.model.spec import PRESETS
 from kerneltrial.ops.registry import all_ops, get_op
+from kerneltrial.trial.check import check_cases
 from kerneltrial.trial.panel import beyond_grid_case
 from tests.conftest import REPO
 from tests.kt import run_cli, run_process, write_protocol

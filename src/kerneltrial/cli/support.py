@@ -275,3 +275,13 @@ def progress_bar() -> Progress | LineProgress:
         console=err,
         transient=False,
     )
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.lower().split("x"))
+    except ValueError:
+        raise CliError(f"malformed shape {text!r}; write dimensions joined by 'x', e.g. 4096x2048") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise CliError(f"malformed shape {text!r}; every dimension must be a positive integer")
+    return shape

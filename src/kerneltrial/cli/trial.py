@@ -1,9 +1,9 @@
-"""Kernel commands: `ops`, `check`, `protocol new|freeze`, `run`, `demo`."""
+"""Kernel commands: `ops`, `check` (its logic: trial/check.py), `run`, `calibrate`; it mounts
+`protocol new|freeze` (cli/protocol.py) and `demo` (cli/demo.py) beside them."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kerneltrial.cli import records
-from kerneltrial.cli.support import CliError, ExitCode, LineProgress, console, emit_json, progress_bar, sub_app, within
-from kerneltrial.rundir.files import read_json, read_jsonl
-from kerneltrial.rundir.layout import CORRECTNESS, SUMMARY
+from kerneltrial.cli.demo import demo
+from kerneltrial.cli.protocol import protocol_app
+from kerneltrial.cli.support import CliError, ExitCode, console, emit_json, parse_shape, progress_bar, within
+from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.layout import SUMMARY
 from kerneltrial.trial.targets import TARGETS
 
 if TYPE_CHECKING:
-    import torch
-    from rich.progress import Progress
+    from collections.abc import Callable
 
-    from kerneltrial.ops.registry import Case, Impl, Operator
-    from kerneltrial.trial.gate import CheckResult
+    from kerneltrial.trial.check import CheckOutcome
 
 TARGET_OPTION = typer.Option(
     "--target",
@@ -33,16 +33,6 @@ PANEL_HELP = (
     "default with one)."
 )
 JSON_HELP = "Print one JSON document on stdout (schema in its `schema` field); human output goes to stderr."
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in text.lower().split("x"))
-    except ValueError:
-        raise CliError(f"malformed shape {text!r}; write dimensions joined by 'x', e.g. 4096x2048") from None
-    if not shape or any(s <= 0 for s in shape):
-        raise CliError(f"malformed shape {text!r}; every dimension must be a positive integer")
-    return shape
 
 
 def ops() -> None:
@@ -173,126 +163,53 @@ class CheckOptions:
 
 
 def run_checks(o: CheckOptions) -> None:
-    """`check` (its docstring): refuse a bad option, check each operator's arms on its cases, then
-    print the table and what was skipped; exit 1 on a failed check."""
+    """`check` (its docstring): refuse a bad option, check each operator's arms on its cases
+    (trial/check.py), then print the table and what was skipped; exit 1 on a failed check."""
     from kerneltrial.ops import inputs as inp
-    from kerneltrial.ops import launch
-    from kerneltrial.ops.registry import all_ops, get_op, load_user_module
-    from kerneltrial.trial import confine
-    from kerneltrial.trial.isolation import Settings
-    from kerneltrial.trial.remote import Isolation
-    from kerneltrial.trial.targets import get_target, targeting
+    from kerneltrial.trial.check import PANELS, CheckRequest, operators
+    from kerneltrial.trial.check import run_checks as checked
+    from kerneltrial.trial.targets import get_target
 
     if o.isolate not in ("user", "all", "none"):
         raise CliError(f"unknown --isolate {o.isolate!r}; use user, all or none")
     profile = get_target(o.target) if o.target else None
-    isolation = Isolation(Settings(o.timeout, launch.device(), profile))
     if o.all_ == (o.op is not None):
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
     if o.panel not in ("auto", *PANELS):
         raise CliError(f"unknown panel {o.panel!r}; use {', '.join(PANELS)} or auto")
-    user_modules = o.impl_module or []
-    for spec in user_modules if o.isolate == "none" else []:  # else imported in a worker only (below)
-        load_user_module(spec, o.op)
-    operators = all_ops() if o.all_ else [get_op(o.op)]
-    device = launch.device()
-    panel = o.panel if o.panel != "auto" else ("gpu" if device.type == "cuda" else "quick")
-    parts: list[OperatorChecks] = []
+    shapes = [parse_shape(s) for s in o.shape] if o.shape else None
     drawn_from = inp.new_inputs_seed() if o.inputs_seed is None else o.inputs_seed
-    with progress_bar() as bar, targeting(profile), isolation, inp.drawing(drawn_from):
-        for spec in user_modules if o.isolate != "none" else []:
-            isolation.module_arms(spec, o.op)
-        requested = {
-            operator.name: [
-                isolation.isolate(i) if o.isolate == "all" and i.kind != "calibration" else i
-                for i in requested_arms(operator, o.impl, o.peers)
-            ]
-            for operator in operators
-        }
-        for operator in operators:
-            cases = check_cases(operator, o.shape, o.dtype, o.layout, panel)
-            parts.append(check_operator(o, operator, requested[operator.name], cases, device, bar))
-            isolation.close_builtin()  # one operator's built-in arms at a time in their workers
-    notes = confine.isolation_notes(o.impl_module or [], o.isolate, device.type == "cuda")
-    print_checks(o, drawn_from, device.type, profile.name if profile else None, requested, parts, notes)
+    request = CheckRequest(
+        o.op, operators(o.op, o.all_), o.impl, shapes, o.layout, o.dtype, o.seeds, drawn_from, o.panel,
+        o.impl_module or [], o.peers, o.exact, o.timeout, profile, o.isolate,
+    )  # fmt: skip
+    with progress_bar() as bar:
+
+        def progress(name: str, total: int) -> Callable[[], None]:
+            task = bar.add_task(name, total=total)
+            return lambda: bar.advance(task)
+
+        outcome = checked(request, within, progress)
+    print_checks(o, drawn_from, profile.name if profile else None, outcome)
 
 
-@dataclass(frozen=True)
-class OperatorChecks:
-    """One operator's part of `check`: its checks and table rows in the order they ran, and the
-    (case, arm) pairs of its panel it skipped, with why."""
-
-    calls: list[records.CheckedCall]
-    rows: list[list[str]]
-    not_checked: list[str]
-
-
-def check_operator(
-    o: CheckOptions,
-    operator: Operator,
-    impls: list[Impl],
-    cases: list[Case],
-    device: torch.device,
-    bar: Progress | LineProgress,
-) -> OperatorChecks:
-    """Each of the arms `impls` of `operator` on each of `cases` that it takes."""
-    from kerneltrial.trial.panel import skip_reason
-
-    part = OperatorChecks([], [], [])
-    task = bar.add_task(operator.name, total=len(cases) * len(impls))
-    for case in cases:
-        operator.validate(case)
-        part.not_checked.extend(
-            f"{operator.name}/{i.name} on {skip_reason(i, case)}" for i in impls if skip_reason(i, case)
-        )
-        for i in impls:
-            bar.advance(task)
-            if not i.available or not i.supports(case) or skip_reason(i, case):
-                continue
-            results = check_arm(o, operator, i, case, device)
-            part.calls.extend(records.checked_call(operator.name, r.row()) for r in results)
-            part.rows.append(check_row(operator.name, case.id, i.name, results))
-    return part
-
-
-def check_arm(o: CheckOptions, operator: Operator, impl: Impl, case: Case, device: torch.device) -> list[CheckResult]:
-    """One arm on one case: a gate check per seed 0..--seeds-1, each within --timeout (an isolated
-    arm's worker has the same deadline per request, and is killed past it)."""
-    from kerneltrial.trial.gate import check as run_check
-    from kerneltrial.trial.remote import is_isolated
-
-    wait = (lambda _s, _w, work: work()) if is_isolated(impl) else within
-    return [
-        wait(
-            o.timeout,
-            f"{operator.name} {case.id} arm {impl.name} seed {s}",
-            lambda s=s: run_check(operator, impl, case, s, device, exact=o.exact),
-        )
-        for s in range(o.seeds)
-    ]
-
-
-def print_checks(
-    o: CheckOptions,
-    inputs_seed: int,
-    device: str,
-    target: str | None,
-    requested: dict[str, list[Impl]],
-    parts: list[OperatorChecks],
-    notes: list[str],
-) -> None:
-    """`check`'s output: the table (title: the `device` type, the interpreter, the --target), the
-    inputs seed, what was skipped (the `requested` arms unavailable here, then the pairs not
-    checked), the isolation `notes`, the counts, and the --jsonl and --json documents; exit 1 on a
+def print_checks(o: CheckOptions, inputs_seed: int, target: str | None, outcome: CheckOutcome) -> None:
+    """`check`'s output: the table (title: the device type, the interpreter, the --target), the
+    inputs seed, what was skipped (the requested arms unavailable here, then the pairs not
+    checked), the isolation notes, the counts, and the --jsonl and --json documents; exit 1 on a
     failed check."""
     from rich.markup import escape
     from rich.table import Table
 
     from kerneltrial.ops import launch
+    from kerneltrial.trial.check import check_row
 
-    calls = [c for part in parts for c in part.calls]
+    device = outcome.device.type
+    checked = [c for part in outcome.parts for c in part.checked]
+    calls = [records.checked_call(c.op, r.row()) for c in checked for r in c.results]
+    requested = outcome.requested
     unavailable = {f"{op}/{i.name}: {i.reason}" for op, impls in requested.items() for i in impls if not i.available}
-    skipped = sorted(unavailable) + [line for part in parts for line in part.not_checked]
+    skipped = sorted(unavailable) + [line for part in outcome.parts for line in part.not_checked]
     out = console(stderr=o.json_)
     table = Table(
         title=f"correctness on {device}"
@@ -302,16 +219,15 @@ def print_checks(
     )
     for column in CHECK_COLUMNS:
         table.add_column(column)
-    for part in parts:
-        for row in part.rows:
-            table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
+    for row in map(check_row, checked):
+        table.add_row(*map(escape, row), style=None if row[4] == "pass" else "red")
     out.print(table)
     out.print(f"inputs seed {inputs_seed} (--inputs-seed {inputs_seed} draws the same inputs again)", markup=False)
     if o.jsonl:
         o.jsonl.write_text("".join(json.dumps(asdict(c)) + "\n" for c in calls))
     for line in skipped:
         out.print(f"skipped {line}", markup=False, soft_wrap=True)
-    for note in notes:
+    for note in outcome.notes:
         out.print(f"warning: {note}", markup=False, soft_wrap=True)
     failed = [c for c in calls if not c.passed]
     out.print(f"{len(calls) - len(failed)} passed, {len(failed)} failed")
@@ -348,153 +264,6 @@ CHECK_COLUMNS_NOTE = (
     "formula or the float64 oracle; a kernel identical to the formula still differs from the oracle by the "
     "formula's own rounding. The histogram counts output elements by their distance from the formula only."
 )
-
-
-def requested_arms(operator: Operator, impl: list[str] | None, peers: bool) -> list[Impl]:
-    """The arms `check` runs for `operator`: those named with --impl, else every implementation
-    (peers unless --no-peers). Only these are reported, as checked or as skipped."""
-    if impl:
-        return [operator.impl(n) for n in impl]
-    return [i for i in operator.impls.values() if peers or i.kind != "peer"]
-
-
-PANELS = ("quick", "small", "gpu")
-
-
-def check_cases(
-    operator: Operator, shape: list[str] | None, dtype: str | None, layout: list[str] | None, panel: str
-) -> list[Case]:
-    """The cases `check` runs, in the --layout(s) (default: every layout of the operator): the
-    --shape cases in each; else the `gpu` or `small` panel in each; else (`quick`, the default
-    without a GPU) each small case in one layout, the layouts in turn, so every shape and every
-    layout is checked but not every pair: half the interpreter's time of `small` for two layouts
-    (`check --all` within 10 minutes on 2 CPU cores, issue 25). Without a GPU, the panels add the
-    case of more than 65535 rows (trial/panel.py; `quick`: in the first layout)."""
-    from kerneltrial.ops.registry import Case
-    from kerneltrial.trial.panel import beyond_grid_case, check_panel
-
-    layouts = layout or operator.layouts
-    if shape:
-        return [Case(parse_shape(s), dtype or operator.dtypes[0], lay) for s in shape for lay in layouts]
-    if panel == "quick":
-        quick = [Case(c.shape, c.dtype, layouts[i % len(layouts)]) for i, c in enumerate(operator.small_cases)]
-        beyond = beyond_grid_case(operator)
-        return [*quick, Case(beyond.shape, beyond.dtype, layouts[0])]
-    return check_panel(operator, gpu=panel == "gpu", layouts=layouts)
-
-
-def check_row(op: str, case: str, arm: str, results: list[CheckResult]) -> list[str]:
-    """One row of `check`'s table: the arm's seeds in one case (the first failure's message)."""
-    bad = [r for r in results if not r.passed]
-    worst = max(results, key=lambda r: (not r.passed, r.max_rel))
-    hist = [sum(column) for column in zip(*(r.ulp_hist for r in results), strict=True)]
-    status = "pass" if not bad else f"FAIL seed {bad[0].seed}: {bad[0].message}"
-    return [op, case, arm, str(len(results)), status, f"{worst.max_abs:.3g}", f"{worst.max_rel:.3g}"] + [
-        f"{worst.ulp:.3g}",
-        "/".join(map(str, hist)),
-    ]
-
-
-protocol_app = sub_app("Write and freeze preregistered protocols.")
-
-
-@protocol_app.command("new")
-def protocol_new(
-    op: Annotated[str, typer.Argument(help="Operator name.")],
-    out: Annotated[Path, typer.Option(help="Where to write the TOML protocol.")],
-    candidate: Annotated[list[str] | None, typer.Option(help="Candidate arm(s) (implementations or peers).")] = None,
-    name: Annotated[str | None, typer.Option(help="Protocol name (default: OP-trial).")] = None,
-    shape: Annotated[
-        list[str] | None,
-        typer.Option(help="Case shape(s); default: the operator's GPU panel (CPU panel without a GPU)."),
-    ] = None,
-    layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
-    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
-    rounds: Annotated[int, typer.Option(min=2)] = 7,
-    gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
-    impl_module: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--impl-module",
-            help="A user's kernel file or module; its function named after OP becomes the candidate user:<module> (add it with --candidate too to name other arms).",
-        ),
-    ] = None,
-) -> None:
-    """Write a protocol for OP with the operator's panel (the GPU panel on a GPU, the small CPU
-    panel without one) or --shape cases; review it, then freeze it."""
-    from kerneltrial.ops import launch
-    from kerneltrial.ops.registry import Case, get_op, load_user_module
-    from kerneltrial.trial import protocol as proto
-
-    human, err = console(), console(stderr=True)
-    operator = get_op(op)
-    user_arms = [impl.name for spec in impl_module or [] for impl in load_user_module(spec, op) if impl.op == op]
-    # kernel files relative to the protocol's folder (the runner resolves them there): a portable protocol
-    modules = [
-        os.path.relpath(Path(spec).resolve(), out.resolve().parent) if spec.endswith(".py") else spec
-        for spec in impl_module or []
-    ]
-    candidate = list(dict.fromkeys([*(candidate or []), *user_arms]))
-    if not candidate:
-        raise CliError("name at least one --candidate or an --impl-module that defines the operator")
-    for c in candidate:
-        operator.impl(c)
-    layouts = layout or ["contiguous"]
-    gpu = launch.device().type == "cuda"
-    if not shape and not gpu:
-        err.print(
-            "No GPU visible: writing the operator's small CPU panel (the GPU panel would take hours in the "
-            "Triton interpreter); pass --shape for other cases.",
-            soft_wrap=True,
-            markup=False,
-        )
-    panel = operator.gpu_cases if gpu else operator.small_cases
-    cases = (
-        [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts]
-        if shape
-        else [Case(c.shape, c.dtype, lay) for c in panel for lay in layouts]
-    )
-    try:
-        seed_list = [int(s) for s in seeds.split(",")]
-    except ValueError:
-        raise CliError(f"malformed --seeds {seeds!r}; write integers separated by commas, e.g. 0,1,2") from None
-    if out.exists():
-        raise CliError(f"{out} exists; protocols are never overwritten: choose another --out")
-    extra: dict[str, object] = {"impl_modules": modules} if modules else {}
-    out.write_text(
-        proto.new(op, name or f"{op}-trial", candidate, cases, seeds=seed_list, rounds=rounds, gate=gate, **extra)
-    )
-    human.print(f"wrote {out}; review it, then: kerneltrial protocol freeze {out}", markup=False, soft_wrap=True)
-
-
-@protocol_app.command("freeze")
-def protocol_freeze(file: Annotated[Path, typer.Argument(help="Protocol TOML file.")]) -> None:
-    """Record the protocol's sha256 and the time; `run` (and `model`, for a whole-model protocol)
-    refuses it once changed. A kernel protocol whose arms do not exist here or whose control is
-    not a control is refused."""
-    import tomllib
-
-    from kerneltrial.trial import protocol as proto
-
-    if not file.is_file():
-        raise CliError(f"protocol file {file} does not exist")
-    text = file.read_text()
-    try:
-        is_model = "model" in tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CliError(f"{file}: not valid TOML: {exc}") from None
-    if is_model:
-        from kerneltrial.model.spec import load_protocol
-
-        load_protocol(file)
-    else:
-        from kerneltrial.trial.runner import check_arms
-
-        parsed = proto.parse(text, str(file))
-        check_arms(file, parsed)
-        proto.refuse_at_freeze(parsed, file)
-    record = proto.freeze(file, validated=True)
-    console().print(f"frozen {file}: sha256 {record['sha256']} at {record['frozen_at']}", markup=False, soft_wrap=True)
 
 
 def run(
@@ -668,114 +437,6 @@ def calibrate(
     human.print(f"run directory: {root}", markup=False, soft_wrap=True)
     human.print(calibration.get("sentence", json.dumps(calibration)), markup=False, soft_wrap=True)
     if not calibration.get("passed"):
-        raise typer.Exit(ExitCode.FAILED)
-
-
-DEMO_PROTOCOL = """\
-name = "demo-rmsnorm"
-op = "rmsnorm"
-phase = "exploratory"
-control = "control"
-candidates = ["packed_r4_w4", "kerneltrial", "torch_eager"]
-seeds = [0, 1]
-rounds = 5
-warmup = 1
-calls_per_sample = {calls}
-l2 = "{l2}"
-tie_band = 0.02
-gate = "no_loss"
-
-[[cases]]
-shape = {shape_a}
-
-[[cases]]
-shape = {shape_b}
-"""
-
-
-def fresh_run_dir(out: Path) -> Path:
-    """The first of out/run, out/run-2, out/run-3, ... that does not exist (`out` is created):
-    a repeated demo takes a fresh directory and never overwrites an earlier one."""
-    out.mkdir(parents=True, exist_ok=True)
-    return next(out / name for name in ("run", *(f"run-{k}" for k in range(2, 10_000))) if not (out / name).exists())
-
-
-INTERPRETER_NOTE = (
-    "No GPU visible: the demo runs through the Triton interpreter on this CPU. Its times describe the "
-    "interpreter, not GPU performance, and torch_eager (native torch) against the interpreted Triton control "
-    "compares an interpreter with compiled code, not two kernels: its large speedup says nothing about either."
-)
-NEXT_STEPS = (
-    "next, your own kernel (a module with `def rmsnorm(x, weight, eps=1e-6)`): "
-    "kerneltrial check rmsnorm --impl-module my_kernels.py --impl user:my_kernels",
-    "next, a frozen trial of it: kerneltrial protocol new rmsnorm --impl-module my_kernels.py --out my-trial.toml "
-    "&& kerneltrial protocol freeze my-trial.toml && kerneltrial run my-trial.toml --out runs/my-trial",
-)
-
-
-def verdict_counts(wins: int, ties: int, losses: int, inconclusive: int) -> str:
-    """An arm's verdicts over the cases, in words: `1 win, 1 tie, 0 losses, 0 inconclusive`."""
-    words = [
-        (wins, "win", "wins"),
-        (ties, "tie", "ties"),
-        (losses, "loss", "losses"),
-        (inconclusive, "inconclusive", "inconclusive"),
-    ]
-    return ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in words)
-
-
-def demo_lines(summary: dict[str, Any], checks: list[dict[str, Any]]) -> list[str]:
-    """What the demo prints after its run: correctness, each arm's geomean and verdicts, the timing (GPU)."""
-    lines = [f"correctness: {sum(c['passed'] for c in checks)} of {len(checks)} checks passed"]
-    for arm, agg in summary.get("aggregates", {}).items():
-        geomean = "n/a" if agg["geomean"] is None else f"{agg['geomean']:.3f}"
-        counts = verdict_counts(agg["wins"], agg["ties"], agg["losses"], agg.get("inconclusive", 0))
-        lines.append(f"  {arm}: geomean speedup {geomean} over the control; verdicts over the cases: {counts}")
-    # without a GPU the label repeats INTERPRETER_NOTE, said once already
-    return [*lines, f"timing: {summary.get('label', '')}"] if summary.get("is_gpu") else lines
-
-
-def demo(
-    out: Annotated[Path, typer.Option(help="Directory for the demo's protocol and run.")] = Path("runs/demo"),
-) -> None:
-    """The built-in default: check rmsnorm, freeze a small trial's protocol, run it, verify it,
-    write its report, and name the next two commands to try. Run it again and it writes a fresh
-    run directory beside the last (run-2, run-3, ...).
-
-    With a GPU it times real kernels (CUDA events); without one it runs the same pipeline
-    through the Triton interpreter on the CPU and says so: those times are not GPU performance."""
-    from kerneltrial.kernel.report import write_report
-    from kerneltrial.kernel.verify import verify_run_dir
-    from kerneltrial.ops import launch
-    from kerneltrial.trial import protocol as proto
-    from kerneltrial.trial.runner import run_trial
-
-    human = console()
-    gpu = launch.device().type == "cuda"
-    if not gpu:
-        human.print(INTERPRETER_NOTE, style="yellow", soft_wrap=True, markup=False)
-    run_dir = fresh_run_dir(out)
-    protocol_file = out / f"{run_dir.name}.protocol.toml"
-    protocol_file.write_text(
-        DEMO_PROTOCOL.format(
-            calls='"auto"' if gpu else 1,
-            l2="cold" if gpu else "hot",
-            shape_a=[4096, 4096] if gpu else [64, 1536],
-            shape_b=[65536, 2048] if gpu else [8, 5120],
-        )
-    )
-    frozen = proto.freeze(protocol_file)  # preregistered before anything runs, like any trial
-    human.print(f"protocol {protocol_file} frozen at {frozen['frozen_at']}", soft_wrap=True, markup=False)
-    with progress_bar() as bar:
-        root = run_trial(protocol_file, run_dir, progress=bar)
-    result = verify_run_dir(root)
-    report = write_report(root, unverified=not result.ok)  # a failed verify: its titles say so
-    for line in demo_lines(read_json(root / SUMMARY), read_jsonl(root / CORRECTNESS)):
-        human.print(line, soft_wrap=True, markup=False)
-    human.print(f"verify: {'ok' if result.ok else 'MISMATCH'}; report: {report}", soft_wrap=True, markup=False)
-    for line in NEXT_STEPS:
-        human.print(line, soft_wrap=True, markup=False)
-    if not result.ok:
         raise typer.Exit(ExitCode.FAILED)
 
 

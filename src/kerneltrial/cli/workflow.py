@@ -126,7 +126,7 @@ def suite(
 
 
 def mount(app: typer.Typer) -> None:
-    from kerneltrial.cli.trial import protocol_app
+    from kerneltrial.cli.protocol import protocol_app
 
     app.add_typer(dispatch_app, name="dispatch")
     protocol_app.command("confirm")(confirm)
