@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from rundir_factory import C1, C2, C3, C4, RunSpec, write_checked_run, write_run_dir
 
 from kerneltrial.analysis.performance import write_performance_md
-from kerneltrial.kernel import report
+from kerneltrial.kernel import plots, report
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.rundir.documents import read_summary
@@ -64,15 +64,15 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
 
 def test_figures_read_well(run_dir: Path, drawn: list[Figure]) -> None:
     summary = read_summary(run_dir)  # a CPU run: the long timing label is in every title
-    report.plot_speedups(summary, run_dir / "s.png")
-    report.plot_verdicts(summary, run_dir / "v.png")
+    plots.plot_speedups(summary, run_dir / "s.png")
+    plots.plot_verdicts(summary, run_dir / "v.png")
     speedup, verdicts = (fig.axes[0] for fig in drawn)
     assert speedup.get_yscale() == "log" and "log scale" in speedup.get_ylabel()
     assert all(label.get_text() and "10^" not in label.get_text() for label in speedup.get_yticklabels())
     assert isinstance(verdicts.yaxis.get_major_locator(), MaxNLocator)
     assert all(float(t).is_integer() for t in verdicts.get_yticks())
     for fig, ax in zip(drawn, (speedup, verdicts), strict=True):
-        width = int(fig.get_figwidth() * report.TITLE_CHARS_PER_INCH)
+        width = int(fig.get_figwidth() * plots.TITLE_CHARS_PER_INCH)
         assert summary.label in ax.get_title().replace("\n", " ")
         assert all(len(line) <= width for line in ax.get_title().splitlines())
         anchor = ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted())
@@ -81,7 +81,7 @@ def test_figures_read_well(run_dir: Path, drawn: list[Figure]) -> None:
 
 def test_a_narrow_speedup_range_still_has_labelled_ticks(drawn: list[Figure]) -> None:
     ax = Figure().subplots()
-    report._log_speedup_axis(ax, [0.97, 1.04])
+    plots._log_speedup_axis(ax, [0.97, 1.04])
     ax.set_ylim(0.97, 1.04)
     labels = [ax.yaxis.get_major_formatter()(t) for t in ax.get_yticks() if 0.97 <= t <= 1.04]
     assert len(labels) >= 3 and all(labels)

@@ -18,15 +18,12 @@ with the cases failed while timed or implausible, and each arm's ulp histogram.
 
 from __future__ import annotations
 
-import textwrap
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-
+from kerneltrial.kernel.cells import rate
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import (
     AACalibration,
@@ -52,8 +49,6 @@ from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
 # ERRATA.md is written by hand after the run: pages quote it under this heading, never as figures
 ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"
 # markers at speedup 1 for the cases an arm has no speedup because it was disqualified
-DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
-TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
 SCOPE = (
     "Confidence intervals cover noise within this session (machine state, clocks) only; "
     "a re-run on another machine may differ by more."
@@ -100,11 +95,6 @@ def operator_name(run_dir: Path, summary: Summary) -> str:
 
 def num_cell(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
-
-
-def _rate(value: float | None) -> str:
-    """GB/s or a percentage: one decimal, or three significant digits when small (CPU runs)."""
-    return "–" if value is None else format(value, ",.1f" if abs(value) >= 10 else ".3g")
 
 
 def speedup_cell(entry: ArmFigures) -> str:
@@ -171,8 +161,8 @@ def case_table(summary: Summary) -> list[str]:
                 *([host_cell(entry)] if with_host else []),
                 speedup_cell(entry),
                 _status_cell(entry, name == summary.control),
-                _rate(entry.gbps),
-                _rate(entry.pct_of_copy_ceiling),
+                rate(entry.gbps),
+                rate(entry.pct_of_copy_ceiling),
             ]
             if with_spread:
                 row.append(_spread_cell(entry))
@@ -369,7 +359,7 @@ def checks_lines(summary: Summary) -> list[str]:
     limits = []
     if rule.bandwidth_limit_gbps is not None:
         limits.append(
-            f"above {_rate(rule.bandwidth_limit_gbps)} GB/s ({100 * rule.bandwidth_margin:g}% over the best ceiling)"
+            f"above {rate(rule.bandwidth_limit_gbps)} GB/s ({100 * rule.bandwidth_margin:g}% over the best ceiling)"
         )
     if rule.time_limit_ns is not None:
         limits.append(
@@ -426,7 +416,7 @@ def isolation_lines(summary: Summary, h: str) -> list[str]:
 
 def _ceilings_line(ceilings: Ceilings) -> str:
     line = (
-        f"- ceilings: copy {_rate(ceilings.copy_gbps)} GB/s, read {_rate(ceilings.read_gbps)} GB/s "
+        f"- ceilings: copy {rate(ceilings.copy_gbps)} GB/s, read {rate(ceilings.read_gbps)} GB/s "
         f"(medians of {ceilings.copy_samples} and {ceilings.read_samples} samples)"
     )
     if ceilings.launch_floor_ns is not None:
@@ -473,127 +463,6 @@ def _compact(value: Any) -> str:
 
 
 # ---------------------------------------------------------------- figures
-
-
-def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -> str:
-    """The title (marked when the run was not verified), and the timing label of a run that is not
-    GPU performance, each wrapped to the figure's width (about TITLE_CHARS_PER_INCH characters of
-    the default title font)."""
-    width = max(20, int(fig.get_figwidth() * TITLE_CHARS_PER_INCH))
-    text = titled(text, unverified)
-    lines = [text] if summary.is_gpu else [text, f"({summary.label})"]
-    return "\n".join(textwrap.fill(line, width) for line in lines)
-
-
-def _save(fig: Figure, ax: Any, path: Path) -> Path:
-    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every figure."""
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
-
-
-def _log_speedup_axis(ax: Any, values: list[float]) -> None:
-    """A log y axis for ratios (2x and 0.5x equally far from 1), labelled with plain numbers:
-    1-2-5 ticks over a decade or more, evenly spaced ticks over a narrower range (a log axis
-    would show none there)."""
-    ax.set_yscale("log")
-    low, high = min(values, default=1.0), max(values, default=1.0)
-    wide = high / low >= 10 if low > 0 else True
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)) if wide else MaxNLocator(nbins=6))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
-
-def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
-    """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
-    arms = summary.compared_arms()
-    cases = [c.case for c in summary.cases]
-    band = summary.tie_band
-    fig = Figure(figsize=(max(6.0, 1.2 * len(cases) * max(1, len(arms)) ** 0.5 + 2), 4.5))
-    ax = fig.subplots()
-    shown = [1 - band, 1 + band]
-    ax.axhspan(1 - band, 1 + band, color="0.85", label=f"tie band ±{band:g}")
-    ax.axhline(1.0, color="black", linewidth=1)
-    width = 0.8 / max(1, len(arms))
-    for j, name in enumerate(arms):
-        offset = (j - (len(arms) - 1) / 2) * width
-        xs, ys, lows, highs = [], [], [], []
-        disqualified: dict[str, list[float]] = {}
-        for i, case in enumerate(summary.cases):
-            entry = case.arms[name]
-            if entry.speedup is not None and entry.ci_low is not None and entry.ci_high is not None:
-                xs.append(i + offset)
-                ys.append(entry.speedup)
-                lows.append(entry.speedup - entry.ci_low)
-                highs.append(entry.ci_high - entry.speedup)
-                shown += [entry.ci_low, entry.ci_high]
-            elif entry.status in DISQUALIFIED_MARKERS:
-                disqualified.setdefault(entry.status, []).append(i + offset)
-        line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
-        for status, where in disqualified.items():
-            ax.scatter(
-                where,
-                [1.0] * len(where),
-                marker=DISQUALIFIED_MARKERS[status],
-                s=60,
-                color=line[0].get_color(),
-                label=f"{name}: {status}",
-            )
-    ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
-    _log_speedup_axis(ax, shown)
-    ax.set_ylabel(f"speedup vs {summary.control} (×, log scale)")
-    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", fig, unverified))
-    return _save(fig, ax, path)
-
-
-def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Path:
-    """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
-    inconclusive, failed while timed and implausible)."""
-    arms = summary.compared_arms()
-    fig = Figure(figsize=(max(5.0, 1.2 * len(arms) + 2), 4))
-    ax = fig.subplots()
-    bottom = [0] * len(arms)
-    bars = [
-        ("wins", "win", "tab:green"),
-        ("ties", "tie", "0.6"),
-        ("inconclusive", "inconclusive", "tab:olive"),
-        ("losses", "loss", "tab:red"),
-        ("failed_correctness", "failed correctness", "black"),
-        ("failed_while_timed", "failed while timed", "tab:purple"),
-        ("implausible", "implausible", "tab:orange"),
-    ]
-    for key, label, color in bars:
-        counts = [getattr(summary.aggregates[name], key) for name in arms]
-        if None in counts:  # a count the summary's version did not keep
-            continue
-        ax.bar(arms, counts, bottom=bottom, label=label, color=color)
-        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of cases: no 0.5 ticks
-    ax.set_ylabel("cases")
-    ax.set_title(_title(summary, "Verdicts per arm", fig, unverified))
-    return _save(fig, ax, path)
-
-
-def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path:
-    """% of the copy ceiling per case and arm (control included)."""
-    arms = [a.name for a in summary.arms if a.available]
-    cases = [c.case for c in summary.cases]
-    fig = Figure(figsize=(max(6.0, 0.5 * len(cases) * len(arms) + 2), 4))
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(arms))
-    for j, name in enumerate(arms):
-        values = [c.arms[name].pct_of_copy_ceiling or 0.0 for c in summary.cases]
-        ax.bar([i + (j - (len(arms) - 1) / 2) * width for i in range(len(cases))], values, width, label=name)
-    ax.axhline(100.0, color="black", linewidth=1)
-    ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
-    ax.set_ylabel("% of copy ceiling")
-    copy = summary.ceilings.copy_gbps
-    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({_rate(copy)} GB/s)", fig, unverified))
-    return _save(fig, ax, path)
-
-
-# ---------------------------------------------------------------- documents
 
 
 def errata_lines(run_dir: Path, h: str) -> list[str]:
@@ -673,6 +542,8 @@ def write_report(run_dir: Path, unverified: bool = False) -> Path:
     `unverified`: every title says the run was rendered without passing `kerneltrial verify`."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
+    from kerneltrial.kernel.plots import plot_ceiling, plot_speedups, plot_verdicts  # matplotlib: only here
+
     plot_speedups(summary, run_dir / SPEEDUP_PNG, unverified)
     plot_verdicts(summary, run_dir / VERDICTS_PNG, unverified)
     plot_ceiling(summary, run_dir / CEILING_PNG, unverified)

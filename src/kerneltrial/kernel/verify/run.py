@@ -52,7 +52,7 @@ def kernel_page(run_dir: Path) -> derived.Render:
     """report.md of a kernel run as a function of `unverified` (kernel/report.py)."""
 
     def render(unverified: bool) -> str:
-        from kerneltrial.kernel.report import report_text  # matplotlib: imported only where a report.md exists
+        from kerneltrial.kernel.report import report_text  # only where a report.md exists
 
         return report_text(run_dir, unverified)
 

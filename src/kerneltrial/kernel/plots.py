@@ -1,0 +1,140 @@
+"""A kernel run's figures (PNG, matplotlib), each drawn from summary.json: speedups per case,
+verdicts per arm, the bandwidth ceiling. Titles say "NOT GPU performance" without a GPU and
+UNVERIFIED when asked (kernel/report.py writes them beside report.md)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from kerneltrial.kernel.cells import rate
+from kerneltrial.publication import titled
+from kerneltrial.rundir.documents import Summary
+
+DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
+TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
+
+
+def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -> str:
+    """The title (marked when the run was not verified), and the timing label of a run that is not
+    GPU performance, each wrapped to the figure's width (about TITLE_CHARS_PER_INCH characters of
+    the default title font)."""
+    width = max(20, int(fig.get_figwidth() * TITLE_CHARS_PER_INCH))
+    text = titled(text, unverified)
+    lines = [text] if summary.is_gpu else [text, f"({summary.label})"]
+    return "\n".join(textwrap.fill(line, width) for line in lines)
+
+
+def _save(fig: Figure, ax: Any, path: Path) -> Path:
+    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every figure."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def _log_speedup_axis(ax: Any, values: list[float]) -> None:
+    """A log y axis for ratios (2x and 0.5x equally far from 1), labelled with plain numbers:
+    1-2-5 ticks over a decade or more, evenly spaced ticks over a narrower range (a log axis
+    would show none there)."""
+    ax.set_yscale("log")
+    low, high = min(values, default=1.0), max(values, default=1.0)
+    wide = high / low >= 10 if low > 0 else True
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)) if wide else MaxNLocator(nbins=6))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
+    """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
+    arms = summary.compared_arms()
+    cases = [c.case for c in summary.cases]
+    band = summary.tie_band
+    fig = Figure(figsize=(max(6.0, 1.2 * len(cases) * max(1, len(arms)) ** 0.5 + 2), 4.5))
+    ax = fig.subplots()
+    shown = [1 - band, 1 + band]
+    ax.axhspan(1 - band, 1 + band, color="0.85", label=f"tie band ±{band:g}")
+    ax.axhline(1.0, color="black", linewidth=1)
+    width = 0.8 / max(1, len(arms))
+    for j, name in enumerate(arms):
+        offset = (j - (len(arms) - 1) / 2) * width
+        xs, ys, lows, highs = [], [], [], []
+        disqualified: dict[str, list[float]] = {}
+        for i, case in enumerate(summary.cases):
+            entry = case.arms[name]
+            if entry.speedup is not None and entry.ci_low is not None and entry.ci_high is not None:
+                xs.append(i + offset)
+                ys.append(entry.speedup)
+                lows.append(entry.speedup - entry.ci_low)
+                highs.append(entry.ci_high - entry.speedup)
+                shown += [entry.ci_low, entry.ci_high]
+            elif entry.status in DISQUALIFIED_MARKERS:
+                disqualified.setdefault(entry.status, []).append(i + offset)
+        line = ax.errorbar(xs, ys, yerr=[lows, highs], fmt="o", capsize=3, label=name)
+        for status, where in disqualified.items():
+            ax.scatter(
+                where,
+                [1.0] * len(where),
+                marker=DISQUALIFIED_MARKERS[status],
+                s=60,
+                color=line[0].get_color(),
+                label=f"{name}: {status}",
+            )
+    ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
+    _log_speedup_axis(ax, shown)
+    ax.set_ylabel(f"speedup vs {summary.control} (×, log scale)")
+    ax.set_title(_title(summary, "Speedup per case with bootstrap CI", fig, unverified))
+    return _save(fig, ax, path)
+
+
+def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Path:
+    """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
+    inconclusive, failed while timed and implausible)."""
+    arms = summary.compared_arms()
+    fig = Figure(figsize=(max(5.0, 1.2 * len(arms) + 2), 4))
+    ax = fig.subplots()
+    bottom = [0] * len(arms)
+    bars = [
+        ("wins", "win", "tab:green"),
+        ("ties", "tie", "0.6"),
+        ("inconclusive", "inconclusive", "tab:olive"),
+        ("losses", "loss", "tab:red"),
+        ("failed_correctness", "failed correctness", "black"),
+        ("failed_while_timed", "failed while timed", "tab:purple"),
+        ("implausible", "implausible", "tab:orange"),
+    ]
+    for key, label, color in bars:
+        counts = [getattr(summary.aggregates[name], key) for name in arms]
+        if None in counts:  # a count the summary's version did not keep
+            continue
+        ax.bar(arms, counts, bottom=bottom, label=label, color=color)
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of cases: no 0.5 ticks
+    ax.set_ylabel("cases")
+    ax.set_title(_title(summary, "Verdicts per arm", fig, unverified))
+    return _save(fig, ax, path)
+
+
+def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path:
+    """% of the copy ceiling per case and arm (control included)."""
+    arms = [a.name for a in summary.arms if a.available]
+    cases = [c.case for c in summary.cases]
+    fig = Figure(figsize=(max(6.0, 0.5 * len(cases) * len(arms) + 2), 4))
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(arms))
+    for j, name in enumerate(arms):
+        values = [c.arms[name].pct_of_copy_ceiling or 0.0 for c in summary.cases]
+        ax.bar([i + (j - (len(arms) - 1) / 2) * width for i in range(len(cases))], values, width, label=name)
+    ax.axhline(100.0, color="black", linewidth=1)
+    ax.set_xticks(range(len(cases)), cases, rotation=30, ha="right")
+    ax.set_ylabel("% of copy ceiling")
+    copy = summary.ceilings.copy_gbps
+    ax.set_title(_title(summary, f"Bandwidth vs copy ceiling ({rate(copy)} GB/s)", fig, unverified))
+    return _save(fig, ax, path)
+
+
+# ---------------------------------------------------------------- documents
