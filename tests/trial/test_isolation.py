@@ -23,8 +23,9 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops.registry import Case, get_op, load_user_module
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.isolation import ArmRaised, Settings, WorkerHung
-from kerneltrial.trial.remote import IsolatedArm, Isolation, timed_arm
+from kerneltrial.trial.remote import IsolatedArm, timed_arm
 from kerneltrial.trial.runner import RunError, check_arms, run_trial
 from kerneltrial.trial.timing import make_timer
 from tests.conftest import REPO

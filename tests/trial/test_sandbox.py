@@ -23,8 +23,8 @@ from kerneltrial.rundir.integrity_notes import in_process_warning, sandbox_warni
 from kerneltrial.rundir.layout import RunDir
 from kerneltrial.trial import confine, gate
 from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.isolation import Settings
-from kerneltrial.trial.remote import Isolation
 from kerneltrial.trial.runner import RunError, run_trial, write_manifest
 from tests.conftest import REPO
 from tests.kt import run_cli, run_process, write_protocol

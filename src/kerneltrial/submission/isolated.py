@@ -59,6 +59,7 @@ from kerneltrial.submission.target_env import (
     target_python,
 )
 from kerneltrial.trial import confine, gate, isolation, targets
+from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.isolation import (
     ArmRaised,
     ArmSource,
@@ -68,7 +69,7 @@ from kerneltrial.trial.isolation import (
     WorkerFailure,
     WorkerHung,
 )
-from kerneltrial.trial.remote import Isolation, Remote, RemoteFn
+from kerneltrial.trial.remote import Remote, RemoteFn
 
 SEEDS = (0, 1)
 # the trial worker's self-contained files but its timer (an interface check times nothing),

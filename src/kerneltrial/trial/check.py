@@ -17,11 +17,11 @@ from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, Operator, all_ops, get_op, load_user_module
 from kerneltrial.trial import confine
+from kerneltrial.trial.arms import Isolation, is_isolated
 from kerneltrial.trial.gate import CheckResult
 from kerneltrial.trial.gate import check as gate_check
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.panel import beyond_grid_case, check_panel, skip_reason
-from kerneltrial.trial.remote import Isolation, is_isolated
 from kerneltrial.trial.targets import Target, targeting
 
 PANELS = ("quick", "small", "gpu")

@@ -266,7 +266,7 @@ class Process:
         """Send one request (and, first, the descriptors `fds` of the shared buffers it adds, in their
         order) and return its answer (kind `expect`); an arm's raise is raised here."""
         what = str(message["kind"])
-        self.confinement.thaw()  # frozen while another arm was timed (remote.Isolation.quiet)
+        self.confinement.thaw()  # frozen while another arm was timed (arms.Isolation.quiet)
         timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
         deadline = time.monotonic() + timeout
         self._send_fds(fds or [], deadline, what)

@@ -140,7 +140,7 @@ class Session:
     append_check: Callable[[dict[str, Any]], None]  # a row of timed_checks.jsonl
     progress: Any
     task: int
-    quiet: Callable[[timed.TimedArm | None], None]  # every other arm's worker frozen (remote.Isolation.quiet)
+    quiet: Callable[[timed.TimedArm | None], None]  # every other arm's worker frozen (arms.Isolation.quiet)
     reference: Impl | None = None  # the control in a trusted worker of its own (module docstring)
     append_roundtrip: Callable[[list[object]], None] | None = None  # a row of roundtrip.csv
 

@@ -52,6 +52,7 @@ from kerneltrial.rundir.layout import COPY_MATCHED, FLOOR_MODEL, PARTIAL_LAYOUT_
 from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
 from kerneltrial.trial import confine, gate, provenance, timed
 from kerneltrial.trial import protocol as proto
+from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.calibration import (
     CalibrationError,
     Delay,
@@ -65,7 +66,7 @@ from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.floor import triton_launch
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.preflight import preflight
-from kerneltrial.trial.remote import Isolation, RemoteFn
+from kerneltrial.trial.remote import RemoteFn
 from kerneltrial.trial.rounds import run_rounds
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, host_sample, label, make_timer
@@ -566,7 +567,7 @@ class Trial:
     device: torch.device
     delay: Delay
     progress: Any
-    quiet: Callable[[timed.TimedArm | None], None]  # freezes every worker but the timed arm's (remote.Isolation.quiet)
+    quiet: Callable[[timed.TimedArm | None], None]  # freezes every worker but the timed arm's (arms.Isolation.quiet)
     reference: Impl | None = None  # the control in a trusted worker of its own (trial/rounds.py, the round trip)
 
 
