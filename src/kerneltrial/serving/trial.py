@@ -45,6 +45,7 @@ from kerneltrial.serving.bench import (
 )
 from kerneltrial.serving.completeness import failed_requests_reason, judge_requests
 from kerneltrial.serving.dispatch_proof import Files, check_launch
+from kerneltrial.serving.dist_records import record_evidence
 from kerneltrial.serving.fl_policy import FILE_ENVS, Platform
 from kerneltrial.serving.launcher import (
     LaunchError,
@@ -316,6 +317,7 @@ class _Trial:
     copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
     override: bool = False  # --override-pins: a pin mismatch is recorded, not refused
     server_versions: dict[str, Any] = field(default_factory=dict)  # arm -> its server interpreter's versions
+    dist_records: dict[str | None, dict[str, Any]] = field(default_factory=dict)  # interpreter -> its RECORD check
     stopped_in: dict[str, Any] | None = None  # the launch under way (kept in provenance if the run stops there)
     pin_rows: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -344,10 +346,16 @@ class _Trial:
         """The arm's server interpreter against the protocol's [pins] (serving/pins.py), for the launch's row."""
         if arm.name not in self.server_versions:
             self.server_versions[arm.name] = probe_versions(interpreter_of(self.proto.expand(arm)[0]))
+        python = interpreter_of(self.proto.expand(arm)[0])
+        if python not in self.dist_records:  # serving/dist_records.py: the pinned distributions' RECORD
+            self.dist_records[python] = record_evidence(python)
         pinned = self.proto.pins.flat()
         have = installed(self.server_versions[arm.name])
         wrong = pin_mismatches(pinned, have)
-        record = {"pinned": pinned, "installed": have, "mismatches": wrong, "overridden": bool(wrong) and self.override}
+        record = {
+            **{"pinned": pinned, "installed": have, "mismatches": wrong, "overridden": bool(wrong) and self.override},
+            "records": self.dist_records[python],
+        }
         self.pin_rows.append(record)
         return record
 
