@@ -15,8 +15,8 @@ from kerneltrial.kernel.git_history import objects, package_at
 from kerneltrial.kernel.report import superseded_by
 from kerneltrial.kernel.summary import build_summary
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.rundir.documents import read_summary, summary_json
 from kerneltrial.rundir.files import json_text
+from kerneltrial.rundir.summary_doc import read_summary, summary_json
 from tests.conftest import REPO
 from tests.kt import run_cli
 
@@ -103,7 +103,7 @@ def history_downgrades(repo: Path, results: str = "results") -> list[str]:
 
 def test_committed_summaries_are_their_own_model_written_back():
     """One model reads and writes summary.json: every committed kernel summary, read and serialised in
-    its version's shape (rundir/documents.py `summary_json`), is its own bytes."""
+    its version's shape (rundir/summary_doc.py `summary_json`), is its own bytes."""
     assert KERNEL_RUNS
     differ = [
         str(run.relative_to(RESULTS))

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field
 
-from kerneltrial.rundir.documents import Plan, Provenance, Summary
+from kerneltrial.rundir.documents import Plan, Provenance
 from kerneltrial.rundir.layout import ERRATA, REPORT, REPORT_FIGURES, RunDir
+from kerneltrial.rundir.summary_doc import Summary
 from kerneltrial.rundir_reference import KERNEL_FILES, keys, reference
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 `python -m kerneltrial.rundir_reference > docs/RUNDIR.md` (a test keeps the committed file equal to it).
 
 The file lists name rundir/layout.py's and model/layout.py's constants; the keys of plan.json,
-provenance.json and summary.json come from their readers' models (rundir/documents.py), each with
+provenance.json and summary.json come from their readers' models (rundir/documents.py, rundir/summary_doc.py), each with
 its `Field` description. Rendering refuses a key without one. Torch-free: it imports only the
 layouts and the document models.
 """
@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 
 from kerneltrial.model import layout as model_layout
 from kerneltrial.model_fields import nested_model, undocumented
-from kerneltrial.rundir.documents import Plan, Provenance, Summary
+from kerneltrial.rundir.documents import Plan, Provenance
 from kerneltrial.rundir.layout import (
     ACCURACY_DIR,
     ATTRIBUTION,
@@ -53,11 +53,12 @@ from kerneltrial.rundir.layout import (
     TIMED_CHECKS,
     TIMINGS,
 )
+from kerneltrial.rundir.summary_doc import Summary
 from kerneltrial.serving.script_csv import RESULTS_DIR as SCRIPT_DIR
 
 HEADER = (
     "# Run directory reference\n\n"
-    "Generated from rundir/layout.py, model/layout.py and the document models (rundir/documents.py) by\n"
+    "Generated from rundir/layout.py, model/layout.py and the document models (rundir/documents.py, rundir/summary_doc.py) by\n"
     "`python -m kerneltrial.rundir_reference > docs/RUNDIR.md`; do not edit by hand\n"
     "(tests/test_rundir_reference.py checks it). Every run directory holds `provenance.json` with a\n"
     "`kind` (`kernel`, `serving` or `model`); replicate, suite and fleet directories hold kernel run\n"

@@ -10,9 +10,9 @@ import pytest
 from rundir_factory import C1, RunSpec, write_checked_run, write_run_dir
 
 from kerneltrial.kernel.summary import build_document, build_summary, write_summary
-from kerneltrial.rundir.documents import read_summary, summary_json
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import json_text
+from kerneltrial.rundir.summary_doc import read_summary, summary_json
 from kerneltrial.rundir.summary_versions import SUMMARY_V1, SUMMARY_V3, SUMMARY_V4, SUMMARY_V7
 
 COPY_CEILING = 8e6 / 4200  # median of the copy rates 8e6/4000 ... 8e6/4400

@@ -1,7 +1,7 @@
 """The PERFORMANCE.md overview: our entry point against the fastest timed peer, per case."""
 
 from kerneltrial.analysis.peer_rows import best_peer_rows
-from kerneltrial.rundir.documents import ArmFigures, SummaryCase
+from kerneltrial.rundir.summary_doc import ArmFigures, SummaryCase
 
 
 def entry(kind: str, ns: float | None) -> ArmFigures:

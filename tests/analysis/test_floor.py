@@ -17,8 +17,8 @@ from rundir_factory import seal, write_checked_run
 
 from kerneltrial.kernel.floor import TORCH_ADD, TRITON, case_floor_ns, floor_ns, fraction_of_floor, run_floor
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.rundir.documents import Ceilings, read_summary
 from kerneltrial.rundir.layout import FLOOR_MODEL
+from kerneltrial.rundir.summary_doc import Ceilings, read_summary
 from kerneltrial.trial.runner import run_trial
 from tests.conftest import REPO
 from tests.kt import write_protocol

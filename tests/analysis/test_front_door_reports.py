@@ -17,7 +17,7 @@ from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.kernel import plots, report
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
-from kerneltrial.rundir.documents import read_summary
+from kerneltrial.rundir.summary_doc import read_summary
 from tests.kt import run_cli
 
 

@@ -13,7 +13,7 @@ from rundir_factory import RunSpec, rewrite_ceilings, seal, write_checked_run
 
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.rundir.documents import read_summary
+from kerneltrial.rundir.summary_doc import read_summary
 
 FLOOR = [5000.0, 5200.0, 4800.0, 5100.0, 4900.0]  # median 5000 ns
 

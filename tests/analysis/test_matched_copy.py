@@ -10,7 +10,7 @@ from pathlib import Path
 from rundir_factory import RunSpec, rewrite_ceilings, seal, write_checked_run
 
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.rundir.documents import read_summary
+from kerneltrial.rundir.summary_doc import read_summary
 
 COPIES = [2000.0, 2100.0, 1900.0, 2050.0, 1950.0]  # median 2000 ns for 4 MB: 2000 GB/s
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kerneltrial.analysis import peer_rows
 from kerneltrial.analysis import performance as perf
 from kerneltrial.analysis.peer_rows import MET, MISSED, UNKNOWN, UNRESOLVED
-from kerneltrial.rundir.documents import ArmFigures, SummaryCase
+from kerneltrial.rundir.summary_doc import ArmFigures, SummaryCase
 from kerneltrial.stats import Interval
 
 MIB = 1 << 20

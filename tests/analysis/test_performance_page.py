@@ -14,7 +14,7 @@ from rundir_factory import C1, C2, RunSpec, write_checked_run
 from kerneltrial.analysis import performance_overview as page
 from kerneltrial.analysis.peer_rows import MET, MISSED
 from kerneltrial.analysis.performance import write_performance_md
-from kerneltrial.rundir.documents import read_summary
+from kerneltrial.rundir.summary_doc import read_summary
 
 ARMS = [
     {"name": "ctrl", "kind": "control", "available": True, "reason": None},

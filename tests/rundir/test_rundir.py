@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from kerneltrial.rundir import provenance
-from kerneltrial.rundir.documents import read_plan, read_provenance, read_summary
+from kerneltrial.rundir.documents import read_plan, read_provenance
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import csv_appender, read_csv, read_json, read_jsonl, trim_partial_line, write_json
 from kerneltrial.rundir.layout import kind_of
+from kerneltrial.rundir.summary_doc import read_summary
 from tests.conftest import REPO
 
 RESULTS = REPO / "results"

@@ -12,7 +12,7 @@ from kerneltrial.kernel.report import write_report
 from kerneltrial.kernel.summary import write_summary
 from kerneltrial.kernel.summary_schemas import SCHEMA
 from kerneltrial.kernel.verify import verify_run_dir
-from kerneltrial.rundir.documents import read_summary
+from kerneltrial.rundir.summary_doc import read_summary
 from kerneltrial.trial.runner import run_trial
 from kerneltrial.trial.timing import CPU_HOST_CALLS
 from tests.conftest import REPO

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from kerneltrial.kernel.report import operator_name, speedup_cell, us_cell
 from kerneltrial.publication import titled
-from kerneltrial.rundir.documents import ArmFigures, Summary, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.integrity_notes import integrity_lines
+from kerneltrial.rundir.summary_doc import ArmFigures, Summary, read_summary
 
 
 @dataclass(frozen=True)

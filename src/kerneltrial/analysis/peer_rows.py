@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kerneltrial import stats
-from kerneltrial.rundir.documents import ArmFigures, SummaryCase
+from kerneltrial.rundir.summary_doc import ArmFigures, SummaryCase
 
 OURS = "kerneltrial"  # the exported entry point of every operator
 EAGER = "torch_eager"  # the peer every operator has: the host cost a caller pays without a kernel library

@@ -76,10 +76,10 @@ from kerneltrial.kernel.report import (
 )
 from kerneltrial.kernel.summary_schemas import UNFROZEN_WARNING
 from kerneltrial.publication import titled
-from kerneltrial.rundir.documents import ArmFigures, Summary, SummaryCase, read_summary
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.integrity_notes import integrity_lines
 from kerneltrial.rundir.layout import ERRATA_REASON, kind_of
+from kerneltrial.rundir.summary_doc import ArmFigures, Summary, SummaryCase, read_summary
 
 # issue 16's targets
 GEOMEAN_TARGET = 1.10  # geomean over the fastest installed peer

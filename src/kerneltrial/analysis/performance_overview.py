@@ -42,7 +42,7 @@ from kerneltrial.analysis.peer_rows import (
 )
 from kerneltrial.kernel.floor import TORCH_ADD, case_floor_ns, fraction_of_floor, run_floor
 from kerneltrial.kernel.report import markdown_table, num_cell, operator_name, optional_provenance
-from kerneltrial.rundir.documents import Summary, SummaryCase, read_summary
+from kerneltrial.rundir.summary_doc import Summary, SummaryCase, read_summary
 
 # The one row against a copy of its own bytes, timed the same way in the same run: issue 16's
 # "within 15% of the launch floor" carried over to that copy (a trivial kernel that launches

@@ -20,9 +20,9 @@ import typer
 from kerneltrial.cli import records
 from kerneltrial.cli.support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.checks import VerifyResult
-from kerneltrial.rundir.documents import read_summary
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
+from kerneltrial.rundir.summary_doc import read_summary
 
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory with summary.json.")]

@@ -38,10 +38,11 @@ from pydantic import Field
 from kerneltrial.publication import titled
 from kerneltrial.replicates.record import case_row
 from kerneltrial.rundir.checks import VerifyResult
-from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, read_summary, validate
+from kerneltrial.rundir.documents import Document, Freeze, Git, read_provenance, validate
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import FLEET, FLEET_LOGS, FLEET_PIECES, FLEET_WORKERS, PROTOCOL, REPORT, SUMMARY
+from kerneltrial.rundir.summary_doc import read_summary
 
 SCHEMA = "kerneltrial.fleet/1"
 Mode = Literal["replicas", "shard"]

@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial import stats
-from kerneltrial.rundir.documents import IsolationBound, IsolationFigures
 from kerneltrial.rundir.integrity_notes import FAR_INSIDE, ROUNDTRIP_SPREADS, far_inside_warning, integrity_warnings
+from kerneltrial.rundir.summary_doc import IsolationBound, IsolationFigures
 
 
 def roundtrips(roundtrip: pd.DataFrame | None) -> dict[str, float]:

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerneltrial.rundir.documents import Ceilings, Summary, SummaryCase
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.layout import FLOOR_MODEL
+from kerneltrial.rundir.summary_doc import Ceilings, Summary, SummaryCase
 
 TRITON = "Triton"
 TORCH_ADD = "torch `add_`"  # the launch floor of runs without a Triton one (plausibility's)

@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from kerneltrial.kernel.cells import rate
 from kerneltrial.publication import titled
-from kerneltrial.rundir.documents import Summary
+from kerneltrial.rundir.summary_doc import Summary
 
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin

@@ -25,16 +25,7 @@ from typing import Any
 
 from kerneltrial.kernel.cells import rate
 from kerneltrial.publication import titled
-from kerneltrial.rundir.documents import (
-    AACalibration,
-    ArmFigures,
-    Ceilings,
-    Provenance,
-    SlowCalibration,
-    Summary,
-    read_provenance,
-    read_summary,
-)
+from kerneltrial.rundir.documents import Provenance, read_provenance
 from kerneltrial.rundir.layout import (
     CEILING_PNG,
     ERRATA,
@@ -45,6 +36,7 @@ from kerneltrial.rundir.layout import (
     VERDICTS_PNG,
 )
 from kerneltrial.rundir.layout import ERRATA_SUPERSEDED as SUPERSEDED
+from kerneltrial.rundir.summary_doc import AACalibration, ArmFigures, Ceilings, SlowCalibration, Summary, read_summary
 
 # ERRATA.md is written by hand after the run: pages quote it under this heading, never as figures
 ERRATA_HEADING = "Errata (written by hand after the run; `kerneltrial verify` does not check this text)"

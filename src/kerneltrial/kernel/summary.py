@@ -4,7 +4,7 @@ Reads plan.json, protocol.toml, correctness.jsonl, timings.csv, ceilings.csv and
 with timed checks, timed_checks.jsonl (the contract in docs/VERIFY.md; the files in
 docs/RUNDIR.md) and computes the figures with `kerneltrial.stats`. The runner calls
 `write_summary(run_dir)` at the end of a run. The summary is built as the typed document
-rundir/documents.py reads (`Summary`) and written by its `summary_json`, in its version's shape:
+rundir/summary_doc.py reads (`Summary`) and written by its `summary_json`, in its version's shape:
 the parsed inputs are kernel/summary_inputs.py, the cases, aggregates and gate
 kernel/summary_cases.py, the calibration kernel/summary_calibration.py.
 
@@ -108,11 +108,12 @@ from kerneltrial.kernel.summary_inputs import (
     unit_series,
 )
 from kerneltrial.kernel.summary_schemas import SchemaV3, schema_of
-from kerneltrial.rundir.documents import Bootstrap, Ceilings, Clocks, Summary, summary_json
+from kerneltrial.rundir.documents import Bootstrap
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import PLAN, SUMMARY, TRITON_LAUNCH
+from kerneltrial.rundir.summary_doc import Ceilings, Clocks, Summary, summary_json
 
 
 def _ceiling(frame: pd.DataFrame, kind: str) -> tuple[float | None, int]:

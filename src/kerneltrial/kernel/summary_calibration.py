@@ -7,7 +7,7 @@ from typing import Any
 
 from kerneltrial import stats
 from kerneltrial.kernel.summary_schemas import SchemaV3
-from kerneltrial.rundir.documents import AACalibration, ArmFigures, Calibration, SlowCalibration, SummaryCase
+from kerneltrial.rundir.summary_doc import AACalibration, ArmFigures, Calibration, SlowCalibration, SummaryCase
 
 
 def calibration(

@@ -1,5 +1,5 @@
 """The figures of each case of a kernel summary (every arm's status, median, speedup and CI) and
-of each arm over the cases (aggregates and the gate), as the typed records of rundir/documents.py."""
+of each arm over the cases (aggregates and the gate), as the typed records of rundir/summary_doc.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from kerneltrial.kernel.summary_schemas import (
     SchemaV3,
     statuses,
 )
-from kerneltrial.rundir.documents import Aggregate, ArmFigures, Gate, GateArm, SummaryCase
+from kerneltrial.rundir.summary_doc import Aggregate, ArmFigures, Gate, GateArm, SummaryCase
 
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
 

@@ -1,7 +1,7 @@
 """One adapter per kernel summary schema (`SchemaV3` to `SchemaV7`, kernel/summary.py's docstring
 describes each): what a version judges and records beyond the one before it.
 
-Every adapter gives the figures of the newest summary shape (rundir/documents.py `Summary`); a
+Every adapter gives the figures of the newest summary shape (rundir/summary_doc.py `Summary`); a
 version gives None (or 0) for what it does not record, exactly what the reader's adapter of that
 version fills in, and `summary_json` leaves those fields out of the document it writes.
 """
@@ -17,16 +17,16 @@ from kerneltrial import gate_rule, stats
 from kerneltrial.kernel.bounds import floor_of, isolation_figures, roundtrips
 from kerneltrial.kernel.floor import CaseFloors
 from kerneltrial.kernel.summary_inputs import RunFiles, TimedCheck
-from kerneltrial.rundir.documents import (
+from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.integrity_notes import implausibly_under, under_claim_reason
+from kerneltrial.rundir.layout import HOST, INPUT_FILES, ROUNDTRIP, TIMED_CHECKS, TRITON_LAUNCH
+from kerneltrial.rundir.summary_doc import (
     HostCounts,
     IsolationFigures,
     SummaryCase,
     SummaryPlausibility,
     TimedCheckCounts,
 )
-from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.integrity_notes import implausibly_under, under_claim_reason
-from kerneltrial.rundir.layout import HOST, INPUT_FILES, ROUNDTRIP, TIMED_CHECKS, TRITON_LAUNCH
 from kerneltrial.rundir.summary_versions import SUMMARY_V3, SUMMARY_V4, SUMMARY_V5, SUMMARY_V6, SUMMARY_V7
 
 SCHEMA = SUMMARY_V7  # what a new run's summary is

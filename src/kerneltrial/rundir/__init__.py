@@ -9,5 +9,6 @@ every command, `--help` included, can read and write run directories cheaply.
 - hashing.py     sha256 of bytes, files and (path, bytes) lists
 - provenance.py  versions, git state, source digest and archive, nvidia-smi queries
 - layout.py      the file names of kernel, serving, replicate and suite directories, `kind_of`
-- documents.py   typed, frozen readers of plan.json, provenance.json and summary.json
+- documents.py   typed, frozen readers of plan.json and provenance.json
+- summary_doc.py the typed, frozen reader of summary.json and its writer's shape
 """

@@ -1,6 +1,6 @@
 """summary.json's versions: the adapter that reads each older version as the newest shape, and
-the downgrade that writes the newest shape as an older version (rundir/documents.py applies
-them in `read_summary` and `summary_json`). Plain dict functions: the models stay in documents.py.
+the downgrade that writes the newest shape as an older version (rundir/summary_doc.py applies
+them in `read_summary` and `summary_json`). Plain dict functions: the models stay in summary_doc.py.
 """
 
 from __future__ import annotations

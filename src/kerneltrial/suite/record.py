@@ -27,11 +27,12 @@ from pydantic import Field
 
 from kerneltrial.publication import titled
 from kerneltrial.rundir.checks import VerifyResult
-from kerneltrial.rundir.documents import ArmFigures, Document, Git, Summary, read_provenance, read_summary, validate
+from kerneltrial.rundir.documents import Document, Git, read_provenance, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import PROTOCOL, REPORT, SUITE
+from kerneltrial.rundir.summary_doc import ArmFigures, Summary, read_summary
 
 SCHEMA = "kerneltrial.suite/1"
 # pending: not started; running: started, not ended (a suite interrupted or killed leaves it);

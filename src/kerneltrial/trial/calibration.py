@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from kerneltrial.ops.registry import Case, Impl, Operator
-from kerneltrial.rundir.documents import read_provenance, read_summary
+from kerneltrial.rundir.documents import read_provenance
 from kerneltrial.rundir.layout import SUMMARY
+from kerneltrial.rundir.summary_doc import read_summary
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.timing import Timer
 
