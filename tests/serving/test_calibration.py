@@ -17,7 +17,15 @@ import pytest
 from scipy import stats
 
 from kerneltrial.serving import trial
-from kerneltrial.serving.calibration import ARM_A, ARM_A_PRIME, CALIBRATION, Binding, read_calibration
+from kerneltrial.serving.acceptance import Rule
+from kerneltrial.serving.calibration import (
+    ARM_A,
+    ARM_A_PRIME,
+    CALIBRATION,
+    Binding,
+    launches_needed,
+    read_calibration,
+)
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli, write_protocol
 
@@ -111,11 +119,18 @@ def test_a_calibration_without_power_fails_and_says_how_many_launches_it_needs(u
     assert not rec.passed and len(rec.comparisons) == 2 and rec.comparisons_needed == 20
     [noise] = rec.noise
     assert noise.gain_half_width > 1 and not noise.powered and noise.launches_needed > 2
+    # the noise of 2 rounds is itself uncertain: its upper 95% bound (chi-square, 1 degree of freedom) is
+    # sd * sqrt(1 / chi2(0.05, 1)), 16 times the sd, and asks for about 250 times the launches
+    factor = math.sqrt(1 / stats.chi2.ppf(0.05, 1))
+    rule = Rule(noise_band=0.01, ttft_ratio_max=1.01, confidence=0.95)
+    assert noise.launches_needed_high == launches_needed(noise.gain_sd * factor, noise.ttft_sd * factor, rule)
+    assert noise.launches_needed_high > 100 * noise.launches_needed
     assert rec.reasons == [
         f"{CASE}: a trial of 2 launches per arm has a gain interval of +-{noise.gain_half_width:.2%} and a TTFT interval "
         f"of +-{noise.ttft_half_width:.2%} (per-round log-ratio sd {noise.gain_sd:.2%} and {noise.ttft_sd:.2%} over 2 "
         f"rounds), not below the noise band 1.00% and ttft_ratio_max 1.01 - 1: the observed noise needs "
-        f"{noise.launches_needed} launches per arm (rounds = {noise.launches_needed})",
+        f"{noise.launches_needed} launches per arm (rounds = {noise.launches_needed}; "
+        f"{noise.launches_needed_high} at the 95% upper bound of the noise)",
         "2 A/A comparison(s) cannot estimate a false-acceptance rate of 0.05 (at least 20 are needed: each 2-round "
         "subset of the calibration's rounds, each case, both directions); pass --launches 6",
     ]

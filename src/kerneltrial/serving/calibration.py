@@ -59,6 +59,7 @@ BEFORE = {  # older schemas, and what they lack
 }
 ARM_A, ARM_A_PRIME = "A", "A-prime"
 MAX_SUBSETS = 5000  # n-subsets of the calibration's rounds judged per case (a seeded sample beyond)
+NOISE_LEVEL = 0.95  # of the upper confidence bound of a case's noise sd (chi-square, rounds - 1 degrees of freedom)
 
 
 class CalibrationError(ValueError):
@@ -94,6 +95,7 @@ class Noise(BaseModel):
     ttft_half_width: float
     powered: bool  # both half-widths below their bounds (noise band, ttft_ratio_max - 1)
     launches_needed: int | None  # launches per arm that bring both below (None: a bound is not positive)
+    launches_needed_high: int | None  # the same at the upper NOISE_LEVEL confidence bound of both sds
 
 
 class Binding(BaseModel):
@@ -255,6 +257,16 @@ def launches_needed(gain_sd: float, ttft_sd: float, rule: Rule) -> int | None:
         n += 1
 
 
+def launches_needed_high(gain_sd: float, ttft_sd: float, rounds: int, rule: Rule) -> int | None:
+    """launches_needed at the upper NOISE_LEVEL confidence bound of both sds, estimated from `rounds`
+    paired rounds (sd * sqrt((rounds - 1) / chi2(1 - level, rounds - 1))): the noise measured from few
+    launches is itself uncertain, and the number of launches it asks for with it."""
+    if rounds < MIN_ROUNDS:
+        return None
+    factor = math.sqrt((rounds - 1) / float(stats.chi2.ppf(1 - NOISE_LEVEL, rounds - 1)))
+    return launches_needed(gain_sd * factor, ttft_sd * factor, rule)
+
+
 def _sd(values: list[float]) -> float:
     mean = math.fsum(values) / len(values)
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
@@ -278,6 +290,7 @@ def case_noise(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n: int, 
         ttft_half_width=th,
         powered=powered,
         launches_needed=launches_needed(gain_sd, ttft_sd, rule),
+        launches_needed_high=launches_needed_high(gain_sd, ttft_sd, len(rounds), rule),
     )
 
 
@@ -377,8 +390,13 @@ def _reasons(
     for x in noise:
         if x.powered:
             continue
+        high = (
+            f"; {x.launches_needed_high} at the {NOISE_LEVEL:.0%} upper bound of the noise"
+            if x.launches_needed_high
+            else ""
+        )
         more = (
-            f"the observed noise needs {x.launches_needed} launches per arm (rounds = {x.launches_needed})"
+            f"the observed noise needs {x.launches_needed} launches per arm (rounds = {x.launches_needed}{high})"
             if x.launches_needed is not None
             else "no number of launches gets there (noise_band and ttft_ratio_max - 1 must be positive)"
         )
