@@ -30,6 +30,7 @@ import triton
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import launch
 from kerneltrial.ops import softcap_argmax as sa
+from kerneltrial.ops import softcap_inputs as si
 from kerneltrial.ops.registry import Case, Impl, Operator, Outputs, all_ops, get_op
 from kerneltrial.trial.gate import CheckResult, check
 
@@ -115,7 +116,7 @@ def without(monkeypatch):
             monkeypatch.setattr(inp, "draw_offset", lambda dtype, gen: 0)
         elif item == "single-row saturation":  # the odd rows only, as before
             monkeypatch.setattr(
-                sa, "saturated_rows", lambda n, seed, device, skip=(): torch.arange(1, n, 2, device=device)
+                si, "saturated_rows", lambda n, seed, device, skip=(): torch.arange(1, n, 2, device=device)
             )
         else:
             raise ValueError(item)
@@ -340,11 +341,11 @@ def test_softcap_decode_path_taking_the_raw_argmax_is_caught(panel, without):
 
 
 def test_softcap_single_rows_hold_saturated_ties_for_odd_seeds():
-    values = sa.make_inputs(Case((1, 5120)), 1, launch.device())
+    values = si.make_inputs(Case((1, 5120)), 1, launch.device())
     logits, cap = values["logits"], values["cap"]
     capped = cap * torch.tanh(logits.float() / cap)
     assert int((capped == cap).sum()) >= 2
-    assert int(torch.argmax(logits)) != int(sa.reference(logits, cap)[0])
+    assert int(torch.argmax(logits)) != int(si.reference(logits, cap)[0])
 
 
 # ---- width: neither a power of two nor a multiple of 128 ---------------------------------
@@ -403,8 +404,8 @@ def test_a_kernel_assuming_a_multiple_of_128_columns_is_caught(op_name, panel):
 def test_softcap_tail_row_has_its_only_maximum_last():
     """A kernel dropping a partial last chunk misses the answer of this row whatever the
     chunk: it is the row's last element."""
-    values = sa.make_inputs(Case((3, 1500)), 0, launch.device())
-    answers = sa.reference(values["logits"], values["cap"])[0].tolist()
+    values = si.make_inputs(Case((3, 1500)), 0, launch.device())
+    answers = si.reference(values["logits"], values["cap"])[0].tolist()
     assert 1499 in answers
 
 

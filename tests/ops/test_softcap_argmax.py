@@ -9,6 +9,7 @@ import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops import softcap_argmax as sa
+from kerneltrial.ops import softcap_inputs as si
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
 from kerneltrial.trial.timed import Unit
@@ -17,36 +18,36 @@ OP = get_op(sa.NAME)
 KERNELS = [name for name, impl in OP.impls.items() if impl.kind in ("control", "candidate")]
 
 
-def expected(logits: torch.Tensor, cap: float = sa.CAP) -> torch.Tensor:
-    return sa.reference(logits, cap)[0]
+def expected(logits: torch.Tensor, cap: float = si.CAP) -> torch.Tensor:
+    return si.reference(logits, cap)[0]
 
 
 def drawn(case: Case, seed: int) -> tuple[torch.Tensor, float]:
     """make_inputs' logits and the cap it drew for them."""
-    values = sa.make_inputs(case, seed=seed, device=torch.device("cpu"))
+    values = si.make_inputs(case, seed=seed, device=torch.device("cpu"))
     return values["logits"], values["cap"]
 
 
 def test_reference_and_oracle_take_the_first_tied_index():
     row = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0]], dtype=torch.bfloat16)
     assert expected(row).tolist() == [1]
-    assert sa.oracle(row, sa.CAP)[0].tolist() == [1]
+    assert si.oracle(row, si.CAP)[0].tolist() == [1]
 
 
 def test_saturated_logits_tie_after_capping():
     """300 and 360 both cap to exactly 30.0 in fp32: the earlier one wins, though argmax of
     the raw logits (or of float64 capped values) is the later one. Row 0 puts them in one
     4096-chunk, row 1 in different chunks (one span of the rows_skip kernels)."""
-    logits = sa.LOGIT_SCALE * sa.CAP * torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
+    logits = si.LOGIT_SCALE * si.CAP * torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
     logits = logits.to(torch.bfloat16)
-    low, high = (m * sa.CAP for m in sa.SATURATED)
+    low, high = (m * si.CAP for m in si.SATURATED)
     logits[0, [700, 2100]] = torch.tensor([low, high], dtype=torch.bfloat16)
     logits[1, [700, 9000]] = torch.tensor([low, high], dtype=torch.bfloat16)
     assert expected(logits).tolist() == [700, 700]
     assert torch.argmax(logits, dim=-1).tolist() == [2100, 9000]
-    assert torch.argmax(sa.CAP * torch.tanh(logits.double() / sa.CAP), dim=-1).tolist() == [2100, 9000]
+    assert torch.argmax(si.CAP * torch.tanh(logits.double() / si.CAP), dim=-1).tolist() == [2100, 9000]
     for name in KERNELS:
-        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == [700, 700], name
+        assert OP.impl(name).resolve()(logits, si.CAP).tolist() == [700, 700], name
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -62,11 +63,11 @@ def test_make_inputs_plants_ties_saturation_and_special_rows(seed):
     top = logits.float().abs().amax(dim=-1)
     zero, tail, tiny = (top == 0), (first == 1535), (top > 0) & (top < 1e-20)
     nonfinite = ~torch.isfinite(logits.float()).all(dim=-1)
-    large = ((logits.float().abs() >= sa.SAFE_BELOW * cap).sum(dim=-1) > 4) & ~nonfinite  # saturated rows: 2
+    large = ((logits.float().abs() >= si.SAFE_BELOW * cap).sum(dim=-1) > 4) & ~nonfinite  # saturated rows: 2
     assert [int(m.sum()) for m in (zero, tail, tiny, large, nonfinite)] == [1, 1, 1, 1, 1]
     assert int(first[zero]) == 0
     ratio = logits[large].float().abs() / cap
-    assert not bool(((ratio >= sa.SAFE_BELOW) & (ratio < sa.SATURATED[0])).any())
+    assert not bool(((ratio >= si.SAFE_BELOW) & (ratio < si.SATURATED[0])).any())
     assert bool((first < last)[~tail & ~nonfinite].all()), "every finite row but the tail row holds tied maxima"
     ordinary = ~(zero | tail | tiny | large | nonfinite)
     saturated = (torch.arange(16) + seed) % 2 == 1
@@ -80,15 +81,15 @@ def test_every_kernel_ranks_nan_above_every_value_as_torch_argmax_does():
     over it), after a saturated logit in another span, and at a chunk's last lane."""
     nan, inf = float("nan"), float("inf")
     gen = torch.Generator().manual_seed(3)
-    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(4, 20000, generator=gen)).to(torch.bfloat16)
+    logits = (si.LOGIT_SCALE * si.CAP * torch.randn(4, 20000, generator=gen)).to(torch.bfloat16)
     logits[0, [100, 9000]] = torch.tensor([inf, nan], dtype=torch.bfloat16)
     logits[1, [5, 17000, 19999]] = torch.tensor([500.0, nan, nan], dtype=torch.bfloat16)
     logits[2, [8191, 8192]] = torch.tensor([nan, inf], dtype=torch.bfloat16)
     logits[3, [3, 7]] = torch.tensor([inf, -inf], dtype=torch.bfloat16)
     want = [9000, 17000, 8191, 3]
-    assert expected(logits).tolist() == want and sa.oracle(logits, sa.CAP)[0].tolist() == want
+    assert expected(logits).tolist() == want and si.oracle(logits, si.CAP)[0].tolist() == want
     for name in KERNELS:
-        assert OP.impl(name).resolve()(logits, sa.CAP).tolist() == want, name
+        assert OP.impl(name).resolve()(logits, si.CAP).tolist() == want, name
 
 
 TIE_POSITIONS = [
@@ -104,10 +105,10 @@ def test_every_kernel_returns_the_first_of_planted_ties(name):
     """Ties placed within a lane, across lanes, across chunks and across spans of a split row."""
     fn = OP.impl(name).resolve()
     gen = torch.Generator().manual_seed(5)
-    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(len(TIE_POSITIONS), 20000, generator=gen)).to(torch.bfloat16)
+    logits = (si.LOGIT_SCALE * si.CAP * torch.randn(len(TIE_POSITIONS), 20000, generator=gen)).to(torch.bfloat16)
     for row, positions in enumerate(TIE_POSITIONS):
         logits[row, list(positions)] = logits[row].max() + 1
-    assert fn(logits, sa.CAP).tolist() == [min(p) for p in TIE_POSITIONS]
+    assert fn(logits, si.CAP).tolist() == [min(p) for p in TIE_POSITIONS]
 
 
 def adjacent_pairs(limit: float) -> torch.Tensor:
@@ -125,12 +126,12 @@ def test_softcap_orders_neighbouring_logits_like_torch_and_packs_over_65535_rows
     """Outside the saturation edge (7 * cap < |x| < 9.1 * cap), the kernels' tanh and
     torch's agree on every pair of neighbouring normal bf16 logits (strictly larger, or tied).
     The rows (> 65535 of them, two wide) go through a packed kernel, many rows per step."""
-    inner = adjacent_pairs(7 * sa.CAP)
+    inner = adjacent_pairs(7 * si.CAP)
     saturated = adjacent_pairs(4096.0)
-    saturated = saturated[(saturated.float().abs() >= 9.1 * sa.CAP).all(dim=1)]
+    saturated = saturated[(saturated.float().abs() >= 9.1 * si.CAP).all(dim=1)]
     pairs = torch.cat([inner, saturated])
     assert pairs.shape[0] > launch.MAX_GRID
-    got = sa.argmax_rows(pairs, sa.CAP, block_rows=1024, num_warps=8)
+    got = sa.argmax_rows(pairs, si.CAP, block_rows=1024, num_warps=8)
     want = expected(pairs)
     assert bool((got == want).all()), f"{int((got != want).sum())} pairs ordered differently"
     assert 0 < int(want.sum()) < pairs.shape[0], "both orders occur"
@@ -226,8 +227,8 @@ def planted_rows(seed: int, n: int = 40000) -> tuple[torch.Tensor, list[int]]:
     spans (the first span's copy wins, listed later or earlier), and saturated pairs in both
     orders (300 then 360: the earlier 300 wins; 360 then 300: the earlier 360 wins)."""
     gen = torch.Generator().manual_seed(seed)
-    logits = (sa.LOGIT_SCALE * sa.CAP * torch.randn(6, n, generator=gen)).to(torch.bfloat16)
-    low, high = (m * sa.CAP for m in sa.SATURATED)
+    logits = (si.LOGIT_SCALE * si.CAP * torch.randn(6, n, generator=gen)).to(torch.bfloat16)
+    low, high = (m * si.CAP for m in si.SATURATED)
     want = []
     for row, positions in enumerate([(17000, 3, 33000), (1023, 1024, 39999), (0, 16384, 32768)]):
         logits[row, list(positions)] = logits[row].max() + 1
@@ -252,7 +253,7 @@ def test_one_launch_merge_is_exact_and_resets_its_counters(name):
     for seed in (1, 2, 3):
         logits, want = planted_rows(seed)
         assert expected(logits).tolist() == want
-        assert fn(logits, sa.CAP).tolist() == want, (name, seed)
+        assert fn(logits, si.CAP).tolist() == want, (name, seed)
         assert counters_are_zero(), name
     # a strided view and a different row count share the cached counters
     wide, cap = drawn(Case((5, 20000), layout="row_strided"), 9)
@@ -322,7 +323,7 @@ def edge_logits(values: dict, cap: float) -> int:
     """How many |logits| lie in [SAFE_BELOW, SATURATED[0]) * cap, where implementations may
     disagree on ties (the module doc): make_inputs draws none there for its own cap."""
     a = values["logits"].float().abs()
-    return int(((a >= sa.SAFE_BELOW * cap) & (a < sa.SATURATED[0] * cap)).sum())
+    return int(((a >= si.SAFE_BELOW * cap) & (a < si.SATURATED[0] * cap)).sum())
 
 
 def test_timed_value_sets_are_drawn_for_the_cap_the_sample_keeps():

@@ -16,6 +16,7 @@ import torch
 
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops import softcap_argmax as sa
+from kerneltrial.ops import softcap_inputs as si
 from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
 from kerneltrial.trial import gate, guard
 from kerneltrial.trial.panel import beyond_grid_case, check_panel, skip_reason
@@ -68,7 +69,7 @@ def old_domain(monkeypatch):
         elif item == "drawn eps":  # 1e-6 or 1e-5, as the checks drew them before
             monkeypatch.setattr(inp, "draw_eps", lambda gen, default: (1e-6, 1e-5)[int(inp.uniform(gen) * 2)])
         elif item == "drawn cap":
-            monkeypatch.setattr(sa, "draw_cap", lambda gen: sa.CAP)
+            monkeypatch.setattr(si, "draw_cap", lambda gen: si.CAP)
         elif item == "non-finite rows":
             monkeypatch.setattr(inp, "NONFINITE_VALUES", (1.0,))
         elif item == "extra shapes":
@@ -177,7 +178,7 @@ def test_make_inputs_draws_large_and_non_finite_rows():
 
 def test_softcap_draws_a_range_of_caps():
     caps = {v["cap"] for v in draws(sa.NAME, (6, 64), range(30))}
-    assert len(caps) > 20 and all(sa.CAP_RANGE[0] <= c <= sa.CAP_RANGE[1] for c in caps)
+    assert len(caps) > 20 and all(si.CAP_RANGE[0] <= c <= si.CAP_RANGE[1] for c in caps)
     assert any(c < 27 for c in caps) and any(c > 57 for c in caps)
 
 

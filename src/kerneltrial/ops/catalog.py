@@ -21,6 +21,7 @@ from kerneltrial.ops import rms_norm as rn
 from kerneltrial.ops import sigmoid_gate as sg
 from kerneltrial.ops import silu_and_mul as sam
 from kerneltrial.ops import softcap_argmax as sa
+from kerneltrial.ops import softcap_inputs as si
 from kerneltrial.ops import zimage_qk_norm as zq
 from kerneltrial.ops import zimage_qk_rmsnorm as zimage
 from kerneltrial.ops.peers import flaggems, liger, torch_arms
@@ -329,7 +330,7 @@ SIGMOID_GATE_MUL = OperatorSpec(
     ),
 )
 
-# ---- softcap_row_argmax (ops/softcap_argmax.py) -------------------------------------------
+# ---- softcap_row_argmax (ops/softcap_argmax.py; its inputs ops/softcap_inputs.py) -------------------------------------------
 
 ARGMAX_PAST_16_BITS = 70001  # a small panel's vocabulary: its last index, 70000, needs more than 16 bits
 
@@ -339,13 +340,13 @@ SOFTCAP_ROW_ARGMAX = OperatorSpec(
         signature="softcap_row_argmax(logits, cap) -> int64 Tensor [rows]",
         doc="argmax over each row of cap * tanh(logits.f32 / cap), first index on ties",
         layouts=sa.LAYOUTS,
-        make_inputs=sa.make_inputs,
-        values_for=sa.make_inputs,
-        reference=sa.reference,
-        oracle=sa.oracle,
-        bytes_moved=sa.bytes_moved,
+        make_inputs=si.make_inputs,
+        values_for=si.make_inputs,
+        reference=si.reference,
+        oracle=si.oracle,
+        bytes_moved=si.bytes_moved,
         # 1500, 37, 12289, 40000 and 70001: widths that are neither powers of two nor multiples of 128;
-        # (3, 70001): a vocabulary past 65536 whose TAIL row (ops/softcap_argmax.py) answers 70000, so
+        # (3, 70001): a vocabulary past 65536 whose TAIL row (ops/softcap_inputs.py) answers 70000, so
         # a kernel that keeps its indices in 16 bits fails on the CPU panel too
         small_cases=(
             Case((1, 5120)),
