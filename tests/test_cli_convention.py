@@ -245,7 +245,7 @@ def test_compare_json_has_every_arm_with_numbers(json_run):
     result = run_process("compare", str(run), str(run), "--json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["schema"] == "kerneltrial.compare-result/1"
+    assert document["schema"] == "kerneltrial.compare-result/2"
     rows = {(r["case"], r["arm"]): r for r in document["rows"]}
     case = "4x64/contiguous/bfloat16"
     assert (case, "control") in rows and rows[(case, "user:wrong_rmsnorm")]["verdict_a"] == "failed correctness"

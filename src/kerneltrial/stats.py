@@ -97,6 +97,20 @@ def bootstrap_speedup_ci(control: np.ndarray, arm: np.ndarray, rule: BootstrapRu
     return _percentile_interval(ratios, rule.confidence)
 
 
+def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, rule: BootstrapRule) -> Interval:
+    """Unpaired percentile bootstrap CI of median(a) / median(b): `a` and `b` are per-call times
+    of one (case, arm) in two runs, which share no unit, so each is resampled on its own; a fresh
+    generator seeded with `rule.seed` draws the indices (reproducible from the raw rows)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.ndim != 1 or b.ndim != 1 or a.size == 0 or b.size == 0:
+        raise ValueError(f"an unpaired bootstrap needs two non-empty 1-D arrays; got shapes {a.shape} and {b.shape}")
+    rng = np.random.default_rng(rule.seed)
+    index_a = rng.integers(0, a.size, size=(rule.resamples, a.size))
+    index_b = rng.integers(0, b.size, size=(rule.resamples, b.size))
+    ratios = np.median(a[index_a], axis=1) / np.median(b[index_b], axis=1)
+    return _percentile_interval(ratios, rule.confidence)
+
+
 def three_way_verdict(ci: Interval, tie_band: float) -> str:
     """The summary/1-3 rule: `win` if the CI lies wholly above 1 + tie_band, `loss` if wholly
     below 1 - tie_band, else `tie` (a CI straddling a band edge was called a tie)."""

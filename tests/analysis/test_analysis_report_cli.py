@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from rundir_factory import C1, C2, C3, RunSpec, write_run_dir
+from rundir_factory import C1, C2, C3, RunSpec, default_per_call, write_checked_run, write_run_dir
 
-from kerneltrial.analysis.compare import compare_runs
+from kerneltrial.analysis.compare import compare_runs, comparison
 from kerneltrial.analysis.performance import write_performance_md
 from kerneltrial.analysis.performance_overview import RUNS_FILE
 from kerneltrial.kernel.report import CEILING_PNG, ERRATA_HEADING, SPEEDUP_PNG, VERDICTS_PNG, write_report
@@ -65,8 +65,50 @@ def test_compare_shows_both_runs(tmp_path: Path) -> None:
         write_summary(path)
     text = compare_runs(a, b)
     assert f"| `{C1}` | `ctrl` | 1.000 | 2.000 | 2.000 |" in text
-    assert f"| `{C1}` | `fast` | 0.800 | 0.500 | 0.625 | 1.250 [" in text  # speedup with its CI
+    assert f"| `{C1}` | `fast` | 0.800 | 0.500 | 0.625 | FAST | 1.600 [" in text  # the change, with its CI
+    assert "| 1.250 [" in text  # each run's speedup over its control, with its CI
     assert f"Only in A: case `{C2}`" in text and f"Only in B: case `{C3}`" in text
+
+
+def changed(case: str, arm: str, seed: int, rnd: int) -> float:
+    """Run B of the change test: fast 40% faster, slow 30% slower, ctrl 2% slower (at the band's
+    edge), the same wobble as run A's."""
+    factor = {"fast": 1 / 1.4, "slow": 1.3, "ctrl": 1.02}[arm]
+    return default_per_call(case, arm, seed, rnd) * factor
+
+
+def test_compare_calls_each_change_from_both_runs_samples(tmp_path: Path) -> None:
+    a = write_run_dir(tmp_path / "a", RunSpec(failures=set()))
+    b = write_run_dir(tmp_path / "b", RunSpec(failures=set(), per_call=changed))
+    # the same samples under a 5% band: the unpaired interval of a few percent's wobble lies inside it
+    wide, same = (write_run_dir(tmp_path / n, RunSpec(failures=set(), tie_band=0.05)) for n in ("wide", "same"))
+    for path in (a, b, wide, same):
+        write_summary(path)
+    calls = {(r.case, r.arm): r.change for r in comparison(a, b).rows}
+    assert {arm: calls[(C1, arm)].call for arm in ("fast", "slow", "ctrl")} == {
+        "fast": "FAST",
+        "slow": "SLOW",
+        "ctrl": "UNSURE",  # 2% slower against a 2% band: its interval straddles the edge
+    }
+    fast = calls[(C1, "fast")]
+    assert fast.ci_low <= fast.speedup <= fast.ci_high and fast.speedup == pytest.approx(1.4, rel=0.01)
+    assert comparison(a, b).changes() == {"FAST": 2, "SLOW": 2, "SAME": 0, "UNSURE": 2}
+    assert {r.change.call for r in comparison(wide, same).rows if r.change} == {"SAME"}
+    text = compare_runs(a, b)
+    assert "B against A: 2 FAST, 2 SLOW, 0 SAME, 2 UNSURE (unpaired bootstrap of median(A) / median(B), 2000" in text
+    assert f"| `{C1}` | `fast` | 0.800 | 0.571 | 0.714 | FAST | 1.400 [" in text
+
+
+def test_compare_json_counts_the_changes(tmp_path: Path) -> None:
+    a = write_checked_run(tmp_path / "a", RunSpec(failures=set()))
+    b = write_checked_run(tmp_path / "b", RunSpec(failures=set(), per_call=changed))
+    done = run_cli("compare", str(a), str(b), "--json")
+    assert done.exit_code == 0, done.output
+    document = json.loads(done.stdout)
+    assert document["changes"] == {"FAST": 2, "SLOW": 2, "SAME": 0, "UNSURE": 2}
+    row = next(r for r in document["rows"] if (r["case"], r["arm"]) == (C1, "slow"))
+    assert row["change"]["call"] == "SLOW" and row["change"]["ci_high"] < 0.98
+    assert "tie band ±2%" in document["noise_rule"]
 
 
 def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:

@@ -1,7 +1,11 @@
 """Compare two kernel runs side by side: the same (case, arm) medians in A and in B.
 
-Reads only the two summary.json files. Ratio is median(B) / median(A): above 1 means
-B took longer. Each run's verdict for the (case, arm) is shown beside it (win, tie, loss,
+Reads the two summary.json files and, for the change of each (case, arm), both runs' raw
+samples (timings.csv). Ratio is median(B) / median(A): above 1 means B took longer. The change
+is called as nvbench_compare calls it, under the protocol's noise rule: the unpaired bootstrap
+interval of median(A) / median(B) (B's speedup over A; A's bootstrap settings) against A's tie
+band: FAST (wholly above 1 + band), SLOW (wholly below 1 - band), SAME (wholly inside the band),
+UNSURE (straddles an edge: more samples would tell). Each run's verdict for the (case, arm) is shown beside it (win, tie, loss,
 inconclusive, or the status that left it without one: failed correctness, failed while
 timed, implausible, ...). Cases or arms present in only one run are listed, never silently
 dropped.
@@ -12,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from kerneltrial import stats
 from kerneltrial.kernel.report import operator_name, speedup_cell, us_cell
+from kerneltrial.kernel.summary_inputs import load_run, unit_series
 from kerneltrial.publication import titled
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.integrity_notes import integrity_lines
@@ -34,6 +42,48 @@ class Speedup:
         return Speedup(entry.speedup, entry.ci_low, entry.ci_high)
 
 
+FAST, SLOW, SAME, UNSURE = "FAST", "SLOW", "SAME", "UNSURE"
+CHANGE_OF_VERDICT = {stats.WIN: FAST, stats.LOSS: SLOW, stats.TIE: SAME, stats.INCONCLUSIVE: UNSURE}
+
+
+@dataclass(frozen=True)
+class Change:
+    """B against A for one (case, arm): B's speedup over A, median(A) / median(B), its unpaired
+    bootstrap interval, and the call under the tie band."""
+
+    speedup: float
+    ci_low: float
+    ci_high: float
+    call: str  # FAST, SLOW, SAME or UNSURE
+
+
+@dataclass(frozen=True)
+class NoiseRule:
+    """What calls a change: run A's bootstrap settings and the wider of the two tie bands."""
+
+    bootstrap: stats.BootstrapRule
+    tie_band: float
+
+    @staticmethod
+    def of(a: Summary, b: Summary) -> NoiseRule:
+        rule = stats.BootstrapRule(a.bootstrap.resamples, a.bootstrap.seed, a.bootstrap.confidence)
+        return NoiseRule(rule, max(a.tie_band, b.tie_band))
+
+    def words(self) -> str:
+        b = self.bootstrap
+        return (
+            f"unpaired bootstrap of median(A) / median(B), {b.resamples} resamples, {100 * b.confidence:g}% "
+            f"interval, tie band ±{100 * self.tie_band:g}%"
+        )
+
+
+def change(a: np.ndarray, b: np.ndarray, rule: NoiseRule) -> Change:
+    """B against A from both runs' per-call samples of one (case, arm)."""
+    ci = stats.bootstrap_ratio_ci(a, b, rule.bootstrap)
+    speedup = stats.median(a) / stats.median(b)
+    return Change(speedup, ci.low, ci.high, CHANGE_OF_VERDICT[stats.verdict(ci, rule.tie_band)])
+
+
 @dataclass(frozen=True)
 class ComparedRow:
     case: str
@@ -46,6 +96,7 @@ class ComparedRow:
     speedup_b: Speedup | None
     text_a: str  # the speedup with its CI as the report writes it, or "–"
     text_b: str
+    change: Change | None = None  # None where either run did not time the arm in the case
 
     @property
     def ratio(self) -> float | None:
@@ -65,27 +116,46 @@ def verdict_of(entry: ArmFigures, is_control: bool) -> str:
     return "control" if is_control else entry.verdict or "–"
 
 
-def compared_rows(a: Summary, b: Summary) -> list[ComparedRow]:
-    """Rows for every (case, arm) present in both runs, in A's order."""
+def compared_rows(a: Summary, b: Summary, samples: tuple[Samples, Samples] | None = None) -> list[ComparedRow]:
+    """Rows for every (case, arm) present in both runs, in A's order; with both runs' `samples`,
+    each arm timed in both runs carries its change."""
     cases_b = {c.case: c.arms for c in b.cases}
-    return [
-        ComparedRow(
-            case.case,
-            arm,
-            entry.median_ns_per_call,
-            cases_b[case.case][arm].median_ns_per_call,
-            verdict_of(entry, arm == a.control),
-            verdict_of(cases_b[case.case][arm], arm == b.control),
-            Speedup.of(entry),
-            Speedup.of(cases_b[case.case][arm]),
-            speedup_cell(entry),
-            speedup_cell(cases_b[case.case][arm]),
-        )
-        for case in a.cases
-        if case.case in cases_b
-        for arm, entry in case.arms.items()
-        if arm in cases_b[case.case]
-    ]
+    rule = NoiseRule.of(a, b)
+    rows = []
+    for case in (c for c in a.cases if c.case in cases_b):
+        for arm, entry in case.arms.items():
+            other = cases_b[case.case].get(arm)
+            if other is None:
+                continue
+            key = (case.case, arm)
+            timed = entry.status == other.status == "timed"
+            moved = None
+            if samples is not None and timed and key in samples[0] and key in samples[1]:
+                moved = change(samples[0][key], samples[1][key], rule)
+            verdicts = (verdict_of(entry, arm == a.control), verdict_of(other, arm == b.control))
+            rows.append(
+                ComparedRow(
+                    case.case,
+                    arm,
+                    entry.median_ns_per_call,
+                    other.median_ns_per_call,
+                    *verdicts,
+                    Speedup.of(entry),
+                    Speedup.of(other),
+                    speedup_cell(entry),
+                    speedup_cell(other),
+                    moved,
+                )
+            )
+    return rows
+
+
+Samples = dict[tuple[str, str], np.ndarray]
+
+
+def samples_of(run_dir: Path) -> Samples:
+    """Per-call ns of every (case, arm) of a run, from its timings.csv."""
+    return {key: series.to_numpy() for key, series in unit_series(load_run(run_dir).timings).items()}
 
 
 def _only_in(first: Summary, second: Summary) -> list[str]:
@@ -109,6 +179,16 @@ class Comparison:
     rows: list[ComparedRow]
     only_in_a: list[str]
     only_in_b: list[str]
+    rule: NoiseRule
+
+    def changes(self) -> dict[str, int]:
+        """How many (case, arm) pairs are FAST, SLOW, SAME and UNSURE."""
+        calls = [r.change.call for r in self.rows if r.change is not None]
+        return {call: calls.count(call) for call in (FAST, SLOW, SAME, UNSURE)}
+
+    def changes_line(self) -> str:
+        counts = ", ".join(f"{n} {call}" for call, n in self.changes().items())
+        return f"B against A: {counts} ({self.rule.words()})"
 
 
 def comparison(a: Path, b: Path) -> Comparison:
@@ -123,15 +203,20 @@ def comparison(a: Path, b: Path) -> Comparison:
         notes.append("**Warning: the runs used different timing backends; their times are not comparable.**")
     if summary_a.protocol_sha256 != summary_b.protocol_sha256:
         notes.append("Note: the runs follow different protocols (protocol_sha256 differs).")
+    if summary_a.tie_band != summary_b.tie_band:
+        notes.append(
+            f"Note: the tie bands differ ({summary_a.tie_band:g}, {summary_b.tie_band:g}); the wider calls a change."
+        )
     for name, summary in (("A", summary_a), ("B", summary_b)):
         notes += [f"**Isolation, run {name}: {w}.**" for w in integrity_lines(summary.warnings)]
     return Comparison(
         summary_a.label,
         summary_b.label,
         notes,
-        compared_rows(summary_a, summary_b),
+        compared_rows(summary_a, summary_b, (samples_of(Path(a)), samples_of(Path(b)))),
         _only_in(summary_a, summary_b),
         _only_in(summary_b, summary_a),
+        NoiseRule.of(summary_a, summary_b),
     )
 
 
@@ -149,15 +234,25 @@ def compare_runs(a: Path, b: Path, unverified: bool = False) -> str:
     for note in compared.notes:
         lines += [note, ""]
     lines += [
-        "| case | arm | median A µs | median B µs | B/A | speedup A [CI] | speedup B [CI] | verdict A | verdict B |",
-        "|---|---|---|---|---|---|---|---|---|",
+        compared.changes_line(),
+        "",
+        "| case | arm | median A µs | median B µs | B/A | change | B over A [CI] | speedup A [CI] | speedup B [CI] "
+        "| verdict A | verdict B |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in compared.rows:
         ratio = "–" if row.ratio is None else f"{row.ratio:.3f}"
         medians = f"{us_cell(row.median_a_ns, ',.3f')} | {us_cell(row.median_b_ns, ',.3f')}"
+        moved = row.change
+        changed = (
+            "– | –"
+            if moved is None
+            else f"{moved.call} | {moved.speedup:.3f} [{moved.ci_low:.3f}, {moved.ci_high:.3f}]"
+        )
         speedups = f"{row.text_a} | {row.text_b}"
         lines.append(
-            f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {speedups} | {row.verdict_a} | {row.verdict_b} |"
+            f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {changed} | {speedups} | {row.verdict_a} "
+            f"| {row.verdict_b} |"
         )
     for label, notes in (("Only in A", compared.only_in_a), ("Only in B", compared.only_in_b)):
         if notes:

@@ -12,6 +12,7 @@ and every page then says UNVERIFIED in its title (publication.py).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -271,7 +272,9 @@ def compare(
     no_regrade: NoRegrade = False,
 ) -> None:
     """Verify both runs, then show them side by side. Kernel runs of one operator: median in A,
-    median in B, ratio B/A, each run's speedup over its control with the CI, and each run's verdict.
+    median in B, ratio B/A, the change of each (case, arm) from both runs' raw samples (FAST,
+    SLOW, SAME or UNSURE: the unpaired bootstrap interval of B's speedup over A against the tie
+    band) with a summary line, each run's speedup over its control with the CI, and each run's verdict.
     Serving runs: per arm and case, total tok/s and mean TTFT over launches with their interval,
     ratio B/A. A run that fails verification is not shown (exit 1)."""
     kinds = (kind_of(run_a), kind_of(run_b))
@@ -310,11 +313,14 @@ def compare(
                     speedup(r.speedup_b),
                     r.verdict_a,
                     r.verdict_b,
+                    None if r.change is None else records.Change(**asdict(r.change)),
                 )
                 for r in compared.rows
             ],
             only_in_a=compared.only_in_a,
             only_in_b=compared.only_in_b,
+            changes=compared.changes(),
+            noise_rule=compared.rule.words(),
         )
     )
 

@@ -125,11 +125,23 @@ class ComparedArm:
     speedup_b: Speedup | None
     verdict_a: str
     verdict_b: str
+    change: Change | None  # B against A from both runs' samples; null where either did not time it
+
+
+@dataclass(frozen=True)
+class Change:
+    """B's speedup over A (median(A) / median(B)), its unpaired bootstrap interval, and the call:
+    FAST, SLOW, SAME or UNSURE."""
+
+    speedup: float
+    ci_low: float
+    ci_high: float
+    call: str
 
 
 @dataclass(frozen=True)
 class CompareResult:
-    schema: str = field(default="kerneltrial.compare-result/1", init=False)
+    schema: str = field(default="kerneltrial.compare-result/2", init=False)
     run_a: str
     run_b: str
     timing_a: str
@@ -138,6 +150,8 @@ class CompareResult:
     rows: list[ComparedArm]
     only_in_a: list[str]
     only_in_b: list[str]
+    changes: dict[str, int]  # how many (case, arm) pairs of each call
+    noise_rule: str  # what called them, in words
 
 
 @dataclass(frozen=True)
