@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -109,6 +111,23 @@ def test_compare_json_counts_the_changes(tmp_path: Path) -> None:
     row = next(r for r in document["rows"] if (r["case"], r["arm"]) == (C1, "slow"))
     assert row["change"]["call"] == "SLOW" and row["change"]["ci_high"] < 0.98
     assert "tie band ±2%" in document["noise_rule"]
+
+
+def test_export_csv_has_a_row_per_case_and_arm_with_the_summary_figures(tmp_path: Path) -> None:
+    run = write_checked_run(tmp_path / "run")
+    done = run_cli("export", str(run), "--csv")
+    assert done.exit_code == 0, done.output
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(rows) == sum(len(c["arms"]) for c in summary["cases"])
+    by = {(r["case"], r["arm"]): r for r in rows}
+    fast = summary["cases"][0]["arms"]["fast"]
+    assert float(by[(C1, "fast")]["median_ns_per_call"]) == fast["median_ns_per_call"]
+    assert by[(C1, "fast")]["verdict"] == fast["verdict"] and by[(C2, "slow")]["status"] == "failed correctness"
+    assert by[(C2, "slow")]["speedup"] == "" and "NOT GPU performance" in by[(C1, "fast")]["timing"]
+    (run / "timings.csv").write_text((run / "timings.csv").read_text().replace(",800", ",700", 1))  # planted edit
+    refused = run_cli("export", str(run), "--csv")
+    assert refused.exit_code == 1 and "timings" in refused.output
 
 
 def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:

@@ -207,6 +207,31 @@ def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrad
     typer.echo(f"wrote {_write_report(run_dir, unverified)}")
 
 
+def export(
+    run_dir: RunDir,
+    csv: Annotated[bool, typer.Option("--csv", help="A CSV table: a row per (case, arm) of summary.json.")] = False,
+    out: Annotated[Path | None, typer.Option(help="File to write (default: standard output).")] = None,
+    unverified: Unverified = False,
+) -> None:
+    """Verify a kernel run, then export its figures: --csv gives a row per (case, arm) with its status,
+    verdict, median ns per call, speedup and interval, GB/s, host time per call and the timing label
+    (nothing recomputed: summary.json's figures). A run that fails verification is not exported (exit 1)."""
+    from kerneltrial.analysis.export import export_csv
+
+    if not csv:
+        raise CliError("name the format: --csv (the one export format)")
+    if kind_of(run_dir) != "kernel":
+        raise CliError(f"{run_dir} is a {kind_of(run_dir)} directory; export takes a kernel run")
+    read_summary(run_dir)  # an unreadable or unfinished run is bad input, said before verify
+    require_verified([run_dir], unverified)
+    text = export_csv(run_dir)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        typer.echo(f"wrote {out}", err=True)
+
+
 def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:
     """A --json comparison has no title: its notes open with the unverified mark instead."""
     from kerneltrial.publication import UNVERIFIED, UNVERIFIED_NOTE
@@ -352,4 +377,5 @@ def mount(app: typer.Typer) -> None:
     app.command("verify")(verify)
     app.command("report")(report)
     app.command("compare")(compare)
+    app.command("export")(export)
     app.command("performance")(performance)
