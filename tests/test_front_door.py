@@ -155,3 +155,11 @@ def test_device_scripts_refuse_an_unfrozen_protocol_unless_exploratory(tmp_path:
     suite = device_script(tmp_path, "suite.sh", "suite", "E0")
     assert suite.returncode == 2 and suite.stderr.startswith("refusing protocols/suite/b.toml")
     assert "setup reached" in device_script(tmp_path, "suite.sh", "--exploratory", "suite", "E0").stdout
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run calls the README's test command: the same line in both (the quick subset first)."""
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    line = ci[ci.index("# The README's test command (keep the two in step):") + 1]
+    assert f"```bash\n{line}\n```" in (REPO / "README.md").read_text()
+    assert "-m 'not slow and not serving' -x" in line.split("&& python -m pytest -m 'slow or serving'")[0]
