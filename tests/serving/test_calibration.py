@@ -287,3 +287,35 @@ def test_calibrate_refuses_a_protocol_whose_trial_has_no_interval(calibrated, tm
     )
     assert r.exit_code == 2 and "--launches 3 is below the trial's 4 rounds" in r.output
     assert not (tmp_path / "c").exists()
+
+
+def test_a_pilot_that_already_asks_for_more_launches_stops_the_calibration(tmp_path, monkeypatch):
+    """Issue 36 item 4: the launches a calibration needs are estimated from a pilot that runs first
+    (its first 4 rounds), before the rest are spent; the message and the decision use one number."""
+    proto = write_protocol(tmp_path / "trial.toml", trial_text(rounds=2))  # default launches: 6 per arm
+    noisy = [1.0, 1.3, 0.8, 1.1, 0.9, 1.25, 0.85, 1.2, 1.0, 0.8, 1.3, 0.9]  # +-20% from launch to launch
+    monkeypatch.setattr(trial, "run_bench", synthetic_bench(lambda arm, L: (noisy[L], 1.0 / noisy[L])))
+    out = tmp_path / "cal"
+    r = run_cli("serve", "calibrate", str(proto), "--vllm", sys.executable, "-q", "--out", str(out))
+    assert r.exit_code == 1, r.output
+    launches = (out / "launches.jsonl").read_text().splitlines()
+    assert len(launches) == 8  # the pilot's 4 rounds of both arms, not the 12 launches of 6 rounds
+    rec = read_calibration(out)
+    assert not rec.passed and rec.launches_per_arm == 6
+    pilot = rec.reasons[0]
+    need = int(pilot.split("at least ")[1].split(" ")[0])
+    assert need > 2 and pilot.startswith(f"{CASE}: the pilot's 4 rounds give a trial at least {need} launches")
+    assert pilot.endswith(f"4 of 6 launches per arm; set rounds >= {need} in the protocol and calibrate again")
+    assert not any("did not complete every case" in x for x in rec.reasons)  # the pilot says what to change
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["status"] == "failed" and prov["error"] == pilot and pilot in r.output
+    assert verify_serving_run(out).problems == []  # the decision recomputed from runs.jsonl
+    # planted: the pilot's reason deleted (a calibration that reads as merely incomplete)
+    doc = json.loads((out / CALIBRATION).read_text())
+    doc["reasons"] = doc["reasons"][1:]
+    (out / CALIBRATION).write_text(json.dumps(doc))
+    found = next(c for c in verify_serving_run(out).checks if c.name == "calibration")
+    assert any(
+        p.startswith("calibration.json reasons[0] is ") or p.startswith("calibration.json reasons is ")
+        for p in found.problems
+    ), found.problems

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kerneltrial.kernel.git_history import package_at
+from kerneltrial.kernel.integrity import package_digest
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import trial
 from kerneltrial.serving.verify import verify_serving_run
@@ -201,3 +202,30 @@ def test_the_keys_of_the_named_commit_are_those_of_its_runner(run: Path) -> None
     found = check(run)
     assert found.ok, found.problems
     assert f"the keys the runner at commit {BEFORE_EFFECTIVE[:12]} writes required, and only those" in found.detail
+
+
+def test_an_older_commit_named_beside_the_current_source_digest_is_caught(run: Path) -> None:
+    """git.source_sha256 is the digest of the package that ran: naming an older commit beside it
+    contradicts the git history (check 'source commit', as for kernel runs)."""
+    if package_at(BEFORE_EFFECTIVE).files is None:
+        pytest.skip(f"this checkout has no commit {BEFORE_EFFECTIVE[:12]} in its history")
+    edit(run / "provenance.json", lambda prov: prov["git"].update(commit=BEFORE_EFFECTIVE, dirty=False))
+    found = next(c for c in verify_serving_run(run).checks if c.name == "source commit")
+    assert not found.ok
+    assert found.problems[0].startswith(f"the package at commit {BEFORE_EFFECTIVE} digests to ")
+    assert found.problems[0].endswith(f"commit {BEFORE_EFFECTIVE} is not the code that ran (provenance.json edited?)")
+
+
+def test_a_declared_commit_whose_source_it_is_fixes_the_keys(run: Path) -> None:
+    """A copy of the tree sent to a GPU machine declares its commit (git.dirty null): with the
+    commit's own package digest, its runner's keys are required as for a clean tree."""
+    tree = package_at(BEFORE_LEDGER)
+    if tree.files is None:
+        pytest.skip(f"this checkout has no commit {BEFORE_LEDGER[:12]} in its history")
+    declared = {"commit": BEFORE_LEDGER, "dirty": None, "source_sha256": package_digest(tree.files)}
+    edit(run / "provenance.json", lambda prov: prov.update(git=declared))
+    later = f"plan.json has `ledger`, which the runner at commit {BEFORE_LEDGER[:12]} (git history) never writes"
+    assert any(p.startswith(later) for p in check(run).problems)
+    edit(run / "provenance.json", lambda prov: prov["git"].update(source_sha256="0" * 64))
+    found = check(run)
+    assert found.ok and f"no key required (the run's source is not commit {BEFORE_LEDGER[:12]}'s" in found.detail

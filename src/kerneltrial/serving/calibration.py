@@ -59,6 +59,7 @@ BEFORE = {  # older schemas, and what they lack
 }
 ARM_A, ARM_A_PRIME = "A", "A-prime"
 MAX_SUBSETS = 5000  # n-subsets of the calibration's rounds judged per case (a seeded sample beyond)
+INCOMPLETE = "the A/A run did not complete every case"
 NOISE_LEVEL = 0.95  # of the upper confidence bound of a case's noise sd (chi-square, rounds - 1 degrees of freedom)
 
 
@@ -330,8 +331,11 @@ def case_comparisons(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n:
     return out
 
 
-def calibration_record(proto: Protocol, summary: dict[str, Any], trial_rounds: int) -> CalibrationRecord:
-    """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary."""
+def calibration_record(
+    proto: Protocol, summary: dict[str, Any], trial_rounds: int, stopped: str | None = None
+) -> CalibrationRecord:
+    """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary;
+    `stopped`: why its pilot ended it (serving/pilot.py), the first reason it did not pass."""
     rule = acceptance_rule(proto)
     round_of = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
     noise, comparisons = [], []
@@ -346,6 +350,8 @@ def calibration_record(proto: Protocol, summary: dict[str, Any], trial_rounds: i
     rate = false / len(comparisons) if comparisons else 1.0
     need = comparisons_needed(bound)
     reasons = _reasons(summary["status"], noise, len(proto.bench.cases), trial_rounds, rule, len(comparisons), need)
+    if stopped is not None:  # not an incomplete run to calibrate again as it was: the pilot says what to change
+        reasons = [stopped, *(r for r in reasons if not r.startswith(INCOMPLETE))]
     if comparisons and rate > bound:
         reasons.append(
             f"the rule accepted {false} of {len(comparisons)} A/A comparisons (false-acceptance rate {rate:.3f}, above "
@@ -386,7 +392,7 @@ def _reasons(
     """Why a calibration does not pass: a failed A/A run, too little power, too few comparisons."""
     out = []
     if status != "ok" or len(noise) < cases:
-        out.append(f"the A/A run did not complete every case (status {status}); calibrate again")
+        out.append(f"{INCOMPLETE} (status {status}); calibrate again")
     for x in noise:
         if x.powered:
             continue

@@ -5,7 +5,8 @@ A calibration run directory is an ordinary serving run (its figures are recomput
 files by serving/verify.py) plus calibration.json. `calibration_problems` derives the record again
 with serving/calibration.py from the run's protocol.toml (with plan.json `effective`, itself
 derived from the provenance argv: serving/verify_plan.py) and its summary.json, and names every
-field that calibration.json states otherwise: a `passed` flipped to true, reasons deleted, noise
+field that calibration.json states otherwise (the pilot's decision too, recomputed from runs.jsonl:
+serving/pilot.py): a `passed` flipped to true, reasons deleted, noise
 or comparisons edited, a binding rewritten to fit another trial (other repeats, another client)
 or a binding_sha256 that is not its binding's hash.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.serving.calibration import CALIBRATION, CalibrationError, calibration_record, read_calibration
 from kerneltrial.serving.effective import with_effective
+from kerneltrial.serving.pilot import pilot_reason
 from kerneltrial.serving.protocol import ProtocolError
 from kerneltrial.serving.verify_plan import RunProtocol, first_difference, short
 
@@ -25,7 +27,7 @@ SHOWN = 5  # fields named before "and N more"
 
 
 def calibration_problems(
-    path: Path, plan: dict[str, Any], summary: dict[str, Any], rp: RunProtocol
+    path: Path, plan: dict[str, Any], summary: dict[str, Any], rows: list[dict[str, Any]], rp: RunProtocol
 ) -> list[str] | None:
     """Each field of calibration.json unlike the record its run gives, and a binding_sha256 that is
     not its binding's hash; None when the run has no calibration.json (a trial, not a calibration)."""
@@ -40,7 +42,8 @@ def calibration_problems(
     recorded = plan.get("effective")
     try:
         proto = with_effective(rp.proto, recorded if isinstance(recorded, dict) else {})
-        again = calibration_record(proto, summary, record.trial_rounds)
+        stopped = pilot_reason(proto, rows, record.trial_rounds)  # runs.jsonl, whose figures verify recomputes
+        again = calibration_record(proto, summary, record.trial_rounds, stopped)
     except (ProtocolError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         return [f"{CALIBRATION} cannot be recomputed from its run ({type(error).__name__}: {error}): not an A/A run"]
     problems = []

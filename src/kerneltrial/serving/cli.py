@@ -238,11 +238,14 @@ class RunOptions:
     override_pins: bool = False  # --override-pins (plan.json override_pins, launches.jsonl pins)
 
 
-def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
-    """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed."""
+def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, stop: Any = None) -> dict[str, Any]:
+    """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed (a run
+    that `stop` ended, the calibration's pilot, returns its summary)."""
+    from kerneltrial.rundir.files import read_json
     from kerneltrial.serving.accuracy import load_grader
     from kerneltrial.serving.bench import BenchError, resolve_vllm
     from kerneltrial.serving.launcher import LaunchError, install_sigterm_as_interrupt
+    from kerneltrial.serving.pilot import PilotStop
     from kerneltrial.serving.protocol import parse_protocol
     from kerneltrial.serving.trial import run_protocol
 
@@ -257,9 +260,9 @@ def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> di
     install_sigterm_as_interrupt()
     display = Display(enabled=not opts.quiet)
     try:
-        summary = run_protocol(
-            proto, proto_text.encode(), run_dir, vllm, argv=sys.argv, event=display, override_pins=opts.override_pins
-        )
+        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, sys.argv, display, opts.override_pins, stop)
+    except PilotStop:  # summarised and recorded as FAILED with its reason; the caller writes its verdict
+        return read_json(run_dir / "summary.json")
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
         raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
@@ -565,15 +568,23 @@ def calibrate(
     launches the observed noise would need. A trial protocol names the directory in
     [acceptance] calibration. Exit 0 when it passed, 1 when not or a run failed.
     """
+    from kerneltrial.rundir.files import read_jsonl
     from kerneltrial.serving.calibration import calibration_protocol, calibration_record, write_calibration
+    from kerneltrial.serving.pilot import pilot_reason
     from kerneltrial.serving.protocol import load_protocol, parse_protocol
 
     _, raw = load_protocol(protocol)
     text, trial_rounds = calibration_protocol(raw.decode("utf-8"), launches)
     run_dir = out_dir or default_out("calibrate")
-    summary = _run(text, protocol.parent, run_dir, RunOptions(vllm, quiet, model, override_pins=override_pins))
     proto = parse_protocol(text, protocol.parent)
-    record = calibration_record(proto.with_model(model) if model else proto, summary, trial_rounds)
+    proto = proto.with_model(model) if model else proto
+
+    def pilot(rows: list[dict[str, Any]]) -> str | None:  # serving/pilot.py: stop when the pilot's noise asks for more
+        return pilot_reason(proto, rows, trial_rounds)
+
+    summary = _run(text, protocol.parent, run_dir, RunOptions(vllm, quiet, model, override_pins=override_pins), pilot)
+    stopped = pilot_reason(proto, read_jsonl(run_dir / "runs.jsonl"), trial_rounds)
+    record = calibration_record(proto, summary, trial_rounds, stopped)
     path = write_calibration(run_dir, record)
     console().print(f"{record.sentence}; {path}", markup=False, soft_wrap=True)
     if not record.passed:

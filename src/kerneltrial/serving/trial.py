@@ -55,6 +55,7 @@ from kerneltrial.serving.launcher import (
     probe_versions,
 )
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
+from kerneltrial.serving.pilot import PilotStop
 from kerneltrial.serving.pins import devices_record, installed, pin_mismatches, scope, vendor_devices
 from kerneltrial.serving.plan import plan_doc
 from kerneltrial.serving.preflight import check_inputs
@@ -64,6 +65,7 @@ from kerneltrial.serving.summary import LaunchProof, summarise
 from kerneltrial.serving.vllm_platform import interpreter_of
 
 Event = Callable[..., None]
+Stop = Callable[[list[dict[str, Any]]], str | None]  # asked after each launch: a reason ends the run
 # vLLM keys its compiled-model cache on model and config, not on plugins: without this an E1
 # launch can load the graph E0 saved and serve it without our ops (docs/serving.md).
 COMPILE_CACHE_ENV = "VLLM_DISABLE_COMPILE_CACHE"
@@ -190,9 +192,12 @@ def run_protocol(
     argv: list[str] | None = None,
     event: Event | None = None,
     override_pins: bool = False,
+    stop: Stop | None = None,
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
     `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
+    `stop`: asked after each launch with the run rows so far; a reason ends the run there, FAILED
+    with that reason (PilotStop, after the summary is written: the calibration's pilot).
 
     Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
     was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
@@ -207,6 +212,8 @@ def run_protocol(
     try:
         for planned in order:  # the plan is what remains; a launch that fails ends the trial
             t.launch(planned)
+            if stop is not None and (reason := stop(t.runs)):
+                raise PilotStop(reason)
     except BaseException as e:  # recorded as the run's ending (run_ending), then raised again
         stopped = e
         raise
@@ -255,7 +262,7 @@ def run_ending(stopped: BaseException | None) -> RunEnding:
         return RunEnding("finished")
     if isinstance(stopped, KeyboardInterrupt):  # Ctrl-C, and SIGTERM (install_sigterm_as_interrupt)
         return RunEnding("interrupted", summarised=False)
-    if isinstance(stopped, (LaunchError, BenchError)):  # a failure the runner knows (a gate) still gets its summary
+    if isinstance(stopped, (LaunchError, BenchError, PilotStop)):  # a failure the runner knows still gets its summary
         return RunEnding("failed", str(stopped))
     if isinstance(stopped, Exception):  # anything else: recorded as the failure it is, never left "running"
         return RunEnding("failed", f"{type(stopped).__name__}: {stopped}", summarised=False)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltrial.kernel.provenance_checks import commit_problems
 from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
@@ -268,6 +269,11 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
     result.add("required files", [], ", ".join(NEEDED) + " present")
     result.add("runs.jsonl", unreadable, f"{len(run.rows)} rows, each a JSON object")
     _check_documents(run, result)
+    commit, detail = commit_problems(run.prov)  # the commit the plan's keys are read at is the code that ran
+    if commit is None:
+        result.not_applicable("source commit", detail)
+    else:
+        result.add("source commit", commit, detail)
     result.add("plan derived", *plan_problems(run.protocol, run.plan, run.prov))
     _check_runs(run, result)
     recomputed = _check_summary(run, result)
@@ -290,7 +296,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
         )
     else:
         result.not_applicable("acceptance", "not applicable: the protocol has no baseline and candidate")
-    if (calibration := calibration_problems(path, run.plan, run.summary, run.protocol)) is None:
+    if (calibration := calibration_problems(path, run.plan, run.summary, run.rows, run.protocol)) is None:
         result.not_applicable("calibration", "not applicable: no calibration.json (a trial, not a calibration)")
     else:
         result.add("calibration", calibration, "calibration.json recomputed from its run, bound by hash")

@@ -13,7 +13,8 @@ model is on this machine; elsewhere the bound never exceeds verify_dispatch.UNKN
 whatever plan.json says.
 
 No downgrade, both ways: a key missing from plan.json is a problem where the runner at the run's
-recorded commit (this checkout's git history, kernel/git_history.py) writes it, and a key that
+recorded commit (this checkout's git history, kernel/git_history.py; a clean tree, or a declared
+commit whose package digest is the run's git.source_sha256) writes it, and a key that
 runner never writes is proof that a later runner wrote the plan, so provenance.json names the wrong
 commit: deleting the proof of dispatch and every newer key, or naming an older commit, no longer
 reads as an older run. Where the commit is unknown here, or the tree was dirty, only the keys'
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.kernel.git_history import package_at
+from kerneltrial.kernel.integrity import package_digest
 from kerneltrial.rundir.layout import PROTOCOL
 from kerneltrial.serving.effective import Written, argv_problems, command_line, recovered, with_effective, written
 from kerneltrial.serving.order import planned_launches
@@ -82,11 +84,14 @@ def written_keys(prov: dict[str, Any]) -> tuple[set[str] | None, str]:
     """The keys the runner at the recorded commit writes into plan.json, or None and why not."""
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     commit = git.get("commit")
-    if not isinstance(commit, str) or not commit or git.get("dirty") is not False:
+    if not isinstance(commit, str) or not commit or git.get("dirty") is True:
         return None, "the run names no clean commit"
     tree = package_at(commit)
     if tree.files is None:
         return None, tree.reason
+    # a clean tree, or a declared commit (a copy sent to a GPU machine: dirty null) whose source it is
+    if git.get("dirty") is not False and package_digest(tree.files) != git.get("source_sha256"):
+        return None, f"the run's source is not commit {commit[:12]}'s (git.dirty null, git.source_sha256 another)"
     source = tree.files.get(RUNNER) or tree.files.get(OLD_RUNNER) or b""
     keys = plan_doc_keys(source)
     if keys is None:
