@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from kerneltrial.cli.support import CliError, swept_shapes
 from tests.kt import run_cli
 
 EIGHT = [
@@ -100,3 +104,46 @@ def test_an_impl_module_without_the_operator_s_function_is_bad_input(args, tmp_p
         "name the entry point rmsnorm" in " ".join(result.output.split())
     )
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_axes_sweep_the_shape_templates() -> None:
+    assert swept_shapes(["Rx2048"], ["R=1,64"]) == [(1, 2048), (64, 2048)]
+    assert swept_shapes(["RxW", "8x8"], ["R=1,2", "W=64,128"]) == [(1, 64), (1, 128), (2, 64), (2, 128), (8, 8)]
+    assert swept_shapes(["4x64"], []) == [(4, 64)]
+    for templates, axes, said in (
+        (["Rx64"], [], "--shape names r, which no --axis gives"),
+        (["4x64"], ["R=1"], "--axis R appears in no --shape"),
+        (["Rx64"], ["R=1", "R=2"], "--axis R is given twice"),
+        (["Rx64"], ["R"], "malformed --axis 'R'"),
+        (["Rx64"], ["R=0"], "every dimension must be a positive integer"),
+    ):
+        with pytest.raises(CliError, match=re.escape(said)):
+            swept_shapes(templates, axes)
+
+
+def test_check_and_protocol_new_take_an_axis(tmp_path: Path) -> None:
+    argv = ["check", "rmsnorm", "--shape", "Rx64", "--axis", "R=1,3", "--impl", "control", "--seeds", "1"]
+    done = run_cli(*argv, "--layout", "contiguous", "--json")
+    assert done.exit_code == 0, done.output
+    assert sorted(c["case"] for c in json.loads(done.stdout)["checks"]) == [
+        "1x64/contiguous/bfloat16",
+        "3x64/contiguous/bfloat16",
+    ]
+    out = tmp_path / "p.toml"
+    done = run_cli(
+        "protocol",
+        "new",
+        "rmsnorm",
+        "--out",
+        str(out),
+        "--candidate",
+        "packed_r4_w4",
+        "--shape",
+        "Rx64",
+        "--axis",
+        "R=1,3",
+    )
+    assert done.exit_code == 0, done.output
+    assert [c["shape"] for c in tomllib.loads(out.read_text())["cases"]] == [[1, 64], [3, 64]]
+    refused = run_cli("check", "rmsnorm", "--axis", "R=1,3")
+    assert refused.exit_code == 2 and "--axis sweeps a --shape template" in refused.output

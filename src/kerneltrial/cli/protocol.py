@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kerneltrial.cli.support import CliError, console, parse_shape, sub_app
+from kerneltrial.cli.support import AXIS_HELP, CliError, console, sub_app, swept_shapes
 
 protocol_app = sub_app("Write and freeze preregistered protocols.")
 
@@ -24,6 +24,7 @@ def protocol_new(
         typer.Option(help="Case shape(s); default: the operator's GPU panel (CPU panel without a GPU)."),
     ] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s) of the cases; default: contiguous.")] = None,
+    axis: Annotated[list[str] | None, typer.Option(help=AXIS_HELP)] = None,
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     rounds: Annotated[int, typer.Option(min=2)] = 7,
     gate: Annotated[str, typer.Option(help="'no_loss', 'geomean>=1.02' or both joined by ' and '.")] = "no_loss",
@@ -54,6 +55,8 @@ def protocol_new(
         raise CliError("name at least one --candidate or an --impl-module that defines the operator")
     for c in candidate:
         operator.impl(c)
+    if axis and not shape:
+        raise CliError("--axis sweeps a --shape template; pass --shape, e.g. --shape Rx2048 --axis R=1,64")
     layouts = layout or ["contiguous"]
     gpu = launch.device().type == "cuda"
     if not shape and not gpu:
@@ -65,7 +68,7 @@ def protocol_new(
         )
     panel = operator.gpu_cases if gpu else operator.small_cases
     cases = (
-        [Case(parse_shape(s), operator.dtypes[0], lay) for s in shape for lay in layouts]
+        [Case(s, operator.dtypes[0], lay) for s in swept_shapes(shape, axis or []) for lay in layouts]
         if shape
         else [Case(c.shape, c.dtype, lay) for c in panel for lay in layouts]
     )

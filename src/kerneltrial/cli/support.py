@@ -285,3 +285,41 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not shape or any(s <= 0 for s in shape):
         raise CliError(f"malformed shape {text!r}; every dimension must be a positive integer")
     return shape
+
+
+AXIS_HELP = (
+    "A named axis swept over the --shape templates, NAME=v1,v2,... (nvbench's --axis): "
+    "--shape Rx2048 --axis R=1,64,4096 gives 1x2048, 64x2048 and 4096x2048; several axes give every "
+    "combination."
+)
+
+
+def swept_shapes(templates: list[str], axes: list[str]) -> list[tuple[int, ...]]:
+    """The --shape templates with every combination of the --axis values put in for their names
+    (a dimension of a template is a number or an axis name); each axis must appear in some
+    template and each name in a template must be an axis."""
+    values: dict[str, list[int]] = {}
+    for axis in axes:
+        name, sep, listed = axis.partition("=")
+        if not sep or not name.isidentifier() or not listed:
+            raise CliError(f"malformed --axis {axis!r}; write NAME=v1,v2,..., e.g. R=1,64,4096")
+        if name in values:
+            raise CliError(f"--axis {name} is given twice; list every value in one --axis {name}=...")
+        values[name] = [d for v in listed.split(",") for d in parse_shape(v)]
+    used = {part for t in templates for part in t.lower().split("x") if not part.isdigit()}
+    unknown = sorted(used - {n.lower() for n in values})
+    if unknown:
+        raise CliError(f"--shape names {', '.join(unknown)}, which no --axis gives; add --axis {unknown[0]}=...")
+    idle = sorted(n for n in values if n.lower() not in used)
+    if idle:
+        raise CliError(f"--axis {idle[0]} appears in no --shape; write it into a template, e.g. --shape {idle[0]}x2048")
+    shapes: list[tuple[int, ...]] = []
+    for template in templates:
+        combos: list[dict[str, int]] = [{}]
+        for name, listed in values.items():
+            if name.lower() in template.lower().split("x"):
+                combos = [c | {name.lower(): v} for c in combos for v in listed]
+        for combo in combos:
+            text = "x".join(str(combo.get(p, p)) for p in template.lower().split("x"))
+            shapes.append(parse_shape(text))
+    return list(dict.fromkeys(shapes))

@@ -13,7 +13,16 @@ import typer
 from kerneltrial.cli import records
 from kerneltrial.cli.demo import demo
 from kerneltrial.cli.protocol import protocol_app
-from kerneltrial.cli.support import CliError, ExitCode, console, emit_json, parse_shape, progress_bar, within
+from kerneltrial.cli.support import (
+    AXIS_HELP,
+    CliError,
+    ExitCode,
+    console,
+    emit_json,
+    progress_bar,
+    swept_shapes,
+    within,
+)
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import SUMMARY
 from kerneltrial.trial.targets import TARGETS
@@ -66,6 +75,7 @@ def check(
         list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the operator's panel.")
     ] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s); default: every layout of the operator.")] = None,
+    axis: Annotated[list[str] | None, typer.Option(help=AXIS_HELP)] = None,
     dtype: Annotated[
         str | None, typer.Option(help="dtype of the --shape cases (default: the operator's first).")
     ] = None,
@@ -123,6 +133,7 @@ def check(
             impl=impl,
             shape=shape,
             layout=layout,
+            axis=axis,
             dtype=dtype,
             seeds=seeds,
             inputs_seed=inputs_seed,
@@ -148,6 +159,7 @@ class CheckOptions:
     impl: list[str] | None
     shape: list[str] | None
     layout: list[str] | None
+    axis: list[str] | None
     dtype: str | None
     seeds: int
     inputs_seed: int | None
@@ -177,7 +189,9 @@ def run_checks(o: CheckOptions) -> None:
         raise CliError("name one operator or pass --all (see `kerneltrial ops`)")
     if o.panel not in ("auto", *PANELS):
         raise CliError(f"unknown panel {o.panel!r}; use {', '.join(PANELS)} or auto")
-    shapes = [parse_shape(s) for s in o.shape] if o.shape else None
+    if o.axis and not o.shape:
+        raise CliError("--axis sweeps a --shape template; pass --shape, e.g. --shape Rx2048 --axis R=1,64")
+    shapes = swept_shapes(o.shape, o.axis or []) if o.shape else None
     drawn_from = inp.new_inputs_seed() if o.inputs_seed is None else o.inputs_seed
     request = CheckRequest(
         o.op, operators(o.op, o.all_), o.impl, shapes, o.layout, o.dtype, o.seeds, drawn_from, o.panel,
