@@ -130,6 +130,22 @@ def test_export_csv_has_a_row_per_case_and_arm_with_the_summary_figures(tmp_path
     assert refused.exit_code == 1 and "timings" in refused.output
 
 
+def test_plot_draws_each_timed_arm_against_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_checked_run(tmp_path / "run")
+    drawn: list = []
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", lambda self, path, **_: drawn.append((self, path)))
+    done = run_cli("plot", str(run), "--out", str(tmp_path / "size.png"))
+    assert done.exit_code == 0, done.output
+    assert f"wrote {tmp_path / 'size.png'}" in done.output
+    ((fig, path),) = drawn
+    time_ax, rate_ax = fig.axes
+    lines = {line.get_label(): line for line in time_ax.get_lines()}
+    assert set(lines) == {"ctrl", "fast", "slow"}  # the unavailable peer has no figures
+    assert list(lines["fast"].get_xdata()) == [4_000_000, 4_000_000]  # C1, then C2 (same bytes per call)
+    assert len(lines["slow"].get_xdata()) == 1  # failed correctness in C2: not drawn there
+    assert time_ax.get_xscale() == rate_ax.get_yscale() == "log"
+
+
 def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:
     a, b = write_run_dir(tmp_path / "a"), write_run_dir(tmp_path / "b")
     for path in (a, b):

@@ -232,6 +232,23 @@ def export(
         typer.echo(f"wrote {out}", err=True)
 
 
+def plot(
+    run_dir: RunDir,
+    out: Annotated[Path | None, typer.Option(help="PNG to write (default: size.png in the run directory).")] = None,
+    unverified: Unverified = False,
+) -> None:
+    """Verify a kernel run, then plot each timed arm's median time per call and GB/s against the
+    bytes each case moves (log-log, a line per arm): for sweeps (`protocol new --axis`). A run that
+    fails verification is not plotted (exit 1)."""
+    from kerneltrial.kernel.plots import plot_against_size
+
+    if kind_of(run_dir) != "kernel":
+        raise CliError(f"{run_dir} is a {kind_of(run_dir)} directory; plot takes a kernel run")
+    summary = read_summary(run_dir)
+    require_verified([run_dir], unverified)
+    typer.echo(f"wrote {plot_against_size(summary, out or run_dir / 'size.png', unverified)}")
+
+
 def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:
     """A --json comparison has no title: its notes open with the unverified mark instead."""
     from kerneltrial.publication import UNVERIFIED, UNVERIFIED_NOTE
@@ -378,4 +395,5 @@ def mount(app: typer.Typer) -> None:
     app.command("report")(report)
     app.command("compare")(compare)
     app.command("export")(export)
+    app.command("plot")(plot)
     app.command("performance")(performance)

@@ -138,3 +138,31 @@ def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path
 
 
 # ---------------------------------------------------------------- documents
+
+
+def plot_against_size(summary: Summary, path: Path, unverified: bool = False) -> Path:
+    """Time per call and GB/s of each timed arm against the bytes each case moves (log-log), one
+    line per arm through its cases in order of size: where an arm falls off with size, or never
+    leaves the launch floor. Cases of one size (layouts, dtypes) are drawn as separate points."""
+    fig = Figure(figsize=(10, 4.4))
+    time_ax, rate_ax = fig.subplots(1, 2)
+    cases = sorted(summary.cases, key=lambda c: c.bytes)
+    arms = list(dict.fromkeys(name for c in cases for name in c.arms))
+    for name in arms:
+        points = [
+            (c.bytes, c.arms[name])
+            for c in cases
+            if name in c.arms and c.arms[name].status == "timed" and c.arms[name].median_ns_per_call is not None
+        ]
+        if not points:
+            continue
+        sizes = [size for size, _ in points]
+        time_ax.plot(sizes, [f.median_ns_per_call / 1e3 for _, f in points], marker="o", label=name)
+        rate_ax.plot(sizes, [f.gbps for _, f in points], marker="o", label=name)
+    for ax, label in ((time_ax, "median µs per call"), (rate_ax, "GB/s (bytes moved / median time)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes moved per call")
+        ax.set_ylabel(label)
+    time_ax.set_title(_title(summary, "Time and bandwidth against size", fig, unverified), fontsize="medium")
+    return _save(fig, rate_ax, path)
