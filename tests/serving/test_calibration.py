@@ -5,6 +5,7 @@ the synthetic benchmark client of test_acceptance."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -148,10 +149,31 @@ def run_with(proto: Path, tmp_path: Path, text: str, monkeypatch, *options: str)
 
 
 def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypatch):
-    proto, _ = calibrated
+    proto, cal = calibrated
     code, output, out = run_with(proto, tmp_path, proto.read_text(), monkeypatch)
     assert code == 0, output
     assert json.loads((out / "summary.json").read_text())["acceptance"]["verdict"] == "ACCEPTED"
+    # the trial records the calibration it rested on, and verify binds it to the trial's own protocol
+    prov = json.loads((out / "provenance.json").read_text())
+    rec = read_calibration(cal)
+    assert prov["calibration"] == {
+        "dir": "cal",
+        "binding_sha256": rec.binding_sha256,
+        "sha256": hashlib.sha256((cal / CALIBRATION).read_bytes()).hexdigest(),
+        "passed": True,
+    }
+    used = next(c for c in verify_serving_run(out).checks if c.name == "calibration used")
+    assert used.ok and used.applicable, used.problems
+    # planted: another trial's calibration named (its binding hash), then none at all
+    prov["calibration"]["binding_sha256"] = "f" * 64
+    (out / "provenance.json").write_text(json.dumps(prov))
+    [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
+    assert problem.startswith("provenance.json calibration binding_sha256 is ffffffffffff..., this trial's binding")
+    assert problem.endswith("it rested on a calibration of another trial")
+    prov["calibration"] = None
+    (out / "provenance.json").write_text(json.dumps(prov))
+    [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
+    assert problem.startswith("provenance.json records no calibration, though protocol.toml requires")
 
 
 @pytest.mark.parametrize(

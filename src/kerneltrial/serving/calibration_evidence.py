@@ -13,11 +13,18 @@ or a binding_sha256 that is not its binding's hash.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.serving.calibration import CALIBRATION, CalibrationError, calibration_record, read_calibration
+from kerneltrial.serving.calibration import (
+    CALIBRATION,
+    CalibrationError,
+    binding,
+    calibration_record,
+    read_calibration,
+)
 from kerneltrial.serving.effective import with_effective
 from kerneltrial.serving.pilot import pilot_reason
 from kerneltrial.serving.protocol import ProtocolError
@@ -62,3 +69,73 @@ def calibration_problems(
     if len(problems) > SHOWN:
         problems = [*problems[:SHOWN], f"... and {len(problems) - SHOWN} more fields of {CALIBRATION}"]
     return problems
+
+
+def trial_calibration_problems(prov: dict[str, Any], plan: dict[str, Any], rp: RunProtocol) -> list[str] | None:
+    """A trial whose protocol requires a calibration records the one it rested on (provenance.json
+    `calibration`), passed and bound to this trial's own binding (its protocol.toml with plan.json
+    `effective`); None when the protocol requires none."""
+    if rp.proto is None:
+        return None  # 'plan derived' names it
+    recorded = plan.get("effective")
+    try:
+        proto = with_effective(rp.proto, recorded if isinstance(recorded, dict) else {})
+    except ProtocolError:
+        return None  # likewise
+    name = proto.acceptance.calibration
+    if name is None:
+        return None
+    used = prov.get("calibration")
+    if not isinstance(used, dict):
+        return [
+            f"provenance.json records no calibration, though protocol.toml requires acceptance.calibration {name!r}: "
+            "the trial cannot show it rested on a passed calibration of itself"
+        ]
+    want = binding(proto, proto.rounds).sha256()
+    problems = []
+    if used.get("dir") != name:
+        problems.append(f"provenance.json calibration dir is {used.get('dir')!r}, protocol.toml names {name!r}")
+    if used.get("binding_sha256") != want:
+        problems.append(
+            f"provenance.json calibration binding_sha256 is {str(used.get('binding_sha256'))[:12]}..., this trial's "
+            f"binding (protocol.toml with plan.json effective) hashes to {want[:12]}...: it rested on a calibration "
+            "of another trial"
+        )
+    if used.get("passed") is not True:
+        problems.append(f"provenance.json calibration passed is {used.get('passed')!r}: a trial rests on a passed one")
+    return problems
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of verify's calibration checks: its problems (None: not applicable, and why)."""
+
+    name: str
+    problems: list[str] | None
+    detail: str
+    not_applicable: str
+
+
+def calibration_checks(
+    path: Path,
+    prov: dict[str, Any],
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    rp: RunProtocol,
+) -> list[Check]:
+    """verify's calibration checks: a calibration run's record, and a trial's calibration."""
+    return [
+        Check(
+            "calibration",
+            calibration_problems(path, plan, summary, rows, rp),
+            "calibration.json recomputed from its run, bound by hash",
+            "not applicable: no calibration.json (a trial, not a calibration)",
+        ),
+        Check(
+            "calibration used",
+            trial_calibration_problems(prov, plan, rp),
+            "the trial rested on a passed calibration bound to its own protocol",
+            "not applicable: the protocol requires no calibration",
+        ),
+    ]

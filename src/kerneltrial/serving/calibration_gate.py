@@ -6,26 +6,30 @@ unless it calibrated the trial's own binding (serving/calibration.py `Binding`: 
 baseline argv and environment apart from operator selection, cases, repeats, client, prompt
 seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), its run
 directory verifies (serving/verify.py, with calibration.json recomputed from the run:
-serving/calibration_evidence.py) and it passed.
+serving/calibration_evidence.py) and it passed; the trial's provenance.json then records it
+(`calibration`: its directory, binding hash and calibration.json's sha256), and verify checks that
+binding against the trial's own protocol.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from kerneltrial.serving.calibration import CalibrationError, CalibrationRecord, binding, read_calibration
+from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.serving.calibration import CALIBRATION, CalibrationError, CalibrationRecord, binding, read_calibration
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_plan import first_difference, short
 
 
-def require_calibration(proto: Protocol, base_dir: Path) -> None:
+def require_calibration(proto: Protocol, base_dir: Path) -> dict[str, Any] | None:
     """Refuse (CalibrationError, one line) unless the protocol's calibration (`proto` with the command
-    line's --model and --client applied) matches this trial, verifies and passed. Nothing to check
-    without `calibration`."""
+    line's --model and --client applied) matches this trial, verifies and passed; return what the
+    trial's provenance.json records of it (`calibration`). Nothing to check without `calibration`."""
     name = proto.acceptance.calibration
     if name is None:
-        return
+        return None
     where = f"acceptance.calibration {name!r}"
     record = read_calibration(base_dir / name)
     _require_same_trial(proto, record, where)
@@ -38,6 +42,12 @@ def require_calibration(proto: Protocol, base_dir: Path) -> None:
         )
     if not record.passed:
         raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")
+    return {
+        "dir": name,
+        "binding_sha256": record.binding_sha256,
+        "sha256": sha256_file(base_dir / name / CALIBRATION),
+        "passed": record.passed,
+    }
 
 
 def _require_same_trial(proto: Protocol, record: CalibrationRecord, where: str) -> None:

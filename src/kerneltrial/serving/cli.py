@@ -236,6 +236,7 @@ class RunOptions:
     model: str | None = None  # --model: replaces server.model (plan.json argv_expanded, tokenizer)
     client: str | None = None  # --client: replaces bench.client (plan.json client, every client_argv)
     override_pins: bool = False  # --override-pins (plan.json override_pins, launches.jsonl pins)
+    calibration: dict[str, Any] | None = None  # the passed calibration a trial rests on (provenance.json)
 
 
 def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, stop: Any = None) -> dict[str, Any]:
@@ -260,7 +261,8 @@ def _run(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, stop:
     install_sigterm_as_interrupt()
     display = Display(enabled=not opts.quiet)
     try:
-        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, sys.argv, display, opts.override_pins, stop)
+        args = (sys.argv, display, opts.override_pins, stop, opts.calibration)
+        summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, *args)
     except PilotStop:  # summarised and recorded as FAILED with its reason; the caller writes its verdict
         return read_json(run_dir / "summary.json")
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
@@ -536,9 +538,9 @@ def trial(
 
     proto, raw = load_protocol(protocol)
     proto = proto.with_model(model) if model else proto
-    require_calibration(proto.with_client(_client(client)) if client else proto, protocol.parent)  # before any launch
+    used = require_calibration(proto.with_client(_client(client)) if client else proto, protocol.parent)  # first
     out = out_dir or default_out("trial")
-    _execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins))
+    _execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins, used))
 
 
 @app.command()

@@ -163,7 +163,11 @@ ACCURACY_KEYS = (
 )
 
 
-def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any]:
+def provenance_doc(
+    sha: str, vllm: str, argv: list[str] | None, calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """provenance.json at the start; `calibration`: the passed calibration the trial rests on
+    (serving/calibration_gate.py: its directory, binding hash and calibration.json's sha256)."""
     return {
         "kind": "serving",
         "protocol_sha256": sha,
@@ -181,6 +185,7 @@ def provenance_doc(sha: str, vllm: str, argv: list[str] | None) -> dict[str, Any
         "server_versions": {},
         "environment": operator_env(os.environ),
         "timings": {},
+        "calibration": calibration,
     }
 
 
@@ -193,11 +198,13 @@ def run_protocol(
     event: Event | None = None,
     override_pins: bool = False,
     stop: Stop | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
     `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
     `stop`: asked after each launch with the run rows so far; a reason ends the run there, FAILED
     with that reason (PilotStop, after the summary is written: the calibration's pilot).
+    `calibration`: the passed calibration the trial rests on, for provenance.json.
 
     Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
     was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
@@ -205,7 +212,8 @@ def run_protocol(
     stopped in: a directory still "running" is a run that was killed (verify refuses it).
     """
     check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
-    t, order = start_run(proto, protocol_bytes, out, vllm, argv, event or (lambda *a, **k: None), override_pins)
+    emit = event or (lambda *a, **k: None)
+    t, order = start_run(proto, protocol_bytes, out, vllm, argv, emit, override_pins, calibration)
     t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
     t_all = time.monotonic()
     stopped: BaseException | None = None
@@ -231,6 +239,7 @@ def start_run(
     argv: list[str] | None,
     emit: Event,
     override_pins: bool,
+    calibration: dict[str, Any] | None = None,
 ) -> tuple[_Trial, list[PlannedLaunch]]:
     """The run directory before the first launch (protocol, plan, provenance "running", empty run and
     request tables), the trial that fills it and its launches in order."""
@@ -239,7 +248,7 @@ def start_run(
     copies = {a.name: copy_selection_files(out, a) for a in proto.arms}
     plan = plan_doc(proto, sha, order, copies) | {"pins": proto.pins.flat(), "override_pins": override_pins}
     write_json(out / layout.PLAN, plan)
-    started = provenance_doc(sha, vllm, argv)
+    started = provenance_doc(sha, vllm, argv, calibration)
     write_json(out / layout.PROVENANCE, started)
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made

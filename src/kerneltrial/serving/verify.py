@@ -28,7 +28,7 @@ from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
-from kerneltrial.serving.calibration_evidence import calibration_problems
+from kerneltrial.serving.calibration_evidence import calibration_checks
 from kerneltrial.serving.verify_dispatch import check_dispatch
 from kerneltrial.serving.verify_plan import RunProtocol, plan_problems, read_run_protocol
 from kerneltrial.serving.verify_requests import completeness_problems
@@ -296,10 +296,11 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
         )
     else:
         result.not_applicable("acceptance", "not applicable: the protocol has no baseline and candidate")
-    if (calibration := calibration_problems(path, run.plan, run.summary, run.rows, run.protocol)) is None:
-        result.not_applicable("calibration", "not applicable: no calibration.json (a trial, not a calibration)")
-    else:
-        result.add("calibration", calibration, "calibration.json recomputed from its run, bound by hash")
+    for check in calibration_checks(path, run.prov, run.plan, run.summary, run.rows, run.protocol):
+        if check.problems is None:
+            result.not_applicable(check.name, check.not_applicable)
+        else:
+            result.add(check.name, check.problems, check.detail)
     return result
 
 
