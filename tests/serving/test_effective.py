@@ -72,6 +72,9 @@ def test_the_serve_command_line_is_read_as_the_cli_reads_it() -> None:
     got = command_line([*TRIAL, "--model", "/m", "--client=official", "--model", "/n"])
     assert got == CommandLine("trial", model="/n", client="official")  # the last of a repeated option
     assert command_line(["python", "-m", "kerneltrial.cli", "serve", "calibrate", "p.toml"]) == CommandLine("calibrate")
+    main = "/venv/lib/python3.11/site-packages/kerneltrial/serving/__main__.py"  # python -m kerneltrial.serving
+    assert command_line([main, "trial", "p.toml", "--model", "/m"]) == CommandLine("trial", model="/m")
+    assert command_line([main, "report", "run"]) is None
     assert command_line(["pytest", "-q", "tests/serving"]) is None
     assert command_line("serve trial --model /m") is None  # not an argv list
     assert command_line([*TRIAL, "--model"]) == CommandLine("trial")  # a flag without its value gave nothing

@@ -25,7 +25,8 @@ from typing import Any
 from kerneltrial.serving.protocol import Protocol
 
 COMMANDS = ("trial", "calibrate")  # the `serve` commands that write a serving run directory
-FLAGS = {"--model": "model", "--client": "client"}  # their options that change what protocol.toml says
+FLAGS = {"--model": "model", "--client": "client"}
+SERVING_MAIN = "kerneltrial/serving/__main__.py"  # argv[0] of `python -m kerneltrial.serving`  # their options that change what protocol.toml says
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,13 @@ class CommandLine:
 
 def command_line(argv: object) -> CommandLine | None:
     """The serve command of provenance.json `argv` (None: not a list of strings holding `serve trial`
-    or `serve calibrate`); an option given twice takes its last value, as the command line does."""
+    or `serve calibrate`, or `trial`/`calibrate` after kerneltrial/serving/__main__.py); an option
+    given twice takes its last value, as the command line does."""
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         return None
     at = next((i for i in range(len(argv) - 1) if argv[i] == "serve" and argv[i + 1] in COMMANDS), None)
+    if at is None and len(argv) > 1 and Path(argv[0]).as_posix().endswith(SERVING_MAIN) and argv[1] in COMMANDS:
+        at = 0  # `python -m kerneltrial.serving trial ...`: sys.argv[0] is the package's __main__.py
     if at is None:
         return None
     values: dict[str, str] = {}
