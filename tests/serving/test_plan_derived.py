@@ -178,7 +178,10 @@ def test_without_effective_the_client_comes_from_the_argv(run: Path) -> None:
 
 
 def test_the_honest_run_without_effective_still_passes(run: Path) -> None:
+    """A run from before `effective`, of a tree whose keys are not known here (dirty): its values,
+    with the model and client recovered from its argv, are the protocol's."""
     edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    edit(run / "provenance.json", lambda prov: prov["git"].update(dirty=True))  # in a clean checkout too
     found = check(run)
     assert found.ok, found.problems
     assert "the model and client recovered from provenance.json argv (no `effective`: an older run)" in found.detail
