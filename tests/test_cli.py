@@ -111,7 +111,8 @@ def test_axes_sweep_the_shape_templates() -> None:
     assert swept_shapes(["RxW", "8x8"], ["R=1,2", "W=64,128"]) == [(1, 64), (1, 128), (2, 64), (2, 128), (8, 8)]
     assert swept_shapes(["4x64"], []) == [(4, 64)]
     for templates, axes, said in (
-        (["Rx64"], [], "--shape names r, which no --axis gives"),
+        (["RxW"], ["R=1"], "--shape names w, which no --axis gives"),
+        (["Rx64"], [], "malformed shape 'Rx64'"),
         (["4x64"], ["R=1"], "--axis R appears in no --shape"),
         (["Rx64"], ["R=1", "R=2"], "--axis R is given twice"),
         (["Rx64"], ["R"], "malformed --axis 'R'"),

@@ -705,9 +705,13 @@ def test_performance_md_shows_inconclusive_counts(tie_band_run: Path, tmp_path: 
 
 def test_compare_shows_verdicts_including_inconclusive(tie_band_run: Path, cheat: Path) -> None:
     text = compare_runs(tie_band_run, cheat)
-    assert "| median A µs | median B µs | B/A | speedup A [CI] | speedup B [CI] | verdict A | verdict B |" in text
+    assert (
+        "| median A µs | median B µs | B/A | change | B over A [CI] | speedup A [CI] | speedup B [CI] | verdict A"
+        in text
+    )
     fast = next(line for line in text.splitlines() if line.startswith(f"| `{C1}` | `fast` |"))
-    assert fast.startswith(f"| `{C1}` | `fast` | 0.800 | 0.800 | 1.000 | 1.250 [") and fast.endswith(
+    assert fast.startswith(f"| `{C1}` | `fast` | 0.800 | 0.800 | 1.000 | SAME | 1.000 [") and fast.endswith(
         "| inconclusive | win |"
     )
-    assert f"| `{C1}` | `ctrl` | 1.000 | 1.000 | 1.000 | – | – | control | control |" in text
+    (ctrl,) = [line for line in text.splitlines() if line.startswith(f"| `{C1}` | `ctrl` | 1.000 | 1.000 | 1.000 | ")]
+    assert ctrl.endswith("| – | – | control | control |")  # the control's change is called; it has no speedup

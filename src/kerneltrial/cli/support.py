@@ -298,6 +298,8 @@ def swept_shapes(templates: list[str], axes: list[str]) -> list[tuple[int, ...]]
     """The --shape templates with every combination of the --axis values put in for their names
     (a dimension of a template is a number or an axis name); each axis must appear in some
     template and each name in a template must be an axis."""
+    if not axes:
+        return list(dict.fromkeys(parse_shape(t) for t in templates))
     values: dict[str, list[int]] = {}
     for axis in axes:
         name, sep, listed = axis.partition("=")

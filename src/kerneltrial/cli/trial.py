@@ -71,9 +71,7 @@ def check(
     op: Annotated[str | None, typer.Argument(help="Operator name (see `kerneltrial ops`).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Check every operator.")] = False,
     impl: Annotated[list[str] | None, typer.Option(help="Implementation(s) to check; default: all available.")] = None,
-    shape: Annotated[
-        list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the operator's panel.")
-    ] = None,
+    shape: Annotated[list[str] | None, typer.Option(help="Shape(s) like 4096x2048; default: the panel.")] = None,
     layout: Annotated[list[str] | None, typer.Option(help="Layout(s); default: every layout of the operator.")] = None,
     axis: Annotated[list[str] | None, typer.Option(help=AXIS_HELP)] = None,
     dtype: Annotated[
