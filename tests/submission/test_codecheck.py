@@ -315,6 +315,7 @@ PLANTED_ROUTES = {
         [],
     ),
     "coding_utf7.py": ([], "source encoding: coding_utf7.py line 1 declares the coding 'utf-7'", []),
+    "reads_its_importer.py": ([], "module table: reads_its_importer.py line 8 imports __main__", []),
 }
 
 

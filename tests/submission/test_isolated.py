@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ import torch
 
 from kerneltrial.ops.registry import Case, RegistryError, get_op, load_user_module
 from kerneltrial.submission.archive import build
-from kerneltrial.submission.isolated import Prepared, WorkerEnded, interface_check, started
+from kerneltrial.submission.interface import params_of_signature
+from kerneltrial.submission.isolated import Hello, Prepared, WorkerEnded, hello_of, interface_check, started
 from kerneltrial.submission.target_env import FIRST, scrubbed_environ, second_environment, site_directories
 from kerneltrial.trial import gate
 from kerneltrial.trial.targets import get_target
@@ -179,3 +181,22 @@ def test_the_package_check_runs_the_trials_worker_file(tmp_path):
         assert worker.hello().error == ""
         script = tmp_path / "app" / FIRST.script
         assert script.read_bytes() == (REPO / "src" / "kerneltrial" / "trial" / "worker.py").read_bytes()
+
+
+def test_a_malformed_loaded_answer_is_no_hello_and_a_default_the_parser_cannot_hold_no_signature():
+    good = {"error": "", "threads": 2, "callables": ["rmsnorm"], "signature": "(x, weight, eps=1e-06)"}
+    assert hello_of(good) == Hello("", 2, ["rmsnorm"], "(x, weight, eps=1e-06)")
+    for field, value in (("threads", "many"), ("threads", True), ("callables", "rmsnorm"), ("callables", [1])):
+        assert hello_of(good | {field: value}) is None, (field, value)
+    assert params_of_signature("(x, weight, eps=" + "-" * 100_000 + "1)") is None  # MemoryError in ast.parse
+
+
+@pytest.mark.slow
+def test_a_module_that_hangs_at_import_ends_the_check_at_its_timeout(tmp_path):
+    """The whole check's timeout bounds the import too (the worker's load waits at least 120 s
+    on its own): the hostile review's hanging import took 125 s against a 10 s timeout."""
+    source = b"import time\ntime.sleep(3600)\n\n\ndef rmsnorm(x, weight, eps=1e-6):\n    return x\n"
+    start = time.monotonic()
+    with pytest.raises(WorkerEnded, match=r"^did not start within 10 s"):
+        interface_check(build({"hangs.py": source}), "rmsnorm", None, 10)
+    assert time.monotonic() - start < 40

@@ -26,6 +26,8 @@ from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.runner import RunError, run_trial, write_manifest
+from kerneltrial.trial.sandbox import FILE_LIMIT
+from kerneltrial.trial.shared import sealed_memory
 from tests.conftest import REPO
 from tests.kt import run_cli, run_process, write_protocol
 
@@ -247,6 +249,27 @@ def gate_messages(name: str, device: torch.device, case: Case) -> list[str]:
 def test_a_worker_that_reports_a_false_snapshot_of_its_inputs_is_caught():
     (message,) = gate_messages("false_snapshot", CPU, Case((4, 64)))
     assert "wrote an argument's memory after the call returned" in message
+
+
+def test_a_worker_whose_answer_the_parser_cannot_hold_fails_its_arm_not_the_harness():
+    (message,) = gate_messages("answers_too_deep", CPU, Case((4, 64)))
+    assert (
+        "worker broke the protocol: an answer to 'call' that is not JSON kerneltrial reads (RecursionError)" in message
+    )
+
+
+def test_a_worker_writes_no_file_past_the_sandbox_ceiling_and_its_buffers_are_unnamed():
+    with Isolation(Settings(120, CPU)) as iso:
+        (impl,) = iso.module_arms(str(GOOD))
+        process = iso.remotes[0].handle.process
+        assert process is not None
+        limits = {confine.file_size_limit(pid) for pid in process.confinement.pids(process.leader)}
+    assert limits == {FILE_LIMIT}  # every process of the worker, the sandbox's own too
+    fd, _ = sealed_memory(64, readonly=True)
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}") == "/memfd: (deleted)"  # nothing names the check
+    finally:
+        os.close(fd)
 
 
 def test_a_kernel_that_writes_its_input_faults_however_its_worker_would_hide_it():

@@ -28,7 +28,8 @@ by string. Each function below refuses one kind of route, with its own message:
 - `lookup passed on` (`_lookup_passed_on`): one of those lookups used as a value
   (`g = getattr`, `reduce(getattr, names, obj)`), so its name is never seen where it is called;
 - `module table` (`_module_table`): sys.modules and inspect.getmodule, which hand out any
-  loaded module (builtins among them) by a name or an object;
+  loaded module (builtins among them) by a name or an object, and `import __main__`, the
+  importing program (at the check, the check's worker: a module reading it can tell);
 - `frame namespace` (`_frame_namespace`): a frame's or generator's globals, locals, builtins
   and code (f_builtins holds exec), and the calls that return frames or a function's namespaces;
 - `name in a string` (`_string_route`): a string that names a route, looked up as a key
@@ -393,8 +394,24 @@ def _lookup_passed_on(src: Source, node: ast.AST) -> Iterator[str]:
         )
 
 
+def _imports_main(node: ast.AST) -> bool:
+    """`import __main__` or `from __main__ import ...` (importlib, which could import it by a string,
+    is refused as `code from data`)."""
+    if isinstance(node, ast.Import):
+        return any(alias.name == "__main__" for alias in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "__main__"
+    return False
+
+
 def _module_table(src: Source, node: ast.AST) -> Iterator[str]:
-    """sys.modules (not called: nn.Module.modules() stays allowed) and inspect.getmodule."""
+    """sys.modules (not called: nn.Module.modules() stays allowed), inspect.getmodule, __main__."""
+    if _imports_main(node):
+        yield (
+            f"module table: {src.at(node)} imports __main__, the program that imported this module (the "
+            "interface check's own worker, not the target's program); a submission reads nothing of its importer"
+        )
+        return
     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
         names = [alias.name for alias in node.names if alias.name in MODULE_TABLES]
         name = names[0] if names and (names[0] == "getmodule" or node.module == "sys") else ""

@@ -100,7 +100,7 @@ def params_of_signature(text: str) -> list[Param] | None:
     text is not Python (a default whose repr is no expression)."""
     try:
         return params_of_def(_parse_def(f"f{text}"))
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a default's repr the parser cannot hold
         return None
 
 

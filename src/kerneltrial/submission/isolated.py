@@ -131,6 +131,18 @@ class Hello:
     signature: str = ""
 
 
+def hello_of(loaded: dict[str, Any]) -> Hello | None:
+    """The worker's `loaded` answer in MODE target as a Hello; None when a field has the wrong type
+    (the answer is the worker's: a module may have patched it)."""
+    error, threads = loaded.get("error", ""), loaded.get("threads")
+    callables, signature = loaded.get("callables", []), loaded.get("signature", "")
+    if not (isinstance(error, str) and isinstance(signature, str) and type(threads) is int):
+        return None
+    if not (isinstance(callables, list) and all(isinstance(n, str) for n in callables)):
+        return None
+    return Hello(error, threads, callables, signature)
+
+
 @dataclass(frozen=True)
 class TargetStarter:
     """Starts the trial's worker (trial/worker.py) as a target imports the archive: a copy named
@@ -208,11 +220,10 @@ class TargetWorker:
             self.remote.start()
         except (WorkerFailure, ArmRaised) as exc:
             raise self._end(self._why(exc, "start")) from None
-        loaded = self.remote.handle.loaded
-        callables = [str(n) for n in loaded.get("callables", [])]
-        return Hello(
-            str(loaded.get("error", "")), int(loaded.get("threads", 0)), callables, str(loaded.get("signature"))
-        )
+        hello = hello_of(self.remote.handle.loaded)
+        if hello is None:
+            raise self._end("crashed: the worker answered a malformed `loaded` (fields of the wrong type)")
+        return hello
 
     def __call__(self, *args: Any) -> Any:
         if self.ended:
@@ -240,9 +251,8 @@ def started(
     (time.monotonic) defaults to `timeout` from now; no request waits past it."""
     deadline = deadline or time.monotonic() + timeout
     device = torch.device("cuda") if prepared.cuda else torch.device("cpu")
-    settings = Settings(
-        max(deadline - time.monotonic(), 1.0), device, target, None, TargetStarter(prepared, environment, module)
-    )
+    starter = TargetStarter(prepared, environment, module)
+    settings = Settings(max(deadline - time.monotonic(), 1.0), device, target, None, starter, deadline)
     operator = get_op(op)
     with Isolation(settings) as isolated:
         remote = isolated.remote(ArmSource("target", module=module, op=op), [op])

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerneltrial.rundir.integrity_notes import in_process_warning, sandbox_warning
+from kerneltrial.trial.sandbox import FILE_LIMIT  # its ceiling on one file a worker writes (its log included)
 
 if TYPE_CHECKING:
     from kerneltrial.trial.shared import Arena
@@ -54,6 +55,7 @@ UID_SPAN = 100_000_000
 READ_SEARCH = "dac_read_search"
 CAP_DAC_READ_SEARCH = 1 << 2  # its bit in /proc/PID/status CapEff
 FREEZE_WAIT_S = 5.0
+
 PROBE_S = 60.0
 WORKER_IMPORTS = "import torch"  # what a worker must reach under its own uid
 HANDED_OUT: set[int] = set()  # the uids this process gave its workers (never given twice)
@@ -278,6 +280,7 @@ class Observed:
     seccomp_filter: bool
     ns_pids: tuple[int, ...]  # its pid in each PID namespace, outermost first
     net_ns: str  # its network namespace ("net:[inode]"; "" when unreadable)
+    file_limit: int | None = None  # RLIMIT_FSIZE's soft limit in bytes (None: unlimited or unreadable)
 
     @property
     def nested_pid(self) -> bool:
@@ -298,7 +301,21 @@ def read_status(pid: int) -> Observed | None:
         seccomp_filter=fields.get("Seccomp", "0").strip() == "2",
         ns_pids=tuple(int(p) for p in fields.get("NSpid", "").split()),
         net_ns=network_namespace(pid),
+        file_limit=file_size_limit(pid),
     )
+
+
+def file_size_limit(pid: int) -> int | None:
+    """The soft "Max file size" of /proc/PID/limits in bytes; None when unlimited or unreadable."""
+    try:
+        lines = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("Max file size"):
+            soft = line[len("Max file size") :].split()[0]
+            return int(soft) if soft.isdigit() else None
+    return None
 
 
 def network_namespace(pid: int | str) -> str:
@@ -365,6 +382,8 @@ class Confinement:
                 problems.append(f"pid {o.pid} runs as uid {o.uids} with capabilities {o.cap_eff:#x}")
             if not o.no_new_privs:
                 problems.append(f"pid {o.pid} lacks no-new-privs")
+            if o.file_limit is None or o.file_limit > FILE_LIMIT:
+                problems.append(f"pid {o.pid} may write files of any size (RLIMIT_FSIZE {o.file_limit})")
             if "seccomp" in self.sandbox.allowed and not o.seccomp_filter:
                 problems.append(f"pid {o.pid} has no seccomp filter")
             if "pidns" in self.sandbox.allowed and not o.nested_pid:

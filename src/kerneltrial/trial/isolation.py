@@ -181,13 +181,19 @@ class TrialStarter:
 class Settings:
     """How the harness runs isolated arms: the answer deadline, the device, the launch limits to
     check (`--target`), the timer of timed samples (backend, cold L2; None: no timed samples) and
-    how workers start (None: a trial's, `TrialStarter`)."""
+    how workers start (None: a trial's, `TrialStarter`), and when every request must be answered
+    by at the latest (None: each request's own deadline only)."""
 
     timeout_s: float
     device: torch.device
     target: targets.Target | None = None
     timer: tuple[str, bool] | None = None
     starter: Starter | None = None
+    deadline: float | None = None  # time.monotonic() past which no request waits (a whole check's end)
+
+    def capped(self, deadline: float) -> float:
+        """`deadline`, or the settings' own when sooner."""
+        return deadline if self.deadline is None else min(deadline, self.deadline)
 
 
 @dataclass(frozen=True)
@@ -237,7 +243,7 @@ class Process:
         imports anything."""
         if self.status is None:
             return
-        deadline = time.monotonic() + max(self.settings.timeout_s, LOAD_S)
+        deadline = self.settings.capped(time.monotonic() + max(self.settings.timeout_s, LOAD_S))
         line = self._status_line(deadline)
         if not line.startswith("launcher "):
             raise self.died("start")
@@ -268,17 +274,20 @@ class Process:
         what = str(message["kind"])
         self.confinement.thaw()  # frozen while another arm was timed (arms.Isolation.quiet)
         timeout = max(self.settings.timeout_s, LOAD_S) if what == "load" else self.settings.timeout_s
-        deadline = time.monotonic() + timeout
+        deadline = self.settings.capped(time.monotonic() + timeout)
         self._send_fds(fds or [], deadline, what)
         data = json.dumps(message).encode()
         self._write(HEADER.pack(len(data)) + data, deadline, what)
         (length,) = HEADER.unpack(self._read(HEADER.size, deadline, what))
         if length > MAX_ANSWER:
             raise self.broken(f"an answer of {length} bytes to '{what}' (at most {MAX_ANSWER})")
+        data = self._read(length, deadline, what)
         try:
-            answer = json.loads(self._read(length, deadline, what))
-        except ValueError as exc:
-            raise self.broken(f"an answer to '{what}' that is not JSON ({exc})") from None
+            answer = json.loads(data)
+        except (ValueError, RecursionError, MemoryError) as exc:  # nested past the parser's depth: RecursionError
+            raise self.broken(
+                f"an answer to '{what}' that is not JSON kerneltrial reads ({type(exc).__name__})"
+            ) from None
         if not isinstance(answer, dict) or not isinstance(answer.get("kind"), str):
             raise self.broken(f"an answer to '{what}' without a kind")
         targets.note(str(answer.get("refused") or ""))  # over-limit launches count as refused here
@@ -436,9 +445,15 @@ class WorkerHandle:
         if self.source.mode != "registry" and modules:
             self.stop()
             raise WorkerBroken(f"worker broke the protocol: a sealed worker imported {modules}; killed")
-        self.defines = [str(n) for n in answer.get("defines", [])]
-        self.functions = [str(n) for n in answer.get("functions", [])]
-        self.modules = [str(m) for m in modules or []]
+        names = {key: answer.get(key) or [] for key in ("defines", "functions")}
+        if not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in [*names.values(), modules or []]
+        ):
+            self.stop()
+            raise WorkerBroken(
+                "worker broke the protocol: a `loaded` answer whose names are not lists of strings; killed"
+            )
+        self.defines, self.functions, self.modules = names["defines"], names["functions"], list(modules or [])
         self.loaded = answer
         return self.process
 

@@ -17,7 +17,8 @@ SPEC is one JSON object (trial/confine.py writes it): {"cgroup": path | null, "p
    parent and exits as it did; each dies when its parent does (parent-death signal), so the
    harness gone, everything goes.
 3. no-new-privs, always: nothing executed from here on gains privileges (set-uid binaries, file
-   capabilities).
+   capabilities). Resource ceilings, always, first: files at FILE_LIMIT bytes (the worker's log is
+   a file on the harness's disk), processes and threads at PROCESS_LIMIT.
 4. `seccomp`: a filter (libseccomp, through pyseccomp), inherited by everything the worker starts,
    that refuses with EPERM what reaches other processes (ptrace, process_vm_readv/writev,
    pidfd_getfd, kcmp), what would give it a namespace or mount of its own (unshare, setns, mount,
@@ -40,6 +41,7 @@ import ctypes
 import errno
 import json
 import os
+import resource
 import signal
 import sys
 
@@ -57,6 +59,9 @@ DENIED = (
     *("add_key", "request_key", "keyctl"),
 )
 FAILED = 71
+# ceilings no honest worker reaches (`limit_resources`; trial/confine.py reads them back from /proc)
+FILE_LIMIT = 4 << 30  # bytes of one file
+PROCESS_LIMIT = 4096  # processes and threads of the worker's uid (root: the uid piece gives it one of its own)
 
 
 def _libc() -> ctypes.CDLL:
@@ -161,9 +166,18 @@ def enter_pid_namespace() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def limit_resources() -> None:
+    """Ceilings no honest worker reaches: its files (its log included: the harness's disk) at
+    FILE_LIMIT bytes, its processes and threads at PROCESS_LIMIT (counted for its own uid)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+    if os.getuid() == 0:  # else the worker keeps the harness's uid, whose processes would count too
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
+
+
 def confine(spec: dict[str, object]) -> None:
     """Apply the spec's pieces in order (with a PID namespace, only the worker returns)."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the harness gone: this process goes too
+    limit_resources()
     if spec.get("cgroup"):
         join_cgroup(str(spec["cgroup"]))
     if spec.get("pidns"):

@@ -129,7 +129,9 @@ class Arena:
 def sealed_memory(nbytes: int, readonly: bool) -> tuple[int, torch.Tensor]:
     """A memfd of `nbytes` mapped here, its size sealed (and, `readonly`, every later writable
     mapping refused): its descriptor and a flat uint8 tensor over the harness's mapping."""
-    fd = os.memfd_create("kerneltrial-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    # an unnamed memfd: a module reads its mappings (/proc/self/maps, the fd links), and a name would
+    # tell it which process checks it (the package check runs it as a target would: hostile review)
+    fd = os.memfd_create("", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, nbytes)
         flat = torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
