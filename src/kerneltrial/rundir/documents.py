@@ -284,6 +284,10 @@ class Lead(Document):
     sessions: Literal["all", "last"] | None = Field(
         default=None, description="`all`: the counts cover every session of a resumed run; `last`: only the last."
     )
+    samples_retaken_throttled: int | None = Field(
+        default=None,
+        description="Samples taken again because the SM clock read throttled right after them (protocol throttle_retakes); null: before re-takes.",
+    )
 
 
 class Link(Document):

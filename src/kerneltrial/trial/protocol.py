@@ -199,6 +199,15 @@ class Protocol(BaseModel):
         le=1,
         description="GPU: a sample whose SM clock is below this fraction of the maximum is counted as throttled.",
     )
+    throttle_retakes: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="GPU: a sample whose SM clock reads throttled right after it is taken again, after throttle_recovery_s, up to this many times; the last is kept (and counted throttled if it still is). provenance.json lead.samples_retaken_throttled counts the re-takes.",
+    )
+    throttle_recovery_s: float = Field(
+        default=0.5, ge=0, le=60, description="GPU: seconds the device rests before a throttled sample is taken again."
+    )
     target_ci_width: float | None = Field(
         default=None,
         gt=0,

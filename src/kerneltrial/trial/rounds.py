@@ -22,12 +22,13 @@ import csv
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from kerneltrial import stats
 from kerneltrial.ops.registry import Case, Impl, Operator
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, read_csv, read_jsonl, write_json
 from kerneltrial.rundir.layout import ROUNDTRIP_COLUMNS, ROUNDTRIP_SAMPLES, RunDir
@@ -125,6 +126,35 @@ class Measured:
             self.dropped[(check.case, check.arm)] = (check.seed, check.round)
 
 
+@dataclass
+class Retakes:
+    """Throttled samples taken again (protocol `throttle_retakes`, `throttle_recovery_s`): below
+    `threshold_mhz` (None: no clock, nothing is re-taken) right after a sample, the device rests
+    `pause_s` and the sample is taken again, at most `most` times; `count` re-takes so far."""
+
+    threshold_mhz: float | None
+    most: int
+    pause_s: float
+    count: int = 0
+
+    @classmethod
+    def of(cls, p: proto.Protocol, plan: dict[str, Any]) -> Retakes:
+        """The protocol's rule, under plan.json's throttle threshold (none without a clock)."""
+        clocks = plan.get("clocks") or {}
+        threshold = stats.throttle_threshold(clocks.get("max_sm_mhz"), float(clocks.get("throttle_fraction", 0.9)))
+        return cls(threshold, p.throttle_retakes, p.throttle_recovery_s)
+
+    def again(self, sm_mhz: int | None, taken: int) -> bool:
+        """Whether a sample read at `sm_mhz`, already re-taken `taken` times, is taken again (after the pause)."""
+        if self.threshold_mhz is None or sm_mhz is None or taken >= self.most:
+            return False
+        if not stats.is_throttled(sm_mhz, self.threshold_mhz):
+            return False
+        time.sleep(self.pause_s)
+        self.count += 1
+        return True
+
+
 @dataclass(frozen=True)
 class Session:
     """What every unit of one session of the rounds shares."""
@@ -143,6 +173,7 @@ class Session:
     quiet: Callable[[timed.TimedArm | None], None]  # every other arm's worker frozen (arms.Isolation.quiet)
     reference: Impl | None = None  # the control in a trusted worker of its own (module docstring)
     append_roundtrip: Callable[[list[object]], None] | None = None  # a row of roundtrip.csv
+    retakes: Retakes = field(default_factory=lambda: Retakes(None, 0, 0.0))
 
     def record(self, check: timed.TimedCheck) -> None:
         """Write a unit's check (timed_checks.jsonl), count it done and advance the bar."""
@@ -206,9 +237,7 @@ def time_round(
             continue
         arm = prepared[name]
         try:
-            s.quiet(arm)
-            ns, checked, wall = arm.sample(s.timer, s.op, unit, calls, hash(name) % 2**31, graph)
-            sm, mem = s.clocks.read()
+            ns, checked, wall, sm, mem = take_sample(s, arm, name, unit, calls, graph)
             check = arm.check(s.op, case, seed, round_index, unit, checked, s.p.exact, s.device, persistent=not graph)
         except Exception as exc:  # recorded; the arm leaves the case
             gate.settle(s.device)
@@ -219,6 +248,21 @@ def time_round(
         )
         s.measured.samples[(case.id, seed, round_index, name)] = ns / calls
         s.record(check)
+
+
+def take_sample(
+    s: Session, arm: timed.TimedArm, name: str, unit: timed.Unit, calls: int, graph: bool
+) -> tuple[int, int, int | None, int | None, int | None]:
+    """One timed sample of `arm` (every other worker frozen) and the clocks right after it, taken
+    again while the clock reads throttled (`Retakes`): (ns, checked call, wall ns, SM MHz, memory MHz)."""
+    taken = 0
+    while True:
+        s.quiet(arm)
+        ns, checked, wall = arm.sample(s.timer, s.op, unit, calls, hash(name) % 2**31, graph)
+        sm, mem = s.clocks.read()
+        if not s.retakes.again(sm, taken):
+            return ns, checked, wall, sm, mem
+        taken += 1
 
 
 def time_units(s: Session, case_index: int, case: Case, arms: list[Impl], calls: int, rounds: range) -> None:
@@ -287,6 +331,7 @@ def run_rounds(
     progress: Any,
     quiet: Callable[[timed.TimedArm | None], None],
     reference: Impl | None = None,
+    retakes: Retakes | None = None,
 ) -> dict[str, Any]:
     """The rounds of every case (module docstring); returns the plan as they leave it: `plan`
     with the rounds the noise rule added (plan.json is rewritten before each added round, so
@@ -299,6 +344,7 @@ def run_rounds(
     total = max(sum(len(timed_arms[cid]) * n for cid, n in rounds.items()) * len(p.seeds), len(measured.done))
     task = progress.add_task("timing", total=total, completed=len(measured.done))
     clocks = ClockReader.open(timer.is_gpu)
+    retakes = retakes or Retakes.of(p, plan)
     started = time.monotonic()
     with (
         csv_appender(run.timings, TIMING_COLUMNS) as append,
@@ -320,6 +366,7 @@ def run_rounds(
             quiet,
             reference if plan.get("roundtrip") else None,
             append_roundtrip,
+            retakes,
         )
         for case_index, spec in enumerate(p.cases):
             case = spec.case()

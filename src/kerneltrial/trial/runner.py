@@ -64,7 +64,7 @@ from kerneltrial.trial.confirm import check_confirmation
 from kerneltrial.trial.isolation import Settings
 from kerneltrial.trial.preflight import preflight
 from kerneltrial.trial.remote import RemoteFn
-from kerneltrial.trial.rounds import run_rounds
+from kerneltrial.trial.rounds import Retakes, run_rounds
 from kerneltrial.trial.stages import run_ceilings, run_host
 from kerneltrial.trial.targets import Target, targeting
 from kerneltrial.trial.timing import Timer, calls_for, host_calls, label, make_timer
@@ -503,7 +503,8 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
             order_seed,
         ) | ({"target": target.record()} if target else {})
         write_json(run.plan, plan)
-    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress, t.quiet, t.reference)
+    retakes = Retakes.of(p, plan)
+    plan = run_rounds(run, p, op, timer, plan, timed_arms, device, delay, progress, t.quiet, t.reference, retakes)
     t.quiet(None)  # the host stage times in-process arms only
     run_host(run, op, plan, t.cases, timed_arms, p.seeds[0], p.warmup, device, delay, progress)
 
@@ -515,6 +516,7 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
         lead={
             "samples_retaken": timer.retaken,
             "samples_kept_behind": timer.kept_behind,
+            "samples_retaken_throttled": retakes.count,
             "final_cycles_per_call": timer.lead_cycles_per_call,
             "sessions": "last" if resume else "all",
         },
