@@ -51,10 +51,10 @@ WHAT = {
     5: "the kernel, replicate and suite runners; vLLM plugins serving our ops",
     6: "serving trials; packages; whole-model trials; Ray fleets",
     7: "the generated references",
-    8: "the `cli/` package (one module per command group), `serving/cli.py`, `serving/__main__.py`",
+    8: "the `cli/` package (one module per command group), `serving/__main__.py`",
 }
-# the command line's modules outside the `cli` package (serving's commands, until they move there)
-CLI_MODULES = {"kerneltrial.serving.cli", "kerneltrial.serving.__main__"}
+# the command line's module outside the `cli` package: `python -m kerneltrial.serving`
+CLI_MODULES = {"kerneltrial.serving.__main__"}
 HEAVY = {"torch", "numpy", "pandas", "matplotlib"}
 
 Graph = dict[str, set[str]]
@@ -311,7 +311,7 @@ def test_the_graph_resolves_function_level_imports(tmp_path: Path) -> None:
 
 
 MAX_FUNCTION_LINES = 80  # issue 28: a newcomer reads a function at a glance
-MAX_MODULE_LINES = 800
+MAX_MODULE_LINES = 600  # issue 39
 
 
 def oversized(root: Path = PACKAGE) -> list[str]:

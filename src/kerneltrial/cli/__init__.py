@@ -4,7 +4,7 @@ library a floor down, prints.
 One module per command group in this package: kernel commands in `trial.py`, analysis commands
 in `analysis.py`, the Track 1 workflow (derive, confirm, replicate) in `workflow.py`, package and
 inspect in `submission.py`, whole-model trials in `model.py`, fleet runs in `fleet.py`, serving
-commands in serving/cli.py. This module only mounts them. Errors, exit codes and output width
+commands in `serving.py` (`serving_adhoc.py`, `serving_common.py`). This module only mounts them. Errors, exit codes and output width
 follow `support` (one error path for every command); `records` writes what commands print.
 """
 
@@ -14,11 +14,11 @@ import typer
 
 from kerneltrial.cli import analysis as analysis_cli
 from kerneltrial.cli import model as model_cli
+from kerneltrial.cli import serving as serving_cli
 from kerneltrial.cli import submission as submission_cli
 from kerneltrial.cli import support as cli_support
 from kerneltrial.cli import trial as trial_cli
 from kerneltrial.cli import workflow as workflow_cli
-from kerneltrial.serving import cli as serving_cli
 
 app = cli_support.app(
     help=(
