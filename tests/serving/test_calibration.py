@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -158,12 +159,24 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
     rec = read_calibration(cal)
     assert prov["calibration"] == {
         "dir": "cal",
+        "path": Path(os.path.relpath(cal, out)).as_posix(),
         "binding_sha256": rec.binding_sha256,
         "sha256": hashlib.sha256((cal / CALIBRATION).read_bytes()).hexdigest(),
         "passed": True,
     }
     used = next(c for c in verify_serving_run(out).checks if c.name == "calibration used")
     assert used.ok and used.applicable, used.problems
+    assert used.detail.endswith("opened again and verified")
+    want = [  # the first words of each problem, in order
+        "provenance.json calibration has no path: the calibration the trial rested on cannot be opened again",
+        "the calibration the trial rested on is not at nowhere (relative to the run directory): keep the trial",
+        "forged/calibration.json has sha256 ",
+        "forged does not verify (2 problem(s); first: calibration.json passed is false, its run (protocol.toml, "
+        "summary.json) gives true)",
+        "forged/calibration.json did not pass: planted",
+    ]
+    problems = planted_calibrations(out, cal, prov)
+    assert [p[: len(w)] for p, w in zip(problems, want, strict=True)] == want
     # planted: another trial's calibration named (its binding hash), then none at all
     prov["calibration"]["binding_sha256"] = "f" * 64
     (out / "provenance.json").write_text(json.dumps(prov))
@@ -174,6 +187,24 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
     (out / "provenance.json").write_text(json.dumps(prov))
     [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
     assert problem.startswith("provenance.json records no calibration, though protocol.toml requires")
+
+
+def planted_calibrations(out: Path, cal: Path, prov: dict) -> list[str]:
+    """verify's problems with the trial `out` whose provenance.json names, in turn, no calibration
+    path, a path to nothing, and a copy of `cal` whose calibration.json says it failed (the trial's
+    recorded hash left as it was): the calibration is opened again, not taken on the trial's word."""
+    forged = out / "forged"
+    shutil.copytree(cal, forged)
+    record = json.loads((forged / CALIBRATION).read_text())
+    (forged / CALIBRATION).write_text(json.dumps({**record, "passed": False, "reasons": ["planted"]}))
+    problems = []
+    for path in (None, "nowhere", "forged"):
+        used = {k: v for k, v in prov["calibration"].items() if k != "path"} | ({"path": path} if path else {})
+        (out / "provenance.json").write_text(json.dumps({**prov, "calibration": used}))
+        problems += next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
+    (out / "provenance.json").write_text(json.dumps(prov))
+    shutil.rmtree(forged)
+    return problems
 
 
 @pytest.mark.parametrize(

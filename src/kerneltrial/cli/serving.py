@@ -76,8 +76,8 @@ def trial(
 
     proto, raw = load_protocol(protocol)
     proto = proto.with_model(model) if model else proto
-    used = require_calibration(proto.with_client(client_name(client)) if client else proto, protocol.parent)  # first
     out = out_dir or default_out("trial")
+    used = require_calibration(proto.with_client(client_name(client)) if client else proto, protocol.parent, out)
     execute(raw.decode("utf-8"), protocol.parent, out, RunOptions(vllm, quiet, model, client, override_pins, used))
 
 

@@ -13,11 +13,13 @@ or a binding_sha256 that is not its binding's hash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir.errors import RunDirError
+from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving.calibration import (
     CALIBRATION,
     CalibrationError,
@@ -28,9 +30,10 @@ from kerneltrial.serving.calibration import (
 from kerneltrial.serving.effective import with_effective
 from kerneltrial.serving.pilot import pilot_reason
 from kerneltrial.serving.protocol import ProtocolError
-from kerneltrial.serving.verify_plan import RunProtocol, first_difference, short
+from kerneltrial.serving.verify_plan import RunProtocol, first_difference, read_run_protocol, short
 
 SHOWN = 5  # fields named before "and N more"
+Verifier = Callable[[Path], list[str]]  # a run directory's problems (serving/verify.py, which calls these checks)
 
 
 def calibration_problems(
@@ -71,10 +74,14 @@ def calibration_problems(
     return problems
 
 
-def trial_calibration_problems(prov: dict[str, Any], plan: dict[str, Any], rp: RunProtocol) -> list[str] | None:
+def trial_calibration_problems(
+    path: Path, prov: dict[str, Any], plan: dict[str, Any], rp: RunProtocol, verify_run: Verifier
+) -> list[str] | None:
     """A trial whose protocol requires a calibration records the one it rested on (provenance.json
     `calibration`), passed and bound to this trial's own binding (its protocol.toml with plan.json
-    `effective`); None when the protocol requires none."""
+    `effective`), and that calibration is opened again where the trial recorded it (relative to the
+    run directory `path`): the same calibration.json, a calibration that verifies (its record
+    recomputed from its runs) and passed. None when the protocol requires none."""
     if rp.proto is None:
         return None  # 'plan derived' names it
     recorded = plan.get("effective")
@@ -103,6 +110,44 @@ def trial_calibration_problems(prov: dict[str, Any], plan: dict[str, Any], rp: R
         )
     if used.get("passed") is not True:
         problems.append(f"provenance.json calibration passed is {used.get('passed')!r}: a trial rests on a passed one")
+    return problems + _calibration_opened(path, used, want, verify_run)
+
+
+def _calibration_opened(path: Path, used: dict[str, Any], want: str, verify_run: Verifier) -> list[str]:
+    """The calibration directory the trial recorded, opened again: its calibration.json is the one
+    the trial hashed, it is an A/A calibration (its protocol requires no
+    calibration itself), it verifies, it passed and its binding is this trial's."""
+    rel = used.get("path")
+    if not isinstance(rel, str) or not rel:
+        return ["provenance.json calibration has no path: the calibration the trial rested on cannot be opened again"]
+    where = path / rel
+    if not (where / CALIBRATION).is_file():
+        return [
+            f"the calibration the trial rested on is not at {rel} (relative to the run directory): keep the trial "
+            "and its calibration directory side by side as they were when the trial ran, and verify again"
+        ]
+    problems = []
+    if sha256_file(where / CALIBRATION) != used.get("sha256"):
+        problems.append(
+            f"{rel}/{CALIBRATION} has sha256 {sha256_file(where / CALIBRATION)[:12]}..., the trial recorded "
+            f"{str(used.get('sha256'))[:12]}...: the calibration was replaced or edited after the trial"
+        )
+    own = read_run_protocol(where)
+    if own.proto is None or own.proto.acceptance.calibration is not None:
+        return [*problems, f"{rel} is not an A/A calibration run (its protocol.toml requires a calibration itself)"]
+    failed = verify_run(where)
+    if failed:
+        problems.append(f"{rel} does not verify ({len(failed)} problem(s); first: {failed[0]})")
+    try:
+        record = read_calibration(where)
+    except (CalibrationError, RunDirError) as error:
+        return [*problems, str(error)]
+    if not record.passed:
+        problems.append(f"{rel}/{CALIBRATION} did not pass: {'; '.join(record.reasons)}")
+    if record.binding_sha256 != want:
+        problems.append(
+            f"{rel}/{CALIBRATION} binding_sha256 is {record.binding_sha256[:12]}..., this trial's is {want[:12]}..."
+        )
     return problems
 
 
@@ -123,6 +168,7 @@ def calibration_checks(
     summary: dict[str, Any],
     rows: list[dict[str, Any]],
     rp: RunProtocol,
+    verify_run: Verifier,
 ) -> list[Check]:
     """verify's calibration checks: a calibration run's record, and a trial's calibration."""
     return [
@@ -134,8 +180,8 @@ def calibration_checks(
         ),
         Check(
             "calibration used",
-            trial_calibration_problems(prov, plan, rp),
-            "the trial rested on a passed calibration bound to its own protocol",
+            trial_calibration_problems(path, prov, plan, rp, verify_run),
+            "the trial rested on a passed calibration bound to its own protocol, opened again and verified",
             "not applicable: the protocol requires no calibration",
         ),
     ]

@@ -7,12 +7,15 @@ baseline argv and environment apart from operator selection, cases, repeats, cli
 seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), its run
 directory verifies (serving/verify.py, with calibration.json recomputed from the run:
 serving/calibration_evidence.py) and it passed; the trial's provenance.json then records it
-(`calibration`: its directory, binding hash and calibration.json's sha256), and verify checks that
-binding against the trial's own protocol.
+(`calibration`: its directory as the protocol names it and as a path relative to the trial's run
+directory, its binding hash and calibration.json's sha256), and verify opens that directory again,
+verifies it (calibration.json recomputed from its runs) and checks that hash and the binding
+against the trial's own protocol (serving/calibration_evidence.py).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,11 @@ from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_plan import first_difference, short
 
 
-def require_calibration(proto: Protocol, base_dir: Path) -> dict[str, Any] | None:
+def require_calibration(proto: Protocol, base_dir: Path, run_dir: Path) -> dict[str, Any] | None:
     """Refuse (CalibrationError, one line) unless the protocol's calibration (`proto` with the command
     line's --model and --client applied) matches this trial, verifies and passed; return what the
-    trial's provenance.json records of it (`calibration`). Nothing to check without `calibration`."""
+    trial's provenance.json (in `run_dir`) records of it (`calibration`). Nothing to check without
+    `calibration`."""
     name = proto.acceptance.calibration
     if name is None:
         return None
@@ -44,6 +48,7 @@ def require_calibration(proto: Protocol, base_dir: Path) -> dict[str, Any] | Non
         raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")
     return {
         "dir": name,
+        "path": Path(os.path.relpath((base_dir / name).resolve(), run_dir.resolve())).as_posix(),
         "binding_sha256": record.binding_sha256,
         "sha256": sha256_file(base_dir / name / CALIBRATION),
         "passed": record.passed,

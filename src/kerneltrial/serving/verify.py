@@ -296,7 +296,11 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
         )
     else:
         result.not_applicable("acceptance", "not applicable: the protocol has no baseline and candidate")
-    for check in calibration_checks(path, run.prov, run.plan, run.summary, run.rows, run.protocol):
+
+    def verify_run(where: Path) -> list[str]:
+        return verify_serving_run(where, regrade).problems
+
+    for check in calibration_checks(path, run.prov, run.plan, run.summary, run.rows, run.protocol, verify_run):
         if check.problems is None:
             result.not_applicable(check.name, check.not_applicable)
         else:
