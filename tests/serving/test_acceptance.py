@@ -260,6 +260,14 @@ def test_an_a_a_trial_is_not_accepted(tmp_path, monkeypatch):
     summary["acceptance"] |= {"accepted": True, "verdict": "ACCEPTED"}
     (out / "summary.json").write_text(json.dumps(summary))
     assert "acceptance verdict ACCEPTED, recomputed REJECTED" in verify_serving_run(out).problems
+    # and the rule that would accept it written into plan.json, or the rule deleted: protocol.toml's rule decides
+    plan = json.loads((out / "plan.json").read_text())
+    for edited in (
+        plan | {"acceptance": plan["acceptance"] | {"noise_band": -1.0, "ttft_ratio_max": 9.0}},
+        {k: v for k, v in plan.items() if k != "acceptance"},
+    ):
+        (out / "plan.json").write_text(json.dumps(edited))
+        assert "acceptance verdict ACCEPTED, recomputed REJECTED" in verify_serving_run(out).problems
 
 
 def test_one_launch_per_arm_is_an_inconclusive_trial_that_exits_1(tmp_path, monkeypatch):

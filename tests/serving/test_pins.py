@@ -136,6 +136,7 @@ def test_override_pins_runs_the_launch_records_it_and_the_scope_says_proxy(tmp_p
     assert all(r["status"] == "ok" and r["pins"]["overridden"] for r in rows)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["override_pins"] is True and plan["pins"]["flag_gems"] == "5.3.5"
+    plan_pins = plan["pins"]
     prov = json.loads((out / "provenance.json").read_text())
     assert isinstance(prov["devices"], list)  # every vendor tool present answered (none here)
     assert "a pin did not match (overridden with --override-pins)" in prov["scope"]["reasons"]
@@ -147,6 +148,20 @@ def test_override_pins_runs_the_launch_records_it_and_the_scope_says_proxy(tmp_p
     (out / "summary.json").write_text(json.dumps(summary))
     assert any(
         p.startswith("summary scope official ([]), the records give proxy") for p in verify_serving_run(out).problems
+    )
+    # tampering: the pins, the override and the scope deleted (a check skipped is a check passed)
+    plan = {k: v for k, v in plan.items() if k not in ("pins", "override_pins")}
+    (out / "plan.json").write_text(json.dumps(plan))
+    assert "plan.json has no pins, but protocol.toml pins {'flag_gems': '5.3.5'} and 2 launch(es) recorded" in str(
+        verify_serving_run(out).problems
+    )
+    (out / "plan.json").write_text(json.dumps(plan | {"pins": {**plan_pins}}))
+    (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "scope"}))
+    problems = verify_serving_run(out).problems
+    assert "summary.json has no scope, though 2 launch(es) recorded their pin check" in problems
+    assert any(
+        "its server did not match the pins (FlagGems not installed (pinned 5.3.5)) but was not refused" in p
+        for p in problems
     )
 
 

@@ -547,16 +547,15 @@ def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any
 
 
 def _acceptance_problems(run: ServingRun, recomputed: Launches, dispatch_valid: dict[str, bool | None]) -> list[str]:
-    """serving/acceptance.py's rule, on the per-launch figures recomputed above."""
-    plan, acc_rule = run.plan, run.summary.get("acceptance")
+    """serving/acceptance.py's rule (protocol.toml's, not plan.json's word), on the per-launch figures
+    recomputed above."""
+    plan, acc_rule, proto = run.plan, run.summary.get("acceptance"), run.protocol.proto
     names = {arm["role"]: arm["name"] for arm in plan["arms"]}
     if not acc_rule:
         return ["summary has no acceptance block although the protocol has baseline and candidate"]
-    rule = Rule(
-        float(plan["acceptance"]["noise_band"]),
-        float(plan["acceptance"]["ttft_ratio_max"]),
-        float(plan["acceptance"].get("confidence", 0.95)),
-    )
+    if proto is None:
+        return [f"protocol.toml does not parse, so the acceptance rule cannot be derived: {run.protocol.error}"]
+    rule = Rule(proto.acceptance.noise_band, proto.acceptance.ttft_ratio_max, proto.acceptance.confidence)
     round_of = {int(L["launch"]): int(L["round"]) for L in plan.get("launches", [])}
 
     def figures(arm: str, case: str) -> list[LaunchFigure] | None:

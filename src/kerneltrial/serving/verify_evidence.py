@@ -351,17 +351,25 @@ def pins_problems(
     rp: RunProtocol, plan: dict[str, Any], launches: list[dict[str, Any]], summary: dict[str, Any], prov: dict[str, Any]
 ) -> list[str]:
     """plan.json's pins are protocol.toml's (`rp`, parsed once by verify); each launch's pin record is
-    its comparison; a mismatch not overridden was refused; summary.json's scope is the one these
-    records give."""
-    if "pins" not in plan:
-        return []  # before issue 26
+    its comparison; a mismatch not overridden (plan.json override_pins, absent: not) was refused;
+    summary.json's scope is the one these records give. A plan without pins passes only where
+    nothing was pinned or checked (a run from before issue 26), and a run whose launches checked
+    pins has a scope."""
     proto = rp.proto
     if proto is None:
         return [f"{PROTOCOL} does not parse, so the pins cannot be checked: {rp.error}"]
+    rows = [r for r in launches if "pins" in r]
+    if "pins" not in plan:
+        pinned = {k: v for k, v in proto.pins.flat().items() if v is not None}
+        if pinned or rows:
+            return [
+                f"plan.json has no pins, but protocol.toml pins {pinned} and {len(rows)} launch(es) recorded their "
+                "pin check: the pins were stripped from the plan"
+            ]
+        return []  # before issue 26: nothing pinned, nothing checked
     problems = []
     if plan["pins"] != proto.pins.flat():
         problems.append(f"plan.json pins {plan['pins']} are not protocol.toml's {proto.pins.flat()}")
-    rows = [r for r in launches if "pins" in r]
     for r in rows:
         where = f"launch {r.get('launch')} ({r.get('arm')})"
         rec = r["pins"]
@@ -371,6 +379,8 @@ def pins_problems(
         if want and not plan.get("override_pins") and r.get("status") != "refused":
             problems.append(f"{where}: its server did not match the pins ({'; '.join(want)}) but was not refused")
     got = summary.get("scope")
+    if got is None and rows:
+        problems.append(f"summary.json has no scope, though {len(rows)} launch(es) recorded their pin check")
     if got is not None:
         want_scope = scope(
             plan.get("client", "completions"), plan["pins"], [r["pins"] for r in rows], prov.get("devices") or []
