@@ -177,14 +177,26 @@ def test_without_effective_the_client_comes_from_the_argv(run: Path) -> None:
     assert not [p for p in check(run).problems if p.startswith("plan.json client is")]
 
 
-def test_the_honest_run_without_effective_still_passes(run: Path) -> None:
-    """A run from before `effective`, of a tree whose keys are not known here (dirty): its values,
-    with the model and client recovered from its argv, are the protocol's."""
+def test_the_honest_run_without_effective_still_passes_from_a_dirty_tree(run: Path) -> None:
+    """A run from before `effective`, of a dirty tree of that commit: its values, with the model and
+    client recovered from its argv, are the protocol's, and the keys that commit writes are there."""
     edit(run / "plan.json", lambda plan: plan.pop("effective"))
-    edit(run / "provenance.json", lambda prov: prov["git"].update(dirty=True))  # in a clean checkout too
+    at_commit(run, BEFORE_EFFECTIVE)
+    edit(run / "provenance.json", lambda prov: prov["git"].update(dirty=True))
     found = check(run)
     assert found.ok, found.problems
     assert "the model and client recovered from provenance.json argv (no `effective`: an older run)" in found.detail
+    assert "(edited: the run's tree was dirty)" in found.detail
+
+
+def test_a_dirty_tree_does_not_lift_no_downgrade(run: Path) -> None:
+    """The review's case: `effective` stripped and git.dirty set to true named no key required. A dirty
+    tree is its commit edited: that commit's runner writes `effective`, so it is required still."""
+    edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    edit(run / "provenance.json", lambda prov: prov["git"].update(dirty=True))
+    problems = check(run).problems
+    assert any(p.startswith("plan.json has no `effective`, which the runner at commit") for p in problems), problems
+    assert all("never writes" not in p for p in problems)  # a dirty tree may write newer keys
 
 
 def test_a_key_the_named_commits_runner_never_writes_proves_a_later_runner(run: Path) -> None:

@@ -17,7 +17,8 @@ recorded commit (this checkout's git history, kernel/git_history.py; a clean tre
 commit whose package digest is the run's git.source_sha256) writes it, and a key that
 runner never writes is proof that a later runner wrote the plan, so provenance.json names the wrong
 commit: deleting the proof of dispatch and every newer key, or naming an older commit, no longer
-reads as an older run. Where the commit is unknown here, or the tree was dirty, only the keys'
+reads as an older run. A dirty tree is its commit edited: that runner's keys are still required,
+and keys it never writes are allowed. Where the commit is unknown here, only the keys'
 values are compared (and a forger who rewrites protocol.toml, its hash in three documents and
 every record that follows from it has written another run: docs/VERIFY.md).
 
@@ -57,6 +58,9 @@ class RunProtocol:
     error: str | None = None
 
 
+EDITED = "(edited: the run's tree was dirty)"
+
+
 def read_run_protocol(path: Path) -> RunProtocol:
     """The protocol.toml of the run directory `path`, for every check that reads it."""
     try:
@@ -81,22 +85,25 @@ def derived_plan(proto: Protocol, plan: dict[str, Any], beside: dict[str, Any]) 
 
 
 def written_keys(prov: dict[str, Any]) -> tuple[set[str] | None, str]:
-    """The keys the runner at the recorded commit writes into plan.json, or None and why not."""
+    """The keys the runner at the recorded commit writes into plan.json, or None and why not. A dirty
+    tree is that commit edited: its runner's keys are still required ("edited" in the source named,
+    and key_problems then allows keys it never writes)."""
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     commit = git.get("commit")
-    if not isinstance(commit, str) or not commit or git.get("dirty") is True:
-        return None, "the run names no clean commit"
+    if not isinstance(commit, str) or not commit:
+        return None, "the run names no commit"
     tree = package_at(commit)
     if tree.files is None:
         return None, tree.reason
+    dirty = git.get("dirty") is True
     # a clean tree, or a declared commit (a copy sent to a GPU machine: dirty null) whose source it is
-    if git.get("dirty") is not False and package_digest(tree.files) != git.get("source_sha256"):
+    if git.get("dirty") is None and package_digest(tree.files) != git.get("source_sha256"):
         return None, f"the run's source is not commit {commit[:12]}'s (git.dirty null, git.source_sha256 another)"
     source = tree.files.get(RUNNER) or tree.files.get(OLD_RUNNER) or b""
     keys = plan_doc_keys(source)
     if keys is None:
         return None, f"the runner at commit {commit[:12]} writes no plan.json this verifier can read"
-    return keys, f"the runner at commit {commit[:12]}"
+    return keys, f"the runner at commit {commit[:12]}" + (f" {EDITED}" if dirty else "")
 
 
 def plan_doc_keys(source: bytes) -> set[str] | None:
@@ -168,7 +175,7 @@ def key_problems(plan: dict[str, Any], current: set[str], written_by: set[str] |
         f"plan.json has `{key}`, which {source} (git history) never writes: a later runner wrote this plan, "
         "not the commit provenance.json names"
         for key in sorted(current - written_by)
-        if key in plan
+        if key in plan and not source.endswith(EDITED)
     ]
     return missing + later
 
