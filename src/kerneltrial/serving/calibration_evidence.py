@@ -126,10 +126,10 @@ def _calibration_opened(path: Path, used: dict[str, Any], want: str, verify_run:
             f"the calibration the trial rested on is not at {rel} (relative to the run directory): keep the trial "
             "and its calibration directory side by side as they were when the trial ran, and verify again"
         ]
-    problems = []
-    if sha256_file(where / CALIBRATION) != used.get("sha256"):
+    problems, digest = [], sha256_file(where / CALIBRATION)
+    if digest != used.get("sha256"):
         problems.append(
-            f"{rel}/{CALIBRATION} has sha256 {sha256_file(where / CALIBRATION)[:12]}..., the trial recorded "
+            f"{rel}/{CALIBRATION} has sha256 {digest[:12]}..., the trial recorded "
             f"{str(used.get('sha256'))[:12]}...: the calibration was replaced or edited after the trial"
         )
     own = read_run_protocol(where)

@@ -58,7 +58,13 @@ class RunProtocol:
     error: str | None = None
 
 
-EDITED = "(edited: the run's tree was dirty)"
+@dataclass(frozen=True)
+class Writer:
+    """The runner at a run's recorded commit, as far as this checkout's git history gives it."""
+
+    keys: set[str] | None  # the keys it writes into plan.json; None: not known here
+    source: str  # how problems name it, or why its keys are not known
+    edited: bool = False  # the run's tree was dirty: that commit edited, so keys it never writes are allowed
 
 
 def read_run_protocol(path: Path) -> RunProtocol:
@@ -84,26 +90,29 @@ def derived_plan(proto: Protocol, plan: dict[str, Any], beside: dict[str, Any]) 
     return json.loads(json.dumps(derived))
 
 
-def written_keys(prov: dict[str, Any]) -> tuple[set[str] | None, str]:
-    """The keys the runner at the recorded commit writes into plan.json, or None and why not. A dirty
-    tree is that commit edited: its runner's keys are still required ("edited" in the source named,
-    and key_problems then allows keys it never writes)."""
+def written_keys(prov: dict[str, Any]) -> Writer:
+    """The runner at the recorded commit and the keys it writes into plan.json (None, and why not,
+    where they are not known here). A dirty tree is that commit edited: its runner's keys are still
+    required, and keys it never writes are allowed."""
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     commit = git.get("commit")
     if not isinstance(commit, str) or not commit:
-        return None, "the run names no commit"
+        return Writer(None, "the run names no commit")
     tree = package_at(commit)
     if tree.files is None:
-        return None, tree.reason
-    dirty = git.get("dirty") is True
+        return Writer(None, tree.reason)
+    edited = git.get("dirty") is True
     # a clean tree, or a declared commit (a copy sent to a GPU machine: dirty null) whose source it is
-    if git.get("dirty") is None and package_digest(tree.files) != git.get("source_sha256"):
-        return None, f"the run's source is not commit {commit[:12]}'s (git.dirty null, git.source_sha256 another)"
+    if not edited and git.get("dirty") is not False and package_digest(tree.files) != git.get("source_sha256"):
+        return Writer(
+            None, f"the run's source is not commit {commit[:12]}'s (git.dirty null, git.source_sha256 another)"
+        )
     source = tree.files.get(RUNNER) or tree.files.get(OLD_RUNNER) or b""
     keys = plan_doc_keys(source)
     if keys is None:
-        return None, f"the runner at commit {commit[:12]} writes no plan.json this verifier can read"
-    return keys, f"the runner at commit {commit[:12]}" + (f" {EDITED}" if dirty else "")
+        return Writer(None, f"the runner at commit {commit[:12]} writes no plan.json this verifier can read")
+    edit = " (edited: the run's tree was dirty)" if edited else ""
+    return Writer(keys, f"the runner at commit {commit[:12]}{edit}", edited)
 
 
 def plan_doc_keys(source: bytes) -> set[str] | None:
@@ -149,21 +158,23 @@ def plan_problems(rp: RunProtocol, plan: dict[str, Any], prov: dict[str, Any]) -
         derived = derived_plan(rp.proto, plan, beside)
     except ProtocolError as error:
         return [*problems, f"{PROTOCOL} with the run's values beside it does not give a plan: {error}"], ""
-    written_by, source = written_keys(prov)
-    problems += key_problems(plan, set(derived), written_by, source)
+    writer = written_keys(prov)
+    problems += key_problems(plan, set(derived), writer)
     problems += value_problems(plan, derived)
     problems += _layer_problems(plan, derived, beside.get("model"))
     keys = (
-        f"the keys {source} writes required, and only those"
-        if written_by is not None
-        else f"no key required ({source})"
+        f"no key required ({writer.source})"
+        if writer.keys is None
+        else f"the keys {writer.source} writes required" + ("" if writer.edited else ", and only those")
     )
     return problems, f"plan.json derived from {PROTOCOL} and {whence}: every value compared; {keys}"
 
 
-def key_problems(plan: dict[str, Any], current: set[str], written_by: set[str] | None, source: str) -> list[str]:
+def key_problems(plan: dict[str, Any], current: set[str], writer: Writer) -> list[str]:
     """No downgrade: a key of the current plan that the recorded commit's runner writes and plan.json
-    lacks; no later runner: one that runner never writes and plan.json holds."""
+    lacks; no later runner: one that runner never writes and plan.json holds (unless the tree was
+    dirty)."""
+    written_by, source = writer.keys, writer.source
     if written_by is None:
         return []
     missing = [
@@ -175,7 +186,7 @@ def key_problems(plan: dict[str, Any], current: set[str], written_by: set[str] |
         f"plan.json has `{key}`, which {source} (git history) never writes: a later runner wrote this plan, "
         "not the commit provenance.json names"
         for key in sorted(current - written_by)
-        if key in plan and not source.endswith(EDITED)
+        if key in plan and not writer.edited
     ]
     return missing + later
 
