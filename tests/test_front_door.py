@@ -157,6 +157,29 @@ def test_device_scripts_refuse_an_unfrozen_protocol_unless_exploratory(tmp_path:
     assert "setup reached" in device_script(tmp_path, "suite.sh", "--exploratory", "suite", "E0").stdout
 
 
+def test_device_setup_refuses_a_source_commit_that_is_not_the_code_here(tmp_path: Path) -> None:
+    """A copy whose .git is older than its files: the commit named must be the code that runs."""
+    (tmp_path / "src" / "kerneltrial").mkdir(parents=True)
+    (tmp_path / "src" / "kerneltrial" / "a.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "old"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    setup = (REPO / "scripts" / "device" / "setup.sh").read_text()
+    stop = "echo setup-passed; return 0\n"  # the lines after the check need a GPU
+    (tmp_path / "setup.sh").write_text(setup.replace("export PYTHONPATH", stop + "export PYTHONPATH", 1))
+
+    def sourced() -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/bin:/bin", "KERNELTRIAL_SOURCE_COMMIT": head}
+        return subprocess.run(["bash", "-c", ". ./setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    assert "setup-passed" in sourced().stdout
+    (tmp_path / "src" / "kerneltrial" / "a.py").write_text("x = 2\n")  # the files moved on, .git did not
+    refused = sourced()
+    assert refused.returncode == 1 and "setup-passed" not in refused.stdout
+    assert f"refusing: KERNELTRIAL_SOURCE_COMMIT={head} is not the code here" in refused.stderr
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     """.ci/run calls the README's test command: the same line in both (the quick subset first)."""
     ci = (REPO / ".ci" / "run").read_text().splitlines()

@@ -5,6 +5,15 @@
 if ls .whl/*.whl > /dev/null 2>&1; then  # none carried: what the machine has
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 fi
+# The commit the evidence names is the sender's: pass it literally (KERNELTRIAL_SOURCE_COMMIT=<hash>),
+# never `$(git rev-parse HEAD)` here, where the copy's .git may be older than its files. A commit
+# this .git knows whose src/kerneltrial differs from the files that will run is refused.
+if [ -n "$KERNELTRIAL_SOURCE_COMMIT" ] && git cat-file -e "$KERNELTRIAL_SOURCE_COMMIT^{commit}" 2> /dev/null \
+  && ! git diff --quiet "$KERNELTRIAL_SOURCE_COMMIT" -- src/kerneltrial; then
+  echo "refusing: KERNELTRIAL_SOURCE_COMMIT=$KERNELTRIAL_SOURCE_COMMIT is not the code here" \
+    "(src/kerneltrial differs from it); pass the sending checkout's commit hash literally" >&2
+  return 1
+fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"

@@ -39,6 +39,26 @@ def _ok(result: Any, what: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
+def created(cu: Any, size: int, prop: Any) -> Any:
+    """cuMemCreate's handle; on out of memory, tried once more after torch's caching allocator
+    gives back the blocks it keeps (freed tensors' memory, which the driver cannot hand to this
+    call: the first CUDA package check, on an H100, failed so at its largest case). A failure
+    after that names the size and what the device has free."""
+    import torch
+
+    err, handle = cu.cuMemCreate(size, prop, 0)
+    if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+        torch.cuda.empty_cache()
+        err, handle = cu.cuMemCreate(size, prop, 0)
+    if int(err) != 0:
+        free, total = torch.cuda.mem_get_info()
+        raise RuntimeError(
+            f"cuMemCreate of {size} bytes failed: {err} ({free} of {total} bytes free on the device, "
+            "after torch's cache was emptied)"
+        )
+    return handle
+
+
 class Mapping:
     """`size` bytes of device memory mapped into this process at `ptr`."""
 
@@ -69,7 +89,7 @@ class Mapping:
         flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         grain = int(_ok(cu.cuMemGetAllocationGranularity(prop, flag), "cuMemGetAllocationGranularity"))
         size = -(-max(1, nbytes) // grain) * grain
-        handle = _ok(cu.cuMemCreate(size, prop, 0), "cuMemCreate")
+        handle = created(cu, size, prop)
         fd = int(_ok(cu.cuMemExportToShareableHandle(handle, kind, 0), "cuMemExportToShareableHandle"))
         return cls(handle, size, device), fd
 
