@@ -1,6 +1,7 @@
 """GPU shared buffers (trial/vmm.py) when the device is short of memory: the driver's out of memory is
 tried again once torch's caching allocator has given back what it keeps, and a failure after that
-names the size and the device's free memory. A fake driver stands in for cuda.bindings."""
+names the size and the device's free memory (a fake driver stands in for cuda.bindings); and an
+isolated worker's cache is given back at each new case, not within one."""
 
 from __future__ import annotations
 
@@ -48,3 +49,17 @@ def test_out_of_memory_that_stays_names_the_size_and_the_free_memory(driver: Fak
     with pytest.raises(RuntimeError, match=r"cuMemCreate of 4294967296 bytes failed: 2 \(1073741824 of 85899345920"):
         vmm.created(driver, 4 << 30, object())
     assert driver.calls == 2
+
+
+def test_a_worker_gives_back_its_cache_at_each_new_case_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poison.cache_for_sizes, as the isolated worker calls it before each gate call."""
+    from kerneltrial.trial import poison
+
+    emptied: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    gpu, small, large = torch.device("cuda", 0), [torch.zeros(4), torch.zeros(2)], [torch.zeros(8)]
+    sizes = poison.cache_for_sizes(small, gpu, ())
+    assert sizes == (16, 8) and len(emptied) == 1
+    assert poison.cache_for_sizes(small, gpu, sizes) == sizes and len(emptied) == 1  # the same case
+    assert poison.cache_for_sizes(large, gpu, sizes) == (32,) and len(emptied) == 2
+    assert poison.cache_for_sizes(large, torch.device("cpu"), sizes) == (32,) and len(emptied) == 2

@@ -307,6 +307,7 @@ class Worker:
         self.staged: list[Any] = []  # ... and their bytes as copied at its return, on the current stream
         self.staged_inputs: dict[int, Any] = {}  # its argument buffers' bytes, likewise
         self.returned: list[Any] = []
+        self.case_sizes: tuple[int, ...] = ()  # the last gate call's argument sizes (poison.cache_for_sizes)
         self.shims: dict[str, ModuleType] = {}
         self.context = ExitStack()
         self.timer: Any = None
@@ -469,7 +470,9 @@ class Worker:
         self.update(message)
         args = [self.argument(d) for d in message["args"]]
         poison = self.shims["poison"]
-        poison.poison_free_blocks(self.returned or [a for a in args if isinstance(a, torch.Tensor)])
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        self.case_sizes = poison.cache_for_sizes(tensors, self.device, self.case_sizes)
+        poison.poison_free_blocks(self.returned or tensors)
         with poison.poisoned_allocations(self.device):
             returned = self.functions[message["fn"]](*args)
         outputs = None if returned is None else as_outputs(returned)
