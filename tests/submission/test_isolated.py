@@ -200,3 +200,21 @@ def test_a_module_that_hangs_at_import_ends_the_check_at_its_timeout(tmp_path):
     with pytest.raises(WorkerEnded, match=r"^did not start within 10 s"):
         interface_check(build({"hangs.py": source}), "rmsnorm", None, 10)
     assert time.monotonic() - start < 40
+
+
+def test_the_package_command_gives_cuda_expandable_segments_unless_the_user_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interface check's harness fits a GPU panel's last case on an 80 GB card only so (issue 35)."""
+    from kerneltrial.submission.isolated import ALLOCATOR
+    from tests.kt import run_cli
+
+    name, value = ALLOCATOR
+    monkeypatch.delenv(name, raising=False)
+    assert (
+        run_cli("package", "rmsnorm", tmp_path / "none.py", "--out", tmp_path / "a.zip", "--unconfirmed").exit_code == 2
+    )
+    assert os.environ[name] == value == "expandable_segments:True"
+    monkeypatch.setenv(name, "max_split_size_mb:128")
+    run_cli("package", "rmsnorm", tmp_path / "none.py", "--out", tmp_path / "a.zip", "--unconfirmed")
+    assert os.environ[name] == "max_split_size_mb:128"
