@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from kerneltrial.serving.protocol import Arm, parse_protocol
 from kerneltrial.serving.report_data import load_run, verdict
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.stats import paired_ratio
+from tests.conftest import REPO
 from tests.kt import run_cli, write_protocol
 
 from .conftest import FAKE, answer_as_served, start_times
@@ -244,6 +246,35 @@ def test_a_clearly_faster_candidate_is_accepted(tmp_path, monkeypatch):
     summary["acceptance"]["cases"][CASE]["gain_low"] = 0.5
     (out / "summary.json").write_text(json.dumps(summary))
     assert any(f"acceptance {CASE}: gain_low 0.5, recomputed" in p for p in verify_serving_run(out).problems)
+
+
+def test_an_accepted_run_naming_a_commit_older_than_its_records_is_refused(tmp_path, monkeypatch):
+    """A forger names an older clean commit (its package digest copied into provenance.json) to shed the
+    records that commit's runner never wrote: the plan's keys cannot see them, the acceptance floor can."""
+    from kerneltrial.kernel.git_history import package_at
+    from kerneltrial.kernel.integrity import package_digest
+    from kerneltrial.serving.verify_plan import ACCEPTANCE_FLOOR
+
+    parent = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", f"{ACCEPTANCE_FLOOR}~1"], capture_output=True, text=True
+    )
+    older = package_at(parent.stdout.strip() or "none")
+    if older.files is None:
+        pytest.skip(f"no git history before the acceptance floor here: {older.reason}")
+    bench = synthetic_bench(lambda arm, L: ((1.2 if arm == "B" else 1.0) * wobble(L), 1.0 / wobble(L)))
+    code, output, out = run_trial(tmp_path, monkeypatch, trial_text(rounds=4), bench)
+    assert code == 0, output
+    honest = next(c for c in verify_serving_run(out).checks if c.name == "acceptance runner")
+    assert honest.ok and honest.applicable and "or later" in honest.detail
+    prov = json.loads((out / "provenance.json").read_text())
+    git = prov["git"] | {"commit": older.commit, "dirty": False, "source_sha256": package_digest(older.files)}
+    for forged, says in (
+        (git, f"the run is accepted, but commit {older.commit[:12]} is older than {ACCEPTANCE_FLOOR[:12]}"),
+        ({k: v for k, v in git.items() if k != "commit"}, "the run is accepted but names no commit"),
+    ):
+        (out / "provenance.json").write_text(json.dumps(prov | {"git": forged}))
+        check = next(c for c in verify_serving_run(out).checks if c.name == "acceptance runner")
+        assert not check.ok and check.problems[0].startswith(says), check.problems
 
 
 def test_an_a_a_trial_is_not_accepted(tmp_path, monkeypatch):

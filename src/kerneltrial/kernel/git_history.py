@@ -85,3 +85,14 @@ def package_at(commit: str) -> CommitTree:
     if not contents or any(data is None for data in contents):
         return CommitTree(commit, None, f"commit {commit} has no readable package source under {PACKAGE_PATH}")
     return CommitTree(commit, {path: data for path, data in zip(blobs, contents, strict=True) if data is not None}, "")
+
+
+def has_history() -> bool:
+    """Whether this package runs from a git checkout whose history git can read."""
+    return _git("rev-parse", "--git-dir") is not None
+
+
+def descends_from(commit: str, ancestor: str) -> bool:
+    """Whether `commit` is `ancestor` or comes after it in this checkout's history (False where
+    either is unknown here)."""
+    return _git("merge-base", "--is-ancestor", ancestor, commit) is not None

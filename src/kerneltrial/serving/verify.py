@@ -30,7 +30,7 @@ from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.calibration_evidence import calibration_checks
 from kerneltrial.serving.verify_dispatch import check_dispatch
-from kerneltrial.serving.verify_plan import RunProtocol, plan_problems, read_run_protocol
+from kerneltrial.serving.verify_plan import RunProtocol, floor_problems, plan_problems, read_run_protocol
 from kerneltrial.serving.verify_requests import completeness_problems
 from kerneltrial.serving.verify_served import served_problems
 
@@ -294,6 +294,7 @@ def verify_serving_run(path: Path, regrade: bool = True) -> VerifyResult:
             _acceptance_problems(run, recomputed, dispatch_valid),
             "the acceptance verdict recomputed from the per-launch figures",
         )
+        _check_floor(run, result)
     else:
         result.not_applicable("acceptance", "not applicable: the protocol has no baseline and candidate")
 
@@ -544,6 +545,19 @@ def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any
         "the launches ran the pinned versions",
     )
     return launches
+
+
+def _check_floor(run: ServingRun, result: VerifyResult) -> None:
+    """An accepted run's runner is no older than the records its acceptance rests on."""
+    acceptance = run.summary.get("acceptance")
+    if not (isinstance(acceptance, dict) and acceptance.get("accepted")):
+        result.not_applicable("acceptance runner", "not applicable: the run accepts nothing")
+    elif (found := floor_problems(run.prov)) is None:
+        result.not_applicable(
+            "acceptance runner", "no git history here: a run naming an older commit than the records need would pass"
+        )
+    else:
+        result.add("acceptance runner", *found)
 
 
 def _acceptance_problems(run: ServingRun, recomputed: Launches, dispatch_valid: dict[str, bool | None]) -> list[str]:

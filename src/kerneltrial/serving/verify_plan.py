@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.kernel.git_history import package_at
+from kerneltrial.kernel.git_history import descends_from, has_history, package_at
 from kerneltrial.kernel.integrity import package_digest
 from kerneltrial.rundir.layout import PROTOCOL
 from kerneltrial.serving.effective import Written, argv_problems, command_line, recovered, with_effective, written
@@ -46,6 +46,12 @@ RUNNER = "serving/plan.py"  # the module that writes plan.json's keys, in the pa
 OLD_RUNNER = "serving/trial.py"  # where plan_doc lived before serving/plan.py (and the plan before plan_doc)
 # checked elsewhere (the protocol hash), or by their own check here (the layers, `effective`)
 NOT_COMPARED = ("protocol_sha256", "model_layers", "effective")
+# The first commit whose runner writes every record an acceptance rests on (provenance.json
+# calibration.path, e3ad6c4; pins.records, the official scope's evidence and the devices came
+# before it). The plan's key check cannot see records outside plan.json: a run that names an older
+# commit may shed what that commit's runner never wrote, so it is read as an older run but grants
+# no acceptance.
+ACCEPTANCE_FLOOR = "e3ad6c46b87fc2bac9ebbc76ccf17a74261c8fd6"
 
 
 @dataclass(frozen=True)
@@ -231,3 +237,24 @@ def _layer_problems(plan: dict[str, Any], derived: dict[str, Any], model: Any) -
 def short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def floor_problems(prov: dict[str, Any]) -> tuple[list[str], str] | None:
+    """An accepted run's recorded commit at or after ACCEPTANCE_FLOOR in this checkout's history:
+    its problems and a detail; None where this checkout has no git history to tell (the caller says
+    so: an older commit's run would then pass)."""
+    if not has_history():
+        return None
+    git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
+    commit = git.get("commit")
+    floor = ACCEPTANCE_FLOOR[:12]
+    detail = f"the recorded commit is {floor} or later, whose runner writes every record an acceptance rests on"
+    if not isinstance(commit, str) or not commit:
+        return [f"the run is accepted but names no commit, so its runner may predate {floor}: re-run it"], detail
+    if not descends_from(commit, ACCEPTANCE_FLOOR):
+        return [
+            f"the run is accepted, but commit {commit[:12]} is older than {floor} or not in this checkout's "
+            f"history: its runner need not write the calibration's path, the pins' records or the scope's "
+            "evidence, so its acceptance stands on nothing verify can check; re-run it at a current commit"
+        ], detail
+    return [], detail
