@@ -43,6 +43,7 @@ from kerneltrial.rundir.layout import (
     REPLICATES_MD,
     REPORT,
     REPORT_FIGURES,
+    SIZE_PNG,
     REQUESTS,
     ROUNDTRIP,
     ROUNDTRIP_COLUMNS,
@@ -234,6 +235,12 @@ KERNEL_FILES = (
             "titled UNVERIFIED is accepted too); the PNGs are not compared (matplotlib and fonts change their"
             " bytes), only their names are allowed"
         ),
+    ),
+    RunFile(
+        (SIZE_PNG,),
+        "by `kerneltrial plot` (its default --out), after verify passed (or with `--unverified`)",
+        "each timed arm's time and rate against bytes per call, drawn from summary.json; like the "
+        "report's PNGs not compared, only its name is allowed",
     ),
     RunFile(
         (ERRATA,),

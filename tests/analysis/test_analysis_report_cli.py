@@ -146,6 +146,16 @@ def test_plot_draws_each_timed_arm_against_size(tmp_path: Path, monkeypatch: pyt
     assert time_ax.get_xscale() == rate_ax.get_yscale() == "log"
 
 
+def test_plot_into_the_run_directory_leaves_it_verifying(tmp_path: Path) -> None:
+    """The default --out is size.png beside the raw files: verify allows it as it allows the report's PNGs."""
+    run = write_checked_run(tmp_path / "run")
+    assert run_cli("plot", str(run)).exit_code == 0 and (run / "size.png").is_file()
+    assert run_cli("verify", str(run)).exit_code == 0
+    (run / "other.png").write_bytes(b"")  # a file no command writes is still refused
+    refused = run_cli("verify", str(run))
+    assert refused.exit_code == 1 and "['other.png'] not in manifest.json" in " ".join(refused.output.split())
+
+
 def test_compare_refuses_runs_of_two_operators(tmp_path: Path) -> None:
     a, b = write_run_dir(tmp_path / "a"), write_run_dir(tmp_path / "b")
     for path in (a, b):

@@ -22,7 +22,7 @@ from kerneltrial.cli import records
 from kerneltrial.cli.support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.files import read_json
-from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, kind_of
+from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, SIZE_PNG, kind_of
 from kerneltrial.rundir.summary_doc import read_summary
 
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
@@ -234,7 +234,10 @@ def export(
 
 def plot(
     run_dir: RunDir,
-    out: Annotated[Path | None, typer.Option(help="PNG to write (default: size.png in the run directory).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help=f"PNG to write (default: {SIZE_PNG} in the run directory, which verify allows there)."),
+    ] = None,
     unverified: Unverified = False,
 ) -> None:
     """Verify a kernel run, then plot each timed arm's median time per call and GB/s against the
@@ -246,7 +249,7 @@ def plot(
         raise CliError(f"{run_dir} is a {kind_of(run_dir)} directory; plot takes a kernel run")
     summary = read_summary(run_dir)
     require_verified([run_dir], unverified)
-    typer.echo(f"wrote {plot_against_size(summary, out or run_dir / 'size.png', unverified)}")
+    typer.echo(f"wrote {plot_against_size(summary, out or run_dir / SIZE_PNG, unverified)}")
 
 
 def _unverified_notes(notes: list[str], unverified: bool) -> list[str]:

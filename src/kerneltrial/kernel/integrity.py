@@ -24,19 +24,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.layout import ERRATA, MANIFEST, REPORT, REPORT_FIGURES, SOURCE_ARCHIVE
+from kerneltrial.rundir.layout import ADDED_FIGURES, ERRATA, MANIFEST, REPORT, SOURCE_ARCHIVE
 
 MANIFEST_SCHEMA = "kerneltrial.manifest/1"
 PACKAGE_PREFIX = "kerneltrial/"
-# files a person or `kerneltrial report` may add after the run; everything else must be in the manifest.
-# report.md is checked as a derived file and ERRATA.md by its own rule (kernel/derived.py).
-ADDED_AFTER_RUN = (REPORT, ERRATA, *REPORT_FIGURES)
+# files a person, `kerneltrial report` or `kerneltrial plot` may add after the run; everything else must be
+# in the manifest. report.md is checked as a derived file and ERRATA.md by its own rule (kernel/derived.py).
+ADDED_AFTER_RUN = (REPORT, ERRATA, *ADDED_FIGURES)
 REQUIRED_VERSIONS = ("python", "torch", "triton")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _added_after_run(relative: str) -> bool:
-    """report.md, ERRATA.md and the report's figures, at the top of the run directory."""
+    """report.md, ERRATA.md and the figures of `report` and `plot`, at the top of the run directory."""
     return relative in ADDED_AFTER_RUN
 
 

@@ -52,6 +52,8 @@ SPEEDUP_PNG = "speedup.png"
 VERDICTS_PNG = "verdicts.png"
 CEILING_PNG = "ceiling.png"
 REPORT_FIGURES = (SPEEDUP_PNG, VERDICTS_PNG, CEILING_PNG)
+SIZE_PNG = "size.png"  # what `kerneltrial plot` writes into a kernel run directory by default
+ADDED_FIGURES = (*REPORT_FIGURES, SIZE_PNG)  # every figure a command may add after the run
 # A replicate directory (`kerneltrial replicate`): run-1..N, each a kernel run directory, and the cross-run table.
 REPLICATES = "replicates.json"
 REPLICATES_MD = "replicates.md"
