@@ -101,6 +101,25 @@ def test_compare_calls_each_change_from_both_runs_samples(tmp_path: Path) -> Non
     assert f"| `{C1}` | `fast` | 0.800 | 0.571 | 0.714 | FAST | 1.400 [" in text
 
 
+def test_compare_says_which_settings_differ_and_which_it_uses(tmp_path: Path) -> None:
+    a = write_run_dir(tmp_path / "a")
+    b = write_run_dir(tmp_path / "b", RunSpec(resamples=500, calls=20, tie_band=0.05))
+    for path in (a, b):
+        write_summary(path)
+    notes = comparison(a, b).notes
+    assert "Note: the tie bands differ (0.02, 0.05); the wider calls a change." in notes
+    assert (
+        "Note: the bootstrap settings differ (A: 2000 resamples, seed 7, 95%; B: 500 resamples, seed 7, 95%); "
+        "the change column uses A's, each run's own speedup interval its own."
+    ) in notes
+    assert f"Note: calls per timed sample differ in `{C1}` (10, 20), `{C2}` (10, 20): a per-call median" in " ".join(
+        notes
+    )
+    same = write_run_dir(tmp_path / "same")
+    write_summary(same)
+    assert comparison(a, same).notes == []
+
+
 def test_compare_json_counts_the_changes(tmp_path: Path) -> None:
     a = write_checked_run(tmp_path / "a", RunSpec(failures=set()))
     b = write_checked_run(tmp_path / "b", RunSpec(failures=set(), per_call=changed))

@@ -191,6 +191,30 @@ class Comparison:
         return f"B against A: {counts} ({self.rule.words()})"
 
 
+def setting_notes(a: Summary, b: Summary) -> list[str]:
+    """What the runs set differently that bears on the change column: the tie bands (the wider
+    calls a change), the bootstrap settings (A's are used), and the calls per timed sample of a
+    common case (a per-call median of longer samples spreads a sample's fixed cost over more calls)."""
+    notes = []
+    if a.tie_band != b.tie_band:
+        notes.append(f"Note: the tie bands differ ({a.tie_band:g}, {b.tie_band:g}); the wider calls a change.")
+    settings = [(s.bootstrap.resamples, s.bootstrap.seed, s.bootstrap.confidence) for s in (a, b)]
+    if settings[0] != settings[1]:
+        (ra, sa, ca), (rb, sb, cb) = settings
+        notes.append(
+            f"Note: the bootstrap settings differ (A: {ra} resamples, seed {sa}, {100 * ca:g}%; B: {rb} resamples, "
+            f"seed {sb}, {100 * cb:g}%); the change column uses A's, each run's own speedup interval its own."
+        )
+    calls_b = {c.case: c.calls for c in b.cases}
+    differ = [f"`{c.case}` ({c.calls}, {calls_b[c.case]})" for c in a.cases if calls_b.get(c.case, c.calls) != c.calls]
+    if differ:
+        notes.append(
+            "Note: calls per timed sample differ in " + ", ".join(differ) + ": a per-call median from longer "
+            "samples spreads each sample's fixed cost over more calls, so part of a change there may be that."
+        )
+    return notes
+
+
 def comparison(a: Path, b: Path) -> Comparison:
     """Run directories `a` and `b` (both need summary.json) of one operator side by side;
     RunDirError for runs of two operators (their cases cannot mean the same)."""
@@ -203,10 +227,7 @@ def comparison(a: Path, b: Path) -> Comparison:
         notes.append("**Warning: the runs used different timing backends; their times are not comparable.**")
     if summary_a.protocol_sha256 != summary_b.protocol_sha256:
         notes.append("Note: the runs follow different protocols (protocol_sha256 differs).")
-    if summary_a.tie_band != summary_b.tie_band:
-        notes.append(
-            f"Note: the tie bands differ ({summary_a.tie_band:g}, {summary_b.tie_band:g}); the wider calls a change."
-        )
+    notes += setting_notes(summary_a, summary_b)
     for name, summary in (("A", summary_a), ("B", summary_b)):
         notes += [f"**Isolation, run {name}: {w}.**" for w in integrity_lines(summary.warnings)]
     return Comparison(
