@@ -80,6 +80,7 @@ def test_end_to_end(tmp_path):
     assert record["lead"] == {
         "samples_retaken": 0,
         "samples_retaken_throttled": 0,
+        "samples_retaken_throttled_by_arm": {},
         "samples_kept_behind": 0,
         "sessions": "all",
         "final_cycles_per_call": timing.LEAD_CYCLES_PER_CALL,

@@ -56,6 +56,8 @@ def test_a_throttled_sample_is_retaken_up_to_the_bound_and_counted(tmp_path: Pat
     out = run_trial(write_protocol(tmp_path / "p.toml", PROTOCOL), tmp_path / "run")
     lead = json.loads((out / "provenance.json").read_text())["lead"]
     assert lead["samples_retaken_throttled"] == 3
+    # the first sample is the control's (two re-takes), the second packed_r4_w4's (one)
+    assert lead["samples_retaken_throttled_by_arm"] == {"control": 2, "packed_r4_w4": 1}
     with (out / "timings.csv").open(newline="") as handle:
         sm = [int(r["sm_mhz"]) for r in csv.DictReader(handle)]
     assert sorted(sm) == [1000, MAX_MHZ, MAX_MHZ, MAX_MHZ]  # 4 samples kept; only the first still throttled
@@ -67,6 +69,7 @@ def test_a_throttled_sample_is_retaken_up_to_the_bound_and_counted(tmp_path: Pat
 def test_retakes_only_below_the_threshold_and_within_the_bound(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(rounds.time, "sleep", lambda s: None)
     retakes = Retakes(1800.0, 2, 0.5)
-    assert retakes.again(1000, 0) and retakes.again(1000, 1) and not retakes.again(1000, 2)
-    assert not retakes.again(1900, 0) and not retakes.again(None, 0) and retakes.count == 2
-    assert not Retakes(None, 2, 0.5).again(1000, 0)  # no clock (a CPU run): nothing is re-taken
+    assert retakes.again(1000, 0, "a") and retakes.again(1000, 1, "a") and not retakes.again(1000, 2, "a")
+    assert not retakes.again(1900, 0, "b") and not retakes.again(None, 0, "b") and retakes.count == 2
+    assert retakes.again(1000, 0, "b") and retakes.by_arm == {"a": 2, "b": 1} and retakes.count == 3
+    assert not Retakes(None, 2, 0.5).again(1000, 0, "a")  # no clock (a CPU run): nothing is re-taken

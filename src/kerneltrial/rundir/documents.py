@@ -288,6 +288,10 @@ class Lead(Document):
         default=None,
         description="Samples taken again because the SM clock read throttled right after them (protocol throttle_retakes); null: before re-takes.",
     )
+    samples_retaken_throttled_by_arm: dict[str, int] | None = Field(
+        default=None,
+        description="The same re-takes by arm (an arm re-taken more often was timed after a rest more often); {}: none re-taken; null: before per-arm counts.",
+    )
 
 
 class Link(Document):

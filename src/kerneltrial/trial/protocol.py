@@ -203,7 +203,7 @@ class Protocol(BaseModel):
         default=2,
         ge=0,
         le=10,
-        description="GPU: a sample whose SM clock reads throttled right after it is taken again, after throttle_recovery_s, up to this many times; the last is kept (and counted throttled if it still is). provenance.json lead.samples_retaken_throttled counts the re-takes.",
+        description="GPU: a sample whose SM clock reads throttled right after it is taken again, after throttle_recovery_s, up to this many times; the last is kept (and counted throttled if it still is). provenance.json lead.samples_retaken_throttled counts the re-takes, lead.samples_retaken_throttled_by_arm by arm.",
     )
     throttle_recovery_s: float = Field(
         default=0.5, ge=0, le=60, description="GPU: seconds the device rests before a throttled sample is taken again."

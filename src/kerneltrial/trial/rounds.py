@@ -130,12 +130,18 @@ class Measured:
 class Retakes:
     """Throttled samples taken again (protocol `throttle_retakes`, `throttle_recovery_s`): below
     `threshold_mhz` (None: no clock, nothing is re-taken) right after a sample, the device rests
-    `pause_s` and the sample is taken again, at most `most` times; `count` re-takes so far."""
+    `pause_s` and the sample is taken again, at most `most` times; `by_arm` counts the re-takes of
+    each arm so far. A re-take follows a rest, so an arm re-taken more often than another was timed
+    on a cooler card more often: provenance.json keeps the count per arm for the reader to weigh."""
 
     threshold_mhz: float | None
     most: int
     pause_s: float
-    count: int = 0
+    by_arm: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_arm.values())
 
     @classmethod
     def of(cls, p: proto.Protocol, plan: dict[str, Any]) -> Retakes:
@@ -144,14 +150,14 @@ class Retakes:
         threshold = stats.throttle_threshold(clocks.get("max_sm_mhz"), float(clocks.get("throttle_fraction", 0.9)))
         return cls(threshold, p.throttle_retakes, p.throttle_recovery_s)
 
-    def again(self, sm_mhz: int | None, taken: int) -> bool:
-        """Whether a sample read at `sm_mhz`, already re-taken `taken` times, is taken again (after the pause)."""
+    def again(self, sm_mhz: int | None, taken: int, arm: str) -> bool:
+        """Whether `arm`'s sample read at `sm_mhz`, already re-taken `taken` times, is taken again (after the pause)."""
         if self.threshold_mhz is None or sm_mhz is None or taken >= self.most:
             return False
         if not stats.is_throttled(sm_mhz, self.threshold_mhz):
             return False
         time.sleep(self.pause_s)
-        self.count += 1
+        self.by_arm[arm] = self.by_arm.get(arm, 0) + 1
         return True
 
 
@@ -260,7 +266,7 @@ def take_sample(
         s.quiet(arm)
         ns, checked, wall = arm.sample(s.timer, s.op, unit, calls, hash(name) % 2**31, graph)
         sm, mem = s.clocks.read()
-        if not s.retakes.again(sm, taken):
+        if not s.retakes.again(sm, taken, name):
             return ns, checked, wall, sm, mem
         taken += 1
 

@@ -517,6 +517,7 @@ def _measure(t: Trial, digest: str, resume: bool, order_seed: int | None, target
             "samples_retaken": timer.retaken,
             "samples_kept_behind": timer.kept_behind,
             "samples_retaken_throttled": retakes.count,
+            "samples_retaken_throttled_by_arm": dict(sorted(retakes.by_arm.items())),
             "final_cycles_per_call": timer.lead_cycles_per_call,
             "sessions": "last" if resume else "all",
         },
