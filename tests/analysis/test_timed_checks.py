@@ -423,10 +423,10 @@ def test_unlisted_file_fails_the_manifest_but_report_and_errata_do_not(checked: 
     (checked / "extra_timings.csv").write_text("case,seed\n")
     (checked / "figures").mkdir()
     (checked / "figures" / "speedup.png").write_bytes(b"png")  # only top-level figures are report output
-    (checked / "win.png").write_bytes(b"png")  # and only the report's own figure names
+    (checked / "win.png").write_bytes(b"png")  # and only the figures of report and plot
     assert _failed(checked) == {
         "manifest": "['extra_timings.csv', 'figures/speedup.png', 'win.png'] not in manifest.json: "
-        "added after the run (only report.md, ERRATA.md, speedup.png, verdicts.png, ceiling.png may be)"
+        "added after the run (only report.md, ERRATA.md, speedup.png, verdicts.png, ceiling.png, size.png may be)"
     }
 
 
