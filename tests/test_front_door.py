@@ -178,6 +178,9 @@ def test_device_setup_refuses_a_source_commit_that_is_not_the_code_here(tmp_path
     refused = sourced()
     assert refused.returncode == 1 and "setup-passed" not in refused.stdout
     assert f"refusing: KERNELTRIAL_SOURCE_COMMIT={head} is not the code here" in refused.stderr
+    (tmp_path / "src" / "kerneltrial" / "a.py").write_text("x = 1\n")
+    (tmp_path / "src" / "kerneltrial" / "b.py").write_text("y = 1\n")  # a file the commit lacks
+    assert "refusing" in sourced().stderr
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -7,9 +7,10 @@ if ls .whl/*.whl > /dev/null 2>&1; then  # none carried: what the machine has
 fi
 # The commit the evidence names is the sender's: pass it literally (KERNELTRIAL_SOURCE_COMMIT=<hash>),
 # never `$(git rev-parse HEAD)` here, where the copy's .git may be older than its files. A commit
-# this .git knows whose src/kerneltrial differs from the files that will run is refused.
+# this .git knows whose src/kerneltrial differs from the files that will run (edited or added) is refused.
 if [ -n "$KERNELTRIAL_SOURCE_COMMIT" ] && git cat-file -e "$KERNELTRIAL_SOURCE_COMMIT^{commit}" 2> /dev/null \
-  && ! git diff --quiet "$KERNELTRIAL_SOURCE_COMMIT" -- src/kerneltrial; then
+  && { ! git diff --quiet "$KERNELTRIAL_SOURCE_COMMIT" -- src/kerneltrial \
+    || [ -n "$(git ls-files --others --exclude-standard -- src/kerneltrial)" ]; }; then
   echo "refusing: KERNELTRIAL_SOURCE_COMMIT=$KERNELTRIAL_SOURCE_COMMIT is not the code here" \
     "(src/kerneltrial differs from it); pass the sending checkout's commit hash literally" >&2
   return 1

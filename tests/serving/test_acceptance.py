@@ -270,7 +270,9 @@ def test_an_accepted_run_naming_a_commit_older_than_its_records_is_refused(tmp_p
     git = prov["git"] | {"commit": older.commit, "dirty": False, "source_sha256": package_digest(older.files)}
     for forged, says in (
         (git, f"the run is accepted, but commit {older.commit[:12]} is older than {ACCEPTANCE_FLOOR[:12]}"),
-        ({k: v for k, v in git.items() if k != "commit"}, "the run is accepted but names no commit"),
+        ({k: v for k, v in git.items() if k != "commit"}, "the run is accepted but names no commit by its full hash"),
+        (git | {"commit": "HEAD"}, 'the run is accepted but names no commit by its full hash ("HEAD")'),
+        (git | {"commit": "f" * 40}, f"the run is accepted, but commit {'f' * 12} is not in this checkout's history"),
     ):
         (out / "provenance.json").write_text(json.dumps(prov | {"git": forged}))
         check = next(c for c in verify_serving_run(out).checks if c.name == "acceptance runner")

@@ -158,11 +158,18 @@ def test_override_pins_runs_the_launch_records_it_and_the_scope_says_proxy(tmp_p
     (out / "plan.json").write_text(json.dumps(plan | {"pins": {**plan_pins}}))
     (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "scope"}))
     problems = verify_serving_run(out).problems
-    assert "summary.json has no scope, though 2 launch(es) recorded their pin check" in problems
+    assert "summary.json has no scope, though 2 launch(es) ran pinned" in problems
     assert any(
         "its server did not match the pins (FlagGems not installed (pinned 5.3.5)) but was not refused" in p
         for p in problems
     )
+    # tampering: every launch's pin record and the scope deleted (nothing left for the checks above to read)
+    (out / "launches.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "pins"}) + "\n" for r in rows)
+    )
+    problems = verify_serving_run(out).problems
+    assert "launch(es) [0, 1] ran a server but record no pin check: the pins' records were stripped" in problems
+    assert "summary.json has no scope, though 2 launch(es) ran pinned" in problems
 
 
 @pytest.mark.parametrize("key", ["flag_gems", "vllm"])

@@ -202,19 +202,30 @@ def test_a_module_that_hangs_at_import_ends_the_check_at_its_timeout(tmp_path):
     assert time.monotonic() - start < 40
 
 
-def test_the_package_command_gives_cuda_expandable_segments_unless_the_user_chose(
+def test_the_package_command_gives_cuda_expandable_segments_to_itself_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The interface check's harness fits a GPU panel's last case on an 80 GB card only so (issue 35)."""
-    from kerneltrial.submission.isolated import ALLOCATOR
+    """The interface check's harness fits a GPU panel's last case on an 80 GB card only so (issue 35);
+    the worker under check gets the environment a target gives it, with the user's own setting."""
+    from kerneltrial.submission.target_env import ALLOCATOR, ALLOCATOR_NAMES, ALLOCATOR_SET
     from tests.kt import run_cli
 
     name, value = ALLOCATOR
-    monkeypatch.delenv(name, raising=False)
+    for each in (*ALLOCATOR_NAMES, ALLOCATOR_SET):
+        monkeypatch.setenv(each, "x")  # recorded, so that the test's end restores the state before it
+        monkeypatch.delenv(each)
     assert (
         run_cli("package", "rmsnorm", tmp_path / "none.py", "--out", tmp_path / "a.zip", "--unconfirmed").exit_code == 2
     )
     assert os.environ[name] == value == "expandable_segments:True"
-    monkeypatch.setenv(name, "max_split_size_mb:128")
+    assert name not in scrubbed_environ(os.environ, tmp_path) and ALLOCATOR_SET not in scrubbed_environ(
+        os.environ, tmp_path
+    )
+    for each in (name, ALLOCATOR_SET):
+        monkeypatch.delenv(each)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:128")  # the user's, under torch's newer name
     run_cli("package", "rmsnorm", tmp_path / "none.py", "--out", tmp_path / "a.zip", "--unconfirmed")
-    assert os.environ[name] == "max_split_size_mb:128"
+    assert (
+        name not in os.environ
+        and scrubbed_environ(os.environ, tmp_path)["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:128"
+    )

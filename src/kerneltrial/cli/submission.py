@@ -51,11 +51,10 @@ def package(
     that is not a .zip, a --confirmed path that is no run directory, neither or both of
     --confirmed and --unconfirmed)."""
     from kerneltrial.submission.confined import record_note
-    from kerneltrial.submission.isolated import roomy_allocator
     from kerneltrial.submission.package import BadInput, PackageError
     from kerneltrial.submission.package import package as build_package
     from kerneltrial.submission.receipt import receipt_path
-    from kerneltrial.submission.target_env import ENVIRONMENTS
+    from kerneltrial.submission.target_env import ENVIRONMENTS, roomy_allocator
 
     roomy_allocator()
     try:

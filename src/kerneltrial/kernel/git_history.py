@@ -87,9 +87,10 @@ def package_at(commit: str) -> CommitTree:
     return CommitTree(commit, {path: data for path, data in zip(blobs, contents, strict=True) if data is not None}, "")
 
 
-def has_history() -> bool:
-    """Whether this package runs from a git checkout whose history git can read."""
-    return _git("rev-parse", "--git-dir") is not None
+def knows(commit: str) -> bool:
+    """Whether this package runs from a git checkout whose history holds `commit` (False without git,
+    or in a shallow clone or a fork that lacks it)."""
+    return _git("cat-file", "-e", f"{commit}^{{commit}}") is not None
 
 
 def descends_from(commit: str, ancestor: str) -> bool:

@@ -554,7 +554,9 @@ def _check_floor(run: ServingRun, result: VerifyResult) -> None:
         result.not_applicable("acceptance runner", "not applicable: the run accepts nothing")
     elif (found := floor_problems(run.prov)) is None:
         result.not_applicable(
-            "acceptance runner", "no git history here: a run naming an older commit than the records need would pass"
+            "acceptance runner",
+            "this checkout's history lacks the acceptance floor (no git, or a shallow clone): a run naming an "
+            "older commit than the records need would pass",
         )
     else:
         result.add("acceptance runner", *found)

@@ -368,6 +368,14 @@ def pins_problems(
             ]
         return []  # before issue 26: nothing pinned, nothing checked
     problems = []
+    external = {a.name for a in proto.arms if a.external}
+    bare = [
+        r.get("launch")
+        for r in launches
+        if "pins" not in r and r.get("arm") not in external and r.get("status") == "ok"
+    ]
+    if bare:  # the runner records the check before every launch it serves (serving/trial.py `launch`)
+        problems.append(f"launch(es) {bare} ran a server but record no pin check: the pins' records were stripped")
     if plan["pins"] != proto.pins.flat():
         problems.append(f"plan.json pins {plan['pins']} are not protocol.toml's {proto.pins.flat()}")
     for r in rows:
@@ -379,8 +387,8 @@ def pins_problems(
         if want and not plan.get("override_pins") and r.get("status") != "refused":
             problems.append(f"{where}: its server did not match the pins ({'; '.join(want)}) but was not refused")
     got = summary.get("scope")
-    if got is None and rows:
-        problems.append(f"summary.json has no scope, though {len(rows)} launch(es) recorded their pin check")
+    if got is None and (rows or bare):
+        problems.append(f"summary.json has no scope, though {len(rows) + len(bare)} launch(es) ran pinned")
     if got is not None:
         want_scope = scope(
             plan.get("client", "completions"), plan["pins"], [r["pins"] for r in rows], prov.get("devices") or []

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneltrial.kernel.git_history import descends_from, has_history, package_at
+from kerneltrial.kernel.git_history import descends_from, knows, package_at
 from kerneltrial.kernel.integrity import package_digest
 from kerneltrial.rundir.layout import PROTOCOL
 from kerneltrial.serving.effective import Written, argv_problems, command_line, recovered, with_effective, written
@@ -52,6 +53,7 @@ NOT_COMPARED = ("protocol_sha256", "model_layers", "effective")
 # commit may shed what that commit's runner never wrote, so it is read as an older run but grants
 # no acceptance.
 ACCEPTANCE_FLOOR = "e3ad6c46b87fc2bac9ebbc76ccf17a74261c8fd6"
+FULL_HASH = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -240,21 +242,29 @@ def short(value: Any) -> str:
 
 
 def floor_problems(prov: dict[str, Any]) -> tuple[list[str], str] | None:
-    """An accepted run's recorded commit at or after ACCEPTANCE_FLOOR in this checkout's history:
-    its problems and a detail; None where this checkout has no git history to tell (the caller says
-    so: an older commit's run would then pass)."""
-    if not has_history():
+    """An accepted run's recorded commit (a full hash: a name such as HEAD means whatever the reader's
+    checkout holds) at or after ACCEPTANCE_FLOOR in this checkout's history: its problems and a
+    detail; None where this checkout does not hold the floor (no git, a shallow clone: the caller
+    says that an older commit's run would then pass). A contract check, not proof of the code that
+    ran: that is `source commit`'s, and a forger who names a later commit and copies its digest
+    passes both (docs/serving.md)."""
+    if not knows(ACCEPTANCE_FLOOR):
         return None
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     commit = git.get("commit")
     floor = ACCEPTANCE_FLOOR[:12]
     detail = f"the recorded commit is {floor} or later, whose runner writes every record an acceptance rests on"
-    if not isinstance(commit, str) or not commit:
-        return [f"the run is accepted but names no commit, so its runner may predate {floor}: re-run it"], detail
+    if not isinstance(commit, str) or not FULL_HASH.fullmatch(commit):
+        return [
+            f"the run is accepted but names no commit by its full hash ({short(commit)}), so its runner may "
+            f"predate {floor}: re-run it"
+        ], detail
+    if not knows(commit):
+        return [f"the run is accepted, but commit {commit[:12]} is not in this checkout's history: fetch it"], detail
     if not descends_from(commit, ACCEPTANCE_FLOOR):
         return [
-            f"the run is accepted, but commit {commit[:12]} is older than {floor} or not in this checkout's "
-            f"history: its runner need not write the calibration's path, the pins' records or the scope's "
-            "evidence, so its acceptance stands on nothing verify can check; re-run it at a current commit"
+            f"the run is accepted, but commit {commit[:12]} is older than {floor}: its runner need not write "
+            "the calibration's path, the pins' records or the scope's evidence, so its acceptance stands on "
+            "nothing verify can check; re-run it at a current commit"
         ], detail
     return [], detail

@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,19 +75,6 @@ SEEDS = (0, 1)
 # the trial worker's self-contained files but its timer (an interface check times nothing),
 # copied into the scratch folder
 SHIMS = {name: path for name, path in isolation.SHIMS.items() if name != "timing"}
-
-
-# On a GPU the harness holds its gate's copies and the worker's shared buffers at once; torch's
-# default segments fragment them: on an H100 (80 GB) the last case of zimage_qk_rmsnorm's GPU panel
-# ran out of memory with 8 GiB reserved but unallocated, and passed with expandable segments
-# (the device runs of 2026-12-07, docs/NOTES.md). `roomy_allocator` sets it unless the user did.
-ALLOCATOR = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
-
-def roomy_allocator(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Expandable segments for this process's CUDA allocator, unless PYTORCH_CUDA_ALLOC_CONF is set
-    already; before CUDA starts (the package command's first step), else torch has read it."""
-    environ.setdefault(*ALLOCATOR)
 
 
 class WorkerEnded(Exception):

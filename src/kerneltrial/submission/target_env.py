@@ -38,7 +38,7 @@ import site
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,12 +161,32 @@ def _scrubbed_value(name: str, value: str) -> str:
     return os.pathsep.join(kept)
 
 
+# On a GPU the harness holds its gate's copies and the worker's shared buffers at once; torch's
+# default segments fragment them: on an H100 (80 GB) the last case of zimage_qk_rmsnorm's GPU panel
+# ran out of memory with 8 GiB reserved but unallocated, and passed with expandable segments
+# (the device runs of 2026-12-07, docs/NOTES.md). `roomy_allocator` sets them for the harness; the
+# marker beside it says so, and the worker gets neither (a target's allocator is torch's default).
+ALLOCATOR = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+ALLOCATOR_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # the older name and torch's newer one
+ALLOCATOR_SET = "KERNELTRIAL_SET_ALLOCATOR"  # names kerneltrial, so it is scrubbed as well
+
+
+def roomy_allocator(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Expandable segments for this process's CUDA allocator, unless the user configured it; before
+    CUDA starts (the package command's first step), else torch has read it."""
+    if not any(name in environ for name in ALLOCATOR_NAMES):
+        name, value = ALLOCATOR
+        environ[name], environ[ALLOCATOR_SET] = value, name
+
+
 def scrubbed_environ(environ: Mapping[str, str], cwd: Path) -> dict[str, str]:
     """`environ` scrubbed of kerneltrial and of the harness (see the module docstring), with PWD
     the worker's working directory, as a shell starting it there would set."""
     scrubbed: dict[str, str] = {}
     for name, value in environ.items():
         if names_kerneltrial(name) or name in DROPPED or name.startswith(DROPPED_PREFIXES):
+            continue
+        if name == environ.get(ALLOCATOR_SET):  # the harness's allocator setting, not the user's
             continue
         kept = _scrubbed_value(name, value)
         if kept or not value:

@@ -69,7 +69,8 @@ def cache_for_sizes(like: Sequence[torch.Tensor], device: torch.device, last: tu
     allocator first gives back the free blocks it keeps from earlier cases. Else a worker's cache
     of poisoned blocks, clones and outputs of every earlier size grows until the harness runs out
     of memory (the first CUDA package check on an H100: 72 of 79 GiB held by the worker at the last
-    case). Within a case nothing is given back: a timed arm's allocations stay as warm as they were."""
+    case, or one of a check's extra shapes; the caller then poisons blocks of the new sizes). While the
+    sizes stay (a case's warm-up and checked calls) nothing is given back."""
     sizes = tuple(t.numel() * t.element_size() for t in like)
     if device.type == "cuda" and sizes != last:
         torch.cuda.empty_cache()

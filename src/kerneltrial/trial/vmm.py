@@ -47,15 +47,18 @@ def created(cu: Any, size: int, prop: Any) -> Any:
     import torch
 
     err, handle = cu.cuMemCreate(size, prop, 0)
-    if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+    emptied = err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    if emptied:
         torch.cuda.empty_cache()
         err, handle = cu.cuMemCreate(size, prop, 0)
     if int(err) != 0:
-        free, total = torch.cuda.mem_get_info()
-        raise RuntimeError(
-            f"cuMemCreate of {size} bytes failed: {err} ({free} of {total} bytes free on the device, "
-            "after torch's cache was emptied)"
-        )
+        try:
+            free, total = torch.cuda.mem_get_info()
+            room = f"{free} of {total} bytes free on the device"
+        except RuntimeError as exc:
+            room = f"free memory unknown: {exc}"
+        after = ", after torch's cache was emptied" if emptied else ""
+        raise RuntimeError(f"cuMemCreate of {size} bytes failed: {err} ({room}{after})")
     return handle
 
 

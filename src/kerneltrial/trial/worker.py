@@ -471,8 +471,11 @@ class Worker:
         args = [self.argument(d) for d in message["args"]]
         poison = self.shims["poison"]
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        self.case_sizes = poison.cache_for_sizes(tensors, self.device, self.case_sizes)
-        poison.poison_free_blocks(self.returned or tensors)
+        sizes = poison.cache_for_sizes(tensors, self.device, self.case_sizes)
+        emptied, self.case_sizes = self.device.type == "cuda" and sizes != self.case_sizes, sizes
+        # an emptied cache holds no block of this call's sizes: poison the arguments' sizes too (the
+        # outputs of a norm or a gate are theirs), not only the last outputs' (another shape's)
+        poison.poison_free_blocks([*self.returned, *tensors] if emptied else (self.returned or tensors))
         with poison.poisoned_allocations(self.device):
             returned = self.functions[message["fn"]](*args)
         outputs = None if returned is None else as_outputs(returned)
