@@ -639,6 +639,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     skipped = [c.name for c in result.checks if not c.applicable]
     assert skipped == [
         "source commit",  # the factory's commit abc123 is not in this checkout's history
+        "throttle re-takes",  # no per-arm re-take counts
         *CHECKED_RUN_CHECKS,
         "triton launch floor",
         "size-matched copies",
@@ -651,7 +652,7 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     output = run_cli("verify", run_dir).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 8} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 9} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.rundir.layout import RunDir
 from kerneltrial.trial import rounds, runner
 from kerneltrial.trial.rounds import Retakes
 from kerneltrial.trial.runner import run_trial
@@ -63,7 +64,19 @@ def test_a_throttled_sample_is_retaken_up_to_the_bound_and_counted(tmp_path: Pat
     assert sorted(sm) == [1000, MAX_MHZ, MAX_MHZ, MAX_MHZ]  # 4 samples kept; only the first still throttled
     summary = json.loads((out / "summary.json").read_text())
     assert summary["clocks"]["throttled_samples"] == 1
-    assert verify_run_dir(out).ok
+    result = verify_run_dir(out)
+    assert result.ok and next(c for c in result.checks if c.name == "throttle re-takes").applicable
+    # a reviewer rebalances the re-takes between the arms, or names another arm, and rehashes the manifest
+    provenance = json.loads((out / "provenance.json").read_text())
+    for by_arm, says in (
+        ({"control": 1, "packed_r4_w4": 1}, "lead.samples_retaken_throttled is 3, its arms' re-takes sum to 2"),
+        ({"control": 2, "torch_eager": 1}, "lead.samples_retaken_throttled_by_arm names 'torch_eager', no arm"),
+    ):
+        provenance["lead"]["samples_retaken_throttled_by_arm"] = by_arm
+        (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        runner.write_manifest(RunDir(out))
+        check = next(c for c in verify_run_dir(out).checks if c.name == "throttle re-takes")
+        assert not check.ok and check.problems[0].startswith(says), check.problems
 
 
 def test_retakes_only_below_the_threshold_and_within_the_bound(monkeypatch: pytest.MonkeyPatch):

@@ -159,3 +159,26 @@ def device_problems(
         else f"{name} (not in the table of known GPUs: only the clocks and the plan are compared)"
     )
     return problems, detail
+
+
+def retake_problems(provenance: dict[str, Any], plan: dict[str, Any]) -> tuple[list[str] | None, str]:
+    """provenance.json lead's throttle re-takes by arm against their total and the plan's arms; None
+    (not applicable) for a run from before the per-arm counts. Only the kept samples are recorded,
+    so the counts themselves are the runner's word: this catches an edit that left them unequal."""
+    lead = provenance.get("lead") if isinstance(provenance.get("lead"), dict) else {}
+    by_arm, total = lead.get("samples_retaken_throttled_by_arm"), lead.get("samples_retaken_throttled")
+    if by_arm is None:
+        return None, "not applicable: the run records no throttle re-takes by arm (before them, or still running)"
+    if not isinstance(by_arm, dict) or not all(type(n) is int and n > 0 for n in by_arm.values()):
+        return [f"lead.samples_retaken_throttled_by_arm is {by_arm!r}, not arm names with positive counts"], ""
+    arms = {a.get("name") for a in plan.get("arms", []) if isinstance(a, dict)}
+    problems = [
+        f"lead.samples_retaken_throttled_by_arm names {name!r}, no arm of plan.json"
+        for name in by_arm
+        if name not in arms
+    ]
+    if sum(by_arm.values()) != total:
+        problems.append(
+            f"lead.samples_retaken_throttled is {total!r}, its arms' re-takes sum to {sum(by_arm.values())}"
+        )
+    return problems, f"{total} re-take(s) by arm: {by_arm or 'none'}"

@@ -104,6 +104,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     check_confirmation(run_dir, provenance, plan, result)
     floor = check_writer_contract(run_dir, plan, provenance, correctness, ceiling_rows, result)
     result.record("source commit", *provenance_checks.commit_problems(provenance))
+    result.record("throttle re-takes", *provenance_checks.retake_problems(provenance, plan))
     clock_readings = [s.sm_mhz for s in samples if s.sm_mhz is not None]
     result.add("device", *provenance_checks.device_problems(provenance, plan, ceiling_rows, clock_readings))
     outcome = correctness_outcome(plan, correctness, result)
