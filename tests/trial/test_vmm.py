@@ -52,14 +52,21 @@ def test_out_of_memory_that_stays_names_the_size_and_the_free_memory(driver: Fak
 
 
 def test_a_worker_gives_back_its_cache_at_each_new_case_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """poison.cache_for_sizes, as the isolated worker calls it before each gate call."""
+    """poison.poison_before_call, as the isolated worker calls it before each gate call: the cache is
+    emptied when the arguments' sizes change, and blocks of their sizes are then poisoned too."""
     from kerneltrial.trial import poison
 
     emptied: list[bool] = []
+    poisoned: list[list[int]] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(poison, "poison_free_blocks", lambda like: poisoned.append([t.numel() for t in like]))
     gpu, small, large = torch.device("cuda", 0), [torch.zeros(4), torch.zeros(2)], [torch.zeros(8)]
-    sizes = poison.cache_for_sizes(small, gpu, ())
-    assert sizes == (16, 8) and len(emptied) == 1
-    assert poison.cache_for_sizes(small, gpu, sizes) == sizes and len(emptied) == 1  # the same case
-    assert poison.cache_for_sizes(large, gpu, sizes) == (32,) and len(emptied) == 2
-    assert poison.cache_for_sizes(large, torch.device("cpu"), sizes) == (32,) and len(emptied) == 2
+    out = [torch.zeros(3)]  # the last call's output
+    sizes = poison.poison_before_call(small, [], gpu, ())
+    assert sizes == (16, 8) and len(emptied) == 1 and poisoned[-1] == [4, 2]
+    assert poison.poison_before_call(small, out, gpu, sizes) == sizes and len(emptied) == 1  # the same case
+    assert poisoned[-1] == [3]  # the last output's size, as before
+    assert poison.poison_before_call(large, out, gpu, sizes) == (32,) and len(emptied) == 2
+    assert poisoned[-1] == [3, 8]  # emptied: the new arguments' size as well
+    assert poison.poison_before_call(large, out, torch.device("cpu"), sizes) == (32,) and len(emptied) == 2
+    assert poisoned[-1] == [3]

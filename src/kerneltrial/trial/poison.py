@@ -64,14 +64,21 @@ def poison_free_blocks(like: Sequence[torch.Tensor], copies: int = 4) -> None:
     del blocks
 
 
-def cache_for_sizes(like: Sequence[torch.Tensor], device: torch.device, last: tuple[int, ...]) -> tuple[int, ...]:
-    """The byte sizes of `like` (a call's arguments); on a GPU, when they are not `last` (a new case), the caching
-    allocator first gives back the free blocks it keeps from earlier cases. Else a worker's cache
-    of poisoned blocks, clones and outputs of every earlier size grows until the harness runs out
-    of memory (the first CUDA package check on an H100: 72 of 79 GiB held by the worker at the last
-    case, or one of a check's extra shapes; the caller then poisons blocks of the new sizes). While the
-    sizes stay (a case's warm-up and checked calls) nothing is given back."""
-    sizes = tuple(t.numel() * t.element_size() for t in like)
-    if device.type == "cuda" and sizes != last:
+def poison_before_call(
+    args: Sequence[torch.Tensor], returned: Sequence[torch.Tensor], device: torch.device, last: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Poison free blocks before an isolated worker's gate call; the byte sizes of its tensor `args`
+    returned, for the next call's `last`. While they stay `last` (a case's warm-up and checked calls)
+    blocks the size of the `returned` outputs of the last call are poisoned (else of the arguments).
+    On a GPU, when they change (a new case, or one of a check's extra shapes), the caching allocator
+    first gives back the free blocks it keeps, and blocks of the arguments' sizes are poisoned as
+    well: an emptied cache holds none of this call's sizes, and a norm's or a gate's outputs have its
+    arguments' sizes. Without the emptying a worker's cache of poisoned blocks, clones and outputs of
+    every earlier size grows until the harness runs out of memory (the first CUDA package check on
+    an H100: 72 of 79 GiB held by the worker at the last case)."""
+    sizes = tuple(t.numel() * t.element_size() for t in args)
+    emptied = device.type == "cuda" and sizes != last
+    if emptied:
         torch.cuda.empty_cache()
+    poison_free_blocks([*returned, *args] if emptied else (list(returned) or list(args)))
     return sizes

@@ -307,7 +307,7 @@ class Worker:
         self.staged: list[Any] = []  # ... and their bytes as copied at its return, on the current stream
         self.staged_inputs: dict[int, Any] = {}  # its argument buffers' bytes, likewise
         self.returned: list[Any] = []
-        self.case_sizes: tuple[int, ...] = ()  # the last gate call's argument sizes (poison.cache_for_sizes)
+        self.case_sizes: tuple[int, ...] = ()  # the last gate call's argument sizes (poison.poison_before_call)
         self.shims: dict[str, ModuleType] = {}
         self.context = ExitStack()
         self.timer: Any = None
@@ -471,11 +471,7 @@ class Worker:
         args = [self.argument(d) for d in message["args"]]
         poison = self.shims["poison"]
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        sizes = poison.cache_for_sizes(tensors, self.device, self.case_sizes)
-        emptied, self.case_sizes = self.device.type == "cuda" and sizes != self.case_sizes, sizes
-        # an emptied cache holds no block of this call's sizes: poison the arguments' sizes too (the
-        # outputs of a norm or a gate are theirs), not only the last outputs' (another shape's)
-        poison.poison_free_blocks([*self.returned, *tensors] if emptied else (self.returned or tensors))
+        self.case_sizes = poison.poison_before_call(tensors, self.returned, self.device, self.case_sizes)
         with poison.poisoned_allocations(self.device):
             returned = self.functions[message["fn"]](*args)
         outputs = None if returned is None else as_outputs(returned)
