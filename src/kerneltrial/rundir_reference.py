@@ -193,8 +193,9 @@ KERNEL_FILES = (
             "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
             "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
             "takes each case's median `wall_ns - ns` plus 3 median absolute deviations as the round trip "
-            "under every isolated arm's floor ((1 - tie_band) * wall_ns - round trip, per sample); an arm "
-            "whose median claim per call is below its median floor is implausible. A header only on a GPU "
+            "under every isolated arm's floor ((1 - tie_band - 0.10) * wall_ns - round trip, per sample); an "
+            "arm whose median claim per call is below its median floor, with half of its samples below "
+            "theirs, is implausible. A header only on a GPU "
             "or without isolated arms"
         ),
     ),

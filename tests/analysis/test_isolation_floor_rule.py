@@ -1,14 +1,16 @@
 """The harness's floor under an isolated arm's claim (kernel/bounds.py, rundir/integrity_notes.py),
 judged on timings rows alone: an honest arm with one sample stalled outside its clock is not
-implausible (the CI failure of two samples, one stalled), a worker that shaves every sample, or
-half of four, is; the summary's rule and verify's are one function."""
+implausible (the CI failure of two samples, one stalled), nor one whose long samples all leave twice
+the reference's round trip outside its clock, nor one with two of six samples loaded (the CI failure
+of session 19); a worker that shaves every sample, or half of four or of six, is; the summary's rule
+and verify's are one function."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from kerneltrial.kernel.bounds import floor_of
-from kerneltrial.rundir.integrity_notes import implausibly_under
+from kerneltrial.rundir.integrity_notes import WALL_SLACK, implausibly_under, least_under
 
 CALLS = 8
 ROUNDTRIP_NS = 559_000.0  # the CI run's reference round trip in that case
@@ -33,8 +35,9 @@ def judged(claims_ms: list[float], walls_ms: list[float]) -> tuple[bool, int]:
 
 
 def test_one_stalled_sample_of_two_is_not_an_under_claim() -> None:
-    # an honest 106 ms sample, and one whose answer waited 18 ms longer outside the arm's clock
-    implausible, under = judged([106.0, 107.0], [106.8, 125.0])
+    # an honest 106 ms sample, and one whose answer waited 30 ms longer outside the arm's clock (the
+    # CI failure's was 18 ms: now inside the slack too)
+    implausible, under = judged([106.0, 107.0], [106.8, 137.0])
     assert under == 1
     assert not implausible
 
@@ -55,3 +58,27 @@ def test_shaving_half_of_four_samples_moves_the_median_and_is_implausible() -> N
 def test_a_single_sample_is_judged_alone() -> None:
     assert judged([50.0], [106.6]) == (True, 1)
     assert judged([106.0], [106.6]) == (False, 0)
+
+
+def test_half_of_the_samples_and_at_least_two_must_be_under() -> None:
+    assert [least_under(n) for n in range(1, 9)] == [1, 2, 2, 2, 3, 3, 4, 4]
+
+
+# slow_rmsnorm's 6 samples of ~33 ms on a 2-core machine (docs/NOTES.md, session 19): ms outside its clock
+HONEST_MS = [33.1, 40.9, 32.4, 37.2, 41.6, 40.2]
+
+
+def test_an_honest_arm_with_long_samples_and_two_of_six_loaded_is_not_implausible() -> None:
+    idle = [1.2] * 6  # twice the reference's round trip outside the clock, in every sample
+    assert judged(HONEST_MS, [c + g for c, g in zip(HONEST_MS, idle, strict=True)]) == (False, 0)
+    loaded = [0.8, 0.6, 0.7, 5.6, 8.5, 2.9]  # two samples near a fifth of their wall clock
+    implausible, under = judged(HONEST_MS, [c + g for c, g in zip(HONEST_MS, loaded, strict=True)])
+    assert under == 1 and not implausible
+
+
+def test_shaving_half_of_six_samples_or_every_one_past_the_slack_is_implausible() -> None:
+    walls = [c + 0.8 for c in HONEST_MS]
+    half = [0.5 * c if i % 2 else c for i, c in enumerate(HONEST_MS)]
+    assert judged(half, walls) == (True, 3)
+    shaved = 1 - TIE_BAND - WALL_SLACK - 0.05
+    assert judged([shaved * c for c in HONEST_MS], walls) == (True, 6)

@@ -13,11 +13,13 @@ isolated arm, kerneltrial's own torch formula in a trusted worker of its own was
 unit (roundtrip.csv); its wall clock less its own claim is what a sample costs beside its calls.
 With `roundtrip_ns` the case's round trip (the median of the reference's plus ROUNDTRIP_SPREADS
 median absolute deviations, rundir/integrity_notes.py: no single sample sets it), the floor of one
-sample of an arm is (1 - tie_band) * wall_ns - roundtrip_ns: the harness vouches that the arm's
-calls took at least that. An arm whose median claim per call (the published figure) is below its
-median floor per call, with at least MIN_UNDER samples under theirs (integrity_notes.implausibly_under),
-is implausible (it has no speedup), so what an arm reports can move its figure by at most the tie
-band and the round trip (from 3 samples on; with 2, one sample's lie halved: docs/CHECKS.md).
+sample of an arm is (1 - tie_band - WALL_SLACK) * wall_ns - roundtrip_ns (integrity_notes.floor_share;
+the slack is what an honest arm's longer and busier samples cost beyond the reference's): the harness
+vouches that the arm's calls took at least that. An arm whose median claim per call (the published
+figure) is below its median floor per call, with at least half of its samples (and at least
+MIN_UNDER) under theirs (integrity_notes.implausibly_under), is implausible (it has no speedup), so
+what an arm reports can move its figure by at most the tie band, the slack and the round trip (from
+3 samples on; with 2, one sample's lie halved: docs/CHECKS.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from typing import Any
 import pandas as pd
 
 from kerneltrial import stats
-from kerneltrial.rundir.integrity_notes import FAR_INSIDE, ROUNDTRIP_SPREADS, far_inside_warning, integrity_warnings
+from kerneltrial.rundir.integrity_notes import (
+    FAR_INSIDE,
+    ROUNDTRIP_SPREADS,
+    far_inside_warning,
+    floor_share,
+    integrity_warnings,
+)
 from kerneltrial.rundir.summary_doc import IsolationBound, IsolationFigures
 
 
@@ -49,7 +57,7 @@ def floor_of(rows: pd.DataFrame, roundtrip_ns: float, tie_band: float) -> tuple[
     """The median floor per call of a (case, arm)'s timings rows, and how many rows claim less than
     their own floor (module docstring)."""
     wall = pd.to_numeric(rows["wall_ns"]).to_numpy(dtype=float)
-    floors = (1 - tie_band) * wall - roundtrip_ns
+    floors = floor_share(tie_band) * wall - roundtrip_ns
     under = int((rows["ns"].to_numpy(dtype=float) < floors).sum())
     return stats.median(floors / rows["calls"].to_numpy(dtype=float)), under
 

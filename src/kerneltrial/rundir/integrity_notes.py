@@ -28,32 +28,48 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
     )
 
 
-# The round trip under an isolated arm's floor (kernel/bounds.py): the median of the case's reference
-# round trips plus ROUNDTRIP_SPREADS median absolute deviations, so that no single sample (a stall of
-# the reference, planted or not) sets it. On the loaded 2-core CI machine the reference's round trips
-# at 4x64 with 8 calls were 0.33-0.79 ms per sample with one of 3.9 ms, the honest arms' 0.45-1.97 ms
-# (docs/NOTES.md, "The harness's floor"); an arm is implausible when its median claim per call, the
-# published figure, is below its median floor per call and at least MIN_UNDER of its samples (all, with
-# fewer) claim less than their own floor. One sample stalled outside the arm's clock (the host
-# descheduling the worker or the harness) raises that sample's floor alone: with two samples that was
-# enough to call an honest interpreted arm implausible on the loaded CI machine (1 of 2 under, median
-# claim 13.3 ms, median floor 14.9 ms). An arm that moves its median with its clock must shave at least
-# half of its samples, 2 or more from 3 samples on; with 2 samples, one shaved sample escapes (docs/CHECKS.md).
+# The floor of one sample of an isolated arm (kernel/bounds.py) is (1 - tie_band - WALL_SLACK) x its
+# wall clock less the case's round trip: the median of the case's reference round trips plus
+# ROUNDTRIP_SPREADS median absolute deviations, so that no single sample (a stall of the reference,
+# planted or not) sets it. An honest arm's sample costs more beside its calls than the reference's,
+# more the longer its calls and the busier the host (wake-ups of the harness and of the worker, the
+# copies between calls): on a 2-core machine (docs/NOTES.md, session 19) an honest arm of ~4 ms per
+# call (tests/fixtures/slow_rmsnorm.py, 8 calls, 30-50 ms per sample) left 0.6-1.2 ms of each idle
+# sample outside its clock where the reference left 0.2-0.5 ms (its round trip with the spreads:
+# 0.6-0.8 ms), so the tie band alone (2%: 0.6 ms) left no margin; under two busy loops, 2 or 3 of its 6
+# samples left 2.6-8.5 ms (7-21% of their wall clock). WALL_SLACK covers the first and, with the
+# rule on half of the samples, the second; the planted shaves_its_clock (55% reported) stays far below.
+# An arm is implausible when its median claim per call, the published figure, is below its median
+# floor per call and at least half of its samples, and at least MIN_UNDER (all, with fewer), claim less
+# than their own floor (`least_under`): an arm that moves its median with its clock must shave at
+# least half of its samples; with 2 samples, one shaved sample escapes (docs/CHECKS.md). So on the
+# host clock an arm may shave up to the tie band, WALL_SLACK and the round trip undetected.
+WALL_SLACK = 0.10
 ROUNDTRIP_SPREADS = 3.0
 MIN_UNDER = 2
 
 
+def floor_share(tie_band: float) -> float:
+    """The share of an isolated sample's wall clock under its floor, before the round trip."""
+    return 1 - tie_band - WALL_SLACK
+
+
+def least_under(samples: int) -> int:
+    """How many of an isolated arm's samples must claim less than their floor for it to be implausible."""
+    return max(min(MIN_UNDER, samples), (samples + 1) // 2)
+
+
 def implausibly_under(claimed: float, floor: float, under: int, samples: int) -> bool:
     """Whether an isolated arm's median claim per call is implausible against the harness's floor."""
-    return claimed < floor and under >= min(MIN_UNDER, samples)
+    return claimed < floor and under >= least_under(samples)
 
 
 def under_claim_reason(under: int, samples: int, claimed: float, floor: float, roundtrip_ns: float) -> str:
     """Why an isolated arm's claims are implausible: below the harness's floor (kernel/bounds.py)."""
     return (
         f"implausible: its worker's median claim, {claimed / 1e3:.4g} us per call, is below the harness's median "
-        f"floor of {floor / 1e3:.4g} us (the wall clock around each sample less the tie band and the reference "
-        f"worker's round trip in this case, {roundtrip_ns / 1e3:.4g} us per sample; {under} of {samples} samples "
+        f"floor of {floor / 1e3:.4g} us (the wall clock around each sample less the tie band, {WALL_SLACK:.0%} and "
+        f"the reference worker's round trip in this case, {roundtrip_ns / 1e3:.4g} us per sample; {under} of {samples} samples "
         "below their floor): the arm's own clock under-reports its calls"
     )
 

@@ -224,11 +224,11 @@ class IsolationBound(Document):
     )
     floor_ns_per_call: float | None = Field(
         default=None,
-        description="Median of ((1 - tie_band) * wall_ns - roundtrip_ns) / calls: the least the harness vouches the arm's calls took; a median claim per call below it is implausible. Absent without a floor.",
+        description="Median of ((1 - tie_band - 0.10) * wall_ns - roundtrip_ns) / calls (0.10: rundir/integrity_notes.py WALL_SLACK): the least the harness vouches the arm's calls took; a median claim per call below it is implausible. Absent without a floor.",
     )
     under_samples: int | None = Field(
         default=None,
-        description="Samples whose claim (ns) is below their floor (1 - tie_band) * wall_ns - roundtrip_ns. Absent without a floor.",
+        description="Samples whose claim (ns) is below their floor (1 - tie_band - 0.10) * wall_ns - roundtrip_ns. Absent without a floor.",
     )
 
 

@@ -14,7 +14,7 @@ warnings' wording and FAR_INSIDE, rundir/integrity_notes.py).
 - with plan.json `roundtrip`, roundtrip.csv's rows are integers with a claim within their wall
   clock, two for every (case, seed, round) where an isolated arm was timed, and each bound's round
   trip (the median of the case's wall_ns - ns plus ROUNDTRIP_SPREADS median absolute deviations),
-  median floor and count of samples below their floor ((1 - tie_band) * wall_ns - round trip) are
+  median floor and count of samples below their floor ((1 - tie_band - WALL_SLACK) * wall_ns - round trip) are
   recomputed; an arm whose median claim is below its median floor is implausible
   (`under_claim_reasons`, which kernel/verify/figures.py applies).
 """
@@ -32,6 +32,7 @@ from kerneltrial.rundir.integrity_notes import (
     FAR_INSIDE,
     ROUNDTRIP_SPREADS,
     far_inside_warning,
+    floor_share,
     implausibly_under,
     integrity_warnings,
     under_claim_reason,
@@ -133,7 +134,7 @@ def _missing_trips(run_dir: Path, plan: dict[str, Any], per_unit: dict[tuple[str
 def _floor(mine: list[dict[str, str]], cost: float | None, tie_band: float, median: Callable) -> dict[str, Any]:
     if cost is None:
         return {}  # a run without a round trip records no floor
-    floors = [((1 - tie_band) * int(r["wall_ns"]) - cost, float(r["ns"]), int(r["calls"])) for r in mine]
+    floors = [(floor_share(tie_band) * int(r["wall_ns"]) - cost, float(r["ns"]), int(r["calls"])) for r in mine]
     return {
         "roundtrip_ns": cost,
         "floor_ns_per_call": median([f / calls for f, _, calls in floors]),
