@@ -20,6 +20,7 @@ from pydantic.fields import FieldInfo
 from kerneltrial.model import layout as model_layout
 from kerneltrial.model_fields import nested_model, undocumented
 from kerneltrial.rundir.documents import Plan, Provenance
+from kerneltrial.rundir.integrity_notes import WALL_SLACK
 from kerneltrial.rundir.layout import (
     ACCURACY_DIR,
     ATTRIBUTION,
@@ -193,8 +194,8 @@ KERNEL_FILES = (
             "worker of its own is timed twice on the same unit and `calls`: `ns` its own claim, `wall_ns` the "
             "harness's wall clock around the request, as for an isolated arm's timings row. The summary "
             "takes each case's median `wall_ns - ns` plus 3 median absolute deviations as the round trip "
-            "under every isolated arm's floor ((1 - tie_band - 0.10) * wall_ns - round trip, per sample); an "
-            "arm whose median claim per call is below its median floor, with half of its samples below "
+            f"under every isolated arm's floor ((1 - tie_band - {WALL_SLACK}) * wall_ns - round trip, per sample); an "
+            "arm whose median claim per call is below its median floor, with 2 of its samples below "
             "theirs, is implausible. A header only on a GPU "
             "or without isolated arms"
         ),

@@ -2,19 +2,19 @@
 judged on timings rows alone: an honest arm with one sample stalled outside its clock is not
 implausible (the CI failure of two samples, one stalled), nor one whose long samples all leave twice
 the reference's round trip outside its clock, nor one with two of six samples loaded (the CI failure
-of session 19); a worker that shaves every sample, or half of four or of six, is; the summary's rule
-and verify's are one function."""
+of session 19); a worker that shaves every sample, half of four, or two of six to nothing with the
+rest at their floors, is; the summary's rule and verify's are one function."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from kerneltrial.kernel.bounds import floor_of
-from kerneltrial.rundir.integrity_notes import WALL_SLACK, implausibly_under, least_under
+from kerneltrial.rundir.integrity_notes import WALL_SLACK, floor_share, implausibly_under, least_under
 
 CALLS = 8
 ROUNDTRIP_NS = 559_000.0  # the CI run's reference round trip in that case
-TIE_BAND = 0.05
+TIE_BAND = 0.02  # the protocol's default
 
 
 def rows(claims_ms: list[float], walls_ms: list[float]) -> pd.DataFrame:
@@ -35,11 +35,9 @@ def judged(claims_ms: list[float], walls_ms: list[float]) -> tuple[bool, int]:
 
 
 def test_one_stalled_sample_of_two_is_not_an_under_claim() -> None:
-    # an honest 106 ms sample, and one whose answer waited 30 ms longer outside the arm's clock (the
-    # CI failure's was 18 ms: now inside the slack too)
-    implausible, under = judged([106.0, 107.0], [106.8, 137.0])
-    assert under == 1
-    assert not implausible
+    # the CI failure: an honest 106 ms sample, and one whose answer waited 18 ms longer outside the
+    # arm's clock, below its floor alone
+    assert judged([106.0, 107.0], [106.8, 125.0]) == (False, 1)
 
 
 def test_a_worker_shaving_every_sample_is_implausible() -> None:
@@ -60,8 +58,8 @@ def test_a_single_sample_is_judged_alone() -> None:
     assert judged([106.0], [106.6]) == (False, 0)
 
 
-def test_half_of_the_samples_and_at_least_two_must_be_under() -> None:
-    assert [least_under(n) for n in range(1, 9)] == [1, 2, 2, 2, 3, 3, 4, 4]
+def test_two_samples_must_be_under_and_one_alone_is_judged() -> None:
+    assert [least_under(n) for n in range(1, 9)] == [1, 2, 2, 2, 2, 2, 2, 2]
 
 
 # slow_rmsnorm's 6 samples of ~33 ms on a 2-core machine (docs/NOTES.md, session 19): ms outside its clock
@@ -76,9 +74,18 @@ def test_an_honest_arm_with_long_samples_and_two_of_six_loaded_is_not_implausibl
     assert under == 1 and not implausible
 
 
-def test_shaving_half_of_six_samples_or_every_one_past_the_slack_is_implausible() -> None:
+def test_shaving_two_of_six_to_nothing_and_claiming_the_rest_at_their_floors_is_implausible() -> None:
+    # the review's attack on a rule of half the samples: the two largest floors' samples at 1 ns, the
+    # others 1 us above their own floors; the median claim is then the two lowest floors' mean
     walls = [c + 0.8 for c in HONEST_MS]
-    half = [0.5 * c if i % 2 else c for i, c in enumerate(HONEST_MS)]
-    assert judged(half, walls) == (True, 3)
-    shaved = 1 - TIE_BAND - WALL_SLACK - 0.05
-    assert judged([shaved * c for c in HONEST_MS], walls) == (True, 6)
+    floors = [floor_share(TIE_BAND) * w - ROUNDTRIP_NS / 1e6 for w in walls]
+    deepest = sorted(range(6), key=lambda i: floors[i])[-2:]
+    claims = [1e-6 if i in deepest else f + 1e-3 for i, f in enumerate(floors)]
+    assert judged(claims, walls) == (True, 2)
+
+
+def test_shaving_every_sample_past_the_slack_is_implausible_and_inside_it_is_not() -> None:
+    walls = [c + 0.8 for c in HONEST_MS]
+    past, inside = 1 - TIE_BAND - WALL_SLACK - 0.03, 1 - TIE_BAND - WALL_SLACK + 0.03
+    assert judged([past * w for w in walls], walls) == (True, 6)
+    assert judged([inside * w for w in walls], walls) == (False, 0)

@@ -16,10 +16,10 @@ median absolute deviations, rundir/integrity_notes.py: no single sample sets it)
 sample of an arm is (1 - tie_band - WALL_SLACK) * wall_ns - roundtrip_ns (integrity_notes.floor_share;
 the slack is what an honest arm's longer and busier samples cost beyond the reference's): the harness
 vouches that the arm's calls took at least that. An arm whose median claim per call (the published
-figure) is below its median floor per call, with at least half of its samples (and at least
-MIN_UNDER) under theirs (integrity_notes.implausibly_under), is implausible (it has no speedup), so
-what an arm reports can move its figure by at most the tie band, the slack and the round trip (from
-3 samples on; with 2, one sample's lie halved: docs/CHECKS.md).
+figure) is below its median floor per call, with at least MIN_UNDER samples under theirs
+(integrity_notes.implausibly_under), is implausible (it has no speedup), so what an arm reports can
+move its figure by at most the tie band, the slack and the round trip, and one shaved sample's rank
+(with 2 samples, one sample's lie halved: docs/CHECKS.md).
 """
 
 from __future__ import annotations

@@ -37,13 +37,16 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
 # call (tests/fixtures/slow_rmsnorm.py, 8 calls, 30-50 ms per sample) left 0.6-1.2 ms of each idle
 # sample outside its clock where the reference left 0.2-0.5 ms (its round trip with the spreads:
 # 0.6-0.8 ms), so the tie band alone (2%: 0.6 ms) left no margin; under two busy loops, 2 or 3 of its 6
-# samples left 2.6-8.5 ms (7-21% of their wall clock). WALL_SLACK covers the first and, with the
-# rule on half of the samples, the second; the planted shaves_its_clock (55% reported) stays far below.
-# An arm is implausible when its median claim per call, the published figure, is below its median
-# floor per call and at least half of its samples, and at least MIN_UNDER (all, with fewer), claim less
-# than their own floor (`least_under`): an arm that moves its median with its clock must shave at
-# least half of its samples; with 2 samples, one shaved sample escapes (docs/CHECKS.md). So on the
-# host clock an arm may shave up to the tie band, WALL_SLACK and the round trip undetected.
+# samples left 2.6-8.5 ms (7-21% of their wall clock). WALL_SLACK covers the first and most of the
+# second; the planted shaves_its_clock (55% reported) stays far below. An arm is implausible when its
+# median claim per call, the published figure, is below its median floor per call and at least
+# MIN_UNDER of its samples (all, with fewer) claim less than their own floor (`least_under`). One
+# sample stalled outside the arm's clock raises that sample's floor alone: with two samples that was
+# enough to call an honest interpreted arm implausible (1 of 2 under). Requiring half of the samples
+# instead was tried and dropped (session 19's review): an arm that shaves one sample fewer than half
+# to nothing and claims the rest just above their floors moved its median to 75% of its honest one,
+# unseen. So on the host clock an arm may shave up to the tie band, WALL_SLACK and the round trip,
+# and move its median by one sample's rank (shaving one sample), undetected (docs/CHECKS.md).
 WALL_SLACK = 0.10
 ROUNDTRIP_SPREADS = 3.0
 MIN_UNDER = 2
@@ -56,7 +59,7 @@ def floor_share(tie_band: float) -> float:
 
 def least_under(samples: int) -> int:
     """How many of an isolated arm's samples must claim less than their floor for it to be implausible."""
-    return max(min(MIN_UNDER, samples), (samples + 1) // 2)
+    return min(MIN_UNDER, samples)
 
 
 def implausibly_under(claimed: float, floor: float, under: int, samples: int) -> bool:
@@ -68,7 +71,7 @@ def under_claim_reason(under: int, samples: int, claimed: float, floor: float, r
     """Why an isolated arm's claims are implausible: below the harness's floor (kernel/bounds.py)."""
     return (
         f"implausible: its worker's median claim, {claimed / 1e3:.4g} us per call, is below the harness's median "
-        f"floor of {floor / 1e3:.4g} us (the wall clock around each sample less the tie band, {WALL_SLACK:.0%} and "
+        f"floor of {floor / 1e3:.4g} us (the wall clock around each sample less the tie band, {WALL_SLACK:.0%} of it and "
         f"the reference worker's round trip in this case, {roundtrip_ns / 1e3:.4g} us per sample; {under} of {samples} samples "
         "below their floor): the arm's own clock under-reports its calls"
     )

@@ -12,6 +12,7 @@ from pydantic import Field
 from kerneltrial.rundir.documents import Bootstrap, Document, NoiseRule, PlanArm, document_data, validate
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.integrity_notes import WALL_SLACK
 from kerneltrial.rundir.layout import PROTOCOL, PROVENANCE, SUMMARY
 from kerneltrial.rundir.summary_versions import SUMMARY_ADAPTERS, SUMMARY_DOWNGRADES, SUMMARY_V1, SUMMARY_V6, SUMMARY_V7
 
@@ -224,11 +225,11 @@ class IsolationBound(Document):
     )
     floor_ns_per_call: float | None = Field(
         default=None,
-        description="Median of ((1 - tie_band - 0.10) * wall_ns - roundtrip_ns) / calls (0.10: rundir/integrity_notes.py WALL_SLACK): the least the harness vouches the arm's calls took; a median claim per call below it is implausible. Absent without a floor.",
+        description=f"Median of ((1 - tie_band - {WALL_SLACK}) * wall_ns - roundtrip_ns) / calls ({WALL_SLACK}: rundir/integrity_notes.py WALL_SLACK): the least the harness vouches the arm's calls took; a median claim per call below it is implausible. Absent without a floor.",
     )
     under_samples: int | None = Field(
         default=None,
-        description="Samples whose claim (ns) is below their floor (1 - tie_band - 0.10) * wall_ns - roundtrip_ns. Absent without a floor.",
+        description=f"Samples whose claim (ns) is below their floor (1 - tie_band - {WALL_SLACK}) * wall_ns - roundtrip_ns. Absent without a floor.",
     )
 
 
