@@ -24,7 +24,7 @@ from kerneltrial.model_fields import describe
 from kerneltrial.rundir import streams
 from kerneltrial.rundir.files import now
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.rundir.integrity_notes import MIN_UNDER
+from kerneltrial.rundir.integrity_notes import MIN_UNDER, WALL_SLACK
 from kerneltrial.rundir.layout import DTYPE_BYTES, case_id
 
 if TYPE_CHECKING:  # torch-free at import: `run` validates a protocol before any heavy import
@@ -171,7 +171,7 @@ class Protocol(BaseModel):
     tie_band: float = Field(
         default=0.02,
         ge=0,
-        lt=1,
+        lt=1 - WALL_SLACK,  # the isolation floor keeps (1 - tie_band - WALL_SLACK) of a wall clock: above 0
         description="Verdicts: win when the speedup CI is above 1 + tie_band, loss when below 1 - tie_band, tie when inside.",
     )
     gate: str = Field(
