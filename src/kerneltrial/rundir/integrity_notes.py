@@ -40,7 +40,7 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
 # samples left 2.6-8.5 ms (7-21% of their wall clock). WALL_SLACK covers the first and most of the
 # second; the planted shaves_its_clock (55% reported) stays far below. An arm is implausible when its
 # median claim per call, the published figure, is below its median floor per call and at least
-# MIN_UNDER of its samples (all, with fewer) claim less than their own floor (`least_under`). One
+# MIN_UNDER of its samples (all, with fewer) claim less than their own floor (`implausibly_under`). One
 # sample stalled outside the arm's clock raises that sample's floor alone: with two samples that was
 # enough to call an honest interpreted arm implausible (1 of 2 under). Requiring half of the samples
 # instead was tried and dropped (session 19's review): an arm that shaves one sample fewer than half
@@ -57,14 +57,9 @@ def floor_share(tie_band: float) -> float:
     return 1 - tie_band - WALL_SLACK
 
 
-def least_under(samples: int) -> int:
-    """How many of an isolated arm's samples must claim less than their floor for it to be implausible."""
-    return min(MIN_UNDER, samples)
-
-
 def implausibly_under(claimed: float, floor: float, under: int, samples: int) -> bool:
     """Whether an isolated arm's median claim per call is implausible against the harness's floor."""
-    return claimed < floor and under >= least_under(samples)
+    return claimed < floor and under >= min(MIN_UNDER, samples)
 
 
 def under_claim_reason(under: int, samples: int, claimed: float, floor: float, roundtrip_ns: float) -> str:
