@@ -393,6 +393,26 @@ def test_an_isolated_arm_on_the_gpu_shares_its_buffers_through_cuda_ipc():
         assert 0 < ns <= wall and arm.check(OP, CASE, 0, 0, unit, checked, False, cuda).passed
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the worker's CUDA cache needs a CUDA device")
+def test_an_isolated_worker_gives_its_gpu_memory_back_after_a_gate_check():
+    """Its poisoned blocks and staged copies (several times a case's outputs) kept by the worker
+    left the harness's check of the largest zimage_qk_rmsnorm case out of memory on an H100."""
+    cuda = torch.device("cuda")
+    big = Case((8192, 8192))  # 128 MiB of bf16 per tensor
+    timer = make_timer("cuda-events", "cold")
+    with Isolation(Settings(120, cuda, timer=(timer.name, timer.cold))) as iso:
+        (impl,) = iso.module_arms(str(FIXTURE["good_rmsnorm"]))
+        assert gate.check(OP, impl, CASE, 0, cuda).passed
+        torch.cuda.empty_cache()
+        free_before, _ = torch.cuda.mem_get_info()
+        assert gate.check(OP, impl, big, 0, cuda, thorough=False).passed
+        torch.cuda.empty_cache()
+        free_after, _ = torch.cuda.mem_get_info()
+    # the worker may keep its last outputs (one tensor, 128 MiB) and its mapped buffers; before
+    # the fix it kept 4 poisoned blocks of each output and argument and the staged copies besides
+    assert free_before - free_after < 3 * (128 << 20), (free_before - free_after) >> 20
+
+
 def test_an_arm_a_module_registers_through_the_registry_cannot_be_isolated(tmp_path: Path):
     module = tmp_path / "registers.py"
     module.write_text(

@@ -322,6 +322,8 @@ def _check_under(
         for case, seed in ((case, seed) for case in cases for seed in SEEDS):
             with inp.drawing(inp.new_inputs_seed()):  # values, offsets, eps and extra shapes drawn afresh
                 result = gate.check(operator, impl, case, seed, device)
+            if device.type == "cuda":  # the worker allocates on the same device: the cache goes back
+                torch.cuda.empty_cache()
             if worker.ended:
                 raise WorkerEnded(worker.ended)
             checks += 1
