@@ -28,6 +28,7 @@ from kerneltrial.serving.calibration import (
     launches_needed,
     read_calibration,
 )
+from kerneltrial.serving.calibration_host import this_host
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli, write_protocol
 
@@ -82,7 +83,8 @@ def test_calibrate_writes_an_a_a_run_its_noise_and_its_false_acceptance_rate(cal
     assert (rec.false_acceptances, rec.false_acceptance_rate, rec.passed, rec.reasons) == (0, 0.0, True, [])
     assert rec.sentence.startswith("Calibration passed for trials of 4 launches per arm: interval half-widths")
     assert "accepted 0 of 30 A/A comparison(s)" in rec.sentence
-    assert json.loads((cal / CALIBRATION).read_text())["schema"] == "kerneltrial.serving-calibration/3"
+    assert json.loads((cal / CALIBRATION).read_text())["schema"] == "kerneltrial.serving-calibration/4"
+    assert rec.host == this_host(None)  # measured here (the fake server's protocol has no server.model)
     assert rec.binding.repeats == 2 and rec.binding.client == "completions" and rec.binding.trial_rounds == 4
     assert rec.binding_sha256 == rec.binding.sha256()
     found = next(c for c in verify_serving_run(cal).checks if c.name == "calibration")
@@ -177,6 +179,14 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
     ]
     problems = planted_calibrations(out, cal, prov)
     assert [p[: len(w)] for p, w in zip(problems, want, strict=True)] == want
+    # planted: the trial's provenance.json names another host than its calibration was measured on
+    (out / "provenance.json").write_text(json.dumps({**prov, "hostname": "elsewhere"}))
+    [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
+    assert problem == (
+        f"{Path(os.path.relpath(cal, out)).as_posix()}/calibration.json was measured on another host than the "
+        f"trial ran on: hostname {rec.host.hostname!r} in calibration.json, 'elsewhere' in provenance.json; "
+        "calibrate on the trial's host"
+    )
     # planted: another trial's calibration named (its binding hash), then none at all
     prov["calibration"]["binding_sha256"] = "f" * 64
     (out / "provenance.json").write_text(json.dumps(prov))
@@ -295,6 +305,78 @@ def test_an_older_calibration_schema_is_refused(calibrated, tmp_path, monkeypatc
         text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
         code, output, _ = run_with(proto, tmp_path, text, monkeypatch)
         assert code == 2 and f"{lacks}; calibrate again" in output, output
+
+
+FOREIGN_GPU = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0f0f", "driver_version": "550.54.15"}
+FOREIGN_WEIGHTS = {"files": 3, "total_bytes": 10, "listing_sha256": "a" * 64, "config_sha256": "b" * 64}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("hostname", "quieter-host", "hostname 'quieter-host' there, {here!r} here"),
+        ("cpu_count", 512, "cpu_count 512 there, {here!r} here"),
+        ("gpus", [FOREIGN_GPU], "gpus [{gpu!r}] there, {here!r} here"),
+        ("weights", FOREIGN_WEIGHTS, "weights {weights!r} there, {here!r} here"),
+    ],
+    ids=["hostname", "cpu-count", "gpu", "weights"],
+)
+def test_a_calibration_measured_on_another_host_is_refused(calibrated, tmp_path, monkeypatch, field, value, named):
+    """Review A5: a calibration taken on another (quieter) machine, another GPU or other weights was
+    accepted: its noise band is not this host's. One field of its fingerprint planted; refused before
+    any launch, the field named, and the fix."""
+    proto, cal = calibrated
+    bad = copied(cal, tmp_path, lambda rec: rec["host"].update({field: value}))
+    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    here = this_host(None).model_dump()[field]
+    message = named.format(here=here, gpu=FOREIGN_GPU, weights=FOREIGN_WEIGHTS)
+    assert code == 2 and f"acceptance.calibration '{bad.name}' was measured on another host ({message})" in output
+    assert "its noise band is not this host's; calibrate again on this host (`kerneltrial serve calibrate" in output
+    assert len(output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_host_edited_in_calibration_json_fails_verify(calibrated, tmp_path):
+    """The fingerprint cannot be derived from the run; its hostname and GPUs are the run's provenance.json's."""
+    _, cal = calibrated
+    bad = copied(cal, tmp_path, lambda rec: rec["host"].update(hostname="quieter-host", gpus=[FOREIGN_GPU]))
+    found = next(c for c in verify_serving_run(bad).checks if c.name == "calibration")
+    here = this_host(None).hostname
+    assert list(found.problems) == [
+        f"calibration.json host differs from its run's provenance.json: hostname 'quieter-host' in calibration.json, "
+        f"{here!r} in provenance.json: the host was edited",
+        "calibration.json host differs from its run's provenance.json: GPUs (name, driver) [('NVIDIA H100 80GB HBM3', "
+        "'550.54.15')] in calibration.json, [] in provenance.json: the host was edited",
+    ]
+    missing = copied(cal, tmp_path / "null", lambda rec: rec.update(host=None))
+    [problem] = next(c for c in verify_serving_run(missing).checks if c.name == "calibration").problems
+    assert problem.endswith(
+        "calibration.json: host is missing or null, and a kerneltrial.serving-calibration/4 "
+        "calibration records the host it was measured on; calibrate again on this host "
+        "(`kerneltrial serve calibrate PROTOCOL --out DIR`)"
+    )
+
+
+def test_a_calibration_from_before_the_host_verifies_but_no_trial_rests_on_it(calibrated, tmp_path, monkeypatch):
+    """A schema /3 calibration.json (no host) is still the record of its run; a trial refuses it, saying
+    how to calibrate again."""
+    proto, cal = calibrated
+
+    def older(rec: dict) -> None:
+        rec.update(schema="kerneltrial.serving-calibration/3")
+        del rec["host"]
+
+    old = copied(cal, tmp_path, older)
+    assert verify_serving_run(old).problems == []
+    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{old.name}"')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    assert code == 2 and not out.exists(), output
+    assert (
+        f"acceptance.calibration '{old.name}' is a kerneltrial.serving-calibration/3 calibration, from before its "
+        "binding to the host it was measured on (issue 36, review A5): it records no host, so its noise band may be "
+        "another machine's; calibrate again on this host (`kerneltrial serve calibrate PROTOCOL --out DIR`, then "
+        "name DIR in [acceptance] calibration)"
+    ) in output
 
 
 def test_a_binding_rewritten_to_fit_another_trial_is_refused(calibrated, tmp_path, monkeypatch):

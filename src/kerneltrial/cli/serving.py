@@ -110,6 +110,7 @@ def calibrate(
     """
     from kerneltrial.rundir.files import read_jsonl
     from kerneltrial.serving.calibration import calibration_protocol, calibration_record, write_calibration
+    from kerneltrial.serving.calibration_host import this_host
     from kerneltrial.serving.pilot import pilot_reason
     from kerneltrial.serving.protocol import load_protocol, parse_protocol
 
@@ -126,7 +127,7 @@ def calibrate(
         text, protocol.parent, run_dir, RunOptions(vllm, quiet, model, override_pins=override_pins), pilot
     )
     stopped = pilot_reason(proto, read_jsonl(run_dir / "runs.jsonl"), trial_rounds)
-    record = calibration_record(proto, summary, trial_rounds, stopped)
+    record = calibration_record(proto, summary, trial_rounds, stopped, host=this_host(proto.server.model))
     path = write_calibration(run_dir, record)
     console().print(f"{record.sentence}; {path}", markup=False, soft_wrap=True)
     if not record.passed:

@@ -26,7 +26,9 @@ repeats, client, prompt seeds, pins, the acceptance rule and the trial's rounds,
 `binding_sha256` its hash. A trial protocol may require a passed calibration (`[acceptance]
 calibration = DIR`): serving/calibration_gate.py checks before the first launch that the
 calibration's binding is the trial's, that its run directory verifies and that its record is the
-one its run gives (serving/calibration_evidence.py), and that it passed.
+one its run gives (serving/calibration_evidence.py), and that it passed. It records the host it was
+measured on too (`host`, serving/calibration_host.py: hostname, CPU, memory, GPUs, the weights'
+digest): its noise band is that host's, and a trial on another host is refused (review A5).
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.serving.acceptance import MIN_ROUNDS, LaunchFigure, Rule, compare_case
 from kerneltrial.serving.bench import case_dict
+from kerneltrial.serving.calibration_host import HostFingerprint
 from kerneltrial.serving.order import planned_launches
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, Protocol
 from kerneltrial.serving.summary import acceptance_rule, launch_figures
 
 CALIBRATION = "calibration.json"
-SCHEMA = "kerneltrial.serving-calibration/3"
-BEFORE = {  # older schemas, and what they lack
+SCHEMA = "kerneltrial.serving-calibration/4"
+HOSTLESS = "kerneltrial.serving-calibration/3"  # read (it verifies as the record of its run), with no `host`
+HOSTLESS_LACKS = "from before its binding to the host it was measured on (issue 36, review A5)"
+BEFORE = {  # older schemas, refused, and what they lack
     "kerneltrial.serving-calibration/1": "from before its power check (issue 26)",
     "kerneltrial.serving-calibration/2": "from before its binding to what it calibrates (issue 36)",
 }
@@ -178,6 +183,7 @@ class CalibrationRecord(BaseModel):
     sentence: str
     binding: Binding  # what it calibrates
     binding_sha256: str  # Binding.sha256() of `binding`
+    host: HostFingerprint | None = None  # where it was measured; None only in a HOSTLESS record
 
 
 def comparisons_needed(max_rate: float) -> int | None:
@@ -332,10 +338,16 @@ def case_comparisons(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n:
 
 
 def calibration_record(
-    proto: Protocol, summary: dict[str, Any], trial_rounds: int, stopped: str | None = None
+    proto: Protocol,
+    summary: dict[str, Any],
+    trial_rounds: int,
+    stopped: str | None = None,
+    *,
+    host: HostFingerprint | None,
 ) -> CalibrationRecord:
     """calibration.json's content for an A/A run of `proto` (from calibration_protocol) and its summary;
-    `stopped`: why its pilot ended it (serving/pilot.py), the first reason it did not pass."""
+    `stopped`: why its pilot ended it (serving/pilot.py), the first reason it did not pass; `host`: the
+    host it ran on (serving/calibration_host.py `this_host`; verify passes the recorded one)."""
     rule = acceptance_rule(proto)
     round_of = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
     noise, comparisons = [], []
@@ -383,6 +395,7 @@ def calibration_record(
         sentence=_sentence(passed, reasons, noise, trial_rounds, false, len(comparisons), rate, bound),
         binding=(bound_to := binding(proto, trial_rounds)),
         binding_sha256=bound_to.sha256(),
+        host=host,
     )
 
 
@@ -448,14 +461,20 @@ def read_calibration(run_dir: Path) -> CalibrationRecord:
             f"no {CALIBRATION} in {run_dir}; run `kerneltrial serve calibrate PROTOCOL --out {run_dir}` first"
         )
     data = read_json(path)
-    if isinstance(data, dict) and data.get("schema") != SCHEMA:
+    if isinstance(data, dict) and data.get("schema") not in (SCHEMA, HOSTLESS):
         lacks = BEFORE.get(str(data.get("schema")), f"not a {SCHEMA} record")
         raise CalibrationError(
             f"{path} is a {data.get('schema')} calibration, {lacks}; calibrate again with this kerneltrial "
             f"(`kerneltrial serve calibrate PROTOCOL --out DIR`)"
         )
     try:
-        return CalibrationRecord.model_validate(data)
+        record = CalibrationRecord.model_validate(data)
     except ValidationError as e:
         where = ".".join(str(x) for x in e.errors(include_url=False)[0]["loc"])
         raise RunDirError(f"{path}: {where} is missing or malformed; is this a `serve calibrate` run?") from None
+    if record.schema_ == SCHEMA and record.host is None:
+        raise RunDirError(
+            f"{path}: host is missing or null, and a {SCHEMA} calibration records the host it was measured on; "
+            "calibrate again on this host (`kerneltrial serve calibrate PROTOCOL --out DIR`)"
+        )
+    return record

@@ -8,7 +8,11 @@ derived from the provenance argv: serving/verify_plan.py) and its summary.json, 
 field that calibration.json states otherwise (the pilot's decision too, recomputed from runs.jsonl:
 serving/pilot.py): a `passed` flipped to true, reasons deleted, noise
 or comparisons edited, a binding rewritten to fit another trial (other repeats, another client)
-or a binding_sha256 that is not its binding's hash.
+or a binding_sha256 that is not its binding's hash. Its `host` (serving/calibration_host.py) cannot be
+derived from the run: it is checked against the hostname and GPUs the run's provenance.json records,
+and a trial's provenance.json against the host of the calibration it rested on (review A5). A
+calibration.json of schema /3 (from before the host was recorded) still verifies as the record of its
+run; a trial refuses it (serving/calibration_gate.py).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving.calibration import (
     CALIBRATION,
     CalibrationError,
+    CalibrationRecord,
     binding,
     calibration_record,
     read_calibration,
 )
+from kerneltrial.serving.calibration_host import provenance_differences
 from kerneltrial.serving.effective import with_effective
 from kerneltrial.serving.pilot import pilot_reason
 from kerneltrial.serving.protocol import ProtocolError
@@ -37,10 +43,16 @@ Verifier = Callable[[Path], list[str]]  # a run directory's problems (serving/ve
 
 
 def calibration_problems(
-    path: Path, plan: dict[str, Any], summary: dict[str, Any], rows: list[dict[str, Any]], rp: RunProtocol
+    path: Path,
+    prov: dict[str, Any],
+    plan: dict[str, Any],
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    rp: RunProtocol,
 ) -> list[str] | None:
-    """Each field of calibration.json unlike the record its run gives, and a binding_sha256 that is
-    not its binding's hash; None when the run has no calibration.json (a trial, not a calibration)."""
+    """Each field of calibration.json unlike the record its run gives, a binding_sha256 that is not
+    its binding's hash, and a host unlike the one provenance.json `prov` names; None when the run has
+    no calibration.json (a trial, not a calibration)."""
     if not (path / CALIBRATION).is_file():
         return None
     try:
@@ -53,10 +65,11 @@ def calibration_problems(
     try:
         proto = with_effective(rp.proto, recorded if isinstance(recorded, dict) else {})
         stopped = pilot_reason(proto, rows, record.trial_rounds)  # runs.jsonl, whose figures verify recomputes
-        again = calibration_record(proto, summary, record.trial_rounds, stopped)
+        again = calibration_record(proto, summary, record.trial_rounds, stopped, host=record.host)
     except (ProtocolError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         return [f"{CALIBRATION} cannot be recomputed from its run ({type(error).__name__}: {error}): not an A/A run"]
-    problems = []
+    again = again.model_copy(update={"schema_": record.schema_})  # read_calibration admits it (/3: no host)
+    problems = _host_problems(record, prov)
     if record.binding.sha256() != record.binding_sha256:
         problems.append(
             f"{CALIBRATION} binding_sha256 is {record.binding_sha256[:12]}..., its binding hashes to "
@@ -72,6 +85,16 @@ def calibration_problems(
     if len(problems) > SHOWN:
         problems = [*problems[:SHOWN], f"... and {len(problems) - SHOWN} more fields of {CALIBRATION}"]
     return problems
+
+
+def _host_problems(record: CalibrationRecord, prov: dict[str, Any]) -> list[str]:
+    """The calibration's host is the one its own run's provenance.json names (hostname, GPUs)."""
+    if record.host is None:
+        return []  # a /3 record names none (a trial refuses it)
+    return [
+        f"{CALIBRATION} host differs from its run's provenance.json: {d}: the host was edited"
+        for d in provenance_differences(record.host, prov)
+    ]
 
 
 def trial_calibration_problems(
@@ -110,13 +133,17 @@ def trial_calibration_problems(
         )
     if used.get("passed") is not True:
         problems.append(f"provenance.json calibration passed is {used.get('passed')!r}: a trial rests on a passed one")
-    return problems + _calibration_opened(path, used, want, verify_run)
+    return problems + _calibration_opened(path, prov, used, want, verify_run)
 
 
-def _calibration_opened(path: Path, used: dict[str, Any], want: str, verify_run: Verifier) -> list[str]:
+def _calibration_opened(
+    path: Path, prov: dict[str, Any], used: dict[str, Any], want: str, verify_run: Verifier
+) -> list[str]:
     """The calibration directory the trial recorded, opened again: its calibration.json is the one
-    the trial hashed, it is an A/A calibration (its protocol requires no
-    calibration itself), it verifies, it passed and its binding is this trial's."""
+    the trial hashed, it is an A/A calibration (its protocol requires no calibration itself), it
+    verifies, it passed, its binding is this trial's and it was measured on the host the trial's
+    provenance.json `prov` names (a /3 calibration names no host: the trial's gate refused it from
+    schema /4 on, and a trial before that rested on it unbound)."""
     rel = used.get("path")
     if not isinstance(rel, str) or not rel:
         return ["provenance.json calibration has no path: the calibration the trial rested on cannot be opened again"]
@@ -148,6 +175,12 @@ def _calibration_opened(path: Path, used: dict[str, Any], want: str, verify_run:
         problems.append(
             f"{rel}/{CALIBRATION} binding_sha256 is {record.binding_sha256[:12]}..., this trial's is {want[:12]}..."
         )
+    if record.host is not None:
+        problems += [
+            f"{rel}/{CALIBRATION} was measured on another host than the trial ran on: {d}; calibrate on the "
+            "trial's host"
+            for d in provenance_differences(record.host, prov)
+        ]
     return problems
 
 
@@ -174,7 +207,7 @@ def calibration_checks(
     return [
         Check(
             "calibration",
-            calibration_problems(path, plan, summary, rows, rp),
+            calibration_problems(path, prov, plan, summary, rows, rp),
             "calibration.json recomputed from its run, bound by hash",
             "not applicable: no calibration.json (a trial, not a calibration)",
         ),

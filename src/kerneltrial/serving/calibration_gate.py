@@ -4,8 +4,11 @@ first launch, a calibration that does not match it or is not evidence (issue 36 
 `require_calibration` reads DIR/calibration.json and refuses (CalibrationError, one line, exit 2)
 unless it calibrated the trial's own binding (serving/calibration.py `Binding`: model, tokenizer,
 baseline argv and environment apart from operator selection, cases, repeats, client, prompt
-seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), its run
-directory verifies (serving/verify.py, with calibration.json recomputed from the run:
+seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), it was
+measured on this host (calibration.json `host`, serving/calibration_host.py: hostname, CPU model and
+count, memory, GPUs and driver, CUDA_VISIBLE_DEVICES, the weights' digest; every differing field
+named; a calibration from before the host was recorded is refused too), its run directory
+verifies (serving/verify.py, with calibration.json recomputed from the run:
 serving/calibration_evidence.py) and it passed; the trial's provenance.json then records it
 (`calibration`: its directory as the protocol names it and as a path relative to the trial's run
 directory, its binding hash and calibration.json's sha256), and verify opens that directory again,
@@ -20,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir.hashing import sha256_file
-from kerneltrial.serving.calibration import CALIBRATION, CalibrationError, CalibrationRecord, binding, read_calibration
+from kerneltrial.serving.calibration import (
+    CALIBRATION,
+    HOSTLESS_LACKS,
+    CalibrationError,
+    CalibrationRecord,
+    binding,
+    read_calibration,
+)
+from kerneltrial.serving.calibration_host import host_differences, this_host
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_plan import first_difference, short
@@ -38,6 +49,7 @@ def require_calibration(proto: Protocol, base_dir: Path, run_dir: Path) -> dict[
     record = read_calibration(base_dir / name)
     _require_same_trial(proto, record, where)
     _require_binding(proto, record, where)
+    _require_host(proto, record, where)
     result = verify_serving_run(base_dir / name)
     if result.problems:
         raise CalibrationError(
@@ -96,3 +108,24 @@ def _require_binding(proto: Protocol, record: CalibrationRecord, where: str) -> 
         f"(binding sha256 {record.binding_sha256[:12]}..., this trial's {want.sha256()[:12]}...); "
         "calibrate this protocol"
     )
+
+
+RECALIBRATE = (
+    "calibrate again on this host (`kerneltrial serve calibrate PROTOCOL --out DIR`, then name DIR in "
+    "[acceptance] calibration)"
+)
+
+
+def _require_host(proto: Protocol, record: CalibrationRecord, where: str) -> None:
+    """The calibration was measured on this host, with these weights: a noise band is its host's."""
+    if record.host is None:
+        raise CalibrationError(
+            f"{where} is a {record.schema_} calibration, {HOSTLESS_LACKS}: it records no host, so its noise "
+            f"band may be another machine's; {RECALIBRATE}"
+        )
+    differ = host_differences(record.host, this_host(proto.server.model))
+    if differ:
+        raise CalibrationError(
+            f"{where} was measured on another host ({'; '.join(differ)}): its noise band is not this host's; "
+            f"{RECALIBRATE}"
+        )
