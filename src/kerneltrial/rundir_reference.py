@@ -234,15 +234,15 @@ KERNEL_FILES = (
         (
             "drawn from summary.json. report.md is a derived file: a function of the run directory (ERRATA.md"
             " included), which verify renders again and compares byte for byte (`report.md` check; a page "
-            "titled UNVERIFIED is accepted too); the PNGs are not compared (matplotlib and fonts change their"
-            " bytes), only their names are allowed"
+            "titled UNVERIFIED is accepted too); so are the PNGs where the matplotlib their Software text names"
+            " is the one installed (`figures added` check; else each is named as not checked, with the versions)"
         ),
     ),
     RunFile(
         (SIZE_PNG,),
         "by `kerneltrial plot` (its default --out), after verify passed (or with `--unverified`)",
         "each timed arm's time and rate against bytes per call, drawn from summary.json; like the "
-        "report's PNGs not compared, only its name is allowed",
+        "report's PNGs drawn again and compared where the matplotlib versions match",
     ),
     RunFile(
         (ERRATA,),

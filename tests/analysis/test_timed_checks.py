@@ -648,11 +648,12 @@ def test_old_runs_list_the_new_checks_as_not_applicable(run_dir: Path) -> None:
         "isolation bounds",
         "report.md",
         "ERRATA.md",
+        "figures added",
     ]
     assert all(c.ok and c.detail.startswith("not applicable") for c in result.checks if not c.applicable)
     output = run_cli("verify", run_dir).output
     assert "n/a  manifest: not applicable: plan.json has no `checks`" in output
-    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 9} not applicable to this run)")
+    assert output.splitlines()[-1].endswith(f"({len(CHECKED_RUN_CHECKS) + 10} not applicable to this run)")
 
 
 # ---------------------------------------------------------------- report, PERFORMANCE.md, compare

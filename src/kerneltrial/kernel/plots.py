@@ -1,22 +1,45 @@
 """A kernel run's figures (PNG, matplotlib), each drawn from summary.json: speedups per case,
 verdicts per arm, the bandwidth ceiling. Titles say "NOT GPU performance" without a GPU and
-UNVERIFIED when asked (kernel/report.py writes them beside report.md)."""
+UNVERIFIED when asked (kernel/report.py writes them beside report.md).
+
+Each is drawn under matplotlib's default style, whatever matplotlibrc the environment has, so that
+a run and a matplotlib version give the same PNG bytes anywhere: verify draws every figure of
+FIGURES again and compares the bytes (kernel/derived.py)."""
 
 from __future__ import annotations
 
+import functools
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
+import matplotlib.style
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from kerneltrial.kernel.cells import rate
 from kerneltrial.publication import titled
+from kerneltrial.rundir.layout import CEILING_PNG, SIZE_PNG, SPEEDUP_PNG, VERDICTS_PNG
 from kerneltrial.rundir.summary_doc import Summary
 
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
+Target = Path | BinaryIO  # a file to write, or a buffer (verify's rendering, as PNG)
+Draw = Callable[[Summary, Target, bool], Target]  # (summary, where, unverified) -> where
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _default_style(draw: Callable[P, R]) -> Callable[P, R]:
+    """`draw` under matplotlib's default style (the environment's matplotlibrc does not reach the PNG)."""
+
+    @functools.wraps(draw)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> R:
+        with matplotlib.style.context("default"):
+            return draw(*args, **kwargs)
+
+    return drawn
 
 
 def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -> str:
@@ -29,11 +52,12 @@ def _title(summary: Summary, text: str, fig: Figure, unverified: bool = False) -
     return "\n".join(textwrap.fill(line, width) for line in lines)
 
 
-def _save(fig: Figure, ax: Any, path: Path) -> Path:
-    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every figure."""
+def _save(fig: Figure, ax: Any, path: Target) -> Target:
+    """Legend (beside the axes, never over the data), layout and the PNG: the common end of every
+    figure. A file's format is its suffix's (`plot --out`), a buffer's PNG."""
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120, bbox_inches="tight", format=None if isinstance(path, Path) else "png")
     return path
 
 
@@ -49,7 +73,8 @@ def _log_speedup_axis(ax: Any, values: list[float]) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Path:
+@_default_style
+def plot_speedups(summary: Summary, path: Target, unverified: bool = False) -> Target:
     """Speedup with CI per case and arm; every case shown, failed arms marked with an x at 1."""
     arms = summary.compared_arms()
     cases = [c.case for c in summary.cases]
@@ -91,7 +116,8 @@ def plot_speedups(summary: Summary, path: Path, unverified: bool = False) -> Pat
     return _save(fig, ax, path)
 
 
-def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Path:
+@_default_style
+def plot_verdicts(summary: Summary, path: Target, unverified: bool = False) -> Target:
     """Stacked wins / ties / losses / failed correctness per arm (runs with timed checks: also
     inconclusive, failed while timed and implausible)."""
     arms = summary.compared_arms()
@@ -119,7 +145,8 @@ def plot_verdicts(summary: Summary, path: Path, unverified: bool = False) -> Pat
     return _save(fig, ax, path)
 
 
-def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path:
+@_default_style
+def plot_ceiling(summary: Summary, path: Target, unverified: bool = False) -> Target:
     """% of the copy ceiling per case and arm (control included)."""
     arms = [a.name for a in summary.arms if a.available]
     cases = [c.case for c in summary.cases]
@@ -140,7 +167,8 @@ def plot_ceiling(summary: Summary, path: Path, unverified: bool = False) -> Path
 # ---------------------------------------------------------------- documents
 
 
-def plot_against_size(summary: Summary, path: Path, unverified: bool = False) -> Path:
+@_default_style
+def plot_against_size(summary: Summary, path: Target, unverified: bool = False) -> Target:
     """Time per call and GB/s of each timed arm against the bytes each case moves (log-log), one
     line per arm through its cases in order of size: where an arm falls off with size, or never
     leaves the launch floor. Cases of one size (layouts, dtypes) are drawn as separate points."""
@@ -166,3 +194,12 @@ def plot_against_size(summary: Summary, path: Path, unverified: bool = False) ->
         ax.set_ylabel(label)
     time_ax.set_title(_title(summary, "Time and bandwidth against size", fig, unverified), fontsize="medium")
     return _save(fig, rate_ax, path)
+
+
+# every figure a command adds to a kernel run directory, by its file name (verify draws each again)
+FIGURES: dict[str, Draw] = {
+    SPEEDUP_PNG: plot_speedups,
+    VERDICTS_PNG: plot_verdicts,
+    CEILING_PNG: plot_ceiling,
+    SIZE_PNG: plot_against_size,
+}

@@ -56,7 +56,9 @@ Every kernel run also gets `required files` and `no downgrade` (kernel/schema_re
 the declared contract's files and keys are present, and no witness shows a later contract than
 the one declared), `source commit` and `device` (kernel/provenance_checks.py), and `report.md`
 and `ERRATA.md` (kernel/derived.py: the page is the rendering of the directory; the hand-written
-errata's machine-read lines are well formed).
+errata's machine-read lines are well formed), and each figure a command added (speedup.png, ...,
+size.png: drawn again and compared byte for byte where this matplotlib is the one that drew it, else
+listed as not checked with both versions).
 
 One module per check family, on one contract record per summary schema (contract.py: which
 schema a run is verified under, and what each requires; the checks read it, never the schema

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import io
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,13 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.layout import (
+    ADDED_FIGURES,
     ERRATA,
     INPUT_FILES,
     REPORT,
     kind_of,
 )
+from kerneltrial.rundir.summary_doc import Summary, read_summary
 
 
 def verify_run_dir(run_dir: Path) -> VerifyResult:
@@ -71,6 +75,34 @@ def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render:
         result.record(
             name, problems, detail if problems is not None else f"not applicable: no {name} in this directory"
         )
+
+
+def kernel_figures(run_dir: Path) -> derived.FigureRender:
+    """Each figure of a kernel run as `kerneltrial report` or `plot` draws it (kernel/plots.py), as PNG bytes."""
+
+    @functools.cache
+    def summary() -> Summary:
+        return read_summary(run_dir)
+
+    def render(name: str, unverified: bool) -> bytes:
+        from kerneltrial.kernel.plots import FIGURES  # matplotlib: only where a figure is compared
+
+        buffer = io.BytesIO()
+        FIGURES[name](summary(), buffer, unverified)
+        return buffer.getvalue()
+
+    return render
+
+
+def check_added_figures(result: VerifyResult, run_dir: Path, render: derived.FigureRender) -> None:
+    """Each figure a command added to the run directory is the one `render` draws, where this
+    matplotlib is the one that drew it (kernel/derived.py); one line when there is none."""
+    present = [name for name in ADDED_FIGURES if (run_dir / name).is_file()]
+    if not present:
+        result.not_applicable("figures added", f"not applicable: no {', '.join(ADDED_FIGURES)} in this directory")
+    installed = derived.installed_matplotlib()
+    for name in present:
+        result.record(name, *derived.figure_problems(run_dir / name, render, installed))
 
 
 def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
@@ -127,6 +159,7 @@ def _verify_kernel(run_dir: Path, provenance: dict[str, Any]) -> VerifyResult:
     else:
         not_checked(ISOLATION_FAMILY, floor, result)
     check_written_after(result, run_dir, run_dir / REPORT, kernel_page(run_dir))
+    check_added_figures(result, run_dir, kernel_figures(run_dir))
     return result
 
 

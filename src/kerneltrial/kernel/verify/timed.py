@@ -149,7 +149,7 @@ def check_integrity(
     result.add(
         "manifest",
         integrity.manifest_problems(run_dir),
-        f"every file hashes as {MANIFEST} recorded; no file added but report.md, *.png, ERRATA.md",
+        f"every file hashes as {MANIFEST} recorded; no file added but {', '.join(integrity.ADDED_AFTER_RUN)}",
     )
     result.add(
         "provenance",
