@@ -408,9 +408,10 @@ def test_an_isolated_worker_gives_its_gpu_memory_back_after_a_gate_check():
         assert gate.check(OP, impl, big, 0, cuda, thorough=False).passed
         torch.cuda.empty_cache()
         free_after, _ = torch.cuda.mem_get_info()
-    # the worker may keep its last outputs (one tensor, 128 MiB) and its mapped buffers; before
-    # the fix it kept 4 poisoned blocks of each output and argument and the staged copies besides
-    assert free_before - free_after < 3 * (128 << 20), (free_before - free_after) >> 20
+    # what the device lost includes the harness's own mirrors, output slots and live tensors and the
+    # worker's last outputs: about 13 tensors of the case with this worker, 22 with a29c6c5's, which
+    # kept 4 poisoned blocks of each output and argument and its staged copies (on an H100, dce1048)
+    assert free_before - free_after < 16 * (128 << 20), (free_before - free_after) >> 20
 
 
 def test_an_arm_a_module_registers_through_the_registry_cannot_be_isolated(tmp_path: Path):
