@@ -194,6 +194,7 @@ def test_verify_is_independent_of_stats_and_summary(path: Path) -> None:
         "kerneltrial.kernel.links",
         "kerneltrial.publication.titled",  # the UNVERIFIED mark of a page title
         "kerneltrial.kernel.report.report_text",  # report.md rendered again to compare (a page, no figure)
+        "kerneltrial.kernel.plots.figure_png",  # an added figure drawn again to compare (kernel/derived.py)
         "kerneltrial.kernel.report.write_report",  # replicates: `report` writes each run's page (not verify)
         "kerneltrial.kernel.verify.check_written_after",  # replicates: each run's kernel checks
         "kerneltrial.kernel.verify.verify_run_dir",

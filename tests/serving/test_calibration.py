@@ -187,6 +187,20 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
         f"trial ran on: hostname {rec.host.hostname!r} in calibration.json, 'elsewhere' in provenance.json; "
         "calibrate on the trial's host"
     )
+
+    # planted: the calibration rewritten as /3, without its host, and its hash put in the trial's provenance
+    def older(rec: dict) -> None:
+        rec.update(schema="kerneltrial.serving-calibration/3")
+        del rec["host"]
+
+    old = copied(cal, tmp_path, older)
+    sha = hashlib.sha256((old / CALIBRATION).read_bytes()).hexdigest()
+    rel = Path(os.path.relpath(old, out)).as_posix()
+    (out / "provenance.json").write_text(
+        json.dumps({**prov, "calibration": {**prov["calibration"], "path": rel, "sha256": sha}})
+    )
+    [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
+    assert problem.startswith(f"{rel}/calibration.json records no host (schema /3): a trial refuses such")
     # planted: another trial's calibration named (its binding hash), then none at all
     prov["calibration"]["binding_sha256"] = "f" * 64
     (out / "provenance.json").write_text(json.dumps(prov))

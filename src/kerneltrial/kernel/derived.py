@@ -28,6 +28,7 @@ confirmation links), so it is never rewritten. Each has its own rule instead, pa
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import re
 import struct
 from collections.abc import Callable
@@ -100,9 +101,26 @@ def installed_matplotlib() -> str | None:
         return None
 
 
+def same_image(recorded: bytes, drawn: bytes) -> bool:
+    """Whether two PNGs hold the same pixels and text: the bytes alike, or decoded alike (Pillow,
+    matplotlib's own dependency, compresses with the zlib it was built with, so one figure may be
+    compressed to other bytes by another Pillow); a PNG Pillow cannot read is not the same."""
+    if recorded == drawn:
+        return True
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(recorded)) as a, Image.open(io.BytesIO(drawn)) as b:
+            return (a.size, a.mode, a.info.get("Software")) == (b.size, b.mode, b.info.get("Software")) and (
+                a.tobytes() == b.tobytes()
+            )
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        return False
+
+
 def figure_problems(path: Path, render: FigureRender, installed: str | None) -> tuple[list[str] | None, str]:
     """(problems, detail) of a figure of FIGURE_COMMANDS: the PNG `render` draws from the directory
-    (titled, else UNVERIFIED), byte for byte, where `installed` (this matplotlib's version) is the
+    (titled, else UNVERIFIED), pixel for pixel (`same_image`), where `installed` (this matplotlib's version) is the
     one the PNG names; problems None (not checked, detail says why) where it is another or none."""
     command = f"kerneltrial {FIGURE_COMMANDS[path.name]}"
     again = f"`{command} {path.parent}`"
@@ -121,11 +139,11 @@ def figure_problems(path: Path, render: FigureRender, installed: str | None) -> 
             f"verify compares it where matplotlib {version} is installed, or after {again} draws it again here"
         )
     try:
-        same = data == render(path.name, False) or data == render(path.name, True)
+        same = any(same_image(data, render(path.name, unverified)) for unverified in (False, True))
     except ImportError as error:
         return None, f"not checked: matplotlib {installed} is installed here but does not import ({error})"
     if same:
-        return [], f"drawn again from summary.json with matplotlib {installed}: the same bytes"
+        return [], f"drawn again from summary.json with matplotlib {installed}: the same pixels"
     return [
         f"figure {path.name} does not match the run's data as `{command}` renders it (drawn again from "
         f"summary.json with matplotlib {version}, titled and UNVERIFIED): it was edited, or drawn from other "

@@ -9,6 +9,7 @@ FIGURES again and compares the bytes (kernel/derived.py)."""
 from __future__ import annotations
 
 import functools
+import io
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from kerneltrial.kernel.cells import rate
 from kerneltrial.publication import titled
 from kerneltrial.rundir.layout import CEILING_PNG, SIZE_PNG, SPEEDUP_PNG, VERDICTS_PNG
-from kerneltrial.rundir.summary_doc import Summary
+from kerneltrial.rundir.summary_doc import Summary, read_summary
 
 DISQUALIFIED_MARKERS = {"failed correctness": "x", "failed while timed": "X", "implausible": "^"}
 TITLE_CHARS_PER_INCH = 9  # the default 12 pt title font sets ~11-11.6 characters per inch (measured); 9 leaves a margin
@@ -203,3 +204,11 @@ FIGURES: dict[str, Draw] = {
     CEILING_PNG: plot_ceiling,
     SIZE_PNG: plot_against_size,
 }
+
+
+def figure_png(run_dir: Path, name: str, unverified: bool) -> bytes:
+    """The PNG bytes of figure `name` of FIGURES as its command draws it from the run's summary.json
+    (verify compares them with the file: kernel/derived.py)."""
+    buffer = io.BytesIO()
+    FIGURES[name](read_summary(run_dir), buffer, unverified)
+    return buffer.getvalue()

@@ -175,7 +175,12 @@ def _calibration_opened(
         problems.append(
             f"{rel}/{CALIBRATION} binding_sha256 is {record.binding_sha256[:12]}..., this trial's is {want[:12]}..."
         )
-    if record.host is not None:
+    if record.host is None:  # a /3 record: no trial refuses less since the host binding (calibration_gate.py)
+        problems.append(
+            f"{rel}/{CALIBRATION} records no host (schema /3): a trial refuses such a calibration, so this one "
+            "cannot have rested on it; calibrate again on the trial's host and run the trial again"
+        )
+    else:
         problems += [
             f"{rel}/{CALIBRATION} was measured on another host than the trial ran on: {d}; calibrate on the "
             "trial's host"

@@ -75,7 +75,9 @@ def poison_before_call(
     well: an emptied cache holds none of this call's sizes, and a norm's or a gate's outputs have its
     arguments' sizes. Without the emptying a worker's cache of poisoned blocks, clones and outputs of
     every earlier size grows until the harness runs out of memory (the first CUDA package check on
-    an H100: 72 of 79 GiB held by the worker at the last case)."""
+    an H100: 72 of 79 GiB held by the worker at the last case). The worker now gives its cache back
+    after every fetch as well (trial/worker.py `on_fetch`), so within a case an allocation of another
+    size than the last outputs' comes unpoisoned from the driver: open (docs/CHECKS.md)."""
     sizes = tuple(t.numel() * t.element_size() for t in args)
     emptied = device.type == "cuda" and sizes != last
     if emptied:

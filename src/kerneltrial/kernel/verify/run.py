@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import io
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,6 @@ from kerneltrial.rundir.layout import (
     REPORT,
     kind_of,
 )
-from kerneltrial.rundir.summary_doc import Summary, read_summary
 
 
 def verify_run_dir(run_dir: Path) -> VerifyResult:
@@ -80,16 +77,10 @@ def check_written_after(result: VerifyResult, run_dir: Path, page: Path, render:
 def kernel_figures(run_dir: Path) -> derived.FigureRender:
     """Each figure of a kernel run as `kerneltrial report` or `plot` draws it (kernel/plots.py), as PNG bytes."""
 
-    @functools.cache
-    def summary() -> Summary:
-        return read_summary(run_dir)
-
     def render(name: str, unverified: bool) -> bytes:
-        from kerneltrial.kernel.plots import FIGURES  # matplotlib: only where a figure is compared
+        from kerneltrial.kernel.plots import figure_png  # matplotlib: only where a figure is compared
 
-        buffer = io.BytesIO()
-        FIGURES[name](summary(), buffer, unverified)
-        return buffer.getvalue()
+        return figure_png(run_dir, name, unverified)
 
     return render
 
