@@ -296,6 +296,39 @@ def test_an_arm_whose_output_is_not_ordered_with_the_callers_stream_is_refused_o
     assert "not finished when the current stream was synchronised" in message
 
 
+@pytest.mark.parametrize(
+    ("device", "case"),
+    [
+        (CPU, Case((64, 256))),
+        pytest.param(  # outputs of 16 MiB: blocks of their own from the driver, not carved from a poisoned segment
+            torch.device("cuda"),
+            Case((2048, 4096)),
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the driver's pages need a CUDA device"),
+        ),
+    ],
+)
+def test_an_arm_that_returns_unwritten_memory_on_repeated_values_is_caught(device: torch.device, case: Case):
+    """CPU: torch.empty poisons. CUDA: the worker spoils its copies of the last output (and the output)
+    before its cache goes back to the driver, which may hand the same pages to the arm's next block."""
+    (message,) = gate_messages("remembers_values", device, case)
+    assert "NaN element(s)" in message, message
+
+
+def test_an_arm_whose_output_is_a_view_into_a_larger_block_passes_isolated(tmp_path: Path):
+    """The worker copies an output's extent into its slot, not its whole storage (a RuntimeError before)."""
+    module = tmp_path / "padded.py"
+    module.write_text(
+        "import torch\n\n\ndef rmsnorm(x, weight, eps=1e-6):\n"
+        "    out = torch.empty(x.numel() + 64, dtype=x.dtype, device=x.device)[: x.numel()].view(x.shape)\n"
+        "    xf = x.float()\n"
+        "    return out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight)\n"
+    )
+    with Isolation(Settings(120, CPU)) as iso:
+        (impl,) = iso.module_arms(str(module))
+        result = gate.check(get_op("rmsnorm"), impl, Case((4, 64)), 0, CPU)
+    assert result.passed, result.message
+
+
 def test_check_says_what_its_verdicts_rest_on(monkeypatch):
     args = ("check", "rmsnorm", "--impl-module", GOOD, "--impl", "user:good_rmsnorm", "--no-peers")
     args += ("--shape", "4x64", "--seeds", "1")

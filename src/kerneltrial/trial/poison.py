@@ -64,6 +64,14 @@ def poison_free_blocks(like: Sequence[torch.Tensor], copies: int = 4) -> None:
     del blocks
 
 
+def spoil(blocks: Sequence[torch.Tensor]) -> None:
+    """Fill byte views (uint8) with 0xFF (NaN in every float dtype, -1 in the integer ones) before
+    their memory is freed: a GPU allocation the driver later serves from the same pages (once the
+    cache is given back) then holds poison, not the right answer of an earlier call."""
+    for block in blocks:
+        block.fill_(255)
+
+
 def poison_before_call(
     args: Sequence[torch.Tensor], returned: Sequence[torch.Tensor], device: torch.device, last: tuple[int, ...]
 ) -> tuple[int, ...]:
@@ -76,8 +84,9 @@ def poison_before_call(
     arguments' sizes. Without the emptying a worker's cache of poisoned blocks, clones and outputs of
     every earlier size grows until the harness runs out of memory (the first CUDA package check on
     an H100: 72 of 79 GiB held by the worker at the last case). The worker now gives its cache back
-    after every fetch as well (trial/worker.py `on_fetch`), so within a case an allocation of another
-    size than the last outputs' comes unpoisoned from the driver: open (docs/CHECKS.md)."""
+    after every fetch as well (trial/worker.py `on_fetch`), having `spoil`ed its copies of the last
+    outputs and inputs and the last outputs it holds: within a case an allocation of another size
+    than the last outputs' comes from the driver holding that poison or older memory of the arm."""
     sizes = tuple(t.numel() * t.element_size() for t in args)
     emptied = device.type == "cuda" and sizes != last
     if emptied:

@@ -23,9 +23,7 @@ kerneltrial out of reach: a finder first on sys.meta_path refuses `kerneltrial` 
 submodule (MODE `sealed`, user arms). MODE `registry` (a built-in arm isolated by `isolate`) lets
 `kerneltrial`, `kerneltrial.ops*` (the built-in kernels and peers) and the torch-free constants of
 `kerneltrial.rundir*` they read import, and refuses the rest (trial, analysis, ...: the harness).
-
-The requests and answers it takes and gives: trial/isolation.py's docstring.
-"""
+The requests and answers it takes and gives: trial/isolation.py's docstring."""
 
 from __future__ import annotations
 
@@ -492,27 +490,30 @@ class Worker:
         return answer
 
     def on_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Outputs of the last call and snapshots of its input buffers, as copied at its return
-        (`on_call`), into harness buffers; then every stream of the device is waited for (the
-        gate's `settle`), the copies dropped and, on a GPU, the cache given back: the harness checks
-        in memory of its own, and a worker that kept its poisoned blocks and copies (18 of 79 GiB at
-        the largest zimage_qk_rmsnorm case on an H100) left the harness's check out of memory."""
+        """The last call's outputs and input snapshots, as copied at its return (`on_call`), into harness
+        buffers; on a GPU the copies and the arm's last outputs are then spoiled and the cache given back
+        (a worker that kept its poisoned blocks and copies left the harness's check out of memory)."""
         import torch
 
         self.update(message)
         self.copy_staged(message["outputs"], message["snapshots"])
+        if self.device.type == "cuda":
+            inputs = {s.data_ptr() for s in self.buffers.values()}
+            own = [bytes_of(s) for s in self.held if s.nbytes() and s.data_ptr() not in inputs]
+            self.shims["poison"].spoil([*self.staged, *self.staged_inputs.values(), *own])
+            torch.cuda.synchronize(self.device)  # every stream: the arm's and the spoiling
         self.staged, self.staged_inputs = [], {}
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
         return {"kind": "fetched"}
 
     def copy_staged(self, outputs: list[list[int]], snapshots: list[list[int]]) -> None:
         pairs = [(self.staged[int(k)], int(b)) for k, b in outputs]
         pairs += [(self.staged_inputs.get(int(s), bytes_of(self.buffers[int(s)])), int(b)) for s, b in snapshots]
-        for src, buffer in pairs:
-            bytes_of(self.buffers[buffer])[: src.numel()].copy_(src)
+        for src, buffer in pairs:  # an output's slot spans its extent, which may end before its storage
+            dst = bytes_of(self.buffers[buffer])
+            n = min(src.numel(), dst.numel())
+            dst[:n].copy_(src[:n])
 
     def on_bind(self, message: dict[str, Any]) -> dict[str, Any]:
         self.update(message)
