@@ -411,6 +411,7 @@ def test_an_isolated_worker_gives_its_gpu_memory_back_after_a_gate_check():
     # what the device lost includes the harness's own mirrors, output slots and live tensors and the
     # worker's last outputs: about 13 tensors of the case with this worker, 22 with a29c6c5's, which
     # kept 4 poisoned blocks of each output and argument and its staged copies (on an H100, dce1048)
+    print(f"the device lost {(free_before - free_after) >> 20} MiB over the check")  # read with -s on the GPU
     assert free_before - free_after < 16 * (128 << 20), (free_before - free_after) >> 20
 
 

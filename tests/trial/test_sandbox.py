@@ -306,6 +306,7 @@ def test_an_arm_whose_output_is_not_ordered_with_the_callers_stream_is_refused_o
             marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the driver's pages need a CUDA device"),
         ),
     ],
+    ids=["cpu", "cuda"],
 )
 def test_an_arm_that_returns_unwritten_memory_on_repeated_values_is_caught(device: torch.device, case: Case):
     """CPU: torch.empty poisons. CUDA: the worker spoils its copies of the last output (and the output)
