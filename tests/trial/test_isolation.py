@@ -21,6 +21,7 @@ import torch
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.ops import inputs as inp
 from kerneltrial.ops.registry import Case, get_op, load_user_module
+from kerneltrial.rundir.integrity_notes import FLOOR_RULE
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.arms import Isolation
@@ -332,6 +333,22 @@ def test_verify_fails_a_hidden_floor_a_forged_round_trip_and_a_deleted_one(isola
     (deleted / "plan.json").write_text(json.dumps(plan))
     failed = {c.name: c.detail for c in verify_run_dir(deleted).failures}
     assert "without a round trip, but source.tar.gz shows a run written under" in failed["no downgrade"]
+
+
+@pytest.mark.slow
+def test_verify_fails_a_loosened_floor_rule_and_a_deleted_one(isolated_run: Path, tmp_path: Path):
+    """plan.json `floor_rule` loosened (a slack of half the wall clock) fails `isolation bounds`;
+    deleted, it fails `no downgrade`: the runner in source.tar.gz writes it."""
+    plan = json.loads((isolated_run / "plan.json").read_text())
+    assert plan["floor_rule"] == FLOOR_RULE.model_dump()
+    loosened, deleted = tmp_path / "loosened", tmp_path / "deleted"
+    for copy, rule in ((loosened, plan["floor_rule"] | {"wall_slack": 0.5}), (deleted, None)):
+        shutil.copytree(isolated_run, copy)
+        edited = {k: v for k, v in plan.items() if k != "floor_rule"} | ({"floor_rule": rule} if rule else {})
+        (copy / "plan.json").write_text(json.dumps(edited))
+    assert "plan.json floor_rule {'wall_slack': 0.5," in isolation_check(loosened)
+    failed = {c.name: c.detail for c in verify_run_dir(deleted).failures}
+    assert "without a floor rule, but source.tar.gz shows a run written under" in failed["no downgrade"]
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ below it (`downgrade_problems`):
   provenance.json `isolation`, the `wall_ns` column of timings.csv).
 A runner that records the sandbox (plan.json `sandbox`, issue 35) is known from its code alone:
 deleting the key, and with it the run's "partial sandbox" warnings, fails `no downgrade`.
+So is one that records the floor's rule (plan.json `floor_rule`): deleting it fails the same way.
 What it cannot catch: a forger who removes every witness and names a commit from before timed
 checks (or one this checkout does not know) has written an older run from scratch; docs/VERIFY.md
 ("What verify can and cannot prove") says what answers that.
@@ -54,6 +55,7 @@ CHECKS_CONSTANT = re.compile(rb"^CHECKS_VERSION = (\d+)", re.MULTILINE)  # trial
 HOST_KEY = re.compile(rb'"host":\s*\{\s*"samples"')  # plan.json's host stage, written since b961c2c
 SANDBOX_KEY = re.compile(rb'"sandbox":\s*sandbox_record\(')  # plan.json `sandbox`, written since 6fd655a
 ROUNDTRIP_KEY = re.compile(rb'"roundtrip":\s*roundtrip_reference\(')  # plan.json `roundtrip` (issue 35 item 2)
+FLOOR_RULE_KEY = re.compile(rb'"floor_rule":\s*FLOOR_RULE\.model_dump\(')  # plan.json `floor_rule` (issue 35, session 21)
 RUNNER_PACKAGE = "trial/"  # where the runner that writes plan.json lives in the package
 CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`, timings.csv `wall_ns`
 
@@ -61,24 +63,26 @@ CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`
 @dataclass(frozen=True)
 class WriterContract:
     """What a runner writes: the timed-check contract (0: none), whether it runs the host stage,
-    whether its plan records the sandbox of isolated arms and whether it writes the round trip
-    (plan.json `roundtrip`, roundtrip.csv)."""
+    whether its plan records the sandbox of isolated arms, whether it writes the round trip
+    (plan.json `roundtrip`, roundtrip.csv) and the floor's rule (plan.json `floor_rule`)."""
 
     checks: int
     host: bool
     sandbox: bool = False
     roundtrip: bool = False
+    floor_rule: bool = False
 
     def __str__(self) -> str:
         return f"checks {self.checks}" + (" with a host stage" if self.host else "")
 
-    def named(self, sandbox: bool, roundtrip: bool = False) -> str:
-        """As str(), saying whether it records the sandbox where `sandbox` and the round trip where
-        `roundtrip` (the differences at issue)."""
+    def named(self, sandbox: bool, roundtrip: bool = False, floor_rule: bool = False) -> str:
+        """As str(), saying whether it records the sandbox where `sandbox`, the round trip where
+        `roundtrip` and the floor's rule where `floor_rule` (the differences at issue)."""
         return (
             str(self)
             + ((" with" if self.sandbox else " without") + " a sandbox record" if sandbox else "")
             + ((" with" if self.roundtrip else " without") + " a round trip" if roundtrip else "")
+            + ((" with" if self.floor_rule else " without") + " a floor rule" if floor_rule else "")
         )
 
     def covers(self, other: WriterContract) -> bool:
@@ -87,6 +91,7 @@ class WriterContract:
             and (self.host or not other.host)
             and (self.sandbox or not other.sandbox)
             and (self.roundtrip or not other.roundtrip)
+            and (self.floor_rule or not other.floor_rule)
         )
 
 
@@ -117,6 +122,7 @@ TIMED_CHECKS_REQUIREMENT = Requirement(
 HOST_REQUIREMENT = Requirement((HOST,), ("host",), ())
 SANDBOX_REQUIREMENT = Requirement((), ("sandbox",), ())
 ROUNDTRIP_REQUIREMENT = Requirement((ROUNDTRIP,), ("roundtrip",), ())
+FLOOR_RULE_REQUIREMENT = Requirement((), ("floor_rule",), ())
 ISOLATION_REQUIREMENT = Requirement((), ("isolated",), ("isolation",), ("wall_ns",))
 
 
@@ -124,7 +130,7 @@ def declared(plan: dict[str, Any]) -> WriterContract:
     """The contract plan.json declares (verify's schema check refuses a `checks` it does not know)."""
     checks = plan.get("checks")
     checks = checks if isinstance(checks, int) and not isinstance(checks, bool) else 0
-    return WriterContract(checks, "host" in plan, "sandbox" in plan, "roundtrip" in plan)
+    return WriterContract(checks, "host" in plan, "sandbox" in plan, "roundtrip" in plan, "floor_rule" in plan)
 
 
 def requirements(contract: WriterContract) -> list[Requirement]:
@@ -135,6 +141,7 @@ def requirements(contract: WriterContract) -> list[Requirement]:
             (HOST_REQUIREMENT, contract.host),
             (SANDBOX_REQUIREMENT, contract.sandbox),
             (ROUNDTRIP_REQUIREMENT, contract.roundtrip),
+            (FLOOR_RULE_REQUIREMENT, contract.floor_rule),
             (ISOLATION_REQUIREMENT, contract.checks >= CHECKS_ISOLATED),
         )
         if needed
@@ -179,10 +186,10 @@ def writer_contract(files: Mapping[str, bytes]) -> WriterContract:
     CHECKS_VERSION (none before timed checks) and whether its plan has the host stage."""
     runner = [data for path, data in files.items() if path.startswith(RUNNER_PACKAGE)]
     checks = next((int(m.group(1)) for data in runner if (m := CHECKS_CONSTANT.search(data))), 0)
-    host, sandbox, roundtrip = (
-        any(key.search(data) for data in runner) for key in (HOST_KEY, SANDBOX_KEY, ROUNDTRIP_KEY)
+    host, sandbox, roundtrip, floor_rule = (
+        any(key.search(data) for data in runner) for key in (HOST_KEY, SANDBOX_KEY, ROUNDTRIP_KEY, FLOOR_RULE_KEY)
     )
-    return WriterContract(checks, host, sandbox, roundtrip)
+    return WriterContract(checks, host, sandbox, roundtrip, floor_rule)
 
 
 def _code_witnesses(run_dir: Path, provenance: dict[str, Any]) -> list[Witness]:
@@ -268,6 +275,7 @@ def writer_floor(
         any(w.least.host for w in witnesses),
         any(w.least.sandbox for w in witnesses),
         any(w.least.roundtrip for w in witnesses),
+        any(w.least.floor_rule for w in witnesses),
     )
     return floor, witnesses
 
@@ -278,7 +286,11 @@ def downgrade_problems(contract: WriterContract, witnesses: list[Witness]) -> li
     for w in witnesses:
         if contract.covers(w.least):
             continue
-        differs = (w.least.sandbox and not contract.sandbox, w.least.roundtrip and not contract.roundtrip)
+        differs = (
+            w.least.sandbox and not contract.sandbox,
+            w.least.roundtrip and not contract.roundtrip,
+            w.least.floor_rule and not contract.floor_rule,
+        )
         problems.append(
             f"plan.json declares {contract.named(*differs)}, but {w.what} shows a run "
             f"written under {w.least.named(*differs)}: "

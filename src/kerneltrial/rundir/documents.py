@@ -50,6 +50,19 @@ DocumentT = TypeVar("DocumentT", bound=Document)
 # ---------------------------------------------------------------- plan.json
 
 
+class FloorRule(Document):
+    """The rule of the floor under an isolated arm's claims on the host clock (kernel/bounds.py), as
+    rundir/integrity_notes.py's constants set it when the run was written."""
+
+    wall_slack: float = Field(
+        description="The share of a sample's wall clock, beside the tie band, left out of its floor."
+    )
+    roundtrip_spreads: float = Field(
+        description="Median absolute deviations of the reference's round trips added to their median."
+    )
+    min_under: int = Field(description="Samples below their own floor an implausible arm needs (all, with fewer).")
+
+
 class PlanArm(Document):
     name: str = Field(
         description="The arm's name: `control`, a candidate, a peer, `user:<module stem>`, or an `aa:`/`slow:` calibration copy."
@@ -199,6 +212,10 @@ class Plan(Document):
     roundtrip: str | None = Field(
         default=None,
         description="The control whose trusted isolated worker measured each round's round trip (roundtrip.csv, the floor under isolated arms' claims); null where no floor applies (no isolated arm, or a GPU) or before issue 35.",
+    )
+    floor_rule: FloorRule | None = Field(
+        default=None,
+        description="The floor's rule (it applies where `roundtrip` names a reference); null: a run from before it was recorded.",
     )
     exact: bool = Field(description="Whether outputs must equal the official formula bit for bit.")
     plausibility: PlausibilityRule | None = Field(description="The plausibility rule; null before timed checks.")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kerneltrial.rundir.documents import FloorRule
+
 IN_PROCESS = "not isolated: "
 SANDBOX = "partial sandbox: "
 PREFIXES = (IN_PROCESS, SANDBOX)
@@ -50,6 +52,21 @@ def far_inside_warning(case: str, arm: str, claimed: float, bound: float) -> str
 WALL_SLACK = 0.10
 ROUNDTRIP_SPREADS = 3.0
 MIN_UNDER = 2
+
+
+# plan.json `floor_rule`: verify refuses a run that records another rule than its own (`floor_rule_problems`)
+FLOOR_RULE = FloorRule(wall_slack=WALL_SLACK, roundtrip_spreads=ROUNDTRIP_SPREADS, min_under=MIN_UNDER)
+
+
+def floor_rule_problems(plan: dict[str, Any]) -> list[str]:
+    """plan.json `floor_rule` against FLOOR_RULE (none where the plan has no such key: an older run,
+    which `no downgrade` tells from a deletion)."""
+    if "floor_rule" not in plan or plan["floor_rule"] == FLOOR_RULE.model_dump():
+        return []
+    return [
+        f"plan.json floor_rule {plan['floor_rule']!r} is not this kerneltrial's {FLOOR_RULE.model_dump()}: the floors and "
+        "implausible verdicts are recomputed under this rule only; verify the run with the kerneltrial of its commit"
+    ]
 
 
 def floor_share(tie_band: float) -> float:

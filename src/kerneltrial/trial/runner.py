@@ -46,6 +46,7 @@ from kerneltrial.rundir.files import (
     write_json,
 )
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.integrity_notes import FLOOR_RULE
 from kerneltrial.rundir.layout import FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, RunDir
 from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
 from kerneltrial.trial import confine, gate, provenance, timed
@@ -321,6 +322,7 @@ def build_plan(
         "isolated": p.isolated(),
         "sandbox": sandbox_record(p, device),
         "roundtrip": roundtrip_reference(p, timer),
+        "floor_rule": FLOOR_RULE.model_dump(),  # the rule a floor follows where `roundtrip` names a reference
         "exact": p.exact,
         "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},

@@ -16,7 +16,8 @@ warnings' wording and FAR_INSIDE, rundir/integrity_notes.py).
   trip (the median of the case's wall_ns - ns plus ROUNDTRIP_SPREADS median absolute deviations),
   median floor and count of samples below their floor ((1 - tie_band - WALL_SLACK) * wall_ns - round trip) are
   recomputed; an arm whose median claim is below its median floor is implausible
-  (`under_claim_reasons`, which kernel/verify/figures.py applies).
+  (`under_claim_reasons`, which kernel/verify/figures.py applies); plan.json `floor_rule`, where
+  the runner wrote it, is this install's rule (rundir/integrity_notes.py `FloorRule`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kerneltrial.rundir.integrity_notes import (
     FAR_INSIDE,
     ROUNDTRIP_SPREADS,
     far_inside_warning,
+    floor_rule_problems,
     floor_share,
     implausibly_under,
     integrity_warnings,
@@ -195,7 +197,7 @@ def isolation_problems(
     for number, row in enumerate(rows, 2):
         problems += _row_problems(number, row, set(isolated))
     costs, roundtrip_problems = roundtrip_costs(run_dir, plan, median)
-    problems += roundtrip_problems
+    problems += roundtrip_problems + floor_rule_problems(plan)
     if problems:
         return problems, ""
     bounds, warnings = _recomputed(plan, rows, isolated, median, costs)
