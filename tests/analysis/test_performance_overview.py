@@ -191,5 +191,29 @@ def test_host_cost_leaves_out_device_bound_cases() -> None:
     ]  # fmt: skip
     row = perf.host_row("run", cases)
     # two cases count; ours / eager 0.8 and 1.143: geomean 0.956, worst 1.14 > 1; worst 16 µs > 15
-    assert row == ["run", "2", "14.0 (16.0)", "14.5", "0.96 (1.14)", MISSED, MISSED]
+    assert row[:7] == ["run", "2", "14.0 (16.0)", "14.5", "0.96 (1.14)", MISSED, MISSED]
+    # torch_eager is the only peer, so the fastest peer's columns repeat its ratios, the worst case named
+    assert row[7:] == ["0.96", "1.14 (`64x2048/contiguous/bfloat16` vs `torch_eager`)", MISSED]
     assert perf.host_row("run", cases[2:]) is None  # device-bound only: no host figure
+
+
+def test_the_fastest_peer_on_the_host_is_the_one_of_least_host_time_not_of_least_device_time() -> None:
+    fast_device = arm("peer", 0.5, host_ns=30000.0)  # the fastest on the device, slow to call
+    cases = [
+        case([1, 2048], 8192, {"kerneltrial": arm("candidate", 1.0, host_ns=12000.0), "sglang": fast_device,
+                               "torch_eager": arm("peer", 2.0, host_ns=10000.0),
+                               "control": arm("control", 2.0, host_ns=1000.0)}),  # the control is no peer
+        case([64, 2048], MIB, {"kerneltrial": arm("candidate", 1.0, host_ns=8000.0), "sglang": fast_device,
+                               "torch_eager": arm("peer", 2.0, host_ns=10000.0, behind=5)}),  # device-bound: out
+    ]  # fmt: skip
+    rows = peer_rows.fastest_host_rows(cases)
+    assert [(r.case, r.peer, r.ratio) for r in rows] == [
+        ("1x2048/contiguous/bfloat16", "torch_eager", 1.2),
+        ("64x2048/contiguous/bfloat16", "sglang", 8000.0 / 30000.0),
+    ]
+    assert peer_rows.host_cells(rows) == [
+        f"{(1.2 * 8 / 30) ** 0.5:.2f}",
+        "1.20 (`1x2048/contiguous/bfloat16` vs `torch_eager`)",
+        MISSED,
+    ]
+    assert peer_rows.host_cells(rows[1:])[2] == MET and peer_rows.host_cells([])[2] == "–"

@@ -8,6 +8,7 @@
 - per case, ours against the fastest timed peer (`best_peer_rows`): the peer of smallest median
   (equal medians: the first in the run's arm order), with the ratio's band from the speedup CIs
   over the control in summary.json (`stats.ratio_interval`);
+- per case, our host µs per call against the peer of least host µs (`fastest_host_rows`);
 - marks of a figure against a target (`mark_at_least`, `mark_at_most`, `mark_every_case`).
 """
 
@@ -122,6 +123,55 @@ def best_peer_rows(cases: list[SummaryCase]) -> list[PeerRow]:
             )
         )
     return rows
+
+
+def host_us(entry: ArmFigures | None) -> float | None:
+    """Median host µs per call, where no host sample was device-bound (there the device set the pace)."""
+    if entry is None or entry.host_ns_per_call is None or entry.device_bound:
+        return None
+    return entry.host_ns_per_call / 1e3
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One case: our host µs per call against the fastest peer's (the peer of least host µs)."""
+
+    case: str
+    ours_us: float
+    peer: str
+    peer_us: float
+
+    @property
+    def ratio(self) -> float:
+        """Ours over the peer's: <= 1, ours costs a caller no more host time per call."""
+        return self.ours_us / self.peer_us
+
+
+def fastest_host_rows(cases: list[SummaryCase]) -> list[HostRow]:
+    """Per case where ours and some peer have a host figure (`host_us`): ours against the peer of least
+    host µs (equal figures: the first in the run's arm order). The fastest by host time, which need not
+    be the fastest on the device: a caller outside CUDA graphs pays the host time."""
+    rows = []
+    for case in cases:
+        ours = host_us(case.arms.get(OURS))
+        peers = {name: u for name, e in case.arms.items() if e.kind == "peer" and (u := host_us(e)) is not None}
+        if ours is None or not peers:
+            continue
+        best = min(peers, key=peers.__getitem__)
+        rows.append(HostRow(case.case, ours, best, peers[best]))
+    return rows
+
+
+def host_cells(rows: list[HostRow]) -> list[str]:
+    """Ours / the fastest peer's host µs: geomean over the cases, the worst case (vs which peer), the mark <= 1."""
+    if not rows:
+        return ["–", "–", UNKNOWN]
+    worst = max(rows, key=lambda r: r.ratio)
+    return [
+        f"{geomean_of([r.ratio for r in rows]):.2f}",
+        f"{worst.ratio:.2f} (`{worst.case}` vs `{worst.peer}`)",
+        mark_at_most(1.0, worst.ratio),
+    ]
 
 
 def band_text(interval: stats.Interval | None) -> str:

@@ -34,7 +34,9 @@ from kerneltrial.analysis.peer_rows import (
     band_text,
     best_peer_rows,
     copy_pcts,
+    fastest_host_rows,
     geomean_of,
+    host_cells,
     one_row_case,
     pct_cells,
     regime,
@@ -147,6 +149,7 @@ def regime_row(run: CurrentRun, where: str) -> list[str]:
         f"`{run.name}`",
         str(len(timed)) + (f" (ours not timed: {untimed})" if untimed else ""),
         *peer_cells(best_peer_rows(timed)),
+        *host_cells(fastest_host_rows(timed))[:2],
         floor_cell,
         "–" if copy[0] == "–" else f"{copy[0]}, worst {copy[1]}",
     ]
@@ -263,6 +266,9 @@ def overview_page(run_dirs: list[Path]) -> list[str]:
         + (f" (confidence {', '.join(f'{c:g}' for c in sorted(confidences))})." if confidences else "."),
         "- Worst case: the smallest ratio (ties: the first case). Ahead / behind: cases whose band is above / "
         "below 1 (a case without a band: its point value).",
+        "- Host µs, ours / the fastest peer's: per case, our median host µs per call (what a caller outside CUDA "
+        "graphs is blocked per call) over that of the peer of least host µs in the case, device-bound cases left out "
+        "(the per-run tables in results/PERFORMANCE-runs.md give the figures and the mark); <= 1: ours costs no more.",
         "- " + floor_model_text(),
         "- % of same-size copy, the sanity column: our GB/s over a copy of each case's own bytes timed the same way "
         "(runs from issue 16 on). Both percentages: median over the regime's cases, then the worst case; cold-L2 "
@@ -276,7 +282,8 @@ def overview_page(run_dirs: list[Path]) -> list[str]:
         "",
         *markdown_table(
             ["operator", "regime", "run", "cases", "vs fastest peer: geomean [band]", "worst case [band]"]
-            + ["ahead / behind", "% of floor: median, worst", "% of same-size copy: median, worst"],
+            + ["ahead / behind", "host µs, ours / fastest peer's: geomean", "worst case"]
+            + ["% of floor: median, worst", "% of same-size copy: median, worst"],
             [regime_row(run, where) for _, where, run in picked],
         ),
         "",
