@@ -234,15 +234,16 @@ KERNEL_FILES = (
         (
             "drawn from summary.json. report.md is a derived file: a function of the run directory (ERRATA.md"
             " included), which verify renders again and compares byte for byte (`report.md` check; a page "
-            "titled UNVERIFIED is accepted too); so are the PNGs where the matplotlib their Software text names"
-            " is the one installed (`figures added` check; else each is named as not checked, with the versions)"
+            "titled UNVERIFIED is accepted too); so are the PNGs (`figures added` check: their decoded pixels, "
+            "size and mode; drawn by another matplotlib than the installed one and different, a warning naming "
+            "both versions, never a pass; `report` and `plot` replace one that fails)"
         ),
     ),
     RunFile(
         (SIZE_PNG,),
         "by `kerneltrial plot` (its default --out), after verify passed (or with `--unverified`)",
-        "each timed arm's time and rate against bytes per call, drawn from summary.json; like the "
-        "report's PNGs drawn again and compared where the matplotlib versions match",
+        "each timed arm's time and rate against bytes per call, drawn from summary.json; drawn again and "
+        "compared like the report's PNGs",
     ),
     RunFile(
         (ERRATA,),

@@ -1,10 +1,12 @@
 """The figures `kerneltrial report` and `plot` add to a kernel run directory (kernel/derived.py):
-verify draws each again and compares the bytes where this matplotlib drew it, and says plainly
-where it cannot (another matplotlib, none, or one that does not import)."""
+verify draws each again and compares the decoded image, fails a difference where this matplotlib
+drew it and warns where another did, fails a file too large, undecodable or that cannot be drawn
+again (never a traceback), and `report` and `plot` replace a failing figure instead of refusing."""
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import struct
 import zlib
@@ -126,24 +128,6 @@ def test_another_runs_figure_swapped_in_fails(figured: Path, tmp_path: Path) -> 
     assert detail.endswith(f"remove it, then draw it again with `kerneltrial plot {run}`")
 
 
-def test_a_figure_of_another_matplotlib_is_passed_but_said_not_checked(figured: Path, tmp_path: Path) -> None:
-    run = _copy(figured, tmp_path, keep=(VERDICTS_PNG,))
-    path = run / VERDICTS_PNG
-    path.write_bytes(_with_software(path.read_bytes(), b"Matplotlib version3.9.0, https://matplotlib.org/"))
-    not_checked = (
-        f"not checked: drawn by matplotlib 3.9.0, matplotlib {INSTALLED} is installed here, and another version "
-        f"draws other bytes; verify compares it where matplotlib 3.9.0 is installed, or after "
-        f"`kerneltrial report {run}` draws it again here"
-    )
-    assert _checks(verify_run_dir(run)) == {VERDICTS_PNG: (True, False, not_checked)}
-    done = run_cli("verify", run)
-    assert done.exit_code == 0 and f"n/a verdicts.png: {not_checked}" in " ".join(done.output.split())
-    render = kernel_figures(run)
-    assert derived.figure_problems(path, render, None)[1].startswith(
-        "not checked: drawn by matplotlib 3.9.0, matplotlib is not installed here,"
-    )
-
-
 def test_a_matplotlib_that_does_not_import_is_said(figured: Path, tmp_path: Path) -> None:
     run = _copy(figured, tmp_path, keep=(CEILING_PNG,))
 
@@ -163,8 +147,8 @@ def test_a_figure_no_kerneltrial_command_made_fails(figured: Path, tmp_path: Pat
     speedup = run / SPEEDUP_PNG
     speedup.write_bytes(_with_software(speedup.read_bytes(), b"GIMP 2.10.36"))
     assert _failed(run) == {
-        name: f"figure {name} is not a PNG that matplotlib wrote (no `Software: Matplotlib version...` text "
-        f"before its image), so no kerneltrial command made it; remove it, then draw it with "
+        name: f"figure {name}: not a PNG that matplotlib wrote (no `Software: Matplotlib version...` text "
+        f"before its image), so no kerneltrial command made it; remove it, then draw it again with "
         f"`kerneltrial report {run}`"
         for name in (CEILING_PNG, SPEEDUP_PNG)
     }
@@ -183,3 +167,156 @@ def test_the_environments_matplotlibrc_does_not_reach_the_png(figured: Path) -> 
 def test_every_figure_a_command_adds_has_a_renderer_and_a_command() -> None:
     assert set(FIGURES) == set(derived.FIGURE_COMMANDS) == set(ADDED_FIGURES)
     assert derived.png_software(b"\x89PNG\r\n\x1a\n") is None and derived.png_software(b"not a png") is None
+
+
+def _doctor(path: Path) -> None:
+    """A black bar painted over the figure at `path`, written back by matplotlib (its Software text kept)."""
+    pixels = matplotlib.image.imread(path)
+    pixels[10:20, 10:40, :3] = 0.0
+    matplotlib.image.imsave(path, pixels)
+
+
+def _png(width: int, height: int, software: bytes = b"Matplotlib version" + INSTALLED.encode()) -> bytes:
+    """A PNG matplotlib could have named itself in, claiming `width` x `height` RGBA pixels over a few bytes of data."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    text = b"Software\0" + software + b", https://matplotlib.org/"
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"tEXt", text)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_plot_replaces_a_doctored_figure_that_verify_still_fails(figured: Path, tmp_path: Path) -> None:
+    """A figure is derived data: `plot` draws a doctored one again from the raw rows and says so;
+    verify, the independent judge, keeps failing the directory until then."""
+    run = _copy(figured, tmp_path, keep=(SIZE_PNG, SPEEDUP_PNG))
+    _doctor(run / SIZE_PNG)
+    _doctor(run / SPEEDUP_PNG)
+    judged = run_cli("verify", run)
+    assert judged.exit_code == 1 and set(_failed(run)) == {SIZE_PNG, SPEEDUP_PNG}
+    done = run_cli("plot", run)
+    assert done.exit_code == 0, done.output
+    for name in (SIZE_PNG, SPEEDUP_PNG):
+        assert f"replaced {run / name}: it did not match the raw rows" in done.stderr
+    assert f"wrote {run / SIZE_PNG}" in done.stdout
+    result = verify_run_dir(run)
+    assert result.ok and _checks(result) == dict.fromkeys((SPEEDUP_PNG, SIZE_PNG), (True, True, SAME))
+
+
+def test_report_replaces_a_doctored_figure(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(VERDICTS_PNG,))
+    _doctor(run / VERDICTS_PNG)
+    done = run_cli("report", run)
+    assert done.exit_code == 0, done.output
+    assert f"replaced {run / VERDICTS_PNG}: it did not match the raw rows" in done.stderr
+    assert (run / VERDICTS_PNG).read_bytes() == (figured / VERDICTS_PNG).read_bytes()
+
+
+def test_plot_replaces_nothing_in_a_run_that_fails_otherwise(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(SIZE_PNG,))
+    _doctor(run / SIZE_PNG)
+    doctored = (run / SIZE_PNG).read_bytes()
+    (run / "ERRATA.md").write_text("Superseded by: ../elsewhere\n")  # a failed check no command redraws
+    done = run_cli("plot", run)
+    assert done.exit_code == 1 and "replaced" not in done.output
+    assert "1 check(s) failed: ERRATA.md" in " ".join(done.output.split())
+    assert (run / SIZE_PNG).read_bytes() == doctored
+
+
+def test_a_doctored_figure_still_stops_compare(figured: Path, tmp_path: Path) -> None:
+    """Only the commands that draw figures replace them; the others refuse the run and name it."""
+    run = _copy(figured, tmp_path, keep=(SIZE_PNG,))
+    _doctor(run / SIZE_PNG)
+    done = run_cli("compare", run, figured)
+    assert done.exit_code == 1 and "size.png (figure size.png does not match" in " ".join(done.output.split())
+
+
+def _another_version(path: Path) -> None:
+    path.write_bytes(_with_software(path.read_bytes(), b"Matplotlib version3.9.0, https://matplotlib.org/"))
+
+
+def test_a_figure_naming_another_matplotlib_with_the_same_pixels_passes(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(VERDICTS_PNG,))
+    _another_version(run / VERDICTS_PNG)
+    assert _checks(verify_run_dir(run)) == {
+        VERDICTS_PNG: (
+            True,
+            True,
+            f"drawn by matplotlib 3.9.0, drawn again from summary.json with matplotlib {INSTALLED}: the same pixels",
+        )
+    }
+
+
+def test_a_forged_version_does_not_make_a_doctored_figure_pass(figured: Path, tmp_path: Path) -> None:
+    """Another version's pixels may differ: not compared, a warning line, never counted as passed."""
+    run = _copy(figured, tmp_path, keep=(VERDICTS_PNG,))
+    _doctor(run / VERDICTS_PNG)
+    _another_version(run / VERDICTS_PNG)
+    ((ok, applicable, detail),) = _checks(verify_run_dir(run)).values()
+    warning = f"figure verdicts.png: drawn by matplotlib 3.9.0, this install matplotlib {INSTALLED}: not compared"
+    assert ok and not applicable and detail.startswith(warning + " (")
+    done = run_cli("verify", run)
+    assert done.exit_code == 0  # a warning: the run's measurements verify, this figure is no evidence
+    lines = [" ".join(line.split()) for line in done.output.splitlines()]
+    assert f"warn verdicts.png: {warning}" in " ".join(done.output.split())
+    assert not any(line.startswith(("ok verdicts.png", "n/a verdicts.png")) for line in lines)
+    assert "1 warning: a figure not compared" in lines[-1]
+    render = kernel_figures(run)
+    assert derived.figure_problems(run / VERDICTS_PNG, render, None)[1].startswith(
+        "figure verdicts.png: drawn by matplotlib 3.9.0, this install has no matplotlib: not compared ("
+    )
+
+
+def test_an_oversized_figure_is_refused_unread(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(SPEEDUP_PNG,))
+    os.truncate(run / SPEEDUP_PNG, 300_000_000)  # sparse: no disk written
+    assert _failed(run) == {
+        SPEEDUP_PNG: f"figure speedup.png: 300000000 bytes, above the limit {derived.FIGURE_MAX_BYTES} bytes; "
+        f"remove it, then draw it again with `kerneltrial report {run}`"
+    }
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "error"),
+    [
+        (9000, 8000, f"9000 x 8000 pixels, above the limit {derived.FIGURE_MAX_PIXELS} pixels"),  # never decoded
+        (20000, 20000, "cannot be decoded: DecompressionBombError: Image size (400000000 pixels) exceeds limit"),
+    ],  # the second: Pillow's own guard, as the file is opened
+)
+def test_a_decompression_bomb_is_a_failed_check(
+    figured: Path, tmp_path: Path, width: int, height: int, error: str
+) -> None:
+    run = _copy(figured, tmp_path, keep=(CEILING_PNG,))
+    (run / CEILING_PNG).write_bytes(_png(width, height))
+    detail = _failed(run)[CEILING_PNG]
+    assert detail.startswith(f"figure ceiling.png: {error}")
+    assert detail.endswith(f"remove it, then draw it again with `kerneltrial report {run}`")
+
+
+def test_a_corrupt_png_is_a_failed_check(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(SPEEDUP_PNG,))
+    data = (run / SPEEDUP_PNG).read_bytes()
+    (run / SPEEDUP_PNG).write_bytes(data[: len(data) // 2])  # its image data cut short
+    detail = _failed(run)[SPEEDUP_PNG]
+    assert detail.startswith("figure speedup.png: cannot be decoded: OSError: ")
+    assert detail.endswith(f"remove it, then draw it again with `kerneltrial report {run}`")
+
+
+def test_a_figure_that_cannot_be_drawn_again_is_a_failed_check(figured: Path, tmp_path: Path) -> None:
+    run = _copy(figured, tmp_path, keep=(SPEEDUP_PNG,))
+
+    def broken(name: str, unverified: bool) -> bytes:
+        raise ValueError("Axis limits cannot be NaN or Inf")
+
+    problems, _ = derived.figure_problems(run / SPEEDUP_PNG, broken, INSTALLED)
+    assert problems == [
+        "figure speedup.png: cannot be drawn again from summary.json here (ValueError: Axis limits cannot be "
+        f"NaN or Inf); remove it, then draw it again with `kerneltrial report {run}`"
+    ]

@@ -7,7 +7,9 @@ is one `error:` line and exit 2; a run that fails verification exits 1.
 Publication verifies: `report`, `compare` and `performance` run the independent verification
 of every run they render first (`require_verified`, each directory once per command) and
 refuse a run that fails it, exit 1, naming the failed checks; `--unverified` renders anyway
-and every page then says UNVERIFIED in its title (publication.py).
+and every page then says UNVERIFIED in its title (publication.py). A page or figure that fails is
+derived data, not a reason to refuse: `report` renders the page again, `report` and `plot` draw a
+kernel run's figure again (`require_verified`), and `verify` keeps failing it until then.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kerneltrial.cli import records
 from kerneltrial.cli.support import CliError, ExitCode, emit_json
 from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.files import read_json
-from kerneltrial.rundir.layout import PROVENANCE, REPLICATES_MD, REPORT, SIZE_PNG, kind_of
+from kerneltrial.rundir.layout import ADDED_FIGURES, PROVENANCE, REPLICATES_MD, REPORT, SIZE_PNG, kind_of
 from kerneltrial.rundir.summary_doc import read_summary
 
 RunDirs = Annotated[list[Path], typer.Argument(help="Run directories (each holds provenance.json, plan.json, ...).")]
@@ -100,37 +102,65 @@ def _verify_serving(run_dir: Path, regrade: bool) -> VerifyResult:
     return result
 
 
+def _checks_file(check_name: str, files: tuple[str, ...]) -> bool:
+    """A check of one of `files`, named bare or prefixed with the run of a suite, fleet or replicate directory."""
+    return any(check_name == name or check_name.endswith(f": {name}") for name in files)
+
+
 def _derived_page(check_name: str) -> bool:
-    """A check of a page `report` writes (a run's report.md, a replicate directory's replicates.md),
-    named bare or prefixed with the run of a suite, fleet or replicate directory."""
-    return any(check_name == page or check_name.endswith(f": {page}") for page in (REPORT, REPLICATES_MD))
+    """A check of a page `report` writes (a run's report.md, a replicate directory's replicates.md)."""
+    return _checks_file(check_name, (REPORT, REPLICATES_MD))
 
 
-def require_verified(run_dirs: list[Path], unverified: bool, regrade: bool = True) -> None:
+def _replace_figures(run_dir: Path, names: list[str]) -> None:
+    """Draw the figures `names` of kernel run `run_dir` again from its raw rows (they failed verify,
+    which passed otherwise), each named on stderr."""
+    from kerneltrial.kernel.plots import draw_figure
+
+    for name in names:
+        path = draw_figure(run_dir, name, unverified=False)
+        typer.echo(f"replaced {path}: it did not match the raw rows", err=True)
+
+
+def require_verified(run_dirs: list[Path], unverified: bool, regrade: bool = True, redraw: bool = False) -> None:
     """Before anything is rendered: every run directory passes the independent verification
     (each verified once), else CliError exit 1 naming the failed checks. A stale or edited
     report.md does not block: no command renders from it, and `report` writes it again (a line
-    on stderr names it). `unverified`: nothing is verified, and a line on stderr says the pages
-    will say so."""
+    on stderr names it). `redraw` (`report`, `plot`): nor does a figure of a kernel run directory
+    that fails (ADDED_FIGURES: derived data), which is drawn again from the raw rows once the rest
+    verifies, a line on stderr saying so; a member run's figure inside a collection still blocks,
+    its detail naming the command that replaces it (`report` or `plot` of the member run).
+    `unverified`: nothing is verified, and a line on stderr says the pages will say so."""
     if unverified:
         typer.echo("not verified (--unverified): every page written says UNVERIFIED in its title", err=True)
         return
     for run_dir in dict.fromkeys(run_dirs):
         result = verify_one(run_dir, regrade=regrade)
+        figures = [c.name for c in result.failures if redraw and c.name in ADDED_FIGURES]
         for check in result.failures:
             if _derived_page(check.name):
                 typer.echo(
                     f"{run_dir}: {check.name} is not the rendering of its directory; `report` renders it again",
                     err=True,
                 )
-        if any(not _derived_page(c.name) for c in result.failures):
-            failed = [f"{c.name} ({c.detail})" for c in result.failures if not _derived_page(c.name)]
+        failed = [f"{c.name} ({c.detail})" for c in result.failures if not (_derived_page(c.name) or c.name in figures)]
+        if failed:
             raise CliError(
                 f"{run_dir} fails verification, so it is not rendered: {len(failed)} check(s) failed: "
                 + "; ".join(failed)
                 + ". See `kerneltrial verify`; --unverified renders it with UNVERIFIED in every title",
                 ExitCode.FAILED,
             )
+        _replace_figures(run_dir, figures)
+
+
+def _verify_mark(check: records.VerifyCheck) -> str:
+    """A check's mark on verify's line: a figure present but not compared is a warning, never `ok`."""
+    if not check.ok:
+        return "FAIL"
+    if check.applicable:
+        return "ok  "
+    return "warn" if _checks_file(check.name, ADDED_FIGURES) else "n/a "
 
 
 def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False) -> None:
@@ -144,17 +174,18 @@ def verify(run_dirs: RunDirs, json_: Json = False, no_regrade: NoRegrade = False
         result = verify_one(run_dir, regrade=not no_regrade)
         checks = [records.VerifyCheck(c.name, c.ok, c.applicable, c.detail) for c in result.checks]
         runs.append(records.VerifiedRun(str(run_dir), result.ok, checks))
-        for check in checks:
-            mark = "FAIL" if not check.ok else "ok  " if check.applicable else "n/a "
+        marks = [_verify_mark(check) for check in checks]
+        for mark, check in zip(marks, checks, strict=True):
             typer.echo(f"{mark} {check.name}: {check.detail}", err=json_)
-        bad = sum(not check.ok for check in checks)
-        skipped = sum(not check.applicable for check in checks)
+        bad, skipped, warned = (marks.count(mark) for mark in ("FAIL", "n/a ", "warn"))
         if bad:
             typer.echo(f"VERIFY FAILED: {bad} of {len(checks)} checks failed in {run_dir}", err=json_)
         else:
+            notes = [f"{skipped} not applicable to this run"] if skipped else []
+            notes += [f"{warned} warning{'s' if warned > 1 else ''}: a figure not compared"] if warned else []
             typer.echo(
-                f"verified: all {len(checks) - skipped} checks passed in {run_dir}"
-                + (f" ({skipped} not applicable to this run)" if skipped else ""),
+                f"verified: all {len(checks) - skipped - warned} checks passed in {run_dir}"
+                + (f" ({'; '.join(notes)})" if notes else ""),
                 err=json_,
             )
     ok = all(run.ok for run in runs)
@@ -195,7 +226,8 @@ def _write_report(run_dir: Path, unverified: bool) -> Path:
 def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrade = False) -> None:
     """Verify RUN_DIR, then write report.md and PNG figures into it, drawn from its summary.json (the
     kernel, model or serving report, by the directory's kind; a replicate, suite or fleet directory:
-    each run's, and one for the whole). A run that fails verification is not rendered (exit 1)."""
+    each run's, and one for the whole). A run that fails verification is not rendered (exit 1), except
+    for a kernel run's figures, which are derived: one that fails is replaced, and stderr says so."""
     kind = kind_of(run_dir)
     if kind == "serving":  # a directory the report cannot read is bad input (exit 2), not a failed verify
         from kerneltrial.serving.report_data import load_run
@@ -203,7 +235,7 @@ def report(run_dir: RunDir, unverified: Unverified = False, no_regrade: NoRegrad
         load_run(run_dir)
     elif kind == "kernel":  # likewise; an interrupted run is told to resume
         read_summary(run_dir)
-    require_verified([run_dir], unverified, regrade=not no_regrade)
+    require_verified([run_dir], unverified, regrade=not no_regrade, redraw=True)
     typer.echo(f"wrote {_write_report(run_dir, unverified)}")
 
 
@@ -242,13 +274,14 @@ def plot(
 ) -> None:
     """Verify a kernel run, then plot each timed arm's median time per call and GB/s against the
     bytes each case moves (log-log, a line per arm): for sweeps (`protocol new --axis`). A run that
-    fails verification is not plotted (exit 1)."""
+    fails verification is not plotted (exit 1), except for its figures, which are derived: one that
+    fails is replaced, and stderr says so."""
     from kerneltrial.kernel.plots import plot_against_size
 
     if kind_of(run_dir) != "kernel":
         raise CliError(f"{run_dir} is a {kind_of(run_dir)} directory; plot takes a kernel run")
     summary = read_summary(run_dir)
-    require_verified([run_dir], unverified)
+    require_verified([run_dir], unverified, redraw=True)
     typer.echo(f"wrote {plot_against_size(summary, out or run_dir / SIZE_PNG, unverified)}")
 
 

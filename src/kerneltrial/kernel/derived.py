@@ -13,12 +13,16 @@ confirmation links), so it is never rewritten. Each has its own rule instead, pa
   first line that differs and the fix (render it again). A page rendered with `--unverified`
   (its titles say UNVERIFIED) is accepted too: it claims less.
 - a kernel run's figures (rundir.layout.ADDED_FIGURES: the report's PNGs and `plot`'s size.png;
-  no other name may be added) are derived too, from summary.json. A PNG's bytes are a function of
-  the figure's data and the matplotlib that drew it, which names itself in the PNG's `Software`
-  text: where that is the matplotlib installed here, verify draws the figure again (its verifier
-  passes a `FigureRender`) and compares the bytes, titled or UNVERIFIED; a mismatch fails. Where
-  it is another version, or none is installed, the figure is not checked, and the check's line
-  says so and why. A file that is not a PNG matplotlib wrote fails.
+  no other name may be added) are derived too, from summary.json. verify draws each again (its
+  verifier passes a `FigureRender`), titled and UNVERIFIED, and compares the decoded images
+  (`same_image`: pixels, size, mode). The matplotlib that drew a PNG names itself in its `Software`
+  text: where that is the one installed here, a difference fails; where it is another version, the
+  same pixels pass and a difference is a warning, `figure X: drawn by matplotlib A, this install
+  matplotlib B: not compared` (not applicable: never passed, and a forged version cannot make a
+  doctored figure pass silently). A file above FIGURE_MAX_BYTES (never read whole), one claiming
+  above FIGURE_MAX_PIXELS (never decoded), one that is not a PNG matplotlib wrote, one Pillow
+  cannot decode, or one that cannot be drawn again, fails. `report` and `plot` replace a figure
+  that fails (cli/analysis.py); verify keeps failing it until then.
 - ERRATA.md is human text, which no machine can check: every page quotes it under a heading
   that says so (report.ERRATA_HEADING), so that it can add words but never a line that reads
   as a measured figure, and verify checks the lines tools read from it: at most one
@@ -31,7 +35,9 @@ import importlib.metadata
 import io
 import re
 import struct
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kerneltrial.rundir.layout import ERRATA, REPORT_FIGURES, SIZE_PNG
@@ -44,6 +50,8 @@ FigureRender = Callable[[str, bool], bytes]  # (figure's file name, unverified) 
 FIGURE_COMMANDS = {**dict.fromkeys(REPORT_FIGURES, "report"), SIZE_PNG: "plot"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MATPLOTLIB_SOFTWARE = re.compile(r"Matplotlib version(\S+), https://matplotlib\.org/")  # Agg's `Software` text
+FIGURE_MAX_BYTES = 20_000_000  # a larger figure file is refused unread (kerneltrial's are well under 1 MB)
+FIGURE_MAX_PIXELS = 2**16 * 1_000  # a PNG claiming more is not decoded: Agg draws under 2^16 a side, ours < 1,000 tall
 
 
 def _first_difference(recorded: str, rendered: str) -> str:
@@ -101,54 +109,120 @@ def installed_matplotlib() -> str | None:
         return None
 
 
-def same_image(recorded: bytes, drawn: bytes) -> bool:
-    """Whether two PNGs hold the same pixels and text: the bytes alike, or decoded alike (Pillow,
-    matplotlib's own dependency, compresses with the zlib it was built with, so one figure may be
-    compressed to other bytes by another Pillow); a PNG Pillow cannot read is not the same."""
-    if recorded == drawn:
-        return True
-    from PIL import Image, UnidentifiedImageError
+class FigureError(Exception):
+    """A figure file that verify cannot compare and fails; the message names the bad value (the
+    caller adds the figure's name and the fix)."""
+
+
+@dataclass(frozen=True)
+class DecodedPng:
+    """A PNG's image as Pillow decodes it: what two figures must share to be the same figure."""
+
+    size: tuple[int, int]
+    mode: str
+    pixels: bytes
+
+
+def read_figure(path: Path) -> bytes:
+    """The bytes of a figure file, never more than FIGURE_MAX_BYTES read; FigureError naming its
+    size for a larger file (a figure kerneltrial draws is well under 1 MB)."""
+    try:
+        size = path.stat().st_size
+        if size <= FIGURE_MAX_BYTES:
+            with path.open("rb") as file:
+                data = file.read(FIGURE_MAX_BYTES + 1)  # a file grown since its stat is still bounded
+            size = len(data)
+            if size <= FIGURE_MAX_BYTES:
+                return data
+    except OSError as error:
+        raise FigureError(f"cannot be read: {error}") from error
+    raise FigureError(f"{size} bytes, above the limit {FIGURE_MAX_BYTES} bytes")
+
+
+def decode_png(data: bytes) -> DecodedPng:
+    """The image of PNG `data`, decoded by Pillow (matplotlib's own dependency) only where its header
+    claims at most FIGURE_MAX_PIXELS pixels, under Pillow's decompression-bomb guard raised to an
+    error; FigureError for whatever Pillow cannot decode. ImportError where Pillow does not import."""
+    from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(recorded)) as a, Image.open(io.BytesIO(drawn)) as b:
-            return (a.size, a.mode, a.info.get("Software")) == (b.size, b.mode, b.info.get("Software")) and (
-                a.tobytes() == b.tobytes()
-            )
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        return False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=["PNG"]) as image:
+                width, height = image.size
+                if width * height > FIGURE_MAX_PIXELS:
+                    raise FigureError(f"{width} x {height} pixels, above the limit {FIGURE_MAX_PIXELS} pixels")
+                return DecodedPng(image.size, image.mode, image.tobytes())
+    except FigureError:
+        raise
+    except Exception as error:  # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, zlib.error, ...
+        raise FigureError(f"cannot be decoded: {type(error).__name__}: {error}") from error
+
+
+def same_image(recorded: DecodedPng, drawn: DecodedPng) -> bool:
+    """The one rule two figures are compared by: the same decoded pixels, size and mode (another
+    Pillow's zlib compresses one figure to other bytes; the `Software` text is the drawing version's,
+    which figure_problems reads to tell what a difference means)."""
+    return recorded == drawn
+
+
+def _recorded_figure(path: Path) -> tuple[str, DecodedPng]:
+    """(the matplotlib version its `Software` text names, its image) of a figure file; FigureError
+    for a file too large, not a PNG matplotlib wrote, or one that cannot be decoded."""
+    data = read_figure(path)
+    drawn_by = MATPLOTLIB_SOFTWARE.fullmatch(png_software(data) or "")
+    if drawn_by is None:
+        raise FigureError(
+            "not a PNG that matplotlib wrote (no `Software: Matplotlib version...` text before its image), "
+            "so no kerneltrial command made it"
+        )
+    return drawn_by.group(1), decode_png(data)
+
+
+def _not_compared(name: str, version: str, here: str, again: str, why: str) -> str:
+    """The warning line of a figure another matplotlib drew that verify could not compare."""
+    return (
+        f"figure {name}: drawn by matplotlib {version}, this install {here}: not compared ({why}; it is no "
+        f"evidence until verify compares it where matplotlib {version} is installed, or after {again} draws "
+        f"it again here)"
+    )
 
 
 def figure_problems(path: Path, render: FigureRender, installed: str | None) -> tuple[list[str] | None, str]:
-    """(problems, detail) of a figure of FIGURE_COMMANDS: the PNG `render` draws from the directory
-    (titled, else UNVERIFIED), pixel for pixel (`same_image`), where `installed` (this matplotlib's version) is the
-    one the PNG names; problems None (not checked, detail says why) where it is another or none."""
+    """(problems, detail) of a figure of FIGURE_COMMANDS against the PNGs `render` draws from the
+    directory (titled, else UNVERIFIED), by `same_image`. Where the PNG names `installed` (this
+    matplotlib's version), a difference fails; where it names another, the same pixels pass and a
+    difference is not compared (problems None, a warning: another version may draw other pixels).
+    A file too large, not a PNG matplotlib wrote, undecodable, or that cannot be drawn again, fails."""
     command = f"kerneltrial {FIGURE_COMMANDS[path.name]}"
     again = f"`{command} {path.parent}`"
-    data = path.read_bytes()
-    drawn_by = MATPLOTLIB_SOFTWARE.fullmatch(png_software(data) or "")
-    if drawn_by is None:
-        return [
-            f"figure {path.name} is not a PNG that matplotlib wrote (no `Software: Matplotlib version...` text "
-            f"before its image), so no kerneltrial command made it; remove it, then draw it with {again}"
-        ], ""
-    version = drawn_by.group(1)
-    if version != installed:
-        here = f"matplotlib {installed} is installed here" if installed else "matplotlib is not installed here"
-        return None, (
-            f"not checked: drawn by matplotlib {version}, {here}, and another version draws other bytes; "
-            f"verify compares it where matplotlib {version} is installed, or after {again} draws it again here"
-        )
+    fix = f"remove it, then draw it again with {again}"
     try:
-        same = any(same_image(data, render(path.name, unverified)) for unverified in (False, True))
+        version, recorded = _recorded_figure(path)
+    except FigureError as error:
+        return [f"figure {path.name}: {error}; {fix}"], ""
+    except ImportError as error:
+        return None, f"not checked: Pillow, which decodes the figure, does not import here ({error})"
+    if installed is None:
+        return None, _not_compared(path.name, version, "has no matplotlib", again, "it cannot be drawn again here")
+    try:
+        same = any(same_image(recorded, decode_png(render(path.name, unverified))) for unverified in (False, True))
     except ImportError as error:
         return None, f"not checked: matplotlib {installed} is installed here but does not import ({error})"
+    except Exception as error:  # the drawing raised (matplotlib, the summary): this figure's failure, not verify's
+        return [
+            f"figure {path.name}: cannot be drawn again from summary.json here ({type(error).__name__}: {error}); {fix}"
+        ], ""
     if same:
-        return [], f"drawn again from summary.json with matplotlib {installed}: the same pixels"
+        by = "" if version == installed else f"drawn by matplotlib {version}, "
+        return [], f"{by}drawn again from summary.json with matplotlib {installed}: the same pixels"
+    if version != installed:
+        why = "drawn again here, its pixels differ, as another version's may"
+        return None, _not_compared(path.name, version, f"matplotlib {installed}", again, why)
     return [
         f"figure {path.name} does not match the run's data as `{command}` renders it (drawn again from "
         f"summary.json with matplotlib {version}, titled and UNVERIFIED): it was edited, or drawn from other "
-        f"data, by another kerneltrial or by a matplotlib {version} built with another FreeType; remove it, "
-        f"then draw it again with {again}"
+        f"data, by another kerneltrial or by a matplotlib {version} built with another FreeType; {fix}"
     ], ""
 
 

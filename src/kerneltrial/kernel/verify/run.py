@@ -86,8 +86,9 @@ def kernel_figures(run_dir: Path) -> derived.FigureRender:
 
 
 def check_added_figures(result: VerifyResult, run_dir: Path, render: derived.FigureRender) -> None:
-    """Each figure a command added to the run directory is the one `render` draws, where this
-    matplotlib is the one that drew it (kernel/derived.py); one line when there is none."""
+    """Each figure a command added to the run directory is the one `render` draws (kernel/derived.py:
+    a difference fails where this matplotlib drew it, and is a not-applicable warning where another
+    did); one line when there is none."""
     present = [name for name in ADDED_FIGURES if (run_dir / name).is_file()]
     if not present:
         result.not_applicable("figures added", f"not applicable: no {', '.join(ADDED_FIGURES)} in this directory")
