@@ -66,6 +66,7 @@ from kerneltrial.analysis.performance_overview import (
     one_row,
     overview_page,
 )
+from kerneltrial.analysis.replication import replication_section
 from kerneltrial.kernel.report import (
     errata,
     errata_field,
@@ -359,8 +360,7 @@ def _host_section(rows: OverviewRows) -> list[str]:
         "the host, set the pace): median over cases (worst); torch_eager's median over the cases where both "
         "were measured; ours / torch_eager per case, geomean (worst); then ours / the fastest peer's per case, the "
         "fastest peer being the one of least host µs in that case (issue 37's target: no higher than it), geomean "
-        "and worst case."
-        + (f" Runs without a host stage: {', '.join(rows.unmeasured)}." if rows.unmeasured else ""),
+        "and worst case." + (f" Runs without a host stage: {', '.join(rows.unmeasured)}." if rows.unmeasured else ""),
         "",
         *markdown_table(
             ["operator (run)", "cases", "ours µs (worst)", "torch_eager µs", "ours / torch_eager (worst)"]
@@ -480,6 +480,7 @@ def write_performance_md(
     ]
     page += overview_page(current)
     page += preregistration_table(current)
+    page += replication_section(current)
     page += isolation_table(current)
     if models:
         page += [
