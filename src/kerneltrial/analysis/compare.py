@@ -275,7 +275,14 @@ def compare_runs(a: Path, b: Path, unverified: bool = False) -> str:
             f"| `{row.case}` | `{row.arm}` | {medians} | {ratio} | {changed} | {speedups} | {row.verdict_a} "
             f"| {row.verdict_b} |"
         )
-    for label, notes in (("Only in A", compared.only_in_a), ("Only in B", compared.only_in_b)):
-        if notes:
-            lines += ["", f"{label}: " + ", ".join(notes)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + only_in_lines(compared.only_in_a, compared.only_in_b)) + "\n"
+
+
+def only_in_lines(only_in_a: list[str], only_in_b: list[str]) -> list[str]:
+    """A comparison page's closing lines: what only run A holds, then what only run B holds (none
+    where both hold the same)."""
+    lines: list[str] = []
+    for label, only in (("A", only_in_a), ("B", only_in_b)):
+        if only:
+            lines += ["", f"Only in {label}: " + ", ".join(only)]
+    return lines

@@ -60,23 +60,16 @@ def default_out(kind: str) -> Path:
     return Path("runs") / f"serve-{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _argv_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def server_from_argv(argv: list[str], model_id: str | None, port: int | None) -> tuple[list[str], str, int]:
     """Fill {port}; find the model id (--served-model-name, --model, `serve MODEL`) and port."""
+    from kerneltrial.serving.completeness import flag_value
+
     if not argv:
         raise CliError("no server command; put it after `--`, e.g. `-- vllm serve MODEL --port 8000`")
-    p = port or int(_argv_value(argv, "--port") or 8000)
+    p = port or int(flag_value(argv, "--port") or 8000)
     argv = [a.replace("{port}", str(p)) for a in argv]
     if model_id is None:
-        model_id = _argv_value(argv, "--served-model-name") or _argv_value(argv, "--model")
+        model_id = flag_value(argv, "--served-model-name") or flag_value(argv, "--model")
         if model_id is None and "serve" in argv and argv.index("serve") + 1 < len(argv):
             model_id = argv[argv.index("serve") + 1]
     if not model_id:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneltrial.analysis.compare import only_in_lines
 from kerneltrial.publication import titled
 from kerneltrial.serving.report_data import Interval, ServingRun, arm_case, load_run
 
@@ -117,7 +118,4 @@ def compare_runs(a: Path, b: Path, unverified: bool = False) -> str:
             f"{_cell(r.ttft_ms_a, '.2f', r.status_a)} | {_cell(r.ttft_ms_b, '.2f', r.status_b)} | "
             f"{_ratio_cell(r.ttft_ratio)} |"
         )
-    for label, only in (("A", c.only_in_a), ("B", c.only_in_b)):
-        if only:
-            lines += ["", f"Only in {label}: " + ", ".join(only)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + only_in_lines(c.only_in_a, c.only_in_b)) + "\n"

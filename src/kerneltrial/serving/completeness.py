@@ -54,7 +54,7 @@ class Completeness:
         )
 
 
-def _flag(argv: Sequence[str], flag: str) -> str | None:
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value after `flag` (`--flag V` or `--flag=V`); None when absent."""
     for i, token in enumerate(argv):
         if token == flag and i + 1 < len(argv):
@@ -68,7 +68,7 @@ def asked_output_len(argv: Sequence[str]) -> int | None:
     """The output tokens every request of the client's argv asks for and must get: its
     `--random-output-len` under `--ignore-eos` with no range ratio; None when the argv lets a
     request stop at EOS or vary its length (kerneltrial's clients never do)."""
-    value, ratio = _flag(argv, "--random-output-len"), _flag(argv, "--random-range-ratio")
+    value, ratio = flag_value(argv, "--random-output-len"), flag_value(argv, "--random-range-ratio")
     if "--ignore-eos" not in argv or value is None or (ratio is not None and float(ratio) != 0.0):
         return None
     return int(value)

@@ -20,7 +20,7 @@ with the first reason found.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from kerneltrial.plugins import (
     kernels_module,
     parse_ops,
 )
-from kerneltrial.plugins.records import ProcessRecord
+from kerneltrial.plugins.records import OpCount, ProcessRecord
 from kerneltrial.serving.fl_policy import FILE_ENVS, Platform, selection
 
 FL_PER_OP_ENV = "VLLM_FL_PER_OP"
@@ -97,14 +97,18 @@ def read_records(directory: Path) -> list[ProcessRecord]:
     return [ProcessRecord.from_json(p.read_text(), str(p)) for p in sorted(directory.glob("dispatch-*.json"))]
 
 
-def served(records: list[ProcessRecord]) -> tuple[Served, ...]:
+def summed(counts: Iterable[OpCount | Served]) -> tuple[Served, ...]:
+    """Calls and errors per (op, implementation), summed over `counts`, sorted by op and implementation."""
     totals: dict[tuple[str, str], list[int]] = {}
-    for rec in records:
-        for c in rec.counts:
-            t = totals.setdefault((c.op, c.impl), [0, 0])
-            t[0] += c.calls
-            t[1] += c.errors
+    for c in counts:
+        t = totals.setdefault((c.op, c.impl), [0, 0])
+        t[0] += c.calls
+        t[1] += c.errors
     return tuple(Served(op, impl, n, e) for (op, impl), (n, e) in sorted(totals.items()))
+
+
+def served(records: list[ProcessRecord]) -> tuple[Served, ...]:
+    return summed(c for rec in records for c in rec.counts)
 
 
 def decide(

@@ -70,24 +70,24 @@ def port_is_free(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) != 0
 
 
-def group_alive(pgid: int) -> bool:
+def _answers(kill: Callable[[int, int], None], target: int) -> bool:
+    """Whether signal 0 through `kill` (os.kill or os.killpg) finds `target`: a process (group)
+    that exists but is not ours to signal still answers."""
     try:
-        os.killpg(pgid, 0)
+        kill(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    return _answers(os.killpg, pgid)
 
 
 def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _answers(os.kill, pid)
 
 
 @dataclass(frozen=True)

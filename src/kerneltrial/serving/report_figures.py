@@ -7,20 +7,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from kerneltrial.publication import titled
 from kerneltrial.serving.report_data import LATENCIES, PERCENTILES, ServingRun, arm_case
 
 
+def _panels(run: ServingRun, panel_width: float) -> tuple[Figure, list[Axes]]:
+    """A figure of one panel per case of the plan, side by side, each `panel_width` inches wide."""
+    cases = run.plan.cases
+    fig = Figure(figsize=(panel_width * len(cases), 4))
+    return fig, [fig.add_subplot(1, len(cases), k + 1) for k in range(len(cases))]
+
+
+def _saved(fig: Figure, title: str, path: Path) -> Path:
+    """`fig` under `title`, written to `path` as a PNG; returns `path`."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def plot_metric(run: ServingRun, metric: str, path: Path, unverified: bool = False) -> Path:
     """One panel per case: each launch's figure (dots) and the arm's mean with its interval (bar)."""
-    cases = run.plan.cases
-    fig = Figure(figsize=(4.5 * len(cases), 4))
+    fig, axes = _panels(run, 4.5)
     names = [a.name for a in run.plan.arms]
     label = "total tok/s" if metric == "throughput" else "mean TTFT (ms)"
-    for k, case in enumerate(cases):
-        ax = fig.add_subplot(1, len(cases), k + 1)
+    for k, (case, ax) in enumerate(zip(run.plan.cases, axes, strict=True)):
         for x, name in enumerate(names):
             cell = arm_case(run, name, case.case)
             pooled = cell.throughput if metric == "throughput" else cell.ttft_ms
@@ -49,22 +63,16 @@ def plot_metric(run: ServingRun, metric: str, path: Path, unverified: bool = Fal
         ax.grid(axis="y", alpha=0.3)
         if k == 0:
             ax.legend(fontsize="small")
-    fig.suptitle(
-        titled(f"{run.name}: {label} per arm and launch" + ("" if run.gpu else " (no GPU recorded)"), unverified)
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    gpu = "" if run.gpu else " (no GPU recorded)"
+    return _saved(fig, titled(f"{run.name}: {label} per arm and launch{gpu}", unverified), path)
 
 
 def plot_latency(run: ServingRun, path: Path, unverified: bool = False) -> Path:
     """One panel per case: p50 (dot) and p99 (triangle) of TTFT, TPOT, ITL and E2E per arm, log scale."""
-    cases = run.plan.cases
-    fig = Figure(figsize=(5.5 * len(cases), 4))
+    fig, axes = _panels(run, 5.5)
     names = [a.name for a in run.plan.arms]
     width = 0.8 / max(len(names), 1)
-    for k, case in enumerate(cases):
-        ax = fig.add_subplot(1, len(cases), k + 1)
+    for k, (case, ax) in enumerate(zip(run.plan.cases, axes, strict=True)):
         for j, name in enumerate(names):
             result = run.summary.results.get(name, {}).get(case.case)
             for m, (metric, _) in enumerate(LATENCIES):
@@ -80,19 +88,14 @@ def plot_latency(run: ServingRun, path: Path, unverified: bool = False) -> Path:
         ax.grid(axis="y", alpha=0.3)
         if k == 0:
             ax.legend(fontsize="x-small", ncol=2)
-    fig.suptitle(titled(f"{run.name}: latency p50 (dot) and p99 (triangle) per arm", unverified))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _saved(fig, titled(f"{run.name}: latency p50 (dot) and p99 (triangle) per arm", unverified), path)
 
 
 def plot_goodput(run: ServingRun, path: Path, unverified: bool = False) -> Path:
     """One panel per case: each arm's request goodput (req/s) against the plan's SLOs."""
-    cases = run.plan.cases
-    fig = Figure(figsize=(4.5 * len(cases), 4))
+    fig, axes = _panels(run, 4.5)
     names = [a.name for a in run.plan.arms]
-    for k, case in enumerate(cases):
-        ax = fig.add_subplot(1, len(cases), k + 1)
+    for case, ax in zip(run.plan.cases, axes, strict=True):
         values = [
             (r.figure("request_goodput") or 0.0) if (r := run.summary.results.get(n, {}).get(case.case)) else 0.0
             for n in names
@@ -103,7 +106,4 @@ def plot_goodput(run: ServingRun, path: Path, unverified: bool = False) -> Path:
         ax.set_title(case.case, fontsize="small")
         ax.grid(axis="y", alpha=0.3)
     slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (run.plan.goodput or {}).items())
-    fig.suptitle(titled(f"{run.name}: request goodput ({slos})", unverified))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _saved(fig, titled(f"{run.name}: request goodput ({slos})", unverified), path)

@@ -23,7 +23,7 @@ from kerneltrial.serving.acceptance import (
     judge,
 )
 from kerneltrial.serving.bench import case_dict
-from kerneltrial.serving.dispatch_proof import Served
+from kerneltrial.serving.dispatch_proof import Served, summed
 from kerneltrial.serving.order import planned_launches
 from kerneltrial.serving.protocol import Protocol
 
@@ -53,12 +53,6 @@ def dispatch_summary(
     for arm in proto.arms:
         mine = [p for p in proofs if p.arm == arm.name]
         never = sorted(L for L, name in (refused or {}).items() if name == arm.name)
-        totals: dict[tuple[str, str], list[int]] = {}
-        for p in mine:
-            for c in p.counts:
-                t = totals.setdefault((c.op, c.impl), [0, 0])
-                t[0] += c.calls
-                t[1] += c.errors
         bad = [p for p in mine if not p.valid]
         valid: bool | None
         if arm.external:
@@ -75,7 +69,7 @@ def dispatch_summary(
             "valid": valid,
             "reason": reason,
             "launches": [p.launch for p in mine],
-            "counts": [asdict(Served(op, impl, n, e)) for (op, impl), (n, e) in sorted(totals.items())],
+            "counts": [asdict(s) for s in summed(c for p in mine for c in p.counts)],
         }
     return out
 
