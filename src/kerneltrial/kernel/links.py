@@ -19,20 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir import streams
+from kerneltrial.rundir.documents import Link, RunLink
 from kerneltrial.rundir.hashing import sha256_file
-
-
-@dataclass(frozen=True)
-class Link:
-    path: str  # relative to `base` when checked
-    sha256: str
-
-
-@dataclass(frozen=True)
-class RunLink:
-    path: str
-    summary_sha256: str
-    manifest_sha256: str | None
 
 
 @dataclass(frozen=True)
@@ -44,8 +32,11 @@ class Links:
     def from_record(record: dict[str, Any]) -> Links:
         """From provenance.json `confirmation` (or the protocol's `rule` / `derived_from`)."""
         rule = record["rule"]
-        runs = tuple(RunLink(r["path"], r["summary_sha256"], r.get("manifest_sha256")) for r in record["derived_from"])
-        return Links(Link(rule["path"], rule["sha256"]), runs)
+        runs = tuple(
+            RunLink(path=r["path"], summary_sha256=r["summary_sha256"], manifest_sha256=r.get("manifest_sha256"))
+            for r in record["derived_from"]
+        )
+        return Links(Link(path=rule["path"], sha256=rule["sha256"]), runs)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -64,8 +55,8 @@ class Links:
             return Path(os.path.relpath((old / path).resolve(), new.resolve())).as_posix()
 
         return Links(
-            Link(move(self.rule.path), self.rule.sha256),
-            tuple(RunLink(move(r.path), r.summary_sha256, r.manifest_sha256) for r in self.runs),
+            self.rule.model_copy(update={"path": move(self.rule.path)}),
+            tuple(r.model_copy(update={"path": move(r.path)}) for r in self.runs),
         )
 
 

@@ -16,8 +16,9 @@ import os
 import tomllib
 from pathlib import Path
 
-from kerneltrial.kernel.links import Link, Links, RunLink, link_problems, seed_problems
+from kerneltrial.kernel.links import Links, link_problems, seed_problems
 from kerneltrial.ops.registry import Case
+from kerneltrial.rundir.documents import Link, RunLink
 from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.trial import protocol as proto
 
@@ -85,12 +86,12 @@ def write_confirmation(
             cases.setdefault(case.id, case)
     folder = out.resolve().parent
     links = Links(
-        Link(_relative(rule, folder), sha256_file(rule)),
+        Link(path=_relative(rule, folder), sha256=sha256_file(rule)),
         tuple(
             RunLink(
-                _relative(run, folder),
-                recorded,
-                sha256_file(run / "manifest.json") if (run / "manifest.json").is_file() else None,
+                path=_relative(run, folder),
+                summary_sha256=recorded,
+                manifest_sha256=sha256_file(run / "manifest.json") if (run / "manifest.json").is_file() else None,
             )
             for run, recorded in runs
         ),
