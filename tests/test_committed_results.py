@@ -15,7 +15,9 @@ from kerneltrial.kernel.git_history import objects, package_at
 from kerneltrial.kernel.report import superseded_by
 from kerneltrial.kernel.summary import build_summary
 from kerneltrial.kernel.verify import verify_run_dir
+from kerneltrial.model.summary import build as build_model_summary
 from kerneltrial.rundir.files import json_text
+from kerneltrial.rundir.model_summary_doc import MODEL_SUMMARY_V3, model_summary_json, read_model_summary
 from kerneltrial.rundir.summary_doc import read_summary, summary_json
 from tests.conftest import REPO
 from tests.kt import run_cli
@@ -24,6 +26,7 @@ RESULTS = REPO / "results"
 ARCHIVE = "archive"
 RUNS = sorted(p.parent for p in RESULTS.rglob("provenance.json"))
 KERNEL_RUNS = [r for r in RUNS if json.loads((r / "provenance.json").read_text()).get("kind") == "kernel"]
+MODEL_RUNS = [r for r in RUNS if json.loads((r / "provenance.json").read_text()).get("kind") == "model"]
 
 
 def misplaced_runs(results: Path) -> list[str]:
@@ -109,6 +112,31 @@ def test_committed_summaries_are_their_own_model_written_back():
         str(run.relative_to(RESULTS))
         for run in KERNEL_RUNS
         if json_text(summary_json(read_summary(run))) != (run / "summary.json").read_text()
+    ]
+    assert differ == []
+
+
+def test_committed_model_summaries_are_their_own_record_written_back():
+    """Every committed model summary (model-summary/1 to /3), read as rundir/model_summary_doc.py's record and
+    written by its writer, is its own bytes."""
+    assert MODEL_RUNS
+    differ = [
+        str(run.relative_to(RESULTS))
+        for run in MODEL_RUNS
+        if json_text(model_summary_json(read_model_summary(run))) != (run / "summary.json").read_text()
+    ]
+    assert differ == []
+
+
+def test_committed_model_summaries_rebuild_from_their_raw_rows():
+    """model/summary.py on each committed model-summary/3 run's raw rows writes its summary.json byte for byte
+    (the older runs' builders are gone: verify re-derives their figures)."""
+    current = [run for run in MODEL_RUNS if read_model_summary(run).schema_ == MODEL_SUMMARY_V3]
+    assert current
+    differ = [
+        str(run.relative_to(RESULTS))
+        for run in current
+        if json_text(model_summary_json(build_model_summary(run))) != (run / "summary.json").read_text()
     ]
     assert differ == []
 

@@ -2,9 +2,9 @@
 `python -m kerneltrial.rundir_reference > docs/RUNDIR.md` (a test keeps the committed file equal to it).
 
 The file lists name rundir/layout.py's and model/layout.py's constants; the keys of plan.json,
-provenance.json and summary.json come from their readers' models (rundir/documents.py, rundir/summary_doc.py), each with
-its `Field` description. Rendering refuses a key without one. Torch-free: it imports only the
-layouts and the document models.
+provenance.json and summary.json come from their readers' models (rundir/documents.py,
+rundir/summary_doc.py, rundir/model_summary_doc.py), each with its `Field` description.
+Rendering refuses a key without one. Torch-free: it imports only the layouts and the document models.
 """
 
 from __future__ import annotations
@@ -55,12 +55,14 @@ from kerneltrial.rundir.layout import (
     TIMED_CHECKS,
     TIMINGS,
 )
+from kerneltrial.rundir.model_summary_doc import ModelSummary
 from kerneltrial.rundir.summary_doc import Summary
 from kerneltrial.serving.script_csv import RESULTS_DIR as SCRIPT_DIR
 
 HEADER = (
     "# Run directory reference\n\n"
-    "Generated from rundir/layout.py, model/layout.py and the document models (rundir/documents.py, rundir/summary_doc.py) by\n"
+    "Generated from rundir/layout.py, model/layout.py and the document models (rundir/documents.py,\n"
+    "rundir/summary_doc.py, rundir/model_summary_doc.py) by\n"
     "`python -m kerneltrial.rundir_reference > docs/RUNDIR.md`; do not edit by hand\n"
     "(tests/test_rundir_reference.py checks it). Every run directory holds `provenance.json` with a\n"
     "`kind` (`kernel`, `serving` or `model`); replicate, suite and fleet directories hold kernel run\n"
@@ -455,8 +457,10 @@ MODEL_FILES = (
         (
             "`kerneltrial.model-summary/3`: medians, tokens/s, paired speedups against eager, torch_eager and"
             " kerneltrial with a Student-t interval and the inconclusive rule, share, device busy, the floor and"
-            " each arm's multiple of it, the arms each case excluded and why (docs/MODEL.md)"
+            " each arm's multiple of it, the arms each case excluded and why (docs/MODEL.md; keys below,"
+            " `/1` and `/2` still read)"
         ),
+        ModelSummary,
     ),
     RunFile((MANIFEST,), "last", "relative path -> sha256 of every other file"),
 )

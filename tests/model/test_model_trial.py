@@ -4,6 +4,7 @@ checks, verify and the report."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import shutil
@@ -223,8 +224,9 @@ def test_verify_holds_the_plan_to_the_protocol(tiny_run: Path, tmp_path: Path) -
 
 def summary_of(run: Path) -> dict[str, object]:
     from kerneltrial.model.summary import build
+    from kerneltrial.rundir.model_summary_doc import model_summary_json
 
-    return build(run)
+    return model_summary_json(build(run))
 
 
 def build_sha(path: Path) -> str:
@@ -371,6 +373,28 @@ def test_verify_catches_forged_schema_3_records(
 ) -> None:
     problems = tampered(tiny_run, tmp_path, edit)
     assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name", ["verify", "verify_common", "verify_legacy"])
+def test_model_verify_imports_neither_the_summary_builder_nor_stats(name: str) -> None:
+    """verify re-derives every figure with its own code: it reads summary.json as rundir's record, never
+    through the code that built it (model/summary.py, kerneltrial/stats.py, the runner)."""
+    tree = ast.parse((REPO / "src" / "kerneltrial" / "model" / f"{name}.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imported |= {node.module or ""} | {f"{node.module}.{alias.name}" for alias in node.names}
+    assert not imported & {"kerneltrial.stats", "kerneltrial.model.summary", "kerneltrial.model.runner"}
+
+
+def _drop_a_median(run: Path) -> None:
+    (run / "report.md").unlink(missing_ok=True)  # the page is rendered from the summary verify refuses
+    _edit_json(run / "summary.json", lambda s: s["cases"]["prefill-b1-t8"]["arms"]["eager"].pop("median_ns"))  # type: ignore[index]
+
+
+def test_verify_names_the_key_of_a_summary_that_does_not_read(tiny_run: Path, tmp_path: Path) -> None:
+    problems = tampered(tiny_run, tmp_path, _drop_a_median)
+    assert any(p.startswith("summary: ") and "eager.median_ns: Field required" in p for p in problems), problems
 
 
 def test_a_frozen_model_protocol_is_refused_once_edited(tmp_path: Path) -> None:

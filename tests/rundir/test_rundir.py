@@ -16,7 +16,7 @@ from kerneltrial.rundir.summary_doc import read_summary
 from tests.conftest import REPO
 
 RESULTS = REPO / "results"
-RUNS = sorted(  # kernel runs: the model runs (results/**/minicpm5-2b-model*) have their own reader, model/verify.py
+RUNS = sorted(  # kernel runs: model runs have their own reader (tests/rundir/test_model_summary_doc.py)
     path.parent
     for path in RESULTS.rglob("summary.json")
     if json.loads((path.parent / "provenance.json").read_text()).get("kind") != "model"

@@ -8,6 +8,7 @@ from typing import Any
 
 from kerneltrial.publication import titled
 from kerneltrial.rundir.files import read_json, read_jsonl
+from kerneltrial.rundir.model_summary_doc import ModelCase, ModelSummary, PairedRatio, read_model_summary
 
 HOST_BOUND = 0.8  # device busy below this share of the wall time: the call waits on the host
 DESCRIPTION = (
@@ -23,54 +24,53 @@ DESCRIPTION = (
 )
 
 
-def _ratio(entry: dict[str, Any] | None) -> str:
-    if not entry:
+def _ratio(ratio: PairedRatio | None) -> str:
+    if ratio is None:
         return ""
-    if entry.get("ci") is None:
-        return f"{entry['speedup']:.3f} (no interval) {entry['verdict']}"
-    low, high = entry["ci"]
-    return f"{entry['speedup']:.3f} [{low:.3f}, {high:.3f}] {entry['verdict']}"
+    if ratio.ci is None:
+        return f"{ratio.speedup:.3f} (no interval) {ratio.verdict}"
+    low, high = ratio.ci
+    return f"{ratio.speedup:.3f} [{low:.3f}, {high:.3f}] {ratio.verdict}"
 
 
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}%"
 
 
-def case_lines(cid: str, case: dict[str, Any]) -> list[str]:
-    drift = case.get("drift")
-    graph = "mode" in case  # summary schema 3: modes, the weight-read floor, exclusions
-    mode = f", {case['mode']} mode" if graph else ""
-    lines = [f"### {cid} ({case['phase']}{mode}, {case['tokens_per_call']} tokens per call)", ""]
+def case_lines(cid: str, case: ModelCase) -> list[str]:
+    drift, floor = case.drift, case.floor  # floor: summary schema 3 (modes, the weight-read floor, exclusions)
+    mode = f", {case.mode} mode" if case.mode else ""
+    lines = [f"### {cid} ({case.phase}{mode}, {case.tokens_per_call} tokens per call)", ""]
     if drift is not None and abs(drift - 1) > 0.05:
         lines += [
             f"**Drift:** the second half of the rounds ran {drift:.2f}x the first half's time (every arm's median): the machine changed during this case.",
             "",
         ]
-    if graph:
+    if floor:
         lines += [
-            f"Weight-read floor: {case['floor']['bytes'] / 1e9:.3f} GB at the run's copy rate = "
-            f"{case['floor']['ns'] / 1e6:.3f} ms (x floor: the median over it; device x floor: the profiled call's "
+            f"Weight-read floor: {floor.bytes / 1e9:.3f} GB at the run's copy rate = "
+            f"{floor.ns / 1e6:.3f} ms (x floor: the median over it; device x floor: the profiled call's "
             "device time over it).",
             "",
         ]
-    floor_head, floor_rule = (" x floor | device x floor |", "---:|---:|") if graph else ("", "")
+    floor_head, floor_rule = (" x floor | device x floor |", "---:|---:|") if floor else ("", "")
     lines += [
         "| arm | median ms | tokens/s | vs eager [CI] | vs torch_eager [CI] | vs kerneltrial [CI] | share | device busy | ops' time (ms) |"
         + floor_head,
         "|---|---:|---:|---|---|---|---:|---:|---|" + floor_rule,
     ]
-    for arm, e in case["arms"].items():
-        attr = e.get("attribution") or {}
-        regions = ", ".join(f"{op} {ns / 1e6:.3f}" for op, ns in attr.get("regions_ns", {}).items())
-        busy = attr.get("device_busy")
+    for arm, e in case.arms.items():
+        attr = e.attribution
+        regions = ", ".join(f"{op} {ns / 1e6:.3f}" for op, ns in (attr.regions_ns if attr else {}).items())
+        busy = attr.device_busy if attr else None
         busy_cell = _pct(busy) + (" (host-bound)" if busy is not None and busy < HOST_BOUND else "")
-        floor_cells = f" {_times(e.get('vs_floor'))} | {_times(e.get('device_vs_floor'))} |" if graph else ""
+        floor_cells = f" {_times(e.vs_floor)} | {_times(e.device_vs_floor)} |" if floor else ""
         lines.append(
-            f"| {arm} | {e['median_ns'] / 1e6:.3f} | {e['tokens_per_s']:.1f} | {_ratio(e.get('vs_eager'))} | "
-            f"{_ratio(e.get('vs_torch_eager'))} | {_ratio(e.get('vs_kerneltrial'))} | {_pct(attr.get('share'))} | "
+            f"| {arm} | {e.median_ns / 1e6:.3f} | {e.tokens_per_s:.1f} | {_ratio(e.vs_eager)} | "
+            f"{_ratio(e.vs_torch_eager)} | {_ratio(e.vs_kerneltrial)} | {_pct(attr.share if attr else None)} | "
             f"{busy_cell} | {regions} |" + floor_cells
         )
-    excluded = case.get("excluded") or {}
+    excluded = case.excluded or {}
     if excluded:
         lines += ["", "Not timed here: " + "; ".join(f"{arm} ({why})" for arm, why in excluded.items()) + "."]
     return [*lines, ""]
@@ -80,7 +80,7 @@ def _times(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
-def correctness_lines(run_dir: Path, summary: dict[str, Any]) -> list[str]:
+def correctness_lines(run_dir: Path, summary: ModelSummary) -> list[str]:
     """The gate's table: teacher-forced rows (schema 3), or the free-running greedy rows of older runs."""
     rows = read_jsonl(run_dir / "correctness.jsonl")
     if rows and "top1_agreement" in rows[0]:
@@ -110,7 +110,7 @@ def correctness_lines(run_dir: Path, summary: dict[str, Any]) -> list[str]:
             if div and div["near_tie"]:
                 note = note or f"near-tie divergence at step {div['step']} (margin {div['margin']:.2g})"
             lines.append(_gate_cells(row) + f" {row.get('greedy_identical_steps', '')} | {note} |")
-    return lines + [f"| {arm} | not run | | | | | {reason} |" for arm, reason in summary["unavailable"].items()]
+    return lines + [f"| {arm} | not run | | | | | {reason} |" for arm, reason in summary.unavailable.items()]
 
 
 def _gate_cells(row: dict[str, Any]) -> str:
@@ -127,53 +127,56 @@ def render(run_dir: Path, unverified: bool = False) -> str:
     """report.md of a model run: a function of the run directory alone (verify renders it again
     and compares, kernel/derived.py); `unverified`: the title says it was not verified."""
     plan = read_json(run_dir / "plan.json")
-    summary = read_json(run_dir / "summary.json")
+    summary = read_model_summary(run_dir)
     lines = [
         titled(f"# Model trial: {plan['model']} ({plan['dtype']})", unverified),
         "",
-        f"Timing: {summary['timing_label']}. {plan['rounds']} interleaved rounds per case after "
+        f"Timing: {summary.timing_label}. {plan['rounds']} interleaved rounds per case after "
         f"{plan.get('warmup', 0)} untimed ones, {plan['calls_per_sample']} call(s) per sample; "
-        f"{summary.get('method', 'ratio of medians, paired bootstrap')}, tie band ±{plan['tie_band']:.0%}.",
+        f"{summary.method or 'ratio of medians, paired bootstrap'}, tie band ±{plan['tie_band']:.0%}.",
         DESCRIPTION,
     ]
-    if "copy" in summary:
-        lines += ["", run_line(summary)]
+    if (line := run_line(summary)) is not None:
+        lines += ["", line]
     lines += ["", "## Correctness (before timing)", "", *correctness_lines(run_dir, summary), "", "## Timing", ""]
-    for cid, case in summary["cases"].items():
+    for cid, case in summary.cases.items():
         lines += case_lines(cid, case)
     return "\n".join(lines)
 
 
-def run_line(summary: dict[str, Any]) -> str:
-    """Schema 3's run-wide facts: the graph mode, the fresh inputs and their checks, the copy rate."""
-    checks, copy = summary["timed_checks"], summary["copy"]
-    graphs = any(case["mode"] == "graph" for case in summary["cases"].values())
+def run_line(summary: ModelSummary) -> str | None:
+    """Schema 3's run-wide facts: the graph mode, the fresh inputs and their checks, the copy rate;
+    None for older runs, which recorded none of them."""
+    checks, copy = summary.timed_checks, summary.copy_rate
+    if checks is None or copy is None:
+        return None
+    graphs = any(case.mode == "graph" for case in summary.cases.values())
     return (
-        (f"Graph mode (cases ending in -graph): {summary['graph_label']}. " if graphs else "")
+        (f"Graph mode (cases ending in -graph): {summary.graph_label}. " if graphs else "")
         + "Every timed call ran on fresh inputs (inputs.csv: each round's "
-        f"from its seed); one call of every round was checked against the float32 model: {checks['failed']} of "
-        f"{checks['rows']} checks failed. Copy rate (the floor's): {copy['gbps']:.1f} GB/s, "
-        f"{copy['samples']} copies of {copy['bytes'] / 2**30:.3g} GiB (read + written)."
+        f"from its seed); one call of every round was checked against the float32 model: {checks.failed} of "
+        f"{checks.rows} checks failed. Copy rate (the floor's): {copy.gbps:.1f} GB/s, "
+        f"{copy.samples} copies of {copy.bytes / 2**30:.3g} GiB (read + written)."
     )
 
 
 def performance_section(run_dir: Path, unverified: bool = False) -> list[str]:
     """The run's section in PERFORMANCE.md: its timing tables under the run's name."""
     plan = read_json(run_dir / "plan.json")
-    summary = read_json(run_dir / "summary.json")
+    summary = read_model_summary(run_dir)
     lines = [
         titled(f"### {run_dir.name}: {plan['model']} ({plan['dtype']}), whole model", unverified),
         "",
-        f"Timing: {summary['timing_label']}; {plan['rounds']} interleaved rounds. Arms not timed: "
-        + (", ".join(f"{a} ({why})" for a, why in summary["unavailable"].items()) or "none")
+        f"Timing: {summary.timing_label}; {plan['rounds']} interleaved rounds. Arms not timed: "
+        + (", ".join(f"{a} ({why})" for a, why in summary.unavailable.items()) or "none")
         + ". Correctness: "
-        + ", ".join(f"{a} {'passed' if c['passed'] else 'FAILED'}" for a, c in summary["correctness"].items())
+        + ", ".join(f"{a} {'passed' if c.passed else 'FAILED'}" for a, c in summary.correctness.items())
         + ".",
         "",
     ]
-    if "copy" in summary:
-        lines += [run_line(summary), ""]
-    for cid, case in summary["cases"].items():
+    if (line := run_line(summary)) is not None:
+        lines += [line, ""]
+    for cid, case in summary.cases.items():
         lines += ["#" + line if line.startswith("### ") else line for line in case_lines(cid, case)]
     return lines
 

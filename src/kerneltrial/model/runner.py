@@ -53,7 +53,8 @@ from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, Protocol
 from kerneltrial.rundir import provenance as source_provenance
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, now, read_json, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
-from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
+from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, TIMINGS
+from kerneltrial.rundir.model_summary_doc import write_model_summary
 from kerneltrial.trial import provenance
 from kerneltrial.trial.protocol import freeze_record
 
@@ -147,7 +148,7 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         trial = Trial(model, oracle, router, p, device, out, rec, time.perf_counter_ns(), say)
         for index, (case, mode) in enumerate(p.runs()):
             run_one(trial, case, mode, index, passed)
-    write_json(out / SUMMARY, model_summary.build(out))
+    write_model_summary(out, model_summary.build(out))
     write_json(out / PROVENANCE, read_json(out / PROVENANCE) | {"finished_at": now()})
     write_manifest(out)
     return out

@@ -1,5 +1,5 @@
 """summary.json of a model trial, computed from the raw files alone (plan, correctness,
-captures, timed checks, copies, timings, attribution).
+captures, timed checks, copies, timings, attribution), as rundir/model_summary_doc.py's record.
 
 Speedups are paired by round: every round times every arm once, so a round's ratio
 reference / arm cancels what the round shares (a clock or host-load shock hits all arms of
@@ -38,10 +38,21 @@ import numpy as np
 from kerneltrial.model.layout import CAPTURES, COPIES, TIMED_CHECKS
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
 from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, PLAN, TIMINGS
+from kerneltrial.rundir.model_summary_doc import (
+    MODEL_SUMMARY_V3,
+    REFERENCES,
+    CopyRate,
+    GateVerdict,
+    ModelArm,
+    ModelAttribution,
+    ModelCase,
+    ModelSummary,
+    PairedRatio,
+    WeightFloor,
+)
+from kerneltrial.rundir.summary_doc import TimedCheckCounts
 from kerneltrial.stats import median, paired_ratio, verdict
 
-SCHEMA = "kerneltrial.model-summary/3"
-REFERENCES = ("eager", "torch_eager", "kerneltrial")
 METHOD = "geometric mean of per-round ratios, Student-t interval on their logs"
 
 
@@ -53,16 +64,16 @@ def per_call_ns(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[int, f
     return out
 
 
-def comparison(ref: dict[int, float], arm: dict[int, float], confidence: float, tie_band: float) -> dict[str, Any]:
+def comparison(ref: dict[int, float], arm: dict[int, float], confidence: float, tie_band: float) -> PairedRatio:
     rounds = sorted(set(ref) & set(arm))
     ratio = paired_ratio([ref[r] for r in rounds], [arm[r] for r in rounds], confidence)
     ci = ratio.interval
-    return {
-        "speedup": ratio.estimate,
-        "ci": None if ci is None else [ci.low, ci.high],
-        "verdict": "inconclusive" if ci is None else verdict(ci, tie_band),
-        "rounds": ratio.n,
-    }
+    return PairedRatio(
+        speedup=ratio.estimate,
+        ci=None if ci is None else (ci.low, ci.high),
+        verdict="inconclusive" if ci is None else verdict(ci, tie_band),
+        rounds=ratio.n,
+    )
 
 
 def drift(samples: list[dict[int, float]]) -> float | None:
@@ -85,25 +96,25 @@ def attribution(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[str, i
     return regions
 
 
-def shares(found: dict[str, int] | None, wall_ns: float, gpu: bool) -> dict[str, Any] | None:
+def shares(found: dict[str, int] | None, wall_ns: float, gpu: bool) -> ModelAttribution | None:
     """The routed operators' time and the device's over the median wall time (on a CPU the
     profiler sees no device: `device_ns` is the profiled call's host time, busy is None; no
     regions: a graph replay whose kernels could not be matched, share None)."""
     if not found:
         return None
     regions = {k: v for k, v in found.items() if k not in ("total", "wall")}
-    return {
-        "regions_ns": regions,
-        "device_ns": found["total"],
-        "share": sum(regions.values()) / wall_ns if regions else None,
-        "device_busy": found["total"] / wall_ns if gpu else None,
-    }
+    return ModelAttribution(
+        regions_ns=regions,
+        device_ns=found["total"],
+        share=sum(regions.values()) / wall_ns if regions else None,
+        device_busy=found["total"] / wall_ns if gpu else None,
+    )
 
 
-def copy_rate(rows: list[dict[str, str]]) -> dict[str, Any]:
+def copy_rate(rows: list[dict[str, str]]) -> CopyRate:
     """The copy's samples, bytes per sample (read + written) and median rate in GB/s (bytes per ns)."""
     rates = [int(r["bytes"]) / int(r["ns"]) for r in rows]
-    return {"bytes": int(rows[0]["bytes"]), "samples": len(rows), "gbps": median(rates)}
+    return CopyRate(bytes=int(rows[0]["bytes"]), samples=len(rows), gbps=median(rates))
 
 
 def excluded_arms(
@@ -125,35 +136,38 @@ def excluded_arms(
     return out
 
 
-def case_entry(case: dict[str, Any], arms: list[str], run: RunRows, excluded: dict[str, str]) -> dict[str, Any]:
+def case_entry(case: dict[str, Any], arms: list[str], run: RunRows, excluded: dict[str, str]) -> ModelCase:
     cid = case["case"]
-    floor_ns = sum(case["floor_bytes"].values()) / run.copy["gbps"]
-    entries: dict[str, Any] = {}
+    floor_bytes = sum(case["floor_bytes"].values())
+    floor = WeightFloor(bytes=floor_bytes, ns=floor_bytes / run.copy.gbps)
+    entries: dict[str, ModelArm] = {}
     for arm in arms:
         samples = run.times[(cid, arm)]
         med = median(list(samples.values()))
         attr = shares(run.regions.get((cid, arm)), med, run.is_gpu)
-        entry: dict[str, Any] = {
-            "median_ns": med,
-            "samples": len(samples),
-            "tokens_per_s": case["tokens_per_call"] / (med / 1e9),
-            "attribution": attr,
-            "vs_floor": med / floor_ns,
-            "device_vs_floor": attr["device_ns"] / floor_ns if attr and run.is_gpu else None,
+        against = {
+            f"vs_{ref}": comparison(run.times[(cid, ref)], samples, run.confidence, run.tie_band)
+            for ref in REFERENCES
+            if ref != arm and ref in arms
         }
-        for ref in REFERENCES:
-            if ref != arm and ref in arms:
-                entry[f"vs_{ref}"] = comparison(run.times[(cid, ref)], samples, run.confidence, run.tie_band)
-        entries[arm] = entry
-    return {
-        "phase": case["phase"],
-        "mode": case["mode"],
-        "tokens_per_call": case["tokens_per_call"],
-        "floor": {"bytes": sum(case["floor_bytes"].values()), "ns": floor_ns},
-        "drift": drift([run.times[(cid, arm)] for arm in arms]),
-        "excluded": excluded,
-        "arms": entries,
-    }
+        entries[arm] = ModelArm(
+            median_ns=med,
+            samples=len(samples),
+            tokens_per_s=case["tokens_per_call"] / (med / 1e9),
+            attribution=attr,
+            vs_floor=med / floor.ns,
+            device_vs_floor=attr.device_ns / floor.ns if attr and attr.device_ns is not None and run.is_gpu else None,
+            **against,
+        )
+    return ModelCase(
+        phase=case["phase"],
+        mode=case["mode"],
+        tokens_per_call=case["tokens_per_call"],
+        floor=floor,
+        drift=drift([run.times[(cid, arm)] for arm in arms]),
+        excluded=excluded,
+        arms=entries,
+    )
 
 
 @dataclass(frozen=True)
@@ -162,13 +176,13 @@ class RunRows:
 
     times: dict[tuple[str, str], dict[int, float]]
     regions: dict[tuple[str, str], dict[str, int]]
-    copy: dict[str, Any]
+    copy: CopyRate
     is_gpu: bool
     confidence: float
     tie_band: float
 
 
-def build(run_dir: Path) -> dict[str, Any]:
+def build(run_dir: Path) -> ModelSummary:
     plan = read_json(run_dir / PLAN)
     captures = read_jsonl(run_dir / CAPTURES)
     checks = read_jsonl(run_dir / TIMED_CHECKS)
@@ -187,16 +201,17 @@ def build(run_dir: Path) -> dict[str, Any]:
         for c in plan["cases"]
     }
     correctness = {
-        row["arm"]: {"passed": row["passed"], "message": row["message"]} for row in read_jsonl(run_dir / CORRECTNESS)
+        row["arm"]: GateVerdict(passed=row["passed"], message=row["message"])
+        for row in read_jsonl(run_dir / CORRECTNESS)
     }
-    return {
-        "schema": SCHEMA,
-        "method": METHOD,
-        "timing_label": plan["timing_label"],
-        "graph_label": plan["graph_label"],
-        "copy": run.copy,
-        "cases": cases,
-        "correctness": correctness,
-        "unavailable": {a["name"]: a["reason"] for a in plan["arms"] if not a["available"]},
-        "timed_checks": {"rows": len(checks), "failed": sum(not r["passed"] for r in checks)},
-    }
+    return ModelSummary(
+        schema=MODEL_SUMMARY_V3,
+        method=METHOD,
+        timing_label=plan["timing_label"],
+        graph_label=plan["graph_label"],
+        copy=run.copy,
+        cases=cases,
+        correctness=correctness,
+        unavailable={a["name"]: a["reason"] for a in plan["arms"] if not a["available"]},
+        timed_checks=TimedCheckCounts(rows=len(checks), failed=sum(not r["passed"] for r in checks)),
+    )

@@ -7,6 +7,8 @@ Checks, one function each, for every schema:
 - `manifest`: every file listed with its sha256, none added or missing;
 - `finished`: provenance records the end (an interrupted run is not evidence);
 - `protocol`: the copied protocol's sha256 is the one the plan was built from;
+- `summary`: summary.json reads as its schema's record (rundir/model_summary_doc.py; a schema 3
+  document holds every key schema 3 writes);
 schema 3 (model-summary/3; older runs: model/verify_legacy.py):
 - `plan_matches_protocol`: arms, (case, mode)s, rounds, seed, modes and every rule are the protocol's;
 - `gate_v3`: every arm's teacher-forced verdict re-derived from its row (call counts, distance
@@ -62,8 +64,8 @@ from kerneltrial.rundir.checks import VerifyResult
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_csv, read_json, read_jsonl
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.model_summary_doc import MODEL_SUMMARY_V3, ModelCase, ModelSummary, read_model_summary
 
-SUMMARY_V3 = "kerneltrial.model-summary/3"
 ArmsOf = dict[str, list[str]]  # case -> the arms it times
 
 
@@ -294,7 +296,7 @@ def figures_v3(
     run: Path,
     plan: dict[str, Any],
     rows: list[dict[str, Any]],
-    summary: dict[str, Any],
+    summary: ModelSummary,
     arms_of: ArmsOf,
     failed: ArmsOf,
 ) -> list[str]:
@@ -302,24 +304,26 @@ def figures_v3(
     checks = read_jsonl(run / TIMED_CHECKS)
     problems = run_records(plan, rows, summary)
     graph_label = GRAPH_CUDA if plan["is_gpu"] else GRAPH_IDENTITY
-    if summary.get("graph_label") != graph_label or plan.get("graph_label") != graph_label:
+    if summary.graph_label != graph_label or plan.get("graph_label") != graph_label:
         problems.append("figures: the graph label does not match the device")
-    if summary.get("timed_checks") != {"rows": len(checks), "failed": sum(not r["passed"] for r in checks)}:
+    counts = summary.timed_checks
+    if counts is None or (counts.rows, counts.failed) != (len(checks), sum(not r["passed"] for r in checks)):
         problems.append("figures: summary.json's timed-check counts are not timed_checks.jsonl's")
     gbps = copy_gbps(read_csv(run / COPIES))
-    if gbps is None or not close((summary.get("copy") or {}).get("gbps"), gbps):
-        return [*problems, f"figures: the copy rate {summary.get('copy')} is not copies.csv's median ({gbps})"]
+    claimed = summary.copy_rate.gbps if summary.copy_rate else None
+    if gbps is None or not close(claimed, gbps):
+        return [*problems, f"figures: the copy rate {claimed} GB/s is not copies.csv's median ({gbps})"]
     for case in plan["cases"]:
-        problems += case_figures(
-            plan, case, summary["cases"].get(case["case"], {}), arms_of, failed, per, regions, gbps
-        )
+        figures = summary.cases.get(case["case"])
+        if figures is not None:  # a case missing from summary.json: run_records names it
+            problems += case_figures(plan, case, figures, arms_of, failed, per, regions, gbps)
     return problems
 
 
 def case_figures(
     plan: dict[str, Any],
     case: dict[str, Any],
-    claimed: dict[str, Any],
+    claimed: ModelCase,
     arms_of: ArmsOf,
     failed: ArmsOf,
     per: Any,
@@ -331,15 +335,16 @@ def case_figures(
     floor_ns = sum(case["floor_bytes"].values()) / gbps
     arms = [a for a in arms_of[cid] if a not in failed.get(cid, [])]
     timed = [a["name"] for a in plan["arms"] if a["timed"]]
-    if (claimed.get("mode"), claimed.get("phase")) != (case["mode"], case["phase"]):
+    if (claimed.mode, claimed.phase) != (case["mode"], case["phase"]):
         problems.append(f"figures: {cid}'s mode or phase is not the plan's")
-    if not close((claimed.get("floor") or {}).get("ns"), floor_ns):
-        problems.append(f"figures: {cid}'s floor {claimed.get('floor')} is not {floor_ns} ns")
-    if set(claimed.get("excluded", {})) != set(timed) - set(arms):
+    if not close(claimed.floor.ns if claimed.floor else None, floor_ns):
+        problems.append(f"figures: {cid}'s floor {claimed.floor} is not {floor_ns} ns")
+    excluded = claimed.excluded or {}
+    if set(excluded) != set(timed) - set(arms):
         problems.append(
-            f"figures: {cid} excludes {sorted(claimed.get('excluded', {}))}, its rows exclude {sorted(set(timed) - set(arms))}"
+            f"figures: {cid} excludes {sorted(excluded)}, its rows exclude {sorted(set(timed) - set(arms))}"
         )
-    entries = claimed.get("arms", {})
+    entries = claimed.arms
     if set(entries) != set(arms):
         return [*problems, f"figures: {cid} reports arms {sorted(entries)}, its rows give {sorted(arms)}"]
     for arm in arms:
@@ -348,11 +353,9 @@ def case_figures(
             problems.append(f"figures: {cid} {arm} lacks its {plan['rounds']} rounds")
             continue
         problems += arm_figures(plan, cid, arm, entry, arms, per, regions)
-        attr = entry.get("attribution")
-        device = attr["device_ns"] / floor_ns if attr and plan["is_gpu"] else None
-        if not (
-            close(entry.get("vs_floor"), entry["median_ns"] / floor_ns) and close(entry.get("device_vs_floor"), device)
-        ):
+        attr = entry.attribution
+        device = attr.device_ns / floor_ns if attr and attr.device_ns is not None and plan["is_gpu"] else None
+        if not (close(entry.vs_floor, entry.median_ns / floor_ns) and close(entry.device_vs_floor, device)):
             problems.append(f"figures: {cid} {arm}'s figures against the floor are not its median's and device time's")
     return problems
 
@@ -373,7 +376,7 @@ def freeze_problems(run: Path, plan: dict[str, Any]) -> list[str]:
 
 
 def verify_v3(
-    run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any], result: VerifyResult
+    run: Path, plan: dict[str, Any], rows: list[dict[str, Any]], summary: ModelSummary, result: VerifyResult
 ) -> None:
     """The checks of a schema 3 run beyond the manifest, end record and protocol digest."""
     missing = [name for name in (INPUTS, CAPTURES, COPIES, TIMED_CHECKS) if not (run / name).is_file()]
@@ -402,16 +405,21 @@ def verify_model_run(run: Path) -> VerifyResult:
             raise RunDirError(f"{run}: {name} is missing; not a finished model run directory")
     plan = read_json(run / "plan.json")
     rows = read_jsonl(run / "correctness.jsonl")
-    summary = read_json(run / "summary.json")
     result = VerifyResult(run)
     result.add("manifest", manifest(run), "every file listed with its sha256, none added or missing")
     result.add("finished", finished(run), "provenance.json records the end of the run")
     result.add("protocol", protocol(run, plan), "protocol.toml is the protocol the plan was built from")
-    if summary.get("schema") == SUMMARY_V3:
+    try:
+        summary = read_model_summary(run)
+    except RunDirError as error:
+        result.add("summary", [f"summary: {error}"], "")
+        return result
+    result.add("summary", [], "summary.json reads as its schema's record")
+    if summary.schema_ == MODEL_SUMMARY_V3:
         verify_v3(run, plan, rows, summary, result)
     elif "modes" in plan:  # written by schema 3's runner: its files and checks are not optional
         result.add(
-            "schema", [f"schema: plan.json is schema 3's (it has modes), summary.json says {summary.get('schema')}"], ""
+            "schema", [f"schema: plan.json is schema 3's (it has modes), summary.json says {summary.schema_}"], ""
         )
     else:
         timings = read_csv(run / "timings.csv")

@@ -1,7 +1,7 @@
 """What model/verify.py's checks share across summary schemas, written independently of the
-runner and the summary (no import of either, nor of kerneltrial/stats.py): the manifest, the end
-record, the protocol's digest, the seeded round order, the paired ratio and its verdict, and
-one arm's figures of one case."""
+runner and the summary's builder (no import of either, nor of kerneltrial/stats.py; summary.json
+is read as rundir/model_summary_doc.py's record): the manifest, the end record, the protocol's
+digest, the seeded round order, the paired ratio and its verdict, and one arm's figures of one case."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from scipy.stats import t as t_dist
 
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.model_summary_doc import ModelArm, ModelSummary
 
 REL = 1e-9
 GPU_LABEL = "host clock between device synchronisations: what a caller waits for (host and GPU)"
@@ -142,43 +143,46 @@ def verdict_of(ci: tuple[float, float] | None, band: float) -> str:
 
 
 def arm_figures(
-    plan: dict[str, Any], cid: str, arm: str, entry: dict[str, Any], arms: list[str], per: PerCall, regions: Regions
+    plan: dict[str, Any], cid: str, arm: str, entry: ModelArm, arms: list[str], per: PerCall, regions: Regions
 ) -> list[str]:
     """One arm's figures of one case (schemas 2 and 3): its median, its ratios against the
     references the case has, its attribution. Returns the problems; the median is the entry's."""
     samples = per.get((cid, arm), {})
     med = float(np.median(list(samples.values())))
     problems = []
-    if not (close(entry["median_ns"], med) and entry["samples"] == len(samples)):
-        problems.append(f"figures: {cid} {arm} median {entry['median_ns']} != recomputed {med}")
+    if not (close(entry.median_ns, med) and entry.samples == len(samples)):
+        problems.append(f"figures: {cid} {arm} median {entry.median_ns} != recomputed {med}")
     refs = [r for r in ("eager", "torch_eager", "kerneltrial") if r != arm and r in arms]
-    if {k for k in entry if k.startswith("vs_") and k != "vs_floor"} != {f"vs_{r}" for r in refs}:
+    against = entry.against()
+    if set(against) != set(refs):
         problems.append(f"figures: {cid} {arm} compares with other references than {refs}")
     for ref in refs:
-        got = entry.get(f"vs_{ref}", {})
+        got = against.get(ref)
         est, ci = paired(per[(cid, ref)], samples, plan["confidence"])
-        same_ci = (got.get("ci") is None) == (ci is None) and (ci is None or all(map(close, got["ci"], ci)))
-        if not (close(got.get("speedup"), est) and same_ci and got.get("verdict") == verdict_of(ci, plan["tie_band"])):
-            problems.append(
-                f"figures: {cid} {arm} vs_{ref} {got} != recomputed {est} {ci} {verdict_of(ci, plan['tie_band'])}"
-            )
+        want = verdict_of(ci, plan["tie_band"])
+        if got is None or not (close(got.speedup, est) and same_interval(got.ci, ci) and got.verdict == want):
+            problems.append(f"figures: {cid} {arm} vs_{ref} {got} != recomputed {est} {ci} {want}")
     return problems + attribution_figures(plan, cid, arm, entry, med, regions)
 
 
+def same_interval(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a == b if a is None or b is None else all(map(close, a, b))
+
+
 def attribution_figures(
-    plan: dict[str, Any], cid: str, arm: str, entry: dict[str, Any], med: float, regions: Regions
+    plan: dict[str, Any], cid: str, arm: str, entry: ModelArm, med: float, regions: Regions
 ) -> list[str]:
     found = dict(regions.get((cid, arm), {}))
     if plan["attribution"] and "total" not in found:
         return [f"figures: {cid} {arm} has no attribution rows"]
-    attr = entry.get("attribution")
+    attr = entry.attribution
     if not found:
         return [] if attr is None else [f"figures: {cid} {arm} has attribution {attr} but no attribution rows"]
     device = found.pop("total")
     found.pop("wall", None)
     share = sum(found.values()) / med if found else None
-    ok = attr is not None and attr["regions_ns"] == found and attr["device_ns"] == device
-    ok = ok and close(attr["share"], share) and close(attr["device_busy"], device / med if plan["is_gpu"] else None)
+    ok = attr is not None and attr.regions_ns == found and attr.device_ns == device
+    ok = ok and close(attr.share, share) and close(attr.device_busy, device / med if plan["is_gpu"] else None)
     return [] if ok else [f"figures: {cid} {arm} attribution {attr} != recomputed from attribution.csv"]
 
 
@@ -196,18 +200,19 @@ def plan_problems(want: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     return [f"plan: {key} is {got[key]!r}, the protocol says {want[key]!r}" for key in want if got[key] != want[key]]
 
 
-def run_records(plan: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+def run_records(plan: dict[str, Any], rows: list[dict[str, Any]], summary: ModelSummary) -> list[str]:
     """summary.json's run-level records: the timing label, correctness, unavailable arms, cases."""
     problems = []
     want_label = GPU_LABEL if plan["is_gpu"] else CPU_LABEL
-    if summary.get("timing_label") != want_label or plan.get("timing_label") != want_label:
+    if summary.timing_label != want_label or plan.get("timing_label") != want_label:
         problems.append(f"figures: the timing label does not match the device (is_gpu {plan['is_gpu']})")
-    if summary.get("correctness") != {r["arm"]: {"passed": r["passed"], "message": r["message"]} for r in rows}:
+    gate = {arm: (verdict.passed, verdict.message) for arm, verdict in summary.correctness.items()}
+    if gate != {r["arm"]: (r["passed"], r["message"]) for r in rows}:
         problems.append("figures: summary.json's correctness differs from correctness.jsonl")
-    if summary.get("unavailable") != {a["name"]: a["reason"] for a in plan["arms"] if not a["available"]}:
+    if summary.unavailable != {a["name"]: a["reason"] for a in plan["arms"] if not a["available"]}:
         problems.append("figures: summary.json's unavailable arms differ from the plan's")
-    if set(summary["cases"]) != {c["case"] for c in plan["cases"]}:
-        problems.append(f"figures: summary.json's cases {sorted(summary['cases'])} are not the plan's")
+    if set(summary.cases) != {c["case"] for c in plan["cases"]}:
+        problems.append(f"figures: summary.json's cases {sorted(summary.cases)} are not the plan's")
     return problems
 
 

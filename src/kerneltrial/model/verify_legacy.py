@@ -37,11 +37,11 @@ from kerneltrial.model.verify_common import (
     plan_problems,
     rounds,
     run_records,
+    same_interval,
     timing_rules,
 )
 from kerneltrial.rundir.checks import VerifyResult
-
-SUMMARY_V2 = "kerneltrial.model-summary/2"
+from kerneltrial.rundir.model_summary_doc import MODEL_SUMMARY_V2, ModelArm, ModelSummary
 
 
 def gate(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
@@ -71,14 +71,14 @@ def _speedup_ci(ref: np.ndarray, arm: np.ndarray, resamples: int, seed: int, con
 
 
 def figures_v1(
-    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: dict[str, Any]
+    plan: dict[str, Any], timings: list[dict[str, str]], attribution: list[dict[str, str]], summary: ModelSummary
 ) -> list[str]:
     per, regions = indexed(timings, attribution)
     boot = plan["bootstrap"]
     problems = []
     for case in plan["cases"]:
         cid = case["case"]
-        claimed = summary["cases"].get(cid, {}).get("arms", {})
+        claimed = claimed_arms(summary, cid)
         for arm in [a["name"] for a in plan["arms"] if a["timed"]]:
             entry = claimed.get(arm)
             samples = per.get((cid, arm))
@@ -88,15 +88,13 @@ def figures_v1(
                 )
                 continue
             med = float(np.median(list(samples.values())))
-            if not close(entry["median_ns"], med) or not close(
-                entry["tokens_per_s"], case["tokens_per_call"] * 1e9 / med
-            ):
-                problems.append(f"figures: {cid} {arm} median {entry['median_ns']} != recomputed {med}")
+            if not close(entry.median_ns, med) or not close(entry.tokens_per_s, case["tokens_per_call"] * 1e9 / med):
+                problems.append(f"figures: {cid} {arm} median {entry.median_ns} != recomputed {med}")
             for ref in ("eager", "torch_eager"):
-                key = f"vs_{ref}"
+                key, got = f"vs_{ref}", entry.against().get(ref)
                 if ref == arm or (cid, ref) not in per:
                     continue
-                if key not in entry:
+                if got is None:
                     problems.append(f"figures: {cid} {arm} has no {key}")
                     continue
                 common = sorted(set(per[(cid, ref)]) & set(samples))
@@ -104,19 +102,28 @@ def figures_v1(
                 b = np.array([samples[r] for r in common])
                 want = float(np.median(a) / np.median(b))
                 low, high = _speedup_ci(a, b, boot["resamples"], boot["seed"], boot["confidence"])
-                got = entry[key]
-                if not (close(got["speedup"], want) and close(got["ci"][0], low) and close(got["ci"][1], high)):
+                if not (close(got.speedup, want) and same_interval(got.ci, (low, high))):
                     problems.append(
-                        f"figures: {cid} {arm} {key} {got['speedup']} [{got['ci']}] != recomputed {want} [{low}, {high}]"
+                        f"figures: {cid} {arm} {key} {got.speedup} [{got.ci}] != recomputed {want} [{low}, {high}]"
                     )
-            found = dict(regions.get((cid, arm), {}))
-            total = found.pop("total", 0)
-            found.pop("wall", None)
-            share = sum(found.values()) / total if total else None
-            got_share = (entry.get("attribution") or {}).get("share")
-            if found and not close(got_share, share):
-                problems.append(f"figures: {cid} {arm} share {got_share} != recomputed {share}")
+            problems += share_v1(cid, arm, entry, regions.get((cid, arm), {}))
     return problems
+
+
+def share_v1(cid: str, arm: str, entry: ModelArm, found: dict[str, int]) -> list[str]:
+    """Schema 1's share: the routed operators' time over the profiled call's device time."""
+    found = dict(found)
+    total = found.pop("total", 0)
+    found.pop("wall", None)
+    share = sum(found.values()) / total if total else None
+    got = entry.attribution.share if entry.attribution else None
+    return [f"figures: {cid} {arm} share {got} != recomputed {share}"] if found and not close(got, share) else []
+
+
+def claimed_arms(summary: ModelSummary, cid: str) -> dict[str, ModelArm]:
+    """The arms summary.json gives case `cid` ({} when it has no such case: run_records names it)."""
+    case = summary.cases.get(cid)
+    return case.arms if case else {}
 
 
 # --- schema 2 (model-summary/2): the run re-derived from its protocol and raw rows ----------
@@ -190,14 +197,14 @@ def figures_v2(
     timings: list[dict[str, str]],
     attribution: list[dict[str, str]],
     rows: list[dict[str, Any]],
-    summary: dict[str, Any],
+    summary: ModelSummary,
 ) -> list[str]:
     timed = [a["name"] for a in plan["arms"] if a["timed"]]
     per, regions = indexed(timings, attribution)
     problems = run_records(plan, rows, summary)
     for case in plan["cases"]:
         cid = case["case"]
-        claimed = summary["cases"].get(cid, {}).get("arms", {})
+        claimed = claimed_arms(summary, cid)
         if set(claimed) != set(timed):
             problems.append(f"figures: {cid} reports arms {sorted(claimed)}, the timed arms are {sorted(timed)}")
         for arm in timed:
@@ -214,14 +221,14 @@ def verify_legacy(
     plan: dict[str, Any],
     timings: list[dict[str, str]],
     rows: list[dict[str, Any]],
-    summary: dict[str, Any],
+    summary: ModelSummary,
     attribution: list[dict[str, str]],
     result: VerifyResult,
 ) -> None:
     """The checks of a schema 1 or 2 run beyond the manifest, end record and protocol digest."""
     timed = [a["name"] for a in plan["arms"] if a["timed"]]
     result.add("rounds", rounds(plan, timings, {c["case"]: timed for c in plan["cases"]}), ROUNDS_DETAIL)
-    if summary.get("schema") != SUMMARY_V2:  # the first runs (results/archive/h200/minicpm5-2b-model-r*)
+    if summary.schema_ != MODEL_SUMMARY_V2:  # the first runs (results/archive/h200/minicpm5-2b-model-r*)
         result.add("gate", gate(plan, rows), GATE_DETAIL)
         result.add("figures", figures_v1(plan, timings, attribution, summary), FIGURES_DETAIL)
         return

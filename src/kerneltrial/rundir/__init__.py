@@ -11,4 +11,5 @@ every command, `--help` included, can read and write run directories cheaply.
 - layout.py      the file names of kernel, serving, replicate and suite directories, `kind_of`
 - documents.py   typed, frozen readers of plan.json and provenance.json
 - summary_doc.py the typed, frozen reader of summary.json and its writer's shape
+- model_summary_doc.py  the same for a model run's summary.json, every version still read
 """
