@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -28,8 +29,9 @@ from kerneltrial.serving.calibration import (
     launches_needed,
     read_calibration,
 )
-from kerneltrial.serving.calibration_host import this_host
+from kerneltrial.serving.calibration_host import HostFingerprint, compare_hosts, describe_host, this_host
 from kerneltrial.serving.verify import verify_serving_run
+from kerneltrial.serving.verify_plan import short
 from tests.kt import run_cli, write_protocol
 
 from .test_acceptance import CASE, synthetic_bench, trial_text, wobble
@@ -88,7 +90,9 @@ def test_calibrate_writes_an_a_a_run_its_noise_and_its_false_acceptance_rate(cal
     assert rec.binding.repeats == 2 and rec.binding.client == "completions" and rec.binding.trial_rounds == 4
     assert rec.binding_sha256 == rec.binding.sha256()
     found = next(c for c in verify_serving_run(cal).checks if c.name == "calibration")
-    assert found.ok and found.detail == "calibration.json recomputed from its run, bound by hash"
+    assert found.ok and found.detail == (
+        f"calibration.json recomputed from its run, bound by hash; measured on {describe_host(this_host(None))}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +169,8 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
         "binding_sha256": rec.binding_sha256,
         "sha256": hashlib.sha256((cal / CALIBRATION).read_bytes()).hexdigest(),
         "passed": True,
+        "host": this_host(None).model_dump(mode="json"),  # the trial's own host, as the gate compared it
+        "host_warnings": compare_hosts(rec.host, this_host(None)).warnings,
     }
     used = next(c for c in verify_serving_run(out).checks if c.name == "calibration used")
     assert used.ok and used.applicable, used.problems
@@ -179,12 +185,13 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
     ]
     problems = planted_calibrations(out, cal, prov)
     assert [p[: len(w)] for p, w in zip(problems, want, strict=True)] == want
-    # planted: the trial's provenance.json names another host than its calibration was measured on
-    (out / "provenance.json").write_text(json.dumps({**prov, "hostname": "elsewhere"}))
+    # planted: the trial's recorded host on another CPU than its calibration was measured on
+    other_cpu = {**prov["calibration"], "host": {**prov["calibration"]["host"], "cpu_model": "Forged CPU"}}
+    (out / "provenance.json").write_text(json.dumps({**prov, "calibration": other_cpu}))
     [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
     assert problem == (
         f"{Path(os.path.relpath(cal, out)).as_posix()}/calibration.json was measured on another host than the "
-        f"trial ran on: hostname {rec.host.hostname!r} in calibration.json, 'elsewhere' in provenance.json; "
+        f"trial ran on: cpu_model {rec.host.cpu_model!r} in calibration.json, 'Forged CPU' in the trial's record; "
         "calibrate on the trial's host"
     )
 
@@ -211,6 +218,57 @@ def test_a_trial_runs_with_its_passed_calibration(calibrated, tmp_path, monkeypa
     (out / "provenance.json").write_text(json.dumps(prov))
     [problem] = next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems
     assert problem.startswith("provenance.json records no calibration, though protocol.toml requires")
+
+
+def used_problems(out: Path, prov: dict) -> list[str]:
+    """verify's `calibration used` problems with the trial `out` once its provenance.json is `prov`."""
+    (out / "provenance.json").write_text(json.dumps(prov))
+    return list(next(c for c in verify_serving_run(out).checks if c.name == "calibration used").problems)
+
+
+def test_verify_applies_the_gates_identity_rule_to_the_trials_host(calibrated, tmp_path, monkeypatch):
+    """Review item 2: verify compared only the hostname and the GPUs' names and drivers. It now applies the
+    gate's rule (compare_hosts) to the host the trial recorded (provenance.json calibration.host: CPU,
+    memory, GPU UUIDs, CUDA_VISIBLE_DEVICES, weights), or an older trial's provenance.json."""
+    proto, cal = calibrated
+    code, output, out = run_with(proto, tmp_path, proto.read_text(), monkeypatch)
+    assert code == 0, output
+    prov = json.loads((out / "provenance.json").read_text())
+    used, rel = prov["calibration"], Path(os.path.relpath(cal, out)).as_posix()
+    assert used_problems(out, prov) == []
+    # the trial's record edited: its hostname is not the provenance.json's, and the rule's warnings change
+    forged = {**prov, "calibration": {**used, "host": {**used["host"], "hostname": "forged"}}}
+    renamed = compare_hosts(read_calibration(cal).host, HostFingerprint.model_validate(forged["calibration"]["host"]))
+    assert used_problems(out, forged) == [
+        "provenance.json calibration.host differs from the trial's provenance.json: hostname 'forged' in "
+        f"calibration.host, {prov['hostname']!r} in provenance.json: the host was edited",
+        f"provenance.json calibration.host_warnings is {short(used['host_warnings'])}, the identity rule "
+        f"gives {short(renamed.warnings)}: the record was edited",
+    ]
+    # an older trial (no calibration.host): CUDA_VISIBLE_DEVICES as its provenance.json environment records it
+    older = {k: v for k, v in used.items() if k not in ("host", "host_warnings")}
+    moved = {**prov, "calibration": older, "environment": {**prov["environment"], "CUDA_VISIBLE_DEVICES": "3"}}
+    [problem] = used_problems(out, moved)
+    assert problem.startswith(f"{rel}/calibration.json was measured on another host than the trial ran on: the ")
+    assert "the trial sees CUDA_VISIBLE_DEVICES=3 (not among the GPUs read): the calibration's noise belongs" in problem
+    # GPU UUIDs: the calibration's GPU is not the trial's, though both are the same model and driver
+    listed = [{"name": SMI_VALUES["name"], "driver_version": SMI_VALUES["driver_version"]}]
+    other = copied(cal, tmp_path, lambda rec: rec["host"].update(gpus=[smi_gpu("GPU-cal")], gpus_unread=None))
+    other_prov = json.loads((other / "provenance.json").read_text())
+    (other / "provenance.json").write_text(json.dumps({**other_prov, "gpu": listed}))
+    host = {**used["host"], "gpus": [smi_gpu("GPU-trial")], "gpus_unread": None}
+    warnings = compare_hosts(read_calibration(other).host, HostFingerprint.model_validate(host)).warnings
+    record = {
+        **used,
+        "path": Path(os.path.relpath(other, out)).as_posix(),
+        "sha256": hashlib.sha256((other / CALIBRATION).read_bytes()).hexdigest(),
+        "host": host,
+        "host_warnings": warnings,
+    }
+    assert used_problems(out, {**prov, "gpu": listed, "calibration": record}) == [
+        f"{record['path']}/calibration.json was measured on another host than the trial ran on: gpus UUIDs "
+        "['GPU-cal'] in calibration.json, ['GPU-trial'] in the trial's record; calibrate on the trial's host"
+    ]
 
 
 def planted_calibrations(out: Path, cal: Path, prov: dict) -> list[str]:
@@ -323,31 +381,139 @@ def test_an_older_calibration_schema_is_refused(calibrated, tmp_path, monkeypatc
 
 FOREIGN_GPU = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0f0f", "driver_version": "550.54.15"}
 FOREIGN_WEIGHTS = {"files": 3, "total_bytes": 10, "listing_sha256": "a" * 64, "config_sha256": "b" * 64}
+# what a fake nvidia-smi prints for each queried field (serving/trial.py asks for others than the fingerprint)
+SMI_VALUES = {
+    "name": "NVIDIA H100 80GB HBM3",
+    "driver_version": "550.54.15",
+    "memory.total": "81559 MiB",
+    "clocks.max.sm": "1980 MHz",
+    "clocks.sm": "345 MHz",
+    "power.limit": "700.00 W",
+    "pci.bus_id": "00000000:18:00.0",
+}
+SMI_FAILED = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+
+
+def fake_nvidia_smi(folder: Path, uuids: list[str] | None) -> Path:
+    """A folder holding an nvidia-smi that lists one GPU per uuid (the fields --query-gpu asks for) or,
+    with None, fails as it does when it cannot reach the driver (exit 9)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "nvidia-smi"
+    exe.write_text(
+        f"#!{sys.executable}\nimport sys\nuuids = {uuids!r}\nvalues = {SMI_VALUES!r}\n"
+        f"if uuids is None:\n    print({SMI_FAILED!r})\n    sys.exit(9)\n"
+        "query = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--query-gpu='))\n"
+        "for uuid in uuids:\n"
+        "    print(', '.join(uuid if f == 'uuid' else values.get(f, '[N/A]') for f in query.split(',')))\n"
+    )
+    exe.chmod(0o755)
+    return folder
+
+
+def smi_gpu(uuid: str) -> dict[str, str]:
+    return {"name": SMI_VALUES["name"], "uuid": uuid, "driver_version": SMI_VALUES["driver_version"]}
 
 
 @pytest.mark.parametrize(
     ("field", "value", "named"),
     [
-        ("hostname", "quieter-host", "hostname 'quieter-host' there, {here!r} here"),
+        ("cpu_model", "Forged CPU", "cpu_model 'Forged CPU' there, {here!r} here"),
         ("cpu_count", 512, "cpu_count 512 there, {here!r} here"),
-        ("gpus", [FOREIGN_GPU], "gpus [{gpu!r}] there, {here!r} here"),
-        ("weights", FOREIGN_WEIGHTS, "weights {weights!r} there, {here!r} here"),
+        ("memory_gib", 4096, "memory_gib 4096 there, {here!r} here (beyond the 2% tolerance)"),
+        (
+            "weights",
+            FOREIGN_WEIGHTS,
+            "weights 3 files, 10 bytes, config.json sha256 bbbbbbbbbbbb... there, none (server.model unset, or a hub "
+            "id in a calibration from before that was recorded) here",
+        ),
     ],
-    ids=["hostname", "cpu-count", "gpu", "weights"],
+    ids=["cpu-model", "cpu-count", "memory", "weights"],
 )
 def test_a_calibration_measured_on_another_host_is_refused(calibrated, tmp_path, monkeypatch, field, value, named):
-    """Review A5: a calibration taken on another (quieter) machine, another GPU or other weights was
-    accepted: its noise band is not this host's. One field of its fingerprint planted; refused before
-    any launch, the field named, and the fix."""
+    """Review A5: a calibration taken on another (quieter) machine or other weights was accepted: its noise
+    band is not this host's. One field of its fingerprint planted; refused before any launch, the field
+    and both values named, and the fix."""
     proto, cal = calibrated
     bad = copied(cal, tmp_path, lambda rec: rec["host"].update({field: value}))
     text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
     code, output, out = run_with(proto, tmp_path, text, monkeypatch)
-    here = this_host(None).model_dump()[field]
-    message = named.format(here=here, gpu=FOREIGN_GPU, weights=FOREIGN_WEIGHTS)
-    assert code == 2 and f"acceptance.calibration '{bad.name}' was measured on another host ({message})" in output
+    message = named.format(here=this_host(None).model_dump()[field])
+    assert code == 2 and f"acceptance.calibration '{bad.name}' was measured on another host ({message}" in output
     assert "its noise band is not this host's; calibrate again on this host (`kerneltrial serve calibrate" in output
     assert len(output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_new_hostname_alone_does_not_refuse_the_trial(calibrated, tmp_path, monkeypatch):
+    """Review item 1a: a container renamed on every start (the same CPU, memory and GPUs) was refused.
+    The trial runs, prints the warning and records it; verify applies the same rule and passes."""
+    proto, cal = calibrated
+    calibrated_on = read_calibration(cal).host
+    assert calibrated_on is not None
+    monkeypatch.setattr(socket, "gethostname", lambda: "ct-renamed")
+    code, output, out = run_with(proto, tmp_path, proto.read_text(), monkeypatch)
+    assert code == 0, output
+    renamed = (
+        f"hostname {calibrated_on.hostname!r} there, 'ct-renamed' here, on the same hardware: taken as the same "
+        "machine under a new name (a container gets one on every start)"
+    )
+    assert f"warning: acceptance.calibration 'cal': {renamed} (recorded in provenance.json" in output
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["hostname"] == prov["calibration"]["host"]["hostname"] == "ct-renamed"
+    assert prov["calibration"]["host_warnings"][0] == renamed
+    assert verify_serving_run(out).problems == []
+    # an older trial (no calibration.host): its provenance.json's hostname is no longer "another host" either
+    older = {
+        **prov,
+        "calibration": {k: v for k, v in prov["calibration"].items() if k not in ("host", "host_warnings")},
+    }
+    (out / "provenance.json").write_text(json.dumps(older))
+    assert verify_serving_run(out).problems == []
+
+
+def test_gpus_that_cannot_be_read_are_unknown_not_another_host(calibrated, tmp_path, monkeypatch):
+    """Review item 1b: nvidia-smi failing at trial time (or at calibration time) was read as another host.
+    Refused (the GPUs are not shown to be the ones calibrated), saying they could not be read, why, and
+    how to proceed."""
+    proto, cal = calibrated
+    with_gpu = copied(cal, tmp_path / "gpu", lambda rec: rec["host"].update(gpus=[FOREIGN_GPU], gpus_unread=None))
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'broken', None)}:{os.environ['PATH']}")
+    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{with_gpu.name}"')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    assert code == 2 and not out.exists() and "measured on another host" not in output, output
+    assert (
+        f"acceptance.calibration '{with_gpu.name}' cannot be matched to this host: could not read the GPUs here: "
+        f"nvidia-smi exited 9: {SMI_FAILED} (there: [NVIDIA H100 80GB HBM3 GPU-0f0f]); an unread GPU is not shown "
+        "to be the one calibrated: make `nvidia-smi -L` list the GPUs and run the trial again"
+    ) in output
+    # the other way: the calibration could not read its GPUs, this host can
+    unread = copied(cal, tmp_path / "unread", lambda rec: rec["host"].update(gpus=None, gpus_unread="planted reason"))
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'smi', ['GPU-0f0f'])}:{os.environ['PATH']}")
+    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{unread.name}"')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    assert code == 2 and not out.exists() and "measured on another host" not in output, output
+    assert (
+        f"acceptance.calibration '{unread.name}' cannot be matched to this host: could not read the GPUs there: "
+        "planted reason (here: [NVIDIA H100 80GB HBM3 GPU-0f0f]); the calibration cannot show which GPUs its noise "
+        "is of: calibrate again on this host with `nvidia-smi -L` listing the GPUs"
+    ) in output
+
+
+def test_other_cuda_visible_devices_name_the_gpus_each_side_saw(calibrated, tmp_path, monkeypatch):
+    """Review item 1c: the refusal said only "cuda_visible_devices '0' there, '1' here"."""
+    proto, cal = calibrated
+    gpus = [smi_gpu("GPU-aaaa"), smi_gpu("GPU-bbbb")]
+    bad = copied(cal, tmp_path, lambda rec: rec["host"].update(gpus=gpus, gpus_unread=None, cuda_visible_devices="0"))
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'smi', ['GPU-aaaa', 'GPU-bbbb'])}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    text = proto.read_text().replace('calibration = "cal"', f'calibration = "{bad.name}"')
+    code, output, out = run_with(proto, tmp_path, text, monkeypatch)
+    assert code == 2 and not out.exists(), output
+    assert (
+        f"acceptance.calibration '{bad.name}' was measured on another host (the calibration saw "
+        "CUDA_VISIBLE_DEVICES=0 (NVIDIA H100 80GB HBM3 GPU-aaaa), the trial sees CUDA_VISIBLE_DEVICES=1 (NVIDIA "
+        "H100 80GB HBM3 GPU-bbbb): the calibration's noise belongs to the GPUs it ran on; run the trial with "
+        "CUDA_VISIBLE_DEVICES=0, or calibrate again with this setting"
+    ) in output
 
 
 def test_a_host_edited_in_calibration_json_fails_verify(calibrated, tmp_path):

@@ -9,10 +9,15 @@ field that calibration.json states otherwise (the pilot's decision too, recomput
 serving/pilot.py): a `passed` flipped to true, reasons deleted, noise
 or comparisons edited, a binding rewritten to fit another trial (other repeats, another client)
 or a binding_sha256 that is not its binding's hash. Its `host` (serving/calibration_host.py) cannot be
-derived from the run: it is checked against the hostname and GPUs the run's provenance.json records,
-and a trial's provenance.json against the host of the calibration it rested on (review A5). A
-calibration.json of schema /3 (from before the host was recorded) still verifies as the record of its
-run; a trial refuses it (serving/calibration_gate.py).
+derived from the run: it is checked against the hostname, GPUs and CUDA_VISIBLE_DEVICES the run's
+provenance.json records (one process wrote both). A trial is checked against the host of the
+calibration it rested on by the gate's own identity rule (`compare_hosts`): the host the trial
+recorded (provenance.json calibration.host, itself checked against the trial's provenance.json, and
+the rule's warnings against calibration.host_warnings), or, for a trial from before it recorded its
+host, what its provenance.json records (hostname, GPUs without UUIDs, CUDA_VISIBLE_DEVICES; CPU,
+memory and weights then not compared) (review A5). A calibration.json of schema /3 (from before the
+host was recorded) still verifies as the record of its run; a trial refuses it
+(serving/calibration_gate.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.hashing import sha256_file
@@ -32,7 +39,14 @@ from kerneltrial.serving.calibration import (
     calibration_record,
     read_calibration,
 )
-from kerneltrial.serving.calibration_host import provenance_differences
+from kerneltrial.serving.calibration_host import (
+    HostFingerprint,
+    Sides,
+    compare_hosts,
+    describe_host,
+    provenance_differences,
+    provenance_host,
+)
 from kerneltrial.serving.effective import with_effective
 from kerneltrial.serving.pilot import pilot_reason
 from kerneltrial.serving.protocol import ProtocolError
@@ -88,7 +102,7 @@ def calibration_problems(
 
 
 def _host_problems(record: CalibrationRecord, prov: dict[str, Any]) -> list[str]:
-    """The calibration's host is the one its own run's provenance.json names (hostname, GPUs)."""
+    """The calibration's host is the one its own run's provenance.json names (hostname, GPUs, CUDA_VISIBLE_DEVICES)."""
     if record.host is None:
         return []  # a /3 record names none (a trial refuses it)
     return [
@@ -181,11 +195,47 @@ def _calibration_opened(
             "cannot have rested on it; calibrate again on the trial's host and run the trial again"
         )
     else:
+        problems += trial_host_problems(rel, record.host, prov, used)
+    return problems
+
+
+TRIAL_SIDES = Sides(there="in calibration.json", here="in the trial's record")
+
+
+def trial_host_problems(
+    rel: str, calibration: HostFingerprint, prov: dict[str, Any], used: dict[str, Any]
+) -> list[str]:
+    """The gate's identity rule applied again to the calibration's host and the trial's: the fingerprint the
+    trial recorded (provenance.json calibration.host; its hostname, GPUs and CUDA_VISIBLE_DEVICES must be
+    what the same provenance.json records, its warnings calibration.host_warnings), else (a trial from
+    before that) the hostname, GPUs and CUDA_VISIBLE_DEVICES its provenance.json records."""
+    recorded = used.get("host")
+    problems: list[str] = []
+    if recorded is None:
+        trial, unrecorded = provenance_host(prov)
+    else:
+        try:
+            trial, unrecorded = HostFingerprint.model_validate(recorded), frozenset[str]()
+        except ValidationError as error:
+            return [
+                f"provenance.json calibration.host is not a host fingerprint ({' '.join(str(error).split())}): edited"
+            ]
         problems += [
-            f"{rel}/{CALIBRATION} was measured on another host than the trial ran on: {d}; calibrate on the "
-            "trial's host"
-            for d in provenance_differences(record.host, prov)
+            f"provenance.json calibration.host differs from the trial's provenance.json: {d}: the host was edited"
+            for d in provenance_differences(trial, prov, "calibration.host")
         ]
+        warnings = compare_hosts(calibration, trial).warnings  # as the gate worded them
+        if used.get("host_warnings") != warnings:
+            problems.append(
+                f"provenance.json calibration.host_warnings is {short(used.get('host_warnings'))}, the identity rule "
+                f"gives {short(warnings)}: the record was edited"
+            )
+    match = compare_hosts(calibration, trial, unrecorded, TRIAL_SIDES)
+    problems += [
+        f"{rel}/{CALIBRATION} was measured on another host than the trial ran on: {d}; calibrate on the trial's host"
+        for d in match.differ
+    ]
+    problems += [f"{rel}/{CALIBRATION} cannot be matched to the trial's host: {d}" for d in match.unknown]
     return problems
 
 
@@ -208,12 +258,12 @@ def calibration_checks(
     rp: RunProtocol,
     verify_run: Verifier,
 ) -> list[Check]:
-    """verify's calibration checks: a calibration run's record, and a trial's calibration."""
+    """verify's calibration checks: a calibration run's record (its host printed), and a trial's calibration."""
     return [
         Check(
             "calibration",
             calibration_problems(path, prov, plan, summary, rows, rp),
-            "calibration.json recomputed from its run, bound by hash",
+            "calibration.json recomputed from its run, bound by hash" + _measured_on(path),
             "not applicable: no calibration.json (a trial, not a calibration)",
         ),
         Check(
@@ -223,3 +273,12 @@ def calibration_checks(
             "not applicable: the protocol requires no calibration",
         ),
     ]
+
+
+def _measured_on(path: Path) -> str:
+    """ "; measured on HOST" (serving/calibration_host.py `describe_host`), where calibration.json reads and names one."""
+    try:
+        host = read_calibration(path).host if (path / CALIBRATION).is_file() else None
+    except (CalibrationError, RunDirError):
+        return ""
+    return f"; measured on {describe_host(host)}" if host is not None else ""

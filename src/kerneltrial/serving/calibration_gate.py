@@ -5,20 +5,23 @@ first launch, a calibration that does not match it or is not evidence (issue 36 
 unless it calibrated the trial's own binding (serving/calibration.py `Binding`: model, tokenizer,
 baseline argv and environment apart from operator selection, cases, repeats, client, prompt
 seeds, pins, acceptance rule, rounds; compared by hash, the first differing value named), it was
-measured on this host (calibration.json `host`, serving/calibration_host.py: hostname, CPU model and
-count, memory, GPUs and driver, CUDA_VISIBLE_DEVICES, the weights' digest; every differing field
-named; a calibration from before the host was recorded is refused too), its run directory
-verifies (serving/verify.py, with calibration.json recomputed from the run:
-serving/calibration_evidence.py) and it passed; the trial's provenance.json then records it
-(`calibration`: its directory as the protocol names it and as a path relative to the trial's run
-directory, its binding hash and calibration.json's sha256), and verify opens that directory again,
-verifies it (calibration.json recomputed from its runs) and checks that hash and the binding
-against the trial's own protocol (serving/calibration_evidence.py).
+measured on this host (calibration.json `host` against this host's fingerprint by the identity rule,
+serving/calibration_host.py `compare_hosts`: CPU model and count, memory, GPUs and driver,
+CUDA_VISIBLE_DEVICES, the weights' digest, every differing field named; GPUs read on one side only
+refused as unknown, not as another host; a new hostname alone printed as a warning; a calibration
+from before the host was recorded is refused too), its run directory verifies (serving/verify.py,
+with calibration.json recomputed from the run: serving/calibration_evidence.py) and it passed; the
+trial's provenance.json then records it (`calibration`: its directory as the protocol names it and
+as a path relative to the trial's run directory, its binding hash, calibration.json's sha256, this
+host's fingerprint `host` and the rule's `host_warnings`), and verify opens that directory again,
+verifies it (calibration.json recomputed from its runs), checks that hash and the binding against
+the trial's own protocol, and applies the same rule to the two hosts (serving/calibration_evidence.py).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from kerneltrial.serving.calibration import (
     binding,
     read_calibration,
 )
-from kerneltrial.serving.calibration_host import host_differences, this_host
+from kerneltrial.serving.calibration_host import HostFingerprint, HostMatch, compare_hosts, this_host
 from kerneltrial.serving.protocol import Arm, Protocol, non_operator_difference
 from kerneltrial.serving.verify import verify_serving_run
 from kerneltrial.serving.verify_plan import first_difference, short
@@ -49,7 +52,7 @@ def require_calibration(proto: Protocol, base_dir: Path, run_dir: Path) -> dict[
     record = read_calibration(base_dir / name)
     _require_same_trial(proto, record, where)
     _require_binding(proto, record, where)
-    _require_host(proto, record, where)
+    here, match = _require_host(proto, record, where)
     result = verify_serving_run(base_dir / name)
     if result.problems:
         raise CalibrationError(
@@ -58,12 +61,16 @@ def require_calibration(proto: Protocol, base_dir: Path, run_dir: Path) -> dict[
         )
     if not record.passed:
         raise CalibrationError(f"{where} did not pass: {'; '.join(record.reasons)}")
+    for warning in match.warnings:
+        print(f"warning: {where}: {warning} (recorded in provenance.json calibration.host_warnings)", file=sys.stderr)
     return {
         "dir": name,
         "path": Path(os.path.relpath((base_dir / name).resolve(), run_dir.resolve())).as_posix(),
         "binding_sha256": record.binding_sha256,
         "sha256": sha256_file(base_dir / name / CALIBRATION),
         "passed": record.passed,
+        "host": here.model_dump(mode="json"),
+        "host_warnings": match.warnings,
     }
 
 
@@ -116,16 +123,24 @@ RECALIBRATE = (
 )
 
 
-def _require_host(proto: Protocol, record: CalibrationRecord, where: str) -> None:
-    """The calibration was measured on this host, with these weights: a noise band is its host's."""
+def _require_host(proto: Protocol, record: CalibrationRecord, where: str) -> tuple[HostFingerprint, HostMatch]:
+    """The calibration was measured on this host, with these weights: a noise band is its host's. Returns
+    this host's fingerprint (for provenance.json) and the rule's verdict, whose warnings are printed once
+    the calibration has qualified."""
     if record.host is None:
         raise CalibrationError(
             f"{where} is a {record.schema_} calibration, {HOSTLESS_LACKS}: it records no host, so its noise "
             f"band may be another machine's; {RECALIBRATE}"
         )
-    differ = host_differences(record.host, this_host(proto.server.model))
-    if differ:
+    here = this_host(proto.server.model)
+    match = compare_hosts(record.host, here)
+    if match.differ:
         raise CalibrationError(
-            f"{where} was measured on another host ({'; '.join(differ)}): its noise band is not this host's; "
-            f"{RECALIBRATE}"
+            f"{where} was measured on another host ({'; '.join(match.differ + match.unknown + match.warnings)}): "
+            f"its noise band is not this host's; {RECALIBRATE}"
         )
+    if match.unknown:
+        raise CalibrationError(
+            f"{where} cannot be matched to this host: {'; '.join(match.unknown + match.warnings)} (else {RECALIBRATE})"
+        )
+    return here, match
