@@ -15,7 +15,7 @@ import pytest
 from kerneltrial.serving import trial
 from kerneltrial.serving.acceptance import case_record
 from kerneltrial.serving.protocol import parse_protocol
-from kerneltrial.serving.report_data import Interval, load_run, parts_of, verdict
+from kerneltrial.serving.report_data import GeomeanInterval, load_run, parts_of, verdict
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli
 
@@ -139,7 +139,7 @@ def test_intervals_and_comparisons_follow_the_run_files(run_dir: Path):
         assert c.gain == pytest.approx(want, rel=1e-12) and c.throughput_ok and c.ttft_ok
     assert [a.name for a in parts_of(run, run.plan.arms[3])] == ["E1", "E2"]
     assert parts_of(run, run.plan.arms[1]) == []
-    assert Interval.of([5.0], 0.95).low is None and Interval.of([5.0], 0.95).cell(".1f") == "5.0 (n=1)"
+    assert GeomeanInterval.of([5.0], 0.95).low is None and GeomeanInterval.of([5.0], 0.95).cell(".1f") == "5.0 (n=1)"
 
 
 def test_intervals_are_on_the_log_scale_and_never_negative():
@@ -148,13 +148,13 @@ def test_intervals_are_on_the_log_scale_and_never_negative():
     mean = sum(values) / 3
     raw_low = mean - 4.302653 * statistics.stdev(values) / 3**0.5
     assert raw_low < 0  # the planted case: the raw-scale interval goes negative
-    i = Interval.of(values, 0.95)
+    i = GeomeanInterval.of(values, 0.95)
     logs = [math.log(v) for v in values]
     half = 4.302653 * statistics.stdev(logs) / 3**0.5
     assert i.mean == pytest.approx(math.exp(sum(logs) / 3), rel=1e-12)  # the geometric mean
     assert (i.low, i.high) == pytest.approx((i.mean * math.exp(-half), i.mean * math.exp(half)), rel=1e-6)
     assert 0 < i.low < min(values) and i.n == 3
-    assert Interval.of([0.0, 1.0], 0.95).low is None  # a zero has no log: the plain mean, no interval
+    assert GeomeanInterval.of([0.0, 1.0], 0.95).low is None  # a zero has no log: the plain mean, no interval
 
 
 def test_report_shows_accuracy_and_dispatch_when_recorded(run_dir: Path, tmp_path: Path):

@@ -58,16 +58,16 @@ class Change:
 
 
 @dataclass(frozen=True)
-class NoiseRule:
+class ChangeRule:
     """What calls a change: run A's bootstrap settings and the wider of the two tie bands."""
 
     bootstrap: stats.BootstrapRule
     tie_band: float
 
     @staticmethod
-    def of(a: Summary, b: Summary) -> NoiseRule:
+    def of(a: Summary, b: Summary) -> ChangeRule:
         rule = stats.BootstrapRule(a.bootstrap.resamples, a.bootstrap.seed, a.bootstrap.confidence)
-        return NoiseRule(rule, max(a.tie_band, b.tie_band))
+        return ChangeRule(rule, max(a.tie_band, b.tie_band))
 
     def words(self) -> str:
         b = self.bootstrap
@@ -77,7 +77,7 @@ class NoiseRule:
         )
 
 
-def change(a: np.ndarray, b: np.ndarray, rule: NoiseRule) -> Change:
+def change(a: np.ndarray, b: np.ndarray, rule: ChangeRule) -> Change:
     """B against A from both runs' per-call samples of one (case, arm)."""
     ci = stats.bootstrap_ratio_ci(a, b, rule.bootstrap)
     speedup = stats.median(a) / stats.median(b)
@@ -120,7 +120,7 @@ def compared_rows(a: Summary, b: Summary, samples: tuple[Samples, Samples] | Non
     """Rows for every (case, arm) present in both runs, in A's order; with both runs' `samples`,
     each arm timed in both runs carries its change."""
     cases_b = {c.case: c.arms for c in b.cases}
-    rule = NoiseRule.of(a, b)
+    rule = ChangeRule.of(a, b)
     rows = []
     for case in (c for c in a.cases if c.case in cases_b):
         for arm, entry in case.arms.items():
@@ -179,7 +179,7 @@ class Comparison:
     rows: list[ComparedRow]
     only_in_a: list[str]
     only_in_b: list[str]
-    rule: NoiseRule
+    rule: ChangeRule
 
     def changes(self) -> dict[str, int]:
         """How many (case, arm) pairs are FAST, SLOW, SAME and UNSURE."""
@@ -237,7 +237,7 @@ def comparison(a: Path, b: Path) -> Comparison:
         compared_rows(summary_a, summary_b, (samples_of(Path(a)), samples_of(Path(b)))),
         _only_in(summary_a, summary_b),
         _only_in(summary_b, summary_a),
-        NoiseRule.of(summary_a, summary_b),
+        ChangeRule.of(summary_a, summary_b),
     )
 
 

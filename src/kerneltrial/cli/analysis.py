@@ -305,7 +305,7 @@ def require_common(run_a: Path, run_b: Path, rows: int, only_in_a: list[str], on
 
 def _compare_serving(run_a: Path, run_b: Path, json_: bool, unverified: bool) -> None:
     from kerneltrial.serving.compare import compare_runs, comparison
-    from kerneltrial.serving.report_data import Interval
+    from kerneltrial.serving.report_data import GeomeanInterval
 
     compared = comparison(run_a, run_b)
     require_common(run_a, run_b, len(compared.rows), compared.only_in_a, compared.only_in_b)
@@ -313,7 +313,7 @@ def _compare_serving(run_a: Path, run_b: Path, json_: bool, unverified: bool) ->
         typer.echo(compare_runs(run_a, run_b, unverified), nl=False)
         return
 
-    def interval(i: Interval | None) -> records.LaunchInterval | None:
+    def interval(i: GeomeanInterval | None) -> records.LaunchInterval | None:
         return None if i is None else records.LaunchInterval(i.mean, i.low, i.high, i.n)
 
     emit_json(

@@ -3,7 +3,7 @@
 Comparing two serving runs means: the same arm and case measured twice (another day, machine
 or build of the server). For every (arm, case) both runs measured: total tok/s and mean TTFT
 in A and in B, each the mean over launches (the unit a serving protocol replicates) with its
-95% Student-t interval across launches (report_data.Interval), and the ratio B/A of the means.
+95% Student-t interval across launches (report_data.GeomeanInterval), and the ratio B/A of the means.
 Arms or cases only one run has are listed, never silently dropped. Reads plan.json and
 summary.json through report.load_run; nothing is recomputed (that is `verify`).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kerneltrial.analysis.compare import only_in_lines
 from kerneltrial.publication import titled
-from kerneltrial.serving.report_data import Interval, ServingRun, arm_case, load_run
+from kerneltrial.serving.report_data import GeomeanInterval, ServingRun, arm_case, load_run
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,11 @@ class ComparedArmCase:
     case: str
     status_a: str
     status_b: str
-    throughput_a: Interval | None  # total tok/s across launches
-    throughput_b: Interval | None
+    throughput_a: GeomeanInterval | None  # total tok/s across launches
+    throughput_b: GeomeanInterval | None
     throughput_ratio: float | None  # B / A of the means
-    ttft_ms_a: Interval | None  # mean TTFT across launches
-    ttft_ms_b: Interval | None
+    ttft_ms_a: GeomeanInterval | None  # mean TTFT across launches
+    ttft_ms_b: GeomeanInterval | None
     ttft_ratio: float | None
 
 
@@ -42,7 +42,7 @@ class ServingComparison:
     only_in_b: list[str]
 
 
-def _ratio(b: Interval | None, a: Interval | None) -> float | None:
+def _ratio(b: GeomeanInterval | None, a: GeomeanInterval | None) -> float | None:
     return None if a is None or b is None or a.mean == 0 else b.mean / a.mean
 
 
@@ -90,7 +90,7 @@ def comparison(a: Path, b: Path) -> ServingComparison:
     )
 
 
-def _cell(value: Interval | None, spec: str, status: str) -> str:
+def _cell(value: GeomeanInterval | None, spec: str, status: str) -> str:
     return value.cell(spec) if value is not None else status
 
 

@@ -279,7 +279,7 @@ def command_overrides(run_dir: Path, provenance: object) -> tuple[Override, ...]
 
 
 @dataclass(frozen=True)
-class Interval:
+class GeomeanInterval:
     """Geometric mean of n positive values and its Student-t interval on the log scale (None below two values)."""
 
     mean: float
@@ -288,7 +288,7 @@ class Interval:
     n: int
 
     @classmethod
-    def of(cls, values: list[float], confidence: float) -> Interval:
+    def of(cls, values: list[float], confidence: float) -> GeomeanInterval:
         """The geometric mean and exp(mean log -+ t sd(log) / sqrt(n)): positive figures (tok/s, ms)
         whose noise is multiplicative, so the interval is never negative. Without two positive
         values there is no interval (a zero, e.g. a failed figure, gives the plain mean)."""
@@ -310,8 +310,8 @@ class Interval:
 @dataclass(frozen=True)
 class LaunchSpread:
     launch: int
-    throughput: Interval  # total tok/s over the kept runs of the launch
-    ttft_ms: Interval  # mean TTFT over the kept runs
+    throughput: GeomeanInterval  # total tok/s over the kept runs of the launch
+    ttft_ms: GeomeanInterval  # mean TTFT over the kept runs
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,8 @@ class ArmCase:
     arm: str
     case: str
     status: str
-    throughput: Interval | None  # across launches
-    ttft_ms: Interval | None
+    throughput: GeomeanInterval | None  # across launches
+    ttft_ms: GeomeanInterval | None
     launches: tuple[LaunchSpread, ...]
 
 
@@ -345,16 +345,16 @@ def arm_case(run: ServingRun, arm: str, case: str) -> ArmCase:
         spreads.append(
             LaunchSpread(
                 fig.launch,
-                Interval.of(tput, conf) if tput else Interval(fig.total_token_throughput, None, None, 0),
-                Interval.of(ttft, conf) if ttft else Interval(fig.mean_ttft_ms, None, None, 0),
+                GeomeanInterval.of(tput, conf) if tput else GeomeanInterval(fig.total_token_throughput, None, None, 0),
+                GeomeanInterval.of(ttft, conf) if ttft else GeomeanInterval(fig.mean_ttft_ms, None, None, 0),
             )
         )
     return ArmCase(
         arm,
         case,
         "ok",
-        Interval.of([f.total_token_throughput for f in result.launches], conf),
-        Interval.of([f.mean_ttft_ms for f in result.launches], conf),
+        GeomeanInterval.of([f.total_token_throughput for f in result.launches], conf),
+        GeomeanInterval.of([f.mean_ttft_ms for f in result.launches], conf),
         tuple(spreads),
     )
 
