@@ -65,7 +65,7 @@ class Records:
 
 
 @dataclass
-class Trial:
+class ModelTrial:
     """What every case of a run shares."""
 
     model: torch.nn.Module
@@ -120,7 +120,7 @@ class Static:
             restore(self.cache, self.saved)
 
 
-def prepare(t: Trial, case: Case, mode: Mode, index: int) -> Static:
+def prepare(t: ModelTrial, case: Case, mode: Mode, index: int) -> Static:
     """The static buffers, and for decode both caches filled with the case's context (the same
     tokens for every arm, written by the model's own code)."""
     if isinstance(case, Prefill):
@@ -147,7 +147,7 @@ def prepare(t: Trial, case: Case, mode: Mode, index: int) -> Static:
     )
 
 
-def body(t: Trial, s: Static) -> Callable[[], torch.Tensor]:
+def body(t: ModelTrial, s: Static) -> Callable[[], torch.Tensor]:
     """The model's call on the static buffers (what a graph captures)."""
     if s.cache is None:
         return lambda: prefill_call(t.model, s.ids)
@@ -180,12 +180,12 @@ class ArmCall:
         return self.run()
 
 
-def eager_calls(t: Trial, s: Static, arms: list[str]) -> dict[str, ArmCall]:
+def eager_calls(t: ModelTrial, s: Static, arms: list[str]) -> dict[str, ArmCall]:
     run = body(t, s)
     return {arm: ArmCall(s, run, is_static_output=False) for arm in arms}
 
 
-def graph_calls(t: Trial, s: Static, arms: list[str]) -> tuple[dict[str, ArmCall], dict[str, Captured]]:
+def graph_calls(t: ModelTrial, s: Static, arms: list[str]) -> tuple[dict[str, ArmCall], dict[str, Captured]]:
     """Each arm's call captured (captures.jsonl: one row per arm); those that fail are left out."""
     pool = new_pool(t.device)
     run = body(t, s)
@@ -253,7 +253,7 @@ def rounds_of(p: Protocol) -> Iterator[int]:
     yield from range(p.rounds)
 
 
-def run_case(t: Trial, s: Static, calls: dict[str, ArmCall]) -> None:
+def run_case(t: ModelTrial, s: Static, calls: dict[str, ArmCall]) -> None:
     """Every round of the case (warm-up ones untimed), the timed checks, then the attribution."""
     vocab = int(t.model.config.vocab_size)
     tokens = s.case.tokens if isinstance(s.case, Prefill) else 1
@@ -285,7 +285,7 @@ def run_case(t: Trial, s: Static, calls: dict[str, ArmCall]) -> None:
             attribute(t, s, arm, call, last)
 
 
-def expected(t: Trial, s: Static, inputs: DeviceInputs, k: int) -> torch.Tensor:
+def expected(t: ModelTrial, s: Static, inputs: DeviceInputs, k: int) -> torch.Tensor:
     """The float32 model's logits for call k's inputs (its cache restored after)."""
     if s.exact_cache is None or inputs.positions is None:
         return prefill_call(t.oracle.model, inputs.ids[k])
@@ -295,7 +295,7 @@ def expected(t: Trial, s: Static, inputs: DeviceInputs, k: int) -> torch.Tensor:
     return out
 
 
-def eager_output(t: Trial, s: Static, inputs: DeviceInputs, k: int) -> torch.Tensor:
+def eager_output(t: ModelTrial, s: Static, inputs: DeviceInputs, k: int) -> torch.Tensor:
     """The eager arm's logits for call k's inputs from the model's Python forward (graph mode's
     scale: eager's replayed graph is checked against it like every other arm)."""
     t.router.arm = BASELINE
@@ -315,7 +315,7 @@ class Checked:
     distances: dict[str, float]
 
 
-def write_checks(t: Trial, cid: str, checked: dict[int, Checked]) -> None:
+def write_checks(t: ModelTrial, cid: str, checked: dict[int, Checked]) -> None:
     """timed_checks.jsonl: one row per round and arm; the limit is `oracle_factor` x the largest
     scale on the case's checked calls (eager-mode eager: in eager mode its own timed output)."""
     factor = t.p.correctness.oracle_factor
@@ -336,7 +336,7 @@ def write_checks(t: Trial, cid: str, checked: dict[int, Checked]) -> None:
                 t.say(message)
 
 
-def attribute(t: Trial, s: Static, arm: str, call: ArmCall, inputs: DeviceInputs) -> None:
+def attribute(t: ModelTrial, s: Static, arm: str, call: ArmCall, inputs: DeviceInputs) -> None:
     """attribution.csv and kernels.csv rows of one profiled call of the arm (call 0's inputs)."""
     t.router.arm = arm
     table = t.out / PROFILES / f"{s.cid}-{arm.replace(':', '_').replace('/', '_')}.txt"

@@ -29,7 +29,16 @@ import torch
 from kerneltrial.model import summary as model_summary
 from kerneltrial.model.arms import ArmUnavailable, op_table
 from kerneltrial.model.build import ModelError, OpTable, Patched, Router, build_model, patch
-from kerneltrial.model.cases import ArmCall, Records, Trial, context_ids, eager_calls, graph_calls, prepare, run_case
+from kerneltrial.model.cases import (
+    ArmCall,
+    ModelTrial,
+    Records,
+    context_ids,
+    eager_calls,
+    graph_calls,
+    prepare,
+    run_case,
+)
 from kerneltrial.model.floor import copy_samples, floor_bytes
 from kerneltrial.model.gate import check_arm, oracle_of
 from kerneltrial.model.layout import (
@@ -145,7 +154,7 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
     )
     (out / PROFILES).mkdir()
     with records(out) as rec:
-        trial = Trial(model, oracle, router, p, device, out, rec, time.perf_counter_ns(), say)
+        trial = ModelTrial(model, oracle, router, p, device, out, rec, time.perf_counter_ns(), say)
         for index, (case, mode) in enumerate(p.runs()):
             run_one(trial, case, mode, index, passed)
     write_model_summary(out, model_summary.build(out))
@@ -204,7 +213,7 @@ def records(out: Path) -> Any:
         yield Records(timing, attr, kernels, inputs, captures, checks)
 
 
-def run_one(t: Trial, case: Case, mode: str, index: int, passed: list[str]) -> None:
+def run_one(t: ModelTrial, case: Case, mode: str, index: int, passed: list[str]) -> None:
     """One (case, mode): its state, its arms' calls (captured in graph mode), its rounds."""
     s = prepare(t, case, mode, index)  # type: ignore[arg-type]
     calls: dict[str, ArmCall]

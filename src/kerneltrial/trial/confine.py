@@ -122,7 +122,7 @@ class HostSandbox:
 
 
 @dataclass(frozen=True)
-class Trial:
+class Probe:
     """One probe: a sandbox with some pieces, running the worker's first steps."""
 
     pieces: tuple[str, ...]
@@ -145,10 +145,10 @@ def sandbox_argv(pieces: tuple[str, ...], cgroup: Path | None, uid: int | None, 
     return [sys.executable, "-I", str(SANDBOX), json.dumps(spec), "--", *prefix, *program]
 
 
-def run_trials(trials: list[Trial], code: str, fds: tuple[int, ...] = ()) -> list[str]:
-    """For each trial, '' when it ran `code`, else why not (the trials run at once)."""
+def run_probes(probes: list[Probe], code: str, fds: tuple[int, ...] = ()) -> list[str]:
+    """For each probe, '' when it ran `code`, else why not (the probes run at once)."""
     procs = []
-    for t in trials:
+    for t in probes:
         env = {k: v for k, v in os.environ.items() if k != "HOME"} | {"HOME": "/tmp"}
         procs.append(
             subprocess.Popen(
@@ -240,9 +240,9 @@ def host(cuda: bool = False) -> HostSandbox:
         shared, code, fds = _cuda_ipc_code()
     try:
         offered = tuple(p for p in PIECES if p not in missing)
-        if run_trials([Trial(offered, probe, uid)], code, fds)[0]:
-            alone = [Trial((p,), probe, uid) for p in offered]
-            for piece, why in zip(offered, run_trials(alone, code, fds), strict=True):
+        if run_probes([Probe(offered, probe, uid)], code, fds)[0]:
+            alone = [Probe((p,), probe, uid) for p in offered]
+            for piece, why in zip(offered, run_probes(alone, code, fds), strict=True):
                 if why:
                     missing[piece] = why
     finally:
