@@ -42,7 +42,7 @@ class Flip:
 
 
 @dataclass(frozen=True)
-class Group:
+class ReplicateGroup:
     """The runs of one frozen protocol and how their verdicts compare."""
 
     runs: tuple[str, ...]
@@ -55,7 +55,7 @@ def verdict_of(entry: ArmFigures) -> str:
     return entry.verdict if entry.status == "timed" and entry.verdict else entry.status
 
 
-def compare_runs(named: list[tuple[str, Summary]]) -> Group:
+def compare_runs(named: list[tuple[str, Summary]]) -> ReplicateGroup:
     """Every (case, arm) but the control present in all of `named`, in the first run's order."""
     first = named[0][1]
     compared, flips = 0, []
@@ -72,10 +72,10 @@ def compare_runs(named: list[tuple[str, Summary]]) -> Group:
             verdicts = tuple(verdict_of(e) for e in present)
             if len(set(verdicts)) > 1:
                 flips.append(Flip(case.case, arm, verdicts, tuple(e.speedup for e in present)))
-    return Group(tuple(name for name, _ in named), compared, tuple(flips))
+    return ReplicateGroup(tuple(name for name, _ in named), compared, tuple(flips))
 
 
-def replicate_groups(run_dirs: list[Path]) -> tuple[list[Group], list[str]]:
+def replicate_groups(run_dirs: list[Path]) -> tuple[list[ReplicateGroup], list[str]]:
     """The groups of two or more runs of one frozen protocol, and the runs of a frozen protocol run once."""
     by_protocol: dict[str, list[tuple[str, Summary]]] = {}
     for run_dir in run_dirs:

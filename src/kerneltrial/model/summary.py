@@ -41,8 +41,8 @@ from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, PLAN, TIMINGS
 from kerneltrial.rundir.model_summary_doc import (
     MODEL_SUMMARY_V3,
     REFERENCES,
+    ArmGate,
     CopyRate,
-    GateVerdict,
     ModelArm,
     ModelAttribution,
     ModelCase,
@@ -201,8 +201,7 @@ def build(run_dir: Path) -> ModelSummary:
         for c in plan["cases"]
     }
     correctness = {
-        row["arm"]: GateVerdict(passed=row["passed"], message=row["message"])
-        for row in read_jsonl(run_dir / CORRECTNESS)
+        row["arm"]: ArmGate(passed=row["passed"], message=row["message"]) for row in read_jsonl(run_dir / CORRECTNESS)
     }
     return ModelSummary(
         schema=MODEL_SUMMARY_V3,

@@ -121,7 +121,7 @@ class ModelCase(Document):
     arms: dict[str, ModelArm] = Field(description="Each arm's figures, by name.")
 
 
-class GateVerdict(Document):
+class ArmGate(Document):
     passed: bool = Field(description="Whether the arm passed the correctness gate.")
     message: str = Field(description="Why it failed; empty when it passed.")
 
@@ -142,7 +142,7 @@ class ModelSummary(Document):
     graph_label: str | None = Field(default=None, description="What graph mode replays on this device (`/3`).")
     copy_rate: CopyRate | None = Field(default=None, alias="copy", description="The run's copy rate (`/3`).")
     cases: dict[str, ModelCase] = Field(description="Each (case, mode)'s figures, by id.")
-    correctness: dict[str, GateVerdict] = Field(description="Each available arm's gate verdict.")
+    correctness: dict[str, ArmGate] = Field(description="Each available arm's gate verdict.")
     unavailable: dict[str, str] = Field(description="Each arm that could not run here, with the reason.")
     timed_checks: TimedCheckCounts | None = Field(default=None, description="The timed checks' counts (`/3`).")
 
