@@ -64,16 +64,17 @@ def test_the_regime_row_gives_the_peer_ratio_and_the_floor_fraction(tmp_path: Pa
     row = page.regime_row(run, "small")
     assert row[:4] == ["`rmsnorm`", "small", "`run`", "2"]
     assert row[4].startswith("0.90") and row[6] == "0 / 2"  # the peer (900 ns) beats ours (1000 ns) in both cases
+    assert row[7:9] == ["–", "–"]  # the factory's runs have no host stage (host figures: test_performance_overview)
     copy = statistics.median(8_000_000 / (4000 + 100 * i) for i in range(5))  # the factory's 1 GiB copy rows
     ours = read_summary(path).cases[0].arms["kerneltrial"].median_ns_per_call
     floor = 3000.0 + BYTES / copy
-    assert row[7].startswith(f"{100 * floor / ours:.1f}, worst ")
-    assert row[8].startswith(f"{100 * (BYTES / ours) / (BYTES / 500.0):.1f}, worst ")  # our rate / the copy rate
+    assert row[9].startswith(f"{100 * floor / ours:.1f}, worst ")
+    assert row[10].startswith(f"{100 * (BYTES / ours) / (BYTES / 500.0):.1f}, worst ")  # our rate / the copy rate
 
 
 def test_a_hot_l2_run_has_no_floor_or_copy_column(tmp_path: Path) -> None:
     run = page.current_runs([gpu_run(tmp_path / "run", l2="hot")])[0]
-    assert page.regime_row(run, "small")[7:] == ["–", "–"]
+    assert page.regime_row(run, "small")[9:] == ["–", "–"]
 
 
 def test_the_one_row_is_judged_against_the_same_size_copy_plus_the_margin(tmp_path: Path) -> None:
