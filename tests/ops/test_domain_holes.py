@@ -191,7 +191,9 @@ def test_4d_and_1d_shapes_are_drawn_where_the_shape_rule_takes_them(op):
     accepts_1d = not op.refusal(Case(op.extra_shape(1, 64)[-1:]))
     accepts_4d = not op.refusal(Case((2, 2, 3, 64)))
     assert (4 in ranks) == accepts_4d and (1 in ranks) == accepts_1d, (op.name, ranks)
-    assert accepts_1d == (op.name not in (sa.NAME, "zimage_qk_rmsnorm", "zimage_qk_rmsnorm_pair"))
+    # [rows, vocab], [..., heads, head_dim] and (tokens, q_heads, kv_heads, rotary_dim) refuse 1-D shapes
+    refuse_1d = (sa.NAME, "zimage_qk_rmsnorm", "zimage_qk_rmsnorm_pair", "rotary_embedding", "rotary_embedding_gptj")
+    assert accepts_1d == (op.name not in refuse_1d)
     assert accepts_4d == (op.name != sa.NAME)  # softcap_row_argmax's contract is [rows, vocab]
 
 

@@ -21,6 +21,8 @@ from kerneltrial.ops import peers_quack as quack
 from kerneltrial.ops.registry import Case, Impl, Unavailable, all_ops, get_op
 from kerneltrial.trial.gate import check
 
+# the rotary operators' peers: their adapters are checked against stand-ins in tests/ops/test_rotary.py
+ROTARY_OPS = ("rotary_embedding", "rotary_embedding_gptj")
 FLASHINFER_OPS = ("rmsnorm", "rmsnorm_fp32", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul")
 QUACK_OPS = ("rmsnorm", "rmsnorm_fp32")
 CASES = {name: Case((7, 512)) for name in FLASHINFER_OPS}
@@ -113,7 +115,7 @@ def passes(op_name: str, impl: Impl, case: Case, device: torch.device) -> bool:
 
 
 def test_the_flashinfer_and_quack_peers_cover_their_operators():
-    assert sorted(op.name for op in all_ops() if "flashinfer" in op.impls) == sorted(FLASHINFER_OPS)
+    assert sorted(op.name for op in all_ops() if "flashinfer" in op.impls) == sorted(FLASHINFER_OPS + ROTARY_OPS)
     assert sorted(op.name for op in all_ops() if "quack" in op.impls) == sorted(QUACK_OPS)
     assert get_op("silu_and_mul").impl("flashinfer").layouts == ("contiguous",)
 

@@ -18,14 +18,15 @@ from kerneltrial.ops import peers_flashinfer as fi
 from kerneltrial.ops import peers_quack as quack
 from kerneltrial.ops import peers_sglang as sgl
 from kerneltrial.ops import rms_norm as rn
+from kerneltrial.ops import rotary as rot
 from kerneltrial.ops import sigmoid_gate as sg
 from kerneltrial.ops import silu_and_mul as sam
 from kerneltrial.ops import softcap_argmax as sa
 from kerneltrial.ops import softcap_inputs as si
 from kerneltrial.ops import zimage_qk_norm as zq
 from kerneltrial.ops import zimage_qk_rmsnorm as zimage
-from kerneltrial.ops.peers import flaggems, liger, torch_arms
-from kerneltrial.ops.spec import Case, Operator, OperatorSpec, kernel_arms, own
+from kerneltrial.ops.peers import flaggems, flaggems_at, liger, torch_arms
+from kerneltrial.ops.spec import Arm, Case, Operator, OperatorSpec, kernel_arms, own
 
 
 def as_float32(cases: tuple[Case, ...]) -> tuple[Case, ...]:
@@ -471,6 +472,96 @@ ZIMAGE_QK_RMSNORM_PAIR = OperatorSpec(
     ),
 )
 
+# ---- rotary_embedding, rotary_embedding_gptj (ops/rotary.py) -------------------------------
+
+# (tokens, q_heads, kv_heads, rotary_dim); 16 query and 2 KV heads of 128 is the model spec's
+# attention; (5, 3, 1, 80): a rotary_dim that is neither a power of two nor a multiple of 128
+ROTARY_SMALL = (Case((1, 4, 1, 64)), Case((3, 16, 2, 128)), Case((5, 3, 1, 80)), Case((2, 2, 2, 256)))
+# decode (1..64 tokens) and prefill (512..16384) at the model spec's heads; coverage: rotary_dim 96
+# (Phi-3's head, no multiple of 128); 4096 and 16384 tokens hold more Q rows than the 65535 grid limit
+ROTARY_GPU = tuple(Case((t, 16, 2, 128)) for t in (1, 8, 32, 64, 512, 1024, 4096, 16384)) + (Case((1024, 16, 2, 96)),)
+ROTARY_GPTJ_GPU = tuple(Case((t, 16, 2, 128)) for t in (1, 64, 4096, 16384)) + (Case((1024, 16, 2, 96)),)
+ROTARY_SIGNATURE = "(query, key, cos_sin_cache, positions) -> None (query, key in place)"
+ROTARY_FLAGGEMS = ("flag_gems.modules.rotary_embedding", "gems_rope_forward")  # vllm-plugin-FL's flaggems backend
+ROTARY_ENTRY = "one token per step, Q and K heads in one program (exported entry point; geometry to pick on a GPU)"
+
+
+def rotary_operator(name: str, neox: bool, doc: str, gpu_cases: tuple[Case, ...]) -> Operator:
+    """One rotary style's operator: the semantics of ops/rotary.py with `neox` fixed."""
+    return Operator(
+        name=name,
+        signature=f"{name}{ROTARY_SIGNATURE}",
+        doc=doc,
+        layouts=rot.LAYOUTS,
+        make_inputs=rot.make_inputs,
+        reference=partial(rot.reference, neox=neox),
+        oracle=partial(rot.oracle, neox=neox),
+        bytes_moved=rot.bytes_moved,
+        small_cases=ROTARY_SMALL,
+        gpu_cases=gpu_cases,
+        inplace=("query", "key"),
+        shape_rule=rot.shape_rule,
+        real_widths=HEAD_DIMS,
+        extra_shape=rot.extra_shape,
+    )
+
+
+def rotary_peers(neox: bool) -> tuple[Arm, ...]:
+    """The peers both styles share: FlashInfer, SGLang and FlagGems (vllm-plugin-FL's own)."""
+    style = "neox" if neox else "GPT-J"
+    return (
+        fi.flashinfer(
+            "rope",
+            "apply_rope_with_cos_sin_cache_inplace",
+            partial(fi.rope_in_place, neox=neox),
+            f"rope.apply_rope_with_cos_sin_cache_inplace (JIT CUDA, {style}), the cache converted to fp32 per call",
+        ),
+        sgl.sglang(
+            "attention.rope",
+            "apply_rope_with_cos_sin_cache_inplace",
+            partial(sgl.rope_in_place, neox=neox),
+            f"attention.rope.apply_rope_with_cos_sin_cache_inplace (JIT CUDA, {style}), the cache converted to fp32",
+            jit=True,
+        ),
+        flaggems_at(
+            *ROTARY_FLAGGEMS,
+            partial(rot.flaggems_rope, neox=neox),
+            f"FlagGems gems_rope_forward in place ({style}), as vllm-plugin-FL's flaggems backend calls it",
+        ),
+    )
+
+
+ROTARY_EMBEDDING = OperatorSpec(
+    rotary_operator(
+        rot.NAME,
+        True,
+        "neox rotary embedding of Q and K in place: halves [:R/2], [R/2:] rotated by cos_sin_cache[positions]",
+        ROTARY_GPU,
+    ),
+    (
+        *kernel_arms(rot.GEOMETRIES, partial(rot.launcher, neox=True), rot.describe),
+        own("kerneltrial", rot.rotary_embedding, ROTARY_ENTRY),
+        *torch_arms(partial(rot.eager, neox=True)),
+        liger("liger_kernel.ops.rope", "LigerRopeFunction", rot.liger_rope),
+        *rotary_peers(neox=True),
+    ),
+)
+
+ROTARY_EMBEDDING_GPTJ = OperatorSpec(  # Liger-Kernel's rope rotates halves only (no GPT-J style)
+    rotary_operator(
+        rot.GPTJ_NAME,
+        False,
+        "GPT-J rotary embedding of Q and K in place: pairs [0::2], [1::2] rotated by cos_sin_cache[positions]",
+        ROTARY_GPTJ_GPU,
+    ),
+    (
+        *kernel_arms(rot.GEOMETRIES, partial(rot.launcher, neox=False), rot.describe),
+        own("kerneltrial", rot.rotary_embedding_gptj, ROTARY_ENTRY),
+        *torch_arms(partial(rot.eager, neox=False)),
+        *rotary_peers(neox=False),
+    ),
+)
+
 # In the order the registry has always listed them (`kerneltrial ops`, `check --all`).
 SPECS = (
     RMSNORM,
@@ -482,4 +573,6 @@ SPECS = (
     RMSNORM_FP32,
     FUSED_ADD_RMSNORM,
     GEMMA_FUSED_ADD_RMSNORM,
+    ROTARY_EMBEDDING,
+    ROTARY_EMBEDDING_GPTJ,
 )

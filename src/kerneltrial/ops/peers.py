@@ -133,3 +133,13 @@ def flaggems_loader(attr: str, adapt: Callable[[Any], Callable[..., Any]]) -> Lo
         return adapt(fn)
 
     return load
+
+
+def flaggems_at(module: str, attr: str, adapt: Callable[[Any], Callable[..., Any]], doc: str) -> Arm:
+    """The `flaggems` peer from a FlagGems module other than flag_gems.ops (e.g. flag_gems.modules)."""
+
+    def load() -> Callable[..., Any]:
+        require_cuda("FlagGems")
+        return adapt(import_attr(module, attr, "flag_gems"))
+
+    return Arm("flaggems", load, doc)

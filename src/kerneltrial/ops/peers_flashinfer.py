@@ -26,6 +26,9 @@ contract differs from the operator's (judged by the operator's own tolerance; no
 - silu_and_mul: `activation.silu_and_mul`, out of place: fp32 silu and product, one rounding
   (the operator rounds silu first, as vLLM). Contiguous rows only (the kernel indexes
   token * 2d); it raises ValueError for rows whose bytes are not a multiple of 16.
+- rotary_embedding, rotary_embedding_gptj: `rope.apply_rope_with_cos_sin_cache_inplace(positions, query,
+  key, head_size, cos_sin_cache, is_neox)`, in place on [tokens, heads * head_size] views over whole
+  heads (rotary_dim from the cache's width); it takes a float32 cache, converted per call.
 - `norm.gemma_rmsnorm` has no kerneltrial operator (Gemma's norm without the add): not registered.
 FlashInfer 0.6 on runs its norm kernels through CuTe DSL when nvidia-cutlass-dsl imports and
 through its JIT CUDA build otherwise (`_USE_CUDA_NORM`, also forced by FLASHINFER_USE_CUDA_NORM=1);
@@ -55,6 +58,7 @@ import torch
 
 from kerneltrial.ops import launch
 from kerneltrial.ops.peers import Loader, import_attr, require_cuda, require_installed, require_nvcc
+from kerneltrial.ops.rotary import whole_heads
 from kerneltrial.ops.spec import Arm, Unavailable
 
 PACKAGE = "flashinfer-python"
@@ -125,3 +129,15 @@ def fused_add_in_place(fn: Callable[..., None]) -> Callable[..., None]:
 def silu_and_mul(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`silu_and_mul(input)`: a fresh [..., d] tensor."""
     return lambda x: fn(x)
+
+
+def rope_in_place(fn: Callable[..., None], neox: bool) -> Callable[..., None]:
+    """`rope.apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache,
+    is_neox)` on [tokens, heads * head_size] views over whole heads (ops/rotary.py `whole_heads`);
+    the cache converted to the float32 it requires, per call."""
+
+    def run(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> None:
+        q, k, head_size = whole_heads(query, key)
+        fn(positions, q, k, head_size, cos_sin_cache.float(), is_neox=neox)
+
+    return run

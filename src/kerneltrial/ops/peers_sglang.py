@@ -33,6 +33,9 @@ difference is judged by the operator's own tolerance; none is loosened for SGLan
   logits and returns fp32 (max, index) pairs: bf16 logits are converted to fp32 and the
   index column to int64 inside the call, costs SGLang's contract imposes (in SGLang the
   logits are fp32 already).
+- rotary_embedding, rotary_embedding_gptj: `attention.rope.apply_rope_with_cos_sin_cache_inplace` (JIT
+  CUDA, SGLang's RotaryEmbedding path), in place on [tokens, heads, head_size] views, rope_dim = R;
+  a float32 cache, converted per call (its name and signature from SGLang's sources, not yet run).
 - sigmoid_gate_mul: no SGLang kernel of that contract was found in 0.5.23.
 
 On the GPU machine the wheel is carried slimmed (scripts/device/slim_wheel.py): sglang/kernels/
@@ -215,5 +218,18 @@ def softcap_argmax(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
 
     def run(logits: torch.Tensor, cap: float) -> torch.Tensor:
         return fn(logits.float(), cap, logits.shape[1], 0)[:, 1].to(torch.int64)
+
+    return run
+
+
+def rope_in_place(fn: Callable[..., None], neox: bool) -> Callable[..., None]:
+    """`attention.rope.apply_rope_with_cos_sin_cache_inplace(q [tokens, heads, head_size], k,
+    cos_sin_cache, positions, is_neox=, rope_dim=)` on views over whole heads, rope_dim = R; the cache
+    converted to the float32 it requires, per call."""
+
+    def run(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> None:
+        head_size = query.stride(1)
+        q, k = (x.as_strided((x.shape[0], x.shape[1], head_size), (x.stride(0), head_size, 1)) for x in (query, key))
+        fn(q, k, cos_sin_cache.float(), positions, is_neox=neox, rope_dim=query.shape[-1])
 
     return run
