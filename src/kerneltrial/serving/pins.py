@@ -13,7 +13,8 @@ other (a short sha pins a long one).
 Scope: `official` only when the run measured what the organisers measure: the official client,
 every pin stated (vllm-plugin-FL commit, FlagGems, vLLM) and matched without override, every pinned
 distribution's installed files matching its RECORD (serving/dist_records.py: a hand-written
-METADATA claims a version, a RECORD check shows the files), on a vendor accelerator that a vendor
+METADATA claims a version, a RECORD check shows the files), every file the server processes
+imported from them one of those, with RECORD's hash (serving/dist_imports.py), on a vendor accelerator that a vendor
 tool, an ELF executable, reports (a shell script named nvidia-smi answers whatever it is written
 to); otherwise `proxy`, with the reasons. Recorded with the hardware in provenance.json and
 summary.json; verify recomputes it from those records.
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kerneltrial.serving.dist_imports import imported_reasons
 from kerneltrial.serving.dist_records import record_reasons
 
 SMI_TIMEOUT_S = 20.0
@@ -132,9 +134,15 @@ def pin_mismatches(pins: Mapping[str, str | None], have: Mapping[str, str | None
 
 
 def scope(
-    client: str, pins: Mapping[str, str | None], pin_rows: list[Mapping[str, Any]], devices: list[Mapping[str, Any]]
+    client: str,
+    pins: Mapping[str, str | None],
+    pin_rows: list[Mapping[str, Any]],
+    devices: list[Mapping[str, Any]],
+    imports_required: bool = False,
 ) -> dict[str, Any]:
-    """`official` or `proxy` (with the reasons) and the hardware; pin_rows: launches.jsonl `pins`."""
+    """`official` or `proxy` (with the reasons) and the hardware; pin_rows: launches.jsonl `pins`;
+    imports_required: every row must hold the server's imported files (`imported`: a runner that
+    records them, plan.json `imported_files`)."""
     reasons = []
     if client != "official":
         reasons.append(f"client {client}, not the organisers' (--client official)")
@@ -143,7 +151,10 @@ def scope(
         reasons.append(f"not pinned: {', '.join(missing)} ([pins])")
     if any(r.get("mismatches") for r in pin_rows):
         reasons.append("a pin did not match (overridden with --override-pins)")
-    reasons += list(dict.fromkeys(reason for r in pin_rows for reason in record_reasons(r.get("records"))))
+    evidence = (
+        [*record_reasons(r.get("records")), *imported_reasons(r.get("imported"), imports_required)] for r in pin_rows
+    )
+    reasons += list(dict.fromkeys(reason for row in evidence for reason in row))
     answered = [d for d in devices if d.get("ok")]
     found = [d for d in answered if d.get("elf") is True]
     if not answered:

@@ -49,6 +49,8 @@ def plan_doc(
         "accuracy": proto.accuracy.model_dump() if proto.accuracy else None,
         "acceptance": proto.acceptance.model_dump(),
         "dispatch": {"records": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}", "env": LOG_ENV},
+        # each process's imported files (plugins/imports.py), checked into launches.jsonl pins.imported
+        "imported_files": f"{layout.LAUNCH_DIR}/NN-ARM/{layout.DISPATCH_DIR}/imports-PID.json",
         "effective": effective(proto).record(),  # serving/effective.py
     }
 

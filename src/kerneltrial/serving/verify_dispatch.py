@@ -8,6 +8,8 @@ docs/serving.md ("Kernels inside the served model"), not imported from dispatch_
 the plugins: a bug in the writer's rule must show up as a disagreement, not be repeated.
 Run directories from before the proof existed (no `dispatch` in plan, summary or any
 launch row) are not applicable: nothing is checked.
+The same records' imports-PID.json give each launch's `pins.imported` again
+(serving/dist_imports.py, the writer's own comparison: it is a definition, like the scope).
 
 Call counts are bounded by what the launch's requests can produce (`call_bounds`, issue 26: a
 consistent rewrite claiming 10^9 kernel calls for 8 requests passed): every forward pass
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.serving.dist_imports import imported_problems
 
 # The documented format: variables, labels and the operators each dispatch op runs.
 OPS_ENV, KERNELS_ENV, FL_PER_OP_ENV = "KERNELTRIAL_VLLM_OPS", "KERNELTRIAL_KERNELS", "VLLM_FL_PER_OP"
@@ -344,10 +347,11 @@ def check_dispatch(
                     f"and {'a' if got is not None else 'no'} dispatch verdict (a refused launch has none)"
                 )
             continue
+        rel = f"launches/{i:02d}-{name}/dispatch"
+        problems += imported_problems(where, row, path / rel)  # pins.imported from the same records
         if not isinstance(got, dict):
             problems.append(f"{where}: launches.jsonl has no dispatch verdict")
             continue
-        rel = f"launches/{i:02d}-{name}/dispatch"
         r = recount(path / rel, arms[name].get("env", {}), plan.get("fl_platform"), texts[name])
         per_arm[name].append(r)
         problems += verdict_problems(where, got, r, rel, bounds.get(i, 0), plan.get("model_layers"))

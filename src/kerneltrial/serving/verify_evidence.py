@@ -27,7 +27,9 @@ a sentence that names the run and the invariant it breaks.
   --backend openai-chat --endpoint /v1/chat/completions --trust-remote-code and no --seed);
 - pins and scope (`pins_problems`): plan.json's pins are protocol.toml's, every launch's recorded
   mismatches are those of its recorded versions against them (serving/pins.py's comparison, a
-  definition), a mismatch without --override-pins was refused, and the scope is recomputed;
+  definition), a mismatch without --override-pins was refused, and the scope is recomputed (with
+  each launch's imported files, `pins.imported`, required where plan.json has `imported_files`;
+  verify_dispatch.py recomputes `pins.imported` from the dispatch records);
 - who answered (`nonce_problems`): every launched server got a nonce in its --served-model-name
   and every run of that launch sent it as the model name, so a request another server answered
   failed instead of being counted (issue 26);
@@ -54,6 +56,7 @@ from kerneltrial.rundir.layout import ACCURACY_DIR, PROTOCOL, REQUESTS
 from kerneltrial.serving import script_csv
 from kerneltrial.serving.accuracy import AccuracyError, grade, grader_version
 from kerneltrial.serving.bench import Case
+from kerneltrial.serving.dist_imports import PLAN_KEY
 from kerneltrial.serving.order import PlannedLaunch, planned_launches
 from kerneltrial.serving.pins import pin_mismatches, scope
 from kerneltrial.serving.verify_plan import RunProtocol
@@ -391,7 +394,11 @@ def pins_problems(
         problems.append(f"summary.json has no scope, though {len(rows) + len(bare)} launch(es) ran pinned")
     if got is not None:
         want_scope = scope(
-            plan.get("client", "completions"), plan["pins"], [r["pins"] for r in rows], prov.get("devices") or []
+            plan.get("client", "completions"),
+            plan["pins"],
+            [r["pins"] for r in rows],
+            prov.get("devices") or [],
+            imports_required=PLAN_KEY in plan,  # the runner records them (plan.json keys: no downgrade)
         )
         if (got.get("kind"), got.get("reasons")) != (want_scope["kind"], want_scope["reasons"]):
             problems.append(
