@@ -294,7 +294,8 @@ SERVING_FILES = (
             "arms (argv, expanded argv, env), cases, rounds, repeats, seeding mode and bench seeds (run k's "
             "`--seed`), launch order, percentiles, model id, nonce (on or off), ledger (the served ledger, with the nonce), model_layers (config.json's "
             "`num_hidden_layers`, null when unknown), client (`completions`, `official` or `flagos-chat`), goodput SLOs, "
-            "fl_platform, each arm's selection_files, pins and override_pins, tokenizer, accuracy spec, "
+            "fl_platform, each arm's selection_files, pins and override_pins, imported_files (where each "
+            "process's imports record lies: this runner records it), tokenizer, accuracy spec, "
             "acceptance rule, effective (the model path as resolved and the client: what verify derives the "
             "plan from beside protocol.toml)"
         ),
@@ -331,6 +332,14 @@ SERVING_FILES = (
         (
             "the plugins' call records (docs/serving.md, \"Kernels inside the served model: plugins and proof "
             'of dispatch")'
+        ),
+    ),
+    RunFile(
+        (f"{LAUNCH_DIR}/NN-ARM/{DISPATCH_DIR}/imports-PID.json",),
+        "by each server process",
+        (
+            "the files the process imported from vLLM, FlagGems and vllm-plugin-FL, with their hashes and "
+            "RECORD's (plugins/imports.py); launches.jsonl `pins.imported` checks them (serving/dist_imports.py)"
         ),
     ),
     RunFile(

@@ -92,7 +92,16 @@ class Handler(BaseHTTPRequestHandler):
             self._json(
                 200,
                 {
-                    "choices": [{"message": {"role": "assistant", "content": ARGS.answer}, "finish_reason": "stop"}],
+                    "choices": [
+                        {
+                            # an --answer with {seed} in it shows the request's seed (the accuracy samples' tests)
+                            "message": {
+                                "role": "assistant",
+                                "content": ARGS.answer.replace("{seed}", str(body.get("seed"))),
+                            },
+                            "finish_reason": "stop",
+                        }
+                    ],
                     "usage": {"completion_tokens": 5},
                 },
             )

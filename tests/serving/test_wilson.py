@@ -1,4 +1,4 @@
-"""scipy's Wilson interval (metrics and verify) is the textbook score interval, no continuity correction."""
+"""scipy's Wilson interval (metrics and verify_accuracy) is the textbook score interval, no continuity correction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from statistics import NormalDist
 
 import pytest
 
-from kerneltrial.serving import metrics, verify
+from kerneltrial.serving import metrics, verify_accuracy
 
 
 def closed_form(k: int, n: int, confidence: float) -> tuple[float, float]:
@@ -20,7 +20,7 @@ def closed_form(k: int, n: int, confidence: float) -> tuple[float, float]:
     return (0.0 if k == 0 else c - h, 1.0 if k == n else c + h)
 
 
-@pytest.mark.parametrize("wilson", [metrics.wilson_interval, verify._wilson])
+@pytest.mark.parametrize("wilson", [metrics.wilson_interval, verify_accuracy._wilson])
 def test_scipy_wilson_equals_the_closed_form(wilson):
     for confidence in (0.9, 0.95, 0.99):
         for n in (*range(1, 41), 105, 500):

@@ -17,6 +17,7 @@ from kerneltrial.cli.serving_common import (
     PRESET_HELP,
     VLLM_HELP,
     RunOptions,
+    accuracy_line,
     client_name,
     default_out,
     execute,
@@ -257,13 +258,25 @@ def accuracy(
     top_p: float = typer.Option(0.95, "--top-p"),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Generation budget per problem."),
     concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
-    gate: float = typer.Option(0.95, "--gate", help="Pass when accuracy >= this and no request failed."),
-    seed: int = typer.Option(0, "--seed", help="Per-request sampling seed = seed + problem index."),
+    gate: float = typer.Option(0.95, "--gate", help="Pass when the --rule holds against this and no request failed."),
+    rule: str = typer.Option(
+        "point",
+        "--rule",
+        help="point: accuracy >= --gate; lower_bound: the interval's lower end >= --gate. Printed with the result: "
+        "the pass probability at the gate, P(this rule passes) for a model whose every sample is correct with "
+        "probability exactly --gate, independently, with this n and --samples (about 0.5 for point).",
+    ),
+    samples: int = typer.Option(
+        1, "--samples", help="Samples per problem (k); k > 1: interval with the design effect of k per problem."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed of problem i's sample j: seed + i + j * 1000000."),
     port: int = typer.Option(None, "--port", help="Port of the launched server."),
     ready_timeout: float = typer.Option(900.0, "--ready-timeout"),
     out_dir: Path = typer.Option(None, "--out", help="New directory for records.jsonl and accuracy.json."),
 ) -> None:
-    """MATH-500 accuracy gate: per-problem records, accuracy with a Wilson 95% CI, gate >= 0.95."""
+    """MATH-500 accuracy gate: per-sample records, accuracy with its 95% interval, the gate on the
+    stated --rule with its pass probability at the gate, and (with kerneltrial[evalscope]) a cross-grade
+    by evalscope's math_500 with the disagreements listed."""
     opts = AccuracyOptions(
         base_url=base_url,
         launch=launch,
@@ -277,6 +290,8 @@ def accuracy(
         max_tokens=max_tokens,
         concurrency=concurrency,
         gate=gate,
+        rule=rule,
+        samples=samples,
         seed=seed,
         port=port,
         ready_timeout=ready_timeout,
@@ -293,13 +308,10 @@ def accuracy(
         raise CliError(f"{run_dir} already holds files; pick a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     res = _measure_accuracy(opts, spec, run_dir)
-    console().print(
-        f"accuracy {res['correct']}/{res['n']} = {res['accuracy']:.3f} "
-        f"(Wilson {res['confidence']:.0%} CI {res['ci_low']:.3f}-{res['ci_high']:.3f}); "
-        f"request errors {res['errors']}, truncated {res['truncated']}; gate {gate} on {res['n_rule']}: "
-        f"{'passed' if res['passed'] else 'FAILED'}",
-        soft_wrap=True,
-    )
+    from kerneltrial.serving.crossgrade import CrossGrade
+
+    for line in [accuracy_line(res), *CrossGrade.from_record(res["cross_grade"]).lines()]:
+        console().print(line, soft_wrap=True, markup=False)
     records = run_dir / "records.jsonl"
     console().print(f"records: {records}  (pandas: read_json(path, lines=True))", soft_wrap=True)
     if not res["passed"]:
@@ -322,6 +334,8 @@ class AccuracyOptions:
     max_tokens: int
     concurrency: int
     gate: float
+    rule: str
+    samples: int
     seed: int
     port: int | None
     ready_timeout: float
@@ -337,6 +351,10 @@ def _accuracy_spec(o: AccuracyOptions) -> AccuracySpec:
         raise CliError("pass --data PATH to MATH-500 test.jsonl (or --data hf:HuggingFaceH4/MATH-500 when online)")
     if o.api not in ("chat", "completions"):
         raise CliError(f"--api {o.api!r} is not chat or completions")
+    if o.rule not in ("point", "lower_bound"):
+        raise CliError(f"--rule {o.rule!r} is not point or lower_bound")
+    if o.samples < 1:
+        raise CliError(f"--samples {o.samples} is below 1; pass 1 (one sample per problem) or more")
     from kerneltrial.serving.accuracy import AccuracySpec
 
     return AccuracySpec(
@@ -349,6 +367,8 @@ def _accuracy_spec(o: AccuracyOptions) -> AccuracySpec:
         max_tokens=o.max_tokens,
         concurrency=o.concurrency,
         gate=o.gate,
+        rule=o.rule,
+        samples=o.samples,
         seed=o.seed,
     )
 

@@ -165,12 +165,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             t.add_row(escape(arm), escape(cid), e["status"], *cells)
     out.print(t)
     for arm, a in (summary.get("accuracy") or {}).items():
-        out.print(
-            f"accuracy {arm}: {a['correct']}/{a['n']} = {a['accuracy']:.3f} "
-            f"(Wilson {a['confidence']:.0%} CI {a['ci_low']:.3f}-{a['ci_high']:.3f}), gate {a['gate']} on "
-            f"{a.get('n_rule', 'any n')}: {'passed' if a['passed'] else 'FAILED'}",
-            markup=False,
-        )
+        out.print(f"accuracy {arm}: {accuracy_line(a).removeprefix('accuracy ')}", markup=False)
     for arm, d in (summary.get("dispatch") or {}).items():
         shown = {True: "valid", False: "INVALID", None: "not applicable"}[d["valid"]]
         out.print(f"dispatch proof {arm}: {shown} ({d['reason']})", markup=False)
@@ -280,3 +275,21 @@ def preset_server(
     exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
     p = port or 8000
     return pr, pr.argv(exe, model, p, extra=extra, overrides=overrides), p
+
+
+def accuracy_line(res: dict[str, Any]) -> str:
+    """One accuracy result in a line (the line of before samples, then the gate's rule and its pass
+    probability at the gate)."""
+    k = int(res.get("samples", 1))
+    graded = f"{res['correct']}/{res['n'] * k}" + (f" ({res['n']} problems x {k} samples)" if k > 1 else "")
+    interval = "Wilson" if k == 1 else f"Wilson, design effect {res.get('design_effect', 1.0):.2f},"
+    at_gate = res.get("pass_probability_at_gate")
+    rule = "interval's lower end" if res.get("rule") == "lower_bound" else "accuracy"
+    return (
+        f"accuracy {graded} = {res['accuracy']:.3f} ({interval} {res['confidence']:.0%} CI "
+        f"{res['ci_low']:.3f}-{res['ci_high']:.3f}); request errors {res.get('errors', 0)}, truncated "
+        f"{res.get('truncated', 0)}; gate {res['gate']} on {res.get('n_rule', 'any n')}: "
+        f"{'passed' if res['passed'] else 'FAILED'} (rule: {rule} >= {res['gate']}); a model at exactly "
+        f"{res['gate']} passes this gate with probability "
+        f"{'(not computed)' if at_gate is None else f'{at_gate:.3f}'} (independent samples)"
+    )

@@ -78,9 +78,14 @@ class GateCheck:
     reason: str
 
 
-def accuracy_check(accuracy: float | None, errors: int, passed: bool, gate: float) -> GateCheck:
-    """The MATH-500 gate of the arm judged (accuracy None: not measured)."""
+def accuracy_check(
+    accuracy: float | None, errors: int, passed: bool, gate: float, lower_end: float | None = None
+) -> GateCheck:
+    """The MATH-500 gate of the arm judged (accuracy None: not measured); `lower_end`: the
+    interval's lower end, which the lower_bound rule holds against the gate."""
     shown = "not measured" if accuracy is None else f"{accuracy:.3f} ({errors} errors)"
+    if accuracy is not None and lower_end is not None:
+        shown = f"{accuracy:.3f} ({errors} errors), its interval's lower end {lower_end:.3f},"
     return GateCheck(passed, f"accuracy {shown} below the gate {gate}")
 
 

@@ -1,9 +1,12 @@
-"""MATH-500 accuracy gate: query the server, grade with math-verify, Wilson interval.
+"""MATH-500 accuracy gate: query the server (k samples per problem), grade with math-verify, the
+interval and the gate rule of serving/accuracy_stats.py.
 
 Problems come from a local JSONL (fields: problem, answer, level, subject, unique_id), or
 from the Hugging Face hub only when asked explicitly (`hf:HuggingFaceH4/MATH-500`).
-Every problem's record (prompt, response, extracted answer, verdict, tokens, latency,
-error) is appended to records.jsonl as it is graded.
+Every sample's record (problem, sample number, prompt, response, extracted answer, verdict,
+tokens, latency, error) is appended to records.jsonl as it is graded. With evalscope installed
+(kerneltrial[evalscope]) the same samples are graded again by its math_500 benchmark
+(serving/crossgrade.py) and the disagreements listed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from kerneltrial.serving.metrics import wilson_interval
+from kerneltrial.serving import accuracy_stats as stats
+from kerneltrial.serving.accuracy_stats import GateRule
+from kerneltrial.serving.crossgrade import cross_grade
 
 PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HF_PREFIX = "hf:"
@@ -79,10 +84,27 @@ class AccuracySpec(BaseModel):
         default=0.95,
         ge=0,
         le=1,
-        description="Passes when accuracy >= this, no request failed and n reached the preregistered n (limit) or the full set.",
+        description="Passes when the rule holds against this, no request failed and n reached the preregistered n "
+        "(limit) or the full set.",
     )
-    confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence level of the Wilson interval reported.")
-    seed: int = Field(default=0, description="Sampling seed of problem i: seed + i.")
+    rule: GateRule = Field(
+        default="point",
+        description="point: accuracy >= gate; lower_bound: the interval's lower end >= gate (a model at the gate "
+        "then rarely passes). pass_probability_at_gate, recorded with the result, is the probability that a model "
+        "whose every sample is correct with probability exactly `gate` (independent samples) passes this rule "
+        "with this n and samples: about one half for point.",
+    )
+    samples: int = Field(
+        default=1,
+        ge=1,
+        description="Samples per problem (k); accuracy is the mean over problems of each problem's share "
+        "correct. k = 1: Wilson interval; k > 1: Wilson on n k / design effect, the effect estimated from "
+        "the per-problem shares (samples of one problem are correlated).",
+    )
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence level of the interval reported.")
+    seed: int = Field(
+        default=0, description=f"Sampling seed of problem i's sample j: seed + i + j * {stats.SEED_STRIDE}."
+    )
     request_timeout_s: float = Field(default=1800.0, gt=0, description="Seconds one request may take.")
 
     @field_validator("level", mode="before")
@@ -126,6 +148,14 @@ class Record:
     error: str = ""
     extracted: list[str] = field(default_factory=list)
     correct: bool = False
+    sample: int = 0  # j of the problem's k samples; written only when k > 1 (absent: 0)
+
+    def row(self, samples: int) -> dict[str, Any]:
+        """records.jsonl's line: with one sample per problem, the line of the runs before samples."""
+        out = asdict(self)
+        if samples == 1:
+            del out["sample"]
+        return out
 
 
 def level_label(level: Any) -> str:
@@ -216,13 +246,15 @@ def grade(response: str, reference: str) -> tuple[list[str], bool]:
     return [str(p) for p in pred[:2]], ok
 
 
-def request_body(spec: AccuracySpec, model_id: str, prompt: str, index: int) -> tuple[str, dict[str, Any]]:
+def request_body(
+    spec: AccuracySpec, model_id: str, prompt: str, index: int, sample: int = 0
+) -> tuple[str, dict[str, Any]]:
     common = {
         "model": model_id,
         "temperature": spec.temperature,
         "top_p": spec.top_p,
         "max_tokens": spec.max_tokens,
-        "seed": spec.seed + index,
+        "seed": stats.sample_seed(spec.seed, index, sample),
     }
     if spec.api == "chat":
         return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}]}
@@ -240,10 +272,10 @@ async def _query_all(
     limits = httpx.Limits(max_connections=max(1, spec.concurrency))
     async with httpx.AsyncClient(base_url=base_url, timeout=spec.request_timeout_s, limits=limits) as client:
 
-        async def one(p: Problem) -> Record:
+        async def one(p: Problem, sample: int) -> Record:
             prompt = build_prompt(p.problem)
-            rec = Record(p.index, p.unique_id, p.level, p.subject, p.answer, prompt)
-            path, body = request_body(spec, model_id, prompt, p.index)
+            rec = Record(p.index, p.unique_id, p.level, p.subject, p.answer, prompt, sample=sample)
+            path, body = request_body(spec, model_id, prompt, p.index, sample)
             async with sem:
                 t0 = time.monotonic()
                 try:
@@ -264,7 +296,7 @@ async def _query_all(
             on_done(rec)
             return rec
 
-        return list(await asyncio.gather(*(one(p) for p in problems)))
+        return list(await asyncio.gather(*(one(p, j) for j in range(spec.samples) for p in problems)))
 
 
 def required_n(spec: AccuracySpec) -> tuple[int | None, str]:
@@ -277,26 +309,40 @@ def required_n(spec: AccuracySpec) -> tuple[int | None, str]:
     return full, f"the full {level or 'MATH-500'} set ({full} problems)" if full else "n not checked (unknown level)"
 
 
+def problem_counts(records: list[Record]) -> list[int]:
+    """Correct samples per problem, in the order of the problems' first records."""
+    counts: dict[int, int] = {}
+    for r in records:
+        counts[r.index] = counts.get(r.index, 0) + bool(r.correct)
+    return list(counts.values())
+
+
 def summarise(records: list[Record], spec: AccuracySpec) -> dict[str, Any]:
-    n = len(records)
-    k = sum(1 for r in records if r.correct)
+    """The gate's figures: n = problems, correct = correct samples, the stated rule decides."""
+    fig = stats.gate_figures(problem_counts(records), spec.samples, spec.confidence)
     errors = sum(1 for r in records if r.error)
-    lo, hi = wilson_interval(k, n, spec.confidence)
-    acc = k / n if n else 0.0
-    need, rule = required_n(spec)
+    need, n_rule = required_n(spec)
+    n = fig.n
+    rule_ok = stats.rule_passes(fig, spec.gate, spec.rule)
     return {
         "n": n,
-        "correct": k,
+        "correct": fig.correct,
         "errors": errors,
-        "accuracy": acc,
-        "ci_low": lo,
-        "ci_high": hi,
+        "accuracy": fig.accuracy,
+        "ci_low": fig.ci_low,
+        "ci_high": fig.ci_high,
         "confidence": spec.confidence,
         "gate": spec.gate,
         "required_n": need,
-        "n_rule": rule,
-        "passed": bool(n > 0 and errors == 0 and acc >= spec.gate and (need is None or n >= need)),
+        "n_rule": n_rule,
+        "passed": bool(n > 0 and errors == 0 and rule_ok and (need is None or n >= need)),
         "truncated": sum(1 for r in records if r.finish_reason == "length"),
+        "samples": spec.samples,
+        "rule": spec.rule,
+        "interval": fig.interval,
+        "design_effect": fig.design_effect,
+        "pass_probability_at_gate": stats.pass_probability(n, spec.samples, spec.gate, spec.confidence, spec.rule),
+        "pass_probability_assumption": stats.PASS_PROBABILITY_ASSUMPTION,
     }
 
 
@@ -318,7 +364,7 @@ def run_accuracy(
     def graded(rec: Record) -> None:
         if not rec.error:
             rec.extracted, rec.correct = grade(rec.response, rec.reference)
-        fh.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+        fh.write(json.dumps(rec.row(spec.samples), ensure_ascii=False) + "\n")
         fh.flush()
         done.append(rec)
         if on_done:
@@ -334,6 +380,7 @@ def run_accuracy(
         "model_id": model_id,
         "grader": grader,
         **summarise(records, spec),
+        "cross_grade": cross_grade(records).record(),
     }
     (out_dir / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -259,32 +259,42 @@ def acceptance_lines(run: ServingRun) -> list[str]:
     return out
 
 
+INTERVAL_NAMES = {"wilson": "Wilson", "wilson-design-effect": "Wilson, design effect"}
+
+
 def accuracy_lines(run: ServingRun) -> list[str]:
     acc = run.plan.accuracy
     if acc is None:
         return ["## Accuracy", "", "No accuracy gate in the protocol."]
-    rows = []
+    rows, chances = [], []
     for a in run.plan.arms:
         r = run.summary.accuracy.get(a.name)
         if r is None:
             rows.append([a.name, "-", "-", "-", "-", "not measured"])
             continue
+        at_gate = r.pass_probability_at_gate
+        chances.append(f"{a.name} {NOT_RECORDED if at_gate is None else f'{at_gate:.3f}'}")
         rows.append(
             [
                 a.name,
-                f"{r.correct}/{r.n}",
+                f"{r.correct}/{r.n * r.samples}" + (f" ({r.n} x {r.samples})" if r.samples > 1 else ""),
                 f"{r.accuracy:.3f}",
-                f"{r.ci_low:.3f}-{r.ci_high:.3f} (Wilson {r.confidence:.0%})",
+                f"{r.ci_low:.3f}-{r.ci_high:.3f} ({INTERVAL_NAMES.get(r.interval, r.interval)} {r.confidence:.0%})",
                 str(r.errors),
                 "passed" if r.passed else "**failed**",
             ]
         )
+    rule = "the interval's lower end" if acc.rule == "lower_bound" else "accuracy"
     return [
         "## Accuracy (MATH-500)",
         "",
-        f"{acc.level or 'all levels'}; gate: accuracy >= {acc.gate} and no request failed.",
+        f"{acc.level or 'all levels'}; gate: {rule} >= {acc.gate} and no request failed.",
         "",
         *_table(["arm", "correct", "accuracy", "interval", "request errors", "gate"], rows),
+        "",
+        f"Pass probability at the gate (a model whose every sample is correct with probability exactly "
+        f"{acc.gate}, independently, passes this gate with this n and {acc.samples} sample(s) per problem): "
+        f"{', '.join(chances) or NOT_RECORDED}.",
     ]
 
 

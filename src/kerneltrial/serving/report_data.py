@@ -85,6 +85,8 @@ class AccuracyPlan(BaseModel):
     model_config = _READ
     gate: float
     level: str | None = None
+    samples: int = 1  # runs before samples: one per problem, the point rule
+    rule: str = "point"
 
 
 class Plan(BaseModel):
@@ -140,6 +142,9 @@ class AccuracyResult(BaseModel):
     ci_high: float
     confidence: float
     passed: bool
+    samples: int = 1  # runs before samples: one per problem, Wilson, no pass probability
+    interval: str = "wilson"
+    pass_probability_at_gate: float | None = None
 
 
 class DispatchCount(BaseModel):
@@ -373,8 +378,13 @@ def accuracy_gate(run: ServingRun, arm: str) -> GateCheck | None:
     if run.plan.accuracy is None:
         return None
     acc = run.summary.accuracy.get(arm)
+    lower_end = acc.ci_low if acc and run.plan.accuracy.rule == "lower_bound" else None
     return accuracy_check(
-        acc.accuracy if acc else None, acc.errors if acc else 0, bool(acc and acc.passed), run.plan.accuracy.gate
+        acc.accuracy if acc else None,
+        acc.errors if acc else 0,
+        bool(acc and acc.passed),
+        run.plan.accuracy.gate,
+        lower_end,
     )
 
 

@@ -173,7 +173,13 @@ def acceptance(
         a = acc.get(cand.name)
         accuracy_ok = bool(a and a.get("passed"))
         checks.append(
-            accuracy_check(a["accuracy"] if a else None, a["errors"] if a else 0, accuracy_ok, proto.accuracy.gate)
+            accuracy_check(
+                a["accuracy"] if a else None,
+                a["errors"] if a else 0,
+                accuracy_ok,
+                proto.accuracy.gate,
+                a["ci_low"] if a and proto.accuracy.rule == "lower_bound" else None,
+            )
         )
     # an arm that did not demonstrably run its operators is not the arm it claims to be: a
     # candidate whose kernel served no call, or a baseline that ran ours, compares nothing

@@ -7,6 +7,7 @@ Run directory (see docs/serving.md):
     launches.jsonl     one row per launch (command, env, timings, exit, dispatch verdict), appended
     launches/NN-ARM/server.log
     launches/NN-ARM/dispatch/dispatch-PID.json   the plugins' call records (proof of dispatch)
+    launches/NN-ARM/dispatch/imports-PID.json    the files each server process imported (pins.imported)
     raw/NN-ARM/CASE/runK.json + runK.log   the `vllm bench serve --save-detailed` result
     benchmark_results/NN-ARM/raw_runs_<timestamp>.csv + summary_<timestamp>.csv   the organisers' CSVs
     runs.jsonl         one row per run (status, raw file + sha256, figures), appended
@@ -45,6 +46,7 @@ from kerneltrial.serving.bench import (
 )
 from kerneltrial.serving.completeness import failed_requests_reason, judge_requests
 from kerneltrial.serving.dispatch_proof import Files, check_launch
+from kerneltrial.serving.dist_imports import imported_check, not_spawned
 from kerneltrial.serving.dist_records import record_evidence
 from kerneltrial.serving.fl_policy import FILE_ENVS, Platform
 from kerneltrial.serving.launcher import (
@@ -160,6 +162,7 @@ ACCURACY_KEYS = (
     "passed",
     "truncated",
     "grader",
+    *("samples", "rule", "interval", "design_effect", "pass_probability_at_gate"),  # accuracy_stats.py
 )
 
 
@@ -346,7 +349,9 @@ class _Trial:
     def close(self, ending: RunEnding, total_s: float) -> dict[str, Any] | None:
         """provenance.json's last write and, unless the run broke off, summary.json (returned)."""
         devices = self.started["devices"]
-        run_scope = scope(self.proto.bench.client, self.proto.pins.flat(), self.pin_rows, devices)
+        run_scope = scope(
+            self.proto.bench.client, self.proto.pins.flat(), self.pin_rows, devices, imports_required=True
+        )
         prov = final_provenance(self.started, ending, self.stopped_in, self.server_versions, total_s, run_scope)
         write_json(self.out / layout.PROVENANCE, prov)
         script_csv.write_run(self.out, self.stamp, self.proto.bench.cases, self.proto.repeats, self.runs)
@@ -451,6 +456,12 @@ class _Trial:
 
     def close_launch(self, row: dict[str, Any], t0: float, server: Server | None, proof: LaunchProof | None) -> None:
         """The launch's dispatch verdict kept, and its row (closed_row) appended to launches.jsonl."""
+        if "pins" in row:  # serving/dist_imports.py: the files its server imported, against RECORD
+            spawned = server is not None and server.proc is not None
+            records = dispatch_dir(self.out, f"{row['launch']:02d}-{row['arm']}")
+            row["pins"]["imported"] = (
+                asdict(imported_check(records, row["pins"]["records"])) if spawned else not_spawned()
+            )
         if proof is not None:
             self.proofs.append(proof)
             if not proof.valid:
@@ -474,7 +485,7 @@ class _Trial:
         res = run_accuracy(base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name)
         if server is not None:
             server.check_alive("the accuracy run")
-            answered = int(res["n"]) - int(res["errors"])  # each in the server's own ledger, or the trial stops
+            answered = int(res["n"]) * spec.samples - int(res["errors"])  # each in the server's own ledger
             if (
                 server.ledger is not None
                 and (late := server.ledger.served(t_acc, time.monotonic(), answered)) < answered

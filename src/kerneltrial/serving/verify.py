@@ -1,7 +1,7 @@
 """Independent check of a serving run directory: `verify_serving_run(path) -> VerifyResult`.
 
 Recomputes every figure of summary.json from the raw `vllm bench serve` JSON files and the
-accuracy records, with its own arithmetic (it does not import metrics.py), checks the protocol
+accuracy records, with its own arithmetic (not metrics.py's), checks the protocol
 hash and the raw files' sha256, and decides each launch's proof of dispatch again from its call
 records (verify_dispatch.py). It checks the evidence under the figures (verify_evidence.py):
 per-request times against the run's duration and concurrency, requests.csv, the launch order
@@ -9,7 +9,9 @@ against the seed, and every stored answer re-graded. Three things it takes from 
 checks, because they are definitions rather than arithmetic: the grader (re-grading means
 running the grader that graded, accuracy.grade, at the recorded version), the seeded launch
 order (order.planned_launches) and the acceptance rule (acceptance.py, the one rule the trial
-and the report apply, fed here with verify's own figures). Each defect family is one named check (rundir/checks.py).
+and the report apply, fed here with verify's own figures); a fourth, the accuracy gate's interval
+and pass probability at the gate (accuracy_stats.py), is fed with verify_accuracy.py's recounts.
+Each defect family is one named check (rundir/checks.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.calibration_evidence import calibration_checks
+from kerneltrial.serving.verify_accuracy import accuracy_problems
 from kerneltrial.serving.verify_dispatch import check_dispatch
 from kerneltrial.serving.verify_plan import RunProtocol, floor_problems, plan_problems, read_run_protocol
 from kerneltrial.serving.verify_requests import completeness_problems
@@ -124,32 +127,6 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
     return bool(a == b)
-
-
-# MATH-500 problems per level (written out here, apart from serving/accuracy.py: verify does not
-# trust the writer's table). The gate needs the protocol's `limit`, else the whole level.
-_FULL_SET_SIZE = {"1": 43, "2": 90, "3": 105, "4": 128, "5": 134}
-
-
-def _required_n(acc_plan: dict[str, Any]) -> int | None:
-    if acc_plan.get("limit") is not None:
-        return int(acc_plan["limit"])
-    level = acc_plan.get("level")
-    if level is None:
-        return 500
-    return _FULL_SET_SIZE.get(str(level).removeprefix("Level ").strip())
-
-
-def _wilson(k: int, n: int, conf: float) -> tuple[float, float]:
-    # scipy's Wilson interval, the one accuracy.py records (through metrics.py): here the interval
-    # is not an independent formula any more; what verify checks independently is its inputs,
-    # k and n recounted from records.jsonl, and that the recorded bounds are the ones they give.
-    if n <= 0:
-        return (0.0, 1.0)
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=conf, method="wilson")
-    return (float(ci.low), float(ci.high))
 
 
 def _read_jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
@@ -481,42 +458,15 @@ def _launch_means(run: ServingRun, kept: list[dict[str, Any]]) -> dict[str, floa
 
 
 def _check_accuracy(run: ServingRun, regrade: bool, result: VerifyResult) -> None:
-    """`accuracy` (records recounted, Wilson interval, gate) and `accuracy grades` (every answer re-graded)."""
+    """`accuracy` (records recounted under the run's spec: k samples per problem, interval, pass
+    probability at the gate, the gate rule; verify_accuracy.py) and `accuracy grades` (every answer re-graded)."""
     acc_sum = run.summary.get("accuracy", {}) or {}
-    problems: list[str] = []
-    for a, s in acc_sum.items():
-        problems += _accuracy_arm_problems(run, a, s)
+    problems = accuracy_problems(run.path, run.plan.get("accuracy"), acc_sum)
     result.add("accuracy", problems, f"{len(acc_sum)} arm(s)' accuracy recounted from records.jsonl")
     if regrade:
         result.add("accuracy grades", evidence.regrade_problems(run.path, acc_sum), "every stored answer re-graded")
     else:
         result.not_applicable("accuracy grades", "not re-graded (--no-regrade): the stored correct flags are trusted")
-
-
-def _accuracy_arm_problems(run: ServingRun, a: str, s: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    acc_plan = run.plan.get("accuracy")
-    recs = _read_jsonl(run.path / "accuracy" / a / "records.jsonl", problems)
-    n, k = len(recs), sum(1 for r in recs if r.get("correct") is True)
-    errs = sum(1 for r in recs if r.get("error"))
-    lo, hi = _wilson(k, n, float(s.get("confidence", 0.95)))
-    gate = float((acc_plan or {}).get("gate", s.get("gate", 0.95)))
-    need = _required_n(acc_plan or {}) if "required_n" in s else None  # older runs: any n
-    want = {
-        "n": n,
-        "correct": k,
-        "errors": errs,
-        "accuracy": k / n if n else 0.0,
-        "ci_low": lo,
-        "ci_high": hi,
-        "passed": bool(n > 0 and errs == 0 and k / n >= gate and (need is None or n >= need)),
-    }
-    if "required_n" in s and s["required_n"] != need:
-        problems.append(f"accuracy {a}: required_n = {s['required_n']}, the protocol gives {need}")
-    for key, v in want.items():
-        if not math.isclose(float(s.get(key, float("nan"))), float(v), rel_tol=1e-6, abs_tol=1e-9):
-            problems.append(f"accuracy {a}: {key} = {s.get(key)}, recomputed {v}")
-    return problems
 
 
 def _check_launches(run: ServingRun, result: VerifyResult) -> list[dict[str, Any]]:

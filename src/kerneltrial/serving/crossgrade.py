@@ -1,0 +1,129 @@
+"""Cross-grade: every accuracy sample graded again by evalscope's math_500 benchmark, the
+organisers' evaluator, and each answer the two graders disagree on listed.
+
+evalscope is the optional extra kerneltrial[evalscope] (heavy: it brings modelscope, datasets,
+nltk, ...); without it the cross-grade is not run and says so. Nothing of evalscope is copied
+here: the benchmark is looked up in its registry (`get_benchmark("math_500")`), the response goes
+through the adapter's own `filter_prediction` (its answer extraction,
+evalscope.metrics.math.parser.extract_answer), and the extracted answer is scored against the
+reference by each metric of the benchmark's metric_list (accuracy with numeric=True: its
+compare_answers), as its `match_score` does. A sample is evalscope-correct when that metric
+scores 1. Our grade stays the gate's; the cross-grade is evidence beside it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+BENCHMARK = "math_500"
+SHOWN = 20  # disagreements printed; accuracy.json keeps them all
+
+
+class Graded(Protocol):
+    """What the cross-grade reads of an accuracy record (accuracy.Record)."""
+
+    unique_id: str
+    sample: int
+    reference: str
+    response: str
+    error: str
+    correct: bool
+    extracted: list[str]
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    unique_id: str
+    sample: int
+    reference: str
+    ours: bool  # math-verify, the gate's grade
+    theirs: bool  # evalscope's math_500
+    our_extracted: list[str]
+    their_extracted: str
+
+
+@dataclass(frozen=True)
+class CrossGrade:
+    """The cross-grade of one accuracy run, or why it did not run (`ran` False)."""
+
+    ran: bool
+    grader: str  # "evalscope VERSION math_500", or the reason it did not run
+    graded: int = 0  # samples graded by both (failed requests are left out)
+    agree: int = 0
+    correct_ours: int = 0
+    correct_theirs: int = 0
+    disagreements: list[Disagreement] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> CrossGrade:
+        """accuracy.json's cross_grade read back."""
+        return cls(**{**d, "disagreements": [Disagreement(**x) for x in d.get("disagreements", [])]})
+
+    def lines(self) -> list[str]:
+        """What `serve accuracy` prints: the counts, then up to SHOWN disagreements."""
+        if not self.ran:
+            return [f"cross-grade: not run ({self.grader})"]
+        out = [
+            f"cross-grade with {self.grader}: {self.agree}/{self.graded} agree; correct {self.correct_ours} "
+            f"(math-verify) vs {self.correct_theirs} (evalscope); {len(self.disagreements)} disagreement(s)"
+        ]
+        out += [
+            f"  {d.unique_id} sample {d.sample}: reference {d.reference!r}, math-verify {d.ours} "
+            f"{d.our_extracted}, evalscope {d.theirs} {d.their_extracted!r}"
+            for d in self.disagreements[:SHOWN]
+        ]
+        if len(self.disagreements) > SHOWN:
+            out.append(f"  ... {len(self.disagreements) - SHOWN} more in accuracy.json (cross_grade)")
+        return out
+
+
+def evalscope_grader() -> tuple[Callable[[str, str], tuple[str, bool]], str] | str:
+    """(grade(response, reference) -> (extracted, correct), "evalscope VERSION math_500"), or the
+    reason there is none."""
+    try:
+        from evalscope.api.registry import get_benchmark, get_metric  # type: ignore[import-not-found]
+    except ImportError as error:
+        return f"evalscope is not installed ({error}): pip install 'kerneltrial[evalscope]'"
+    adapter = get_benchmark(BENCHMARK)
+    metrics = []
+    for entry in adapter.metric_list:
+        name, args = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+        metrics.append(get_metric(name)(**args))
+
+    def grade(response: str, reference: str) -> tuple[str, bool]:
+        extracted = str(adapter.filter_prediction(response, None))
+        scores = [float(m(prediction=extracted, reference=reference)) for m in metrics]
+        return extracted, bool(scores) and all(s == 1.0 for s in scores)
+
+    return grade, f"evalscope {importlib.metadata.version('evalscope')} {BENCHMARK}"
+
+
+def cross_grade(records: Iterable[Graded]) -> CrossGrade:
+    """Every answered sample graded by evalscope's math_500 beside our grade."""
+    found = evalscope_grader()
+    if isinstance(found, str):
+        return CrossGrade(False, found)
+    grade, name = found
+    graded = agree = ours_n = theirs_n = 0
+    listed: list[Disagreement] = []
+    for r in records:
+        if r.error:
+            continue
+        try:
+            extracted, theirs = grade(r.response, r.reference)
+        except Exception as error:  # evalscope raises when it cannot score (e.g. a reference it rejects)
+            extracted, theirs = f"evalscope error: {type(error).__name__}: {error}"[:200], False
+        graded += 1
+        ours_n += r.correct
+        theirs_n += theirs
+        if theirs == r.correct:
+            agree += 1
+        else:
+            listed.append(Disagreement(r.unique_id, r.sample, r.reference, r.correct, theirs, r.extracted, extracted))
+    return CrossGrade(True, name, graded, agree, ours_n, theirs_n, listed)
