@@ -16,7 +16,9 @@ from .conftest import FAKE
 from .test_serving_report import fake_bench
 
 
-def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkeypatch) -> None:
+def two_problem_trial(tmp_path: Path, monkeypatch, name: str, accuracy: str = "") -> tuple[Path, dict]:
+    """A trial (fake servers, fake bench) whose accuracy data is two problems; `accuracy`: more
+    [accuracy] keys. Its run directory and summary."""
     data = tmp_path / "two.jsonl"
     data.write_text(
         "".join(
@@ -28,12 +30,16 @@ def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkey
         f'[[arms]]\nname = "{n}"\nrole = "{r}"\nargv = {argv}\n' for n, r in (("E0", "baseline"), ("E1", "candidate"))
     )
     text = (
-        f'name = "n-gate"\nrepeats = 2\n[server]\nmodel_id = "tiny"\nport = {free_port()}\nready_timeout_s = 30\n'
-        f'stop_grace_s = 5\n[bench]\ncases = [[8, 4, 1, 2]]\n[accuracy]\ndata = "{data}"\nconcurrency = 2\n{arms}'
+        f'name = "{name}"\nrepeats = 2\n[server]\nmodel_id = "tiny"\nport = {free_port()}\nready_timeout_s = 30\n'
+        f'stop_grace_s = 5\n[bench]\ncases = [[8, 4, 1, 2]]\n[accuracy]\ndata = "{data}"\n{accuracy}concurrency = 2\n{arms}'
     )
     monkeypatch.setattr(trial, "run_bench", fake_bench)
     out = tmp_path / "run"
-    summary = trial.run_protocol(parse_protocol(text), text.encode(), out, sys.executable, argv=["test"])
+    return out, trial.run_protocol(parse_protocol(text), text.encode(), out, sys.executable, argv=["test"])
+
+
+def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkeypatch) -> None:
+    out, summary = two_problem_trial(tmp_path, monkeypatch, "n-gate")
     acc = summary["accuracy"]["E1"]
     assert (acc["n"], acc["correct"], acc["required_n"]) == (2, 2, 105) and not acc["passed"]
     assert verify_serving_run(out).problems == []

@@ -16,15 +16,12 @@ from scipy.stats import binom
 
 from kerneltrial.serving import accuracy as A
 from kerneltrial.serving import accuracy_stats as S
-from kerneltrial.serving import trial
 from kerneltrial.serving.crossgrade import cross_grade
-from kerneltrial.serving.launcher import Server, ServerSpec, free_port
-from kerneltrial.serving.protocol import parse_protocol
+from kerneltrial.serving.launcher import Server, ServerSpec
 from kerneltrial.serving.verify import verify_serving_run
 from tests.kt import run_cli
 
-from .conftest import FAKE
-from .test_serving_report import fake_bench
+from .test_accuracy_gate import two_problem_trial
 
 
 def wilson_by_hand(p: float, n: float, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -104,25 +101,7 @@ def test_the_lower_bound_rule_refuses_what_the_point_rule_accepts() -> None:
 
 
 def _trial(tmp_path: Path, monkeypatch) -> Path:
-    data = tmp_path / "two.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps({"problem": f"p{i}", "answer": "42", "level": 3, "unique_id": f"u{i}"}) + "\n" for i in (0, 1)
-        )
-    )
-    argv = json.dumps([sys.executable, str(FAKE), "--port", "{port}"])
-    arms = "".join(
-        f'[[arms]]\nname = "{n}"\nrole = "{r}"\nargv = {argv}\n' for n, r in (("E0", "baseline"), ("E1", "candidate"))
-    )
-    text = (
-        f'name = "k3"\nrepeats = 2\n[server]\nmodel_id = "tiny"\nport = {free_port()}\nready_timeout_s = 30\n'
-        f'stop_grace_s = 5\n[bench]\ncases = [[8, 4, 1, 2]]\n[accuracy]\ndata = "{data}"\nlimit = 2\nsamples = 3\n'
-        f"concurrency = 2\n{arms}"
-    )
-    monkeypatch.setattr(trial, "run_bench", fake_bench)
-    out = tmp_path / "run"
-    trial.run_protocol(parse_protocol(text), text.encode(), out, sys.executable, argv=["test"])
-    return out
+    return two_problem_trial(tmp_path, monkeypatch, "k3", "limit = 2\nsamples = 3\n")[0]
 
 
 def test_verify_recounts_samples_and_the_pass_probability(tmp_path: Path, monkeypatch) -> None:

@@ -55,7 +55,7 @@ CHECKS_CONSTANT = re.compile(rb"^CHECKS_VERSION = (\d+)", re.MULTILINE)  # trial
 HOST_KEY = re.compile(rb'"host":\s*\{\s*"samples"')  # plan.json's host stage, written since b961c2c
 SANDBOX_KEY = re.compile(rb'"sandbox":\s*sandbox_record\(')  # plan.json `sandbox`, written since 6fd655a
 ROUNDTRIP_KEY = re.compile(rb'"roundtrip":\s*roundtrip_reference\(')  # plan.json `roundtrip` (issue 35 item 2)
-FLOOR_RULE_KEY = re.compile(rb'"floor_rule":\s*FLOOR_RULE\.model_dump\(')  # plan.json `floor_rule` (issue 35, session 21)
+FLOOR_RULE_KEY = re.compile(rb'"floor_rule":\s*FLOOR_RULE\.model_dump\(')  # plan.json `floor_rule`
 RUNNER_PACKAGE = "trial/"  # where the runner that writes plan.json lives in the package
 CHECKS_ISOLATED = 3  # the contract of isolated arms (issue 24): plan `isolated`, timings.csv `wall_ns`
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from kerneltrial.plugins.imports import ImportsRecord
 from kerneltrial.plugins.records import ProcessRecord
-from kerneltrial.serving.dist_records import NAMES, SHOWN, DistRecord
+from kerneltrial.serving.dist_records import NAMES, SHOWN, DistRecord, from_fields
 
 PLAN_KEY = "imported_files"  # plan.json: this runner requires the record (verify: no downgrade)
 
@@ -45,12 +45,7 @@ class ImportedCheck:
     @classmethod
     def of(cls, data: Any) -> ImportedCheck | None:
         """From launches.jsonl (None: not a check)."""
-        if not isinstance(data, dict):
-            return None
-        try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError:
-            return None
+        return from_fields(cls, data)
 
 
 @dataclass

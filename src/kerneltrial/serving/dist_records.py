@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kerneltrial.plugins.imports import PINNED
 
@@ -85,6 +85,20 @@ print(json.dumps({key: check(names, module) for key, names, module in json.loads
 """
 
 
+T = TypeVar("T")
+
+
+def from_fields(cls: type[T], data: Any) -> T | None:
+    """A dataclass `cls` from a launches.jsonl object's keys that name its fields (None: not an
+    object, or one its fields do not take)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})  # type: ignore[attr-defined]
+    except TypeError:
+        return None
+
+
 @dataclass(frozen=True)
 class DistRecord:
     """One distribution's installed files against its RECORD, as the server's interpreter saw them."""
@@ -104,12 +118,7 @@ class DistRecord:
     @classmethod
     def of(cls, data: Any) -> DistRecord | None:
         """From launches.jsonl (None: not installed, or not a record)."""
-        if not isinstance(data, dict):
-            return None
-        try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError:
-            return None
+        return from_fields(cls, data)
 
     def problem(self, what: str) -> str | None:
         """Why these installed files are no evidence of the distribution (None: they are)."""
