@@ -10,7 +10,10 @@ REPEATS such samples. The floor is also measured through the compiled kernel's o
 launcher (`CompiledKernel[grid](*args)`, what launchers that cache compiled kernels call),
 which skips JITFunction.run's argument binding and cache lookup: the gap between the two
 floors is what a direct launch could save per call (n/a where Triton has no compiled kernel,
-as in the interpreter).
+as in the interpreter). Our entry points launch that way after each specialisation's first call
+(ops/launch.py Direct, issue 37); `kerneltrial_jit` is the same entry point with every launch
+through JITFunction.run, as before. The installed peers (Liger, FlagGems, SGLang, FlashInfer; not
+torch_compile, which compiles per shape) are measured the same way.
 
 Usage on the device: python3 scripts/device/hostcost.py [--smoke]
   --smoke: the first two small cases and a few calls, for a CPU run under TRITON_INTERPRET=1
@@ -28,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -40,7 +44,8 @@ from kerneltrial.ops import launch, registry
 CALLS, REPEATS = 200, 7
 SMOKE_CALLS, SMOKE_REPEATS = 3, 2
 MID_BYTES = 16e6
-ARMS = ("kerneltrial", "torch_eager")
+ARMS = ("kerneltrial", "kerneltrial_jit", "torch_eager")
+PEERS = ("liger", "flaggems", "sglang", "flashinfer")
 
 
 @triton.jit
@@ -95,6 +100,23 @@ def floor_arms(device: torch.device) -> dict[str, Callable[[], object]]:
     return arms
 
 
+def through_jit(launcher: launch.Direct, grid: tuple[int, ...], args: tuple[object, ...], meta: dict) -> None:
+    """Direct.launch without its reuse: every launch through JITFunction.run."""
+    launcher.fn[grid](*args, **meta)
+
+
+def arm_samples(call: Callable[[], object], through: bool, calls: int, repeats: int, sync) -> list[float]:
+    """host_us of `call`; with `through`, every kerneltrial launch through JITFunction.run."""
+    if not through:
+        return host_us(call, calls, repeats, sync)
+    reuse = launch.Direct.launch
+    launch.Direct.launch = through_jit  # type: ignore[method-assign]
+    try:
+        return host_us(call, calls, repeats, sync)
+    finally:
+        launch.Direct.launch = reuse  # type: ignore[method-assign]
+
+
 def measure(smoke: bool) -> list[Measurement]:
     device = launch.device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -107,15 +129,21 @@ def measure(smoke: bool) -> list[Measurement]:
         found.append(Measurement("-", "-", "compiled_floor", None, []))
     for op in registry.all_ops():
         for case in cases_of(op, smoke):
-            for arm in ARMS:
-                impl = op.impl(arm).resolve()
-                if impl is None:
+            for arm in (*ARMS, *(p for p in PEERS if p in op.impls)):
+                spec = op.impl(arm.removesuffix("_jit"))
+                impl = spec.resolve()
+                if impl is None or not impl_takes(spec, case):
                     found.append(Measurement(op.name, case.id, arm, None, []))
                     continue
                 args = list(op.make_inputs(case, 0, device).values())
-                samples = host_us(lambda impl=impl, args=args: impl(*args), calls, repeats, sync)
+                call = partial(impl, *args)
+                samples = arm_samples(call, arm.endswith("_jit"), calls, repeats, sync)
                 found.append(Measurement(op.name, case.id, arm, median(samples), samples))
     return found
+
+
+def impl_takes(impl: registry.Impl, case: registry.Case) -> bool:
+    return impl.supports(case) and (impl.widths is None or case.shape[-1] in impl.widths)
 
 
 def fmt(us: float | None) -> str:
@@ -126,13 +154,16 @@ def table(found: list[Measurement]) -> list[str]:
     floors = {m.arm: m.us_per_call for m in found if m.op == "-"}
     lines = [
         f"floor: triton launch {fmt(floors['triton_floor'])} us, compiled launcher {fmt(floors['compiled_floor'])} us",
-        f"{'operator':<26} {'case':<28} {'ours us':>8} {'eager us':>9} {'ours/eager':>10}",
+        f"{'operator':<26} {'case':<32} {'ours us':>8} {'via jit':>8} {'eager us':>9} {'fastest peer':>22}",
     ]
     by_key = {(m.op, m.case, m.arm): m.us_per_call for m in found}
     for op, case in dict.fromkeys((m.op, m.case) for m in found if m.op != "-"):
-        ours, eager = by_key[(op, case, "kerneltrial")], by_key[(op, case, "torch_eager")]
-        ratio = f"{ours / eager:.2f}" if ours and eager else "n/a"
-        lines.append(f"{op:<26} {case:<28} {fmt(ours):>8} {fmt(eager):>9} {ratio:>10}")
+        ours, jit, eager = (by_key[(op, case, arm)] for arm in ARMS)
+        peers = [
+            (us, m.arm) for m in found if (m.op, m.case) == (op, case) and m.arm in PEERS and (us := m.us_per_call)
+        ]
+        fastest = f"{min(peers)[1]} {min(peers)[0]:.1f}" if peers else "n/a"
+        lines.append(f"{op:<26} {case:<32} {fmt(ours):>8} {fmt(jit):>8} {fmt(eager):>9} {fastest:>22}")
     return lines
 
 

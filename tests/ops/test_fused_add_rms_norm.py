@@ -12,6 +12,7 @@ from kerneltrial.ops import fused_add_rms_norm as fa
 from kerneltrial.ops import launch
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
+from tests.launches import record_launches
 
 OPS = ("fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
 GEMMA = {"fused_add_rmsnorm": False, "gemma_fused_add_rmsnorm": True}
@@ -102,17 +103,9 @@ def test_refuses_a_layout_it_cannot_write_in_place():
         fa.fused_add_rms_norm_auto(x.t(), residual, weight, 1e-6, gemma=False)
 
 
-def launch_grids(monkeypatch) -> list[int]:
-    """Programs along axis 0 of every launch of either kernel, recorded as it happens."""
-    seen: list[int] = []
-    for kernel in (fa._fused_add_rms_norm_rows, fa._fused_add_rms_norm_wide):
-
-        def spy(*args, grid, _original=kernel.run, **kwargs):
-            seen.append(grid[0])
-            return _original(*args, grid=grid, **kwargs)
-
-        monkeypatch.setattr(kernel, "run", spy)
-    return seen
+def launch_grids(monkeypatch) -> list[tuple[int, ...]]:
+    """The grid of every launch of either kernel, recorded as it happens."""
+    return record_launches(monkeypatch, fa, "_fused_add_rms_norm_rows", "_fused_add_rms_norm_wide")
 
 
 def test_more_than_65535_rows_of_a_narrow_width(monkeypatch):
@@ -122,7 +115,7 @@ def test_more_than_65535_rows_of_a_narrow_width(monkeypatch):
     x, residual, weight = _inputs(op_name, (70_001, 24))
     want_x, want_r = _expected(op_name, x, residual, weight)
     get_op(op_name).impl("kerneltrial").resolve()(x, residual, weight, 1e-6)  # packs 64 rows per step
-    assert grids and max(grids) <= launch.MAX_GRID
+    assert grids and max(g[0] for g in grids) <= launch.MAX_GRID
     _assert_matches(x, residual, want_x, want_r)
 
 
@@ -134,7 +127,7 @@ def test_grid_stride_loop_covers_every_row_with_three_programs(op_name, impl_nam
     x, residual, weight = _inputs(op_name, (53, 1000))  # 14 steps even at 4 rows per step
     want_x, want_r = _expected(op_name, x, residual, weight)
     get_op(op_name).impl(impl_name).resolve()(x, residual, weight, 1e-6)
-    assert grids == [3]
+    assert grids == [(3,)]
     _assert_matches(x, residual, want_x, want_r)
 
 

@@ -27,7 +27,7 @@ def test_smoke_run_measures_every_operator_and_writes_out(tmp_path):
     assert "compiled launcher n/a" in table  # the interpreter compiles nothing
     records = json.loads((tmp_path / "hostcost.json").read_text())
     ops = {op.name for op in all_ops()}
-    for arm in ("kerneltrial", "torch_eager"):
+    for arm in ("kerneltrial", "kerneltrial_jit", "torch_eager"):
         measured = {r["op"] for r in records if r["arm"] == arm and r["us_per_call"] is not None}
         assert measured == ops, arm
     assert all(len(r["samples_us"]) == 2 for r in records if r["us_per_call"] is not None)

@@ -16,6 +16,7 @@ from kerneltrial.ops import rotary as rot
 from kerneltrial.ops.registry import Case, Impl, get_op, load_user_module
 from kerneltrial.trial.gate import check
 from tests.conftest import REPO
+from tests.launches import record_launches
 
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 OPS = (rot.NAME, rot.GPTJ_NAME)
@@ -81,14 +82,7 @@ def test_the_styles_are_two_operators_that_tell_each_other_apart(device):
 
 def test_the_grid_is_bounded_and_strides_over_the_tokens(monkeypatch, device):
     """With the grid limit at 3 programs, 7 tokens (4 per step: 2 steps) are still all rotated."""
-    grids: list[tuple[int, ...]] = []
-    original = rot._rotary_qk.run
-
-    def spy(*args, grid, **kwargs):
-        grids.append(tuple(grid))
-        return original(*args, grid=grid, **kwargs)
-
-    monkeypatch.setattr(rot._rotary_qk, "run", spy)
+    grids = record_launches(monkeypatch, rot, "_rotary_qk")
     monkeypatch.setattr(launch, "MAX_GRID", 3)
     op = get_op(rot.NAME)
     for geometry in ("control", "tokens4_w4"):

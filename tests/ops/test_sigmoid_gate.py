@@ -9,6 +9,7 @@ from kerneltrial.ops import launch
 from kerneltrial.ops import sigmoid_gate as sg
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
+from tests.launches import record_launches
 
 KERNELS = ("control", "tile512_w4", "tile1024_w4", "tile2048_w8", "rowtile1024_w4", "rowtile2048_w8", "kerneltrial")
 FORMS = ("contiguous", "row_gate")
@@ -22,15 +23,7 @@ def op():
 @pytest.fixture
 def grids(monkeypatch):
     """The grid of every launch of either kernel, recorded as it happens."""
-    seen: list[tuple[int, ...]] = []
-    for kernel in (sg._sigmoid_gate_row_tiles, sg._sigmoid_gate_flat):
-
-        def spy(*args, grid, _original=kernel.run, **kwargs):
-            seen.append(tuple(grid))
-            return _original(*args, grid=grid, **kwargs)
-
-        monkeypatch.setattr(kernel, "run", spy)
-    return seen
+    return record_launches(monkeypatch, sg, "_sigmoid_gate_row_tiles", "_sigmoid_gate_flat")
 
 
 def as_impl(name: str, fn) -> Impl:

@@ -13,22 +13,11 @@ from kerneltrial.ops import zimage_qk_norm as zq
 from kerneltrial.ops import zimage_qk_rmsnorm as module
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
+from tests.launches import LaunchRecorder
 
 BF16 = dict(rtol=0.016, atol=1e-5)
 SINGLE_KERNELS = ("control", "packed_r4_w4", "packed_r8_w4", "packed_r16_w8", "persistent_r16_w8", "kerneltrial")
 PAIR_KERNELS = ("control", "packed_r4_w4", "packed_r8_w4", "packed_r16_w8", "two_launches", "kerneltrial")
-
-
-class LaunchRecorder:
-    """Stands in for a Triton kernel and records the grid of every launch."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.grids: list[tuple[int, ...]] = []
-
-    def __getitem__(self, grid):
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
 
 
 def fused_qkv(shape, seed, device, poison_others=False):

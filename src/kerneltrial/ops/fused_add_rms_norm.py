@@ -129,6 +129,7 @@ def _add(x_ptrs, r_ptrs, mask):
     return s, s.to(tl.float32)
 
 
+@launch.Direct
 @triton.jit
 def _fused_add_rms_norm_rows(
     X,
@@ -160,6 +161,7 @@ def _fused_add_rms_norm_rows(
         tl.store(x_ptrs, apply_weight(sf * rstd[:, None], w, s.dtype, not GEMMA), mask=mask)
 
 
+@launch.Direct
 @triton.jit
 def _fused_add_rms_norm_wide(
     X,

@@ -8,6 +8,8 @@ handles work items pid, pid + num_programs, ... (a grid-stride loop).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -75,3 +77,67 @@ def in_place_rows(t: torch.Tensor, name: str) -> torch.Tensor:
             "as [rows, N] with unit stride in N; pass a contiguous or row-strided tensor"
         )
     return rows
+
+
+# Direct launches past JITFunction.run: bounded like the plans; a full cache is emptied, not grown.
+DIRECT_KERNELS = 4096
+
+
+def specialisation_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What Triton may specialise a compiled kernel on, for `args` (a superset of it): each tensor's
+    dtype and whether its data pointer is 16-byte aligned; a float's type alone (Triton passes Python
+    floats as fp32 and never specialises them); any other argument's type and value (ints are
+    specialised on == 1, divisibility by 16 and width; exact values cover all three)."""
+    return tuple(
+        (a.dtype, a.data_ptr() % 16 == 0)
+        if isinstance(a, torch.Tensor)
+        else float
+        if type(a) is float
+        else (type(a), a)
+        for a in args
+    )
+
+
+class Direct:
+    """A `@triton.jit` kernel launched as `kernel[grid](*args, **meta)`, past JITFunction.run after the
+    first call of each specialisation (issue 37: run binds and specialises every argument on every call,
+    about 5 us of an 8-argument launch on the H200, docs/NOTES.md session 6).
+
+    The first call for a key goes through the JITFunction, which compiles or finds the kernel and
+    returns it; later calls with the same key launch that compiled kernel through its own launcher
+    (`CompiledKernel[grid]`, checked by trial/targets.py like any launch). The key is
+    `specialisation_key` of the positional arguments, the keyword ones (constexprs and options) and
+    the current CUDA device. Positional arguments come first in the kernel's signature and every later
+    parameter is passed by keyword. Under the interpreter (an InterpretedFunction, no compiled kernel)
+    every call goes through the function."""
+
+    __slots__ = ("fn", "kernels", "compiled")
+
+    def __init__(self, fn: Any) -> None:
+        from triton.runtime.jit import JITFunction
+
+        self.fn = fn
+        self.compiled = isinstance(fn, JITFunction)
+        self.kernels: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        return lambda *args, **meta: self.launch(grid, args, meta)
+
+    def launch(self, grid: tuple[int, ...], args: tuple[Any, ...], meta: dict[str, Any]) -> None:
+        """Launch over `grid`: the kept compiled kernel if this key has one, else through the JITFunction."""
+        key = (specialisation_key(args), tuple(meta.items()), torch.cuda.current_device()) if self.compiled else ()
+        kept = self.kernels.get(key)
+        if kept is not None:
+            kernel, constexprs = kept
+            kernel[grid + (1,) * (3 - len(grid))](*args, *constexprs)  # its launcher reads three dimensions
+            return
+        later = self.fn.arg_names[len(args) :]
+        missing = [name for name in later if name not in meta]
+        if missing:  # checked under the interpreter too, so that the CPU tests see a bad call
+            raise TypeError(f"{getattr(self.fn, '__name__', self.fn)}: pass {missing} by keyword to launch it directly")
+        kernel = self.fn[grid](*args, **meta)
+        if not self.compiled:
+            return
+        if len(self.kernels) >= DIRECT_KERNELS:
+            self.kernels.clear()
+        self.kernels[key] = (kernel, tuple(meta[name] for name in later))

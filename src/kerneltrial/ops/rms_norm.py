@@ -104,6 +104,7 @@ def apply_weight(normed, w, out_dtype: tl.constexpr, ROUND_BEFORE_WEIGHT: tl.con
     return (normed * w).to(out_dtype)
 
 
+@launch.Direct
 @triton.jit
 def _rms_norm_rows(
     X,
@@ -134,6 +135,7 @@ def _rms_norm_rows(
         tl.store(Y + rows[:, None] * y_stride + cols[None, :], y, mask=mask)
 
 
+@launch.Direct
 @triton.jit
 def _rms_norm_wide(
     X,

@@ -83,6 +83,7 @@ def _rotate_heads(
     tl.store(base + second, (x2 * c + x1 * s).to(X.dtype.element_ty), mask=mask)
 
 
+@launch.Direct
 @triton.jit
 def _rotary_qk(
     Q, K, COS, SIN, POS, n_tokens, q_token_stride, q_head_stride, k_token_stride, k_head_stride,

@@ -96,6 +96,7 @@ def _gated(x, g):
     return x.to(tl.float32) * tl.sigmoid(g.to(tl.float32)).to(x.dtype).to(tl.float32)
 
 
+@launch.Direct
 @triton.jit
 def _sigmoid_gate_row_tiles(X, G, Y, n_rows, D, BLOCK_D: tl.constexpr, ROW_GATE: tl.constexpr):
     n_col_tiles = tl.cdiv(D, BLOCK_D)
@@ -112,6 +113,7 @@ def _sigmoid_gate_row_tiles(X, G, Y, n_rows, D, BLOCK_D: tl.constexpr, ROW_GATE:
         tl.store(Y + row * D + cols, _gated(x, g).to(Y.dtype.element_ty), mask=mask)
 
 
+@launch.Direct
 @triton.jit
 def _sigmoid_gate_flat(X, G, Y, numel, BLOCK: tl.constexpr, ROW_GATE: tl.constexpr, ROW_WIDTH: tl.constexpr):
     offs = tl.arange(0, BLOCK)

@@ -96,6 +96,7 @@ class DispatchConfig:
 DISPATCH = DispatchConfig(tile_above=2048, packed=PackedConfig(PACK_ELEMENTS, 4), tiles=TilesConfig(2048, 4))
 
 
+@launch.Direct
 @triton.jit
 def _silu_and_mul_tiles(
     X,

@@ -180,6 +180,7 @@ def raw_key(x):
     return tl.where(x == x, tl.minimum(x, 3.4028234663852886e38), float("inf"))
 
 
+@launch.Direct
 @triton.jit
 def _argmax_rows(
     X,
@@ -212,6 +213,7 @@ def _argmax_rows(
         tl.store(OUT + rows, first.to(tl.int64), mask=row_mask)
 
 
+@launch.Direct
 @triton.jit
 def _argmax_spans(
     X,
@@ -240,6 +242,7 @@ def _argmax_spans(
             tl.store(OUT + row, best_idx.to(tl.int64))
 
 
+@launch.Direct
 @triton.jit
 def _merge_parts(VAL, IDX, OUT, n_rows, n_parts, BLOCK_ROWS: tl.constexpr, BLOCK_P: tl.constexpr):
     parts = tl.arange(0, BLOCK_P)
@@ -300,6 +303,7 @@ def _finish_span(VAL, IDX, CNT, OUT, item, row, n_parts, best, best_idx, BLOCK_P
         tl.store(OUT + row, best_idx.to(tl.int64))
 
 
+@launch.Direct
 @triton.jit
 def _argmax_stream(
     X,

@@ -45,6 +45,7 @@ LAYOUTS = ("contiguous", "qkv_slice")
 QKV_INDEX = {"q": 0, "k": 1}  # position of Q and K in the fused [..., 3, H, D] tensor
 
 
+@launch.Direct
 @triton.jit
 def _qk_norm_pair(
     Q,
