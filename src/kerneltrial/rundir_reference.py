@@ -380,8 +380,10 @@ SERVING_FILES = (
     ),
     RunFile(
         (f"{ACCURACY_DIR}/ARM/records.jsonl", f"{ACCURACY_DIR}/ARM/accuracy.json"),
-        "per problem, appended",
-        'docs/serving.md, "Accuracy (MATH-500)"',
+        "records: a line per sample (k per problem) as it is graded; accuracy.json: at the accuracy run's end",
+        "records per sample: the problem, `sample` (k > 1), prompt, response, extracted, correct, error; "
+        "accuracy.json: the gate's figures, grader and `cross_grade` (evalscope's math_500 on the same samples: "
+        'agreement, disagreements, or "cross-grade not run: REASON"); docs/serving.md, "Accuracy (MATH-500)"',
     ),
     RunFile(
         ("selection/ARM/VAR",),
@@ -392,7 +394,8 @@ SERVING_FILES = (
         (SUMMARY,),
         "at end (not when interrupted)",
         (
-            "per arm and case: status, per-launch warm-up means, means over launches; accuracy per arm; "
+            "per arm and case: status, per-launch warm-up means, means over launches; accuracy per arm (with "
+            "accuracy.json's cross_grade); "
             "`dispatch` per arm (valid: true, false, or null for an external server; reason; launches; counts"
             " summed over them); acceptance (with `dispatch_ok`); scope; failures; status (request_goodput "
             "among the means when the plan sets SLOs)"

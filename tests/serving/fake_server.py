@@ -2,13 +2,14 @@
 
   python fake_server.py --port P [--model-id tiny] [--served-model-name NAME ...] [--mode ok|503|exit]
                         [--die-after N] [--ignore-sigint] [--spawn-child] [--pidfile F] [--answer TEXT]
-                        [--reuse-port] [--bind-delay S]
+                        [--reuse-port] [--bind-delay S] [--show-seed]
 
 /v1/models lists the --served-model-name names (as vLLM does), else --model-id (mode ok),
 answers 503 (mode 503); mode exit quits at once with code 3. A request naming another model
 gets 404, as from vLLM. --reuse-port binds with SO_REUSEPORT (as vLLM does: a second server may
 share the port); --bind-delay S waits S seconds before binding (vLLM binds after its start-up). /v1/completions streams max_tokens chunks like vLLM (and a usage chunk);
-/v1/chat/completions answers --answer. --die-after N: the process exits (code 9) when the
+/v1/chat/completions answers --answer (--show-seed: followed by " seed=N", the request's seed,
+for a protocol's argv, which takes no braces). --die-after N: the process exits (code 9) when the
 N-th completion request arrives. --spawn-child starts a sleeping child in the same process
 group (to check that the whole group is stopped). With KERNELTRIAL_DISPATCH_LOG set (the
 trial sets it) it writes the call record kerneltrial's vLLM plugin would write for the ops
@@ -97,7 +98,8 @@ class Handler(BaseHTTPRequestHandler):
                             # an --answer with {seed} in it shows the request's seed (the accuracy samples' tests)
                             "message": {
                                 "role": "assistant",
-                                "content": ARGS.answer.replace("{seed}", str(body.get("seed"))),
+                                "content": ARGS.answer.replace("{seed}", str(body.get("seed")))
+                                + (f" seed={body.get('seed')}" if ARGS.show_seed else ""),
                             },
                             "finish_reason": "stop",
                         }
@@ -181,6 +183,7 @@ def main() -> None:
     ap.add_argument("--spawn-child", action="store_true")
     ap.add_argument("--pidfile")
     ap.add_argument("--answer", default="The answer is \\boxed{42}.")
+    ap.add_argument("--show-seed", action="store_true")
     ap.add_argument("--middleware", action="append", default=[])  # vLLM's option: the ledger's, as vLLM loads it
     ARGS = ap.parse_args()
     if ARGS.pidfile:

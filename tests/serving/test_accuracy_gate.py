@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kerneltrial.serving import trial
+from kerneltrial.serving.crossgrade import GraderSource, evalscope_grader
 from kerneltrial.serving.launcher import free_port
 from kerneltrial.serving.protocol import parse_protocol
 from kerneltrial.serving.verify import verify_serving_run
@@ -16,16 +17,24 @@ from .conftest import FAKE
 from .test_serving_report import fake_bench
 
 
-def two_problem_trial(tmp_path: Path, monkeypatch, name: str, accuracy: str = "") -> tuple[Path, dict]:
+def two_problem_trial(
+    tmp_path: Path,
+    monkeypatch,
+    name: str,
+    accuracy: str = "",
+    cross_grader: GraderSource = evalscope_grader,
+    server_args: tuple[str, ...] = (),
+) -> tuple[Path, dict]:
     """A trial (fake servers, fake bench) whose accuracy data is two problems; `accuracy`: more
-    [accuracy] keys. Its run directory and summary."""
+    [accuracy] keys; `cross_grader`: the cross-grade's grader; `server_args`: more options of the
+    fake server. Its run directory and summary."""
     data = tmp_path / "two.jsonl"
     data.write_text(
         "".join(
             json.dumps({"problem": f"p{i}", "answer": "42", "level": 3, "unique_id": f"u{i}"}) + "\n" for i in (0, 1)
         )
     )
-    argv = json.dumps([sys.executable, str(FAKE), "--port", "{port}"])
+    argv = json.dumps([sys.executable, str(FAKE), "--port", "{port}", *server_args])
     arms = "".join(
         f'[[arms]]\nname = "{n}"\nrole = "{r}"\nargv = {argv}\n' for n, r in (("E0", "baseline"), ("E1", "candidate"))
     )
@@ -35,7 +44,8 @@ def two_problem_trial(tmp_path: Path, monkeypatch, name: str, accuracy: str = ""
     )
     monkeypatch.setattr(trial, "run_bench", fake_bench)
     out = tmp_path / "run"
-    return out, trial.run_protocol(parse_protocol(text), text.encode(), out, sys.executable, argv=["test"])
+    proto = parse_protocol(text)
+    return out, trial.run_protocol(proto, text.encode(), out, sys.executable, argv=["test"], cross_grader=cross_grader)
 
 
 def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkeypatch) -> None:

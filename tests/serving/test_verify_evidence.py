@@ -156,8 +156,8 @@ def test_flipped_grades_with_a_matching_summary_fail_verify(run: Path) -> None:
     assert verify_serving_run(run, regrade=False).problems == []  # consistent: only re-grading can tell
     problems = verify_serving_run(run).problems
     assert problems == [
-        "accuracy B: problem u1 is stored correct=True, re-graded False",
-        "accuracy B: summary correct = 3, re-graded 2 of 3",
+        "accuracy B: problem u1 sample 0 is stored correct=True, re-graded False",
+        "accuracy B: summary correct = 3, re-graded 2 of 3 samples",
     ]
     r = run_cli("verify", run)
     assert r.exit_code == 1 and "re-graded False" in r.output

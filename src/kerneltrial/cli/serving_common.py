@@ -164,8 +164,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             ]
             t.add_row(escape(arm), escape(cid), e["status"], *cells)
     out.print(t)
-    for arm, a in (summary.get("accuracy") or {}).items():
-        out.print(f"accuracy {arm}: {accuracy_line(a).removeprefix('accuracy ')}", markup=False)
+    for line in accuracy_summary_lines(summary):
+        out.print(line, markup=False, soft_wrap=True)
     for arm, d in (summary.get("dispatch") or {}).items():
         shown = {True: "valid", False: "INVALID", None: "not applicable"}[d["valid"]]
         out.print(f"dispatch proof {arm}: {shown} ({d['reason']})", markup=False)
@@ -275,6 +275,19 @@ def preset_server(
     exe = resolve_vllm(vllm) if (vllm or os.environ.get(VLLM_ENV)) else "vllm"
     p = port or 8000
     return pr, pr.argv(exe, model, p, extra=extra, overrides=overrides), p
+
+
+def accuracy_summary_lines(summary: dict[str, Any]) -> list[str]:
+    """Each arm's accuracy line and its cross-grade's lines (serving/crossgrade.py: the counts and
+    the disagreements, or why it did not run; runs from before the trial ran one have none)."""
+    from kerneltrial.serving.crossgrade import CrossGrade
+
+    out = []
+    for arm, a in (summary.get("accuracy") or {}).items():
+        out.append(f"accuracy {arm}: {accuracy_line(a).removeprefix('accuracy ')}")
+        if a.get("cross_grade") is not None:
+            out += [f"{arm} {line}" for line in CrossGrade.from_record(a["cross_grade"]).lines()]
+    return out
 
 
 def accuracy_line(res: dict[str, Any]) -> str:

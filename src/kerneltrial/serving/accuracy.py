@@ -4,9 +4,10 @@ interval and the gate rule of serving/accuracy_stats.py.
 Problems come from a local JSONL (fields: problem, answer, level, subject, unique_id), or
 from the Hugging Face hub only when asked explicitly (`hf:HuggingFaceH4/MATH-500`).
 Every sample's record (problem, sample number, prompt, response, extracted answer, verdict,
-tokens, latency, error) is appended to records.jsonl as it is graded. With evalscope installed
-(kerneltrial[evalscope]) the same samples are graded again by its math_500 benchmark
-(serving/crossgrade.py) and the disagreements listed.
+tokens, latency, error) is appended to records.jsonl as it is graded. The same samples are then
+graded again by evalscope's math_500 benchmark (serving/crossgrade.py; the optional extra
+kerneltrial[evalscope]) and accuracy.json's `cross_grade` keeps the agreement and every
+disagreement, or the reason it did not run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from kerneltrial.serving import accuracy_stats as stats
 from kerneltrial.serving.accuracy_stats import GateRule
-from kerneltrial.serving.crossgrade import cross_grade
+from kerneltrial.serving.crossgrade import GraderSource, cross_grade, evalscope_grader
 
 PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HF_PREFIX = "hf:"
@@ -352,8 +353,10 @@ def run_accuracy(
     spec: AccuracySpec,
     out_dir: Path,
     on_done: Callable[[Record], None] | None = None,
+    cross_grader: GraderSource = evalscope_grader,
 ) -> dict[str, Any]:
-    """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary."""
+    """Query, grade, write records.jsonl (appended as graded) and accuracy.json; return the summary,
+    with the cross-grade of the same samples by `cross_grader`'s grader (serving/crossgrade.py)."""
     problems = load_problems(spec.data, spec.level, spec.limit)
     grader = grader_version()  # before the first request, not at the first graded answer
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -380,7 +383,7 @@ def run_accuracy(
         "model_id": model_id,
         "grader": grader,
         **summarise(records, spec),
-        "cross_grade": cross_grade(records).record(),
+        "cross_grade": cross_grade(records, cross_grader).record(),
     }
     (out_dir / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

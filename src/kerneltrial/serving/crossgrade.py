@@ -2,13 +2,15 @@
 organisers' evaluator, and each answer the two graders disagree on listed.
 
 evalscope is the optional extra kerneltrial[evalscope] (heavy: it brings modelscope, datasets,
-nltk, ...); without it the cross-grade is not run and says so. Nothing of evalscope is copied
-here: the benchmark is looked up in its registry (`get_benchmark("math_500")`), the response goes
-through the adapter's own `filter_prediction` (its answer extraction,
-evalscope.metrics.math.parser.extract_answer), and the extracted answer is scored against the
-reference by each metric of the benchmark's metric_list (accuracy with numeric=True: its
-compare_answers), as its `match_score` does. A sample is evalscope-correct when that metric
-scores 1. Our grade stays the gate's; the cross-grade is evidence beside it.
+nltk, ...); without it the cross-grade is not run and its record says so ("cross-grade not run:
+REASON"), never absent. Nothing of evalscope is copied here: the benchmark is looked up in its
+registry (`get_benchmark("math_500")`), the response goes through the adapter's own
+`filter_prediction` (its answer extraction, evalscope.metrics.math.parser.extract_answer), and
+the extracted answer is scored against the reference by each metric of the benchmark's
+metric_list (accuracy with numeric=True: its compare_answers), as its `match_score` does. A
+sample is evalscope-correct when that metric scores 1. Our grade stays the gate's; the
+cross-grade is evidence beside it. `cross_grade` takes where its grader comes from as a
+parameter (evalscope_grader by default), so a run can be cross-graded by another parser.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 
 BENCHMARK = "math_500"
 SHOWN = 20  # disagreements printed; accuracy.json keeps them all
+NOT_RUN = "cross-grade not run: "  # the start of a record's `reason` when it did not run
 
 
 class Graded(Protocol):
@@ -46,29 +49,47 @@ class Disagreement:
 
 
 @dataclass(frozen=True)
+class CrossGrader:
+    """A second grader: its name (recorded) and grade(response, reference) -> (extracted, correct)."""
+
+    name: str  # "evalscope VERSION math_500"
+    grade: Callable[[str, str], tuple[str, bool]]
+
+
+# Where the cross-grade's grader comes from: the grader, or the reason there is none.
+GraderSource = Callable[[], CrossGrader | str]
+
+
+@dataclass(frozen=True)
 class CrossGrade:
-    """The cross-grade of one accuracy run, or why it did not run (`ran` False)."""
+    """The cross-grade of one accuracy run, or why it did not run (`ran` False, `reason` says why)."""
 
     ran: bool
-    grader: str  # "evalscope VERSION math_500", or the reason it did not run
+    grader: str  # "evalscope VERSION math_500"; empty when it did not run
     graded: int = 0  # samples graded by both (failed requests are left out)
     agree: int = 0
     correct_ours: int = 0
     correct_theirs: int = 0
     disagreements: list[Disagreement] = field(default_factory=list)
+    reason: str = ""  # "cross-grade not run: REASON" when it did not run; empty when it ran
+
+    @classmethod
+    def not_run(cls, why: str) -> CrossGrade:
+        return cls(False, "", reason=NOT_RUN + why)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> CrossGrade:
-        """accuracy.json's cross_grade read back."""
+        """accuracy.json's (or summary.json's) cross_grade read back; TypeError when it is not one."""
         return cls(**{**d, "disagreements": [Disagreement(**x) for x in d.get("disagreements", [])]})
 
     def lines(self) -> list[str]:
-        """What `serve accuracy` prints: the counts, then up to SHOWN disagreements."""
+        """What `serve accuracy`, `serve trial` and the report print: the counts, then up to SHOWN
+        disagreements."""
         if not self.ran:
-            return [f"cross-grade: not run ({self.grader})"]
+            return [self.reason]
         out = [
             f"cross-grade with {self.grader}: {self.agree}/{self.graded} agree; correct {self.correct_ours} "
             f"(math-verify) vs {self.correct_theirs} (evalscope); {len(self.disagreements)} disagreement(s)"
@@ -83,40 +104,43 @@ class CrossGrade:
         return out
 
 
-def evalscope_grader() -> tuple[Callable[[str, str], tuple[str, bool]], str] | str:
-    """(grade(response, reference) -> (extracted, correct), "evalscope VERSION math_500"), or the
-    reason there is none."""
+def evalscope_grader() -> CrossGrader | str:
+    """evalscope's math_500 as a CrossGrader, or the reason there is none (not installed, or its
+    benchmark cannot be built: the cross-grade is evidence, it never fails the accuracy run)."""
     try:
         from evalscope.api.registry import get_benchmark, get_metric  # type: ignore[import-not-found]
     except ImportError as error:
         return f"evalscope is not installed ({error}): pip install 'kerneltrial[evalscope]'"
-    adapter = get_benchmark(BENCHMARK)
-    metrics = []
-    for entry in adapter.metric_list:
-        name, args = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
-        metrics.append(get_metric(name)(**args))
+    try:
+        adapter = get_benchmark(BENCHMARK)
+        metrics = []
+        for entry in adapter.metric_list:
+            name, args = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+            metrics.append(get_metric(name)(**args))
+        version = importlib.metadata.version("evalscope")
+    except Exception as error:  # an evalscope whose registry differs from the one this was written for
+        return f"evalscope's {BENCHMARK} could not be built ({type(error).__name__}: {error}); install evalscope>=1.14"
 
     def grade(response: str, reference: str) -> tuple[str, bool]:
         extracted = str(adapter.filter_prediction(response, None))
         scores = [float(m(prediction=extracted, reference=reference)) for m in metrics]
         return extracted, bool(scores) and all(s == 1.0 for s in scores)
 
-    return grade, f"evalscope {importlib.metadata.version('evalscope')} {BENCHMARK}"
+    return CrossGrader(f"evalscope {version} {BENCHMARK}", grade)
 
 
-def cross_grade(records: Iterable[Graded]) -> CrossGrade:
-    """Every answered sample graded by evalscope's math_500 beside our grade."""
-    found = evalscope_grader()
+def cross_grade(records: Iterable[Graded], source: GraderSource = evalscope_grader) -> CrossGrade:
+    """Every answered sample graded by the grader `source` gives (evalscope's math_500) beside ours."""
+    found = source()
     if isinstance(found, str):
-        return CrossGrade(False, found)
-    grade, name = found
+        return CrossGrade.not_run(found)
     graded = agree = ours_n = theirs_n = 0
     listed: list[Disagreement] = []
     for r in records:
         if r.error:
             continue
         try:
-            extracted, theirs = grade(r.response, r.reference)
+            extracted, theirs = found.grade(r.response, r.reference)
         except Exception as error:  # evalscope raises when it cannot score (e.g. a reference it rejects)
             extracted, theirs = f"evalscope error: {type(error).__name__}: {error}"[:200], False
         graded += 1
@@ -126,4 +150,4 @@ def cross_grade(records: Iterable[Graded]) -> CrossGrade:
             agree += 1
         else:
             listed.append(Disagreement(r.unique_id, r.sample, r.reference, r.correct, theirs, r.extracted, extracted))
-    return CrossGrade(True, name, graded, agree, ours_n, theirs_n, listed)
+    return CrossGrade(True, found.name, graded, agree, ours_n, theirs_n, listed)

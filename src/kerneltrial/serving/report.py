@@ -295,7 +295,24 @@ def accuracy_lines(run: ServingRun) -> list[str]:
         f"Pass probability at the gate (a model whose every sample is correct with probability exactly "
         f"{acc.gate}, independently, passes this gate with this n and {acc.samples} sample(s) per problem): "
         f"{', '.join(chances) or NOT_RECORDED}.",
+        "",
+        *cross_grade_lines(run),
     ]
+
+
+def cross_grade_lines(run: ServingRun) -> list[str]:
+    """Each measured arm's cross-grade with evalscope's math_500 (serving/crossgrade.py): the counts
+    and the disagreements, or why it did not run."""
+    out = ["Cross-grade of the same samples with evalscope's math_500 (the gate stays math-verify's):", ""]
+    for a in run.plan.arms:
+        r = run.summary.accuracy.get(a.name)
+        if r is None:
+            continue
+        lines = (
+            ["not recorded (a run from before the trial ran one)"] if r.cross_grade is None else r.cross_grade.lines()
+        )
+        out += [f"- {a.name}: {lines[0]}", *(f"  - `{line.strip()}`" for line in lines[1:])]
+    return out
 
 
 def dispatch_lines(run: ServingRun) -> list[str]:

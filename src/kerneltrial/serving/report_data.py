@@ -26,6 +26,7 @@ from kerneltrial.serving.acceptance import (
     dispatch_check,
     judge,
 )
+from kerneltrial.serving.crossgrade import CrossGrade
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.effective import Override, command_line, overrides, written
 from kerneltrial.serving.fl_policy import SelectionError
@@ -145,6 +146,7 @@ class AccuracyResult(BaseModel):
     samples: int = 1  # runs before samples: one per problem, Wilson, no pass probability
     interval: str = "wilson"
     pass_probability_at_gate: float | None = None
+    cross_grade: CrossGrade | None = None  # serving/crossgrade.py; runs before the trial ran it: none
 
 
 class DispatchCount(BaseModel):

@@ -45,6 +45,7 @@ from kerneltrial.serving.bench import (
     run_bench,
 )
 from kerneltrial.serving.completeness import failed_requests_reason, judge_requests
+from kerneltrial.serving.crossgrade import GraderSource, evalscope_grader
 from kerneltrial.serving.dispatch_proof import Files, check_launch
 from kerneltrial.serving.dist_imports import imported_check, not_spawned
 from kerneltrial.serving.dist_records import record_evidence
@@ -163,6 +164,7 @@ ACCURACY_KEYS = (
     "truncated",
     "grader",
     *("samples", "rule", "interval", "design_effect", "pass_probability_at_gate"),  # accuracy_stats.py
+    "cross_grade",  # serving/crossgrade.py: the agreement and the disagreements, or why it did not run
 )
 
 
@@ -202,12 +204,14 @@ def run_protocol(
     override_pins: bool = False,
     stop: Stop | None = None,
     calibration: dict[str, Any] | None = None,
+    cross_grader: GraderSource = evalscope_grader,
 ) -> dict[str, Any]:
     """Run every launch of the protocol into `out`; return summary.json's content.
     `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
     `stop`: asked after each launch with the run rows so far; a reason ends the run there, FAILED
     with that reason (PilotStop, after the summary is written: the calibration's pilot).
     `calibration`: the passed calibration the trial rests on, for provenance.json.
+    `cross_grader`: where the accuracy cross-grade's grader comes from (serving/crossgrade.py).
 
     Raises PreflightError before writing anything; LaunchError / BenchError (after writing what
     was measured) or KeyboardInterrupt. provenance.json says "running" until the end, then
@@ -216,7 +220,7 @@ def run_protocol(
     """
     check_inputs(proto, vllm)  # bad input is exit 2 before anything is written or launched
     emit = event or (lambda *a, **k: None)
-    t, order = start_run(proto, protocol_bytes, out, vllm, argv, emit, override_pins, calibration)
+    t, order = start_run(proto, protocol_bytes, out, vllm, argv, emit, override_pins, calibration, cross_grader)
     t.emit("start", total=len(order) * len(proto.bench.cases) * proto.repeats)
     t_all = time.monotonic()
     stopped: BaseException | None = None
@@ -243,6 +247,7 @@ def start_run(
     emit: Event,
     override_pins: bool,
     calibration: dict[str, Any] | None = None,
+    cross_grader: GraderSource = evalscope_grader,
 ) -> tuple[_Trial, list[PlannedLaunch]]:
     """The run directory before the first launch (protocol, plan, provenance "running", empty run and
     request tables), the trial that fills it and its launches in order."""
@@ -256,7 +261,7 @@ def start_run(
     with csv_appender(out / layout.REQUESTS, REQUEST_FIELDS):
         pass  # the header, before any run: an empty table says no request was made
     (out / layout.RUNS).touch()  # likewise: a trial whose first launch failed still has its (empty) run table
-    return _Trial(proto, out, vllm, sha, started, emit, copies, override_pins), order
+    return _Trial(proto, out, vllm, sha, started, emit, copies, override_pins, cross_grader), order
 
 
 @dataclass(frozen=True)
@@ -335,6 +340,7 @@ class _Trial:
     emit: Event
     copies: dict[str, dict[str, dict[str, Any]]]  # arm -> its selection files' copies (copy_selection_files)
     override: bool = False  # --override-pins: a pin mismatch is recorded, not refused
+    cross_grader: GraderSource = evalscope_grader  # the accuracy cross-grade's (serving/crossgrade.py)
     server_versions: dict[str, Any] = field(default_factory=dict)  # arm -> its server interpreter's versions
     dist_records: dict[str | None, dict[str, Any]] = field(default_factory=dict)  # interpreter -> its RECORD check
     stopped_in: dict[str, Any] | None = None  # the launch under way (kept in provenance if the run stops there)
@@ -482,7 +488,9 @@ class _Trial:
         self.emit("accuracy", arm=arm.name)
         t_acc = time.monotonic()
         model = server.served_name if server is not None else self.proto.server.model_id
-        res = run_accuracy(base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name)
+        res = run_accuracy(
+            base_url, model, spec, self.out / layout.ACCURACY_DIR / arm.name, cross_grader=self.cross_grader
+        )
         if server is not None:
             server.check_alive("the accuracy run")
             answered = int(res["n"]) * spec.samples - int(res["errors"])  # each in the server's own ledger

@@ -31,7 +31,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.serving import verify_evidence as evidence
 from kerneltrial.serving.acceptance import GateCheck, LaunchFigure, Rule, case_record, compare_case, judge
 from kerneltrial.serving.calibration_evidence import calibration_checks
-from kerneltrial.serving.verify_accuracy import accuracy_problems
+from kerneltrial.serving.verify_accuracy import accuracy_problems, cross_grade_problems
 from kerneltrial.serving.verify_dispatch import check_dispatch
 from kerneltrial.serving.verify_plan import RunProtocol, floor_problems, plan_problems, read_run_protocol
 from kerneltrial.serving.verify_requests import completeness_problems
@@ -459,10 +459,16 @@ def _launch_means(run: ServingRun, kept: list[dict[str, Any]]) -> dict[str, floa
 
 def _check_accuracy(run: ServingRun, regrade: bool, result: VerifyResult) -> None:
     """`accuracy` (records recounted under the run's spec: k samples per problem, interval, pass
-    probability at the gate, the gate rule; verify_accuracy.py) and `accuracy grades` (every answer re-graded)."""
+    probability at the gate, the gate rule; verify_accuracy.py), `accuracy cross-grade` (its counts
+    recounted) and `accuracy grades` (every answer re-graded)."""
     acc_sum = run.summary.get("accuracy", {}) or {}
     problems = accuracy_problems(run.path, run.plan.get("accuracy"), acc_sum)
     result.add("accuracy", problems, f"{len(acc_sum)} arm(s)' accuracy recounted from records.jsonl")
+    crossed = cross_grade_problems(run.path, acc_sum)
+    if crossed is None:
+        result.not_applicable("accuracy cross-grade", "no cross-grade recorded (a run from before the trial ran one)")
+    else:
+        result.add("accuracy cross-grade", crossed, "each arm's cross-grade recounted from records.jsonl")
     if regrade:
         result.add("accuracy grades", evidence.regrade_problems(run.path, acc_sum), "every stored answer re-graded")
     else:

@@ -8,6 +8,14 @@ because they are definitions rather than arithmetic: the interval and the pass p
 gate (serving/accuracy_stats.py), fed with the recounted counts. Runs from before samples (no
 `samples` in the plan's accuracy) are recounted as they always were: one record per problem, the
 Wilson interval, accuracy >= gate.
+
+The cross-grade (`cross_grade_problems`): summary.json's record of it is accuracy.json's, and its
+counts are recounted from records.jsonl and its own list of disagreements: graded = the answered
+samples, correct_ours = their correct flags, agree = graded - disagreements, correct_theirs =
+correct_ours with each disagreement's sample turned over; every disagreement names an answered
+sample once, with that sample's reference, extracted answers and our grade. A record that did not
+run says why ("cross-grade not run: REASON") and counts nothing. What this cannot catch without
+running evalscope again: a disagreement left out with the counts rewritten to match.
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.files import read_jsonl
+from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR
 from kerneltrial.serving import accuracy_stats as stats
 from kerneltrial.serving.accuracy_stats import GateRule
+from kerneltrial.serving.crossgrade import NOT_RUN, CrossGrade
 
 # MATH-500 problems per level (written out here, apart from serving/accuracy.py: verify does not
 # trust the writer's table). The gate needs the protocol's `limit`, else the whole level.
@@ -136,3 +145,79 @@ def _recount(
         "rule_ok": stats.rule_passes(fig, gate, rule),
     }
     return want, problems
+
+
+def cross_grade_problems(path: Path, acc_sum: dict[str, Any]) -> list[str] | None:
+    """Every arm's cross-grade (summary.json's, which must be accuracy.json's) recounted from its
+    records; None when no arm records one in either file (a run from before the trial recorded it)."""
+    problems: list[str] = []
+    found = False
+    for a, s in acc_sum.items():
+        try:
+            stored = read_json(path / ACCURACY_DIR / a / "accuracy.json").get("cross_grade")
+            recs = read_jsonl(path / ACCURACY_DIR / a / "records.jsonl")
+        except (RunDirError, AttributeError) as error:
+            problems.append(f"accuracy {a}: {error}")
+            continue
+        summed = s.get("cross_grade")
+        found = found or summed is not None or stored is not None
+        if summed != stored:
+            problems.append(
+                f"accuracy {a}: summary.json's cross_grade is not accuracy/{a}/accuracy.json's (summary "
+                f"{'absent' if summed is None else 'differs'}); the trial copies accuracy.json's into the summary"
+            )
+        if summed is not None:
+            problems += _cross_grade_arm(a, summed, recs)
+    return problems if found else None
+
+
+def _cross_grade_arm(a: str, record: Any, recs: list[dict[str, Any]]) -> list[str]:
+    try:
+        cg = CrossGrade.from_record(record)
+    except (TypeError, AttributeError) as error:
+        return [f"accuracy {a}: cross_grade is not a cross-grade record ({error}); serving/crossgrade.py writes it"]
+    counted = (cg.graded, cg.agree, cg.correct_ours, cg.correct_theirs, len(cg.disagreements))
+    if not cg.ran:
+        ok = cg.reason.startswith(NOT_RUN) and len(cg.reason) > len(NOT_RUN) and counted == (0, 0, 0, 0, 0)
+        if ok:
+            return []
+        return [
+            f"accuracy {a}: cross_grade did not run but its reason is {cg.reason!r} and its counts (graded, agree, "
+            f"correct_ours, correct_theirs, disagreements) {counted}; one not run says {NOT_RUN!r}REASON and counts 0"
+        ]
+    answered = {(str(r.get("unique_id")), r.get("sample", 0)): r for r in recs if not r.get("error")}
+    graded = sum(1 for r in recs if not r.get("error"))
+    ours = sum(1 for r in recs if not r.get("error") and r.get("correct") is True)
+    turned = sum(1 if d.ours else -1 for d in cg.disagreements)  # ours right, theirs wrong: one fewer
+    want = {
+        "graded": graded,
+        "agree": graded - len(cg.disagreements),
+        "correct_ours": ours,
+        "correct_theirs": ours - turned,
+        "reason": "",
+    }
+    problems = [
+        f"accuracy {a}: cross_grade {key} = {getattr(cg, key)!r}, recounted {v!r}"
+        for key, v in want.items()
+        if getattr(cg, key) != v
+    ]
+    return problems + _disagreement_problems(a, cg, answered)
+
+
+def _disagreement_problems(a: str, cg: CrossGrade, answered: dict[tuple[str, Any], dict[str, Any]]) -> list[str]:
+    """Each listed disagreement against the answered sample it names."""
+    problems: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for d in cg.disagreements:
+        where = f"accuracy {a}: cross_grade disagreement on problem {d.unique_id} sample {d.sample}"
+        rec = answered.get((d.unique_id, d.sample))
+        if rec is None or (d.unique_id, d.sample) in seen:
+            problems.append(f"{where} names no answered sample of records.jsonl, or names it twice")
+        elif d.ours != (rec.get("correct") is True) or d.ours == d.theirs:
+            problems.append(f"{where}: ours {d.ours}, theirs {d.theirs}; records.jsonl grades it {rec.get('correct')}")
+        elif d.reference != rec.get("reference") or d.our_extracted != rec.get("extracted"):
+            problems.append(f"{where}: its reference or extracted answers are not records.jsonl's")
+        seen.add((d.unique_id, d.sample))
+    return problems[:SHOWN] + (
+        [f"accuracy {a}: {len(problems) - SHOWN} more disagreements wrong"] * (len(problems) > SHOWN)
+    )

@@ -441,13 +441,13 @@ def regrade_problems(path: Path, accuracy: dict[str, Any]) -> list[str]:
             k += ok
             if ok != (rec.get("correct") is True):
                 flipped.append(
-                    f"accuracy {arm}: problem {rec.get('unique_id')} is stored correct={rec.get('correct')}, "
-                    f"re-graded {ok}"
+                    f"accuracy {arm}: problem {rec.get('unique_id')} sample {rec.get('sample', 0)} is stored "
+                    f"correct={rec.get('correct')}, re-graded {ok}"
                 )
         problems += _capped(flipped, f"answers of {arm} whose stored grade differs")
         if summary.get("correct") != k:
             problems.append(
-                f"accuracy {arm}: summary correct = {summary.get('correct')}, re-graded {k} of {len(records)}"
+                f"accuracy {arm}: summary correct = {summary.get('correct')}, re-graded {k} of {len(records)} samples"
             )
     return problems
 
