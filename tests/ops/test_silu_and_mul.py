@@ -10,6 +10,7 @@ from kerneltrial.ops import launch
 from kerneltrial.ops import silu_and_mul as sam
 from kerneltrial.ops.registry import Case, Impl, get_op
 from kerneltrial.trial.gate import check
+from tests.launches import LaunchRecorder
 
 KERNELS = ("control", "packed_r4_w4", "packed_r16_w4", "tile1024_w4", "tile2048_w4", "tile2048_w8", "kerneltrial")
 
@@ -22,15 +23,9 @@ def op():
 @pytest.fixture
 def launches(monkeypatch):
     """Every launch of the kernel as (grid, positional args), recorded as it happens."""
-    seen: list[tuple[tuple[int, ...], tuple]] = []
-    original = sam._silu_and_mul_tiles.run
-
-    def spy(*args, grid, **kwargs):
-        seen.append((tuple(grid), args))
-        return original(*args, grid=grid, **kwargs)
-
-    monkeypatch.setattr(sam._silu_and_mul_tiles, "run", spy)
-    return seen
+    recorder = LaunchRecorder(sam._silu_and_mul_tiles)
+    monkeypatch.setattr(sam, "_silu_and_mul_tiles", recorder)
+    return recorder
 
 
 def as_impl(name: str, fn) -> Impl:
