@@ -11,6 +11,9 @@ from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.model_summary_doc import ModelCase, ModelSummary, PairedRatio, read_model_summary
 
 HOST_BOUND = 0.8  # device busy below this share of the wall time: the call waits on the host
+SERVED_BAND = 0.01  # Track 2: a throughput gain must clear 1%; TTFT may be at most the baseline's + 1%
+TRACK2_ARMS = ("E1", "E2", "E3")
+INVERTED = {"win": "loss", "loss": "win", "tie": "tie", "inconclusive": "inconclusive"}
 DESCRIPTION = (
     "The eager arm runs the model's own (Hugging Face) code; torch_eager runs the routed structure with torch "
     "formulas, so `vs torch_eager` isolates the kernels, and `vs kerneltrial` compares every other arm with ours "
@@ -160,6 +163,63 @@ def run_line(summary: ModelSummary) -> str | None:
     )
 
 
+def ours_against(ratio: PairedRatio) -> PairedRatio:
+    """A peer's `vs_kerneltrial` (kerneltrial's time over the peer's) turned round: ours against the peer."""
+    ci = None if ratio.ci is None else (1 / ratio.ci[1], 1 / ratio.ci[0])
+    return PairedRatio(speedup=1 / ratio.speedup, ci=ci, verdict=INVERTED[ratio.verdict], rounds=ratio.rounds)
+
+
+def served_reading(phase: str, ours: PairedRatio | None) -> str:
+    """What kerneltrial against FlagGems (the served baseline's operators) predicts for Track 2's gates:
+    decode steps for throughput against the 1% band, prefill for TTFT against baseline + 1%."""
+    if ours is None or ours.ci is None:
+        return "no interval against flaggems: no prediction"
+    low, high = ours.ci
+    if phase == "decode":
+        if low > 1 + SERVED_BAND:
+            return "a served throughput gain above the 1% band is possible (at most this one: a served step also schedules and samples)"
+        if high < 1 + SERVED_BAND:
+            return "no served throughput gain above the 1% band"
+        return "undecided against the 1% band"
+    if low >= 1 / (1 + SERVED_BAND):
+        return "TTFT within the baseline's + 1%"
+    if high < 1 / (1 + SERVED_BAND):
+        return "TTFT above the baseline's + 1%: the TTFT gate would fail"
+    return "undecided against TTFT's + 1%"
+
+
+def track2_lines(summary: ModelSummary) -> list[str]:
+    """Per case: what E1/E2/E3 gain over eager (E0 here), kerneltrial (the operators of E3) against
+    flaggems and torch_compile, and what that predicts for a served Track 2 gain; [] without E arms."""
+    rows = []
+    for cid, case in summary.cases.items():
+        arms = case.arms
+        if not any(e in arms for e in TRACK2_ARMS):
+            continue
+        gains = "; ".join(f"{e} {_ratio(arms[e].vs_eager)}" for e in TRACK2_ARMS if e in arms and arms[e].vs_eager)
+        against = {
+            p: ours_against(r) for p in ("flaggems", "torch_compile") if p in arms and (r := arms[p].vs_kerneltrial)
+        }
+        reading = served_reading(case.phase, against.get("flaggems"))
+        rows.append(
+            f"| {cid} | {gains} | {_ratio(against.get('flaggems'))} | {_ratio(against.get('torch_compile'))} | {reading} |"
+        )
+    if not rows:
+        return []
+    return [
+        "#### Track 2 reading",
+        "",
+        "E0 is eager here (the model's own code); a served E0 runs vllm-plugin-FL's default operators, FlagGems', so "
+        "the served gain is read from kerneltrial against flaggems (kerneltrial routes the operators E3 routes). "
+        "Decode cases stand for throughput (vLLM replays decode steps in CUDA graphs), prefill cases for TTFT.",
+        "",
+        "| case | E1, E2, E3 vs eager [CI] | kerneltrial vs flaggems [CI] | kerneltrial vs torch_compile [CI] | Track 2 reading |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def performance_section(run_dir: Path, unverified: bool = False) -> list[str]:
     """The run's section in PERFORMANCE.md: its timing tables under the run's name."""
     plan = read_json(run_dir / "plan.json")
@@ -178,7 +238,7 @@ def performance_section(run_dir: Path, unverified: bool = False) -> list[str]:
         lines += [line, ""]
     for cid, case in summary.cases.items():
         lines += ["#" + line if line.startswith("### ") else line for line in case_lines(cid, case)]
-    return lines
+    return lines + track2_lines(summary)
 
 
 def write_model_report(run_dir: Path, unverified: bool = False) -> Path:
