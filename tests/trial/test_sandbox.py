@@ -309,10 +309,13 @@ def test_an_arm_whose_output_is_not_ordered_with_the_callers_stream_is_refused_o
     ids=["cpu", "cuda"],
 )
 def test_an_arm_that_returns_unwritten_memory_on_repeated_values_is_caught(device: torch.device, case: Case):
-    """CPU: torch.empty poisons. CUDA: the worker spoils its copies of the last output (and the output)
-    before its cache goes back to the driver, which may hand the same pages to the arm's next block."""
+    """CPU: torch.empty poisons (NaN). CUDA: the worker spoils its copies of the last output (and the
+    output) before its cache goes back to the driver; on an H100 (session 22, docs/NOTES.md) the arm was
+    caught with or without the spoil, by what else the unwritten block held (an Inf at the storage-offset
+    check): the spoil is a second line there, not shown to be the one that catches it."""
     (message,) = gate_messages("remembers_values", device, case)
-    assert "NaN element(s)" in message, message
+    named = ("NaN element(s)",) if device.type == "cpu" else ("NaN element(s)", "Inf element(s)")
+    assert any(name in message for name in named), message
 
 
 def test_an_arm_whose_output_is_a_view_into_a_larger_block_passes_isolated(tmp_path: Path):
