@@ -20,7 +20,11 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 
 
 def node_id(classname: str, name: str) -> str:
-    """pytest's node id from a junit testcase (`tests.ops.test_x` + `test_y[p]`)."""
+    """pytest's node id from a junit testcase (`tests.ops.test_x` + `test_y[p]`), without the
+    `@GROUP` that xdist's --dist loadgroup appends to a grouped test's name (as xdist splits it: an
+    `@` after the last `]`; collection, where tests/conftest.py reads the file, has no suffix)."""
+    if name.rfind("@") > name.rfind("]"):
+        name = name[: name.rfind("@")]
     return f"{classname.replace('.', '/')}.py::{name}"
 
 

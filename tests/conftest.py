@@ -116,11 +116,14 @@ def one_torch_thread() -> None:
 PROCESS_FIXTURES = {"vllm_client": "serving", "vllm_server_cmd": "serving", "cluster": "ray"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests measured at QUICK_LIMIT_S or longer (DURATIONS), and every test that starts a local Ray
     cluster, are marked `slow`. Tests that start a real vLLM server run on one xdist worker, one
     after another (--dist loadgroup): two servers on CI's two cores would slow both. The Ray tests
-    likewise share one worker (one local cluster at a time)."""
+    likewise share one worker (one local cluster at a time). tryfirst: xdist's worker reads the
+    xdist_group marks in its own pytest_collection_modifyitems, which ran before this one, so the
+    groups added here were never seen (every vLLM and Ray test went to either worker)."""
     measured: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     for item in items:
         for fixture in sorted(PROCESS_FIXTURES.keys() & set(getattr(item, "fixturenames", ()))):

@@ -21,6 +21,10 @@ from kerneltrial.cli import support as cli_support
 from tests.conftest import REPO
 from tests.kt import CliResult, cli_argv, run_cli, run_process, write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (json_run) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_cli_convention")
+
 FIXTURES = REPO / "tests" / "fixtures"
 runner = CliRunner()
 PROTOCOL = """

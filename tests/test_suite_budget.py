@@ -18,6 +18,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="tests.ops.test_a" name="test_fast[x-1]" time="0.04"/>
 <testcase classname="tests.trial.test_b" name="test_slow" time="12.345"/>
 <testcase classname="tests.trial.test_b" name="test_skipped" time="0.001"><skipped message="no GPU"/></testcase>
+<testcase classname="tests.serving.test_c" name="test_grouped[a@b]@vllm" time="3.0"/>
+<testcase classname="tests.serving.test_c" name="test_at[a@b]" time="0.2"/>
 </testsuite></testsuites>
 """
 
@@ -28,6 +30,8 @@ def test_durations_are_read_per_node_id_and_skipped_tests_left_out(tmp_path: Pat
     assert script.durations(junit) == {
         "tests/ops/test_a.py::test_fast[x-1]": 0.0,
         "tests/trial/test_b.py::test_slow": 12.3,
+        "tests/serving/test_c.py::test_grouped[a@b]": 3.0,  # xdist's loadgroup suffix dropped
+        "tests/serving/test_c.py::test_at[a@b]": 0.2,
     }
 
 

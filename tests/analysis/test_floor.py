@@ -23,6 +23,10 @@ from kerneltrial.trial.runner import run_trial
 from tests.conftest import REPO
 from tests.kt import write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (trial) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("analysis/test_floor")
+
 CHECK = "speed-of-light floor"
 PROTOCOL = """
 name = "floor"

@@ -27,6 +27,10 @@ from kerneltrial.rundir.files import read_json, read_jsonl
 from tests.conftest import REPO
 from tests.kt import write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (gate_rows) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("model/test_model_rules")
+
 pytest.importorskip("transformers")
 
 PLANTED = REPO / "tests" / "fixtures" / "planted" / "model"

@@ -26,6 +26,10 @@ from kerneltrial.rundir.layout import kind_of
 from tests.conftest import REPO
 from tests.kt import run_cli, write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (tiny_run) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("model/test_model_trial")
+
 pytest.importorskip("transformers")
 
 PROTOCOL = """

@@ -1,9 +1,13 @@
-"""Fixtures for the serving tests: paths, the vLLM CPU venv, the tiny model, a fake server."""
+"""Fixtures for the serving tests: paths, the vLLM CPU venv, the tiny model, a fake server, and
+one real two-launch trial that several tests read."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kerneltrial.serving.launcher import free_port
+from tests.kt import run_cli, write_protocol
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -164,3 +169,64 @@ def vllm_server_cmd(vllm_client: str):
         ]
 
     return make, env, str(model)
+
+
+@dataclass(frozen=True)
+class RealTrial:
+    """A finished `serve trial` of real vLLM CPU launches: its protocol, run directory, and the CLI's
+    exit code and output."""
+
+    protocol: Path
+    out: Path
+    exit_code: int
+    output: str
+
+
+def e0_e1_protocol(make: Callable[[int | str], list[str]], env: dict[str, str], model: str) -> str:
+    """E0 (baseline: the plugin records dispatch, swaps nothing) and E1 (candidate: kerneltrial's
+    RMSNorm swapped in through the plugin), both through the Triton interpreter so that they differ
+    in operator selection only; with the accuracy gate when MATH-500 is there."""
+    base = {**env, "TRITON_INTERPRET": "1"}  # VLLM_DISABLE_COMPILE_CACHE=1: the trial sets it
+    lines = [
+        'name = "tiny-e0-e1"',
+        "seed = 7",
+        "rounds = 1",
+        "repeats = 2",
+        "[server]",
+        'model_id = "tiny"',
+        f"port = {free_port()}",
+        f"tokenizer = {json.dumps(model)}",
+        "ready_timeout_s = 600",
+        "[bench]",
+        "cases = [[32, 4, 2, 2]]",
+        "[acceptance]",
+        "noise_band = 0.01",
+        "ttft_ratio_max = 1.01",
+    ]
+    if math500().is_file():
+        lines += ["[accuracy]", f"data = {json.dumps(str(math500()))}", "limit = 2", "max_tokens = 16"]
+    for name, role, extra in (("E0", "baseline", {}), ("E1", "candidate", {"KERNELTRIAL_VLLM_OPS": "rms_norm"})):
+        lines += [
+            "[[arms]]",
+            f'name = "{name}"',
+            f'role = "{role}"',
+            f"argv = {json.dumps(make('{port}'))}",
+            "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**base, **extra}.items()) + " }",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def e0_e1_trial(vllm_server_cmd: Any, vllm_client: str, tmp_path_factory: pytest.TempPathFactory) -> RealTrial:
+    """One real `serve trial` of E0 and E1 (e0_e1_protocol), read, never written, by the tests of the
+    A/B verdict (test_real_vllm.py), the proof of dispatch (test_vllm_plugin.py) and the vLLM files
+    the servers imported (test_dist_imports.py). Each launch is a cold start (30-60 s on CI's two
+    cores): two launches for the three, where two trials of their own and a server took five."""
+    make, env, model = vllm_server_cmd
+    root = tmp_path_factory.mktemp("e0-e1")
+    proto = write_protocol(root / "e0-e1.toml", e0_e1_protocol(make, env, model))
+    out = root / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(root / "state"))  # the port records: not the user's (server_records)
+        r = run_cli("serve", "trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out))
+    return RealTrial(proto, out, r.exit_code, r.output)

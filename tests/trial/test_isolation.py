@@ -32,6 +32,10 @@ from kerneltrial.trial.timing import make_timer
 from tests.conftest import REPO
 from tests.kt import run_process, write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (isolated_run) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("trial/test_isolation")
+
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 CPU = torch.device("cpu")
 OP = get_op("rmsnorm")

@@ -26,6 +26,10 @@ from kerneltrial.trial.suite import protocol_dir, protocol_files
 from tests.conftest import REPO
 from tests.kt import cli_argv, run_cli
 
+# one xdist worker for the whole module: its module-scoped fixture (finished) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("trial/test_suite")
+
 FIXTURE = REPO / "tests" / "fixtures" / "suite"
 RUNS = ["rmsnorm", "silu_and_mul"]
 MINICPM = REPO / "protocols" / "minicpm5-2b"

@@ -17,6 +17,10 @@ from kerneltrial.trial.runner import RunError, run_trial
 from tests.conftest import REPO
 from tests.kt import run_cli, run_process, write_protocol
 
+# one xdist worker for the whole module: its module-scoped fixture (cheat_run) is built once,
+# not once on each worker that runs one of its tests (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("trial/test_timed_runs")
+
 PLANTED = REPO / "tests" / "fixtures" / "planted"
 # The late cheats turn after 40 calls: more than the gate makes for two seeds (at most 16 a check:
 # 4 warm-ups, the checked call, the repeat, 2 stale-result calls, 8 extra shapes), fewer than the

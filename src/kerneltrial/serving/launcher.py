@@ -23,6 +23,14 @@ group is signalled.
 
 from __future__ import annotations
 
+# encodings.idna and httpcore: httpx loads its transport (httpcore, h11, anyio) on its first client
+# and the idna codec on its first request, i.e. in a launch's first readiness poll, where SIGTERM
+# raises KeyboardInterrupt (install_sigterm_as_interrupt). SIGTERM during that import (in the exec
+# of one of h11's dataclass methods) made `serve launch` stop its server, print "interrupted", and
+# then exit by SIGINT (-2, Python's exit for an unhandled Ctrl-C) instead of 130: 6 of 90 SIGTERMs
+# as tests/serving/test_who_answers.py sends them with both cores busy; 0 of 120 with these imports
+# here, done before any handler is installed.
+import encodings.idna  # noqa: F401
 import os
 import secrets
 import shutil
@@ -36,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import httpcore  # noqa: F401  (see encodings.idna above)
 import httpx
 
 from kerneltrial.plugins.ledger import FD_ENV, MIDDLEWARE
