@@ -18,7 +18,7 @@ from statistics import median
 
 import torch
 
-from kerneltrial.ops import registry, rms_norm, softcap_argmax, zimage_qk_norm
+from kerneltrial.ops import launch, registry, rms_norm, softcap_argmax, zimage_qk_rmsnorm
 from kerneltrial.trial.timing import calls_for, make_timer
 
 SAMPLES = 15
@@ -33,11 +33,12 @@ def compiled_kernels() -> dict[int, object]:
     for fn in (
         rms_norm._rms_norm_rows,
         rms_norm._rms_norm_wide,
-        zimage_qk_norm._qk_norm,
+        zimage_qk_rmsnorm._qk_norm,
         softcap_argmax._argmax_stream,
         softcap_argmax._argmax_spans,
     ):
-        for caches in getattr(fn, "device_caches", {}).values():  # the interpreter compiles nothing
+        jit = fn.fn if isinstance(fn, launch.Direct) else fn  # kerneltrial's kernels are Directs
+        for caches in getattr(jit, "device_caches", {}).values():  # the interpreter compiles nothing
             found.update({id(k): k for k in caches[0].values()})
     return found
 
@@ -136,7 +137,7 @@ def zimage_group() -> None:
     for tokens in (256, 1024, 4096, 32768):
         for layout in ("contiguous", "qkv_slice"):
             variants: list[Variant] = [
-                (f"packed_r{r}_w{w}", partial(zimage_qk_norm.qk_norm, block_rows=r, num_warps=w))
+                (f"packed_r{r}_w{w}", partial(zimage_qk_rmsnorm.qk_norm, block_rows=r, num_warps=w))
                 for r in (8, 16, 32, 64)
                 for w in (2, 4, 8, 16)
                 if 2 <= r * 128 // (32 * w) <= 64
