@@ -3,7 +3,7 @@
 
 The file lists name rundir/layout.py's and model/layout.py's constants; the keys of plan.json,
 provenance.json and summary.json come from their readers' models (rundir/documents.py,
-rundir/summary_doc.py, rundir/model_summary_doc.py), each with its `Field` description.
+rundir/summary_doc.py, rundir/model_summary_doc.py, rundir/serving_summary_doc.py), each with its `Field` description.
 Rendering refuses a key without one. Torch-free: it imports only the layouts and the document models.
 """
 
@@ -56,13 +56,14 @@ from kerneltrial.rundir.layout import (
     TIMINGS,
 )
 from kerneltrial.rundir.model_summary_doc import ModelSummary
+from kerneltrial.rundir.serving_summary_doc import ServingSummary
 from kerneltrial.rundir.summary_doc import Summary
 from kerneltrial.serving.script_csv import RESULTS_DIR as SCRIPT_DIR
 
 HEADER = (
     "# Run directory reference\n\n"
     "Generated from rundir/layout.py, model/layout.py and the document models (rundir/documents.py,\n"
-    "rundir/summary_doc.py, rundir/model_summary_doc.py) by\n"
+    "rundir/summary_doc.py, rundir/model_summary_doc.py, rundir/serving_summary_doc.py) by\n"
     "`python -m kerneltrial.rundir_reference > docs/RUNDIR.md`; do not edit by hand\n"
     "(tests/test_rundir_reference.py checks it). Every run directory holds `provenance.json` with a\n"
     "`kind` (`kernel`, `serving` or `model`); replicate, suite and fleet directories hold kernel run\n"
@@ -146,12 +147,12 @@ KERNEL_FILES = (
         (TIMINGS,),
         "appended per sample",
         (
-            "`case,seed,round,position,arm,calls,ns[,sm_mhz,mem_mhz[,wall_ns]]`: `ns` is the total for "
-            "`calls` back-to-back calls; one row per (case, seed, round, arm); the optional `sm_mhz`, "
-            "`mem_mhz` are the SM and memory clocks (integer MHz, read through NVML right after the sample), "
-            "empty when unknown (CPU runs); `wall_ns` (`checks` 3): for an isolated arm, whose worker "
-            "measured `ns`, the harness's wall clock from sending the sample's request to reading its answer "
-            "(the bound on `ns`), empty for an arm in kerneltrial's process"
+            "`case,seed,round,position,arm,calls,ns[,sm_mhz,mem_mhz[,wall_ns[,peak_bytes]]]`: `ns` is the total for "
+            "`calls` back-to-back calls; one row per (case, seed, round, arm); the optional `sm_mhz`, `mem_mhz` are "
+            "the SM and memory clocks (integer MHz, read through NVML right after the sample), empty when unknown (CPU "
+            "runs); `wall_ns` (`checks` 3): for an isolated arm, whose worker measured `ns`, the harness's wall clock "
+            "from sending the sample's request to reading its answer (the bound on `ns`), empty for an arm in "
+            "kerneltrial's process; `peak_bytes` (plan `peak_memory`): trial/memory.py, empty where unmeasured"
         ),
     ),
     RunFile(
@@ -394,12 +395,11 @@ SERVING_FILES = (
         (SUMMARY,),
         "at end (not when interrupted)",
         (
-            "per arm and case: status, per-launch warm-up means, means over launches; accuracy per arm (with "
-            "accuracy.json's cross_grade); "
-            "`dispatch` per arm (valid: true, false, or null for an external server; reason; launches; counts"
-            " summed over them); acceptance (with `dispatch_ok`); scope; failures; status (request_goodput "
-            "among the means when the plan sets SLOs)"
+            "`kerneltrial.serving-summary/1` (none before it): per arm and case status, per-launch warm-up means "
+            "and means over launches; accuracy per arm (with accuracy.json's cross_grade); `dispatch` per arm; "
+            "acceptance (with `dispatch_ok`); scope; failures; status (keys below)"
         ),
+        ServingSummary,
     ),
 )
 

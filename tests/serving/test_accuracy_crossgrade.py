@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from kerneltrial.cli.serving_common import print_summary
+from kerneltrial.rundir.serving_summary_doc import NOT_RUN, read_serving_summary
 from kerneltrial.serving import accuracy as A
 from kerneltrial.serving import accuracy_stats as S
-from kerneltrial.serving.crossgrade import NOT_RUN, CrossGrader, cross_grade, evalscope_grader
+from kerneltrial.serving.crossgrade import CrossGrader, cross_grade, evalscope_grader
 from kerneltrial.serving.report import render
 from kerneltrial.serving.report_data import load_run
 from kerneltrial.serving.verify import verify_serving_run
@@ -77,7 +78,7 @@ def test_the_trial_records_the_cross_grade_and_verify_recounts_it(crossed: Path,
     head = "cross-grade with stub 0.1 math_500: 4/6 agree; correct 6 (math-verify) vs 4 (evalscope); 2 disagreement(s)"
     report = render(load_run(crossed))
     assert f"- E1: {head}" in report and "  - `u0 sample 2: reference '42', math-verify True" in report
-    print_summary(summary, crossed)
+    print_summary(read_serving_summary(crossed), crossed)
     printed = capsys.readouterr().out
     assert f"E1 {head}" in printed and "E1   u1 sample 2: reference '42'" in printed
 
@@ -149,7 +150,7 @@ def test_a_trial_without_a_cross_grader_says_why(tmp_path: Path, monkeypatch, ca
     assert (cg["ran"], cg["reason"], cg["graded"], cg["disagreements"]) == (False, NOT_RUN + "no grader here", 0, [])
     assert verify_serving_run(out).problems == []
     assert "- E1: cross-grade not run: no grader here" in render(load_run(out))
-    print_summary(summary, out)
+    print_summary(read_serving_summary(out), out)
     assert "E1 cross-grade not run: no grader here" in capsys.readouterr().out
 
     def counted(cg: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from kerneltrial.plugins import OURS
 from kerneltrial.plugins.records import OpCount, PluginLoad, ProcessRecord
+from kerneltrial.rundir.serving_summary_doc import CaseResult, LaunchResult
 from kerneltrial.serving.launcher import LaunchError, free_port
 from kerneltrial.serving.order import launch_order
 from kerneltrial.serving.protocol import Protocol, parse_protocol
@@ -63,24 +64,27 @@ def plant(out: Path, tag: str, counts: list[tuple[str, str, int, int]], error: s
     (d / "dispatch-11.json").write_text(ProcessRecord(11, 0.0, (load,), tuple(OpCount(*c) for c in counts)).to_json())
 
 
-def good_results(proto: Protocol) -> dict[str, dict[str, dict[str, object]]]:
+def good_results(proto: Protocol) -> dict[str, dict[str, CaseResult]]:
     """Figures that pass the acceptance rule: E1 doubles throughput at the same TTFT in every round."""
     fig = {"E0": (100.0, 10.0), "E1": (200.0, 10.0)}
     order = list(enumerate(launch_order(proto.arms, proto.rounds, proto.seed)))
     return {
         a.name: {
-            CASE: {
-                "status": "ok",
-                "launches": [
-                    {
-                        "launch": i,
-                        "total_token_throughput": fig[a.name][0] * (1 + r / 100),
-                        "mean_ttft_ms": fig[a.name][1],
-                    }
+            CASE: CaseResult(
+                runs=proto.rounds,
+                failed_runs=0,
+                status="ok",
+                launches=[
+                    LaunchResult(
+                        launch=i,
+                        kept_runs=[],
+                        total_token_throughput=fig[a.name][0] * (1 + r / 100),
+                        mean_ttft_ms=fig[a.name][1],
+                    )
                     for i, (r, _, name) in order
                     if name == a.name
                 ],
-            }
+            )
         }
         for a in proto.arms
     }
@@ -111,20 +115,22 @@ def test_an_invalid_launch_makes_its_arm_invalid_and_never_accepted(tmp_path, ar
     assert proofs[1].valid, proofs[1].reason
     assert proofs[0].files == {"dispatch-11.json": proofs[0].files["dispatch-11.json"]} and proofs[0].processes == 1
     dispatch = dispatch_summary(proto, proofs)
-    assert dispatch[arm] == {
+    assert dispatch[arm].model_dump() == {
         "valid": False,
         "reason": f"launch 0: {reason}",
         "launches": [0],
         "counts": [{"op": c[0], "impl": c[1], "calls": c[2], "errors": c[3]} for c in counts],
     }
-    assert dispatch[other]["valid"] is True
+    assert dispatch[other].valid is True
     verdict = acceptance(proto, good_results(proto), {}, dispatch)
-    assert verdict["accepted"] is False and verdict["dispatch_ok"] is False
+    assert verdict is not None and verdict.accepted is False and verdict.dispatch_ok is False
     role = "candidate" if arm == "E1" else "baseline"
-    assert f"{role} {arm}: dispatch proof invalid (launch 0: {reason})" in verdict["reasons"]
+    assert f"{role} {arm}: dispatch proof invalid (launch 0: {reason})" in verdict.reasons
     # the control: the same figures with both proofs valid are ACCEPTED
-    ok = acceptance(proto, good_results(proto), {}, {a: {**d, "valid": True} for a, d in dispatch.items()})
-    assert ok["accepted"] is True and ok["reasons"] == []
+    ok = acceptance(
+        proto, good_results(proto), {}, {a: d.model_copy(update={"valid": True}) for a, d in dispatch.items()}
+    )
+    assert ok is not None and ok.accepted is True and ok.reasons == []
 
 
 def test_plugin_that_fails_to_load_is_an_invalid_arm_not_a_baseline(tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kerneltrial.rundir.serving_summary_doc import ArmAccuracy, serving_summary_json
 from kerneltrial.serving import accuracy, metrics, script_csv, trial
 from kerneltrial.serving import summary as summary_mod
 from kerneltrial.serving.bench import request_rows
@@ -221,9 +222,9 @@ def _forge_runs(run: Path, arm: str, edit: Any, rewrite_requests: bool = True) -
                     cells = {"launch": row["launch"], "arm": row["arm"], "case": row["case"], "run": row["run"], **rq}
                     w.writerow([cells.get(f, "") for f in trial.REQUEST_FIELDS])
     summary = json.loads((run / "summary.json").read_text())
-    summary["results"] = summary_mod.summarise(proto, rows, summary["accuracy"], summary["protocol_sha256"], [], [])[
-        "results"
-    ]
+    accuracies = {arm: ArmAccuracy.model_validate(a) for arm, a in summary["accuracy"].items()}
+    redone = summary_mod.summarise(proto, rows, accuracies, summary["protocol_sha256"], [], [])
+    summary["results"] = serving_summary_json(redone)["results"]
     (run / "summary.json").write_text(json.dumps(summary))
     [stamp] = {f.name.removeprefix("raw_runs_").removesuffix(".csv") for f in run.glob("benchmark_results/*/raw_*")}
     shutil.rmtree(run / script_csv.RESULTS_DIR)  # the script's CSVs, rewritten from the forged rows

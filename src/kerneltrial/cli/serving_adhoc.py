@@ -308,9 +308,11 @@ def accuracy(
         raise CliError(f"{run_dir} already holds files; pick a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     res = _measure_accuracy(opts, spec, run_dir)
-    from kerneltrial.serving.crossgrade import CrossGrade
+    from kerneltrial.rundir.serving_summary_doc import ArmAccuracy
 
-    for line in [accuracy_line(res), *CrossGrade.from_record(res["cross_grade"]).lines()]:
+    measured = ArmAccuracy.model_validate({k: res[k] for k in ArmAccuracy.model_fields})
+    crossed = measured.cross_grade.lines() if measured.cross_grade is not None else []
+    for line in [accuracy_line(measured), *crossed]:
         console().print(line, soft_wrap=True, markup=False)
     records = run_dir / "records.jsonl"
     console().print(f"records: {records}  (pandas: read_json(path, lines=True))", soft_wrap=True)

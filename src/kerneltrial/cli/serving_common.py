@@ -18,6 +18,7 @@ from kerneltrial.cli.support import CliError, ExitCode, console
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from kerneltrial.rundir.serving_summary_doc import Acceptance, ArmAccuracy, ServingSummary
     from kerneltrial.serving.presets import Preset
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -127,12 +128,12 @@ class Display:
             self.progress = None
 
 
-def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+def print_summary(summary: ServingSummary, run_dir: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     out = console()
-    t = Table(title=f"serving summary ({summary['warmup']['rule']})")
+    t = Table(title=f"serving summary ({summary.warmup.rule})")
     for col in (
         "arm",
         "case",
@@ -147,10 +148,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         "mean E2E ms",
     ):
         t.add_column(col)
-    for arm, cases in summary["results"].items():
+    for arm, cases in summary.results.items():
         for cid, e in cases.items():
             cells = [
-                f"{e[k]:.2f}" if k in e else "-"
+                "-" if (v := e.figure(k)) is None else f"{v:.2f}"
                 for k in (
                     "total_token_throughput",
                     "output_throughput",
@@ -162,43 +163,50 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                     "mean_e2el_ms",
                 )
             ]
-            t.add_row(escape(arm), escape(cid), e["status"], *cells)
+            t.add_row(escape(arm), escape(cid), e.status, *cells)
     out.print(t)
     for line in accuracy_summary_lines(summary):
         out.print(line, markup=False, soft_wrap=True)
-    for arm, d in (summary.get("dispatch") or {}).items():
-        shown = {True: "valid", False: "INVALID", None: "not applicable"}[d["valid"]]
-        out.print(f"dispatch proof {arm}: {shown} ({d['reason']})", markup=False)
-    acc = summary.get("acceptance")
-    if acc:
-        for cid, c in acc["cases"].items():
-            if c.get("gain") is None:
-                continue
-            gain, ttft = f"{c['gain']:+.2%}", f"{c['ttft_ratio']:.4f}"
-            if c.get("gain_low") is not None:
-                gain += f" [{c['gain_low']:+.2%}, {c['gain_high']:+.2%}]"
-                ttft += f" [{c['ttft_ratio_low']:.4f}, {c['ttft_ratio_high']:.4f}]"
-            out.print(
-                f"{cid}: total tok/s gain {gain} (lower bound must exceed {acc['noise_band']:.2%}), "
-                f"TTFT ratio {ttft} (upper bound at most {acc['ttft_ratio_max']}), "
-                f"{acc.get('confidence', 0.95):.0%} intervals over {c.get('rounds', '?')} launch(es) per arm",
-                markup=False,
-            )
-        shown = acc.get("verdict") or ("ACCEPTED" if acc["accepted"] else "REJECTED")
-        verdict = f"[green]{shown}[/]" if acc["accepted"] else f"[red]{shown}[/]"
-        out.print(f"candidate {escape(acc['candidate'])} vs baseline {escape(acc['baseline'])}: {verdict}")
-        for r in acc["reasons"]:
-            out.print(f"  - {r}", markup=False)
-    if sc := summary.get("scope"):
-        why = f" ({'; '.join(sc['reasons'])})" if sc["reasons"] else ""
-        out.print(f"scope: {sc['kind']} on {sc['hardware']}{why}", markup=False)
-    for f in summary.get("failures", []):
+    for arm, d in (summary.dispatch or {}).items():
+        shown = {True: "valid", False: "INVALID", None: "not applicable"}[d.valid]
+        out.print(f"dispatch proof {arm}: {shown} ({d.reason})", markup=False)
+    if summary.acceptance:
+        print_acceptance(summary.acceptance)
+    if sc := summary.scope:
+        why = f" ({'; '.join(sc.reasons)})" if sc.reasons else ""
+        out.print(f"scope: {sc.kind} on {sc.hardware}{why}", markup=False)
+    for f in summary.failures:
         out.print(f"failure: {f}", markup=False, style="red")
     out.print(
         f"run directory: {run_dir}  (pandas: read_json('runs.jsonl', lines=True), read_csv('requests.csv'))",
         markup=False,
         soft_wrap=True,
     )
+
+
+def print_acceptance(acc: Acceptance) -> None:
+    """Each case's gain and TTFT ratio with their intervals, the verdict and its reasons."""
+    from rich.markup import escape
+
+    out = console()
+    for cid, c in acc.cases.items():
+        if c.gain is None or c.ttft_ratio is None:
+            continue
+        gain, ttft = f"{c.gain:+.2%}", f"{c.ttft_ratio:.4f}"
+        if c.gain_low is not None and c.gain_high is not None:
+            gain += f" [{c.gain_low:+.2%}, {c.gain_high:+.2%}]"
+            ttft += f" [{c.ttft_ratio_low:.4f}, {c.ttft_ratio_high:.4f}]"
+        out.print(
+            f"{cid}: total tok/s gain {gain} (lower bound must exceed {acc.noise_band:.2%}), "
+            f"TTFT ratio {ttft} (upper bound at most {acc.ttft_ratio_max}), "
+            f"{acc.confidence:.0%} intervals over {c.rounds} launch(es) per arm",
+            markup=False,
+        )
+    shown = acc.verdict or ("ACCEPTED" if acc.accepted else "REJECTED")
+    verdict = f"[green]{shown}[/]" if acc.accepted else f"[red]{shown}[/]"
+    out.print(f"candidate {escape(acc.candidate)} vs baseline {escape(acc.baseline)}: {verdict}")
+    for r in acc.reasons:
+        out.print(f"  - {r}", markup=False)
 
 
 @dataclass(frozen=True)
@@ -213,10 +221,10 @@ class RunOptions:
     calibration: dict[str, Any] | None = None  # the passed calibration a trial rests on (provenance.json)
 
 
-def run_text(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, stop: Any = None) -> dict[str, Any]:
+def run_text(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, stop: Any = None) -> ServingSummary:
     """Run a serving protocol into `run_dir` and print its summary; exit 1 when a run failed (a run
     that `stop` ended, the calibration's pilot, returns its summary)."""
-    from kerneltrial.rundir.files import read_json
+    from kerneltrial.rundir.serving_summary_doc import read_serving_summary
     from kerneltrial.serving.accuracy import load_grader
     from kerneltrial.serving.bench import BenchError, resolve_vllm
     from kerneltrial.serving.launcher import LaunchError, install_sigterm_as_interrupt
@@ -238,7 +246,7 @@ def run_text(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, s
         args = (sys.argv, display, opts.override_pins, stop, opts.calibration)
         summary = run_protocol(proto, proto_text.encode(), run_dir, vllm, *args)
     except PilotStop:  # summarised and recorded as FAILED with its reason; the caller writes its verdict
-        return read_json(run_dir / "summary.json")
+        return read_serving_summary(run_dir)
     except (LaunchError, BenchError) as e:  # a gate of the run failed: a failed check, not bad input
         raise CliError(f"{e} (raw data kept in {run_dir})", ExitCode.FAILED) from None
     except KeyboardInterrupt:
@@ -248,7 +256,7 @@ def run_text(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, s
     finally:
         display.stop()
     print_summary(summary, run_dir)
-    if summary["status"] != "ok":
+    if summary.status != "ok":
         raise CliError(
             f"a run or a dispatch proof failed (see the failures above and summary.json in {run_dir})", ExitCode.FAILED
         )
@@ -258,7 +266,7 @@ def run_text(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions, s
 def execute(proto_text: str, base_dir: Path, run_dir: Path, opts: RunOptions) -> None:
     """Run a serving protocol into `run_dir`; exit 1 when a run failed or the candidate was not ACCEPTED."""
     summary = run_text(proto_text, base_dir, run_dir, opts)
-    if summary.get("acceptance") and not summary["acceptance"]["accepted"]:
+    if summary.acceptance and not summary.acceptance.accepted:
         raise typer.Exit(ExitCode.FAILED)  # the verdict (REJECTED, INCONCLUSIVE) and its reasons are printed above
 
 
@@ -277,32 +285,31 @@ def preset_server(
     return pr, pr.argv(exe, model, p, extra=extra, overrides=overrides), p
 
 
-def accuracy_summary_lines(summary: dict[str, Any]) -> list[str]:
+def accuracy_summary_lines(summary: ServingSummary) -> list[str]:
     """Each arm's accuracy line and its cross-grade's lines (serving/crossgrade.py: the counts and
     the disagreements, or why it did not run; runs from before the trial ran one have none)."""
-    from kerneltrial.serving.crossgrade import CrossGrade
-
     out = []
-    for arm, a in (summary.get("accuracy") or {}).items():
+    for arm, a in summary.accuracy.items():
         out.append(f"accuracy {arm}: {accuracy_line(a).removeprefix('accuracy ')}")
-        if a.get("cross_grade") is not None:
-            out += [f"{arm} {line}" for line in CrossGrade.from_record(a["cross_grade"]).lines()]
+        if a.cross_grade is not None:
+            out += [f"{arm} {line}" for line in a.cross_grade.lines()]
     return out
 
 
-def accuracy_line(res: dict[str, Any]) -> str:
+def accuracy_line(res: ArmAccuracy) -> str:
     """One accuracy result in a line (the line of before samples, then the gate's rule and its pass
     probability at the gate)."""
-    k = int(res.get("samples", 1))
-    graded = f"{res['correct']}/{res['n'] * k}" + (f" ({res['n']} problems x {k} samples)" if k > 1 else "")
-    interval = "Wilson" if k == 1 else f"Wilson, design effect {res.get('design_effect', 1.0):.2f},"
-    at_gate = res.get("pass_probability_at_gate")
-    rule = "interval's lower end" if res.get("rule") == "lower_bound" else "accuracy"
+    k = res.samples
+    graded = f"{res.correct}/{res.n * k}" + (f" ({res.n} problems x {k} samples)" if k > 1 else "")
+    effect = 1.0 if res.design_effect is None else res.design_effect
+    interval = "Wilson" if k == 1 else f"Wilson, design effect {effect:.2f},"
+    at_gate = res.pass_probability_at_gate
+    rule = "interval's lower end" if res.rule == "lower_bound" else "accuracy"
     return (
-        f"accuracy {graded} = {res['accuracy']:.3f} ({interval} {res['confidence']:.0%} CI "
-        f"{res['ci_low']:.3f}-{res['ci_high']:.3f}); request errors {res.get('errors', 0)}, truncated "
-        f"{res.get('truncated', 0)}; gate {res['gate']} on {res.get('n_rule', 'any n')}: "
-        f"{'passed' if res['passed'] else 'FAILED'} (rule: {rule} >= {res['gate']}); a model at exactly "
-        f"{res['gate']} passes this gate with probability "
+        f"accuracy {graded} = {res.accuracy:.3f} ({interval} {res.confidence:.0%} CI "
+        f"{res.ci_low:.3f}-{res.ci_high:.3f}); request errors {res.errors}, truncated "
+        f"{res.truncated or 0}; gate {res.gate} on {res.n_rule or 'any n'}: "
+        f"{'passed' if res.passed else 'FAILED'} (rule: {rule} >= {res.gate}); a model at exactly "
+        f"{res.gate} passes this gate with probability "
         f"{'(not computed)' if at_gate is None else f'{at_gate:.3f}'} (independent samples)"
     )

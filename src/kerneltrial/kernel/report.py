@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltrial.kernel.cells import rate
+from kerneltrial.kernel.throughput_cells import PEAK_NOTE, peak_cell, tflops_cell, with_peak, with_tflops
 from kerneltrial.publication import titled
 from kerneltrial.rundir.documents import Provenance, read_provenance
 from kerneltrial.rundir.layout import (
@@ -136,13 +137,15 @@ HOST_NOTE = (
 def case_table(summary: Summary) -> list[str]:
     """One row per (case, arm), every arm including failed and unavailable ones.
 
-    The host column appears when the run measured host cost (summary/5); the spread column
+    The host column appears when the run measured host cost (summary/5); TFLOPS where a case has
+    a FLOP count and extra peak MiB where the run records peak memory (issue 40); the spread column
     (p90 - p10 over the median, run to run) when the summary has spreads (not summary/1); the
     throttled column only when some sample was throttled.
     """
     with_host = summary.host is not None
     with_spread = summary.records_spreads
     with_throttled = any(e.throttled_samples for c in summary.cases for e in c.arms.values())
+    flops, peak = with_tflops(summary), with_peak(summary)
     rows = []
     for case in summary.cases:
         for name, entry in case.arms.items():
@@ -155,6 +158,8 @@ def case_table(summary: Summary) -> list[str]:
                 _status_cell(entry, name == summary.control),
                 rate(entry.gbps),
                 rate(entry.pct_of_copy_ceiling),
+                *([tflops_cell(entry)] if flops else []),
+                *([peak_cell(summary, name, entry)] if peak else []),
             ]
             if with_spread:
                 row.append(_spread_cell(entry))
@@ -163,8 +168,10 @@ def case_table(summary: Summary) -> list[str]:
             rows.append(row)
     confidence = int(round(100 * summary.bootstrap.confidence))
     header = ["case", "arm", "median µs", *["host µs"] * with_host, f"speedup [{confidence}% CI]", "verdict"]
-    header += ["GB/s", "% of copy ceiling"] + ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
+    header += ["GB/s", "% of copy ceiling"] + ["TFLOPS"] * flops + ["extra peak MiB"] * peak
+    header += ["spread p10–p90"] * with_spread + ["throttled samples"] * with_throttled
     note = ["", HOST_NOTE.format(calls=summary.host.calls)] if summary.host is not None else []
+    note += ["", PEAK_NOTE] if flops or peak else []
     return markdown_table(header, rows) + note
 
 

@@ -80,6 +80,12 @@ Schema `kerneltrial.summary/7` (plan.json `"checks": 3`, isolated arms, issue 24
   the same samples (kernel/bounds.py); a warning for each claim more than `far_inside` times
   inside its bound. Isolated arms have no host.csv rows (host figures null).
 
+Any schema (issue 40, kernel/summary_throughput.py): a plan.json case with `flops` (FLOPs per call,
+ops/flops.py) gives the case `flops` and every arm entry `tflops` (flops / median ns per call /
+1000; null without a median); a plan.json with `peak_memory` gives every arm entry `peak_bytes` (the
+largest timings.csv `peak_bytes` of its samples; null where not measured). Neither is written
+where the plan lacks it.
+
 Any schema: when ceilings.csv has `triton_launch` rows (a one-element Triton kernel, measured
 from issue 16 on, trial/floor.py), `ceilings` gains triton_launch_floor_ns (their median) and
 triton_launch_samples (their count); summaries of runs without such rows have neither key.
@@ -108,6 +114,7 @@ from kerneltrial.kernel.summary_inputs import (
     unit_series,
 )
 from kerneltrial.kernel.summary_schemas import SchemaV3, schema_of
+from kerneltrial.kernel.summary_throughput import peaks_of
 from kerneltrial.rundir.documents import Bootstrap
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import write_json
@@ -181,6 +188,7 @@ def _case_inputs(
         rule=rule,
         schema=schema,
         warnings=warnings,
+        peaks=peaks_of(run.plan, run.timings),
     )
     return inputs, clocks
 

@@ -23,6 +23,7 @@ from kerneltrial.kernel.summary_schemas import (
     SchemaV3,
     statuses,
 )
+from kerneltrial.kernel.summary_throughput import Peaks, with_throughput
 from kerneltrial.rundir.summary_doc import Aggregate, ArmFigures, Gate, GateArm, SummaryCase
 
 MIN_UNITS = 10  # fewer (seed, round) units than this and a case's CI gets a warning
@@ -42,6 +43,7 @@ class CaseInputs:
     rule: stats.BootstrapRule
     schema: SchemaV3
     warnings: list[str]  # appended to, in the order the figures are computed
+    peaks: Peaks | None = None  # measured peak memory (kernel/summary_throughput.py); None: not recorded
 
 
 def _untimed(
@@ -153,12 +155,14 @@ def case_summary(inputs: CaseInputs, case: dict[str, Any]) -> SummaryCase:
             if name != control:
                 arms[name] = _with_speedup(inputs, arms[name], timed[control], times, case_id, name)
     _case_warnings(inputs, case, arms, timed)
+    arms = {name: with_throughput(entry, case, name, inputs.peaks) for name, entry in arms.items()}
     return SummaryCase(
         case=case_id,
         shape=case.get("shape"),
         layout=case.get("layout"),
         dtype=case.get("dtype"),
         bytes=case["bytes"],
+        **({"flops": case["flops"]} if case.get("flops") is not None else {}),
         **_matched_copy(inputs.matched, int(case["bytes"])),
         floor_ns=floor,
         calls=case["calls"],

@@ -1,7 +1,7 @@
 """The built-in operators, declared: one `OperatorSpec` per operator, apart from the kernels.
 
 A spec names everything a trial of the operator draws on: its signature and one-line
-description, its semantics (the inputs, reference, oracle and bytes moved its module defines),
+description, its semantics (the inputs, reference, oracle and bytes moved its module defines; FLOPs: ops/flops.py),
 its panels (`small_cases` for the interpreter and tests, `gpu_cases` for a GPU), the widths of
 the gate's extra shapes, and its arms in the order `kerneltrial ops` lists them: the control
 and the candidates (one per launch geometry of the family module's GEOMETRIES), the exported
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from kerneltrial.ops import flops as fl
 from kerneltrial.ops import fused_add_rms_norm as fa
 from kerneltrial.ops import peers_flashinfer as fi
 from kerneltrial.ops import peers_quack as quack
@@ -69,6 +70,7 @@ RMSNORM = OperatorSpec(
         reference=rn.reference_rmsnorm,
         oracle=rn.oracle,
         bytes_moved=rn.bytes_moved,
+        flops=fl.rmsnorm,
         small_cases=RMS_SMALL,
         gpu_cases=RMS_GPU,
     ),
@@ -101,6 +103,7 @@ RMSNORM_FP32 = OperatorSpec(
         reference=rn.reference_rmsnorm_fp32,
         oracle=rn.oracle,
         bytes_moved=rn.bytes_moved,
+        flops=fl.rmsnorm,
         dtypes=("bfloat16", "float32"),
         small_cases=RMS_SMALL + as_float32(RMS_SMALL[:3]),
         gpu_cases=RMS_GPU + as_float32(RMS_GPU[2:5]),
@@ -156,6 +159,7 @@ FUSED_ADD_RMSNORM = OperatorSpec(
         reference=fa.reference_fused_add_rmsnorm,
         oracle=fa.oracle,
         bytes_moved=fa.bytes_moved,
+        flops=fl.fused_add_rmsnorm,
         small_cases=FUSED_SMALL,
         gpu_cases=FUSED_GPU,
         inplace=("x", "residual"),
@@ -199,6 +203,7 @@ GEMMA_FUSED_ADD_RMSNORM = OperatorSpec(  # FlagGems 5.0.2 has no Gemma (1 + w) f
         reference=fa.reference_gemma,
         oracle=fa.oracle_gemma,
         bytes_moved=fa.bytes_moved,
+        flops=fl.gemma_fused_add_rmsnorm,
         small_cases=FUSED_SMALL,
         gpu_cases=FUSED_GPU,
         inplace=("x", "residual"),
@@ -238,6 +243,7 @@ SILU_AND_MUL = OperatorSpec(
         reference=sam.reference,
         oracle=sam.oracle,
         bytes_moved=sam.bytes_moved,
+        flops=fl.silu_and_mul,
         small_cases=(  # (3, 10) and (2, 3, 200): d = 5 and 100, neither a power of two nor a multiple of 128
             Case((1, 128)),
             Case((3, 10)),
@@ -301,6 +307,7 @@ SIGMOID_GATE_MUL = OperatorSpec(
         reference=sg.reference,
         oracle=sg.oracle,
         bytes_moved=sg.bytes_moved,
+        flops=fl.sigmoid_gate_mul,
         small_cases=(  # 1000, 200 and 3: widths that are neither powers of two nor multiples of 128
             Case((1, 64)),
             Case((3, 1000)),
@@ -346,6 +353,7 @@ SOFTCAP_ROW_ARGMAX = OperatorSpec(
         reference=si.reference,
         oracle=si.oracle,
         bytes_moved=si.bytes_moved,
+        flops=fl.softcap_row_argmax,
         # 1500, 37, 12289, 40000 and 70001: widths that are neither powers of two nor multiples of 128;
         # (3, 70001): a vocabulary past 65536 whose TAIL row (ops/softcap_inputs.py) answers 70000, so
         # a kernel that keeps its indices in 16 bits fails on the CPU panel too
@@ -410,6 +418,7 @@ ZIMAGE_QK_RMSNORM = OperatorSpec(
         reference=zq.reference,
         oracle=zq.oracle,
         bytes_moved=zq.bytes_moved,
+        flops=fl.rmsnorm,
         small_cases=ZIMAGE_SMALL,
         gpu_cases=ZIMAGE_GPU,
         contiguous_outputs=True,
@@ -446,6 +455,7 @@ ZIMAGE_QK_RMSNORM_PAIR = OperatorSpec(
         reference=zq.reference_pair,
         oracle=zq.oracle_pair,
         bytes_moved=zq.bytes_moved_pair,
+        flops=fl.rmsnorm_pair,
         small_cases=ZIMAGE_SMALL,
         gpu_cases=ZIMAGE_GPU,
         contiguous_outputs=True,
@@ -497,6 +507,7 @@ def rotary_operator(name: str, neox: bool, doc: str, gpu_cases: tuple[Case, ...]
         reference=partial(rot.reference, neox=neox),
         oracle=partial(rot.oracle, neox=neox),
         bytes_moved=rot.bytes_moved,
+        flops=fl.rotary,
         small_cases=ROTARY_SMALL,
         gpu_cases=gpu_cases,
         inplace=("query", "key"),

@@ -1,8 +1,8 @@
 """What an operator and its implementations are: the records the registry holds.
 
 An *operator* (`Operator`) knows its semantics: how to make inputs, the official torch
-formula (`reference`), a float64 `oracle`, tolerances and bytes moved. An *implementation*
-(`Impl`) is one way to compute it: the control, a candidate kernel, a peer adapter or a
+formula (`reference`), a float64 `oracle`, tolerances, bytes moved and, where meaningful,
+FLOPs (ops/flops.py). An *implementation* (`Impl`) is one way to compute it: the control, a candidate kernel, a peer adapter or a
 user's function. An `OperatorSpec` declares an operator whole: the `Operator` and its `Arm`s
 (implementations as declared), in listing order; ops/catalog.py holds the built-in ones and
 registry.py registers them.
@@ -186,6 +186,9 @@ class Operator:
     # Draws seed's tensors for given scalar arguments, where the values depend on them (softcap's
     # logits are placed relative to its cap); None: make_inputs' tensors, the scalars replaced.
     values_for: Callable[[Case, int, torch.device, Mapping[str, Any]], Inputs] | None = None
+    # FLOPs per call where a count is meaningful (ops/flops.py says what is counted): plan.json
+    # records it per case and the summary derives achieved TFLOPS from it; None: not defined
+    flops: Callable[[Case], int] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

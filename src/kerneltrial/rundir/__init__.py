@@ -12,4 +12,5 @@ every command, `--help` included, can read and write run directories cheaply.
 - documents.py   typed, frozen readers of plan.json and provenance.json
 - summary_doc.py the typed, frozen reader of summary.json and its writer's shape
 - model_summary_doc.py  the same for a model run's summary.json, every version still read
+- serving_summary_doc.py  the same for a serving run's summary.json (and its accuracy cross-grade record)
 """

@@ -86,6 +86,10 @@ class PlanCase(Document):
     bytes: int = Field(
         description="Bytes moved per call (read + written): the numerator of GB/s and of the speed-of-light floor."
     )
+    flops: int | None = Field(
+        default=None,
+        description="FLOPs per call, as the operator counts them (ops/flops.py): the numerator of achieved TFLOPS; absent: the operator defines no count, or a run from before issue 40.",
+    )
     calls: int = Field(description="Back-to-back calls per timed sample (0: no arm timed in the case).")
     rounds: int | None = Field(
         default=None,
@@ -237,6 +241,10 @@ class Plan(Document):
     floor: dict[str, str] | None = Field(
         default=None,
         description="The floor model summary/6 reports (rundir/layout.py FLOOR_MODEL); null: a run from before it.",
+    )
+    peak_memory: bool | None = Field(
+        default=None,
+        description="Whether the run measured each arm's extra peak memory (timings.csv `peak_bytes`, trial/memory.py): true on a GPU timed with CUDA events; false on a CPU or under `cuda-graph`; null: a run from before issue 40 (no such column).",
     )
 
 

@@ -34,6 +34,9 @@ FLOOR_MODEL = {"launch": TRITON_LAUNCH, "rate": "copy"}
 # unavailable in a case, it would leave the gate there.
 PARTIAL_LAYOUT_KINDS = ("peer", "calibration")
 TIMINGS = "timings.csv"
+# timings.csv's column of a sample's extra peak memory (trial/memory.py), in runs with plan.json
+# `peak_memory` (issue 40); empty where not measured (a CPU, `cuda-graph`, an isolated arm)
+PEAK_BYTES = "peak_bytes"
 TIMED_CHECKS = "timed_checks.jsonl"
 HOST = "host.csv"  # host time per call of every timed arm (runs with plan.json `host`)
 ROUNDTRIP = "roundtrip.csv"  # the trusted reference worker's samples (runs with plan.json `roundtrip`)

@@ -57,6 +57,14 @@ class ArmFigures(Document):
     fraction_of_floor: float | None = Field(
         description="The case's floor / this median (kernel/floor.py); null before summary/6."
     )
+    tflops: float | None = Field(
+        default=None,
+        description="Achieved TFLOPS: the case's flops / median ns per call / 1000; null where the arm has no median; absent where the case has no `flops`.",
+    )
+    peak_bytes: int | None = Field(
+        default=None,
+        description="The arm's own extra peak memory: the largest timings.csv `peak_bytes` of its samples in the case; null where none was measured (a CPU, an isolated arm, no median); absent in a run without plan.json `peak_memory`.",
+    )
 
     @property
     def device_bound(self) -> bool:
@@ -70,6 +78,9 @@ class SummaryCase(Document):
     layout: str = Field(description="The input layout.")
     dtype: str = Field(description="The input dtype.")
     bytes: int = Field(description="Bytes moved per call.")
+    flops: int | None = Field(
+        default=None, description="FLOPs per call (plan.json's); absent where the operator defines no count."
+    )
     matched_copy_gbps: float | None = Field(
         default=None,
         description="Median GB/s of a copy of this case's own traffic (`copy_matched` rows); absent: not measured (before issue 16).",

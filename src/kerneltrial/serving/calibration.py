@@ -47,6 +47,7 @@ from scipy import stats
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, write_json
+from kerneltrial.rundir.serving_summary_doc import ServingSummary
 from kerneltrial.serving.acceptance import MIN_ROUNDS, LaunchFigure, Rule, compare_case
 from kerneltrial.serving.bench import case_dict
 from kerneltrial.serving.calibration_host import HostFingerprint
@@ -339,7 +340,7 @@ def case_comparisons(case: str, a: list[LaunchFigure], b: list[LaunchFigure], n:
 
 def calibration_record(
     proto: Protocol,
-    summary: dict[str, Any],
+    summary: ServingSummary,
     trial_rounds: int,
     stopped: str | None = None,
     *,
@@ -352,8 +353,8 @@ def calibration_record(
     round_of = {x.launch: x.round for x in planned_launches(proto.arms, proto.rounds, proto.seed)}
     noise, comparisons = [], []
     for case in proto.bench.cases:
-        a = launch_figures(summary["results"][ARM_A][case.id], round_of)
-        b = launch_figures(summary["results"][ARM_A_PRIME][case.id], round_of)
+        a = launch_figures(summary.results[ARM_A][case.id], round_of)
+        b = launch_figures(summary.results[ARM_A_PRIME][case.id], round_of)
         if a and b and len({f.round for f in a} & {f.round for f in b}) >= MIN_ROUNDS:
             noise.append(case_noise(case.id, a, b, trial_rounds, rule))
             comparisons += case_comparisons(case.id, a, b, trial_rounds, rule)
@@ -361,7 +362,7 @@ def calibration_record(
     false = sum(c.accepted for c in comparisons)
     rate = false / len(comparisons) if comparisons else 1.0
     need = comparisons_needed(bound)
-    reasons = _reasons(summary["status"], noise, len(proto.bench.cases), trial_rounds, rule, len(comparisons), need)
+    reasons = _reasons(summary.status, noise, len(proto.bench.cases), trial_rounds, rule, len(comparisons), need)
     if stopped is not None:  # not an incomplete run to calibrate again as it was: the pilot says what to change
         reasons = [stopped, *(r for r in reasons if not r.startswith(INCOMPLETE))]
     if comparisons and rate > bound:
@@ -383,7 +384,7 @@ def calibration_record(
         noise_band=rule.noise_band,
         ttft_ratio_max=rule.ttft_ratio_max,
         confidence=rule.confidence,
-        status=summary["status"],
+        status=summary.status,
         noise=noise,
         comparisons=comparisons,
         comparisons_needed=need,

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.hashing import sha256_file
+from kerneltrial.rundir.serving_summary_doc import ServingSummary
 from kerneltrial.serving.calibration import (
     CALIBRATION,
     CalibrationError,
@@ -79,7 +80,8 @@ def calibration_problems(
     try:
         proto = with_effective(rp.proto, recorded if isinstance(recorded, dict) else {})
         stopped = pilot_reason(proto, rows, record.trial_rounds)  # runs.jsonl, whose figures verify recomputes
-        again = calibration_record(proto, summary, record.trial_rounds, stopped, host=record.host)
+        summarised = ServingSummary.model_validate(summary)  # a ValueError when it is not a summary
+        again = calibration_record(proto, summarised, record.trial_rounds, stopped, host=record.host)
     except (ProtocolError, KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         return [f"{CALIBRATION} cannot be recomputed from its run ({type(error).__name__}: {error}): not an A/A run"]
     again = again.model_copy(update={"schema_": record.schema_})  # read_calibration admits it (/3: no host)

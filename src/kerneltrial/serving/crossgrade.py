@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
+
+from kerneltrial.rundir.serving_summary_doc import CrossGrade, Disagreement
 
 BENCHMARK = "math_500"
-SHOWN = 20  # disagreements printed; accuracy.json keeps them all
-NOT_RUN = "cross-grade not run: "  # the start of a record's `reason` when it did not run
 
 
 class Graded(Protocol):
@@ -38,17 +38,6 @@ class Graded(Protocol):
 
 
 @dataclass(frozen=True)
-class Disagreement:
-    unique_id: str
-    sample: int
-    reference: str
-    ours: bool  # math-verify, the gate's grade
-    theirs: bool  # evalscope's math_500
-    our_extracted: list[str]
-    their_extracted: str
-
-
-@dataclass(frozen=True)
 class CrossGrader:
     """A second grader: its name (recorded) and grade(response, reference) -> (extracted, correct)."""
 
@@ -58,50 +47,6 @@ class CrossGrader:
 
 # Where the cross-grade's grader comes from: the grader, or the reason there is none.
 GraderSource = Callable[[], CrossGrader | str]
-
-
-@dataclass(frozen=True)
-class CrossGrade:
-    """The cross-grade of one accuracy run, or why it did not run (`ran` False, `reason` says why)."""
-
-    ran: bool
-    grader: str  # "evalscope VERSION math_500"; empty when it did not run
-    graded: int = 0  # samples graded by both (failed requests are left out)
-    agree: int = 0
-    correct_ours: int = 0
-    correct_theirs: int = 0
-    disagreements: list[Disagreement] = field(default_factory=list)
-    reason: str = ""  # "cross-grade not run: REASON" when it did not run; empty when it ran
-
-    @classmethod
-    def not_run(cls, why: str) -> CrossGrade:
-        return cls(False, "", reason=NOT_RUN + why)
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_record(cls, d: dict[str, Any]) -> CrossGrade:
-        """accuracy.json's (or summary.json's) cross_grade read back; TypeError when it is not one."""
-        return cls(**{**d, "disagreements": [Disagreement(**x) for x in d.get("disagreements", [])]})
-
-    def lines(self) -> list[str]:
-        """What `serve accuracy`, `serve trial` and the report print: the counts, then up to SHOWN
-        disagreements."""
-        if not self.ran:
-            return [self.reason]
-        out = [
-            f"cross-grade with {self.grader}: {self.agree}/{self.graded} agree; correct {self.correct_ours} "
-            f"(math-verify) vs {self.correct_theirs} (evalscope); {len(self.disagreements)} disagreement(s)"
-        ]
-        out += [
-            f"  {d.unique_id} sample {d.sample}: reference {d.reference!r}, math-verify {d.ours} "
-            f"{d.our_extracted}, evalscope {d.theirs} {d.their_extracted!r}"
-            for d in self.disagreements[:SHOWN]
-        ]
-        if len(self.disagreements) > SHOWN:
-            out.append(f"  ... {len(self.disagreements) - SHOWN} more in accuracy.json (cross_grade)")
-        return out
 
 
 def evalscope_grader() -> CrossGrader | str:

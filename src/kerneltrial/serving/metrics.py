@@ -31,29 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from kerneltrial.rundir.serving_summary_doc import FIGURE_KEYS
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")  # the SLOs `vllm bench serve --goodput` takes (ms)
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
-# figures averaged over kept runs in a summary (higher-is-better first)
-SUMMARY_KEYS = (
-    "total_token_throughput",
-    "output_throughput",
-    "max_output_tokens_per_s",
-    "request_throughput",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_itl_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
-    "mean_e2el_ms",
-    "median_e2el_ms",
-    "p99_e2el_ms",
-    "request_goodput",
-)
+SUMMARY_KEYS = FIGURE_KEYS  # the figures summary.json averages (rundir/serving_summary_doc.py)
 
 
 def percentile_word(p: float) -> str:
@@ -178,9 +161,9 @@ def summarise_case(runs: Sequence[Mapping[str, float]], drop_first: int = 1) -> 
     return {k: warmup_mean([float(r[k]) for r in runs], drop_first) for k in SUMMARY_KEYS if all(k in r for r in runs)}
 
 
-def pooled_mean(groups: Sequence[Mapping[str, float]], key: str) -> float:
-    """Mean of a key over launches (each already warm-up-summarised), equal weights."""
-    return math.fsum(float(g[key]) for g in groups) / len(groups)
+def pooled_mean(per_launch: Sequence[float]) -> float:
+    """Mean of a figure over launches (each already warm-up-summarised), equal weights."""
+    return math.fsum(per_launch) / len(per_launch)
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kerneltrial.publication import titled
 from kerneltrial.rundir.layout import REPORT
+from kerneltrial.rundir.serving_summary_doc import Scope
 from kerneltrial.serving import report_figures as figures
 from kerneltrial.serving.acceptance import ACCEPTED, CaseComparison, Verdict
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV
@@ -24,7 +25,6 @@ from kerneltrial.serving.report_data import (
     LATENCIES,
     NOT_RECORDED,
     PERCENTILES,
-    Scope,
     ServingRun,
     accuracy_gate,
     arm_case,

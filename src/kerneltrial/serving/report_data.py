@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
-from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROTOCOL, PROVENANCE, RUNS, SUMMARY
+from kerneltrial.rundir.layout import LAUNCHES, PLAN, PROTOCOL, PROVENANCE, RUNS
+from kerneltrial.rundir.serving_summary_doc import ServingSummary, read_serving_summary
 from kerneltrial.serving.acceptance import (
     GateCheck,
     LaunchFigure,
@@ -26,15 +27,16 @@ from kerneltrial.serving.acceptance import (
     dispatch_check,
     judge,
 )
-from kerneltrial.serving.crossgrade import CrossGrade
 from kerneltrial.serving.dispatch_proof import intended_ops
 from kerneltrial.serving.effective import Override, command_line, overrides, written
 from kerneltrial.serving.fl_policy import SelectionError
 from kerneltrial.serving.protocol import OPERATOR_SELECTION_ENV, FlPlatform, ProtocolError, parse_protocol
+from kerneltrial.serving.summary import launch_figures as case_launch_figures
 from kerneltrial.stats import t_half_width
 
 M = TypeVar("M", bound=BaseModel)
 NOT_RECORDED = "not recorded"
+THROUGHPUT, TTFT = "total_token_throughput", "mean_ttft_ms"  # the figures the acceptance rule compares
 
 # ---------------------------------------------------------------- the files, as typed records
 
@@ -103,92 +105,8 @@ class Plan(BaseModel):
     accuracy: AccuracyPlan | None = None
 
 
-class LaunchFigures(BaseModel):
-    model_config = _READ
-    launch: int
-    kept_runs: list[int]
-    total_token_throughput: float
-    mean_ttft_ms: float
-
-
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 PERCENTILES = (("median", "p50"), ("p99", "p99"))
-
-
-class CaseResult(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)  # the latency figures are read by name (latency_ms)
-    status: str
-    launches: list[LaunchFigures] = []
-    total_token_throughput: float | None = None
-    mean_ttft_ms: float | None = None
-
-    def figure(self, key: str) -> float | None:
-        """summary.json's figure `key` (the mean over launches of the mean over kept runs); None
-        when the run did not record it."""
-        value = (self.model_extra or {}).get(key)
-        return float(value) if isinstance(value, (int, float)) else None
-
-    def latency_ms(self, stat: str, metric: str) -> float | None:
-        """summary.json's `{stat}_{metric}_ms` (e.g. median_tpot_ms, p99_e2el_ms)."""
-        return self.figure(f"{stat}_{metric}_ms")
-
-
-class AccuracyResult(BaseModel):
-    model_config = _READ
-    n: int
-    correct: int
-    errors: int
-    accuracy: float
-    ci_low: float
-    ci_high: float
-    confidence: float
-    passed: bool
-    samples: int = 1  # runs before samples: one per problem, Wilson, no pass probability
-    interval: str = "wilson"
-    pass_probability_at_gate: float | None = None
-    cross_grade: CrossGrade | None = None  # serving/crossgrade.py; runs before the trial ran it: none
-
-
-class DispatchCount(BaseModel):
-    model_config = _READ
-    op: str
-    impl: str
-    calls: int
-    errors: int = 0
-
-
-class ArmDispatch(BaseModel):
-    model_config = _READ
-    valid: bool | None
-    reason: str
-    counts: list[DispatchCount] = []
-
-
-class TrialVerdict(BaseModel):
-    model_config = _READ
-    baseline: str
-    candidate: str
-    accepted: bool
-    verdict: str | None = None  # ACCEPTED, REJECTED or INCONCLUSIVE; absent before intervals
-    reasons: list[str] = []
-
-
-class Scope(BaseModel):
-    model_config = _READ
-    kind: str
-    hardware: str
-    reasons: list[str] = []
-
-
-class Summary(BaseModel):
-    model_config = _READ
-    status: str
-    scope: Scope | None = None  # official or proxy (serving/pins.py); runs before issue 26: none
-    results: dict[str, dict[str, CaseResult]]
-    accuracy: dict[str, AccuracyResult] = {}
-    acceptance: TrialVerdict | None = None
-    dispatch: dict[str, ArmDispatch] | None = None
-    failures: list[str] = []
 
 
 class RunRow(BaseModel):
@@ -220,7 +138,7 @@ class LaunchRow(BaseModel):
 class ServingRun:
     name: str
     plan: Plan
-    summary: Summary
+    summary: ServingSummary
     runs: list[RunRow]
     launches: list[LaunchRow]
     gpu: str | None
@@ -261,7 +179,7 @@ def load_run(run_dir: Path) -> ServingRun:
     return ServingRun(
         name=run_dir.name,
         plan=plan,
-        summary=_read(Summary, run_dir / SUMMARY, read_json(run_dir / SUMMARY)),
+        summary=read_serving_summary(run_dir),
         runs=[_read(RunRow, run_dir / RUNS, r) for r in read_jsonl(run_dir / RUNS)],
         launches=[_read(LaunchRow, run_dir / LAUNCHES, r) for r in launches],
         gpu=gpu,
@@ -352,16 +270,16 @@ def arm_case(run: ServingRun, arm: str, case: str) -> ArmCase:
         spreads.append(
             LaunchSpread(
                 fig.launch,
-                GeomeanInterval.of(tput, conf) if tput else GeomeanInterval(fig.total_token_throughput, None, None, 0),
-                GeomeanInterval.of(ttft, conf) if ttft else GeomeanInterval(fig.mean_ttft_ms, None, None, 0),
+                GeomeanInterval.of(tput, conf) if tput else GeomeanInterval(fig.needed(THROUGHPUT), None, None, 0),
+                GeomeanInterval.of(ttft, conf) if ttft else GeomeanInterval(fig.needed(TTFT), None, None, 0),
             )
         )
     return ArmCase(
         arm,
         case,
         "ok",
-        GeomeanInterval.of([f.total_token_throughput for f in result.launches], conf),
-        GeomeanInterval.of([f.mean_ttft_ms for f in result.launches], conf),
+        GeomeanInterval.of([f.needed(THROUGHPUT) for f in result.launches], conf),
+        GeomeanInterval.of([f.needed(TTFT) for f in result.launches], conf),
         tuple(spreads),
     )
 
@@ -369,10 +287,9 @@ def arm_case(run: ServingRun, arm: str, case: str) -> ArmCase:
 def launch_figures(run: ServingRun, arm: str, case: str) -> list[LaunchFigure] | None:
     """An arm's per-launch figures in a case, each with its round (None unless the case is ok)."""
     result = run.summary.results.get(arm, {}).get(case)
-    if result is None or result.status != "ok" or not result.launches:
+    if result is None or not result.launches:
         return None
-    round_of = {L.launch: L.round for L in run.plan.launches}
-    return [LaunchFigure(round_of[f.launch], f.total_token_throughput, f.mean_ttft_ms) for f in result.launches]
+    return case_launch_figures(result, {L.launch: L.round for L in run.plan.launches})
 
 
 def accuracy_gate(run: ServingRun, arm: str) -> GateCheck | None:

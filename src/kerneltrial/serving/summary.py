@@ -11,6 +11,21 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kerneltrial.rundir.serving_summary_doc import (
+    FIGURE_KEYS,
+    SERVING_SUMMARY_V1,
+    Acceptance,
+    AcceptanceCase,
+    ArmAccuracy,
+    ArmDispatch,
+    CaseResult,
+    DispatchCount,
+    LaunchResult,
+    Scope,
+    ServingSummary,
+    SummaryCase,
+    Warmup,
+)
 from kerneltrial.serving import metrics
 from kerneltrial.serving.acceptance import (
     METHOD,
@@ -46,10 +61,10 @@ class LaunchProof:
 
 def dispatch_summary(
     proto: Protocol, proofs: list[LaunchProof], refused: Mapping[int, str] | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ArmDispatch]:
     """Per arm: valid only if every launch of it was (None for an external server: no records). A
     launch refused before it spawned (`refused`: launch -> arm) ran nothing: its arm is not valid."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ArmDispatch] = {}
     for arm in proto.arms:
         mine = [p for p in proofs if p.arm == arm.name]
         never = sorted(L for L, name in (refused or {}).items() if name == arm.name)
@@ -65,71 +80,76 @@ def dispatch_summary(
             valid, reason = False, f"launch {bad[0].launch}: {bad[0].reason}"
         else:
             valid, reason = True, f"all {len(mine)} launch(es) valid"
-        out[arm.name] = {
-            "valid": valid,
-            "reason": reason,
-            "launches": [p.launch for p in mine],
-            "counts": [asdict(s) for s in summed(c for p in mine for c in p.counts)],
-        }
+        out[arm.name] = ArmDispatch(
+            valid=valid,
+            reason=reason,
+            launches=[p.launch for p in mine],
+            counts=[DispatchCount(**asdict(s)) for s in summed(c for p in mine for c in p.counts)],
+        )
     return out
+
+
+def case_result(proto: Protocol, rows: list[dict[str, Any]]) -> CaseResult:
+    """One (arm, case) from its run rows: ok with its figures only when every launch ran every repeat."""
+    failed = [r for r in rows if r["status"] != "ok"]
+    launches = sorted({r["launch"] for r in rows})
+    complete = (
+        all(len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches)
+        and len(launches) == proto.rounds
+    )
+    counts = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
+    if failed or not rows or not complete:
+        return CaseResult(**counts, status="FAILED" if failed else "INCOMPLETE")
+    per_launch = []
+    for L in launches:
+        lrows = sorted((r for r in rows if r["launch"] == L), key=lambda r: r["run"])
+        s = metrics.summarise_case(lrows, drop_first=1)
+        per_launch.append(LaunchResult(launch=L, kept_runs=[r["run"] for r in lrows[1:]], **s))
+    pooled = {
+        k: metrics.pooled_mean([v for g in per_launch if (v := g.figure(k)) is not None])
+        for k in FIGURE_KEYS
+        if all(g.figure(k) is not None for g in per_launch)
+    }
+    return CaseResult(**counts | {"launches": per_launch}, status="ok", **pooled)
 
 
 def summarise(
     proto: Protocol,
     runs: list[dict[str, Any]],
-    acc: dict[str, dict[str, Any]],
+    acc: dict[str, ArmAccuracy],
     sha: str,
     failures: list[str],
     proofs: list[LaunchProof],
     refused: Mapping[int, str] | None = None,
-) -> dict[str, Any]:
-    """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts."""
-    results: dict[str, dict[str, Any]] = {}
-    for arm in proto.arms:
-        results[arm.name] = {}
-        for case in proto.bench.cases:
-            rows = [r for r in runs if r["arm"] == arm.name and r["case"] == case.id]
-            failed = [r for r in rows if r["status"] != "ok"]
-            launches = sorted({r["launch"] for r in rows})
-            entry: dict[str, Any] = {"runs": len(rows), "failed_runs": len(failed), "launches": []}
-            complete = (
-                all(len([r for r in rows if r["launch"] == L]) == proto.repeats for L in launches)
-                and len(launches) == proto.rounds
-            )
-            if failed or not rows or not complete:
-                entry["status"] = "FAILED" if failed else "INCOMPLETE"
-                results[arm.name][case.id] = entry
-                continue
-            per_launch = []
-            for L in launches:
-                lrows = sorted((r for r in rows if r["launch"] == L), key=lambda r: r["run"])
-                s = metrics.summarise_case(lrows, drop_first=1)
-                per_launch.append({"launch": L, "kept_runs": [r["run"] for r in lrows[1:]], **s})
-            entry["launches"] = per_launch
-            entry["status"] = "ok"
-            for k in metrics.SUMMARY_KEYS:
-                if all(k in g for g in per_launch):
-                    entry[k] = metrics.pooled_mean(per_launch, k)
-            results[arm.name][case.id] = entry
-    dispatch = dispatch_summary(proto, proofs, refused)
-    summary: dict[str, Any] = {
-        "kind": "serving",
-        "protocol_sha256": sha,
-        "warmup": {
-            "drop_first": 1,
-            "rule": "per launch and case: drop run 0, mean of the rest; then mean over launches",
-        },
-        "arms": [a.name for a in proto.arms],
-        "cases": [case_dict(c) for c in proto.bench.cases],
-        "results": results,
-        "accuracy": acc,
-        "dispatch": dispatch,
-        "acceptance": acceptance(proto, results, acc, dispatch),
-        "failures": failures,
+    run_scope: Scope | None = None,
+) -> ServingSummary:
+    """Every figure of the report, from the run rows, accuracy summaries and dispatch verdicts, and the
+    run's scope (serving/pins.py; None: not written)."""
+    results = {
+        arm.name: {
+            case.id: case_result(proto, [r for r in runs if r["arm"] == arm.name and r["case"] == case.id])
+            for case in proto.bench.cases
+        }
+        for arm in proto.arms
     }
-    ok = not failures and all(e["status"] == "ok" for a in results.values() for e in a.values())
-    summary["status"] = "ok" if ok else "failed"
-    return summary
+    dispatch = dispatch_summary(proto, proofs, refused)
+    ok = not failures and all(e.status == "ok" for a in results.values() for e in a.values())
+    scoped = {} if run_scope is None else {"scope": run_scope}
+    return ServingSummary(
+        schema=SERVING_SUMMARY_V1,
+        kind="serving",
+        protocol_sha256=sha,
+        warmup=Warmup(drop_first=1, rule="per launch and case: drop run 0, mean of the rest; then mean over launches"),
+        arms=[a.name for a in proto.arms],
+        cases=[SummaryCase(**case_dict(c)) for c in proto.bench.cases],
+        results=results,
+        accuracy=acc,
+        dispatch=dispatch,
+        acceptance=acceptance(proto, results, acc, dispatch),
+        failures=failures,
+        status="ok" if ok else "failed",
+        **scoped,
+    )
 
 
 def acceptance_rule(proto: Protocol) -> Rule:
@@ -137,21 +157,22 @@ def acceptance_rule(proto: Protocol) -> Rule:
     return Rule(a.noise_band, a.ttft_ratio_max, a.confidence)
 
 
-def launch_figures(entry: Mapping[str, Any], rounds: Mapping[int, int]) -> list[LaunchFigure] | None:
+def launch_figures(entry: CaseResult, rounds: Mapping[int, int]) -> list[LaunchFigure] | None:
     """The per-launch figures of a summarised (arm, case), each with its round; None unless ok."""
-    if entry["status"] != "ok":
+    if entry.status != "ok":
         return None
     return [
-        LaunchFigure(rounds[g["launch"]], g["total_token_throughput"], g["mean_ttft_ms"]) for g in entry["launches"]
+        LaunchFigure(rounds[g.launch], g.needed("total_token_throughput"), g.needed("mean_ttft_ms"))
+        for g in entry.launches
     ]
 
 
 def acceptance(
     proto: Protocol,
-    results: dict[str, Any],
-    acc: dict[str, dict[str, Any]],
-    dispatch: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any] | None:
+    results: Mapping[str, Mapping[str, CaseResult]],
+    acc: Mapping[str, ArmAccuracy],
+    dispatch: Mapping[str, ArmDispatch],
+) -> Acceptance | None:
     """The candidate against the baseline by serving/acceptance.py's rule, as summary.json stores it."""
     base, cand = proto.arm("baseline"), proto.arm("candidate")
     if base is None or cand is None:
@@ -171,34 +192,34 @@ def acceptance(
     accuracy_ok: bool | None = None
     if proto.accuracy is not None:
         a = acc.get(cand.name)
-        accuracy_ok = bool(a and a.get("passed"))
+        accuracy_ok = bool(a and a.passed)
         checks.append(
             accuracy_check(
-                a["accuracy"] if a else None,
-                a["errors"] if a else 0,
+                a.accuracy if a else None,
+                a.errors if a else 0,
                 accuracy_ok,
                 proto.accuracy.gate,
-                a["ci_low"] if a and proto.accuracy.rule == "lower_bound" else None,
+                a.ci_low if a and proto.accuracy.rule == "lower_bound" else None,
             )
         )
     # an arm that did not demonstrably run its operators is not the arm it claims to be: a
     # candidate whose kernel served no call, or a baseline that ran ours, compares nothing
     proofs = [
-        dispatch_check(role, a.name, dispatch[a.name]["valid"], dispatch[a.name]["reason"])
+        dispatch_check(role, a.name, dispatch[a.name].valid, dispatch[a.name].reason)
         for role, a in (("baseline", base), ("candidate", cand))
     ]
     v = judge(cand.name, base.name, cases, [*checks, *proofs], rule)
-    return {
-        "baseline": base.name,
-        "candidate": cand.name,
-        "noise_band": rule.noise_band,
-        "ttft_ratio_max": rule.ttft_ratio_max,
-        "confidence": rule.confidence,
-        "method": METHOD,
-        "cases": {c.case: case_record(c) for c in v.cases},
-        "reasons": list(v.reasons),
-        "accuracy_ok": accuracy_ok,
-        "dispatch_ok": all(p.passed for p in proofs),
-        "verdict": v.verdict,
-        "accepted": v.accepted,
-    }
+    return Acceptance(
+        baseline=base.name,
+        candidate=cand.name,
+        noise_band=rule.noise_band,
+        ttft_ratio_max=rule.ttft_ratio_max,
+        confidence=rule.confidence,
+        method=METHOD,
+        cases={c.case: AcceptanceCase(**case_record(c)) for c in v.cases},
+        reasons=list(v.reasons),
+        accuracy_ok=accuracy_ok,
+        dispatch_ok=all(p.passed for p in proofs),
+        verdict=v.verdict,
+        accepted=v.accepted,
+    )

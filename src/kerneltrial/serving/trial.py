@@ -34,6 +34,7 @@ from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
+from kerneltrial.rundir.serving_summary_doc import ArmAccuracy, Scope, ServingSummary, write_serving_summary
 from kerneltrial.serving import metrics, script_csv
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
@@ -149,25 +150,6 @@ def prepare_dir(out: Path, protocol_bytes: bytes) -> str:
     return sha256_bytes(protocol_bytes)
 
 
-ACCURACY_KEYS = (
-    "n",
-    "correct",
-    "errors",
-    "accuracy",
-    "ci_low",
-    "ci_high",
-    "confidence",
-    "gate",
-    "required_n",
-    "n_rule",
-    "passed",
-    "truncated",
-    "grader",
-    *("samples", "rule", "interval", "design_effect", "pass_probability_at_gate"),  # accuracy_stats.py
-    "cross_grade",  # serving/crossgrade.py: the agreement and the disagreements, or why it did not run
-)
-
-
 def provenance_doc(
     sha: str, vllm: str, argv: list[str] | None, calibration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -205,8 +187,8 @@ def run_protocol(
     stop: Stop | None = None,
     calibration: dict[str, Any] | None = None,
     cross_grader: GraderSource = evalscope_grader,
-) -> dict[str, Any]:
-    """Run every launch of the protocol into `out`; return summary.json's content.
+) -> ServingSummary:
+    """Run every launch of the protocol into `out`; return summary.json's record.
     `override_pins`: a launch whose server environment does not match [pins] runs (recorded).
     `stop`: asked after each launch with the run rows so far; a reason ends the run there, FAILED
     with that reason (PilotStop, after the summary is written: the calibration's pilot).
@@ -346,13 +328,13 @@ class _Trial:
     stopped_in: dict[str, Any] | None = None  # the launch under way (kept in provenance if the run stops there)
     pin_rows: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
-    acc: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acc: dict[str, ArmAccuracy] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     proofs: list[LaunchProof] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)  # launch -> arm, of launches that never spawned
     stamp: str = field(default_factory=script_csv.stamp)  # the start, in the names of the script's CSVs
 
-    def close(self, ending: RunEnding, total_s: float) -> dict[str, Any] | None:
+    def close(self, ending: RunEnding, total_s: float) -> ServingSummary | None:
         """provenance.json's last write and, unless the run broke off, summary.json (returned)."""
         devices = self.started["devices"]
         run_scope = scope(
@@ -363,9 +345,17 @@ class _Trial:
         script_csv.write_run(self.out, self.stamp, self.proto.bench.cases, self.proto.repeats, self.runs)
         if not ending.summarised:
             return None
-        figures = summarise(self.proto, self.runs, self.acc, self.sha, self.failures, self.proofs, self.refused)
-        summary = figures | {"scope": run_scope}  # official or proxy, with the hardware (serving/pins.py)
-        write_json(self.out / layout.SUMMARY, summary)
+        summary = summarise(
+            self.proto,
+            self.runs,
+            self.acc,
+            self.sha,
+            self.failures,
+            self.proofs,
+            self.refused,
+            Scope.model_validate(run_scope),  # official or proxy, with the hardware (serving/pins.py)
+        )
+        write_serving_summary(self.out, summary)
         self.emit("done", summary=summary)
         return summary
 
@@ -499,7 +489,7 @@ class _Trial:
                 and (late := server.ledger.served(t_acc, time.monotonic(), answered)) < answered
             ):
                 raise LaunchError(f"accuracy run: {served_problem(late, answered, late, server.spec.port)}")
-        self.acc[arm.name] = {k: res[k] for k in ACCURACY_KEYS}
+        self.acc[arm.name] = ArmAccuracy.model_validate({k: res[k] for k in ArmAccuracy.model_fields})
         return time.monotonic() - t_acc
 
     def bench_run(

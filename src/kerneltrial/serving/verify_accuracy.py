@@ -27,9 +27,9 @@ from typing import Any, cast
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json, read_jsonl
 from kerneltrial.rundir.layout import ACCURACY_DIR
+from kerneltrial.rundir.serving_summary_doc import NOT_RUN, CrossGrade
 from kerneltrial.serving import accuracy_stats as stats
 from kerneltrial.serving.accuracy_stats import GateRule
-from kerneltrial.serving.crossgrade import NOT_RUN, CrossGrade
 
 # MATH-500 problems per level (written out here, apart from serving/accuracy.py: verify does not
 # trust the writer's table). The gate needs the protocol's `limit`, else the whole level.

@@ -443,7 +443,8 @@ class IsolatedArm(timed.TimedArm):
         self, timer: Timer, op: Operator, unit: timed.Unit, calls: int, key: int, graph: bool
     ) -> tuple[int, int, int | None]:
         """Value sets written, one request, the wall clock around it; then the call to check is drawn.
-        A worker whose answer breaks the protocol, or claims more than the bound, is stopped."""
+        A worker whose answer breaks the protocol, or claims more than the bound, is stopped.
+        `peak_bytes` stays None: the worker's allocations are its own process's (trial/memory.py)."""
         try:
             return self._sample(timer, op, unit, calls, key)
         except WorkerBroken:

@@ -31,7 +31,7 @@ import torch
 from kerneltrial import stats
 from kerneltrial.ops.registry import Case, Impl, Operator
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, read_csv, read_jsonl, write_json
-from kerneltrial.rundir.layout import ROUNDTRIP_COLUMNS, ROUNDTRIP_SAMPLES, RunDir
+from kerneltrial.rundir.layout import PEAK_BYTES, ROUNDTRIP_COLUMNS, ROUNDTRIP_SAMPLES, RunDir
 from kerneltrial.trial import gate, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.calibration import Delay
@@ -41,6 +41,14 @@ from kerneltrial.trial.timing import Timer
 
 # wall_ns: the harness's wall clock around an isolated arm's sample (its bound); empty for an arm in this process
 TIMING_COLUMNS = ["case", "seed", "round", "position", "arm", "calls", "ns", "sm_mhz", "mem_mhz", "wall_ns"]
+
+
+def timing_columns(plan: dict[str, Any]) -> list[str]:
+    """timings.csv's columns: with `peak_bytes` (trial/memory.py) in a run whose plan.json has
+    `peak_memory`; a run from before it (a resumed one) keeps the columns it was started with."""
+    return [*TIMING_COLUMNS, PEAK_BYTES] if "peak_memory" in plan else TIMING_COLUMNS
+
+
 Key = tuple[str, int, int, str]  # (case, seed, round, arm): one sample of timings.csv
 
 
@@ -66,16 +74,17 @@ def round_order(order_seed: int, case_index: int, seed: int, round_index: int, a
     return [arms[i] for i in rng.permutation(len(arms))]
 
 
-def reconcile_timed_checks(run: RunDir) -> None:
+def reconcile_timed_checks(run: RunDir, columns: list[str]) -> None:
     """A run killed between a timing row and its check row: drop that timing row, so the
-    sample is measured again with its check (every timing row has a check; docs/DESIGN.md)."""
+    sample is measured again with its check (every timing row has a check; docs/DESIGN.md);
+    `columns`: the file's (`timing_columns`)."""
     checked = {(r["case"], int(r["seed"]), int(r["round"]), r["arm"]) for r in read_jsonl(run.timed_checks)}
     rows = read_csv(run.timings)
     kept = [r for r in rows if (r["case"], int(r["seed"]), int(r["round"]), r["arm"]) in checked]
     if len(kept) != len(rows):
         tmp = run.timings.with_suffix(".csv.tmp")  # replaced in one step: a kill here loses nothing
         with tmp.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=TIMING_COLUMNS)
+            writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
             writer.writerows(kept)
         tmp.replace(run.timings)
@@ -180,6 +189,7 @@ class Session:
     reference: Impl | None = None  # the control in a trusted worker of its own (module docstring)
     append_roundtrip: Callable[[list[object]], None] | None = None  # a row of roundtrip.csv
     retakes: Retakes = field(default_factory=lambda: Retakes(None, 0, 0.0))
+    peak_column: bool = False  # timings.csv has `peak_bytes` (`timing_columns`)
 
     def record(self, check: timed.TimedCheck) -> None:
         """Write a unit's check (timed_checks.jsonl), count it done and advance the bar."""
@@ -244,13 +254,15 @@ def time_round(
         arm = prepared[name]
         try:
             ns, checked, wall, sm, mem = take_sample(s, arm, name, unit, calls, graph)
+            peak = [arm.peak_bytes] if s.peak_column else []  # None (empty): not measured (trial/memory.py)
             check = arm.check(s.op, case, seed, round_index, unit, checked, s.p.exact, s.device, persistent=not graph)
         except Exception as exc:  # recorded; the arm leaves the case
             gate.settle(s.device)
             s.record(timed.raised(case, seed, round_index, name, unit.seed, exc))
             continue
         s.append(
-            [case.id, seed, round_index, position, name, calls, ns, *("" if v is None else v for v in (sm, mem, wall))]
+            [case.id, seed, round_index, position, name, calls, ns]
+            + ["" if v is None else v for v in (sm, mem, wall, *peak)]
         )
         s.measured.samples[(case.id, seed, round_index, name)] = ns / calls
         s.record(check)
@@ -342,7 +354,8 @@ def run_rounds(
     """The rounds of every case (module docstring); returns the plan as they leave it: `plan`
     with the rounds the noise rule added (plan.json is rewritten before each added round, so
     that a resumed run expects it). `plan` itself is not changed."""
-    reconcile_timed_checks(run)
+    columns = timing_columns(plan)
+    reconcile_timed_checks(run, columns)
     measured = Measured.read(run)
     planned = {c["case"]: c for c in plan["cases"]}
     rounds = {cid: c.get("rounds", p.rounds) for cid, c in planned.items()}
@@ -353,7 +366,7 @@ def run_rounds(
     retakes = retakes or Retakes.of(p, plan)
     started = time.monotonic()
     with (
-        csv_appender(run.timings, TIMING_COLUMNS) as append,
+        csv_appender(run.timings, columns) as append,
         jsonl_appender(run.timed_checks) as append_check,
         roundtrip_appender(run, plan) as append_roundtrip,
     ):
@@ -373,6 +386,7 @@ def run_rounds(
             reference if plan.get("roundtrip") else None,
             append_roundtrip,
             retakes,
+            PEAK_BYTES in columns,
         )
         for case_index, spec in enumerate(p.cases):
             case = spec.case()

@@ -49,7 +49,7 @@ from kerneltrial.rundir.hashing import sha256_file
 from kerneltrial.rundir.integrity_notes import FLOOR_RULE
 from kerneltrial.rundir.layout import FLOOR_MODEL, PARTIAL_LAYOUT_KINDS, RunDir
 from kerneltrial.rundir.streams import AUTO_CALLS_LIMIT
-from kerneltrial.trial import confine, gate, provenance, timed
+from kerneltrial.trial import confine, gate, memory, provenance, timed
 from kerneltrial.trial import protocol as proto
 from kerneltrial.trial.arms import Isolation
 from kerneltrial.trial.calibration import (
@@ -327,6 +327,7 @@ def build_plan(
         "frozen_at": frozen_at,
         "plausibility": {"bandwidth_margin": p.bandwidth_margin, "launch_floor_fraction": p.launch_floor_fraction},
         "timing_label": label(timer),
+        "peak_memory": memory.measured(timer),  # timings.csv `peak_bytes` (trial/memory.py)
         "l2": p.l2,
         "order_seed": p.order_seed if order_seed is None else order_seed,
         "inputs_seed": inp.active_inputs_seed(),
@@ -360,6 +361,7 @@ def build_plan(
                 "layout": c.layout,
                 "dtype": c.dtype,
                 "bytes": op.bytes_moved(c),
+                **({"flops": op.flops(c)} if op.flops else {}),  # where the operator counts them (ops/flops.py)
                 "calls": calls,
                 "rounds": p.rounds,
             }

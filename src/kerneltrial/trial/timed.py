@@ -35,7 +35,8 @@ from torch.autograd.graph import increment_version
 
 from kerneltrial.ops.registry import Case, Impl, Inputs, Operator, Outputs
 from kerneltrial.rundir.streams import CALL_STRIDE, values_seed
-from kerneltrial.trial import gate, guard
+from kerneltrial.trial import gate, guard, memory
+from kerneltrial.trial.memory import PeakMemory
 from kerneltrial.trial.timing import Hooks, Timer
 
 WRONG = "wrong result while timed: "
@@ -99,6 +100,9 @@ class TimedArm:
     last: list[Any] = field(default_factory=lambda: [None])  # what the latest call returned
     kept: Outputs = ()  # the checked call's outputs, kept (in-place: copied) until the check
     previous: Outputs = ()  # the last checked output, kept alive to expose persistent buffers
+    # the latest sample's extra peak memory, bytes (trial/memory.py); None: not measured (a CPU,
+    # `cuda-graph`, or an isolated arm, whose sample never sets it: its allocations are its process's)
+    peak_bytes: int | None = None
 
     @classmethod
     def make(cls, impl: Impl, values: Inputs) -> TimedArm:
@@ -119,9 +123,14 @@ class TimedArm:
         """One timed sample on the unit's value sets: (ns, the call to check, the harness's wall
         bound). In the harness's process the checked call is drawn first, so that the hooks keep
         its outputs only; there is no separate bound (None). An isolated arm draws it after the
-        sample and returns the wall clock around it (trial/remote.py)."""
+        sample and returns the wall clock around it (trial/remote.py). Where the run measures
+        peak memory, each call's extra peak is measured around it (`peak_bytes`, trial/memory.py)."""
         checked = checked_call(calls)
-        return timer.sample(self.call, calls, key=key, hooks=self.hooks(op, unit, checked, copy=graph)), checked, None
+        hooks = self.hooks(op, unit, checked, copy=graph)
+        peak = PeakMemory(hooks) if memory.measured(timer) else None
+        ns = timer.sample(self.call, calls, key=key, hooks=hooks if peak is None else peak.hooks)
+        self.peak_bytes = None if peak is None else peak.most
+        return ns, checked, None
 
     def persistent_problem(self, op: Operator, got: Outputs) -> str:
         """'' unless the checked output reuses the storage of the arm's previous one, still held."""

@@ -52,6 +52,12 @@ A run whose plan.json has `floor` (issue 27) needs a schema-6 summary and gets t
 FLOOR_MODEL), every case's floor_ns is the median `triton_launch` ns + its bytes / the median
 `copy` GB/s, and every arm's fraction_of_floor is that floor / its median ns per call, recomputed
 from timings.csv. Older runs list the check as not applicable and must claim no floor figure.
+Every kernel run gets `achieved TFLOPS` and `peak memory` (kernel/verify/throughput.py, issue 40):
+where plan.json cases have `flops`, every arm's tflops is those flops / its median ns per call
+recomputed from timings.csv / 1000; where plan.json has `peak_memory`, every arm's peak_bytes is the
+largest timings.csv `peak_bytes` of its samples, and a row has one exactly where the run measured
+it (a GPU run of CUDA events, an arm in kerneltrial's process). Without them, not applicable, and
+the summary must claim no such figure.
 Every kernel run also gets `required files` and `no downgrade` (kernel/schema_requirements.py:
 the declared contract's files and keys are present, and no witness shows a later contract than
 the one declared), `source commit` and `device` (kernel/provenance_checks.py), and `report.md`
@@ -67,7 +73,7 @@ rows.py (the raw rows read), run.py (the order of the checks), plan.py (plan aga
 confirmation links), timings.py (correctness coverage, timing rows, interleaving order),
 timed.py (timed checks, dropped arms, file integrity), host.py, ceilings.py (ceilings, launch
 floors, size-matched copies, speed-of-light floor, plausibility), figures.py (per-arm figures,
-clocks), calibration.py, gate.py (aggregates and the gate), isolation.py.
+clocks), throughput.py (TFLOPS, peak memory), calibration.py, gate.py (aggregates and the gate), isolation.py.
 """
 
 from kerneltrial.kernel.verify.contract import CHECKED_RUN_CHECKS

@@ -1,6 +1,6 @@
 """The figures of each (case, arm) recomputed from timings.csv: status, median, bandwidth, speedup
 and its bootstrap interval, verdict, spread; the run header, clocks and ceilings around them. The
-speedups and verdicts they give feed calibration.py and gate.py."""
+speedups and verdicts they give feed calibration.py and gate.py, the medians throughput.py."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from kerneltrial.kernel.verify.ceilings import (
 from kerneltrial.kernel.verify.contract import FIGURE_FIELDS, Contract
 from kerneltrial.kernel.verify.gate import FAILED_WHILE_TIMED, IMPLAUSIBLE, NOT_COMPARED, check_aggregates
 from kerneltrial.kernel.verify.rows import Sample, TimedChecks, as_list, clock_threshold, is_throttled, rounds_of
+from kerneltrial.kernel.verify.throughput import check_peak_memory, check_tflops
 from kerneltrial.rundir.checks import VerifyResult
 
 # correctness outcome of a (case, arm) -> its status in summary.json ("passed" without rows is "not timed")
@@ -170,6 +171,8 @@ def check_figures(
     check_aggregates(
         plan, summary, control, tally.speedups, tally.disqualified, correctness, plan["bootstrap"], result, contract
     )
+    check_tflops(plan, summary, tally.medians, result)
+    check_peak_memory(plan, summary, samples, tally.medians, result)
 
 
 def _check_header(

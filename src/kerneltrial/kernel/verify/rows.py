@@ -13,6 +13,7 @@ from typing import Any
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import read_json
 from kerneltrial.rundir.layout import (
+    PEAK_BYTES,
     TIMED_CHECKS,
 )
 
@@ -42,10 +43,15 @@ class Sample:
     calls: int
     ns: float
     sm_mhz: float | None = None  # None: no clock reading (column absent or empty)
+    peak_bytes: int | None = None  # None: not measured (column absent or empty; kernel/verify/throughput.py)
 
 
 def _mhz(text: str | None) -> float | None:
     return None if text is None or text.strip() == "" else float(text)
+
+
+def _bytes(text: str | None) -> int | None:
+    return None if text is None or text.strip() == "" else int(text)
 
 
 def read_samples(run_dir: Path) -> list[Sample]:
@@ -61,6 +67,7 @@ def read_samples(run_dir: Path) -> list[Sample]:
                 int(r["calls"]),
                 float(r["ns"]),
                 _mhz(r.get("sm_mhz")),
+                _bytes(r.get(PEAK_BYTES)),
             )
             for r in rows
         ]
