@@ -2,6 +2,15 @@
 # scripts/device/fetch_wheels.sh) into /tmp/site and
 # puts them and the package's src/ on PYTHONPATH; RESULTS is the results/ folder of the card it
 # runs on (results/h200 or results/h100). Usage: . scripts/device/setup.sh
+# The sender's package digest (scripts/device/sendable.sh): the copy that arrived must be that code.
+if [ -n "$KERNELTRIAL_SOURCE_DIGEST" ]; then
+  here=$(PYTHONPATH=$PWD/src python3 -c "from kerneltrial.rundir.provenance import source_digest; print(source_digest())")
+  if [ "$here" != "$KERNELTRIAL_SOURCE_DIGEST" ]; then
+    echo "refusing: src/kerneltrial here digests to $here, not the sender's $KERNELTRIAL_SOURCE_DIGEST" \
+      "(edited between scripts/device/sendable.sh and the call?)" >&2
+    return 1
+  fi
+fi
 if ls .whl/*.whl > /dev/null 2>&1; then  # none carried: what the machine has
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 fi
