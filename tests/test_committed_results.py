@@ -17,7 +17,7 @@ from kerneltrial.kernel.summary import build_summary
 from kerneltrial.kernel.verify import verify_run_dir
 from kerneltrial.model.summary import build as build_model_summary
 from kerneltrial.rundir.files import json_text
-from kerneltrial.rundir.model_summary_doc import MODEL_SUMMARY_V3, model_summary_json, read_model_summary
+from kerneltrial.rundir.model_summary_doc import MODEL_SUMMARY_V3, read_model_summary
 from kerneltrial.rundir.summary_doc import read_summary, summary_json
 from tests.conftest import REPO
 from tests.kt import run_cli
@@ -123,7 +123,7 @@ def test_committed_model_summaries_are_their_own_record_written_back():
     differ = [
         str(run.relative_to(RESULTS))
         for run in MODEL_RUNS
-        if json_text(model_summary_json(read_model_summary(run))) != (run / "summary.json").read_text()
+        if json_text(read_model_summary(run).as_json()) != (run / "summary.json").read_text()
     ]
     assert differ == []
 
@@ -136,7 +136,7 @@ def test_committed_model_summaries_rebuild_from_their_raw_rows():
     differ = [
         str(run.relative_to(RESULTS))
         for run in current
-        if json_text(model_summary_json(build_model_summary(run))) != (run / "summary.json").read_text()
+        if json_text(build_model_summary(run).as_json()) != (run / "summary.json").read_text()
     ]
     assert differ == []
 

@@ -228,9 +228,8 @@ def test_verify_holds_the_plan_to_the_protocol(tiny_run: Path, tmp_path: Path) -
 
 def summary_of(run: Path) -> dict[str, object]:
     from kerneltrial.model.summary import build
-    from kerneltrial.rundir.model_summary_doc import model_summary_json
 
-    return model_summary_json(build(run))
+    return build(run).as_json()
 
 
 def build_sha(path: Path) -> str:

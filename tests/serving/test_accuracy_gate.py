@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from kerneltrial.rundir.serving_summary_doc import serving_summary_json
 from kerneltrial.serving import trial
 from kerneltrial.serving.crossgrade import GraderSource, evalscope_grader
 from kerneltrial.serving.launcher import free_port
@@ -47,7 +46,7 @@ def two_problem_trial(
     out = tmp_path / "run"
     proto = parse_protocol(text)
     summary = trial.run_protocol(proto, text.encode(), out, sys.executable, argv=["test"], cross_grader=cross_grader)
-    return out, serving_summary_json(summary)
+    return out, summary.as_json()
 
 
 def test_a_gate_on_two_problems_fails_and_verify_holds_it(tmp_path: Path, monkeypatch) -> None:

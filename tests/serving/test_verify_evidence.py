@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kerneltrial.rundir.serving_summary_doc import ArmAccuracy, serving_summary_json
+from kerneltrial.rundir.serving_summary_doc import ArmAccuracy
 from kerneltrial.serving import accuracy, metrics, script_csv, trial
 from kerneltrial.serving import summary as summary_mod
 from kerneltrial.serving.bench import request_rows
@@ -224,7 +224,7 @@ def _forge_runs(run: Path, arm: str, edit: Any, rewrite_requests: bool = True) -
     summary = json.loads((run / "summary.json").read_text())
     accuracies = {arm: ArmAccuracy.model_validate(a) for arm, a in summary["accuracy"].items()}
     redone = summary_mod.summarise(proto, rows, accuracies, summary["protocol_sha256"], [], [])
-    summary["results"] = serving_summary_json(redone)["results"]
+    summary["results"] = redone.as_json()["results"]
     (run / "summary.json").write_text(json.dumps(summary))
     [stamp] = {f.name.removeprefix("raw_runs_").removesuffix(".csv") for f in run.glob("benchmark_results/*/raw_*")}
     shutil.rmtree(run / script_csv.RESULTS_DIR)  # the script's CSVs, rewritten from the forged rows

@@ -60,10 +60,10 @@ from kerneltrial.model.layout import (
 )
 from kerneltrial.model.spec import BASELINE, Decode, Prefill, Protocol, ProtocolError, case_id, load_protocol
 from kerneltrial.rundir import provenance as source_provenance
+from kerneltrial.rundir.documents import write_document
 from kerneltrial.rundir.files import csv_appender, jsonl_appender, now, read_json, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
-from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, TIMINGS
-from kerneltrial.rundir.model_summary_doc import write_model_summary
+from kerneltrial.rundir.layout import ATTRIBUTION, CORRECTNESS, MANIFEST, PLAN, PROTOCOL, PROVENANCE, SUMMARY, TIMINGS
 from kerneltrial.trial import provenance
 from kerneltrial.trial.protocol import freeze_record
 
@@ -157,7 +157,7 @@ def run_model_trial(protocol_path: Path, out: Path, progress: Progress | None = 
         trial = ModelTrial(model, oracle, router, p, device, out, rec, time.perf_counter_ns(), say)
         for index, (case, mode) in enumerate(p.runs()):
             run_one(trial, case, mode, index, passed)
-    write_model_summary(out, model_summary.build(out))
+    write_document(out / SUMMARY, model_summary.build(out))
     write_json(out / PROVENANCE, read_json(out / PROVENANCE) | {"finished_at": now()})
     write_manifest(out)
     return out

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.files import read_json
+from kerneltrial.rundir.files import read_json, write_json
 from kerneltrial.rundir.layout import PLAN, PROVENANCE
 
 # plan.json and provenance.json name their shape from issue 28 on; older ones have no `schema`
@@ -42,6 +42,16 @@ PROVENANCE_V1 = "kerneltrial.provenance/1"
 
 class Document(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def as_json(self) -> dict[str, Any]:
+        """The document as its file holds it: the keys it was given (those its version records), in
+        order, by their aliases."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+def write_document(path: Path, document: Document) -> None:
+    """Write `document` (`as_json`) to `path` in one step."""
+    write_json(path, document.as_json())
 
 
 DocumentT = TypeVar("DocumentT", bound=Document)

@@ -1,5 +1,5 @@
 """The typed, frozen record of a model run's summary.json (`ModelSummary`), its reader
-(`read_model_summary`) and its writer (`model_summary_json`, `write_model_summary`):
+(`read_model_summary`) and its writer (Document.as_json, rundir/documents.py write_document):
 model/summary.py builds the record, analysis/model_report.py and model/verify.py read it.
 
 One record holds every version still read: `kerneltrial.model-summary/3` (graph mode, fresh
@@ -13,13 +13,12 @@ document read and written again is its own bytes; a `/3` document must hold ever
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
 from kerneltrial.rundir.documents import Document, document_data, validate
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.files import write_json
 from kerneltrial.rundir.layout import SUMMARY
 from kerneltrial.rundir.summary_doc import TimedCheckCounts
 
@@ -177,15 +176,6 @@ def unrecorded_v3(summary: ModelSummary) -> list[str]:
                 where = f"cases.{cid}.arms.{name}.attribution."
                 missing += _lacks(arm.attribution, where, ("device_ns",), ("device_busy",))
     return missing
-
-
-def model_summary_json(summary: ModelSummary) -> dict[str, Any]:
-    """summary.json's document for `summary`: the keys it holds (those its version records), in order."""
-    return summary.model_dump(by_alias=True, exclude_unset=True)
-
-
-def write_model_summary(run_dir: Path, summary: ModelSummary) -> None:
-    write_json(Path(run_dir) / SUMMARY, model_summary_json(summary))
 
 
 def read_model_summary(run_dir: Path) -> ModelSummary:

@@ -1,5 +1,5 @@
 """The typed, frozen record of a serving run's summary.json (`ServingSummary`), its reader
-(`read_serving_summary`) and its writer (`serving_summary_json`, `write_serving_summary`):
+(`read_serving_summary`) and its writer (Document.as_json, rundir/documents.py write_document):
 serving/summary.py builds the record, serving/trial.py writes it, serving/report_data.py, the
 serving commands and the calibration read it.
 
@@ -21,7 +21,6 @@ from pydantic import Field
 
 from kerneltrial.rundir.documents import Document, document_data, validate
 from kerneltrial.rundir.errors import RunDirError
-from kerneltrial.rundir.files import write_json
 from kerneltrial.rundir.layout import SUMMARY
 
 SERVING_SUMMARY_V1 = "kerneltrial.serving-summary/1"
@@ -282,15 +281,6 @@ class ServingSummary(Document):
     failures: list[str] = Field(default=[], description="Each failure of a launch, a run or a dispatch proof.")
     status: Literal["ok", "failed"] = Field(description="`ok`: no failure and every (arm, case) ok.")
     scope: Scope | None = Field(default=None, description="Official or proxy, with the hardware; absent before it.")
-
-
-def serving_summary_json(summary: ServingSummary) -> dict[str, Any]:
-    """summary.json's document for `summary`: the keys it holds, in order."""
-    return summary.model_dump(by_alias=True, exclude_unset=True)
-
-
-def write_serving_summary(run_dir: Path, summary: ServingSummary) -> None:
-    write_json(Path(run_dir) / SUMMARY, serving_summary_json(summary))
 
 
 def read_serving_summary(run_dir: Path) -> ServingSummary:

@@ -30,11 +30,12 @@ from typing import Any
 
 from kerneltrial.plugins import LOG_ENV
 from kerneltrial.rundir import layout
+from kerneltrial.rundir.documents import write_document
 from kerneltrial.rundir.errors import RunDirError
 from kerneltrial.rundir.files import append_jsonl, csv_appender, now, write_json
 from kerneltrial.rundir.hashing import sha256_bytes, sha256_file
 from kerneltrial.rundir.provenance import git_state, nvidia_smi
-from kerneltrial.rundir.serving_summary_doc import ArmAccuracy, Scope, ServingSummary, write_serving_summary
+from kerneltrial.rundir.serving_summary_doc import ArmAccuracy, Scope, ServingSummary
 from kerneltrial.serving import metrics, script_csv
 from kerneltrial.serving.accuracy import run_accuracy
 from kerneltrial.serving.bench import (
@@ -355,7 +356,7 @@ class _Trial:
             self.refused,
             Scope.model_validate(run_scope),  # official or proxy, with the hardware (serving/pins.py)
         )
-        write_serving_summary(self.out, summary)
+        write_document(self.out / layout.SUMMARY, summary)
         self.emit("done", summary=summary)
         return summary
 
