@@ -12,8 +12,8 @@ from kerneltrial.rundir.provenance import source_digest
 from tests.conftest import REPO
 
 
-def setup_in(copy: Path, digest: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KERNELTRIAL_SOURCE_DIGEST": digest, "PATH": os.environ["PATH"]}
+def setup_in(copy: Path, digest: str, commit: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KERNELTRIAL_SOURCE_DIGEST": digest, "KERNELTRIAL_SOURCE_COMMIT": commit}
     script = ". scripts/device/setup.sh > /dev/null; echo rc=$?"
     return subprocess.run(["bash", "-c", script], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
 
@@ -30,4 +30,11 @@ def test_a_copy_edited_after_the_senders_digest_is_refused(tmp_path: Path):
     edited.write_text(edited.read_text() + "\n# an edit made after sendable.sh ran\n")
     done = setup_in(tmp_path, sender)
     assert f"refusing: src/kerneltrial here digests to {source_digest(tmp_path / 'src' / 'kerneltrial')}" in done.stderr
+    assert "rc=1" in done.stdout
+
+
+def test_a_commit_without_its_digest_is_refused(tmp_path: Path):
+    shutil.copytree(REPO / "scripts" / "device", tmp_path / "scripts" / "device")
+    done = setup_in(tmp_path, "", commit="0" * 40)
+    assert "refusing: KERNELTRIAL_SOURCE_COMMIT without KERNELTRIAL_SOURCE_DIGEST" in done.stderr
     assert "rc=1" in done.stdout

@@ -3,6 +3,12 @@
 # puts them and the package's src/ on PYTHONPATH; RESULTS is the results/ folder of the card it
 # runs on (results/h200 or results/h100). Usage: . scripts/device/setup.sh
 # The sender's package digest (scripts/device/sendable.sh): the copy that arrived must be that code.
+# A commit without its digest is refused: the copy's .git rarely knows the commit, so nothing else checks it.
+if [ -n "$KERNELTRIAL_SOURCE_COMMIT" ] && [ -z "$KERNELTRIAL_SOURCE_DIGEST" ]; then
+  echo "refusing: KERNELTRIAL_SOURCE_COMMIT without KERNELTRIAL_SOURCE_DIGEST; put the output of" \
+    "scripts/device/sendable.sh (run before the call, on the sending side) in front of the command" >&2
+  return 1
+fi
 if [ -n "$KERNELTRIAL_SOURCE_DIGEST" ]; then
   here=$(PYTHONPATH=$PWD/src python3 -c "from kerneltrial.rundir.provenance import source_digest; print(source_digest())")
   if [ "$here" != "$KERNELTRIAL_SOURCE_DIGEST" ]; then

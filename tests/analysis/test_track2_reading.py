@@ -35,6 +35,9 @@ def test_a_peer_against_kerneltrial_is_turned_round_and_its_verdict_called_again
         ("decode", 1.02, 1.05, 0.0, "ahead of flaggems by more than"),
         ("decode", 1.02, 1.05, 0.011, "undecided"),  # the spread between identical arms eats the gain
         ("decode", 0.99, 1.005, 0.0, "not ahead"),
+        ("decode", 0.99, 1.005, 0.011, "undecided"),  # the spread widens the uncertain zone both ways
+        ("prefill", 0.995, 1.0, 0.011, "undecided"),
+        ("prefill", 0.95, 0.98, 0.011, "undecided"),
         ("decode", 1.0, 1.03, 0.0, "undecided"),
         ("prefill", 0.995, 1.0, 0.0, "within flaggems' + 1%"),
         ("prefill", 0.95, 0.98, 0.0, "the TTFT gate may fail"),
@@ -46,8 +49,8 @@ def test_the_reading_clears_the_band_and_the_spread(phase, low, high, spread, sa
 
 
 def test_the_spread_is_how_far_two_identical_arms_came_apart():
-    assert spread_of(ratio(1.011, 1.008, 1.014)) == pytest.approx(0.011)
-    assert spread_of(ratio(1 / 1.011, 0.98, 0.99)) == pytest.approx(0.011)
+    assert spread_of(ratio(1.011, 1.008, 1.014)) == pytest.approx(0.014)  # the interval's far end
+    assert spread_of(ratio(0.985, 0.98, 0.99)) == pytest.approx(1 / 0.98 - 1)
     assert spread_of(None) == 0.0
 
 

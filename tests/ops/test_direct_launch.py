@@ -72,6 +72,8 @@ SPECIALISED = [
     (X, X, 17, 1e-6),  # not divisible by 16
     (X, X, 2**31 + 16, 1e-6),  # past i32: an i64
     (X, X, 2**63 + 16, 1e-6),  # past i64: a u64
+    (X, X, 2**64 + 16, 1e-6),  # past u64: Triton refuses it; keyed by value, never wrapped by a kept launcher
+    (X, X, 2**64 + 32, 1e-6),
     (X, X, True, 1e-6),  # a bool, equal to 1 but another type
     (X, X, None, 1e-6),  # None
 ]

@@ -85,11 +85,13 @@ DIRECT_KERNELS = 4096
 I32, I64 = (-(2**31), 2**31 - 1), 2**63
 
 
-def int_class(a: int) -> tuple[bool, bool, bool, bool]:
+def int_class(a: int) -> tuple[bool, bool, bool, bool, int | None]:
     """What Triton specialises a non-constexpr int on (a superset): == 1 (made a constant), divisible
     by 16, and its width (i32, i64 or u64). Ints of one class share one compiled kernel, so a new row
-    count reuses it (an exact value per key would miss on every new shape)."""
-    return (a == 1, a % 16 == 0, I32[0] <= a <= I32[1], a >= I64)
+    count reuses it (an exact value per key would miss on every new shape). An int past u64 or below
+    i64 is keyed by its value: Triton refuses it, and a kept launcher would wrap it."""
+    outside = a >= 2 * I64 or a < -I64
+    return (a == 1, a % 16 == 0, I32[0] <= a <= I32[1], a >= I64, a if outside else None)
 
 
 def specialisation_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -142,7 +144,10 @@ class Direct:
     is keyed by type alone. After the first call of a key JITFunction.run's other per-call work is
     skipped too: its pre-run hooks (kerneltrial's kernels have none) and its check that the globals a
     kernel read at compile time are unchanged (kerneltrial's kernels read module constants only).
-    Under the interpreter (an InterpretedFunction, no compiled kernel) every call goes through it."""
+    Under the interpreter (an InterpretedFunction, no compiled kernel) every call goes through it.
+    Grids are tuples (a callable grid is Triton's, not this launcher's); arguments are tensors,
+    ints, floats, bools or None (a tuple of tensors or a tensor descriptor would be keyed by identity
+    or refused as unhashable: no kerneltrial kernel takes one)."""
 
     __slots__ = ("fn", "kernels", "compiled", "positional")
 
