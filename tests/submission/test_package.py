@@ -60,8 +60,10 @@ def zip_of(*entries: tuple[str, bytes] | zipfile.ZipInfo, payloads: dict[str, by
         for entry in entries:
             if isinstance(entry, zipfile.ZipInfo):
                 archive.writestr(entry, (payloads or {}).get(entry.filename, b""))
-            else:
-                archive.writestr(*entry)
+            else:  # a fixed time: the bytes (and so the parametrized ids) must not depend on the clock,
+                # or the two xdist workers collect different ids a second apart and the run stops
+                name, data = entry
+                archive.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data)
     return buffer.getvalue()
 
 
