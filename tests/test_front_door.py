@@ -15,6 +15,7 @@ import pytest
 from kerneltrial.cli.demo import INTERPRETER_NOTE, NEXT_STEPS, demo_lines, fresh_run_dir
 from kerneltrial.model.spec import PRESETS
 from kerneltrial.ops.registry import all_ops, get_op
+from kerneltrial.rundir.provenance import source_digest
 from kerneltrial.trial.check import check_cases
 from kerneltrial.trial.panel import beyond_grid_case
 from tests.conftest import REPO
@@ -159,8 +160,12 @@ def test_device_scripts_refuse_an_unfrozen_protocol_unless_exploratory(tmp_path:
 
 def test_device_setup_refuses_a_source_commit_that_is_not_the_code_here(tmp_path: Path) -> None:
     """A copy whose .git is older than its files: the commit named must be the code that runs."""
-    (tmp_path / "src" / "kerneltrial").mkdir(parents=True)
-    (tmp_path / "src" / "kerneltrial" / "a.py").write_text("x = 1\n")
+    package = tmp_path / "src" / "kerneltrial"
+    (package / "rundir").mkdir(parents=True)
+    for name in ("__init__.py", "rundir/__init__.py", "rundir/provenance.py", "rundir/hashing.py"):
+        (package / name).write_text((REPO / "src" / "kerneltrial" / name).read_text())  # the digest's code
+    (package / "a.py").write_text("x = 1\n")
+    (tmp_path / ".gitignore").write_text("__pycache__/\n")  # as the repository's: the digest's import writes them
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "old"]):
         subprocess.run([*git, *args], cwd=tmp_path, check=True)
@@ -170,7 +175,12 @@ def test_device_setup_refuses_a_source_commit_that_is_not_the_code_here(tmp_path
     (tmp_path / "setup.sh").write_text(setup.replace("export PYTHONPATH", stop + "export PYTHONPATH", 1))
 
     def sourced() -> subprocess.CompletedProcess[str]:
-        env = {"PATH": "/usr/bin:/bin", "KERNELTRIAL_SOURCE_COMMIT": head}
+        # the digest of the files as they are now: setup.sh's digest check passes, its commit check is tested
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "KERNELTRIAL_SOURCE_COMMIT": head,
+            "KERNELTRIAL_SOURCE_DIGEST": source_digest(package),
+        }
         return subprocess.run(["bash", "-c", ". ./setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
 
     assert "setup-passed" in sourced().stdout
